@@ -1,0 +1,238 @@
+//! The one request/result vocabulary that the CLI, the server, MCP and the SDK all speak.
+//!
+//! Wire conventions: snake_case field names, enums as lower-case strings, byte payloads as
+//! `{"text": ...}` or `{"base64": ...}`.
+
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
+use crate::policy::Policy;
+
+/// A language whose snippets Kennel knows how to start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Language {
+    Python,
+    Bash,
+    Sh,
+}
+
+impl Language {
+    /// The interpreter inside the sandbox. `/usr/bin/python3`, not whatever `python3` a shim
+    /// on the host's PATH would pick.
+    pub fn interpreter(self) -> &'static str {
+        match self {
+            Language::Python => "/usr/bin/python3",
+            Language::Bash => "/bin/bash",
+            Language::Sh => "/bin/sh",
+        }
+    }
+}
+
+impl std::str::FromStr for Language {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "python" | "python3" => Ok(Language::Python),
+            "bash" => Ok(Language::Bash),
+            "sh" => Ok(Language::Sh),
+            other => Err(format!("unknown language {other:?}: use python, bash or sh")),
+        }
+    }
+}
+
+/// What to run: an argv, or a snippet in a language.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Command {
+    Argv(Vec<String>),
+    Code { language: Language, code: String },
+}
+
+/// The longest snippet passed on the command line of the interpreter (the kernel's limit on
+/// one argument is 128 KiB).
+const MAX_CODE_BYTES: usize = 120 << 10;
+
+impl Command {
+    /// The argv that runs this command inside the sandbox.
+    pub fn argv(&self) -> Result<Vec<String>, Error> {
+        match self {
+            Command::Argv(argv) if argv.is_empty() => Err(Error::request("argv", "is empty")),
+            Command::Argv(argv) => Ok(argv.clone()),
+            Command::Code { code, .. } if code.len() > MAX_CODE_BYTES => Err(Error::request(
+                "code",
+                format!("is {} bytes; snippets are limited to 120 KiB, send larger programs as a file", code.len()),
+            )),
+            Command::Code { language, code } => {
+                Ok(vec![language.interpreter().to_string(), "-c".to_string(), code.clone()])
+            }
+        }
+    }
+}
+
+/// Bytes on the wire: text where they are UTF-8, base64 otherwise.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Content {
+    Text(String),
+    Base64(String),
+}
+
+impl Content {
+    pub fn from_bytes(bytes: Vec<u8>) -> Content {
+        match String::from_utf8(bytes) {
+            Ok(text) => Content::Text(text),
+            Err(e) => Content::Base64(base64::engine::general_purpose::STANDARD.encode(e.into_bytes())),
+        }
+    }
+
+    pub fn to_bytes(&self) -> Result<Vec<u8>, Error> {
+        match self {
+            Content::Text(t) => Ok(t.clone().into_bytes()),
+            Content::Base64(b) => base64::engine::general_purpose::STANDARD
+                .decode(b)
+                .map_err(|e| Error::request("files", format!("holds invalid base64: {e}"))),
+        }
+    }
+}
+
+/// A file placed in the sandbox before the code starts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileIn {
+    /// Where it appears inside the sandbox: under `/workspace` or `/tmp`.
+    pub path: String,
+    pub content: Content,
+    /// Permission bits; 0644 by default.
+    #[serde(default = "default_mode")]
+    pub mode: u32,
+}
+
+fn default_mode() -> u32 {
+    0o644
+}
+
+/// One run: what to run, with what, under which policy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunRequest {
+    pub command: Command,
+    #[serde(default)]
+    pub stdin: Option<Content>,
+    #[serde(default)]
+    pub files: Vec<FileIn>,
+    /// Paths under `/workspace` or `/tmp` to return after the run.
+    #[serde(default)]
+    pub collect: Vec<String>,
+    #[serde(default)]
+    pub policy: Policy,
+}
+
+impl RunRequest {
+    pub fn new(command: Command) -> RunRequest {
+        RunRequest { command, stdin: None, files: vec![], collect: vec![], policy: Policy::default() }
+    }
+}
+
+/// A file returned from the sandbox.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CollectedFile {
+    pub path: String,
+    /// Its size inside the sandbox.
+    pub size: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<Content>,
+    /// True when only the first `limits.collect_size` bytes were returned.
+    pub truncated: bool,
+    /// Why the file was not returned (missing, a symlink, not a regular file).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// What the run did and which isolation was in force.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunResult {
+    /// The program's exit code; `None` when it was killed by a signal.
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub oom_killed: bool,
+    pub pids_limit_hit: bool,
+    pub duration_ms: u64,
+    pub cpu_ms: u64,
+    pub memory_peak_bytes: u64,
+    pub stdout: String,
+    pub stderr: String,
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub files: Vec<CollectedFile>,
+    pub isolation: Isolation,
+}
+
+impl RunResult {
+    /// The status a shell would show: the code, 128 + the signal, or 124 on timeout.
+    pub fn shell_status(&self) -> i32 {
+        if self.timed_out {
+            return 124;
+        }
+        match (self.exit_code, self.signal) {
+            (Some(c), _) => c,
+            (None, Some(s)) => 128 + s,
+            (None, None) => 125,
+        }
+    }
+}
+
+/// Which isolation was really in force for a run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Isolation {
+    pub tier: String,
+    /// The namespaces the sandbox was given.
+    pub namespaces: Vec<String>,
+    /// The host uid and gid that the sandbox's uid 0 maps to.
+    pub host_uid: u32,
+    pub host_gid: u32,
+    /// How many ids are mapped inside the sandbox (0..id_range).
+    pub id_range: u32,
+    pub seccomp: SeccompInfo,
+    pub landlock: LandlockInfo,
+    pub limits: LimitsInfo,
+    pub no_new_privs: bool,
+    /// Capabilities left to the sandboxed code: empty.
+    pub capabilities: Vec<String>,
+    /// `host-system-ro` or the rootfs directory.
+    pub filesystem: String,
+    pub network: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SeccompInfo {
+    pub enforced: bool,
+    pub profile: String,
+    /// The errno every denied syscall returns.
+    pub denied_errno: String,
+    pub denied_syscalls: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LandlockInfo {
+    pub enforced: bool,
+    /// The Landlock ABI version the kernel offered.
+    pub abi: Option<u32>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LimitsInfo {
+    /// `cgroup-v1`, `cgroup-v2` or `rlimit`.
+    pub mechanism: String,
+    /// The cgroup directories, removed after the run.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub cgroups: Vec<String>,
+    /// Why cgroups were not used, where they were not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fallback_reason: Option<String>,
+}

@@ -1,0 +1,258 @@
+//! The `kennel` command: a thin layer over the library.
+
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context as _};
+use clap::{Args, Parser, Subcommand};
+use kennel::policy::{ByteSize, Span, Want};
+use kennel::{Command, Content, FileIn, Language, Native, Policy, RunRequest, RunResult, StdinSource};
+
+/// Exit status of a failure of Kennel itself, as `docker run` uses it.
+const KENNEL_FAILED: u8 = 125;
+
+#[derive(Parser)]
+#[command(name = "kennel", version, about = "Run untrusted code in a disposable sandbox")]
+struct Cli {
+    #[command(subcommand)]
+    command: Sub,
+}
+
+#[derive(Subcommand)]
+enum Sub {
+    /// Run a program or a snippet in a fresh sandbox.
+    ///
+    /// Exit status: the program's own, 128+signal if it was killed, 124 on timeout, 125 when
+    /// Kennel itself failed. With --json, 0 whenever a result was printed.
+    Run(RunArgs),
+    /// Show what this host can enforce, with fixes.
+    Doctor {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// Print one JSON result object instead of passing the output through.
+    #[arg(long)]
+    json: bool,
+    /// A TOML policy file; flags override it.
+    #[arg(long)]
+    policy: Option<PathBuf>,
+    /// Wall-clock limit, such as 30s or 500ms.
+    #[arg(long)]
+    timeout: Option<Span>,
+    /// Memory limit, such as 512M.
+    #[arg(long)]
+    memory: Option<ByteSize>,
+    /// CPU quota in CPUs, such as 1 or 0.5.
+    #[arg(long)]
+    cpus: Option<f64>,
+    /// Task limit (processes and threads).
+    #[arg(long)]
+    pids: Option<u32>,
+    /// Bytes kept per output stream, such as 100K.
+    #[arg(long)]
+    output_limit: Option<ByteSize>,
+    /// Size of the /tmp tmpfs.
+    #[arg(long)]
+    tmp_size: Option<ByteSize>,
+    /// Size of the /workspace tmpfs.
+    #[arg(long)]
+    workspace_size: Option<ByteSize>,
+    /// A directory to use read-only as / instead of the host's system directories.
+    #[arg(long)]
+    rootfs: Option<PathBuf>,
+    /// Refuse to run unless cgroups hold the limits (instead of falling back to rlimits).
+    #[arg(long)]
+    require_cgroups: bool,
+    /// Run even where Landlock is unavailable (it is required by default).
+    #[arg(long)]
+    landlock_best_effort: bool,
+    /// An environment variable for the code, KEY=VALUE; the environment is otherwise clean.
+    #[arg(long = "env", value_name = "KEY=VALUE")]
+    env: Vec<String>,
+    /// A host file to place in the sandbox, HOST[:SANDBOX_PATH] (default /workspace/NAME).
+    #[arg(long = "file", value_name = "HOST[:PATH]")]
+    files: Vec<String>,
+    /// A file to return in the result, under /workspace or /tmp.
+    #[arg(long = "collect", value_name = "PATH")]
+    collect: Vec<String>,
+    /// The language of --code.
+    #[arg(long, requires = "code")]
+    lang: Option<Language>,
+    /// A snippet to run, in --lang (python by default).
+    #[arg(long)]
+    code: Option<String>,
+    /// The program and its arguments. A script given by a host path outside the system
+    /// directories (./job.sh) is copied into /workspace and run from there.
+    #[arg(last = true)]
+    argv: Vec<String>,
+}
+
+fn main() -> ExitCode {
+    kennel::maybe_run_helper();
+    let cli = Cli::parse();
+    match cli.command {
+        Sub::Run(args) => run(args),
+        Sub::Doctor { json } => doctor(json),
+    }
+}
+
+fn run(args: RunArgs) -> ExitCode {
+    let json = args.json;
+    let outcome = request(args).and_then(|req| {
+        let native = Native::from_current_exe()?;
+        let stdin = if kennel::sys::is_tty(0) {
+            StdinSource::Null
+        } else {
+            StdinSource::Reader(Box::new(std::io::stdin()))
+        };
+        Ok(native.run(&req, stdin)?)
+    });
+    match outcome {
+        Ok(result) if json => {
+            println!("{}", serde_json::to_string_pretty(&result).expect("results serialize"));
+            ExitCode::SUCCESS
+        }
+        Ok(result) => pass_through(&result),
+        Err(e) if json => {
+            let err = serde_json::json!({ "error": format!("{e:#}") });
+            println!("{}", serde_json::to_string_pretty(&err).expect("errors serialize"));
+            ExitCode::from(KENNEL_FAILED)
+        }
+        Err(e) => {
+            eprintln!("kennel: {e:#}");
+            ExitCode::from(KENNEL_FAILED)
+        }
+    }
+}
+
+fn pass_through(r: &RunResult) -> ExitCode {
+    let _ = std::io::stdout().write_all(r.stdout.as_bytes());
+    let _ = std::io::stderr().write_all(r.stderr.as_bytes());
+    let mut notes = vec![];
+    if r.stdout_truncated {
+        notes.push(format!("stdout truncated: kept {} of {} bytes", r.stdout.len(), r.stdout_bytes));
+    }
+    if r.stderr_truncated {
+        notes.push(format!("stderr truncated: kept {} of {} bytes", r.stderr.len(), r.stderr_bytes));
+    }
+    if r.timed_out {
+        notes.push(format!("timed out after {} ms", r.duration_ms));
+    }
+    if r.oom_killed {
+        notes.push("killed: out of memory".into());
+    }
+    if r.pids_limit_hit {
+        notes.push("the task limit was hit".into());
+    }
+    for f in r.files.iter().filter(|f| f.error.is_some()) {
+        notes.push(format!("{} not collected: {}", f.path, f.error.as_deref().unwrap_or_default()));
+    }
+    for n in notes {
+        eprintln!("kennel: {n}");
+    }
+    ExitCode::from(r.shell_status().clamp(0, 255) as u8)
+}
+
+fn request(args: RunArgs) -> anyhow::Result<RunRequest> {
+    let mut policy = match &args.policy {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            Policy::from_toml(&text).with_context(|| format!("in {}", path.display()))?
+        }
+        None => Policy::default(),
+    };
+    let l = &mut policy.limits;
+    args.timeout.map(|v| l.timeout = v);
+    args.memory.map(|v| l.memory = v);
+    args.cpus.map(|v| l.cpus = v);
+    args.pids.map(|v| l.pids = v);
+    args.output_limit.map(|v| l.output = v);
+    args.tmp_size.map(|v| l.tmp_size = v);
+    args.workspace_size.map(|v| l.workspace_size = v);
+    if args.rootfs.is_some() {
+        policy.filesystem.rootfs = args.rootfs.clone();
+    }
+    if args.require_cgroups {
+        policy.layers.cgroups = Want::Required;
+    }
+    if args.landlock_best_effort {
+        policy.layers.landlock = Want::BestEffort;
+    }
+    for kv in &args.env {
+        let (k, v) = kv.split_once('=').with_context(|| format!("--env {kv:?} is not KEY=VALUE"))?;
+        policy.env.insert(k.to_string(), v.to_string());
+    }
+    policy.validate()?;
+    let mut files = args.files.iter().map(|f| host_file(f)).collect::<anyhow::Result<Vec<_>>>()?;
+    let command = match (&args.code, args.argv.is_empty()) {
+        (Some(_), false) => bail!("give either --code or a program after --, not both"),
+        (Some(code), true) => Command::Code { language: args.lang.unwrap_or(Language::Python), code: code.clone() },
+        (None, true) => bail!("nothing to run: give a program after -- or a snippet with --code"),
+        (None, false) => Command::Argv(stage_script(args.argv, &mut files)?),
+    };
+    Ok(RunRequest { command, stdin: None, files, collect: args.collect, policy })
+}
+
+/// Reads `HOST[:PATH]` into a file for the sandbox, keeping its permission bits.
+fn host_file(spec: &str) -> anyhow::Result<FileIn> {
+    let (host, inside) = match spec.rsplit_once(':') {
+        Some((h, i)) if i.starts_with('/') => (h, i.to_string()),
+        _ => (spec, format!("/workspace/{}", file_name(Path::new(spec))?)),
+    };
+    let data = std::fs::read(host).with_context(|| format!("reading --file {host}"))?;
+    let mode = std::fs::metadata(host)?.permissions().mode() & 0o777;
+    Ok(FileIn { path: inside, content: Content::from_bytes(data), mode })
+}
+
+fn file_name(p: &Path) -> anyhow::Result<String> {
+    Ok(p.file_name().with_context(|| format!("{} has no file name", p.display()))?.to_string_lossy().into_owned())
+}
+
+/// A program named by a host path that the sandbox cannot see (`./job.sh`) is copied in.
+fn stage_script(mut argv: Vec<String>, files: &mut Vec<FileIn>) -> anyhow::Result<Vec<String>> {
+    let first = Path::new(&argv[0]);
+    let visible = ["/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc", "/workspace", "/tmp"]
+        .iter()
+        .any(|d| first.starts_with(d));
+    if argv[0].contains('/') && !visible && first.is_file() {
+        let staged = host_file(&argv[0])?;
+        argv[0] = staged.path.clone();
+        if !files.iter().any(|f| f.path == staged.path) {
+            files.push(staged);
+        }
+    }
+    Ok(argv)
+}
+
+fn doctor(json: bool) -> ExitCode {
+    let native = match Native::from_current_exe() {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("kennel: {e}");
+            return ExitCode::from(KENNEL_FAILED);
+        }
+    };
+    let checks = kennel::doctor::checks(&native);
+    if json {
+        println!("{}", serde_json::to_string_pretty(&checks).expect("checks serialize"));
+    } else {
+        for c in &checks {
+            println!("{} {:<16} {}", if c.ok { "ok  " } else { "MISS" }, c.name, c.detail);
+            if let Some(fix) = &c.fix {
+                println!("     {:<16} fix: {fix}", "");
+            }
+        }
+    }
+    let essential = ["user namespaces", "seccomp", "native sandbox"];
+    if checks.iter().any(|c| !c.ok && essential.contains(&c.name)) {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}

@@ -1,0 +1,24 @@
+//! Kennel runs untrusted code in disposable sandboxes with hard limits, and says which isolation
+//! was really in force.
+//!
+//! ```no_run
+//! use kennel::{Command, Language, Native, RunRequest, StdinSource};
+//! kennel::maybe_run_helper(); // first thing in main
+//! let native = Native::from_current_exe()?;
+//! let req = RunRequest::new(Command::Code { language: Language::Python, code: "print(6*7)".into() });
+//! let result = native.run(&req, StdinSource::Null)?;
+//! assert_eq!(result.stdout, "42\n");
+//! # Ok::<(), kennel::Error>(())
+//! ```
+
+pub mod api;
+pub mod doctor;
+pub mod error;
+pub mod native;
+pub mod policy;
+pub mod sys;
+
+pub use api::{CollectedFile, Command, Content, FileIn, Isolation, Language, RunRequest, RunResult};
+pub use error::{Error, PolicyError};
+pub use native::{maybe_run_helper, Native, StdinSource};
+pub use policy::Policy;

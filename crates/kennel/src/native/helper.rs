@@ -1,0 +1,219 @@
+//! The helper, init and program processes. The supervisor starts the helper as a fresh exec of
+//! the kennel binary with [`HELPER_ARG`]; everything after that runs here, single-threaded.
+
+use std::io::Read;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+
+use super::mounts::{self, Kind, View};
+use super::ops::RealOs;
+use super::proto::{self, Collected, FileMeta, Msg, Plan, CTL_FD};
+use super::steps::{self, Ctx, Fail, FsPlan, Step};
+use crate::sys::{self, Exit, Fork};
+
+/// The first argument that turns the kennel binary into a sandbox helper.
+pub const HELPER_ARG: &str = "__kennel-sandbox-helper";
+
+/// Exit status of a helper whose setup failed (the details went to the supervisor).
+const SETUP_FAILED: i32 = 125;
+
+/// Call this first in `main` of any binary that starts native sandboxes: when the process is a
+/// sandbox helper, it never returns.
+pub fn maybe_run_helper() {
+    if std::env::args_os().nth(1).is_some_and(|a| a == HELPER_ARG) {
+        helper_main()
+    }
+}
+
+/// The host (or a rootfs) as the mount planner sees it.
+struct Dir(PathBuf);
+
+impl View for Dir {
+    fn kind(&self, rel: &str) -> Option<Kind> {
+        let path = self.0.join(rel);
+        let meta = std::fs::symlink_metadata(&path).ok()?;
+        Some(if meta.file_type().is_symlink() {
+            Kind::Symlink(std::fs::read_link(&path).ok()?.to_string_lossy().into_owned())
+        } else if meta.is_dir() {
+            Kind::Dir
+        } else {
+            Kind::File
+        })
+    }
+
+    fn top_level(&self) -> Vec<String> {
+        std::fs::read_dir(&self.0)
+            .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default()
+    }
+}
+
+fn fs_plan(plan: &Plan) -> FsPlan {
+    let host = Dir(PathBuf::from("/"));
+    let system = match &plan.policy.filesystem.rootfs {
+        Some(root) => mounts::system_view(&Dir(root.clone()), &root.to_string_lossy(), true),
+        None => mounts::system_view(&host, "", false),
+    };
+    let (proc_mount, proc_mask) = mounts::proc(&host);
+    FsPlan {
+        system,
+        scratch: mounts::scratch(&plan.policy),
+        dev: mounts::dev(&plan.policy),
+        proc_mount,
+        proc_mask,
+    }
+}
+
+fn fail_and_exit(ctl: &mut UnixStream, step: Step, fail: Fail) -> ! {
+    let msg = Msg::Failed { step: step.name().to_string(), errno: fail.errno, detail: fail.detail };
+    let _ = proto::send(ctl, &msg, &[]);
+    sys::exit_now(SETUP_FAILED)
+}
+
+fn read_plan(ctl: &mut UnixStream) -> Result<(Plan, Vec<(FileMeta, Vec<u8>)>), String> {
+    let plan = match proto::recv(ctl) {
+        Ok(Some((Msg::Plan(plan), _))) => *plan,
+        other => return Err(format!("expected a plan, got {other:?}")),
+    };
+    let mut files = Vec::with_capacity(plan.files);
+    for _ in 0..plan.files {
+        match proto::recv(ctl) {
+            Ok(Some((Msg::File(meta), data))) => files.push((meta, data)),
+            other => return Err(format!("expected a file, got {:?}", other.map(|o| o.map(|m| m.0)))),
+        }
+    }
+    Ok((plan, files))
+}
+
+fn helper_main() -> ! {
+    let ctl = match sys::adopt_inherited_fd(CTL_FD) {
+        Ok(fd) => UnixStream::from(fd),
+        Err(e) => {
+            eprintln!("kennel: {HELPER_ARG} is internal and needs the supervisor's control socket: {e}");
+            sys::exit_now(SETUP_FAILED)
+        }
+    };
+    // The helpers keep the socket across fork, but the code must not inherit it.
+    let _ = sys::set_cloexec(CTL_FD);
+    let mut os = RealOs { ctl };
+    let (plan, files) = match read_plan(&mut os.ctl) {
+        Ok(p) => p,
+        Err(e) => fail_and_exit(&mut os.ctl, Step::SpawnHelper, Fail::new(e)),
+    };
+    let mut ctx = Ctx { plan: &plan, files: &files, fs: fs_plan(&plan), namespaces: vec![], landlock: None };
+    if let Err((step, fail)) = steps::run_steps(steps::HELPER_STEPS, &mut ctx, &mut os) {
+        fail_and_exit(&mut os.ctl, step, fail);
+    }
+    match sys::fork() {
+        Ok(Fork::Child) => init_main(ctx, os),
+        Ok(Fork::Parent(pid)) => {
+            let _ = proto::send(&mut os.ctl, &Msg::InitPid { pid }, &[]);
+            drop(os);
+            let _ = sys::stdio_to_null();
+            let code = match sys::wait_pid(pid) {
+                Ok(Some((_, exit))) => exit.shell_status(),
+                _ => SETUP_FAILED,
+            };
+            sys::exit_now(code)
+        }
+        Err(e) => fail_and_exit(&mut os.ctl, Step::UnshareNamespaces, Fail::new(format!("fork of init: {e}"))),
+    }
+}
+
+/// Pid 1 of the sandbox: builds the filesystem, starts the program, reaps, collects.
+fn init_main(mut ctx: Ctx, mut os: RealOs) -> ! {
+    if let Err((step, fail)) = steps::run_steps(steps::INIT_STEPS, &mut ctx, &mut os) {
+        fail_and_exit(&mut os.ctl, step, fail);
+    }
+    let program = match sys::fork() {
+        Ok(Fork::Child) => program_main(ctx, os),
+        Ok(Fork::Parent(pid)) => pid,
+        Err(e) => fail_and_exit(&mut os.ctl, Step::PinCpus, Fail::new(format!("fork of program: {e}"))),
+    };
+    // From here on the init needs no privilege at all, and must not hold the code's pipes.
+    let _ = sys::drop_all_capabilities();
+    let _ = sys::stdio_to_null();
+    let exit = reap_until_program_exits(program);
+    let (code, signal) = match exit {
+        Exit::Code(c) => (Some(c), None),
+        Exit::Signal(s) => (None, Some(s)),
+    };
+    let _ = proto::send(&mut os.ctl, &Msg::Exited { code, signal }, &[]);
+    for path in &ctx.plan.collect {
+        let (meta, data) = collect(path, ctx.plan.policy.limits.collect_size.0);
+        let _ = proto::send(&mut os.ctl, &Msg::Collected(meta), &data);
+    }
+    let _ = proto::send(&mut os.ctl, &Msg::Done, &[]);
+    sys::exit_now(0)
+}
+
+/// Reaps every child (orphans re-parent to pid 1) until the program itself exits; then kills
+/// whatever it left behind, daemons included, and reaps them too.
+fn reap_until_program_exits(program: libc::pid_t) -> Exit {
+    let mut program_exit = None;
+    loop {
+        match sys::wait_pid(-1) {
+            Ok(Some((pid, exit))) if pid == program => {
+                program_exit = Some(exit);
+                // As pid 1, kill(-1) reaches every other process of the namespace.
+                let _ = sys::kill(-1, libc::SIGKILL);
+            }
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => break,
+        }
+    }
+    program_exit.unwrap_or(Exit::Code(SETUP_FAILED))
+}
+
+/// Reads a file for the result without following symlinks, opening FIFOs or devices.
+fn collect(path: &str, cap: u64) -> (Collected, Vec<u8>) {
+    let refused = |error: String| (Collected { path: path.to_string(), size: 0, truncated: false, error: Some(error) }, vec![]);
+    let file = match sys::open_no_symlinks(path) {
+        Ok(fd) => std::fs::File::from(fd),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return refused("is or passes through a symlink; not followed".into()),
+        Err(e) => return refused(e.to_string()),
+    };
+    let meta = match file.metadata() {
+        Ok(m) if m.is_file() => m,
+        Ok(_) => return refused("is not a regular file".into()),
+        Err(e) => return refused(e.to_string()),
+    };
+    let mut data = Vec::new();
+    if let Err(e) = file.take(cap).read_to_end(&mut data) {
+        return refused(e.to_string());
+    }
+    let size = meta.len();
+    (Collected { path: path.to_string(), size, truncated: size > data.len() as u64, error: None }, data)
+}
+
+/// Pid 2: locks itself down and becomes the code.
+fn program_main(mut ctx: Ctx, mut os: RealOs) -> ! {
+    match steps::run_steps(steps::PROGRAM_STEPS, &mut ctx, &mut os) {
+        Ok(()) => unreachable_exit(),
+        Err((Step::Exec, fail)) => {
+            // The sandbox is up and the code could not start: a result, not a setup failure.
+            eprintln!("kennel: {}", fail.detail);
+            let code = if fail.errno == Some(libc::ENOENT) { 127 } else { 126 };
+            sys::exit_now(code)
+        }
+        Err((step, fail)) => fail_and_exit(&mut os.ctl, step, fail),
+    }
+}
+
+fn unreachable_exit() -> ! {
+    // run_steps ends with Exec, which only returns with an error.
+    sys::exit_now(SETUP_FAILED)
+}
+
+/// Whether `path` is where a collected or input file may live.
+pub fn in_scratch(path: &str) -> bool {
+    use std::path::Component;
+    let rest = path.strip_prefix("/workspace/").or_else(|| path.strip_prefix("/tmp/"));
+    rest.is_some_and(|rest| {
+        !rest.is_empty()
+            && !rest.ends_with('/')
+            && !rest.contains("//")
+            && !rest.contains('\0')
+            && Path::new(rest).components().all(|c| matches!(c, Component::Normal(_)))
+    })
+}

@@ -1,0 +1,69 @@
+//! Output capture: both streams are read concurrently; the head up to the cap is kept and the
+//! rest is counted and dropped, so a flood neither blocks the code nor grows Kennel's memory.
+
+use std::io::{self, Read};
+
+/// Which stream a chunk came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// A stream's kept head and its total size.
+#[derive(Debug, Default)]
+pub struct Captured {
+    pub head: Vec<u8>,
+    pub total: u64,
+}
+
+impl Captured {
+    pub fn truncated(&self) -> bool {
+        self.total > self.head.len() as u64
+    }
+}
+
+/// Reads `source` to its end, keeping at most `cap` bytes. `on_chunk` sees every kept chunk as
+/// it arrives (for streaming), never more than the cap in all.
+pub fn drain(mut source: impl Read, cap: u64, mut on_chunk: impl FnMut(&[u8])) -> io::Result<Captured> {
+    let mut out = Captured::default();
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = match source.read(&mut buf) {
+            Ok(0) => return Ok(out),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        let room = cap.saturating_sub(out.head.len() as u64) as usize;
+        let keep = &buf[..n.min(room)];
+        if !keep.is_empty() {
+            out.head.extend_from_slice(keep);
+            on_chunk(keep);
+        }
+        out.total += n as u64;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_the_head_and_counts_the_rest() {
+        let data = vec![b'x'; 300_000];
+        let mut seen = 0;
+        let c = drain(&data[..], 1000, |chunk| seen += chunk.len()).unwrap();
+        assert_eq!(c.head.len(), 1000);
+        assert_eq!(c.total, 300_000);
+        assert!(c.truncated());
+        assert_eq!(seen, 1000);
+    }
+
+    #[test]
+    fn short_output_is_not_truncated() {
+        let c = drain(&b"hi\n"[..], 1000, |_| {}).unwrap();
+        assert_eq!(c.head, b"hi\n");
+        assert!(!c.truncated());
+    }
+}

@@ -1,0 +1,332 @@
+//! Policy is data: what a sandbox may do, as serde types that reject unknown keys.
+//!
+//! A policy is read from TOML (or JSON, through the same types), overlaid by command-line flags
+//! or request fields, and validated once by [`Policy::validate`] before any process is started.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::PolicyError;
+
+/// A byte count written as `512M`, `1GiB`, `100K` or a plain number of bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ByteSize(pub u64);
+
+impl FromStr for ByteSize {
+    type Err = PolicyError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let t = s.trim();
+        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+        let (num, unit) = t.split_at(split);
+        let bad = || PolicyError::BadSize(s.to_string());
+        let n: u64 = num.parse().map_err(|_| bad())?;
+        let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "b" => 1,
+            "k" | "kb" | "kib" => 1 << 10,
+            "m" | "mb" | "mib" => 1 << 20,
+            "g" | "gb" | "gib" => 1 << 30,
+            _ => return Err(bad()),
+        };
+        n.checked_mul(mult).map(ByteSize).ok_or_else(bad)
+    }
+}
+
+impl fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.0;
+        match n {
+            _ if n >= 1 << 30 && n % (1 << 30) == 0 => write!(f, "{}G", n >> 30),
+            _ if n >= 1 << 20 && n % (1 << 20) == 0 => write!(f, "{}M", n >> 20),
+            _ if n >= 1 << 10 && n % (1 << 10) == 0 => write!(f, "{}K", n >> 10),
+            _ => write!(f, "{n}"),
+        }
+    }
+}
+
+/// A duration written as `30s`, `500ms`, `2m` or a plain number of seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Span(pub Duration);
+
+impl FromStr for Span {
+    type Err = PolicyError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let t = s.trim();
+        let bad = || PolicyError::BadDuration(s.to_string());
+        let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+        let (num, unit) = t.split_at(split);
+        let n: f64 = num.parse().map_err(|_| bad())?;
+        let secs = match unit.trim() {
+            "" | "s" => n,
+            "ms" => n / 1000.0,
+            "m" | "min" => n * 60.0,
+            "h" => n * 3600.0,
+            _ => return Err(bad()),
+        };
+        if !secs.is_finite() || secs < 0.0 || secs > 86_400.0 * 7.0 {
+            return Err(bad());
+        }
+        Ok(Span(Duration::from_secs_f64(secs)))
+    }
+}
+
+impl fmt::Display for Span {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ms = self.0.as_millis();
+        if ms % 1000 == 0 {
+            write!(f, "{}s", ms / 1000)
+        } else {
+            write!(f, "{ms}ms")
+        }
+    }
+}
+
+macro_rules! serde_via_str {
+    ($t:ty) => {
+        impl Serialize for $t {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(&self.to_string())
+            }
+        }
+        impl<'de> Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                #[derive(Deserialize)]
+                #[serde(untagged)]
+                enum Raw {
+                    Int(u64),
+                    Float(f64),
+                    Text(String),
+                }
+                let text = match Raw::deserialize(d)? {
+                    Raw::Int(n) => n.to_string(),
+                    Raw::Float(n) => n.to_string(),
+                    Raw::Text(s) => s,
+                };
+                text.parse().map_err(|e: PolicyError| serde::de::Error::custom(e))
+            }
+        }
+    };
+}
+serde_via_str!(ByteSize);
+serde_via_str!(Span);
+
+/// How firmly a layer is wanted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Want {
+    /// Refuse the run when the host cannot enforce the layer.
+    Required,
+    /// Use the layer where the host has it, and report what was used instead.
+    BestEffort,
+}
+
+/// The hard limits of one run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Wall-clock time, enforced from outside the sandbox.
+    pub timeout: Span,
+    /// Memory, including tmpfs pages the code writes.
+    pub memory: ByteSize,
+    /// CPU quota in CPUs; the sandbox is also pinned to that many CPUs.
+    pub cpus: f64,
+    /// Tasks: processes and threads together.
+    pub pids: u32,
+    /// Bytes kept from each of stdout and stderr; the rest is counted and dropped.
+    pub output: ByteSize,
+    /// Size cap of the `/tmp` tmpfs.
+    pub tmp_size: ByteSize,
+    /// Size cap of the `/workspace` tmpfs.
+    pub workspace_size: ByteSize,
+    /// Open files per process.
+    pub open_files: u32,
+    /// Bytes returned per collected file.
+    pub collect_size: ByteSize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            timeout: Span(Duration::from_secs(30)),
+            memory: ByteSize(512 << 20),
+            cpus: 1.0,
+            pids: 256,
+            output: ByteSize(100 << 10),
+            tmp_size: ByteSize(256 << 20),
+            workspace_size: ByteSize(256 << 20),
+            open_files: 4096,
+            collect_size: ByteSize(10 << 20),
+        }
+    }
+}
+
+/// What the sandbox sees of the filesystem.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Filesystem {
+    /// A directory to use, read-only, as `/` instead of the host's system directories.
+    pub rootfs: Option<PathBuf>,
+}
+
+/// Network access.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Network {
+    /// A private network namespace with only loopback.
+    #[default]
+    None,
+}
+
+/// Which layers must be present.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Layers {
+    /// Landlock as a second filesystem layer under the mount namespace.
+    pub landlock: Want,
+    /// cgroups for memory, tasks and CPU; without them Kennel falls back to rlimits.
+    pub cgroups: Want,
+}
+
+impl Default for Layers {
+    fn default() -> Self {
+        Layers { landlock: Want::Required, cgroups: Want::BestEffort }
+    }
+}
+
+/// A complete sandbox policy.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Policy {
+    pub limits: Limits,
+    pub filesystem: Filesystem,
+    pub network: Network,
+    pub layers: Layers,
+    /// Extra environment variables; the environment is otherwise clean.
+    pub env: BTreeMap<String, String>,
+}
+
+/// Upper bounds that keep a policy sane whatever its source.
+const MAX_MEMORY: u64 = 64 << 30;
+const MIN_MEMORY: u64 = 8 << 20;
+const MAX_PIDS: u32 = 1 << 20;
+const MAX_OUTPUT: u64 = 1 << 30;
+
+impl Policy {
+    /// Parses a TOML policy; unknown keys are errors.
+    pub fn from_toml(text: &str) -> Result<Policy, PolicyError> {
+        let policy: Policy = toml::from_str(text).map_err(|e| PolicyError::Parse(e.to_string()))?;
+        policy.validate()?;
+        Ok(policy)
+    }
+
+    /// Checks every value once, so the engine can trust the policy.
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        let l = &self.limits;
+        let field = |name: &'static str, why: String| PolicyError::Invalid { field: name, why };
+        if l.timeout.0.is_zero() {
+            return Err(field("limits.timeout", "must be more than zero".into()));
+        }
+        if !(MIN_MEMORY..=MAX_MEMORY).contains(&l.memory.0) {
+            return Err(field("limits.memory", format!("must be between 8M and 64G, not {}", l.memory)));
+        }
+        if !(l.cpus.is_finite() && l.cpus >= 0.01 && l.cpus <= 1024.0) {
+            return Err(field("limits.cpus", format!("must be between 0.01 and 1024, not {}", l.cpus)));
+        }
+        if !(4..=MAX_PIDS).contains(&l.pids) {
+            return Err(field("limits.pids", format!("must be between 4 and {MAX_PIDS}, not {}", l.pids)));
+        }
+        if l.output.0 > MAX_OUTPUT {
+            return Err(field("limits.output", format!("must be at most 1G, not {}", l.output)));
+        }
+        for (name, size) in [("limits.tmp_size", l.tmp_size), ("limits.workspace_size", l.workspace_size)] {
+            if size.0 < 1 << 20 || size.0 > MAX_MEMORY {
+                return Err(field(name, format!("must be between 1M and 64G, not {size}")));
+            }
+        }
+        if !(16..=1 << 20).contains(&l.open_files) {
+            return Err(field("limits.open_files", format!("must be between 16 and 1048576, not {}", l.open_files)));
+        }
+        if let Some(root) = &self.filesystem.rootfs {
+            if !root.is_absolute() {
+                return Err(field("filesystem.rootfs", format!("must be an absolute path, not {}", root.display())));
+            }
+        }
+        for key in self.env.keys() {
+            if key.is_empty() || key.contains('=') || key.contains('\0') {
+                return Err(field("env", format!("{key:?} is not a valid variable name")));
+            }
+        }
+        if self.env.values().any(|v| v.contains('\0')) {
+            return Err(field("env", "values must not contain NUL bytes".into()));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_durations_parse() {
+        assert_eq!("512M".parse::<ByteSize>().unwrap().0, 512 << 20);
+        assert_eq!("1GiB".parse::<ByteSize>().unwrap().0, 1 << 30);
+        assert_eq!("100k".parse::<ByteSize>().unwrap().0, 100 << 10);
+        assert!("12X".parse::<ByteSize>().is_err());
+        assert!("-1".parse::<ByteSize>().is_err());
+        assert_eq!("500ms".parse::<Span>().unwrap().0, Duration::from_millis(500));
+        assert_eq!("2m".parse::<Span>().unwrap().0, Duration::from_secs(120));
+        assert!("-5s".parse::<Span>().is_err());
+        assert!("soon".parse::<Span>().is_err());
+    }
+
+    #[test]
+    fn defaults_match_the_documented_ones() {
+        let p = Policy::default();
+        assert_eq!(p.limits.memory.0, 512 << 20);
+        assert_eq!(p.limits.pids, 256);
+        assert_eq!(p.limits.timeout.0, Duration::from_secs(30));
+        assert_eq!(p.limits.output.0, 100 << 10);
+        assert_eq!(p.limits.cpus, 1.0);
+        assert_eq!(p.network, Network::None);
+        p.validate().unwrap();
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected() {
+        let err = Policy::from_toml("[limits]\nmemroy = \"1G\"\n").unwrap_err();
+        assert!(err.to_string().contains("memroy"), "{err}");
+        let err = Policy::from_toml("netwrok = \"none\"\n").unwrap_err();
+        assert!(err.to_string().contains("netwrok"), "{err}");
+    }
+
+    #[test]
+    fn toml_values_round_trip() {
+        let p = Policy::from_toml(
+            "[limits]\ntimeout = \"5s\"\nmemory = \"256M\"\npids = 32\ncpus = 0.5\n[env]\nA = \"b\"\n",
+        )
+        .unwrap();
+        assert_eq!(p.limits.timeout.0, Duration::from_secs(5));
+        assert_eq!(p.limits.memory.0, 256 << 20);
+        assert_eq!(p.limits.pids, 32);
+        assert_eq!(p.env["A"], "b");
+        let again = Policy::from_toml(&toml::to_string(&p).unwrap()).unwrap();
+        assert_eq!(p, again);
+    }
+
+    #[test]
+    fn bad_values_name_their_field() {
+        let err = Policy::from_toml("[limits]\nmemory = \"1K\"\n").unwrap_err();
+        assert!(err.to_string().contains("limits.memory"), "{err}");
+        let err = Policy::from_toml("[limits]\npids = 0\n").unwrap_err();
+        assert!(err.to_string().contains("limits.pids"), "{err}");
+        let err = Policy::from_toml("[filesystem]\nrootfs = \"relative\"\n").unwrap_err();
+        assert!(err.to_string().contains("rootfs"), "{err}");
+    }
+}
