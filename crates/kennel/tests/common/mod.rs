@@ -1,0 +1,137 @@
+//! Shared harness for the integration tests: they drive the real `kennel` binary on the real
+//! kernel. Nothing here mocks what Kennel isolates with.
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+pub const KENNEL: &str = env!("CARGO_BIN_EXE_kennel");
+
+/// The interpreter used inside sandboxes (the host's `python3` may be a pyenv shim).
+pub const PY: &str = "/usr/bin/python3";
+
+pub fn kennel() -> Command {
+    Command::new(KENNEL)
+}
+
+/// Whether the test may go on. A missing host feature fails the test in CI (`CI=true`) and,
+/// only outside CI, skips it with the reason printed.
+pub fn require(feature: &str, available: bool) -> bool {
+    if available {
+        return true;
+    }
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("this test needs {feature}, which this CI machine lacks");
+    }
+    eprintln!("SKIPPED: this test needs {feature}");
+    false
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no arguments and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Runs `kennel` with `args` and `stdin`, returning the raw output.
+pub fn kennel_output(args: &[&str], stdin: &[u8]) -> Output {
+    let mut child = kennel()
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kennel starts");
+    let mut pipe = child.stdin.take().unwrap();
+    let data = stdin.to_vec();
+    let feeder = std::thread::spawn(move || {
+        let _ = pipe.write_all(&data);
+    });
+    let out = child.wait_with_output().expect("kennel ends");
+    feeder.join().unwrap();
+    out
+}
+
+/// `kennel run --json <opts> -- <argv>`: the parsed result, which must exist.
+pub fn run_json(opts: &[&str], argv: &[&str]) -> Value {
+    let mut args = vec!["run", "--json"];
+    args.extend_from_slice(opts);
+    args.push("--");
+    args.extend_from_slice(argv);
+    let out = kennel_output(&args, b"");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v: Value = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("no JSON result ({e}): stdout {text}, stderr {}", String::from_utf8_lossy(&out.stderr)));
+    assert!(v.get("error").is_none(), "kennel failed: {v}");
+    assert_eq!(out.status.code(), Some(0), "kennel --json exits 0 with a result");
+    v
+}
+
+/// Runs Python `code` in a default sandbox (plus `opts`) and returns the result.
+pub fn py(opts: &[&str], code: &str) -> Value {
+    run_json(opts, &[PY, "-c", code])
+}
+
+/// Runs Python `code` and returns its stdout, asserting that it exited 0.
+pub fn py_ok(opts: &[&str], code: &str) -> String {
+    let r = py(opts, code);
+    assert_eq!(r["exit_code"], 0, "python failed: {}", r["stderr"]);
+    r["stdout"].as_str().unwrap().to_string()
+}
+
+/// A prelude for Python probes: `sys_errno(nr, *args)` makes a raw syscall and returns the
+/// errno name ("OK" on success), so tests compare exact errnos.
+pub const SYSCALL_PRELUDE: &str = r#"
+import ctypes, errno, os, socket, sys
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+def sys_errno(nr, *args):
+    ctypes.set_errno(0)
+    r = _libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) if isinstance(a, int) else a for a in args])
+    return "OK" if r >= 0 else errno.errorcode.get(ctypes.get_errno(), str(ctypes.get_errno()))
+def os_errno(fn, *args):
+    try:
+        fn(*args)
+        return "OK"
+    except OSError as e:
+        return errno.errorcode.get(e.errno, str(e.errno))
+"#;
+
+/// Runs a probe (with [`SYSCALL_PRELUDE`]) inside the sandbox and bare on the host, returning
+/// (inside, bare) stdout. The bare run is the control that tells "blocked by Kennel" from
+/// "failed anyway".
+pub fn probe_both(code: &str) -> (String, String) {
+    let full = format!("{SYSCALL_PRELUDE}\n{code}");
+    let inside = py_ok(&[], &full);
+    let bare = Command::new(PY).arg("-c").arg(&full).output().expect("bare python runs");
+    assert!(bare.status.success(), "bare probe failed: {}", String::from_utf8_lossy(&bare.stderr));
+    (inside.trim().to_string(), String::from_utf8_lossy(&bare.stdout).trim().to_string())
+}
+
+/// Paths of cgroups that the kennel process `pid` created, anywhere under /sys/fs/cgroup.
+pub fn kennel_cgroups_of(pid: u32) -> Vec<String> {
+    let prefix = format!("kennel-{pid}-");
+    kennel_cgroups().into_iter().filter(|p| p.rsplit('/').next().is_some_and(|n| n.starts_with(&prefix))).collect()
+}
+
+/// Paths of cgroups named after Kennel anywhere under /sys/fs/cgroup.
+pub fn kennel_cgroups() -> Vec<String> {
+    let mut found = vec![];
+    let mut stack = vec![std::path::PathBuf::from("/sys/fs/cgroup")];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with("kennel-") {
+                    found.push(e.path().display().to_string());
+                }
+                if dir.components().count() < 8 {
+                    stack.push(e.path());
+                }
+            }
+        }
+    }
+    found
+}
