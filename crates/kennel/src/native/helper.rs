@@ -86,6 +86,7 @@ fn read_plan(ctl: &mut UnixStream) -> Result<(Plan, Vec<(FileMeta, Vec<u8>)>), S
 }
 
 fn helper_main() -> ! {
+    let supervisor_pid = sys::getppid();
     let ctl = match sys::adopt_inherited_fd(CTL_FD) {
         Ok(fd) => UnixStream::from(fd),
         Err(e) => {
@@ -100,7 +101,14 @@ fn helper_main() -> ! {
         Ok(p) => p,
         Err(e) => fail_and_exit(&mut os.ctl, Step::SpawnHelper, Fail::new(e)),
     };
-    let mut ctx = Ctx { plan: &plan, files: &files, fs: fs_plan(&plan), namespaces: vec![], landlock: None };
+    let mut ctx = Ctx {
+        plan: &plan,
+        supervisor_pid,
+        files: &files,
+        fs: fs_plan(&plan),
+        namespaces: vec![],
+        landlock: None,
+    };
     if let Err((step, fail)) = steps::run_steps(steps::HELPER_STEPS, &mut ctx, &mut os) {
         fail_and_exit(&mut os.ctl, step, fail);
     }

@@ -15,6 +15,7 @@ pub trait Os {
     fn request_id_map(&mut self) -> io::Result<()>;
     fn become_root(&mut self, set_groups: bool) -> io::Result<()>;
     fn set_parent_death_signal(&mut self) -> io::Result<()>;
+    fn parent_pid(&mut self) -> i32;
     fn set_dumpable(&mut self, on: bool) -> io::Result<()>;
     fn mount(
         &mut self,
@@ -80,6 +81,10 @@ impl Os for RealOs {
 
     fn set_parent_death_signal(&mut self) -> io::Result<()> {
         sys::set_parent_death_signal(libc::SIGKILL)
+    }
+
+    fn parent_pid(&mut self) -> i32 {
+        sys::getppid()
     }
 
     fn set_dumpable(&mut self, on: bool) -> io::Result<()> {

@@ -77,6 +77,8 @@ steps! {
         "the supervisor, outside, maps sandbox ids onto an unprivileged host range before anything runs as them";
     BecomeRoot = "become_root",
         "root inside the namespace holds the capabilities needed for the mounts, and only there";
+    DieWithSupervisor = "die_with_supervisor",
+        "the kernel clears the parent-death signal when credentials change, as they just did: set it again, then make sure the supervisor is still there";
     // The init, pid 1 of the new pid namespace.
     DieWithHelper = "die_with_helper",
         "if the helper dies (say, the supervisor was SIGKILLed), pid 1 dies and takes the whole sandbox with it";
@@ -137,7 +139,8 @@ impl fmt::Display for Step {
     }
 }
 
-pub const HELPER_STEPS: &[Step] = &[Step::UnshareNamespaces, Step::MapIds, Step::BecomeRoot];
+pub const HELPER_STEPS: &[Step] =
+    &[Step::UnshareNamespaces, Step::MapIds, Step::BecomeRoot, Step::DieWithSupervisor];
 
 pub const INIT_STEPS: &[Step] = &[
     Step::DieWithHelper,
@@ -183,6 +186,8 @@ pub struct FsPlan {
 /// Everything the steps read and the state they hand on to later steps.
 pub struct Ctx<'a> {
     pub plan: &'a Plan,
+    /// The helper's parent, seen before any credential change.
+    pub supervisor_pid: i32,
     pub files: &'a [(FileMeta, Vec<u8>)],
     pub fs: FsPlan,
     pub namespaces: Vec<String>,
@@ -219,6 +224,7 @@ impl Step {
             Step::UnshareNamespaces => unshare_namespaces(ctx, os),
             Step::MapIds => os.request_id_map().ctx(|| "waiting for the id map".into()),
             Step::BecomeRoot => os.become_root(ctx.plan.full_id_range).ctx(|| "setresuid(0)".into()),
+            Step::DieWithSupervisor => die_with_supervisor(ctx, os),
             Step::DieWithHelper => os.set_parent_death_signal().ctx(|| "PR_SET_PDEATHSIG".into()),
             Step::HideFromProgram => os.set_dumpable(false).ctx(|| "PR_SET_DUMPABLE".into()),
             Step::MakeMountsPrivate => os
@@ -264,6 +270,14 @@ fn unshare_namespaces(ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), Fail> {
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => os.unshare(base).ctx(|| "unshare".into()),
         Err(e) => Err(e).ctx(|| "unshare".into()),
     }
+}
+
+fn die_with_supervisor(ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), Fail> {
+    os.set_parent_death_signal().ctx(|| "PR_SET_PDEATHSIG".into())?;
+    if os.parent_pid() != ctx.supervisor_pid {
+        return Err(Fail { errno: Some(libc::ESRCH), detail: "the supervisor is gone".into() });
+    }
+    Ok(())
 }
 
 /// Performs planned filesystem operations in order.

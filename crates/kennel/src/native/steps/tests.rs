@@ -46,6 +46,9 @@ impl Os for Recorder {
     fn set_parent_death_signal(&mut self) -> io::Result<()> {
         self.log("pdeathsig")
     }
+    fn parent_pid(&mut self) -> i32 {
+        SUPERVISOR
+    }
     fn set_dumpable(&mut self, on: bool) -> io::Result<()> {
         self.log(format!("dumpable({on})"))
     }
@@ -126,6 +129,8 @@ impl Os for Recorder {
     }
 }
 
+const SUPERVISOR: i32 = 4242;
+
 struct Host;
 
 impl View for Host {
@@ -167,7 +172,7 @@ fn record() -> Recorder {
         proc_mount,
         proc_mask,
     };
-    let mut ctx = Ctx { plan: &plan, files: &files, fs, namespaces: vec![], landlock: None };
+    let mut ctx = Ctx { plan: &plan, supervisor_pid: SUPERVISOR, files: &files, fs, namespaces: vec![], landlock: None };
     let mut rec = Recorder::default();
     run_steps(HELPER_STEPS, &mut ctx, &mut rec).unwrap();
     rec.calls.push("fork init".into());
@@ -204,6 +209,7 @@ fn namespaces_come_first_and_ids_are_mapped_before_becoming_root() {
     }
     assert!(rec.index("request_id_map") < rec.index("become_root"));
     assert!(rec.index("become_root") < rec.index("fork init"));
+    assert!(rec.index("become_root") < rec.index("pdeathsig"), "set again after the credential change");
 }
 
 #[test]
@@ -249,7 +255,7 @@ fn capabilities_go_after_the_last_mount_and_seccomp_is_last_before_exec() {
 #[test]
 fn required_landlock_that_is_not_enforced_fails_its_step() {
     let plan = plan();
-    let mut ctx = Ctx { plan: &plan, files: &[], fs: FsPlan::default(), namespaces: vec![], landlock: None };
+    let mut ctx = Ctx { plan: &plan, supervisor_pid: SUPERVISOR, files: &[], fs: FsPlan::default(), namespaces: vec![], landlock: None };
     let mut rec = Recorder { landlock: Some(Outcome { enforced: false, abi: None }), ..Recorder::default() };
     let (step, fail) = run_steps(PROGRAM_STEPS, &mut ctx, &mut rec).unwrap_err();
     assert_eq!(step, Step::RestrictFilesystem);
