@@ -38,7 +38,9 @@ impl std::str::FromStr for Language {
             "python" | "python3" => Ok(Language::Python),
             "bash" => Ok(Language::Bash),
             "sh" => Ok(Language::Sh),
-            other => Err(format!("unknown language {other:?}: use python, bash or sh")),
+            other => Err(format!(
+                "unknown language {other:?}: use python, bash or sh"
+            )),
         }
     }
 }
@@ -63,11 +65,16 @@ impl Command {
             Command::Argv(argv) => Ok(argv.clone()),
             Command::Code { code, .. } if code.len() > MAX_CODE_BYTES => Err(Error::request(
                 "code",
-                format!("is {} bytes; snippets are limited to 120 KiB, send larger programs as a file", code.len()),
+                format!(
+                    "is {} bytes; snippets are limited to 120 KiB, send larger programs as a file",
+                    code.len()
+                ),
             )),
-            Command::Code { language, code } => {
-                Ok(vec![language.interpreter().to_string(), "-c".to_string(), code.clone()])
-            }
+            Command::Code { language, code } => Ok(vec![
+                language.interpreter().to_string(),
+                "-c".to_string(),
+                code.clone(),
+            ]),
         }
     }
 }
@@ -84,7 +91,9 @@ impl Content {
     pub fn from_bytes(bytes: Vec<u8>) -> Content {
         match String::from_utf8(bytes) {
             Ok(text) => Content::Text(text),
-            Err(e) => Content::Base64(base64::engine::general_purpose::STANDARD.encode(e.into_bytes())),
+            Err(e) => {
+                Content::Base64(base64::engine::general_purpose::STANDARD.encode(e.into_bytes()))
+            }
         }
     }
 
@@ -132,7 +141,13 @@ pub struct RunRequest {
 
 impl RunRequest {
     pub fn new(command: Command) -> RunRequest {
-        RunRequest { command, stdin: None, files: vec![], collect: vec![], policy: Policy::default() }
+        RunRequest {
+            command,
+            stdin: None,
+            files: vec![],
+            collect: vec![],
+            policy: Policy::default(),
+        }
     }
 }
 

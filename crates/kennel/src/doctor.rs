@@ -18,35 +18,62 @@ pub struct Check {
 
 fn check(name: &'static str, result: Result<String, (String, String)>) -> Check {
     match result {
-        Ok(detail) => Check { name, ok: true, detail, fix: None },
-        Err((detail, fix)) => Check { name, ok: false, detail, fix: Some(fix) },
+        Ok(detail) => Check {
+            name,
+            ok: true,
+            detail,
+            fix: None,
+        },
+        Err((detail, fix)) => Check {
+            name,
+            ok: false,
+            detail,
+            fix: Some(fix),
+        },
     }
 }
 
 fn read(path: &str) -> String {
-    std::fs::read_to_string(path).unwrap_or_default().trim().to_string()
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .trim()
+        .to_string()
 }
 
 fn user_namespaces() -> Result<String, (String, String)> {
     let max = read("/proc/sys/user/max_user_namespaces");
     match max.parse::<u64>() {
-        Ok(0) => Err(("user.max_user_namespaces is 0".into(), "sysctl -w user.max_user_namespaces=15000".into())),
+        Ok(0) => Err((
+            "user.max_user_namespaces is 0".into(),
+            "sysctl -w user.max_user_namespaces=15000".into(),
+        )),
         Ok(n) => Ok(format!("available (max {n})")),
-        Err(_) => Err(("no /proc/sys/user/max_user_namespaces".into(), "use a kernel with CONFIG_USER_NS=y".into())),
+        Err(_) => Err((
+            "no /proc/sys/user/max_user_namespaces".into(),
+            "use a kernel with CONFIG_USER_NS=y".into(),
+        )),
     }
 }
 
 fn landlock() -> Result<String, (String, String)> {
-    sys::landlock_abi().map(|abi| format!("ABI v{abi}")).ok_or_else(|| {
-        ("not offered by the kernel".into(), "boot with landlock in the lsm= list (Linux 5.13+)".into())
-    })
+    sys::landlock_abi()
+        .map(|abi| format!("ABI v{abi}"))
+        .ok_or_else(|| {
+            (
+                "not offered by the kernel".into(),
+                "boot with landlock in the lsm= list (Linux 5.13+)".into(),
+            )
+        })
 }
 
 fn seccomp() -> Result<String, (String, String)> {
     if sys::seccomp_available() {
         Ok("filter mode available".into())
     } else {
-        Err(("unavailable".into(), "use a kernel with CONFIG_SECCOMP_FILTER=y".into()))
+        Err((
+            "unavailable".into(),
+            "use a kernel with CONFIG_SECCOMP_FILTER=y".into(),
+        ))
     }
 }
 
@@ -54,7 +81,8 @@ fn cgroups() -> Result<String, (String, String)> {
     let fix = "run kennel as root, or from a delegated cgroup v2 subtree (systemd-run --user -p Delegate=yes); \
                without cgroups Kennel falls back to rlimits";
     let layout = cgroup::describe().map_err(|e| (e, fix.to_string()))?;
-    let probe = cgroup::Cgroup::create(&Policy::default().limits).map_err(|e| (e, fix.to_string()))?;
+    let probe =
+        cgroup::Cgroup::create(&Policy::default().limits).map_err(|e| (e, fix.to_string()))?;
     probe.destroy();
     Ok(format!("{layout}; a sandbox cgroup can be created"))
 }
@@ -63,15 +91,24 @@ fn time_namespace() -> Result<String, (String, String)> {
     if std::path::Path::new("/proc/self/ns/time").exists() {
         Ok("available".into())
     } else {
-        Err(("absent; sandboxes run without one".into(), "use Linux 5.6 or later".into()))
+        Err((
+            "absent; sandboxes run without one".into(),
+            "use Linux 5.6 or later".into(),
+        ))
     }
 }
 
 fn identity() -> Result<String, (String, String)> {
     Ok(if sys::getuid() == 0 {
-        format!("root: sandboxes map 65536 ids onto host uids from {}", crate::native::HOST_ID_BASE)
+        format!(
+            "root: sandboxes map 65536 ids onto host uids from {}",
+            crate::native::HOST_ID_BASE
+        )
     } else {
-        format!("uid {} (rootless): sandboxes map a single id onto it", sys::getuid())
+        format!(
+            "uid {} (rootless): sandboxes map a single id onto it",
+            sys::getuid()
+        )
     })
 }
 
@@ -83,10 +120,21 @@ fn end_to_end(native: &Native) -> Result<String, (String, String)> {
             "/bin/true ran in {:.1} ms with limits via {}, landlock {}, seccomp {}",
             start.elapsed().as_secs_f64() * 1000.0,
             r.isolation.limits.mechanism,
-            if r.isolation.landlock.enforced { "on" } else { "off" },
-            if r.isolation.seccomp.enforced { "on" } else { "off" },
+            if r.isolation.landlock.enforced {
+                "on"
+            } else {
+                "off"
+            },
+            if r.isolation.seccomp.enforced {
+                "on"
+            } else {
+                "off"
+            },
         )),
-        Ok(r) => Err((format!("/bin/true exited {:?}: {}", r.exit_code, r.stderr), "see the checks above".into())),
+        Ok(r) => Err((
+            format!("/bin/true exited {:?}: {}", r.exit_code, r.stderr),
+            "see the checks above".into(),
+        )),
         Err(e) => Err((e.to_string(), "see the checks above".into())),
     }
 }
@@ -95,7 +143,14 @@ fn tool(name: &'static str, package: &str) -> Check {
     let found = std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
         .unwrap_or(false);
-    check(name, if found { Ok("installed".into()) } else { Err(("not installed".into(), format!("apt-get install {package}"))) })
+    check(
+        name,
+        if found {
+            Ok("installed".into())
+        } else {
+            Err(("not installed".into(), format!("apt-get install {package}")))
+        },
+    )
 }
 
 /// Every check, in the order a user fixes them.

@@ -13,7 +13,9 @@ pub enum PolicyError {
     Parse(String),
     #[error("invalid size {0:?}: use a number with an optional unit, such as 512M, 1G or 100K")]
     BadSize(String),
-    #[error("invalid duration {0:?}: use a number with an optional unit, such as 30s, 500ms or 2m")]
+    #[error(
+        "invalid duration {0:?}: use a number with an optional unit, such as 30s, 500ms or 2m"
+    )]
     BadDuration(String),
     #[error("invalid policy value for `{field}`: {why}")]
     Invalid { field: &'static str, why: String },
@@ -28,11 +30,23 @@ pub enum Error {
     #[error("invalid request: `{field}` {why}")]
     Request { field: &'static str, why: String },
     #[error("this host cannot enforce {layer}: {why}\nhint: {hint}")]
-    Unsupported { layer: &'static str, why: String, hint: String },
+    Unsupported {
+        layer: &'static str,
+        why: String,
+        hint: String,
+    },
     #[error("sandbox setup failed at step `{step}` ({reason}): {detail}{}", hint_suffix(*step, *errno))]
-    Setup { step: Step, reason: &'static str, errno: Option<i32>, detail: String },
+    Setup {
+        step: Step,
+        reason: &'static str,
+        errno: Option<i32>,
+        detail: String,
+    },
     #[error("{what}: {source}")]
-    Io { what: &'static str, source: io::Error },
+    Io {
+        what: &'static str,
+        source: io::Error,
+    },
     #[error("sandbox helper broke protocol: {0}")]
     Protocol(String),
 }
@@ -43,7 +57,10 @@ impl Error {
     }
 
     pub fn request(field: &'static str, why: impl Into<String>) -> Error {
-        Error::Request { field, why: why.into() }
+        Error::Request {
+            field,
+            why: why.into(),
+        }
     }
 }
 

@@ -18,7 +18,9 @@ pub mod native;
 pub mod policy;
 pub mod sys;
 
-pub use api::{CollectedFile, Command, Content, FileIn, Isolation, Language, RunRequest, RunResult};
+pub use api::{
+    CollectedFile, Command, Content, FileIn, Isolation, Language, RunRequest, RunResult,
+};
 pub use error::{Error, PolicyError};
 pub use native::{maybe_run_helper, Native, StdinSource};
 pub use policy::Policy;

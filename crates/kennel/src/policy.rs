@@ -59,7 +59,9 @@ impl FromStr for Span {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let t = s.trim();
         let bad = || PolicyError::BadDuration(s.to_string());
-        let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+        let split = t
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(t.len());
         let (num, unit) = t.split_at(split);
         let n: f64 = num.parse().map_err(|_| bad())?;
         let secs = match unit.trim() {
@@ -69,7 +71,7 @@ impl FromStr for Span {
             "h" => n * 3600.0,
             _ => return Err(bad()),
         };
-        if !secs.is_finite() || secs < 0.0 || secs > 86_400.0 * 7.0 {
+        if !(0.0..=86_400.0 * 7.0).contains(&secs) {
             return Err(bad());
         }
         Ok(Span(Duration::from_secs_f64(secs)))
@@ -108,7 +110,8 @@ macro_rules! serde_via_str {
                     Raw::Float(n) => n.to_string(),
                     Raw::Text(s) => s,
                 };
-                text.parse().map_err(|e: PolicyError| serde::de::Error::custom(e))
+                text.parse()
+                    .map_err(|e: PolicyError| serde::de::Error::custom(e))
             }
         }
     };
@@ -195,7 +198,10 @@ pub struct Layers {
 
 impl Default for Layers {
     fn default() -> Self {
-        Layers { landlock: Want::Required, cgroups: Want::BestEffort }
+        Layers {
+            landlock: Want::Required,
+            cgroups: Want::BestEffort,
+        }
     }
 }
 
@@ -233,33 +239,60 @@ impl Policy {
             return Err(field("limits.timeout", "must be more than zero".into()));
         }
         if !(MIN_MEMORY..=MAX_MEMORY).contains(&l.memory.0) {
-            return Err(field("limits.memory", format!("must be between 8M and 64G, not {}", l.memory)));
+            return Err(field(
+                "limits.memory",
+                format!("must be between 8M and 64G, not {}", l.memory),
+            ));
         }
         if !(l.cpus.is_finite() && l.cpus >= 0.01 && l.cpus <= 1024.0) {
-            return Err(field("limits.cpus", format!("must be between 0.01 and 1024, not {}", l.cpus)));
+            return Err(field(
+                "limits.cpus",
+                format!("must be between 0.01 and 1024, not {}", l.cpus),
+            ));
         }
         if !(4..=MAX_PIDS).contains(&l.pids) {
-            return Err(field("limits.pids", format!("must be between 4 and {MAX_PIDS}, not {}", l.pids)));
+            return Err(field(
+                "limits.pids",
+                format!("must be between 4 and {MAX_PIDS}, not {}", l.pids),
+            ));
         }
         if l.output.0 > MAX_OUTPUT {
-            return Err(field("limits.output", format!("must be at most 1G, not {}", l.output)));
+            return Err(field(
+                "limits.output",
+                format!("must be at most 1G, not {}", l.output),
+            ));
         }
-        for (name, size) in [("limits.tmp_size", l.tmp_size), ("limits.workspace_size", l.workspace_size)] {
+        for (name, size) in [
+            ("limits.tmp_size", l.tmp_size),
+            ("limits.workspace_size", l.workspace_size),
+        ] {
             if size.0 < 1 << 20 || size.0 > MAX_MEMORY {
-                return Err(field(name, format!("must be between 1M and 64G, not {size}")));
+                return Err(field(
+                    name,
+                    format!("must be between 1M and 64G, not {size}"),
+                ));
             }
         }
         if !(16..=1 << 20).contains(&l.open_files) {
-            return Err(field("limits.open_files", format!("must be between 16 and 1048576, not {}", l.open_files)));
+            return Err(field(
+                "limits.open_files",
+                format!("must be between 16 and 1048576, not {}", l.open_files),
+            ));
         }
         if let Some(root) = &self.filesystem.rootfs {
             if !root.is_absolute() {
-                return Err(field("filesystem.rootfs", format!("must be an absolute path, not {}", root.display())));
+                return Err(field(
+                    "filesystem.rootfs",
+                    format!("must be an absolute path, not {}", root.display()),
+                ));
             }
         }
         for key in self.env.keys() {
             if key.is_empty() || key.contains('=') || key.contains('\0') {
-                return Err(field("env", format!("{key:?} is not a valid variable name")));
+                return Err(field(
+                    "env",
+                    format!("{key:?} is not a valid variable name"),
+                ));
             }
         }
         if self.env.values().any(|v| v.contains('\0')) {
@@ -280,7 +313,10 @@ mod tests {
         assert_eq!("100k".parse::<ByteSize>().unwrap().0, 100 << 10);
         assert!("12X".parse::<ByteSize>().is_err());
         assert!("-1".parse::<ByteSize>().is_err());
-        assert_eq!("500ms".parse::<Span>().unwrap().0, Duration::from_millis(500));
+        assert_eq!(
+            "500ms".parse::<Span>().unwrap().0,
+            Duration::from_millis(500)
+        );
         assert_eq!("2m".parse::<Span>().unwrap().0, Duration::from_secs(120));
         assert!("-5s".parse::<Span>().is_err());
         assert!("soon".parse::<Span>().is_err());

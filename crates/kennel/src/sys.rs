@@ -47,7 +47,11 @@ pub fn fork() -> io::Result<Fork> {
     // SAFETY: the caller is single-threaded (see above), so no lock can be held by a thread that
     // does not exist in the child; fork takes no pointers.
     let pid = check(unsafe { libc::fork() })?;
-    Ok(if pid == 0 { Fork::Child } else { Fork::Parent(pid) })
+    Ok(if pid == 0 {
+        Fork::Child
+    } else {
+        Fork::Parent(pid)
+    })
 }
 
 /// How a child ended, as `waitpid` tells it.
@@ -165,7 +169,13 @@ pub fn mount(
     // SAFETY: every pointer is either null (allowed by mount(2) for these arguments) or points to
     // a NUL-terminated CString that lives until the end of this statement.
     check(unsafe {
-        libc::mount(ptr(&source), target.as_ptr(), ptr(&fstype), flags, ptr(&data).cast())
+        libc::mount(
+            ptr(&source),
+            target.as_ptr(),
+            ptr(&fstype),
+            flags,
+            ptr(&data).cast(),
+        )
     })
     .map(drop)
 }
@@ -200,7 +210,10 @@ pub fn mount_flags_of(path: &str) -> io::Result<libc::c_ulong> {
         (libc::ST_NODIRATIME, libc::MS_NODIRATIME),
         (libc::ST_RELATIME, libc::MS_RELATIME),
     ];
-    Ok(known.iter().filter(|(st_flag, _)| st.f_flag & st_flag != 0).fold(0, |acc, (_, ms)| acc | ms))
+    Ok(known
+        .iter()
+        .filter(|(st_flag, _)| st.f_flag & st_flag != 0)
+        .fold(0, |acc, (_, ms)| acc | ms))
 }
 
 pub fn sethostname(name: &str) -> io::Result<()> {
@@ -211,7 +224,8 @@ pub fn sethostname(name: &str) -> io::Result<()> {
 /// Brings the loopback interface up in the current network namespace.
 pub fn loopback_up() -> io::Result<()> {
     // SAFETY: socket takes integers only; the returned fd is owned below.
-    let fd = check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+    let fd =
+        check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
     // SAFETY: `fd` was just returned by socket and is owned by nobody else.
     let sock = unsafe { OwnedFd::from_raw_fd(fd) };
     // SAFETY: ifreq is plain old data; all-zero is a valid value.
@@ -235,7 +249,9 @@ pub fn cpu_affinity() -> io::Result<Vec<usize>> {
     // SAFETY: the size and pointer describe the local `set`.
     check(unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) })?;
     // SAFETY: CPU_ISSET only reads the initialised `set`, with an index below CPU_SETSIZE.
-    Ok((0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect())
+    Ok((0..libc::CPU_SETSIZE as usize)
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect())
 }
 
 pub fn set_cpu_affinity(cpus: &[usize]) -> io::Result<()> {
@@ -265,13 +281,20 @@ pub fn reset_signals() -> io::Result<()> {
     // SAFETY: `set` is a valid, writable sigset_t; the old-mask pointer may be null.
     unsafe {
         libc::sigemptyset(&mut set);
-        check(libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut()))?;
+        check(libc::sigprocmask(
+            libc::SIG_SETMASK,
+            &set,
+            std::ptr::null_mut(),
+        ))?;
     }
     Ok(())
 }
 
 pub fn set_rlimit(resource: libc::__rlimit_resource_t, soft: u64, hard: u64) -> io::Result<()> {
-    let lim = libc::rlimit { rlim_cur: soft, rlim_max: hard };
+    let lim = libc::rlimit {
+        rlim_cur: soft,
+        rlim_max: hard,
+    };
     // SAFETY: `lim` is a valid rlimit for the duration of the call.
     check(unsafe { libc::setrlimit(resource, &lim) }).map(drop)
 }
@@ -324,7 +347,13 @@ struct CapData {
 pub fn drop_all_capabilities() -> io::Result<()> {
     // SAFETY: PR_CAP_AMBIENT_CLEAR_ALL takes integers only.
     check(unsafe {
-        libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong, 0, 0, 0)
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+            0,
+            0,
+            0,
+        )
     })?;
     for cap in 0..=CAP_LAST_CAP_GUESS {
         // SAFETY: PR_CAPBSET_DROP takes an integer; EINVAL past the kernel's last cap is expected.
@@ -345,7 +374,10 @@ pub fn drop_all_capabilities() -> io::Result<()> {
         | SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED;
     // SAFETY: PR_SET_SECUREBITS takes an integer bit mask.
     check(unsafe { libc::prctl(libc::PR_SET_SECUREBITS, bits, 0, 0, 0) })?;
-    let header = CapHeader { version: LINUX_CAPABILITY_VERSION_3, pid: 0 };
+    let header = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
     let data = [CapData::default(); 2];
     // SAFETY: `header` and `data` match the kernel's v3 layout (one header, two data words) and
     // live for the duration of the call.
@@ -354,11 +386,19 @@ pub fn drop_all_capabilities() -> io::Result<()> {
 
 /// Installs a classic BPF seccomp filter on the calling thread.
 pub fn install_seccomp_filter(program: &[libc::sock_filter]) -> io::Result<()> {
-    let len = u16::try_from(program.len()).map_err(|_| io::Error::from_raw_os_error(libc::E2BIG))?;
-    let prog = libc::sock_fprog { len, filter: program.as_ptr().cast_mut() };
+    let len =
+        u16::try_from(program.len()).map_err(|_| io::Error::from_raw_os_error(libc::E2BIG))?;
+    let prog = libc::sock_fprog {
+        len,
+        filter: program.as_ptr().cast_mut(),
+    };
     // SAFETY: `prog` points at `program`, which outlives the call; the kernel copies the filter.
     check(unsafe {
-        libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER as libc::c_ulong, &prog)
+        libc::prctl(
+            libc::PR_SET_SECCOMP,
+            libc::SECCOMP_MODE_FILTER as libc::c_ulong,
+            &prog,
+        )
     })
     .map(drop)
 }
@@ -468,7 +508,10 @@ pub fn adopt_inherited_fd(fd: RawFd) -> io::Result<OwnedFd> {
 /// Points stdin, stdout and stderr at /dev/null, so that a helper no longer holds the
 /// sandbox's pipes open.
 pub fn stdio_to_null() -> io::Result<()> {
-    let null = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null")?;
+    let null = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")?;
     for target in 0..=2 {
         dup_to(null.as_raw_fd(), target)?;
     }

@@ -33,7 +33,11 @@ fn cgroups_are_removed_after_a_run() {
     if !require("cgroups (run as root)", is_root()) {
         return;
     }
-    let child = kennel().args(["run", "--", "/bin/true"]).stdout(Stdio::null()).spawn().unwrap();
+    let child = kennel()
+        .args(["run", "--", "/bin/true"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
     let pid = child.id();
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success());
@@ -56,22 +60,40 @@ fn killing_kennel_kills_the_sandbox_and_the_next_start_sweeps() {
     wait_for("the sandboxed sleeps", || processes_with(&token).len() == 2);
     child.kill().unwrap();
     child.wait().unwrap();
-    wait_for("the sandbox to die with kennel", || processes_with(&token).is_empty());
+    wait_for("the sandbox to die with kennel", || {
+        processes_with(&token).is_empty()
+    });
     if !is_root() {
         return;
     }
-    assert!(!kennel_cgroups_of(pid).is_empty(), "a SIGKILLed kennel cannot remove its cgroups itself");
-    let next = Command::new(KENNEL).args(["run", "--", "/bin/true"]).output().unwrap();
+    assert!(
+        !kennel_cgroups_of(pid).is_empty(),
+        "a SIGKILLed kennel cannot remove its cgroups itself"
+    );
+    let next = Command::new(KENNEL)
+        .args(["run", "--", "/bin/true"])
+        .output()
+        .unwrap();
     assert!(next.status.success());
-    assert_eq!(kennel_cgroups_of(pid), Vec::<String>::new(), "stale cgroups swept");
+    assert_eq!(
+        kennel_cgroups_of(pid),
+        Vec::<String>::new(),
+        "stale cgroups swept"
+    );
 }
 
 /// The host's mount table is untouched by a run.
 #[test]
 fn host_mounts_are_untouched() {
-    let before = std::fs::read_to_string("/proc/self/mountinfo").unwrap().lines().count();
+    let before = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .count();
     run_json(&[], &["/bin/true"]);
-    let after = std::fs::read_to_string("/proc/self/mountinfo").unwrap().lines().count();
+    let after = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .count();
     assert_eq!(before, after);
 }
 
@@ -89,7 +111,16 @@ fn rootless_runs_report_their_fallback() {
             .output()
             .expect("setpriv runs")
     };
-    let out = as_nobody(&["run", "--json", "--memory", "64M", "--", PY, "-c", "import os; print(os.getuid()); x = bytearray(200 << 20)"]);
+    let out = as_nobody(&[
+        "run",
+        "--json",
+        "--memory",
+        "64M",
+        "--",
+        PY,
+        "-c",
+        "import os; print(os.getuid()); x = bytearray(200 << 20)",
+    ]);
     let r: serde_json::Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
     assert_eq!(r["isolation"]["host_uid"], 65534);
@@ -98,7 +129,11 @@ fn rootless_runs_report_their_fallback() {
     assert_eq!(r["isolation"]["landlock"]["enforced"], true);
     assert_eq!(r["isolation"]["seccomp"]["enforced"], true);
     assert_eq!(r["stdout"], "0\n");
-    assert!(r["stderr"].as_str().unwrap().contains("MemoryError"), "RLIMIT_AS holds: {}", r["stderr"]);
+    assert!(
+        r["stderr"].as_str().unwrap().contains("MemoryError"),
+        "RLIMIT_AS holds: {}",
+        r["stderr"]
+    );
     let refused = as_nobody(&["run", "--require-cgroups", "--", "/bin/true"]);
     assert_eq!(refused.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&refused.stderr).contains("cannot enforce cgroups"));

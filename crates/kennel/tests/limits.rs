@@ -28,17 +28,24 @@ fn timeout_kills_daemonised_children() {
     let r = run_json(&["--timeout", "1s"], &["/bin/sh", "-c", &script]);
     assert_eq!(r["timed_out"], true);
     std::thread::sleep(std::time::Duration::from_millis(200));
-    assert!(processes_with(&token).is_empty(), "left behind: {:?}", processes_with(&token));
+    assert!(
+        processes_with(&token).is_empty(),
+        "left behind: {:?}",
+        processes_with(&token)
+    );
 }
 
 /// A program below its memory limit runs, and the peak is measured.
 #[test]
 fn memory_below_the_limit_runs_and_peak_is_measured() {
-    let r = py(&["--memory", "256M"], "x = bytearray(100 << 20); x[::4096] = b'x' * len(x[::4096]); print('ok')");
+    let r = py(
+        &["--memory", "256M"],
+        "x = bytearray(100 << 20); x[::4096] = b'x' * len(x[::4096]); print('ok')",
+    );
     assert_eq!(r["exit_code"], 0, "{}", r["stderr"]);
     assert_eq!(r["oom_killed"], false);
     let peak = r["memory_peak_bytes"].as_u64().unwrap();
-    assert!(peak >= 100 << 20 && peak <= 256 << 20, "peak {peak}");
+    assert!(((100 << 20)..=(256 << 20)).contains(&peak), "peak {peak}");
 }
 
 /// Past the memory limit the kernel's OOM killer ends the program, and the result says so.
@@ -47,7 +54,10 @@ fn memory_over_the_limit_is_oom_killed() {
     if !require("cgroups (run as root)", is_root()) {
         return;
     }
-    let r = py(&["--memory", "64M"], "x = bytearray(200 << 20); x[::4096] = b'x' * len(x[::4096])");
+    let r = py(
+        &["--memory", "64M"],
+        "x = bytearray(200 << 20); x[::4096] = b'x' * len(x[::4096])",
+    );
     assert_eq!(r["oom_killed"], true, "{r}");
     assert_eq!(r["signal"], 9);
     assert!(r["memory_peak_bytes"].as_u64().unwrap() <= 64 << 20);
@@ -62,7 +72,12 @@ fn pids_limit_counts_threads_and_is_reported() {
     let code = "import threading, time\nn = 0\ntry:\n    for _ in range(200):\n        threading.Thread(target=time.sleep, args=(3,), daemon=True).start(); n += 1\nexcept RuntimeError as e:\n    print('stopped', n)\n";
     let r = py(&["--pids", "16"], code);
     let out = r["stdout"].as_str().unwrap();
-    let n: u32 = out.trim().strip_prefix("stopped ").expect(out).parse().unwrap();
+    let n: u32 = out
+        .trim()
+        .strip_prefix("stopped ")
+        .expect(out)
+        .parse()
+        .unwrap();
     assert!(n < 16, "{n} threads started under a 16-task limit");
     assert_eq!(r["pids_limit_hit"], true);
 }
@@ -75,7 +90,10 @@ fn default_pids_limit_is_256() {
     }
     let code = "import threading, time\nn = 0\ntry:\n    for _ in range(400):\n        threading.Thread(target=time.sleep, args=(5,), daemon=True).start(); n += 1\nexcept RuntimeError:\n    pass\nprint(n)\n";
     let n: u32 = py_ok(&[], code).trim().parse().unwrap();
-    assert!((240..256).contains(&n), "{n} threads under the default limit");
+    assert!(
+        (240..256).contains(&n),
+        "{n} threads under the default limit"
+    );
 }
 
 /// A CPU quota of half a CPU holds busy code to about half a CPU, and the sandbox sees one CPU.
@@ -86,10 +104,17 @@ fn cpu_quota_holds_and_affinity_matches() {
     }
     let code = "import os, time\nprint(len(os.sched_getaffinity(0)), os.cpu_count() >= 1)\nend = time.time() + 2\nwhile time.time() < end: pass\n";
     let r = py(&["--cpus", "0.5"], code);
-    assert!(r["stdout"].as_str().unwrap().starts_with("1 True"), "{}", r["stdout"]);
+    assert!(
+        r["stdout"].as_str().unwrap().starts_with("1 True"),
+        "{}",
+        r["stdout"]
+    );
     let cpu = r["cpu_ms"].as_u64().unwrap() as f64;
     let wall = r["duration_ms"].as_u64().unwrap() as f64;
-    assert!(cpu < wall * 0.7, "cpu {cpu} ms in {wall} ms wall under a 0.5 CPU quota");
+    assert!(
+        cpu < wall * 0.7,
+        "cpu {cpu} ms in {wall} ms wall under a 0.5 CPU quota"
+    );
     assert!(cpu > wall * 0.2, "cpu {cpu} ms: the busy loop barely ran");
 }
 
@@ -101,7 +126,10 @@ fn two_cpus_are_two_cpus() {
         eprintln!("SKIPPED: the host has one CPU");
         return;
     }
-    let out = py_ok(&["--cpus", "2"], "import os; print(len(os.sched_getaffinity(0)))");
+    let out = py_ok(
+        &["--cpus", "2"],
+        "import os; print(len(os.sched_getaffinity(0)))",
+    );
     assert_eq!(out.trim(), "2");
 }
 
@@ -140,8 +168,16 @@ fn every_namespace_is_new() {
         assert_ne!(id, host.to_str().unwrap(), "{ns} namespace is the host's");
     }
     let r = py(&[], "pass");
-    let listed: Vec<&str> = r["isolation"]["namespaces"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
-    assert_eq!(listed, ["user", "mount", "pid", "network", "ipc", "uts", "cgroup", "time"]);
+    let listed: Vec<&str> = r["isolation"]["namespaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        listed,
+        ["user", "mount", "pid", "network", "ipc", "uts", "cgroup", "time"]
+    );
 }
 
 /// The code is pid 2 under Kennel's init, sees a neutral hostname and a cgroup root of its own.
@@ -165,7 +201,10 @@ fn network_is_loopback_only_and_up() {
 /// Sandbox uid 0 is an unprivileged host uid; a root kennel maps a full 65536-id range.
 #[test]
 fn ids_map_to_an_unprivileged_host_range() {
-    let out = py_ok(&[], "import os; print(os.getuid(), open('/proc/self/uid_map').read().split())");
+    let out = py_ok(
+        &[],
+        "import os; print(os.getuid(), open('/proc/self/uid_map').read().split())",
+    );
     if is_root() {
         assert_eq!(out.trim(), "0 ['0', '1000000000', '65536']");
     } else {
@@ -179,12 +218,14 @@ fn ids_map_to_an_unprivileged_host_range() {
 #[test]
 fn root_holds_only_the_system_view() {
     let out = py_ok(&[], "import os; print(' '.join(sorted(os.listdir('/'))))");
-    let mut expected: Vec<String> = ["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc"]
-        .iter()
-        .filter(|d| std::path::Path::new("/").join(d).symlink_metadata().is_ok())
-        .map(|d| d.to_string())
-        .chain(["dev", "proc", "tmp", "workspace"].map(String::from))
-        .collect();
+    let mut expected: Vec<String> = [
+        "usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc",
+    ]
+    .iter()
+    .filter(|d| std::path::Path::new("/").join(d).symlink_metadata().is_ok())
+    .map(|d| d.to_string())
+    .chain(["dev", "proc", "tmp", "workspace"].map(String::from))
+    .collect();
     expected.sort();
     assert_eq!(out.trim(), expected.join(" "));
 }
@@ -199,14 +240,20 @@ fn only_scratch_is_writable() {
 /// Secrets under /etc are masked; ordinary /etc files are readable.
 #[test]
 fn etc_secrets_are_masked() {
-    let out = py_ok(&[], "print(len(open('/etc/shadow').read()), len(open('/etc/passwd').read()) > 0)");
+    let out = py_ok(
+        &[],
+        "print(len(open('/etc/shadow').read()), len(open('/etc/passwd').read()) > 0)",
+    );
     assert_eq!(out.trim(), "0 True");
 }
 
 /// The environment is clean: only Kennel's defaults and what the policy adds.
 #[test]
 fn environment_is_clean() {
-    let out = py_ok(&["--env", "GREETING=hi"], "import os; print(sorted(os.environ.items()))");
+    let out = py_ok(
+        &["--env", "GREETING=hi"],
+        "import os; print(sorted(os.environ.items()))",
+    );
     assert_eq!(
         out.trim(),
         "[('GREETING', 'hi'), ('HOME', '/workspace'), ('LANG', 'C.UTF-8'), ('PATH', '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'), ('TMPDIR', '/tmp')]"

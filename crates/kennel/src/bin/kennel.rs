@@ -8,13 +8,19 @@ use std::process::ExitCode;
 use anyhow::{bail, Context as _};
 use clap::{Args, Parser, Subcommand};
 use kennel::policy::{ByteSize, Span, Want};
-use kennel::{Command, Content, FileIn, Language, Native, Policy, RunRequest, RunResult, StdinSource};
+use kennel::{
+    Command, Content, FileIn, Language, Native, Policy, RunRequest, RunResult, StdinSource,
+};
 
 /// Exit status of a failure of Kennel itself, as `docker run` uses it.
 const KENNEL_FAILED: u8 = 125;
 
 #[derive(Parser)]
-#[command(name = "kennel", version, about = "Run untrusted code in a disposable sandbox")]
+#[command(
+    name = "kennel",
+    version,
+    about = "Run untrusted code in a disposable sandbox"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Sub,
@@ -26,7 +32,7 @@ enum Sub {
     ///
     /// Exit status: the program's own, 128+signal if it was killed, 124 on timeout, 125 when
     /// Kennel itself failed. With --json, 0 whenever a result was printed.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Show what this host can enforce, with fixes.
     Doctor {
         #[arg(long)]
@@ -97,7 +103,7 @@ fn main() -> ExitCode {
     kennel::maybe_run_helper();
     let cli = Cli::parse();
     match cli.command {
-        Sub::Run(args) => run(args),
+        Sub::Run(args) => run(*args),
         Sub::Doctor { json } => doctor(json),
     }
 }
@@ -115,13 +121,19 @@ fn run(args: RunArgs) -> ExitCode {
     });
     match outcome {
         Ok(result) if json => {
-            println!("{}", serde_json::to_string_pretty(&result).expect("results serialize"));
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&result).expect("results serialize")
+            );
             ExitCode::SUCCESS
         }
         Ok(result) => pass_through(&result),
         Err(e) if json => {
             let err = serde_json::json!({ "error": format!("{e:#}") });
-            println!("{}", serde_json::to_string_pretty(&err).expect("errors serialize"));
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&err).expect("errors serialize")
+            );
             ExitCode::from(KENNEL_FAILED)
         }
         Err(e) => {
@@ -136,10 +148,18 @@ fn pass_through(r: &RunResult) -> ExitCode {
     let _ = std::io::stderr().write_all(r.stderr.as_bytes());
     let mut notes = vec![];
     if r.stdout_truncated {
-        notes.push(format!("stdout truncated: kept {} of {} bytes", r.stdout.len(), r.stdout_bytes));
+        notes.push(format!(
+            "stdout truncated: kept {} of {} bytes",
+            r.stdout.len(),
+            r.stdout_bytes
+        ));
     }
     if r.stderr_truncated {
-        notes.push(format!("stderr truncated: kept {} of {} bytes", r.stderr.len(), r.stderr_bytes));
+        notes.push(format!(
+            "stderr truncated: kept {} of {} bytes",
+            r.stderr.len(),
+            r.stderr_bytes
+        ));
     }
     if r.timed_out {
         notes.push(format!("timed out after {} ms", r.duration_ms));
@@ -151,7 +171,11 @@ fn pass_through(r: &RunResult) -> ExitCode {
         notes.push("the task limit was hit".into());
     }
     for f in r.files.iter().filter(|f| f.error.is_some()) {
-        notes.push(format!("{} not collected: {}", f.path, f.error.as_deref().unwrap_or_default()));
+        notes.push(format!(
+            "{} not collected: {}",
+            f.path,
+            f.error.as_deref().unwrap_or_default()
+        ));
     }
     for n in notes {
         eprintln!("kennel: {n}");
@@ -162,19 +186,20 @@ fn pass_through(r: &RunResult) -> ExitCode {
 fn request(args: RunArgs) -> anyhow::Result<RunRequest> {
     let mut policy = match &args.policy {
         Some(path) => {
-            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
             Policy::from_toml(&text).with_context(|| format!("in {}", path.display()))?
         }
         None => Policy::default(),
     };
     let l = &mut policy.limits;
-    args.timeout.map(|v| l.timeout = v);
-    args.memory.map(|v| l.memory = v);
-    args.cpus.map(|v| l.cpus = v);
-    args.pids.map(|v| l.pids = v);
-    args.output_limit.map(|v| l.output = v);
-    args.tmp_size.map(|v| l.tmp_size = v);
-    args.workspace_size.map(|v| l.workspace_size = v);
+    l.timeout = args.timeout.unwrap_or(l.timeout);
+    l.memory = args.memory.unwrap_or(l.memory);
+    l.cpus = args.cpus.unwrap_or(l.cpus);
+    l.pids = args.pids.unwrap_or(l.pids);
+    l.output = args.output_limit.unwrap_or(l.output);
+    l.tmp_size = args.tmp_size.unwrap_or(l.tmp_size);
+    l.workspace_size = args.workspace_size.unwrap_or(l.workspace_size);
     if args.rootfs.is_some() {
         policy.filesystem.rootfs = args.rootfs.clone();
     }
@@ -185,18 +210,33 @@ fn request(args: RunArgs) -> anyhow::Result<RunRequest> {
         policy.layers.landlock = Want::BestEffort;
     }
     for kv in &args.env {
-        let (k, v) = kv.split_once('=').with_context(|| format!("--env {kv:?} is not KEY=VALUE"))?;
+        let (k, v) = kv
+            .split_once('=')
+            .with_context(|| format!("--env {kv:?} is not KEY=VALUE"))?;
         policy.env.insert(k.to_string(), v.to_string());
     }
     policy.validate()?;
-    let mut files = args.files.iter().map(|f| host_file(f)).collect::<anyhow::Result<Vec<_>>>()?;
+    let mut files = args
+        .files
+        .iter()
+        .map(|f| host_file(f))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let command = match (&args.code, args.argv.is_empty()) {
         (Some(_), false) => bail!("give either --code or a program after --, not both"),
-        (Some(code), true) => Command::Code { language: args.lang.unwrap_or(Language::Python), code: code.clone() },
+        (Some(code), true) => Command::Code {
+            language: args.lang.unwrap_or(Language::Python),
+            code: code.clone(),
+        },
         (None, true) => bail!("nothing to run: give a program after -- or a snippet with --code"),
         (None, false) => Command::Argv(stage_script(args.argv, &mut files)?),
     };
-    Ok(RunRequest { command, stdin: None, files, collect: args.collect, policy })
+    Ok(RunRequest {
+        command,
+        stdin: None,
+        files,
+        collect: args.collect,
+        policy,
+    })
 }
 
 /// Reads `HOST[:PATH]` into a file for the sandbox, keeping its permission bits.
@@ -207,19 +247,35 @@ fn host_file(spec: &str) -> anyhow::Result<FileIn> {
     };
     let data = std::fs::read(host).with_context(|| format!("reading --file {host}"))?;
     let mode = std::fs::metadata(host)?.permissions().mode() & 0o777;
-    Ok(FileIn { path: inside, content: Content::from_bytes(data), mode })
+    Ok(FileIn {
+        path: inside,
+        content: Content::from_bytes(data),
+        mode,
+    })
 }
 
 fn file_name(p: &Path) -> anyhow::Result<String> {
-    Ok(p.file_name().with_context(|| format!("{} has no file name", p.display()))?.to_string_lossy().into_owned())
+    Ok(p.file_name()
+        .with_context(|| format!("{} has no file name", p.display()))?
+        .to_string_lossy()
+        .into_owned())
 }
 
 /// A program named by a host path that the sandbox cannot see (`./job.sh`) is copied in.
 fn stage_script(mut argv: Vec<String>, files: &mut Vec<FileIn>) -> anyhow::Result<Vec<String>> {
     let first = Path::new(&argv[0]);
-    let visible = ["/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc", "/workspace", "/tmp"]
-        .iter()
-        .any(|d| first.starts_with(d));
+    let visible = [
+        "/usr",
+        "/bin",
+        "/sbin",
+        "/lib",
+        "/lib64",
+        "/etc",
+        "/workspace",
+        "/tmp",
+    ]
+    .iter()
+    .any(|d| first.starts_with(d));
     if argv[0].contains('/') && !visible && first.is_file() {
         let staged = host_file(&argv[0])?;
         argv[0] = staged.path.clone();
@@ -240,10 +296,18 @@ fn doctor(json: bool) -> ExitCode {
     };
     let checks = kennel::doctor::checks(&native);
     if json {
-        println!("{}", serde_json::to_string_pretty(&checks).expect("checks serialize"));
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&checks).expect("checks serialize")
+        );
     } else {
         for c in &checks {
-            println!("{} {:<16} {}", if c.ok { "ok  " } else { "MISS" }, c.name, c.detail);
+            println!(
+                "{} {:<16} {}",
+                if c.ok { "ok  " } else { "MISS" },
+                c.name,
+                c.detail
+            );
             if let Some(fix) = &c.fix {
                 println!("     {:<16} fix: {fix}", "");
             }

@@ -23,8 +23,15 @@ const V2_CONTROLLERS: [&str; 3] = ["memory", "pids", "cpu"];
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Layout {
     /// One directory per v1 hierarchy that holds a controller we use.
-    V1 { memory: PathBuf, pids: PathBuf, cpu: PathBuf, cpuacct: PathBuf },
-    V2 { dir: PathBuf },
+    V1 {
+        memory: PathBuf,
+        pids: PathBuf,
+        cpu: PathBuf,
+        cpuacct: PathBuf,
+    },
+    V2 {
+        dir: PathBuf,
+    },
 }
 
 /// A sandbox's cgroup; removed by [`Cgroup::destroy`].
@@ -75,7 +82,11 @@ fn own_cgroups() -> io::Result<Vec<(Vec<String>, String)>> {
         .filter_map(|l| {
             let mut parts = l.splitn(3, ':');
             let _id = parts.next()?;
-            let ctrls = parts.next()?.split(',').filter(|c| !c.is_empty()).map(str::to_string);
+            let ctrls = parts
+                .next()?
+                .split(',')
+                .filter(|c| !c.is_empty())
+                .map(str::to_string);
             Some((ctrls.collect(), parts.next()?.to_string()))
         })
         .collect())
@@ -106,7 +117,12 @@ fn own_layout() -> Result<Layout, String> {
         found.push(join_under(mount, path));
     }
     let [memory, pids, cpu, cpuacct] = <[PathBuf; 4]>::try_from(found).expect("four controllers");
-    Ok(Layout::V1 { memory, pids, cpu, cpuacct })
+    Ok(Layout::V1 {
+        memory,
+        pids,
+        cpu,
+        cpuacct,
+    })
 }
 
 /// The v2 directory when it delegates every controller we need.
@@ -115,7 +131,10 @@ fn v2_dir(mounts: &[Mount], own: &[(Vec<String>, String)]) -> Option<PathBuf> {
     let (_, path) = own.iter().find(|(c, _)| c.is_empty())?;
     let dir = join_under(mount, path);
     let available = fs::read_to_string(dir.join("cgroup.controllers")).ok()?;
-    if !V2_CONTROLLERS.iter().all(|c| available.split_whitespace().any(|a| a == *c)) {
+    if !V2_CONTROLLERS
+        .iter()
+        .all(|c| available.split_whitespace().any(|a| a == *c))
+    {
         return None;
     }
     let enabled = fs::read_to_string(dir.join("cgroup.subtree_control")).ok()?;
@@ -133,16 +152,27 @@ fn v2_dir(mounts: &[Mount], own: &[(Vec<String>, String)]) -> Option<PathBuf> {
 fn start_time(pid: &str) -> Option<String> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Field 22 (starttime), counted after the command name, which may contain spaces.
-    stat.rsplit_once(')')?.1.split_whitespace().nth(19).map(str::to_string)
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(19)
+        .map(str::to_string)
 }
 
 fn write(dir: &Path, file: &str, value: &str) -> io::Result<()> {
-    fs::write(dir.join(file), value)
-        .map_err(|e| io::Error::new(e.kind(), format!("writing {value:?} to {}: {e}", dir.join(file).display())))
+    fs::write(dir.join(file), value).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("writing {value:?} to {}: {e}", dir.join(file).display()),
+        )
+    })
 }
 
 fn read_u64(dir: &Path, file: &str) -> u64 {
-    fs::read_to_string(dir.join(file)).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
+    fs::read_to_string(dir.join(file))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// The number after `key` in a flat-keyed file such as memory.events or pids.events.
@@ -161,7 +191,12 @@ fn read_key(dir: &Path, file: &str, key: &str) -> u64 {
 impl Layout {
     fn dirs(&self) -> Vec<&Path> {
         match self {
-            Layout::V1 { memory, pids, cpu, cpuacct } => {
+            Layout::V1 {
+                memory,
+                pids,
+                cpu,
+                cpuacct,
+            } => {
                 let mut dirs: Vec<&Path> = vec![memory, pids, cpu, cpuacct];
                 dirs.dedup();
                 dirs.sort();
@@ -174,13 +209,20 @@ impl Layout {
 
     fn child(&self, name: &str) -> Layout {
         match self {
-            Layout::V1 { memory, pids, cpu, cpuacct } => Layout::V1 {
+            Layout::V1 {
+                memory,
+                pids,
+                cpu,
+                cpuacct,
+            } => Layout::V1 {
                 memory: memory.join(name),
                 pids: pids.join(name),
                 cpu: cpu.join(name),
                 cpuacct: cpuacct.join(name),
             },
-            Layout::V2 { dir } => Layout::V2 { dir: dir.join(name) },
+            Layout::V2 { dir } => Layout::V2 {
+                dir: dir.join(name),
+            },
         }
     }
 }
@@ -195,8 +237,13 @@ impl Cgroup {
         SWEEP.call_once(|| sweep_stale(&base));
         let me = sys::getpid().to_string();
         let started = start_time(&me).unwrap_or_default();
-        let name = format!("{PREFIX}{me}-{started}-{}", SEQ.fetch_add(1, Ordering::Relaxed));
-        let cg = Cgroup { layout: base.child(&name) };
+        let name = format!(
+            "{PREFIX}{me}-{started}-{}",
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
+        let cg = Cgroup {
+            layout: base.child(&name),
+        };
         for dir in cg.layout.dirs() {
             if let Err(e) = fs::create_dir(dir) {
                 cg.destroy();
@@ -214,7 +261,9 @@ impl Cgroup {
         let mem = limits.memory.0.to_string();
         let quota = ((limits.cpus * CPU_PERIOD_US as f64) as u64).max(1000);
         match &self.layout {
-            Layout::V1 { memory, pids, cpu, .. } => {
+            Layout::V1 {
+                memory, pids, cpu, ..
+            } => {
                 write(memory, "memory.limit_in_bytes", &mem)?;
                 // Where swap is accounted, the same bound on memory+swap keeps swap out.
                 if memory.join("memory.memsw.limit_in_bytes").exists() {
@@ -243,17 +292,29 @@ impl Cgroup {
     }
 
     pub fn paths(&self) -> Vec<String> {
-        self.layout.dirs().iter().map(|d| d.display().to_string()).collect()
+        self.layout
+            .dirs()
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect()
     }
 
     /// Moves `pid` into the cgroup in every hierarchy.
     pub fn add(&self, pid: u32) -> io::Result<()> {
-        self.layout.dirs().iter().try_for_each(|d| write(d, "cgroup.procs", &pid.to_string()))
+        self.layout
+            .dirs()
+            .iter()
+            .try_for_each(|d| write(d, "cgroup.procs", &pid.to_string()))
     }
 
     pub fn stats(&self) -> Stats {
         match &self.layout {
-            Layout::V1 { memory, pids, cpuacct, .. } => Stats {
+            Layout::V1 {
+                memory,
+                pids,
+                cpuacct,
+                ..
+            } => Stats {
                 cpu_ns: read_u64(cpuacct, "cpuacct.usage"),
                 memory_peak: read_u64(memory, "memory.max_usage_in_bytes"),
                 oom_kills: read_key(memory, "memory.oom_control", "oom_kill"),
@@ -308,12 +369,18 @@ fn remove(layout: &Layout) {
 /// Removes cgroups left behind by supervisors that are gone (killed with SIGKILL, say).
 fn sweep_stale(base: &Layout) {
     for dir in base.dirs() {
-        let Ok(entries) = fs::read_dir(dir) else { continue };
+        let Ok(entries) = fs::read_dir(dir) else {
+            continue;
+        };
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            let Some(rest) = name.strip_prefix(PREFIX) else { continue };
+            let Some(rest) = name.strip_prefix(PREFIX) else {
+                continue;
+            };
             let mut parts = rest.splitn(3, '-');
-            let (Some(pid), Some(started)) = (parts.next(), parts.next()) else { continue };
+            let (Some(pid), Some(started)) = (parts.next(), parts.next()) else {
+                continue;
+            };
             if start_time(pid).as_deref() != Some(started) {
                 remove(&base.child(&name));
             }
@@ -328,6 +395,10 @@ pub fn describe() -> Result<String, String> {
         Layout::V1 { .. } => "cgroup-v1",
         Layout::V2 { .. } => "cgroup-v2",
     };
-    let dirs: Vec<String> = layout.dirs().iter().map(|d| d.display().to_string()).collect();
+    let dirs: Vec<String> = layout
+        .dirs()
+        .iter()
+        .map(|d| d.display().to_string())
+        .collect();
     Ok(format!("{kind} beneath {}", dirs.join(", ")))
 }

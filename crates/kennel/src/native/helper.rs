@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use super::mounts::{self, Kind, View};
 use super::ops::RealOs;
-use super::proto::{self, Collected, FileMeta, Msg, Plan, CTL_FD};
+use super::proto::{self, Collected, InputFiles, Msg, Plan, CTL_FD};
 use super::steps::{self, Ctx, Fail, FsPlan, Step};
 use crate::sys::{self, Exit, Fork};
 
@@ -33,7 +33,12 @@ impl View for Dir {
         let path = self.0.join(rel);
         let meta = std::fs::symlink_metadata(&path).ok()?;
         Some(if meta.file_type().is_symlink() {
-            Kind::Symlink(std::fs::read_link(&path).ok()?.to_string_lossy().into_owned())
+            Kind::Symlink(
+                std::fs::read_link(&path)
+                    .ok()?
+                    .to_string_lossy()
+                    .into_owned(),
+            )
         } else if meta.is_dir() {
             Kind::Dir
         } else {
@@ -43,7 +48,11 @@ impl View for Dir {
 
     fn top_level(&self) -> Vec<String> {
         std::fs::read_dir(&self.0)
-            .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
             .unwrap_or_default()
     }
 }
@@ -65,12 +74,16 @@ fn fs_plan(plan: &Plan) -> FsPlan {
 }
 
 fn fail_and_exit(ctl: &mut UnixStream, step: Step, fail: Fail) -> ! {
-    let msg = Msg::Failed { step: step.name().to_string(), errno: fail.errno, detail: fail.detail };
+    let msg = Msg::Failed {
+        step: step.name().to_string(),
+        errno: fail.errno,
+        detail: fail.detail,
+    };
     let _ = proto::send(ctl, &msg, &[]);
     sys::exit_now(SETUP_FAILED)
 }
 
-fn read_plan(ctl: &mut UnixStream) -> Result<(Plan, Vec<(FileMeta, Vec<u8>)>), String> {
+fn read_plan(ctl: &mut UnixStream) -> Result<(Plan, InputFiles), String> {
     let plan = match proto::recv(ctl) {
         Ok(Some((Msg::Plan(plan), _))) => *plan,
         other => return Err(format!("expected a plan, got {other:?}")),
@@ -79,7 +92,12 @@ fn read_plan(ctl: &mut UnixStream) -> Result<(Plan, Vec<(FileMeta, Vec<u8>)>), S
     for _ in 0..plan.files {
         match proto::recv(ctl) {
             Ok(Some((Msg::File(meta), data))) => files.push((meta, data)),
-            other => return Err(format!("expected a file, got {:?}", other.map(|o| o.map(|m| m.0)))),
+            other => {
+                return Err(format!(
+                    "expected a file, got {:?}",
+                    other.map(|o| o.map(|m| m.0))
+                ))
+            }
         }
     }
     Ok((plan, files))
@@ -90,7 +108,9 @@ fn helper_main() -> ! {
     let ctl = match sys::adopt_inherited_fd(CTL_FD) {
         Ok(fd) => UnixStream::from(fd),
         Err(e) => {
-            eprintln!("kennel: {HELPER_ARG} is internal and needs the supervisor's control socket: {e}");
+            eprintln!(
+                "kennel: {HELPER_ARG} is internal and needs the supervisor's control socket: {e}"
+            );
             sys::exit_now(SETUP_FAILED)
         }
     };
@@ -124,7 +144,11 @@ fn helper_main() -> ! {
             };
             sys::exit_now(code)
         }
-        Err(e) => fail_and_exit(&mut os.ctl, Step::UnshareNamespaces, Fail::new(format!("fork of init: {e}"))),
+        Err(e) => fail_and_exit(
+            &mut os.ctl,
+            Step::UnshareNamespaces,
+            Fail::new(format!("fork of init: {e}")),
+        ),
     }
 }
 
@@ -136,7 +160,11 @@ fn init_main(mut ctx: Ctx, mut os: RealOs) -> ! {
     let program = match sys::fork() {
         Ok(Fork::Child) => program_main(ctx, os),
         Ok(Fork::Parent(pid)) => pid,
-        Err(e) => fail_and_exit(&mut os.ctl, Step::PinCpus, Fail::new(format!("fork of program: {e}"))),
+        Err(e) => fail_and_exit(
+            &mut os.ctl,
+            Step::PinCpus,
+            Fail::new(format!("fork of program: {e}")),
+        ),
     };
     // From here on the init needs no privilege at all, and must not hold the code's pipes.
     let _ = sys::drop_all_capabilities();
@@ -175,10 +203,22 @@ fn reap_until_program_exits(program: libc::pid_t) -> Exit {
 
 /// Reads a file for the result without following symlinks, opening FIFOs or devices.
 fn collect(path: &str, cap: u64) -> (Collected, Vec<u8>) {
-    let refused = |error: String| (Collected { path: path.to_string(), size: 0, truncated: false, error: Some(error) }, vec![]);
+    let refused = |error: String| {
+        (
+            Collected {
+                path: path.to_string(),
+                size: 0,
+                truncated: false,
+                error: Some(error),
+            },
+            vec![],
+        )
+    };
     let file = match sys::open_no_symlinks(path) {
         Ok(fd) => std::fs::File::from(fd),
-        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return refused("is or passes through a symlink; not followed".into()),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return refused("is or passes through a symlink; not followed".into())
+        }
         Err(e) => return refused(e.to_string()),
     };
     let meta = match file.metadata() {
@@ -191,7 +231,15 @@ fn collect(path: &str, cap: u64) -> (Collected, Vec<u8>) {
         return refused(e.to_string());
     }
     let size = meta.len();
-    (Collected { path: path.to_string(), size, truncated: size > data.len() as u64, error: None }, data)
+    (
+        Collected {
+            path: path.to_string(),
+            size,
+            truncated: size > data.len() as u64,
+            error: None,
+        },
+        data,
+    )
 }
 
 /// Pid 2: locks itself down and becomes the code.
@@ -201,7 +249,11 @@ fn program_main(mut ctx: Ctx, mut os: RealOs) -> ! {
         Err((Step::Exec, fail)) => {
             // The sandbox is up and the code could not start: a result, not a setup failure.
             eprintln!("kennel: {}", fail.detail);
-            let code = if fail.errno == Some(libc::ENOENT) { 127 } else { 126 };
+            let code = if fail.errno == Some(libc::ENOENT) {
+                127
+            } else {
+                126
+            };
             sys::exit_now(code)
         }
         Err((step, fail)) => fail_and_exit(&mut os.ctl, step, fail),
@@ -216,12 +268,16 @@ fn unreachable_exit() -> ! {
 /// Whether `path` is where a collected or input file may live.
 pub fn in_scratch(path: &str) -> bool {
     use std::path::Component;
-    let rest = path.strip_prefix("/workspace/").or_else(|| path.strip_prefix("/tmp/"));
+    let rest = path
+        .strip_prefix("/workspace/")
+        .or_else(|| path.strip_prefix("/tmp/"));
     rest.is_some_and(|rest| {
         !rest.is_empty()
             && !rest.ends_with('/')
             && !rest.contains("//")
             && !rest.contains('\0')
-            && Path::new(rest).components().all(|c| matches!(c, Component::Normal(_)))
+            && Path::new(rest)
+                .components()
+                .all(|c| matches!(c, Component::Normal(_)))
     })
 }

@@ -29,18 +29,27 @@ fn other(e: impl std::fmt::Display) -> io::Error {
 pub fn restrict(read_only: &[&str], writable: &[&str]) -> io::Result<Outcome> {
     let abi = sys::landlock_abi();
     if abi.is_none() {
-        return Ok(Outcome { enforced: false, abi });
+        return Ok(Outcome {
+            enforced: false,
+            abi,
+        });
     }
     let status = Ruleset::default()
         .handle_access(AccessFs::from_all(TARGET_ABI))
         .map_err(other)?
         .create()
         .map_err(other)?
-        .add_rules(path_beneath_rules(read_only, AccessFs::from_read(TARGET_ABI)))
+        .add_rules(path_beneath_rules(
+            read_only,
+            AccessFs::from_read(TARGET_ABI),
+        ))
         .map_err(other)?
         .add_rules(path_beneath_rules(writable, AccessFs::from_all(TARGET_ABI)))
         .map_err(other)?
         .restrict_self()
         .map_err(other)?;
-    Ok(Outcome { enforced: status.ruleset != RulesetStatus::NotEnforced, abi })
+    Ok(Outcome {
+        enforced: status.ruleset != RulesetStatus::NotEnforced,
+        abi,
+    })
 }

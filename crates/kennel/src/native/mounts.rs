@@ -9,13 +9,20 @@ use crate::policy::Policy;
 pub const NEW_ROOT: &str = "/tmp";
 
 /// Host system directories shown read-only when no rootfs is given.
-const SYSTEM_DIRS: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc"];
+const SYSTEM_DIRS: &[&str] = &[
+    "usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc",
+];
 /// Entries of a rootfs that Kennel provides itself.
 const PROVIDED: &[&str] = &["proc", "dev", "sys", "tmp", "workspace", "run"];
 /// Secret files under /etc, hidden behind an empty file.
 const SECRET_FILES: &[&str] = &[
-    "etc/shadow", "etc/shadow-", "etc/gshadow", "etc/gshadow-", "etc/sudoers",
-    "etc/security/opasswd", "etc/machine-id",
+    "etc/shadow",
+    "etc/shadow-",
+    "etc/gshadow",
+    "etc/gshadow-",
+    "etc/sudoers",
+    "etc/security/opasswd",
+    "etc/machine-id",
 ];
 /// Secret directories under /etc, hidden behind an empty read-only tmpfs.
 const SECRET_DIRS: &[&str] = &["etc/ssh", "etc/ssl/private", "etc/sudoers.d"];
@@ -25,8 +32,17 @@ pub const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty
 const PROC_READ_ONLY: &[&str] = &["sys", "sysrq-trigger", "irq", "bus", "fs"];
 /// /proc files hidden behind /dev/null (kernel memory, symbol addresses, timers, keys).
 const PROC_MASKED_FILES: &[&str] = &[
-    "kcore", "kallsyms", "keys", "timer_list", "sched_debug", "latency_stats", "kpagecount",
-    "kpageflags", "kpagecgroup", "vmallocinfo", "modules",
+    "kcore",
+    "kallsyms",
+    "keys",
+    "timer_list",
+    "sched_debug",
+    "latency_stats",
+    "kpagecount",
+    "kpageflags",
+    "kpagecgroup",
+    "vmallocinfo",
+    "modules",
 ];
 /// /proc directories hidden behind an empty tmpfs.
 const PROC_MASKED_DIRS: &[&str] = &["acpi", "scsi", "asound", "driver"];
@@ -44,8 +60,17 @@ pub enum Kind {
 pub enum Op {
     Mkdir(String),
     Touch(String),
-    Symlink { target: String, link: String },
-    Mount { source: Option<String>, target: String, fstype: Option<String>, flags: libc::c_ulong, data: Option<String> },
+    Symlink {
+        target: String,
+        link: String,
+    },
+    Mount {
+        source: Option<String>,
+        target: String,
+        fstype: Option<String>,
+        flags: libc::c_ulong,
+        data: Option<String>,
+    },
     /// Remounts `target` and every mount beneath it read-only, keeping their locked flags.
     RemountReadOnly(String),
 }
@@ -63,19 +88,38 @@ fn r(rel: &str) -> String {
 }
 
 fn tmpfs(target: String, flags: libc::c_ulong, data: String) -> Op {
-    Op::Mount { source: Some("tmpfs".into()), target, fstype: Some("tmpfs".into()), flags, data: Some(data) }
+    Op::Mount {
+        source: Some("tmpfs".into()),
+        target,
+        fstype: Some("tmpfs".into()),
+        flags,
+        data: Some(data),
+    }
 }
 
 fn bind(source: String, target: String) -> Op {
-    Op::Mount { source: Some(source), target, fstype: None, flags: libc::MS_BIND | libc::MS_REC, data: None }
+    Op::Mount {
+        source: Some(source),
+        target,
+        fstype: None,
+        flags: libc::MS_BIND | libc::MS_REC,
+        data: None,
+    }
 }
 
 /// Binds `rel` from `source_root` read-only into the new root, as the right kind of node.
 fn show(ops: &mut Vec<Op>, source_root: &str, rel: &str, kind: &Kind) {
     match kind {
-        Kind::Symlink(target) => ops.push(Op::Symlink { target: target.clone(), link: r(rel) }),
+        Kind::Symlink(target) => ops.push(Op::Symlink {
+            target: target.clone(),
+            link: r(rel),
+        }),
         Kind::Dir | Kind::File => {
-            ops.push(if *kind == Kind::Dir { Op::Mkdir(r(rel)) } else { Op::Touch(r(rel)) });
+            ops.push(if *kind == Kind::Dir {
+                Op::Mkdir(r(rel))
+            } else {
+                Op::Touch(r(rel))
+            });
             ops.push(bind(format!("{source_root}/{rel}"), r(rel)));
             ops.push(Op::RemountReadOnly(r(rel)));
         }
@@ -100,9 +144,16 @@ fn hide(ops: &mut Vec<Op>, target: String, kind: &Kind) {
 /// The read-only system view: the new root, the system directories (or the rootfs) and the
 /// masked secrets. `source_root` is "" for the host or a path that reaches the rootfs.
 pub fn system_view(view: &dyn View, source_root: &str, rootfs: bool) -> Vec<Op> {
-    let mut ops = vec![tmpfs(NEW_ROOT.into(), libc::MS_NOSUID | libc::MS_NODEV, "size=1m,mode=0755".into())];
+    let mut ops = vec![tmpfs(
+        NEW_ROOT.into(),
+        libc::MS_NOSUID | libc::MS_NODEV,
+        "size=1m,mode=0755".into(),
+    )];
     let names: Vec<String> = if rootfs {
-        view.top_level().into_iter().filter(|n| !PROVIDED.contains(&n.as_str())).collect()
+        view.top_level()
+            .into_iter()
+            .filter(|n| !PROVIDED.contains(&n.as_str()))
+            .collect()
     } else {
         SYSTEM_DIRS.iter().map(|s| s.to_string()).collect()
     };
@@ -127,7 +178,11 @@ pub fn scratch(policy: &Policy) -> Vec<Op> {
         Op::Mkdir(r("tmp")),
         tmpfs(r("tmp"), flags, format!("size={},mode=1777", l.tmp_size.0)),
         Op::Mkdir(r("workspace")),
-        tmpfs(r("workspace"), flags, format!("size={},mode=0755", l.workspace_size.0)),
+        tmpfs(
+            r("workspace"),
+            flags,
+            format!("size={},mode=0755", l.workspace_size.0),
+        ),
     ]
 }
 
@@ -135,7 +190,11 @@ pub fn scratch(policy: &Policy) -> Vec<Op> {
 pub fn dev(policy: &Policy) -> Vec<Op> {
     let mut ops = vec![
         Op::Mkdir(r("dev")),
-        tmpfs(r("dev"), libc::MS_NOSUID | libc::MS_NOEXEC, "size=64k,mode=0755".into()),
+        tmpfs(
+            r("dev"),
+            libc::MS_NOSUID | libc::MS_NOEXEC,
+            "size=64k,mode=0755".into(),
+        ),
     ];
     for d in DEVICES {
         ops.push(Op::Touch(r(&format!("dev/{d}"))));
@@ -149,11 +208,26 @@ pub fn dev(policy: &Policy) -> Vec<Op> {
         flags: libc::MS_NOSUID | libc::MS_NOEXEC,
         data: Some("newinstance,ptmxmode=0666,mode=0620".into()),
     });
-    ops.push(Op::Symlink { target: "pts/ptmx".into(), link: r("dev/ptmx") });
+    ops.push(Op::Symlink {
+        target: "pts/ptmx".into(),
+        link: r("dev/ptmx"),
+    });
     ops.push(Op::Mkdir(r("dev/shm")));
-    ops.push(tmpfs(r("dev/shm"), libc::MS_NOSUID | libc::MS_NODEV, format!("size={},mode=1777", policy.limits.tmp_size.0)));
-    for (link, target) in [("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")] {
-        ops.push(Op::Symlink { target: target.into(), link: r(&format!("dev/{link}")) });
+    ops.push(tmpfs(
+        r("dev/shm"),
+        libc::MS_NOSUID | libc::MS_NODEV,
+        format!("size={},mode=1777", policy.limits.tmp_size.0),
+    ));
+    for (link, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        ops.push(Op::Symlink {
+            target: target.into(),
+            link: r(&format!("dev/{link}")),
+        });
     }
     ops
 }
@@ -204,7 +278,11 @@ mod tests {
             self.0.get(rel).cloned()
         }
         fn top_level(&self) -> Vec<String> {
-            self.0.keys().filter(|k| !k.contains('/')).map(|k| k.to_string()).collect()
+            self.0
+                .keys()
+                .filter(|k| !k.contains('/'))
+                .map(|k| k.to_string())
+                .collect()
         }
     }
 
@@ -228,19 +306,33 @@ mod tests {
         let ops = system_view(&merged_usr_host(), "", false);
         assert!(ops.contains(&bind("/usr".into(), "/tmp/usr".into())));
         assert!(ops.contains(&Op::RemountReadOnly("/tmp/usr".into())));
-        assert!(ops.contains(&Op::Symlink { target: "usr/bin".into(), link: "/tmp/bin".into() }));
+        assert!(ops.contains(&Op::Symlink {
+            target: "usr/bin".into(),
+            link: "/tmp/bin".into()
+        }));
         assert!(ops.contains(&bind("/dev/null".into(), "/tmp/etc/shadow".into())));
-        let etc = ops.iter().position(|o| *o == bind("/etc".into(), "/tmp/etc".into())).unwrap();
-        let shadow = ops.iter().position(|o| *o == bind("/dev/null".into(), "/tmp/etc/shadow".into())).unwrap();
+        let etc = ops
+            .iter()
+            .position(|o| *o == bind("/etc".into(), "/tmp/etc".into()))
+            .unwrap();
+        let shadow = ops
+            .iter()
+            .position(|o| *o == bind("/dev/null".into(), "/tmp/etc/shadow".into()))
+            .unwrap();
         assert!(etc < shadow, "secrets are masked after /etc is shown");
-        assert!(!ops.iter().any(|o| format!("{o:?}").contains("home")), "home never appears");
+        assert!(
+            !ops.iter().any(|o| format!("{o:?}").contains("home")),
+            "home never appears"
+        );
     }
 
     #[test]
     fn rootfs_view_takes_its_entries_but_not_the_provided_ones() {
         let ops = system_view(&merged_usr_host(), "/proc/self/fd/9", true);
         assert!(ops.contains(&bind("/proc/self/fd/9/home".into(), "/tmp/home".into())));
-        assert!(!ops.iter().any(|o| matches!(o, Op::Mkdir(p) if p == "/tmp/proc")));
+        assert!(!ops
+            .iter()
+            .any(|o| matches!(o, Op::Mkdir(p) if p == "/tmp/proc")));
     }
 
     #[test]

@@ -71,7 +71,10 @@ impl Os for RealOs {
         proto::send(&mut self.ctl, &Msg::MapIds { pid: sys::getpid() }, &[])?;
         match proto::recv(&mut self.ctl)? {
             Some((Msg::IdsMapped, _)) => Ok(()),
-            _ => Err(io::Error::new(io::ErrorKind::InvalidData, "supervisor did not map the ids")),
+            _ => Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "supervisor did not map the ids",
+            )),
         }
     }
 
@@ -115,11 +118,20 @@ impl Os for RealOs {
     }
 
     fn mkdir_all(&mut self, path: &str) -> io::Result<()> {
-        std::fs::DirBuilder::new().recursive(true).mode(0o755).create(path)
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(path)
     }
 
     fn touch(&mut self, path: &str) -> io::Result<()> {
-        std::fs::OpenOptions::new().create(true).truncate(false).write(true).mode(0o644).open(path).map(drop)
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o644)
+            .open(path)
+            .map(drop)
     }
 
     fn symlink(&mut self, target: &str, link: &str) -> io::Result<()> {
@@ -128,7 +140,11 @@ impl Os for RealOs {
 
     fn write_file(&mut self, path: &str, data: &[u8], mode: u32) -> io::Result<()> {
         use std::io::Write;
-        let mut f = std::fs::OpenOptions::new().create_new(true).write(true).mode(mode).open(path)?;
+        let mut f = std::fs::OpenOptions::new()
+            .create_new(true)
+            .write(true)
+            .mode(mode)
+            .open(path)?;
         f.write_all(data)?;
         // The umask must not narrow the mode the request asked for.
         std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode))
@@ -191,12 +207,10 @@ impl Os for RealOs {
     }
 
     fn exec(&mut self, path: &str, argv: &[String], env: &[String]) -> io::Error {
-        let (Ok(path), Ok(argv), Ok(env)) =
-            (CString::new(path), cstrings(argv), cstrings(env))
+        let (Ok(path), Ok(argv), Ok(env)) = (CString::new(path), cstrings(argv), cstrings(env))
         else {
             return io::Error::from_raw_os_error(libc::EINVAL);
         };
         sys::execve(&path, &argv, &env)
     }
 }
-

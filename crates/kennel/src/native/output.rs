@@ -25,7 +25,11 @@ impl Captured {
 
 /// Reads `source` to its end, keeping at most `cap` bytes. `on_chunk` sees every kept chunk as
 /// it arrives (for streaming), never more than the cap in all.
-pub fn drain(mut source: impl Read, cap: u64, mut on_chunk: impl FnMut(&[u8])) -> io::Result<Captured> {
+pub fn drain(
+    mut source: impl Read,
+    cap: u64,
+    mut on_chunk: impl FnMut(&[u8]),
+) -> io::Result<Captured> {
     let mut out = Captured::default();
     let mut buf = vec![0u8; 64 << 10];
     loop {

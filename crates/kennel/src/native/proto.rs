@@ -22,6 +22,9 @@ pub struct FileMeta {
     pub mode: u32,
 }
 
+/// Files for the sandbox with their bytes, in the order they are sent.
+pub type InputFiles = Vec<(FileMeta, Vec<u8>)>;
+
 /// What the helper needs to build the sandbox, sent once, before anything else.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Plan {
@@ -67,11 +70,22 @@ pub enum Msg {
     File(FileMeta),
     IdsMapped,
     // helper → supervisor
-    MapIds { pid: i32 },
-    InitPid { pid: i32 },
-    Failed { step: String, errno: Option<i32>, detail: String },
+    MapIds {
+        pid: i32,
+    },
+    InitPid {
+        pid: i32,
+    },
+    Failed {
+        step: String,
+        errno: Option<i32>,
+        detail: String,
+    },
     Started(Confinement),
-    Exited { code: Option<i32>, signal: Option<i32> },
+    Exited {
+        code: Option<i32>,
+        signal: Option<i32>,
+    },
     Collected(Collected),
     Done,
 }
@@ -98,13 +112,17 @@ pub fn recv(r: &mut impl Read) -> io::Result<Option<(Msg, Vec<u8>)>> {
     let json_len = u32::from_le_bytes(head[..4].try_into().expect("4 bytes"));
     let blob_len = u64::from_le_bytes(head[4..].try_into().expect("8 bytes"));
     if json_len > MAX_JSON || blob_len > MAX_BLOB {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "control frame too large"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "control frame too large",
+        ));
     }
     let mut json = vec![0u8; json_len as usize];
     r.read_exact(&mut json)?;
     let mut blob = vec![0u8; blob_len as usize];
     r.read_exact(&mut blob)?;
-    let msg = serde_json::from_slice(&json).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    let msg =
+        serde_json::from_slice(&json).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
     Ok(Some((msg, blob)))
 }
 
@@ -115,7 +133,15 @@ mod tests {
     #[test]
     fn frames_round_trip_with_blobs() {
         let mut buf = Vec::new();
-        send(&mut buf, &Msg::File(FileMeta { path: "/workspace/a".into(), mode: 0o600 }), b"hello").unwrap();
+        send(
+            &mut buf,
+            &Msg::File(FileMeta {
+                path: "/workspace/a".into(),
+                mode: 0o600,
+            }),
+            b"hello",
+        )
+        .unwrap();
         send(&mut buf, &Msg::Done, b"").unwrap();
         let mut r = &buf[..];
         let (m, blob) = recv(&mut r).unwrap().unwrap();

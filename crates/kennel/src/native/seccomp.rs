@@ -17,9 +17,16 @@ pub const PROFILE: &str = "kennel-default-v1";
 pub enum When {
     Always,
     /// `(arg[index] & mask) == value`, on the low 32 bits of the argument.
-    ArgMasked { index: u8, mask: u32, value: u32 },
+    ArgMasked {
+        index: u8,
+        mask: u32,
+        value: u32,
+    },
     /// `arg[index] & mask != 0`, on the low 32 bits of the argument.
-    ArgAnyBit { index: u8, mask: u32 },
+    ArgAnyBit {
+        index: u8,
+        mask: u32,
+    },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -45,7 +52,12 @@ const SOCK_PACKET: u32 = 10;
 
 macro_rules! always {
     ($sys:ident, $why:literal) => {
-        Rule { name: stringify!($sys), nr: paste_nr!($sys), when: When::Always, reason: $why }
+        Rule {
+            name: stringify!($sys),
+            nr: paste_nr!($sys),
+            when: When::Always,
+            reason: $why,
+        }
     };
 }
 macro_rules! paste_nr {
@@ -58,37 +70,46 @@ macro_rules! paste_nr {
 #[allow(non_upper_case_globals)]
 mod sysno {
     pub use libc::{
-        SYS_add_key as add_key, SYS_adjtimex as adjtimex, SYS_bpf as bpf, SYS_chroot as chroot,
-        SYS_clock_adjtime as clock_adjtime, SYS_clock_settime as clock_settime,
-        SYS_clone3 as clone3, SYS_delete_module as delete_module,
-        SYS_finit_module as finit_module, SYS_fsconfig as fsconfig, SYS_fsmount as fsmount,
-        SYS_fsopen as fsopen, SYS_fspick as fspick, SYS_init_module as init_module,
-        SYS_io_uring_enter as io_uring_enter, SYS_io_uring_register as io_uring_register,
-        SYS_io_uring_setup as io_uring_setup, SYS_ioperm as ioperm, SYS_iopl as iopl,
-        SYS_kcmp as kcmp, SYS_kexec_file_load as kexec_file_load, SYS_kexec_load as kexec_load,
-        SYS_keyctl as keyctl, SYS_lookup_dcookie as lookup_dcookie, SYS_mount as mount,
+        SYS_acct as acct, SYS_add_key as add_key, SYS_adjtimex as adjtimex, SYS_bpf as bpf,
+        SYS_chroot as chroot, SYS_clock_adjtime as clock_adjtime,
+        SYS_clock_settime as clock_settime, SYS_clone3 as clone3,
+        SYS_delete_module as delete_module, SYS_finit_module as finit_module,
+        SYS_fsconfig as fsconfig, SYS_fsmount as fsmount, SYS_fsopen as fsopen,
+        SYS_fspick as fspick, SYS_init_module as init_module, SYS_io_uring_enter as io_uring_enter,
+        SYS_io_uring_register as io_uring_register, SYS_io_uring_setup as io_uring_setup,
+        SYS_ioperm as ioperm, SYS_iopl as iopl, SYS_kcmp as kcmp,
+        SYS_kexec_file_load as kexec_file_load, SYS_kexec_load as kexec_load, SYS_keyctl as keyctl,
+        SYS_lookup_dcookie as lookup_dcookie, SYS_mount as mount,
         SYS_mount_setattr as mount_setattr, SYS_move_mount as move_mount,
         SYS_name_to_handle_at as name_to_handle_at, SYS_open_by_handle_at as open_by_handle_at,
         SYS_open_tree as open_tree, SYS_perf_event_open as perf_event_open,
         SYS_pidfd_getfd as pidfd_getfd, SYS_pivot_root as pivot_root,
         SYS_process_vm_readv as process_vm_readv, SYS_process_vm_writev as process_vm_writev,
         SYS_ptrace as ptrace, SYS_quotactl as quotactl, SYS_reboot as reboot,
-        SYS_request_key as request_key, SYS_setns as setns,
-        SYS_settimeofday as settimeofday, SYS_swapoff as swapoff, SYS_swapon as swapon,
-        SYS_syslog as syslog, SYS_umount2 as umount2, SYS_unshare as unshare,
-        SYS_userfaultfd as userfaultfd, SYS_uselib as uselib, SYS_vhangup as vhangup,
-        SYS_acct as acct,
+        SYS_request_key as request_key, SYS_setns as setns, SYS_settimeofday as settimeofday,
+        SYS_swapoff as swapoff, SYS_swapon as swapon, SYS_syslog as syslog, SYS_umount2 as umount2,
+        SYS_unshare as unshare, SYS_uselib as uselib, SYS_userfaultfd as userfaultfd,
+        SYS_vhangup as vhangup,
     };
 }
 
 /// The deny list. Each entry says why, so a reviewer can weigh it without a manual.
 pub const RULES: &[Rule] = &[
-    always!(ptrace, "reads and writes other processes' memory and registers"),
+    always!(
+        ptrace,
+        "reads and writes other processes' memory and registers"
+    ),
     always!(process_vm_readv, "reads another process's memory"),
     always!(process_vm_writev, "writes another process's memory"),
-    always!(kcmp, "compares kernel objects of other processes, leaking their layout"),
+    always!(
+        kcmp,
+        "compares kernel objects of other processes, leaking their layout"
+    ),
     always!(pidfd_getfd, "steals file descriptors from other processes"),
-    always!(mount, "changes the filesystem view the sandbox was built on"),
+    always!(
+        mount,
+        "changes the filesystem view the sandbox was built on"
+    ),
     always!(umount2, "uncovers what masking mounts hide"),
     always!(pivot_root, "changes the root the sandbox was built on"),
     always!(chroot, "a classic step in escapes from a changed root"),
@@ -98,25 +119,52 @@ pub const RULES: &[Rule] = &[
     always!(fsconfig, "new mount API: configures filesystems"),
     always!(fsmount, "new mount API: creates mounts"),
     always!(fspick, "new mount API: reconfigures mounts"),
-    always!(mount_setattr, "new mount API: clears read-only and other mount flags"),
-    always!(unshare, "new namespaces reopen kernel surface (nested user namespaces above all)"),
+    always!(
+        mount_setattr,
+        "new mount API: clears read-only and other mount flags"
+    ),
+    always!(
+        unshare,
+        "new namespaces reopen kernel surface (nested user namespaces above all)"
+    ),
     always!(setns, "joins other namespaces"),
     Rule {
         name: "clone",
         nr: libc::SYS_clone,
-        when: When::ArgAnyBit { index: 0, mask: NEW_NAMESPACE_FLAGS },
+        when: When::ArgAnyBit {
+            index: 0,
+            mask: NEW_NAMESPACE_FLAGS,
+        },
         reason: "clone with CLONE_NEW* flags creates namespaces, like unshare",
     },
-    always!(clone3, "its flags sit behind a pointer seccomp cannot read; glibc falls back to clone on ENOSYS"),
+    always!(
+        clone3,
+        "its flags sit behind a pointer seccomp cannot read; glibc falls back to clone on ENOSYS"
+    ),
     always!(keyctl, "the kernel keyring is not namespaced"),
     always!(add_key, "the kernel keyring is not namespaced"),
     always!(request_key, "the kernel keyring is not namespaced"),
     always!(bpf, "loads programs into the kernel"),
-    always!(perf_event_open, "a frequent source of kernel exploits and side channels"),
-    always!(userfaultfd, "a staple of kernel exploits (it stalls the kernel at chosen points)"),
-    always!(io_uring_setup, "io_uring bypasses seccomp for the operations it performs"),
-    always!(io_uring_enter, "io_uring bypasses seccomp for the operations it performs"),
-    always!(io_uring_register, "io_uring bypasses seccomp for the operations it performs"),
+    always!(
+        perf_event_open,
+        "a frequent source of kernel exploits and side channels"
+    ),
+    always!(
+        userfaultfd,
+        "a staple of kernel exploits (it stalls the kernel at chosen points)"
+    ),
+    always!(
+        io_uring_setup,
+        "io_uring bypasses seccomp for the operations it performs"
+    ),
+    always!(
+        io_uring_enter,
+        "io_uring bypasses seccomp for the operations it performs"
+    ),
+    always!(
+        io_uring_register,
+        "io_uring bypasses seccomp for the operations it performs"
+    ),
     always!(kexec_load, "replaces the running kernel"),
     always!(kexec_file_load, "replaces the running kernel"),
     always!(init_module, "loads kernel modules"),
@@ -129,42 +177,69 @@ pub const RULES: &[Rule] = &[
     always!(clock_settime, "sets the host clock"),
     always!(clock_adjtime, "adjusts the host clock"),
     always!(adjtimex, "adjusts the host clock"),
-    always!(open_by_handle_at, "opens files by handle, bypassing the mount view (the 'shocker' escape)"),
+    always!(
+        open_by_handle_at,
+        "opens files by handle, bypassing the mount view (the 'shocker' escape)"
+    ),
     always!(name_to_handle_at, "the other half of open_by_handle_at"),
     Rule {
         name: "ioctl(TIOCSTI)",
         nr: libc::SYS_ioctl,
-        when: When::ArgMasked { index: 1, mask: u32::MAX, value: TIOCSTI },
+        when: When::ArgMasked {
+            index: 1,
+            mask: u32::MAX,
+            value: TIOCSTI,
+        },
         reason: "pushes keystrokes into a terminal, typing commands outside the sandbox",
     },
     Rule {
         name: "ioctl(TIOCLINUX)",
         nr: libc::SYS_ioctl,
-        when: When::ArgMasked { index: 1, mask: u32::MAX, value: TIOCLINUX },
+        when: When::ArgMasked {
+            index: 1,
+            mask: u32::MAX,
+            value: TIOCLINUX,
+        },
         reason: "reads and injects console contents",
     },
     Rule {
         name: "socket(AF_NETLINK)",
         nr: libc::SYS_socket,
-        when: When::ArgMasked { index: 0, mask: u32::MAX, value: libc::AF_NETLINK as u32 },
+        when: When::ArgMasked {
+            index: 0,
+            mask: u32::MAX,
+            value: libc::AF_NETLINK as u32,
+        },
         reason: "netlink reconfigures network, routing and kernel subsystems",
     },
     Rule {
         name: "socket(AF_PACKET)",
         nr: libc::SYS_socket,
-        when: When::ArgMasked { index: 0, mask: u32::MAX, value: libc::AF_PACKET as u32 },
+        when: When::ArgMasked {
+            index: 0,
+            mask: u32::MAX,
+            value: libc::AF_PACKET as u32,
+        },
         reason: "packet sockets see and forge raw frames",
     },
     Rule {
         name: "socket(SOCK_RAW)",
         nr: libc::SYS_socket,
-        when: When::ArgMasked { index: 1, mask: SOCK_TYPE_MASK, value: libc::SOCK_RAW as u32 },
+        when: When::ArgMasked {
+            index: 1,
+            mask: SOCK_TYPE_MASK,
+            value: libc::SOCK_RAW as u32,
+        },
         reason: "raw sockets forge packets",
     },
     Rule {
         name: "socket(SOCK_PACKET)",
         nr: libc::SYS_socket,
-        when: When::ArgMasked { index: 1, mask: SOCK_TYPE_MASK, value: SOCK_PACKET },
+        when: When::ArgMasked {
+            index: 1,
+            mask: SOCK_TYPE_MASK,
+            value: SOCK_PACKET,
+        },
         reason: "obsolete packet sockets forge frames",
     },
     always!(acct, "process accounting writes host files"),
@@ -178,7 +253,8 @@ pub const RULES: &[Rule] = &[
 ];
 
 // Classic BPF opcodes and seccomp return values (linux/filter.h, linux/seccomp.h).
-const BPF_LD_W_ABS: u16 = 0x00 | 0x00 | 0x20;
+/// BPF_LD | BPF_W | BPF_ABS (the first two are zero).
+const BPF_LD_W_ABS: u16 = 0x20;
 const BPF_JEQ_K: u16 = 0x05 | 0x10;
 const BPF_JGE_K: u16 = 0x05 | 0x30;
 const BPF_JSET_K: u16 = 0x05 | 0x40;
@@ -194,7 +270,12 @@ const OFFSET_ARCH: u32 = 4;
 const OFFSET_ARGS: u32 = 16;
 
 fn stmt(code: u16, k: u32) -> sock_filter {
-    sock_filter { code, jt: 0, jf: 0, k }
+    sock_filter {
+        code,
+        jt: 0,
+        jf: 0,
+        k,
+    }
 }
 
 fn jump(code: u16, k: u32, jt: u8, jf: u8) -> sock_filter {
@@ -253,7 +334,7 @@ mod tests {
 
     /// A tiny classic-BPF interpreter, enough to run our own filters in unit tests.
     fn run(prog: &[sock_filter], arch: u32, nr: u32, args: [u64; 6]) -> u32 {
-        let mut data = vec![0u8; 64];
+        let mut data = [0u8; 64];
         data[0..4].copy_from_slice(&nr.to_le_bytes());
         data[4..8].copy_from_slice(&arch.to_le_bytes());
         for (i, a) in args.iter().enumerate() {
@@ -284,7 +365,12 @@ mod tests {
     }
 
     fn verdict(nr: libc::c_long, args: [u64; 6]) -> u32 {
-        run(&compile(RULES, DENIED_ERRNO), AUDIT_ARCH_X86_64, nr as u32, args)
+        run(
+            &compile(RULES, DENIED_ERRNO),
+            AUDIT_ARCH_X86_64,
+            nr as u32,
+            args,
+        )
     }
 
     const DENY: u32 = SECCOMP_RET_ERRNO | DENIED_ERRNO as u32;
@@ -301,12 +387,29 @@ mod tests {
     fn argument_rules_look_at_the_argument() {
         let tiocsti = [0, u64::from(TIOCSTI), 0, 0, 0, 0];
         assert_eq!(verdict(libc::SYS_ioctl, tiocsti), DENY);
-        assert_eq!(verdict(libc::SYS_ioctl, [0, 0x5401, 0, 0, 0, 0]), SECCOMP_RET_ALLOW);
+        assert_eq!(
+            verdict(libc::SYS_ioctl, [0, 0x5401, 0, 0, 0, 0]),
+            SECCOMP_RET_ALLOW
+        );
         let netlink = [libc::AF_NETLINK as u64, libc::SOCK_RAW as u64, 0, 0, 0, 0];
         assert_eq!(verdict(libc::SYS_socket, netlink), DENY);
-        let raw = [libc::AF_INET as u64, (libc::SOCK_RAW | libc::SOCK_CLOEXEC) as u64, 0, 0, 0, 0];
+        let raw = [
+            libc::AF_INET as u64,
+            (libc::SOCK_RAW | libc::SOCK_CLOEXEC) as u64,
+            0,
+            0,
+            0,
+            0,
+        ];
         assert_eq!(verdict(libc::SYS_socket, raw), DENY);
-        let tcp = [libc::AF_INET as u64, (libc::SOCK_STREAM | libc::SOCK_NONBLOCK) as u64, 0, 0, 0, 0];
+        let tcp = [
+            libc::AF_INET as u64,
+            (libc::SOCK_STREAM | libc::SOCK_NONBLOCK) as u64,
+            0,
+            0,
+            0,
+            0,
+        ];
         assert_eq!(verdict(libc::SYS_socket, tcp), SECCOMP_RET_ALLOW);
         let fork_like = [(libc::SIGCHLD | libc::CLONE_VM) as u64, 0, 0, 0, 0, 0];
         assert_eq!(verdict(libc::SYS_clone, fork_like), SECCOMP_RET_ALLOW);
@@ -318,7 +421,10 @@ mod tests {
     fn foreign_architectures_and_x32_are_shut_out() {
         let prog = compile(RULES, DENIED_ERRNO);
         const AUDIT_ARCH_I386: u32 = 0x4000_0003;
-        assert_eq!(run(&prog, AUDIT_ARCH_I386, 0, [0; 6]), SECCOMP_RET_KILL_PROCESS);
+        assert_eq!(
+            run(&prog, AUDIT_ARCH_I386, 0, [0; 6]),
+            SECCOMP_RET_KILL_PROCESS
+        );
         let x32_read = X32_SYSCALL_BIT | libc::SYS_read as u32;
         assert_eq!(run(&prog, AUDIT_ARCH_X86_64, x32_read, [0; 6]), DENY);
     }
@@ -327,12 +433,37 @@ mod tests {
     fn the_issue_s_required_denials_are_all_listed() {
         let names = denied_names();
         for must in [
-            "ptrace", "process_vm_readv", "process_vm_writev", "mount", "umount2", "pivot_root",
-            "unshare", "clone", "keyctl", "add_key", "request_key", "bpf", "perf_event_open",
-            "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register", "kexec_load",
-            "init_module", "finit_module", "delete_module", "reboot", "swapon", "swapoff",
-            "settimeofday", "clock_settime", "open_by_handle_at", "ioctl(TIOCSTI)",
-            "ioctl(TIOCLINUX)", "socket(SOCK_RAW)", "socket(AF_NETLINK)",
+            "ptrace",
+            "process_vm_readv",
+            "process_vm_writev",
+            "mount",
+            "umount2",
+            "pivot_root",
+            "unshare",
+            "clone",
+            "keyctl",
+            "add_key",
+            "request_key",
+            "bpf",
+            "perf_event_open",
+            "userfaultfd",
+            "io_uring_setup",
+            "io_uring_enter",
+            "io_uring_register",
+            "kexec_load",
+            "init_module",
+            "finit_module",
+            "delete_module",
+            "reboot",
+            "swapon",
+            "swapoff",
+            "settimeofday",
+            "clock_settime",
+            "open_by_handle_at",
+            "ioctl(TIOCSTI)",
+            "ioctl(TIOCLINUX)",
+            "socket(SOCK_RAW)",
+            "socket(AF_NETLINK)",
         ] {
             assert!(names.iter().any(|n| n == must), "{must} is not denied");
         }

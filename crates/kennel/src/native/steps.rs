@@ -25,7 +25,10 @@ pub struct Fail {
 
 impl Fail {
     pub fn new(detail: impl Into<String>) -> Fail {
-        Fail { errno: None, detail: detail.into() }
+        Fail {
+            errno: None,
+            detail: detail.into(),
+        }
     }
 }
 
@@ -36,7 +39,10 @@ pub trait Context<T> {
 
 impl<T> Context<T> for io::Result<T> {
     fn ctx(self, what: impl FnOnce() -> String) -> Result<T, Fail> {
-        self.map_err(|e| Fail { errno: e.raw_os_error(), detail: format!("{}: {e}", what()) })
+        self.map_err(|e| Fail {
+            errno: e.raw_os_error(),
+            detail: format!("{}: {e}", what()),
+        })
     }
 }
 
@@ -139,8 +145,12 @@ impl fmt::Display for Step {
     }
 }
 
-pub const HELPER_STEPS: &[Step] =
-    &[Step::UnshareNamespaces, Step::MapIds, Step::BecomeRoot, Step::DieWithSupervisor];
+pub const HELPER_STEPS: &[Step] = &[
+    Step::UnshareNamespaces,
+    Step::MapIds,
+    Step::BecomeRoot,
+    Step::DieWithSupervisor,
+];
 
 pub const INIT_STEPS: &[Step] = &[
     Step::DieWithHelper,
@@ -223,9 +233,13 @@ impl Step {
             }
             Step::UnshareNamespaces => unshare_namespaces(ctx, os),
             Step::MapIds => os.request_id_map().ctx(|| "waiting for the id map".into()),
-            Step::BecomeRoot => os.become_root(ctx.plan.full_id_range).ctx(|| "setresuid(0)".into()),
+            Step::BecomeRoot => os
+                .become_root(ctx.plan.full_id_range)
+                .ctx(|| "setresuid(0)".into()),
             Step::DieWithSupervisor => die_with_supervisor(ctx, os),
-            Step::DieWithHelper => os.set_parent_death_signal().ctx(|| "PR_SET_PDEATHSIG".into()),
+            Step::DieWithHelper => os
+                .set_parent_death_signal()
+                .ctx(|| "PR_SET_PDEATHSIG".into()),
             Step::HideFromProgram => os.set_dumpable(false).ctx(|| "PR_SET_DUMPABLE".into()),
             Step::MakeMountsPrivate => os
                 .mount(None, "/", None, libc::MS_REC | libc::MS_PRIVATE, None)
@@ -240,12 +254,16 @@ impl Step {
             Step::RemountRootReadonly => remount_read_only(os, "/"),
             Step::SetHostname => os.sethostname(HOSTNAME).ctx(|| "sethostname".into()),
             Step::BringUpLoopback => os.loopback_up().ctx(|| "bringing lo up".into()),
-            Step::PinCpus => os.set_cpu_affinity(&ctx.plan.cpus).ctx(|| format!("pinning to cpus {:?}", ctx.plan.cpus)),
+            Step::PinCpus => os
+                .set_cpu_affinity(&ctx.plan.cpus)
+                .ctx(|| format!("pinning to cpus {:?}", ctx.plan.cpus)),
             Step::NewSession => os.setsid().ctx(|| "setsid".into()),
             Step::ResetSignals => os.reset_signals().ctx(|| "resetting signals".into()),
             Step::SetRlimits => set_rlimits(ctx, os),
             Step::EnterWorkspace => os.chdir("/workspace").ctx(|| "chdir /workspace".into()),
-            Step::DropCapabilities => os.drop_capabilities().ctx(|| "dropping capabilities".into()),
+            Step::DropCapabilities => os
+                .drop_capabilities()
+                .ctx(|| "dropping capabilities".into()),
             Step::SetNoNewPrivs => os.set_no_new_privs().ctx(|| "PR_SET_NO_NEW_PRIVS".into()),
             Step::RestrictFilesystem => restrict_filesystem(ctx, os),
             Step::CloseInheritedFds => os.close_fds_from(CTL_FD + 1).ctx(|| "close_range".into()),
@@ -267,15 +285,21 @@ fn unshare_namespaces(ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), Fail> {
             Ok(())
         }
         // Kernels before 5.6 have no time namespace: the others still hold.
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => os.unshare(base).ctx(|| "unshare".into()),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            os.unshare(base).ctx(|| "unshare".into())
+        }
         Err(e) => Err(e).ctx(|| "unshare".into()),
     }
 }
 
 fn die_with_supervisor(ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), Fail> {
-    os.set_parent_death_signal().ctx(|| "PR_SET_PDEATHSIG".into())?;
+    os.set_parent_death_signal()
+        .ctx(|| "PR_SET_PDEATHSIG".into())?;
     if os.parent_pid() != ctx.supervisor_pid {
-        return Err(Fail { errno: Some(libc::ESRCH), detail: "the supervisor is gone".into() });
+        return Err(Fail {
+            errno: Some(libc::ESRCH),
+            detail: "the supervisor is gone".into(),
+        });
     }
     Ok(())
 }
@@ -286,9 +310,23 @@ pub fn perform(ops: &[Op], os: &mut dyn Os) -> Result<(), Fail> {
         match op {
             Op::Mkdir(p) => os.mkdir_all(p).ctx(|| format!("mkdir {p}"))?,
             Op::Touch(p) => os.touch(p).ctx(|| format!("creating {p}"))?,
-            Op::Symlink { target, link } => os.symlink(target, link).ctx(|| format!("symlink {link}"))?,
-            Op::Mount { source, target, fstype, flags, data } => os
-                .mount(source.as_deref(), target, fstype.as_deref(), *flags, data.as_deref())
+            Op::Symlink { target, link } => {
+                os.symlink(target, link).ctx(|| format!("symlink {link}"))?
+            }
+            Op::Mount {
+                source,
+                target,
+                fstype,
+                flags,
+                data,
+            } => os
+                .mount(
+                    source.as_deref(),
+                    target,
+                    fstype.as_deref(),
+                    *flags,
+                    data.as_deref(),
+                )
                 .ctx(|| format!("mount {} on {target}", source.as_deref().unwrap_or("-")))?,
             Op::RemountReadOnly(target) => remount_tree_read_only(os, target)?,
         }
@@ -298,15 +336,20 @@ pub fn perform(ops: &[Op], os: &mut dyn Os) -> Result<(), Fail> {
 
 fn remount_read_only(os: &mut dyn Os, target: &str) -> Result<(), Fail> {
     // Inside a user namespace the flags the host locked (nosuid, nodev, ...) must be repeated.
-    let locked = os.mount_flags_of(target).ctx(|| format!("statvfs {target}"))?;
+    let locked = os
+        .mount_flags_of(target)
+        .ctx(|| format!("statvfs {target}"))?;
     let flags = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | locked;
-    os.mount(None, target, None, flags, None).ctx(|| format!("remounting {target} read-only"))
+    os.mount(None, target, None, flags, None)
+        .ctx(|| format!("remounting {target} read-only"))
 }
 
 /// A recursive bind brings submounts along; each of them is made read-only too.
 fn remount_tree_read_only(os: &mut dyn Os, target: &str) -> Result<(), Fail> {
     remount_read_only(os, target)?;
-    let mountinfo = os.read_to_string("/proc/self/mountinfo").ctx(|| "reading mountinfo".into())?;
+    let mountinfo = os
+        .read_to_string("/proc/self/mountinfo")
+        .ctx(|| "reading mountinfo".into())?;
     let prefix = format!("{}/", target.trim_end_matches('/'));
     let subs: Vec<String> = mountinfo
         .lines()
@@ -323,7 +366,8 @@ fn write_input_files(ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), Fail> {
         if let Some((parent, _)) = target.rsplit_once('/') {
             os.mkdir_all(parent).ctx(|| format!("mkdir {parent}"))?;
         }
-        os.write_file(&target, data, meta.mode).ctx(|| format!("writing {}", meta.path))?;
+        os.write_file(&target, data, meta.mode)
+            .ctx(|| format!("writing {}", meta.path))?;
     }
     Ok(())
 }
@@ -333,7 +377,8 @@ fn pivot_root(os: &mut dyn Os) -> Result<(), Fail> {
     // back to the host, and no directory is needed to hold it.
     os.chdir(mounts::NEW_ROOT).ctx(|| "chdir new root".into())?;
     os.pivot_root(".", ".").ctx(|| "pivot_root".into())?;
-    os.umount_detach(".").ctx(|| "detaching the old root".into())?;
+    os.umount_detach(".")
+        .ctx(|| "detaching the old root".into())?;
     os.chdir("/").ctx(|| "chdir /".into())
 }
 
@@ -341,7 +386,11 @@ fn set_rlimits(ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), Fail> {
     let l = &ctx.plan.policy.limits;
     let mut limits = vec![
         (libc::RLIMIT_CORE, 0, "RLIMIT_CORE"),
-        (libc::RLIMIT_NOFILE, u64::from(l.open_files), "RLIMIT_NOFILE"),
+        (
+            libc::RLIMIT_NOFILE,
+            u64::from(l.open_files),
+            "RLIMIT_NOFILE",
+        ),
     ];
     if !ctx.plan.cgroup_limits {
         // Coarser stand-ins, reported as such: address space for memory, tasks of this uid in
@@ -351,7 +400,8 @@ fn set_rlimits(ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), Fail> {
         limits.push((libc::RLIMIT_CPU, l.timeout.0.as_secs() + 1, "RLIMIT_CPU"));
     }
     for (res, value, name) in limits {
-        os.set_rlimit(res, value).ctx(|| format!("{name}={value}"))?;
+        os.set_rlimit(res, value)
+            .ctx(|| format!("{name}={value}"))?;
     }
     Ok(())
 }
@@ -364,7 +414,10 @@ fn restrict_filesystem(ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), Fail> {
     if !outcome.enforced && ctx.plan.policy.layers.landlock == Want::Required {
         return Err(Fail {
             errno: Some(libc::EOPNOTSUPP),
-            detail: format!("Landlock is required but not enforced (kernel ABI: {:?})", outcome.abi),
+            detail: format!(
+                "Landlock is required but not enforced (kernel ABI: {:?})",
+                outcome.abi
+            ),
         });
     }
     ctx.landlock = Some(outcome);
@@ -373,11 +426,15 @@ fn restrict_filesystem(ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), Fail> {
 
 /// The value of `key` in /proc/self/status, such as `NoNewPrivs`.
 fn status_field<'s>(status: &'s str, key: &str) -> Option<&'s str> {
-    status.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(':').map(str::trim))
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':').map(str::trim))
 }
 
 fn verify_confinement(ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), Fail> {
-    let status = os.read_to_string("/proc/self/status").ctx(|| "reading /proc/self/status".into())?;
+    let status = os
+        .read_to_string("/proc/self/status")
+        .ctx(|| "reading /proc/self/status".into())?;
     let confinement = Confinement {
         namespaces: ctx.namespaces.clone(),
         landlock_enforced: ctx.landlock.is_some_and(|l| l.enforced),
@@ -386,12 +443,17 @@ fn verify_confinement(ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), Fail> {
         seccomp_filter: status_field(&status, "Seccomp") == Some("2"),
         capabilities_empty: ["CapEff", "CapPrm", "CapBnd", "CapAmb", "CapInh"]
             .iter()
-            .all(|k| status_field(&status, k).is_some_and(|v| v.trim_start_matches('0').is_empty())),
+            .all(|k| {
+                status_field(&status, k).is_some_and(|v| v.trim_start_matches('0').is_empty())
+            }),
     };
     if !(confinement.no_new_privs && confinement.seccomp_filter && confinement.capabilities_empty) {
-        return Err(Fail::new(format!("the sandbox is not confined as planned: {confinement:?}")));
+        return Err(Fail::new(format!(
+            "the sandbox is not confined as planned: {confinement:?}"
+        )));
     }
-    os.report(&Msg::Started(confinement)).ctx(|| "reporting to the supervisor".into())
+    os.report(&Msg::Started(confinement))
+        .ctx(|| "reporting to the supervisor".into())
 }
 
 /// The program's path: as given when it has a slash, else the first executable on PATH.
@@ -400,22 +462,36 @@ pub fn resolve(argv0: &str, path_var: &str) -> Option<String> {
     if argv0.contains('/') {
         return Some(argv0.to_string());
     }
-    path_var.split(':').filter(|d| !d.is_empty()).map(|d| format!("{d}/{argv0}")).find(|p| {
-        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    })
+    path_var
+        .split(':')
+        .filter(|d| !d.is_empty())
+        .map(|d| format!("{d}/{argv0}"))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
 }
 
 /// Execs the code. Returns only on failure, which the caller turns into exit 126 or 127 with a
 /// message on the program's stderr, as a shell or `docker run` would.
 fn exec(ctx: &mut Ctx, os: &mut dyn Os) -> Fail {
     let plan = ctx.plan;
-    let path_var = plan.env.iter().find(|(k, _)| k == "PATH").map_or("", |(_, v)| v.as_str());
+    let path_var = plan
+        .env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map_or("", |(_, v)| v.as_str());
     let env: Vec<String> = plan.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
     let Some(path) = resolve(&plan.argv[0], path_var) else {
-        return Fail { errno: Some(libc::ENOENT), detail: format!("{}: command not found", plan.argv[0]) };
+        return Fail {
+            errno: Some(libc::ENOENT),
+            detail: format!("{}: command not found", plan.argv[0]),
+        };
     };
     let err = os.exec(&path, &plan.argv, &env);
-    Fail { errno: err.raw_os_error(), detail: format!("{}: {err}", plan.argv[0]) }
+    Fail {
+        errno: err.raw_os_error(),
+        detail: format!("{}: {err}", plan.argv[0]),
+    }
 }
 
 #[cfg(test)]

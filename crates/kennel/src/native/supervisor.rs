@@ -13,10 +13,12 @@ use std::time::{Duration, Instant};
 use super::cgroup::Cgroup;
 use super::helper::{in_scratch, HELPER_ARG};
 use super::output::{self, Captured};
-use super::proto::{self, Collected, Confinement, FileMeta, Msg, Plan, CTL_FD};
+use super::proto::{self, Collected, Confinement, FileMeta, InputFiles, Msg, Plan, CTL_FD};
 use super::steps::Step;
 use super::{seccomp, HOST_ID_BASE, ID_RANGE};
-use crate::api::{CollectedFile, Content, Isolation, LandlockInfo, LimitsInfo, RunRequest, RunResult, SeccompInfo};
+use crate::api::{
+    CollectedFile, Content, Isolation, LandlockInfo, LimitsInfo, RunRequest, RunResult, SeccompInfo,
+};
 use crate::error::Error;
 use crate::policy::{Policy, Want};
 use crate::sys;
@@ -82,7 +84,10 @@ impl Native {
                 None
             }
         };
-        let plan = Plan { cgroup_limits: cgroup.is_some(), ..plan };
+        let plan = Plan {
+            cgroup_limits: cgroup.is_some(),
+            ..plan
+        };
         let result = self.supervise(req, &plan, &files, cgroup.as_ref(), stdin);
         if let Some(cg) = &cgroup {
             cg.destroy();
@@ -98,14 +103,22 @@ impl Native {
         cgroup: Option<&Cgroup>,
         stdin: StdinSource,
     ) -> Result<RunResult, Error> {
-        let (mut ctl, helper_end) = UnixStream::pair().map_err(Error::io("creating the control socket"))?;
+        let (mut ctl, helper_end) =
+            UnixStream::pair().map_err(Error::io("creating the control socket"))?;
         let started = Instant::now();
-        let mut child = self.spawn(&helper_end, req.stdin.is_some() || matches!(stdin, StdinSource::Reader(_)))?;
+        let mut child = self.spawn(
+            &helper_end,
+            req.stdin.is_some() || matches!(stdin, StdinSource::Reader(_)),
+        )?;
         drop(helper_end);
         let pid = child.id();
-        let mut guard = KillOnDrop { pid: pid as i32, armed: true };
+        let mut guard = KillOnDrop {
+            pid: pid as i32,
+            armed: true,
+        };
         if let Some(cg) = cgroup {
-            cg.add(pid).map_err(|e| setup_error(Step::JoinCgroup, e.raw_os_error(), e.to_string()))?;
+            cg.add(pid)
+                .map_err(|e| setup_error(Step::JoinCgroup, e.raw_os_error(), e.to_string()))?;
         }
         let stdin_thread = feed_stdin(child.stdin.take(), req, stdin)?;
         let cap = req.policy.limits.output.0;
@@ -119,15 +132,24 @@ impl Native {
         let (stdout, stderr) = (join(out), join(err));
         drop(stdin_thread);
         if let Some((step, errno, detail)) = report.failed.clone() {
-            let step = Step::ALL.iter().copied().find(|s| s.name() == step).unwrap_or(Step::SpawnHelper);
+            let step = Step::ALL
+                .iter()
+                .copied()
+                .find(|s| s.name() == step)
+                .unwrap_or(Step::SpawnHelper);
             return Err(setup_error(step, errno, detail));
         }
         let oom = stats.is_some_and(|s| s.oom_kills > 0);
         if report.exited.is_none() && !report.timed_out && !oom {
-            return Err(Error::Protocol(format!("the sandbox ended without reporting an exit; stderr: {}", String::from_utf8_lossy(&stderr.head))));
+            return Err(Error::Protocol(format!(
+                "the sandbox ended without reporting an exit; stderr: {}",
+                String::from_utf8_lossy(&stderr.head)
+            )));
         }
         let duration = report.ended_at.unwrap_or_else(Instant::now) - started;
-        Ok(build_result(req, plan, cgroup, stats, usage, report, stdout, stderr, duration))
+        Ok(build_result(
+            req, plan, cgroup, stats, usage, report, stdout, stderr, duration,
+        ))
     }
 
     fn spawn(&self, helper_end: &UnixStream, piped_stdin: bool) -> Result<Child, Error> {
@@ -136,7 +158,11 @@ impl Native {
         let mut cmd = Command::new(&self.helper);
         cmd.arg(HELPER_ARG)
             .env_clear()
-            .stdin(if piped_stdin { Stdio::piped() } else { Stdio::null() })
+            .stdin(if piped_stdin {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         // SAFETY of the closure: it runs between fork and exec, and calls only prctl and dup2,
@@ -145,13 +171,22 @@ impl Native {
             sys::set_parent_death_signal(libc::SIGKILL)?;
             sys::dup_to(fd, CTL_FD)
         });
-        cmd.spawn().map_err(|e| setup_error(Step::SpawnHelper, e.raw_os_error(), format!("{}: {e}", self.helper.display())))
+        cmd.spawn().map_err(|e| {
+            setup_error(
+                Step::SpawnHelper,
+                e.raw_os_error(),
+                format!("{}: {e}", self.helper.display()),
+            )
+        })
     }
 }
 
 /// Registers a pre-exec hook; kept apart so the one `unsafe` of the supervisor is in `sys`'s
 /// spirit: small, named, and justified at the call site above.
-fn unsafe_pre_exec(cmd: &mut Command, f: impl FnMut() -> std::io::Result<()> + Send + Sync + 'static) {
+fn unsafe_pre_exec(
+    cmd: &mut Command,
+    f: impl FnMut() -> std::io::Result<()> + Send + Sync + 'static,
+) {
     // SAFETY: the callers pass closures that only make async-signal-safe calls (see `spawn`).
     unsafe {
         cmd.pre_exec(f);
@@ -182,7 +217,7 @@ fn check_host(policy: &Policy) -> Result<(), Error> {
     Ok(())
 }
 
-fn plan(req: &RunRequest) -> Result<(Plan, Vec<(FileMeta, Vec<u8>)>), Error> {
+fn plan(req: &RunRequest) -> Result<(Plan, InputFiles), Error> {
     let policy = &req.policy;
     let argv = req.command.argv()?;
     if argv.iter().any(|a| a.contains('\0')) {
@@ -190,27 +225,57 @@ fn plan(req: &RunRequest) -> Result<(Plan, Vec<(FileMeta, Vec<u8>)>), Error> {
     }
     if let Some(root) = &policy.filesystem.rootfs {
         if root.starts_with("/tmp") || !root.is_dir() {
-            return Err(Error::request("filesystem.rootfs", format!("{} must be an existing directory outside /tmp", root.display())));
+            return Err(Error::request(
+                "filesystem.rootfs",
+                format!(
+                    "{} must be an existing directory outside /tmp",
+                    root.display()
+                ),
+            ));
         }
     }
     let mut files = Vec::with_capacity(req.files.len());
     let mut total = 0u64;
     for f in &req.files {
         if !in_scratch(&f.path) {
-            return Err(Error::request("files", format!("path {:?} must be a file path under /workspace/ or /tmp/", f.path)));
+            return Err(Error::request(
+                "files",
+                format!(
+                    "path {:?} must be a file path under /workspace/ or /tmp/",
+                    f.path
+                ),
+            ));
         }
         if f.mode > 0o7777 {
-            return Err(Error::request("files", format!("mode {:o} of {} is not a permission mode", f.mode, f.path)));
+            return Err(Error::request(
+                "files",
+                format!("mode {:o} of {} is not a permission mode", f.mode, f.path),
+            ));
         }
         let data = f.content.to_bytes()?;
         total += data.len() as u64;
-        files.push((FileMeta { path: f.path.clone(), mode: f.mode & 0o777 }, data));
+        files.push((
+            FileMeta {
+                path: f.path.clone(),
+                mode: f.mode & 0o777,
+            },
+            data,
+        ));
     }
     if total > policy.limits.workspace_size.0 {
-        return Err(Error::request("files", format!("hold {total} bytes, more than limits.workspace_size ({})", policy.limits.workspace_size)));
+        return Err(Error::request(
+            "files",
+            format!(
+                "hold {total} bytes, more than limits.workspace_size ({})",
+                policy.limits.workspace_size
+            ),
+        ));
     }
     if let Some(bad) = req.collect.iter().find(|p| !in_scratch(p)) {
-        return Err(Error::request("collect", format!("path {bad:?} must be a file path under /workspace/ or /tmp/")));
+        return Err(Error::request(
+            "collect",
+            format!("path {bad:?} must be a file path under /workspace/ or /tmp/"),
+        ));
     }
     let mut env = vec![
         ("PATH".to_string(), PATH.to_string()),
@@ -240,15 +305,32 @@ fn pick_cpus(quota: f64) -> Vec<usize> {
     let allowed = sys::cpu_affinity().unwrap_or_else(|_| vec![0]);
     let n = (quota.ceil() as usize).clamp(1, allowed.len().max(1));
     let start = NEXT_CPU.fetch_add(n, Ordering::Relaxed);
-    (0..n).map(|i| allowed[(start + i) % allowed.len()]).collect()
+    (0..n)
+        .map(|i| allowed[(start + i) % allowed.len()])
+        .collect()
 }
 
 fn setup_error(step: Step, errno: Option<i32>, detail: String) -> Error {
-    Error::Setup { step, reason: step.reason(), errno, detail }
+    Error::Setup {
+        step,
+        reason: step.reason(),
+        errno,
+        detail,
+    }
 }
 
-fn send_plan(ctl: &mut UnixStream, plan: &Plan, files: &[(FileMeta, Vec<u8>)]) -> Result<(), Error> {
-    let io = |e: std::io::Error| setup_error(Step::SpawnHelper, e.raw_os_error(), format!("sending the plan: {e}"));
+fn send_plan(
+    ctl: &mut UnixStream,
+    plan: &Plan,
+    files: &[(FileMeta, Vec<u8>)],
+) -> Result<(), Error> {
+    let io = |e: std::io::Error| {
+        setup_error(
+            Step::SpawnHelper,
+            e.raw_os_error(),
+            format!("sending the plan: {e}"),
+        )
+    };
     proto::send(ctl, &Msg::Plan(Box::new(plan.clone())), &[]).map_err(io)?;
     for (meta, data) in files {
         proto::send(ctl, &Msg::File(meta.clone()), data).map_err(io)?;
@@ -260,19 +342,38 @@ fn send_plan(ctl: &mut UnixStream, plan: &Plan, files: &[(FileMeta, Vec<u8>)]) -
 fn map_ids(pid: i32, full_range: bool) -> std::io::Result<()> {
     let proc = format!("/proc/{pid}");
     if full_range {
-        std::fs::write(format!("{proc}/uid_map"), format!("0 {HOST_ID_BASE} {ID_RANGE}\n"))?;
-        std::fs::write(format!("{proc}/gid_map"), format!("0 {HOST_ID_BASE} {ID_RANGE}\n"))
+        std::fs::write(
+            format!("{proc}/uid_map"),
+            format!("0 {HOST_ID_BASE} {ID_RANGE}\n"),
+        )?;
+        std::fs::write(
+            format!("{proc}/gid_map"),
+            format!("0 {HOST_ID_BASE} {ID_RANGE}\n"),
+        )
     } else {
         // Unprivileged: only our own ids can be mapped, and setgroups must be denied first.
         std::fs::write(format!("{proc}/setgroups"), "deny")?;
-        std::fs::write(format!("{proc}/uid_map"), format!("0 {} 1\n", sys::getuid()))?;
-        std::fs::write(format!("{proc}/gid_map"), format!("0 {} 1\n", sys::getgid()))
+        std::fs::write(
+            format!("{proc}/uid_map"),
+            format!("0 {} 1\n", sys::getuid()),
+        )?;
+        std::fs::write(
+            format!("{proc}/gid_map"),
+            format!("0 {} 1\n", sys::getgid()),
+        )
     }
 }
 
 /// Reads the control channel until the sandbox ends, enforcing the wall-clock timeout.
-fn events(ctl: &mut UnixStream, helper: i32, plan: &Plan, started: Instant) -> Result<Report, Error> {
-    let reader = ctl.try_clone().map_err(Error::io("cloning the control socket"))?;
+fn events(
+    ctl: &mut UnixStream,
+    helper: i32,
+    plan: &Plan,
+    started: Instant,
+) -> Result<Report, Error> {
+    let reader = ctl
+        .try_clone()
+        .map_err(Error::io("cloning the control socket"))?;
     let (tx, rx) = mpsc::channel();
     thread::spawn(move || {
         let mut reader = reader;
@@ -301,12 +402,25 @@ fn events(ctl: &mut UnixStream, helper: i32, plan: &Plan, started: Instant) -> R
         };
         match frame {
             (Msg::MapIds { pid }, _) if pid == helper => {
-                map_ids(pid, plan.full_id_range)
-                    .map_err(|e| setup_error(Step::MapIds, e.raw_os_error(), format!("writing /proc/{pid}/uid_map: {e}")))?;
-                proto::send(ctl, &Msg::IdsMapped, &[]).map_err(Error::io("answering the helper"))?;
+                map_ids(pid, plan.full_id_range).map_err(|e| {
+                    setup_error(
+                        Step::MapIds,
+                        e.raw_os_error(),
+                        format!("writing /proc/{pid}/uid_map: {e}"),
+                    )
+                })?;
+                proto::send(ctl, &Msg::IdsMapped, &[])
+                    .map_err(Error::io("answering the helper"))?;
             }
             (Msg::InitPid { pid }, _) => report.init_pid = Some(pid),
-            (Msg::Failed { step, errno, detail }, _) => report.failed = Some((step, errno, detail)),
+            (
+                Msg::Failed {
+                    step,
+                    errno,
+                    detail,
+                },
+                _,
+            ) => report.failed = Some((step, errno, detail)),
             (Msg::Started(c), _) => report.confinement = Some(c),
             (Msg::Exited { code, signal }, _) => {
                 report.exited = Some((code, signal));
@@ -359,8 +473,14 @@ fn wait_helper(child: &mut Child, timed_out: bool) -> Option<libc::rusage> {
     }
 }
 
-fn feed_stdin(pipe: Option<ChildStdin>, req: &RunRequest, source: StdinSource) -> Result<Option<JoinHandle<()>>, Error> {
-    let Some(mut pipe) = pipe else { return Ok(None) };
+fn feed_stdin(
+    pipe: Option<ChildStdin>,
+    req: &RunRequest,
+    source: StdinSource,
+) -> Result<Option<JoinHandle<()>>, Error> {
+    let Some(mut pipe) = pipe else {
+        return Ok(None);
+    };
     let mut source: Box<dyn Read + Send> = match (&req.stdin, source) {
         (Some(content), _) => Box::new(std::io::Cursor::new(content.to_bytes()?)),
         (None, StdinSource::Reader(r)) => r,
@@ -411,7 +531,10 @@ fn build_result(
         pids_limit_hit: stats.is_some_and(|s| s.pids_max_hits > 0),
         duration_ms: duration.as_millis() as u64,
         cpu_ms: stats.map_or(rusage_cpu_ms, |s| s.cpu_ns / 1_000_000),
-        memory_peak_bytes: stats.map_or_else(|| usage.map_or(0, |u| u.ru_maxrss as u64 * 1024), |s| s.memory_peak),
+        memory_peak_bytes: stats.map_or_else(
+            || usage.map_or(0, |u| u.ru_maxrss as u64 * 1024),
+            |s| s.memory_peak,
+        ),
         stdout_bytes: stdout.total,
         stderr_bytes: stderr.total,
         stdout_truncated: stdout.truncated(),
@@ -437,7 +560,13 @@ fn collected_files(req: &RunRequest, collected: Vec<(Collected, Vec<u8>)>) -> Ve
     // A run killed before it could collect still answers for every path asked.
     for path in &req.collect {
         if !files.iter().any(|f| &f.path == path) {
-            files.push(CollectedFile { path: path.clone(), size: 0, content: None, truncated: false, error: Some("not collected: the run was killed".into()) });
+            files.push(CollectedFile {
+                path: path.clone(),
+                size: 0,
+                content: None,
+                truncated: false,
+                error: Some("not collected: the run was killed".into()),
+            });
         }
     }
     files
@@ -452,8 +581,11 @@ fn isolation(plan: &Plan, cgroup: Option<&Cgroup>, confinement: Option<Confineme
         seccomp_filter: false,
         capabilities_empty: false,
     });
-    let (host_uid, host_gid, id_range) =
-        if plan.full_id_range { (HOST_ID_BASE, HOST_ID_BASE, ID_RANGE) } else { (sys::getuid(), sys::getgid(), 1) };
+    let (host_uid, host_gid, id_range) = if plan.full_id_range {
+        (HOST_ID_BASE, HOST_ID_BASE, ID_RANGE)
+    } else {
+        (sys::getuid(), sys::getgid(), 1)
+    };
     Isolation {
         tier: "native".into(),
         namespaces: c.namespaces,

@@ -29,7 +29,10 @@ impl Recorder {
     }
 
     fn last_index(&self, prefix: &str) -> usize {
-        self.calls.iter().rposition(|c| c.starts_with(prefix)).expect(prefix)
+        self.calls
+            .iter()
+            .rposition(|c| c.starts_with(prefix))
+            .expect(prefix)
     }
 }
 
@@ -52,9 +55,24 @@ impl Os for Recorder {
     fn set_dumpable(&mut self, on: bool) -> io::Result<()> {
         self.log(format!("dumpable({on})"))
     }
-    fn mount(&mut self, source: Option<&str>, target: &str, fstype: Option<&str>, flags: libc::c_ulong, _: Option<&str>) -> io::Result<()> {
-        let kind = if flags & libc::MS_REMOUNT != 0 { "remount" } else { "mount" };
-        self.log(format!("{kind} {} {} on {target}", fstype.unwrap_or("-"), source.unwrap_or("-")))
+    fn mount(
+        &mut self,
+        source: Option<&str>,
+        target: &str,
+        fstype: Option<&str>,
+        flags: libc::c_ulong,
+        _: Option<&str>,
+    ) -> io::Result<()> {
+        let kind = if flags & libc::MS_REMOUNT != 0 {
+            "remount"
+        } else {
+            "mount"
+        };
+        self.log(format!(
+            "{kind} {} {} on {target}",
+            fstype.unwrap_or("-"),
+            source.unwrap_or("-")
+        ))
     }
     fn mount_flags_of(&mut self, _: &str) -> io::Result<libc::c_ulong> {
         Ok(libc::MS_NOSUID)
@@ -106,7 +124,10 @@ impl Os for Recorder {
     }
     fn landlock(&mut self, _: &[&str], _: &[&str]) -> io::Result<Outcome> {
         self.log("landlock")?;
-        Ok(self.landlock.unwrap_or(Outcome { enforced: true, abi: Some(6) }))
+        Ok(self.landlock.unwrap_or(Outcome {
+            enforced: true,
+            abi: Some(6),
+        }))
     }
     fn close_fds_from(&mut self, first: i32) -> io::Result<()> {
         self.log(format!("close_fds_from {first}"))
@@ -116,9 +137,11 @@ impl Os for Recorder {
     }
     fn read_to_string(&mut self, path: &str) -> io::Result<String> {
         self.log(format!("read {path}"))?;
-        Ok("NoNewPrivs:\t1\nSeccomp:\t2\nCapInh:\t0000000000000000\nCapPrm:\t0000000000000000\n\
+        Ok(
+            "NoNewPrivs:\t1\nSeccomp:\t2\nCapInh:\t0000000000000000\nCapPrm:\t0000000000000000\n\
             CapEff:\t0000000000000000\nCapBnd:\t0000000000000000\nCapAmb:\t0000000000000000\n"
-            .into())
+                .into(),
+        )
     }
     fn report(&mut self, _: &Msg) -> io::Result<()> {
         self.log("report")
@@ -163,7 +186,13 @@ fn plan() -> Plan {
 /// Runs the three phases as the helper, init and program would, one after the other.
 fn record() -> Recorder {
     let plan = plan();
-    let files = vec![(FileMeta { path: "/workspace/job.py".into(), mode: 0o644 }, b"print(1)".to_vec())];
+    let files = vec![(
+        FileMeta {
+            path: "/workspace/job.py".into(),
+            mode: 0o644,
+        },
+        b"print(1)".to_vec(),
+    )];
     let (proc_mount, proc_mask) = mounts::proc(&Host);
     let fs = FsPlan {
         system: mounts::system_view(&Host, "", false),
@@ -172,7 +201,14 @@ fn record() -> Recorder {
         proc_mount,
         proc_mask,
     };
-    let mut ctx = Ctx { plan: &plan, supervisor_pid: SUPERVISOR, files: &files, fs, namespaces: vec![], landlock: None };
+    let mut ctx = Ctx {
+        plan: &plan,
+        supervisor_pid: SUPERVISOR,
+        files: &files,
+        fs,
+        namespaces: vec![],
+        landlock: None,
+    };
     let mut rec = Recorder::default();
     run_steps(HELPER_STEPS, &mut ctx, &mut rec).unwrap();
     rec.calls.push("fork init".into());
@@ -193,7 +229,11 @@ fn every_step_belongs_to_exactly_one_phase() {
         .chain(PROGRAM_STEPS)
         .copied()
         .collect();
-    assert_eq!(listed, Step::ALL, "the phases, concatenated, are the whole sequence in order");
+    assert_eq!(
+        listed,
+        Step::ALL,
+        "the phases, concatenated, are the whole sequence in order"
+    );
     for step in Step::ALL {
         assert!(!step.reason().is_empty(), "{step} has no reason");
     }
@@ -203,13 +243,30 @@ fn every_step_belongs_to_exactly_one_phase() {
 fn namespaces_come_first_and_ids_are_mapped_before_becoming_root() {
     let rec = record();
     assert!(rec.calls[0].starts_with("unshare("), "{:?}", rec.calls);
-    let flags = i64::from_str_radix(rec.calls[0].trim_start_matches("unshare(0x").trim_end_matches(')'), 16).unwrap();
-    for ns in [libc::CLONE_NEWUSER, libc::CLONE_NEWNS, libc::CLONE_NEWPID, libc::CLONE_NEWNET, libc::CLONE_NEWIPC, libc::CLONE_NEWUTS, libc::CLONE_NEWCGROUP] {
+    let flags = i64::from_str_radix(
+        rec.calls[0]
+            .trim_start_matches("unshare(0x")
+            .trim_end_matches(')'),
+        16,
+    )
+    .unwrap();
+    for ns in [
+        libc::CLONE_NEWUSER,
+        libc::CLONE_NEWNS,
+        libc::CLONE_NEWPID,
+        libc::CLONE_NEWNET,
+        libc::CLONE_NEWIPC,
+        libc::CLONE_NEWUTS,
+        libc::CLONE_NEWCGROUP,
+    ] {
         assert_ne!(flags & i64::from(ns), 0, "namespace flag {ns:#x} missing");
     }
     assert!(rec.index("request_id_map") < rec.index("become_root"));
     assert!(rec.index("become_root") < rec.index("fork init"));
-    assert!(rec.index("become_root") < rec.index("pdeathsig"), "set again after the credential change");
+    assert!(
+        rec.index("become_root") < rec.index("pdeathsig"),
+        "set again after the credential change"
+    );
 }
 
 #[test]
@@ -222,15 +279,23 @@ fn mounts_are_private_before_any_mount_and_proc_follows_the_pid_fork() {
     assert!(rec.index("mount proc") < rec.index("pivot_root"));
     assert!(rec.index("pivot_root") < rec.index("umount ."));
     assert!(rec.index("write /tmp/workspace/job.py") < rec.index("pivot_root"));
-    assert!(rec.index("mount tmpfs tmpfs on /tmp/workspace") < rec.index("write /tmp/workspace/job.py"));
-    let root_ro = rec.calls.iter().position(|c| c == "remount - - on /").expect("root remounted");
+    assert!(
+        rec.index("mount tmpfs tmpfs on /tmp/workspace") < rec.index("write /tmp/workspace/job.py")
+    );
+    let root_ro = rec
+        .calls
+        .iter()
+        .position(|c| c == "remount - - on /")
+        .expect("root remounted");
     assert!(rec.index("umount .") < root_ro);
 }
 
 #[test]
 fn secrets_are_masked_after_etc_is_shown() {
     let rec = record();
-    assert!(rec.index("mount - /etc on /tmp/etc") < rec.index("mount - /dev/null on /tmp/etc/shadow"));
+    assert!(
+        rec.index("mount - /etc on /tmp/etc") < rec.index("mount - /dev/null on /tmp/etc/shadow")
+    );
     assert!(rec.index("mount proc") < rec.index("mount - /dev/null on /tmp/proc/kcore"));
 }
 
@@ -239,27 +304,59 @@ fn capabilities_go_after_the_last_mount_and_seccomp_is_last_before_exec() {
     let rec = record();
     let last_mount = rec.last_index("mount").max(rec.last_index("remount"));
     let drop_caps = rec.index("drop_caps");
-    assert!(last_mount < drop_caps, "caps dropped after the last privileged mount");
+    assert!(
+        last_mount < drop_caps,
+        "caps dropped after the last privileged mount"
+    );
     assert!(rec.index("fork program") < rec.index("setsid"));
     assert!(drop_caps < rec.index("no_new_privs"));
-    assert!(rec.index("no_new_privs") < rec.index("landlock"), "Landlock needs no_new_privs");
+    assert!(
+        rec.index("no_new_privs") < rec.index("landlock"),
+        "Landlock needs no_new_privs"
+    );
     assert!(rec.index("landlock") < rec.index("close_fds_from"));
-    assert!(rec.index("close_fds_from") < rec.index("seccomp"), "fds closed late");
+    assert!(
+        rec.index("close_fds_from") < rec.index("seccomp"),
+        "fds closed late"
+    );
     let seccomp = rec.index("seccomp");
     let exec = rec.index("exec");
     assert!(seccomp < exec);
     // Between seccomp and exec only the self-check and its report happen.
-    assert_eq!(&rec.calls[seccomp + 1..exec], ["read /proc/self/status", "report"]);
+    assert_eq!(
+        &rec.calls[seccomp + 1..exec],
+        ["read /proc/self/status", "report"]
+    );
 }
 
 #[test]
 fn required_landlock_that_is_not_enforced_fails_its_step() {
     let plan = plan();
-    let mut ctx = Ctx { plan: &plan, supervisor_pid: SUPERVISOR, files: &[], fs: FsPlan::default(), namespaces: vec![], landlock: None };
-    let mut rec = Recorder { landlock: Some(Outcome { enforced: false, abi: None }), ..Recorder::default() };
+    let mut ctx = Ctx {
+        plan: &plan,
+        supervisor_pid: SUPERVISOR,
+        files: &[],
+        fs: FsPlan::default(),
+        namespaces: vec![],
+        landlock: None,
+    };
+    let mut rec = Recorder {
+        landlock: Some(Outcome {
+            enforced: false,
+            abi: None,
+        }),
+        ..Recorder::default()
+    };
     let (step, fail) = run_steps(PROGRAM_STEPS, &mut ctx, &mut rec).unwrap_err();
     assert_eq!(step, Step::RestrictFilesystem);
     assert_eq!(fail.errno, Some(libc::EOPNOTSUPP));
-    assert!(fail.detail.contains("Landlock is required"), "{}", fail.detail);
-    assert!(!rec.calls.iter().any(|c| c.starts_with("exec")), "nothing runs after a failed step");
+    assert!(
+        fail.detail.contains("Landlock is required"),
+        "{}",
+        fail.detail
+    );
+    assert!(
+        !rec.calls.iter().any(|c| c.starts_with("exec")),
+        "nothing runs after a failed step"
+    );
 }
