@@ -93,8 +93,12 @@ fn own_cgroups() -> io::Result<Vec<(Vec<String>, String)>> {
 }
 
 fn join_under(mount: &Mount, path: &str) -> PathBuf {
-    let rel = path.strip_prefix(mount.root.as_str()).unwrap_or(path);
-    mount.point.join(rel.trim_start_matches('/'))
+    let rel = path.strip_prefix(mount.root.as_str()).unwrap_or(path).trim_start_matches('/');
+    if rel.is_empty() {
+        mount.point.clone()
+    } else {
+        mount.point.join(rel)
+    }
 }
 
 /// The supervisor's own cgroup directories, by layout, before anything is created.
