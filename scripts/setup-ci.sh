@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Installs what Kennel's test suite and benchmarks need on a fresh Debian machine (as root).
+# Idempotent: installs only missing packages, and runs `apt-get update` only when it must.
+# It changes nothing else on the host: no network, hostname, clock, mount or sysctl changes.
+set -euo pipefail
+
+say() { echo "setup-ci: $*"; }
+die() { echo "setup-ci: error: $*" >&2; exit 1; }
+
+# Debian packages, with why each is needed.
+#   bubblewrap       the bwrap baseline in bench/startup.sh; `kennel doctor` checks for it
+#   python3          /usr/bin/python3 (with ctypes), the interpreter the tests run in sandboxes
+#                    and bare as the control (a pyenv `python3` on PATH does not count)
+#   coreutils        /bin/true, /bin/sleep and friends, run in sandboxes by the tests
+#   util-linux       setsid (escaping-process tests) and setpriv (rootless-fallback test)
+#   bash, dash       /bin/bash and /bin/sh (the Bash and Sh snippet languages)
+#   gcc, libc6-dev   the C linker (`cc`) and C runtime that rustc links test binaries with
+#   ca-certificates  TLS roots for cargo to fetch crates from crates.io
+packages=(bubblewrap python3 coreutils util-linux bash dash gcc libc6-dev ca-certificates)
+
+installed() {
+    [[ $(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true) == "install ok installed" ]]
+}
+
+command -v dpkg-query >/dev/null && command -v apt-get >/dev/null \
+    || die "this script expects Debian (dpkg and apt-get)"
+
+missing=()
+for p in "${packages[@]}"; do
+    installed "$p" || missing+=("$p")
+done
+
+if ((${#missing[@]})); then
+    [[ $(id -u) -eq 0 ]] || die "missing packages (${missing[*]}); run this script as root"
+    say "installing: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+    say "packages present: ${packages[*]}"
+fi
+
+# What the tests actually run, by path.
+for path in /usr/bin/python3 /bin/sh /bin/bash /bin/true /bin/sleep /usr/bin/env; do
+    [[ -x $path ]] || die "$path is missing or not executable"
+done
+for tool in bwrap setsid setpriv cc; do
+    command -v "$tool" >/dev/null || die "$tool is not on PATH"
+done
+/usr/bin/python3 -c 'import ctypes, json, socket' || die "/usr/bin/python3 lacks ctypes/json/socket"
+
+# Rust is not installed from here (rustup's servers may be unreachable); it must exist.
+cargo_bin="${CARGO_HOME:-$HOME/.cargo}/bin"
+if command -v cargo >/dev/null; then
+    cargo=cargo
+elif [[ -x $cargo_bin/cargo ]]; then
+    cargo="$cargo_bin/cargo"
+    say "note: cargo is not on PATH; found $cargo (.ci/run adds $cargo_bin to PATH)"
+else
+    die "cargo not found on PATH or in $cargo_bin; install Rust (rustup, rust-version 1.80 or later)"
+fi
+say "$("$cargo" --version), $(/usr/bin/python3 --version), $(bwrap --version)"
+say "ready"
