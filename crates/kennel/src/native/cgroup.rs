@@ -93,7 +93,10 @@ fn own_cgroups() -> io::Result<Vec<(Vec<String>, String)>> {
 }
 
 fn join_under(mount: &Mount, path: &str) -> PathBuf {
-    let rel = path.strip_prefix(mount.root.as_str()).unwrap_or(path).trim_start_matches('/');
+    let rel = path
+        .strip_prefix(mount.root.as_str())
+        .unwrap_or(path)
+        .trim_start_matches('/');
     if rel.is_empty() {
         mount.point.clone()
     } else {
@@ -303,12 +306,21 @@ impl Cgroup {
             .collect()
     }
 
-    /// Moves `pid` into the cgroup in every hierarchy.
-    pub fn add(&self, pid: u32) -> io::Result<()> {
+    /// The files a process writes "0" into to move itself into the cgroup.
+    ///
+    /// On v1 that is `tasks`: a single-threaded process moving itself there skips the global
+    /// threadgroup lock, whose first writer otherwise waits out an RCU grace period (about
+    /// 10 ms here). v2 has no such file; its `cgroup.procs` takes the lock.
+    pub fn join_files(&self) -> Vec<String> {
+        let file = match self.layout {
+            Layout::V1 { .. } => "tasks",
+            Layout::V2 { .. } => "cgroup.procs",
+        };
         self.layout
             .dirs()
             .iter()
-            .try_for_each(|d| write(d, "cgroup.procs", &pid.to_string()))
+            .map(|d| d.join(file).display().to_string())
+            .collect()
     }
 
     pub fn stats(&self) -> Stats {

@@ -25,8 +25,21 @@ pub fn maybe_run_helper() {
     }
 }
 
-/// The host (or a rootfs) as the mount planner sees it.
-struct Dir(PathBuf);
+/// The host (or a rootfs) as the mount planner sees it, with the mount points it had when the
+/// helper started.
+struct Dir(PathBuf, Vec<String>);
+
+impl Dir {
+    fn new(root: PathBuf) -> Dir {
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let points = mountinfo
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .map(str::to_string)
+            .collect();
+        Dir(root, points)
+    }
+}
 
 impl View for Dir {
     fn kind(&self, rel: &str) -> Option<Kind> {
@@ -46,6 +59,16 @@ impl View for Dir {
         })
     }
 
+    fn submounts(&self, rel: &str) -> Vec<String> {
+        let under = self.0.join(rel);
+        self.1
+            .iter()
+            .filter_map(|p| Path::new(p).strip_prefix(&under).ok())
+            .filter(|sub| !sub.as_os_str().is_empty())
+            .map(|sub| format!("{rel}/{}", sub.display()))
+            .collect()
+    }
+
     fn top_level(&self) -> Vec<String> {
         std::fs::read_dir(&self.0)
             .map(|d| {
@@ -58,9 +81,9 @@ impl View for Dir {
 }
 
 fn fs_plan(plan: &Plan) -> FsPlan {
-    let host = Dir(PathBuf::from("/"));
+    let host = Dir::new(PathBuf::from("/"));
     let system = match &plan.policy.filesystem.rootfs {
-        Some(root) => mounts::system_view(&Dir(root.clone()), &root.to_string_lossy(), true),
+        Some(root) => mounts::system_view(&Dir::new(root.clone()), &root.to_string_lossy(), true),
         None => mounts::system_view(&host, "", false),
     };
     let (proc_mount, proc_mask) = mounts::proc(&host);

@@ -71,7 +71,7 @@ pub enum Op {
         flags: libc::c_ulong,
         data: Option<String>,
     },
-    /// Remounts `target` and every mount beneath it read-only, keeping their locked flags.
+    /// Remounts `target` read-only, keeping its locked flags.
     RemountReadOnly(String),
 }
 
@@ -81,6 +81,9 @@ pub trait View {
     fn kind(&self, rel: &str) -> Option<Kind>;
     /// Names in the source root (for a rootfs).
     fn top_level(&self) -> Vec<String>;
+    /// Mount points strictly beneath `rel`, relative to the source root: a recursive bind
+    /// brings them along, and each must be made read-only too.
+    fn submounts(&self, rel: &str) -> Vec<String>;
 }
 
 fn r(rel: &str) -> String {
@@ -108,7 +111,7 @@ fn bind(source: String, target: String) -> Op {
 }
 
 /// Binds `rel` from `source_root` read-only into the new root, as the right kind of node.
-fn show(ops: &mut Vec<Op>, source_root: &str, rel: &str, kind: &Kind) {
+fn show(ops: &mut Vec<Op>, view: &dyn View, source_root: &str, rel: &str, kind: &Kind) {
     match kind {
         Kind::Symlink(target) => ops.push(Op::Symlink {
             target: target.clone(),
@@ -122,6 +125,9 @@ fn show(ops: &mut Vec<Op>, source_root: &str, rel: &str, kind: &Kind) {
             });
             ops.push(bind(format!("{source_root}/{rel}"), r(rel)));
             ops.push(Op::RemountReadOnly(r(rel)));
+            for sub in view.submounts(rel) {
+                ops.push(Op::RemountReadOnly(r(&sub)));
+            }
         }
     }
 }
@@ -159,7 +165,7 @@ pub fn system_view(view: &dyn View, source_root: &str, rootfs: bool) -> Vec<Op> 
     };
     for name in &names {
         if let Some(kind) = view.kind(name) {
-            show(&mut ops, source_root, name, &kind);
+            show(&mut ops, view, source_root, name, &kind);
         }
     }
     for secret in SECRET_FILES.iter().chain(SECRET_DIRS) {
@@ -277,6 +283,13 @@ mod tests {
         fn kind(&self, rel: &str) -> Option<Kind> {
             self.0.get(rel).cloned()
         }
+        fn submounts(&self, rel: &str) -> Vec<String> {
+            if rel == "etc" {
+                vec!["etc/hosts".into()]
+            } else {
+                vec![]
+            }
+        }
         fn top_level(&self) -> Vec<String> {
             self.0
                 .keys()
@@ -306,6 +319,10 @@ mod tests {
         let ops = system_view(&merged_usr_host(), "", false);
         assert!(ops.contains(&bind("/usr".into(), "/tmp/usr".into())));
         assert!(ops.contains(&Op::RemountReadOnly("/tmp/usr".into())));
+        assert!(
+            ops.contains(&Op::RemountReadOnly("/tmp/etc/hosts".into())),
+            "submounts too"
+        );
         assert!(ops.contains(&Op::Symlink {
             target: "usr/bin".into(),
             link: "/tmp/bin".into()

@@ -10,6 +10,8 @@ use super::proto::{self, Msg};
 use crate::sys;
 
 pub trait Os {
+    /// Moves the calling (single-threaded) process into a cgroup by writing "0" to `file`.
+    fn join_cgroup(&mut self, file: &str) -> io::Result<()>;
     fn unshare(&mut self, flags: libc::c_int) -> io::Result<()>;
     /// Asks the supervisor to write this process's uid and gid maps, and waits for it.
     fn request_id_map(&mut self) -> io::Result<()>;
@@ -63,6 +65,10 @@ fn cstrings(items: &[String]) -> io::Result<Vec<CString>> {
 }
 
 impl Os for RealOs {
+    fn join_cgroup(&mut self, file: &str) -> io::Result<()> {
+        std::fs::write(file, "0")
+    }
+
     fn unshare(&mut self, flags: libc::c_int) -> io::Result<()> {
         sys::unshare(flags)
     }

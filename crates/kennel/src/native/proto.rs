@@ -36,8 +36,9 @@ pub struct Plan {
     pub files: usize,
     /// Whether the supervisor maps a full id range (it is privileged) or a single id.
     pub full_id_range: bool,
-    /// Whether cgroups hold the limits; if not, rlimits stand in for them.
-    pub cgroup_limits: bool,
+    /// Files the helper writes "0" into to join the sandbox's cgroup; empty when rlimits stand
+    /// in for cgroups.
+    pub cgroup_join: Vec<String>,
     /// CPUs the sandbox is pinned to.
     pub cpus: Vec<usize>,
 }

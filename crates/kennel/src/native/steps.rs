@@ -74,9 +74,9 @@ steps! {
         "limits must hold before the first sandboxed instruction, so the cgroup exists before the helper starts";
     SpawnHelper = "spawn_helper",
         "a fresh single-threaded process may fork safely, whatever threads the supervisor runs";
-    JoinCgroup = "join_cgroup",
-        "the helper enters the cgroup before it unshares, so the cgroup namespace is rooted there";
     // The helper, on the host.
+    JoinCgroup = "join_cgroup",
+        "the helper moves itself into the cgroup before it unshares: the limits hold for all it starts, and the cgroup namespace is rooted there";
     UnshareNamespaces = "unshare_namespaces",
         "user, mount, pid, network, ipc, uts, cgroup (and time) namespaces, all owned by the new user namespace";
     MapIds = "map_ids",
@@ -146,6 +146,7 @@ impl fmt::Display for Step {
 }
 
 pub const HELPER_STEPS: &[Step] = &[
+    Step::JoinCgroup,
     Step::UnshareNamespaces,
     Step::MapIds,
     Step::BecomeRoot,
@@ -228,9 +229,10 @@ pub fn run_steps(steps: &[Step], ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), (
 impl Step {
     fn run(self, ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), Fail> {
         match self {
-            Step::CreateCgroup | Step::SpawnHelper | Step::JoinCgroup => {
+            Step::CreateCgroup | Step::SpawnHelper => {
                 Err(Fail::new("a supervisor step cannot run inside the sandbox"))
             }
+            Step::JoinCgroup => join_cgroup(ctx, os),
             Step::UnshareNamespaces => unshare_namespaces(ctx, os),
             Step::MapIds => os.request_id_map().ctx(|| "waiting for the id map".into()),
             Step::BecomeRoot => os
@@ -274,6 +276,14 @@ impl Step {
             Step::Exec => Err(exec(ctx, os)),
         }
     }
+}
+
+fn join_cgroup(ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), Fail> {
+    for file in &ctx.plan.cgroup_join {
+        os.join_cgroup(file)
+            .ctx(|| format!("writing 0 to {file}"))?;
+    }
+    Ok(())
 }
 
 fn unshare_namespaces(ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), Fail> {
@@ -328,7 +338,7 @@ pub fn perform(ops: &[Op], os: &mut dyn Os) -> Result<(), Fail> {
                     data.as_deref(),
                 )
                 .ctx(|| format!("mount {} on {target}", source.as_deref().unwrap_or("-")))?,
-            Op::RemountReadOnly(target) => remount_tree_read_only(os, target)?,
+            Op::RemountReadOnly(target) => remount_read_only(os, target)?,
         }
     }
     Ok(())
@@ -342,22 +352,6 @@ fn remount_read_only(os: &mut dyn Os, target: &str) -> Result<(), Fail> {
     let flags = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | locked;
     os.mount(None, target, None, flags, None)
         .ctx(|| format!("remounting {target} read-only"))
-}
-
-/// A recursive bind brings submounts along; each of them is made read-only too.
-fn remount_tree_read_only(os: &mut dyn Os, target: &str) -> Result<(), Fail> {
-    remount_read_only(os, target)?;
-    let mountinfo = os
-        .read_to_string("/proc/self/mountinfo")
-        .ctx(|| "reading mountinfo".into())?;
-    let prefix = format!("{}/", target.trim_end_matches('/'));
-    let subs: Vec<String> = mountinfo
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .filter(|p| p.starts_with(&prefix))
-        .map(str::to_string)
-        .collect();
-    subs.iter().try_for_each(|s| remount_read_only(os, s))
 }
 
 fn write_input_files(ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), Fail> {
@@ -392,7 +386,7 @@ fn set_rlimits(ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), Fail> {
             "RLIMIT_NOFILE",
         ),
     ];
-    if !ctx.plan.cgroup_limits {
+    if ctx.plan.cgroup_join.is_empty() {
         // Coarser stand-ins, reported as such: address space for memory, tasks of this uid in
         // this user namespace for pids, CPU seconds for the timeout.
         limits.push((libc::RLIMIT_AS, l.memory.0, "RLIMIT_AS"));

@@ -85,7 +85,7 @@ impl Native {
             }
         };
         let plan = Plan {
-            cgroup_limits: cgroup.is_some(),
+            cgroup_join: cgroup.as_ref().map(Cgroup::join_files).unwrap_or_default(),
             ..plan
         };
         let result = self.supervise(req, &plan, &files, cgroup.as_ref(), stdin);
@@ -116,10 +116,6 @@ impl Native {
             pid: pid as i32,
             armed: true,
         };
-        if let Some(cg) = cgroup {
-            cg.add(pid)
-                .map_err(|e| setup_error(Step::JoinCgroup, e.raw_os_error(), e.to_string()))?;
-        }
         let stdin_thread = feed_stdin(child.stdin.take(), req, stdin)?;
         let cap = req.policy.limits.output.0;
         let out = reader(child.stdout.take(), cap);
@@ -294,7 +290,7 @@ fn plan(req: &RunRequest) -> Result<(Plan, InputFiles), Error> {
         collect: req.collect.clone(),
         files: files.len(),
         full_id_range: sys::getuid() == 0,
-        cgroup_limits: false,
+        cgroup_join: vec![],
         cpus: pick_cpus(policy.limits.cpus),
     };
     Ok((plan, files))

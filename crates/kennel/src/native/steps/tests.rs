@@ -37,6 +37,9 @@ impl Recorder {
 }
 
 impl Os for Recorder {
+    fn join_cgroup(&mut self, file: &str) -> io::Result<()> {
+        self.log(format!("join_cgroup {file}"))
+    }
     fn unshare(&mut self, flags: libc::c_int) -> io::Result<()> {
         self.log(format!("unshare({flags:#x})"))
     }
@@ -168,6 +171,9 @@ impl View for Host {
     fn top_level(&self) -> Vec<String> {
         vec![]
     }
+    fn submounts(&self, _: &str) -> Vec<String> {
+        vec![]
+    }
 }
 
 fn plan() -> Plan {
@@ -178,7 +184,7 @@ fn plan() -> Plan {
         collect: vec![],
         files: 1,
         full_id_range: true,
-        cgroup_limits: true,
+        cgroup_join: vec!["/sys/fs/cgroup/memory/kennel-1/tasks".into()],
         cpus: vec![0],
     }
 }
@@ -221,7 +227,7 @@ fn record() -> Recorder {
 
 #[test]
 fn every_step_belongs_to_exactly_one_phase() {
-    let supervisor = [Step::CreateCgroup, Step::SpawnHelper, Step::JoinCgroup];
+    let supervisor = [Step::CreateCgroup, Step::SpawnHelper];
     let listed: Vec<Step> = supervisor
         .iter()
         .chain(HELPER_STEPS)
@@ -242,9 +248,13 @@ fn every_step_belongs_to_exactly_one_phase() {
 #[test]
 fn namespaces_come_first_and_ids_are_mapped_before_becoming_root() {
     let rec = record();
-    assert!(rec.calls[0].starts_with("unshare("), "{:?}", rec.calls);
+    assert_eq!(
+        rec.calls[0], "join_cgroup /sys/fs/cgroup/memory/kennel-1/tasks",
+        "the cgroup is joined before anything else"
+    );
+    assert!(rec.calls[1].starts_with("unshare("), "{:?}", rec.calls);
     let flags = i64::from_str_radix(
-        rec.calls[0]
+        rec.calls[1]
             .trim_start_matches("unshare(0x")
             .trim_end_matches(')'),
         16,
