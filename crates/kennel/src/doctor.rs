@@ -3,7 +3,7 @@
 use serde::Serialize;
 
 use crate::api::{Command, RunRequest};
-use crate::native::{cgroup, Native, StdinSource};
+use crate::native::{cgroup, Native, RunIo};
 use crate::policy::Policy;
 use crate::sys;
 
@@ -115,7 +115,7 @@ fn identity() -> Result<String, (String, String)> {
 fn end_to_end(native: &Native) -> Result<String, (String, String)> {
     let req = RunRequest::new(Command::Argv(vec!["/bin/true".into()]));
     let start = std::time::Instant::now();
-    match native.run(&req, StdinSource::Null) {
+    match native.run(&req, RunIo::none()) {
         Ok(r) if r.exit_code == Some(0) => Ok(format!(
             "/bin/true ran in {:.1} ms with limits via {}, landlock {}, seccomp {}",
             start.elapsed().as_secs_f64() * 1000.0,

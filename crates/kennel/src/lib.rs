@@ -2,11 +2,11 @@
 //! was really in force.
 //!
 //! ```no_run
-//! use kennel::{Command, Language, Native, RunRequest, StdinSource};
+//! use kennel::{Command, Language, Native, RunIo, RunRequest};
 //! kennel::maybe_run_helper(); // first thing in main
 //! let native = Native::from_current_exe()?;
 //! let req = RunRequest::new(Command::Code { language: Language::Python, code: "print(6*7)".into() });
-//! let result = native.run(&req, StdinSource::Null)?;
+//! let result = native.run(&req, RunIo::none())?;
 //! assert_eq!(result.stdout, "42\n");
 //! # Ok::<(), kennel::Error>(())
 //! ```
@@ -22,5 +22,5 @@ pub use api::{
     CollectedFile, Command, Content, FileIn, Isolation, Language, RunRequest, RunResult,
 };
 pub use error::{Error, PolicyError};
-pub use native::{maybe_run_helper, Native, StdinSource};
+pub use native::{maybe_run_helper, Native, OutputSink, RunIo, StdinSource, Stream};
 pub use policy::Policy;

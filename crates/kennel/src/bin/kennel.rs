@@ -4,12 +4,14 @@ use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::{bail, Context as _};
 use clap::{Args, Parser, Subcommand};
 use kennel::policy::{ByteSize, Span, Want};
 use kennel::{
-    Command, Content, FileIn, Language, Native, Policy, RunRequest, RunResult, StdinSource,
+    Command, Content, FileIn, Language, Native, OutputSink, Policy, RunIo, RunRequest, RunResult,
+    StdinSource, Stream,
 };
 
 /// Exit status of a failure of Kennel itself, as `docker run` uses it.
@@ -117,7 +119,9 @@ fn run(args: RunArgs) -> ExitCode {
         } else {
             StdinSource::Reader(Box::new(std::io::stdin()))
         };
-        Ok(native.run(&req, stdin)?)
+        // Without --json the output passes through live, as the code writes it.
+        let on_output: Option<OutputSink> = (!json).then(|| Arc::new(live) as OutputSink);
+        Ok(native.run(&req, RunIo { stdin, on_output })?)
     });
     match outcome {
         Ok(result) if json => {
@@ -143,9 +147,17 @@ fn run(args: RunArgs) -> ExitCode {
     }
 }
 
+fn live(stream: Stream, chunk: &[u8]) {
+    let _ = match stream {
+        Stream::Stdout => std::io::stdout().lock().write_all(chunk),
+        Stream::Stderr => std::io::stderr().lock().write_all(chunk),
+    };
+}
+
+/// The end of a run without --json: the output has already passed through; say what the
+/// exit status alone cannot.
 fn pass_through(r: &RunResult) -> ExitCode {
-    let _ = std::io::stdout().write_all(r.stdout.as_bytes());
-    let _ = std::io::stderr().write_all(r.stderr.as_bytes());
+    let _ = std::io::stdout().flush();
     let mut notes = vec![];
     if r.stdout_truncated {
         notes.push(format!(

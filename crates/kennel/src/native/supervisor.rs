@@ -6,13 +6,13 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use super::cgroup::Cgroup;
 use super::helper::{in_scratch, HELPER_ARG};
-use super::output::{self, Captured};
+use super::output::{self, Captured, Stream};
 use super::proto::{self, Collected, Confinement, FileMeta, InputFiles, Msg, Plan, CTL_FD};
 use super::steps::Step;
 use super::{seccomp, HOST_ID_BASE, ID_RANGE};
@@ -27,6 +27,26 @@ use crate::sys;
 pub enum StdinSource {
     Null,
     Reader(Box<dyn Read + Send>),
+}
+
+/// Sees each kept chunk of output as the code produces it (never more than the caps): for
+/// live pass-through and streaming.
+pub type OutputSink = Arc<dyn Fn(Stream, &[u8]) + Send + Sync>;
+
+/// The live side of a run: where stdin comes from and who watches the output.
+pub struct RunIo {
+    pub stdin: StdinSource,
+    pub on_output: Option<OutputSink>,
+}
+
+impl RunIo {
+    /// No stdin (beyond the request's own) and no live output.
+    pub fn none() -> RunIo {
+        RunIo {
+            stdin: StdinSource::Null,
+            on_output: None,
+        }
+    }
 }
 
 /// Runs requests in native sandboxes.
@@ -63,7 +83,7 @@ impl Native {
 
     /// Runs one request to its end. Errors mean the run could not happen as asked; a run that
     /// happened, however it ended, is a `RunResult`.
-    pub fn run(&self, req: &RunRequest, stdin: StdinSource) -> Result<RunResult, Error> {
+    pub fn run(&self, req: &RunRequest, io: RunIo) -> Result<RunResult, Error> {
         let policy = &req.policy;
         policy.validate()?;
         let (plan, files) = plan(req)?;
@@ -88,7 +108,7 @@ impl Native {
             cgroup_join: cgroup.as_ref().map(Cgroup::join_files).unwrap_or_default(),
             ..plan
         };
-        let result = self.supervise(req, &plan, &files, cgroup.as_ref(), stdin);
+        let result = self.supervise(req, &plan, &files, cgroup.as_ref(), io);
         if let Some(cg) = &cgroup {
             cg.destroy();
         }
@@ -101,14 +121,14 @@ impl Native {
         plan: &Plan,
         files: &[(FileMeta, Vec<u8>)],
         cgroup: Option<&Cgroup>,
-        stdin: StdinSource,
+        io: RunIo,
     ) -> Result<RunResult, Error> {
         let (mut ctl, helper_end) =
             UnixStream::pair().map_err(Error::io("creating the control socket"))?;
         let started = Instant::now();
         let mut child = self.spawn(
             &helper_end,
-            req.stdin.is_some() || matches!(stdin, StdinSource::Reader(_)),
+            req.stdin.is_some() || matches!(io.stdin, StdinSource::Reader(_)),
         )?;
         drop(helper_end);
         let pid = child.id();
@@ -116,10 +136,15 @@ impl Native {
             pid: pid as i32,
             armed: true,
         };
-        let stdin_thread = feed_stdin(child.stdin.take(), req, stdin)?;
+        let stdin_thread = feed_stdin(child.stdin.take(), req, io.stdin)?;
         let cap = req.policy.limits.output.0;
-        let out = reader(child.stdout.take(), cap);
-        let err = reader(child.stderr.take(), cap);
+        let out = reader(
+            child.stdout.take(),
+            cap,
+            Stream::Stdout,
+            io.on_output.clone(),
+        );
+        let err = reader(child.stderr.take(), cap, Stream::Stderr, io.on_output);
         send_plan(&mut ctl, plan, files)?;
         let report = events(&mut ctl, pid as i32, plan, started)?;
         let usage = wait_helper(&mut child, report.timed_out);
@@ -489,8 +514,22 @@ fn feed_stdin(
     })))
 }
 
-fn reader(pipe: Option<impl Read + Send + 'static>, cap: u64) -> Option<JoinHandle<Captured>> {
-    pipe.map(|p| thread::spawn(move || output::drain(p, cap, |_| {}).unwrap_or_default()))
+fn reader(
+    pipe: Option<impl Read + Send + 'static>,
+    cap: u64,
+    stream: Stream,
+    sink: Option<OutputSink>,
+) -> Option<JoinHandle<Captured>> {
+    pipe.map(|p| {
+        thread::spawn(move || {
+            let on_chunk = |chunk: &[u8]| {
+                if let Some(sink) = &sink {
+                    sink(stream, chunk);
+                }
+            };
+            output::drain(p, cap, on_chunk).unwrap_or_default()
+        })
+    })
 }
 
 fn join(handle: Option<JoinHandle<Captured>>) -> Captured {
