@@ -231,7 +231,7 @@ fn request(args: RunArgs) -> anyhow::Result<RunRequest> {
     let mut files = args
         .files
         .iter()
-        .map(|f| host_file(f))
+        .map(|f| host_file(f, policy.limits.workspace_size))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let command = match (&args.code, args.argv.is_empty()) {
         (Some(_), false) => bail!("give either --code or a program after --, not both"),
@@ -240,7 +240,11 @@ fn request(args: RunArgs) -> anyhow::Result<RunRequest> {
             code: code.clone(),
         },
         (None, true) => bail!("nothing to run: give a program after -- or a snippet with --code"),
-        (None, false) => Command::Argv(stage_script(args.argv, &mut files)?),
+        (None, false) => Command::Argv(stage_script(
+            args.argv,
+            &mut files,
+            policy.limits.workspace_size,
+        )?),
     };
     Ok(RunRequest {
         command,
@@ -252,11 +256,17 @@ fn request(args: RunArgs) -> anyhow::Result<RunRequest> {
 }
 
 /// Reads `HOST[:PATH]` into a file for the sandbox, keeping its permission bits.
-fn host_file(spec: &str) -> anyhow::Result<FileIn> {
+fn host_file(spec: &str, max: ByteSize) -> anyhow::Result<FileIn> {
     let (host, inside) = match spec.rsplit_once(':') {
         Some((h, i)) if i.starts_with('/') => (h, i.to_string()),
         _ => (spec, format!("/workspace/{}", file_name(Path::new(spec))?)),
     };
+    let size = std::fs::metadata(host)
+        .with_context(|| format!("reading --file {host}"))?
+        .len();
+    if size > max.0 {
+        bail!("--file {host} is {size} bytes, more than the workspace holds ({max}); raise --workspace-size");
+    }
     let data = std::fs::read(host).with_context(|| format!("reading --file {host}"))?;
     let mode = std::fs::metadata(host)?.permissions().mode() & 0o777;
     Ok(FileIn {
@@ -274,7 +284,11 @@ fn file_name(p: &Path) -> anyhow::Result<String> {
 }
 
 /// A program named by a host path that the sandbox cannot see (`./job.sh`) is copied in.
-fn stage_script(mut argv: Vec<String>, files: &mut Vec<FileIn>) -> anyhow::Result<Vec<String>> {
+fn stage_script(
+    mut argv: Vec<String>,
+    files: &mut Vec<FileIn>,
+    max: ByteSize,
+) -> anyhow::Result<Vec<String>> {
     let first = Path::new(&argv[0]);
     let visible = [
         "/usr",
@@ -289,7 +303,7 @@ fn stage_script(mut argv: Vec<String>, files: &mut Vec<FileIn>) -> anyhow::Resul
     .iter()
     .any(|d| first.starts_with(d));
     if argv[0].contains('/') && !visible && first.is_file() {
-        let staged = host_file(&argv[0])?;
+        let staged = host_file(&argv[0], max)?;
         argv[0] = staged.path.clone();
         if !files.iter().any(|f| f.path == staged.path) {
             files.push(staged);
