@@ -137,8 +137,10 @@ fn helper_main() -> ! {
             sys::exit_now(SETUP_FAILED)
         }
     };
-    // The helpers keep the socket across fork, but the code must not inherit it.
+    // The helpers keep the socket across fork, but the code must not inherit it; any other
+    // descriptor leaked into kennel must not reach the sandbox's processes at all.
     let _ = sys::set_cloexec(CTL_FD);
+    let _ = sys::close_fds_from(CTL_FD + 1);
     let mut os = RealOs { ctl };
     let (plan, files) = match read_plan(&mut os.ctl) {
         Ok(p) => p,

@@ -61,10 +61,18 @@ pub fn run_json(opts: &[&str], argv: &[&str]) -> Value {
     args.extend_from_slice(argv);
     let out = kennel_output(&args, b"");
     let text = String::from_utf8_lossy(&out.stdout);
-    let v: Value = serde_json::from_str(&text)
-        .unwrap_or_else(|e| panic!("no JSON result ({e}): stdout {text}, stderr {}", String::from_utf8_lossy(&out.stderr)));
+    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| {
+        panic!(
+            "no JSON result ({e}): stdout {text}, stderr {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
     assert!(v.get("error").is_none(), "kennel failed: {v}");
-    assert_eq!(out.status.code(), Some(0), "kennel --json exits 0 with a result");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "kennel --json exits 0 with a result"
+    );
     v
 }
 
@@ -104,15 +112,29 @@ def os_errno(fn, *args):
 pub fn probe_both(code: &str) -> (String, String) {
     let full = format!("{SYSCALL_PRELUDE}\n{code}");
     let inside = py_ok(&[], &full);
-    let bare = Command::new(PY).arg("-c").arg(&full).output().expect("bare python runs");
-    assert!(bare.status.success(), "bare probe failed: {}", String::from_utf8_lossy(&bare.stderr));
-    (inside.trim().to_string(), String::from_utf8_lossy(&bare.stdout).trim().to_string())
+    let bare = Command::new(PY)
+        .arg("-c")
+        .arg(&full)
+        .output()
+        .expect("bare python runs");
+    assert!(
+        bare.status.success(),
+        "bare probe failed: {}",
+        String::from_utf8_lossy(&bare.stderr)
+    );
+    (
+        inside.trim().to_string(),
+        String::from_utf8_lossy(&bare.stdout).trim().to_string(),
+    )
 }
 
 /// Paths of cgroups that the kennel process `pid` created, anywhere under /sys/fs/cgroup.
 pub fn kennel_cgroups_of(pid: u32) -> Vec<String> {
     let prefix = format!("kennel-{pid}-");
-    kennel_cgroups().into_iter().filter(|p| p.rsplit('/').next().is_some_and(|n| n.starts_with(&prefix))).collect()
+    kennel_cgroups()
+        .into_iter()
+        .filter(|p| p.rsplit('/').next().is_some_and(|n| n.starts_with(&prefix)))
+        .collect()
 }
 
 /// Paths of cgroups named after Kennel anywhere under /sys/fs/cgroup.
@@ -120,7 +142,9 @@ pub fn kennel_cgroups() -> Vec<String> {
     let mut found = vec![];
     let mut stack = vec![std::path::PathBuf::from("/sys/fs/cgroup")];
     while let Some(dir) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
         for e in entries.flatten() {
             if e.file_type().is_ok_and(|t| t.is_dir()) {
                 let name = e.file_name().to_string_lossy().into_owned();
