@@ -70,10 +70,10 @@ macro_rules! steps {
 
 steps! {
     // The supervisor, on the host.
-    CreateCgroup = "create_cgroup",
-        "limits must hold before the first sandboxed instruction, so the cgroup exists before the helper starts";
     SpawnHelper = "spawn_helper",
-        "a fresh single-threaded process may fork safely, whatever threads the supervisor runs";
+        "a fresh single-threaded process may fork safely, whatever threads the supervisor runs; it waits for its plan";
+    CreateCgroup = "create_cgroup",
+        "limits must hold before the first sandboxed instruction: the cgroup exists before the plan is sent (and overlaps the helper's exec)";
     // The helper, on the host.
     JoinCgroup = "join_cgroup",
         "the helper moves itself into the cgroup before it unshares: the limits hold for all it starts, and the cgroup namespace is rooted there";

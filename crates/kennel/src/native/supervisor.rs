@@ -88,92 +88,40 @@ impl Native {
         policy.validate()?;
         let (plan, files) = plan(req)?;
         check_host(policy)?;
-        let cgroup = match Cgroup::create(&policy.limits) {
-            Ok(cg) => Some(cg),
-            Err(why) if policy.layers.cgroups == Want::Required => {
-                return Err(Error::Unsupported {
-                    layer: "cgroups",
-                    why,
-                    hint: "run kennel as root, or from a cgroup v2 subtree delegated to this user \
-                           (systemd-run --user -p Delegate=yes), or set layers.cgroups = \"best_effort\""
-                        .into(),
-                });
-            }
-            Err(why) => {
-                eprintln_once(&why);
-                None
-            }
-        };
+        // The helper starts first: its exec overlaps with making the cgroup, which it joins
+        // itself before it unshares anything. On an error below, dropping it kills it.
+        let piped_stdin = req.stdin.is_some() || matches!(io.stdin, StdinSource::Reader(_));
+        let launch = self.spawn(piped_stdin)?;
+        let cgroup = cgroup_for(policy)?;
         let plan = Plan {
             cgroup_join: cgroup.as_ref().map(Cgroup::join_files).unwrap_or_default(),
             ..plan
         };
-        let result = self.supervise(req, &plan, &files, cgroup.as_ref(), io);
+        let result = supervise(launch, req, &plan, &files, cgroup.as_ref(), io);
         if let Some(cg) = &cgroup {
             cg.destroy();
         }
         result
     }
 
-    fn supervise(
-        &self,
-        req: &RunRequest,
-        plan: &Plan,
-        files: &[(FileMeta, Vec<u8>)],
-        cgroup: Option<&Cgroup>,
-        io: RunIo,
-    ) -> Result<RunResult, Error> {
-        let (mut ctl, helper_end) =
+    fn spawn(&self, piped_stdin: bool) -> Result<Launch, Error> {
+        let (ctl, helper_end) =
             UnixStream::pair().map_err(Error::io("creating the control socket"))?;
         let started = Instant::now();
-        let mut child = self.spawn(
-            &helper_end,
-            req.stdin.is_some() || matches!(io.stdin, StdinSource::Reader(_)),
-        )?;
-        drop(helper_end);
-        let pid = child.id();
-        let mut guard = KillOnDrop {
-            pid: pid as i32,
+        let child = self.spawn_helper(&helper_end, piped_stdin)?;
+        let guard = KillOnDrop {
+            pid: child.id() as i32,
             armed: true,
         };
-        let stdin_thread = feed_stdin(child.stdin.take(), req, io.stdin)?;
-        let cap = req.policy.limits.output.0;
-        let out = reader(
-            child.stdout.take(),
-            cap,
-            Stream::Stdout,
-            io.on_output.clone(),
-        );
-        let err = reader(child.stderr.take(), cap, Stream::Stderr, io.on_output);
-        send_plan(&mut ctl, plan, files)?;
-        let report = events(&mut ctl, pid as i32, plan, started)?;
-        let usage = wait_helper(&mut child, report.timed_out);
-        guard.armed = false;
-        let stats = cgroup.map(Cgroup::stats);
-        let (stdout, stderr) = (join(out), join(err));
-        drop(stdin_thread);
-        if let Some((step, errno, detail)) = report.failed.clone() {
-            let step = Step::ALL
-                .iter()
-                .copied()
-                .find(|s| s.name() == step)
-                .unwrap_or(Step::SpawnHelper);
-            return Err(setup_error(step, errno, detail));
-        }
-        let oom = stats.is_some_and(|s| s.oom_kills > 0);
-        if report.exited.is_none() && !report.timed_out && !oom {
-            return Err(Error::Protocol(format!(
-                "the sandbox ended without reporting an exit; stderr: {}",
-                String::from_utf8_lossy(&stderr.head)
-            )));
-        }
-        let duration = report.ended_at.unwrap_or_else(Instant::now) - started;
-        Ok(build_result(
-            req, plan, cgroup, stats, usage, report, stdout, stderr, duration,
-        ))
+        Ok(Launch {
+            child,
+            ctl,
+            guard,
+            started,
+        })
     }
 
-    fn spawn(&self, helper_end: &UnixStream, piped_stdin: bool) -> Result<Child, Error> {
+    fn spawn_helper(&self, helper_end: &UnixStream, piped_stdin: bool) -> Result<Child, Error> {
         use std::os::fd::AsRawFd;
         let fd = helper_end.as_raw_fd();
         let mut cmd = Command::new(&self.helper);
@@ -200,6 +148,84 @@ impl Native {
             )
         })
     }
+}
+
+/// The helper, just started, with its end of the control socket.
+struct Launch {
+    child: Child,
+    ctl: UnixStream,
+    guard: KillOnDrop,
+    started: Instant,
+}
+
+/// The cgroup for a run, or none (rlimits) where the policy allows it.
+fn cgroup_for(policy: &Policy) -> Result<Option<Cgroup>, Error> {
+    match Cgroup::create(&policy.limits) {
+        Ok(cg) => Ok(Some(cg)),
+        Err(why) if policy.layers.cgroups == Want::Required => Err(Error::Unsupported {
+            layer: "cgroups",
+            why,
+            hint: "run kennel as root, or from a cgroup v2 subtree delegated to this user \
+                   (systemd-run --user -p Delegate=yes), or set layers.cgroups = \"best_effort\""
+                .into(),
+        }),
+        Err(why) => {
+            eprintln_once(&why);
+            Ok(None)
+        }
+    }
+}
+
+fn supervise(
+    launch: Launch,
+    req: &RunRequest,
+    plan: &Plan,
+    files: &[(FileMeta, Vec<u8>)],
+    cgroup: Option<&Cgroup>,
+    io: RunIo,
+) -> Result<RunResult, Error> {
+    let Launch {
+        mut child,
+        mut ctl,
+        mut guard,
+        started,
+    } = launch;
+    let pid = child.id();
+    let stdin_thread = feed_stdin(child.stdin.take(), req, io.stdin)?;
+    let cap = req.policy.limits.output.0;
+    let out = reader(
+        child.stdout.take(),
+        cap,
+        Stream::Stdout,
+        io.on_output.clone(),
+    );
+    let err = reader(child.stderr.take(), cap, Stream::Stderr, io.on_output);
+    send_plan(&mut ctl, plan, files)?;
+    let report = events(&mut ctl, pid as i32, plan, started)?;
+    let usage = wait_helper(&mut child, report.timed_out);
+    guard.armed = false;
+    let stats = cgroup.map(Cgroup::stats);
+    let (stdout, stderr) = (join(out), join(err));
+    drop(stdin_thread);
+    if let Some((step, errno, detail)) = report.failed.clone() {
+        let step = Step::ALL
+            .iter()
+            .copied()
+            .find(|s| s.name() == step)
+            .unwrap_or(Step::SpawnHelper);
+        return Err(setup_error(step, errno, detail));
+    }
+    let oom = stats.is_some_and(|s| s.oom_kills > 0);
+    if report.exited.is_none() && !report.timed_out && !oom {
+        return Err(Error::Protocol(format!(
+            "the sandbox ended without reporting an exit; stderr: {}",
+            String::from_utf8_lossy(&stderr.head)
+        )));
+    }
+    let duration = report.ended_at.unwrap_or_else(Instant::now) - started;
+    Ok(build_result(
+        req, plan, cgroup, stats, usage, report, stdout, stderr, duration,
+    ))
 }
 
 /// Registers a pre-exec hook; kept apart so the one `unsafe` of the supervisor is in `sys`'s
