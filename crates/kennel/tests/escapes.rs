@@ -79,20 +79,7 @@ fn run_cmd_json(mut cmd: Command) -> (u32, Value) {
         .expect("kennel starts");
     let pid = child.id();
     let out = child.wait_with_output().expect("kennel ends");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| {
-        panic!(
-            "no JSON result ({e}): stdout {text}, stderr {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    assert!(v.get("error").is_none(), "kennel failed: {v}");
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "kennel --json exits 0 with a result"
-    );
-    (pid, v)
+    (pid, parse_result(&out))
 }
 
 /// `kennel run --json <opts> -- python3 -c <code>` as a command, to be adjusted before it runs.
@@ -180,15 +167,7 @@ fn host_tmp_is_not_shared() {
 /// host without it, it is simply absent.
 #[test]
 fn etc_shadow_is_masked_by_dev_null() {
-    let code = r#"
-import os
-try:
-    st = os.stat("/etc/shadow")
-    print((os.major(st.st_rdev), os.minor(st.st_rdev)), len(open("/etc/shadow", "rb").read()))
-except OSError as e:
-    print(errno.errorcode[e.errno])
-"#;
-    let out = py_ok(&[], &format!("{SYSCALL_PRELUDE}\n{code}"));
+    let out = py_ok(&[], &device_probe("/etc/shadow"));
     let expected = if Path::new("/etc/shadow").exists() {
         "(1, 3) 0"
     } else {
@@ -963,30 +942,22 @@ fn only_loopback_exists() {
 /// it, it is absent (ENOENT).
 #[test]
 fn proc_kcore_is_masked() {
-    let code = r#"
-try:
-    st = os.stat("/proc/kcore")
-    print((os.major(st.st_rdev), os.minor(st.st_rdev)), len(open("/proc/kcore", "rb").read()))
-except OSError as e:
-    print(errno.errorcode[e.errno])
-"#;
     let expected = if Path::new("/proc/kcore").exists() {
         "(1, 3) 0"
     } else {
         "ENOENT"
     };
-    assert_eq!(
-        py_ok(&[], &format!("{SYSCALL_PRELUDE}\n{code}")).trim(),
-        expected
-    );
+    assert_eq!(py_ok(&[], &device_probe("/proc/kcore")).trim(), expected);
 }
 
 /// /proc/kallsyms (kernel symbol addresses) is /dev/null inside and reads 0 bytes; the host's
 /// is not empty, so the mask is what hides it.
 #[test]
 fn proc_kallsyms_is_masked() {
-    let code = r#"import os; st = os.stat("/proc/kallsyms"); print((os.major(st.st_rdev), os.minor(st.st_rdev)), len(open("/proc/kallsyms", "rb").read()))"#;
-    assert_eq!(py_ok(&[], code).trim(), "(1, 3) 0");
+    assert_eq!(
+        py_ok(&[], &device_probe("/proc/kallsyms")).trim(),
+        "(1, 3) 0"
+    );
     let mut head = [0u8; 64];
     let n = io::Read::read(&mut fs::File::open("/proc/kallsyms").unwrap(), &mut head).unwrap();
     assert!(

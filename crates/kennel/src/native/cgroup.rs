@@ -204,8 +204,8 @@ impl Layout {
                 cpu,
                 cpuacct,
             } => {
+                // Co-mounted controllers (cpu,cpuacct) share a directory.
                 let mut dirs: Vec<&Path> = vec![memory, pids, cpu, cpuacct];
-                dirs.dedup();
                 dirs.sort();
                 dirs.dedup();
                 dirs

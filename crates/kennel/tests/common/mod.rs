@@ -59,7 +59,11 @@ pub fn run_json(opts: &[&str], argv: &[&str]) -> Value {
     args.extend_from_slice(opts);
     args.push("--");
     args.extend_from_slice(argv);
-    let out = kennel_output(&args, b"");
+    parse_result(&kennel_output(&args, b""))
+}
+
+/// The result a `kennel run --json` printed, which must be a result and not an error.
+pub fn parse_result(out: &Output) -> Value {
     let text = String::from_utf8_lossy(&out.stdout);
     let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| {
         panic!(
@@ -86,6 +90,14 @@ pub fn py_ok(opts: &[&str], code: &str) -> String {
     let r = py(opts, code);
     assert_eq!(r["exit_code"], 0, "python failed: {}", r["stderr"]);
     r["stdout"].as_str().unwrap().to_string()
+}
+
+/// A probe that prints how `path` looks inside: `(major, minor) bytes` for a device (a mask by
+/// /dev/null reads `(1, 3) 0`), or the errno name.
+pub fn device_probe(path: &str) -> String {
+    format!(
+        "{SYSCALL_PRELUDE}\ntry:\n    st = os.stat({path:?})\n    print((os.major(st.st_rdev), os.minor(st.st_rdev)), len(open({path:?}, 'rb').read()))\nexcept OSError as e:\n    print(errno.errorcode[e.errno])\n"
+    )
 }
 
 /// A prelude for Python probes: `sys_errno(nr, *args)` makes a raw syscall and returns the
