@@ -92,13 +92,14 @@ impl Native {
         // itself before it unshares anything. On an error below, dropping it kills it.
         let piped_stdin = req.stdin.is_some() || matches!(io.stdin, StdinSource::Reader(_));
         let launch = self.spawn(piped_stdin)?;
-        let cgroup = cgroup_for(policy)?;
+        let limiter = limiter_for(policy)?;
+        let cgroup = limiter.as_ref().ok();
         let plan = Plan {
-            cgroup_join: cgroup.as_ref().map(Cgroup::join_files).unwrap_or_default(),
+            cgroup_join: cgroup.map(Cgroup::join_files).unwrap_or_default(),
             ..plan
         };
-        let result = supervise(launch, req, &plan, &files, cgroup.as_ref(), io);
-        if let Some(cg) = &cgroup {
+        let result = supervise(launch, req, &plan, &files, &limiter, io);
+        if let Some(cg) = cgroup {
             cg.destroy();
         }
         result
@@ -158,10 +159,13 @@ struct Launch {
     started: Instant,
 }
 
-/// The cgroup for a run, or none (rlimits) where the policy allows it.
-fn cgroup_for(policy: &Policy) -> Result<Option<Cgroup>, Error> {
+/// What holds a run's limits: its cgroup, or (the reason why there is none) rlimits.
+type Limiter = Result<Cgroup, String>;
+
+/// The limiter for a run: a cgroup, or rlimits where the policy allows them.
+fn limiter_for(policy: &Policy) -> Result<Limiter, Error> {
     match Cgroup::create(&policy.limits) {
-        Ok(cg) => Ok(Some(cg)),
+        Ok(cg) => Ok(Ok(cg)),
         Err(why) if policy.layers.cgroups == Want::Required => Err(Error::Unsupported {
             layer: "cgroups",
             why,
@@ -169,10 +173,7 @@ fn cgroup_for(policy: &Policy) -> Result<Option<Cgroup>, Error> {
                    (systemd-run --user -p Delegate=yes), or set layers.cgroups = \"best_effort\""
                 .into(),
         }),
-        Err(why) => {
-            eprintln_once(&why);
-            Ok(None)
-        }
+        Err(why) => Ok(Err(why)),
     }
 }
 
@@ -181,7 +182,7 @@ fn supervise(
     req: &RunRequest,
     plan: &Plan,
     files: &[(FileMeta, Vec<u8>)],
-    cgroup: Option<&Cgroup>,
+    limiter: &Limiter,
     io: RunIo,
 ) -> Result<RunResult, Error> {
     let Launch {
@@ -204,7 +205,7 @@ fn supervise(
     let report = events(&mut ctl, pid as i32, plan, started)?;
     let usage = wait_helper(&mut child, report.timed_out);
     guard.armed = false;
-    let stats = cgroup.map(Cgroup::stats);
+    let stats = limiter.as_ref().ok().map(Cgroup::stats);
     let (stdout, stderr) = (join(out), join(err));
     drop(stdin_thread);
     if let Some((step, errno, detail)) = report.failed.clone() {
@@ -224,7 +225,7 @@ fn supervise(
     }
     let duration = report.ended_at.unwrap_or_else(Instant::now) - started;
     Ok(build_result(
-        req, plan, cgroup, stats, usage, report, stdout, stderr, duration,
+        req, plan, limiter, stats, usage, report, stdout, stderr, duration,
     ))
 }
 
@@ -238,11 +239,6 @@ fn unsafe_pre_exec(
     unsafe {
         cmd.pre_exec(f);
     }
-}
-
-fn eprintln_once(why: &str) {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| eprintln!("kennel: cgroups unavailable, falling back to rlimits: {why}"));
 }
 
 /// Fails early, before any process starts, when the host lacks a layer the policy requires.
@@ -566,7 +562,7 @@ fn join(handle: Option<JoinHandle<Captured>>) -> Captured {
 fn build_result(
     req: &RunRequest,
     plan: &Plan,
-    cgroup: Option<&Cgroup>,
+    limiter: &Limiter,
     stats: Option<super::cgroup::Stats>,
     usage: Option<libc::rusage>,
     report: Report,
@@ -603,7 +599,7 @@ fn build_result(
         stdout: String::from_utf8_lossy(&stdout.head).into_owned(),
         stderr: String::from_utf8_lossy(&stderr.head).into_owned(),
         files: collected_files(req, report.collected),
-        isolation: isolation(plan, cgroup, report.confinement),
+        isolation: isolation(plan, limiter, report.confinement),
     }
 }
 
@@ -633,7 +629,8 @@ fn collected_files(req: &RunRequest, collected: Vec<(Collected, Vec<u8>)>) -> Ve
     files
 }
 
-fn isolation(plan: &Plan, cgroup: Option<&Cgroup>, confinement: Option<Confinement>) -> Isolation {
+fn isolation(plan: &Plan, limiter: &Limiter, confinement: Option<Confinement>) -> Isolation {
+    let cgroup = limiter.as_ref().ok();
     let c = confinement.unwrap_or(Confinement {
         namespaces: vec![],
         landlock_enforced: false,
@@ -659,15 +656,27 @@ fn isolation(plan: &Plan, cgroup: Option<&Cgroup>, confinement: Option<Confineme
             denied_errno: seccomp::DENIED_ERRNO_NAME.into(),
             denied_syscalls: seccomp::denied_names(),
         },
-        landlock: LandlockInfo { enforced: c.landlock_enforced, abi: c.landlock_abi },
+        landlock: LandlockInfo {
+            enforced: c.landlock_enforced,
+            abi: c.landlock_abi,
+        },
         limits: LimitsInfo {
             mechanism: cgroup.map_or("rlimit", Cgroup::version).into(),
             cgroups: cgroup.map(Cgroup::paths).unwrap_or_default(),
-            fallback_reason: cgroup.is_none().then(|| "no usable cgroup: memory as RLIMIT_AS, tasks as RLIMIT_NPROC, cpu time as RLIMIT_CPU".into()),
+            fallback_reason: limiter.as_ref().err().map(|why| {
+                format!("{why}; memory as RLIMIT_AS, tasks as RLIMIT_NPROC, cpu time as RLIMIT_CPU")
+            }),
         },
         no_new_privs: c.no_new_privs,
         capabilities: vec![],
-        filesystem: plan.policy.filesystem.rootfs.as_ref().map_or("host-system-ro".into(), |r| format!("rootfs:{}", r.display())),
+        filesystem: plan
+            .policy
+            .filesystem
+            .rootfs
+            .as_ref()
+            .map_or("host-system-ro".into(), |r| {
+                format!("rootfs:{}", r.display())
+            }),
         network: "none (private namespace, loopback only)".into(),
     }
 }
