@@ -22,5 +22,7 @@ pub use api::{
     CollectedFile, Command, Content, FileIn, Isolation, Language, RunRequest, RunResult,
 };
 pub use error::{Error, PolicyError};
-pub use native::{maybe_run_helper, Native, OutputSink, RunIo, StdinSource, Stream};
+pub use native::{
+    maybe_run_helper, Canceller, Native, OutputMode, OutputSink, RunIo, StdinSource, Stream,
+};
 pub use policy::Policy;

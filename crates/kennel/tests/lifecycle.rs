@@ -138,3 +138,55 @@ fn rootless_runs_report_their_fallback() {
     assert_eq!(refused.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&refused.stderr).contains("cannot enforce cgroups"));
 }
+
+/// The library's canceller stops a run from outside, as a timeout would.
+#[test]
+fn a_cancelled_run_ends_at_once() {
+    use kennel::{Canceller, Command as Cmd, Native, RunIo, RunRequest};
+    let native = Native {
+        helper: KENNEL.into(),
+    };
+    let req = RunRequest::new(Cmd::Argv(vec!["/bin/sleep".into(), "30".into()]));
+    let cancel = Canceller::new();
+    let trigger = cancel.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        trigger.cancel();
+    });
+    let start = Instant::now();
+    let io = RunIo {
+        cancel: Some(cancel),
+        ..RunIo::none()
+    };
+    let r = native.run(&req, io).unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        start.elapsed()
+    );
+    assert_eq!((r.exit_code, r.signal, r.timed_out), (None, Some(9), false));
+}
+
+/// In raw mode the sink sees every byte and the result keeps none.
+#[test]
+fn raw_output_goes_only_to_the_sink() {
+    use kennel::{Command as Cmd, Native, OutputMode, RunIo, RunRequest};
+    use std::sync::{Arc, Mutex};
+    let native = Native {
+        helper: KENNEL.into(),
+    };
+    let code = "import sys; sys.stdout.write('x' * 300000)";
+    let req = RunRequest::new(Cmd::Argv(vec![PY.into(), "-c".into(), code.into()]));
+    let seen = Arc::new(Mutex::new(0usize));
+    let counter = seen.clone();
+    let sink: kennel::OutputSink =
+        Arc::new(move |_, chunk: &[u8]| *counter.lock().unwrap() += chunk.len());
+    let io = RunIo {
+        on_output: Some(sink),
+        output: OutputMode::Raw,
+        ..RunIo::none()
+    };
+    let r = native.run(&req, io).unwrap();
+    assert_eq!(*seen.lock().unwrap(), 300_000);
+    assert_eq!((r.stdout.len(), r.stdout_bytes), (0, 300_000));
+}

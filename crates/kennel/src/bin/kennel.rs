@@ -121,7 +121,12 @@ fn run(args: RunArgs) -> ExitCode {
         };
         // Without --json the output passes through live, as the code writes it.
         let on_output: Option<OutputSink> = (!json).then(|| Arc::new(live) as OutputSink);
-        Ok(native.run(&req, RunIo { stdin, on_output })?)
+        let io = RunIo {
+            stdin,
+            on_output,
+            ..RunIo::none()
+        };
+        Ok(native.run(&req, io)?)
     });
     match outcome {
         Ok(result) if json => {

@@ -23,12 +23,12 @@ impl Captured {
     }
 }
 
-/// Reads `source` to its end, keeping at most `cap` bytes. `on_chunk` sees every kept chunk as
-/// it arrives (for streaming), never more than the cap in all.
+/// Reads `source` to its end, keeping at most `cap` bytes. `on_chunk` sees each read as it
+/// arrives, as (the part kept, never more than the cap in all; the whole read).
 pub fn drain(
     mut source: impl Read,
     cap: u64,
-    mut on_chunk: impl FnMut(&[u8]),
+    mut on_chunk: impl FnMut(&[u8], &[u8]),
 ) -> io::Result<Captured> {
     let mut out = Captured::default();
     let mut buf = vec![0u8; 64 << 10];
@@ -41,10 +41,8 @@ pub fn drain(
         };
         let room = cap.saturating_sub(out.head.len() as u64) as usize;
         let keep = &buf[..n.min(room)];
-        if !keep.is_empty() {
-            out.head.extend_from_slice(keep);
-            on_chunk(keep);
-        }
+        out.head.extend_from_slice(keep);
+        on_chunk(keep, &buf[..n]);
         out.total += n as u64;
     }
 }
@@ -57,7 +55,7 @@ mod tests {
     fn keeps_the_head_and_counts_the_rest() {
         let data = vec![b'x'; 300_000];
         let mut seen = 0;
-        let c = drain(&data[..], 1000, |chunk| seen += chunk.len()).unwrap();
+        let c = drain(&data[..], 1000, |kept, _| seen += kept.len()).unwrap();
         assert_eq!(c.head.len(), 1000);
         assert_eq!(c.total, 300_000);
         assert!(c.truncated());
@@ -66,7 +64,7 @@ mod tests {
 
     #[test]
     fn short_output_is_not_truncated() {
-        let c = drain(&b"hi\n"[..], 1000, |_| {}).unwrap();
+        let c = drain(&b"hi\n"[..], 1000, |_, _| {}).unwrap();
         assert_eq!(c.head, b"hi\n");
         assert!(!c.truncated());
     }

@@ -6,7 +6,7 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -33,10 +33,14 @@ pub enum StdinSource {
 /// live pass-through and streaming.
 pub type OutputSink = Arc<dyn Fn(Stream, &[u8]) + Send + Sync>;
 
-/// The live side of a run: where stdin comes from and who watches the output.
+/// The live side of a run: where stdin comes from, who watches the output, who may stop it.
 pub struct RunIo {
     pub stdin: StdinSource,
     pub on_output: Option<OutputSink>,
+    /// With `Raw`, the sink sees every byte and the result keeps none: for a program that
+    /// speaks a protocol on its stdout (the session agent), not for untrusted output.
+    pub output: OutputMode,
+    pub cancel: Option<Canceller>,
 }
 
 impl RunIo {
@@ -45,8 +49,63 @@ impl RunIo {
         RunIo {
             stdin: StdinSource::Null,
             on_output: None,
+            output: OutputMode::Capture,
+            cancel: None,
         }
     }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputMode {
+    /// Keep the head of each stream up to `limits.output`; the sink sees what is kept.
+    Capture,
+    /// Keep nothing; the sink sees everything.
+    Raw,
+}
+
+/// Stops a run from outside: the sandbox is killed as on a timeout. Cloneable; cancelling
+/// before the run starts makes it end as soon as it does.
+#[derive(Clone, Default)]
+pub struct Canceller(Arc<Mutex<CancelState>>);
+
+#[derive(Default)]
+struct CancelState {
+    cancelled: bool,
+    wake: Option<mpsc::Sender<Event>>,
+}
+
+impl Canceller {
+    pub fn new() -> Canceller {
+        Canceller::default()
+    }
+
+    pub fn cancel(&self) {
+        let mut state = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        state.cancelled = true;
+        if let Some(wake) = &state.wake {
+            let _ = wake.send(Event::Cancel);
+        }
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).cancelled
+    }
+
+    fn attach(&self, wake: mpsc::Sender<Event>) {
+        let mut state = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if state.cancelled {
+            let _ = wake.send(Event::Cancel);
+        }
+        state.wake = Some(wake);
+    }
+}
+
+/// What the supervision loop waits for.
+enum Event {
+    Frame(Msg, Vec<u8>),
+    /// The control socket closed: every helper process is gone.
+    Closed,
+    Cancel,
 }
 
 /// Runs requests in native sandboxes.
@@ -71,6 +130,7 @@ struct Report {
     ended_at: Option<Instant>,
     collected: Vec<(Collected, Vec<u8>)>,
     timed_out: bool,
+    cancelled: bool,
 }
 
 impl Native {
@@ -193,17 +253,18 @@ fn supervise(
     } = launch;
     let pid = child.id();
     let stdin_thread = feed_stdin(child.stdin.take(), req, io.stdin)?;
-    let cap = req.policy.limits.output.0;
+    let (cap, mode) = (req.policy.limits.output.0, io.output);
     let out = reader(
         child.stdout.take(),
         cap,
+        mode,
         Stream::Stdout,
         io.on_output.clone(),
     );
-    let err = reader(child.stderr.take(), cap, Stream::Stderr, io.on_output);
+    let err = reader(child.stderr.take(), cap, mode, Stream::Stderr, io.on_output);
     send_plan(&mut ctl, plan, files)?;
-    let report = events(&mut ctl, pid as i32, plan, started)?;
-    let usage = wait_helper(&mut child, report.timed_out);
+    let report = events(&mut ctl, pid as i32, plan, started, io.cancel.as_ref())?;
+    let usage = wait_helper(&mut child, report.timed_out || report.cancelled);
     guard.armed = false;
     let stats = limiter.as_ref().ok().map(Cgroup::stats);
     let (stdout, stderr) = (join(out), join(err));
@@ -217,7 +278,7 @@ fn supervise(
         return Err(setup_error(step, errno, detail));
     }
     let oom = stats.is_some_and(|s| s.oom_kills > 0);
-    if report.exited.is_none() && !report.timed_out && !oom {
+    if report.exited.is_none() && !report.timed_out && !report.cancelled && !oom {
         return Err(Error::Protocol(format!(
             "the sandbox ended without reporting an exit; stderr: {}",
             String::from_utf8_lossy(&stderr.head)
@@ -413,18 +474,23 @@ fn events(
     helper: i32,
     plan: &Plan,
     started: Instant,
+    cancel: Option<&Canceller>,
 ) -> Result<Report, Error> {
     let reader = ctl
         .try_clone()
         .map_err(Error::io("cloning the control socket"))?;
     let (tx, rx) = mpsc::channel();
+    if let Some(cancel) = cancel {
+        cancel.attach(tx.clone());
+    }
     thread::spawn(move || {
         let mut reader = reader;
-        while let Ok(Some(frame)) = proto::recv(&mut reader) {
-            if tx.send(frame).is_err() {
-                break;
+        while let Ok(Some((msg, blob))) = proto::recv(&mut reader) {
+            if tx.send(Event::Frame(msg, blob)).is_err() {
+                return;
             }
         }
+        let _ = tx.send(Event::Closed);
     });
     let mut report = Report::default();
     let deadline = started + plan.policy.limits.timeout.0;
@@ -432,8 +498,15 @@ fn events(
     loop {
         let wait_until = give_up.unwrap_or(deadline);
         let frame = match rx.recv_timeout(wait_until.saturating_duration_since(Instant::now())) {
-            Ok(frame) => frame,
-            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Ok(Event::Frame(msg, blob)) => (msg, blob),
+            Ok(Event::Closed) | Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Ok(Event::Cancel) => {
+                report.cancelled = report.exited.is_none();
+                report.ended_at.get_or_insert_with(Instant::now);
+                kill_sandbox(helper, report.init_pid);
+                give_up.get_or_insert(Instant::now() + KILL_GRACE);
+                continue;
+            }
             Err(mpsc::RecvTimeoutError::Timeout) if give_up.is_some() => break,
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 report.timed_out = report.exited.is_none();
@@ -539,14 +612,17 @@ fn feed_stdin(
 fn reader(
     pipe: Option<impl Read + Send + 'static>,
     cap: u64,
+    mode: OutputMode,
     stream: Stream,
     sink: Option<OutputSink>,
 ) -> Option<JoinHandle<Captured>> {
+    let cap = if mode == OutputMode::Raw { 0 } else { cap };
     pipe.map(|p| {
         thread::spawn(move || {
-            let on_chunk = |chunk: &[u8]| {
-                if let Some(sink) = &sink {
-                    sink(stream, chunk);
+            let on_chunk = |kept: &[u8], all: &[u8]| {
+                let seen = if mode == OutputMode::Raw { all } else { kept };
+                if let (Some(sink), false) = (&sink, seen.is_empty()) {
+                    sink(stream, seen);
                 }
             };
             output::drain(p, cap, on_chunk).unwrap_or_default()
