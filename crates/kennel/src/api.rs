@@ -7,10 +7,12 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
-use crate::policy::Policy;
+use std::collections::BTreeMap;
+
+use crate::policy::{ByteSize, Limits, Policy, Span};
 
 /// A language whose snippets Kennel knows how to start.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Language {
     Python,
@@ -80,7 +82,7 @@ impl Command {
 }
 
 /// Bytes on the wire: text where they are UTF-8, base64 otherwise.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum Content {
     Text(String),
@@ -152,7 +154,7 @@ impl RunRequest {
 }
 
 /// A file returned from the sandbox.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CollectedFile {
     pub path: String,
     /// Its size inside the sandbox.
@@ -167,7 +169,7 @@ pub struct CollectedFile {
 }
 
 /// What the run did and which isolation was in force.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RunResult {
     /// The program's exit code; `None` when it was killed by a signal.
     pub exit_code: Option<i32>,
@@ -203,7 +205,7 @@ impl RunResult {
 }
 
 /// Which isolation was really in force for a run.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Isolation {
     pub tier: String,
     /// The namespaces the sandbox was given.
@@ -224,7 +226,7 @@ pub struct Isolation {
     pub network: String,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SeccompInfo {
     pub enforced: bool,
     pub profile: String,
@@ -233,14 +235,14 @@ pub struct SeccompInfo {
     pub denied_syscalls: Vec<String>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct LandlockInfo {
     pub enforced: bool,
     /// The Landlock ABI version the kernel offered.
     pub abi: Option<u32>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct LimitsInfo {
     /// `cgroup-v1`, `cgroup-v2` or `rlimit`.
     pub mechanism: String,
@@ -250,4 +252,186 @@ pub struct LimitsInfo {
     /// Why cgroups were not used, where they were not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fallback_reason: Option<String>,
+}
+
+/// A run as the HTTP API, MCP and the SDK send it: `language` + `code`, or `argv`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunSpec {
+    pub language: Option<Language>,
+    pub code: Option<String>,
+    pub argv: Option<Vec<String>>,
+    /// Text for the code's stdin.
+    pub stdin: Option<String>,
+    /// Files placed before the code starts: sandbox path (under /workspace or /tmp) → content.
+    #[serde(default)]
+    pub files: BTreeMap<String, Content>,
+    /// Paths under /workspace or /tmp returned in the result.
+    #[serde(default)]
+    pub collect: Vec<String>,
+    /// Environment variables for the code, beyond Kennel's clean defaults.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub limits: LimitsSpec,
+}
+
+/// Limits a request asks for; each missing one takes the server's default, and each above the
+/// server's maximum is refused (never silently clamped).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsSpec {
+    /// Wall-clock timeout, such as "30s".
+    #[schema(value_type = Option<String>)]
+    pub timeout: Option<Span>,
+    /// Memory, such as "512M".
+    #[schema(value_type = Option<String>)]
+    pub memory: Option<ByteSize>,
+    pub cpus: Option<f64>,
+    pub pids: Option<u32>,
+    /// Bytes kept per output stream, such as "100K".
+    #[schema(value_type = Option<String>)]
+    pub output: Option<ByteSize>,
+    #[schema(value_type = Option<String>)]
+    pub tmp_size: Option<ByteSize>,
+    #[schema(value_type = Option<String>)]
+    pub workspace_size: Option<ByteSize>,
+}
+
+impl LimitsSpec {
+    /// `base` with this request's limits applied; a limit above `max` is an error naming it.
+    pub fn apply(&self, base: &Limits, max: &Limits) -> Result<Limits, Error> {
+        fn over<T: PartialOrd + std::fmt::Display>(
+            field: &'static str,
+            v: T,
+            max: T,
+        ) -> Result<T, Error> {
+            if v > max {
+                Err(Error::request(
+                    field,
+                    format!("is {v}, above this server's maximum of {max}"),
+                ))
+            } else {
+                Ok(v)
+            }
+        }
+        let mut l = base.clone();
+        if let Some(v) = self.timeout {
+            l.timeout = over("limits.timeout", v, max.timeout)?;
+        }
+        if let Some(v) = self.memory {
+            l.memory = over("limits.memory", v, max.memory)?;
+        }
+        if let Some(v) = self.cpus {
+            l.cpus = over("limits.cpus", v, max.cpus)?;
+        }
+        if let Some(v) = self.pids {
+            l.pids = over("limits.pids", v, max.pids)?;
+        }
+        if let Some(v) = self.output {
+            l.output = over("limits.output", v, max.output)?;
+        }
+        if let Some(v) = self.tmp_size {
+            l.tmp_size = over("limits.tmp_size", v, max.tmp_size)?;
+        }
+        if let Some(v) = self.workspace_size {
+            l.workspace_size = over("limits.workspace_size", v, max.workspace_size)?;
+        }
+        Ok(l)
+    }
+}
+
+impl RunSpec {
+    /// What to run: exactly one of `language` + `code` and `argv`.
+    pub fn command(&self) -> Result<Command, Error> {
+        match (&self.language, &self.code, &self.argv) {
+            (Some(language), Some(code), None) => Ok(Command::Code {
+                language: *language,
+                code: code.clone(),
+            }),
+            (None, None, Some(argv)) => Ok(Command::Argv(argv.clone())),
+            (None, Some(_), None) => Err(Error::request("language", "is required with `code`")),
+            (Some(_), None, None) => Err(Error::request("code", "is required with `language`")),
+            (None, None, None) => Err(Error::request("code", "or `argv` is required")),
+            _ => Err(Error::request(
+                "argv",
+                "cannot be combined with `language`/`code`",
+            )),
+        }
+    }
+
+    /// The engine request under `base` policy, with limits bounded by `max`.
+    pub fn to_request(&self, base: &Policy, max: &Limits) -> Result<RunRequest, Error> {
+        let mut policy = base.clone();
+        policy.limits = self.limits.apply(&base.limits, max)?;
+        policy.env.extend(self.env.clone());
+        policy.validate()?;
+        let files = self
+            .files
+            .iter()
+            .map(|(path, content)| FileIn {
+                path: path.clone(),
+                content: content.clone(),
+                mode: default_mode(),
+            })
+            .collect();
+        Ok(RunRequest {
+            command: self.command()?,
+            stdin: self.stdin.clone().map(Content::Text),
+            files,
+            collect: self.collect.clone(),
+            policy,
+        })
+    }
+}
+
+/// Interpreter news from a python exec.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Interpreter {
+    pub restarted: bool,
+    pub crashed: bool,
+    pub reason: Option<String>,
+}
+
+/// Creates a session: a sandbox kept between an agent's steps.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionSpec {
+    /// Limits for the session's sandbox; `timeout` is the default per exec.
+    #[serde(default)]
+    pub limits: LimitsSpec,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// End the session after this long unused (bounded by the server's setting).
+    #[schema(value_type = Option<String>)]
+    pub idle_ttl: Option<Span>,
+}
+
+/// Runs shell commands or code in a session. `python` runs in a persistent interpreter.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecSpec {
+    pub language: Language,
+    pub code: String,
+    pub stdin: Option<String>,
+    /// Per-exec timeout (default: the session's).
+    #[schema(value_type = Option<String>)]
+    pub timeout: Option<Span>,
+}
+
+/// What an exec did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ExecResult {
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub duration_ms: u64,
+    pub stdout: String,
+    pub stderr: String,
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    /// For python: whether the interpreter crashed or was restarted (its state is then lost).
+    pub interpreter: Option<Interpreter>,
 }

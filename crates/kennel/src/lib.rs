@@ -16,6 +16,7 @@ pub mod doctor;
 pub mod error;
 pub mod native;
 pub mod policy;
+pub mod server;
 pub mod sys;
 
 pub use api::{

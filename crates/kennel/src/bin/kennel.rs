@@ -9,6 +9,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context as _};
 use clap::{Args, Parser, Subcommand};
 use kennel::policy::{ByteSize, Span, Want};
+use kennel::server::ServerConfig;
 use kennel::{
     Command, Content, FileIn, Language, Native, OutputSink, Policy, RunIo, RunRequest, RunResult,
     StdinSource, Stream,
@@ -40,6 +41,29 @@ enum Sub {
         #[arg(long)]
         json: bool,
     },
+    /// Serve the HTTP API (runs, sessions, streaming, a warm pool) until SIGTERM.
+    Serve(ServeArgs),
+    /// Print the HTTP API's OpenAPI document.
+    Openapi,
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// Address to listen on (default 127.0.0.1:8080); a non-loopback one needs a token.
+    #[arg(long)]
+    listen: Option<std::net::SocketAddr>,
+    /// A TOML config file; flags override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Pre-started python sandboxes.
+    #[arg(long)]
+    pool_python: Option<usize>,
+    /// Pre-started shell sandboxes.
+    #[arg(long)]
+    pool_bash: Option<usize>,
+    /// JSON-lines audit log.
+    #[arg(long)]
+    audit_log: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -107,7 +131,48 @@ fn main() -> ExitCode {
     match cli.command {
         Sub::Run(args) => run(*args),
         Sub::Doctor { json } => doctor(json),
+        Sub::Serve(args) => report(serve(args)),
+        Sub::Openapi => {
+            print!("{}", kennel::server::openapi::document());
+            ExitCode::SUCCESS
+        }
     }
+}
+
+fn report(outcome: anyhow::Result<()>) -> ExitCode {
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kennel: {e:#}");
+            ExitCode::from(KENNEL_FAILED)
+        }
+    }
+}
+
+fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let mut config = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            ServerConfig::from_toml(&text).with_context(|| format!("in {}", path.display()))?
+        }
+        None => ServerConfig::default(),
+    };
+    if let Ok(tokens) = std::env::var("KENNEL_TOKENS") {
+        config.add_env_tokens(&tokens);
+    }
+    config.listen = args.listen.unwrap_or(config.listen);
+    config.pool.python = args.pool_python.unwrap_or(config.pool.python);
+    config.pool.bash = args.pool_bash.unwrap_or(config.pool.bash);
+    if args.audit_log.is_some() {
+        config.audit_log = args.audit_log;
+    }
+    let native = Native::from_current_exe()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(kennel::server::serve(config, native, None))?;
+    Ok(())
 }
 
 fn run(args: RunArgs) -> ExitCode {

@@ -1,0 +1,1178 @@
+"""Kennel session agent: the only program of a session sandbox.
+
+Kennel starts it as ``/usr/bin/python3 -u -c <this file>``. It lives as long as the session (or
+one pooled run) and talks to the server over its own stdin (requests) and stdout (responses),
+in JSON lines: one compact JSON object per line, UTF-8, newline-terminated. Requests are
+processed one at a time, in order; every response line echoes the request's integer ``id``.
+Blank request lines are ignored. Executed code never sees the agent's fds 0 and 1: it gets
+pipes of its own. The agent's stderr carries diagnostics only.
+
+Paths
+-----
+Every file op takes an absolute ``path`` that must normalise (``os.path.normpath``) to
+something under ``/workspace/`` or ``/tmp/`` (``list`` also accepts exactly ``/workspace`` or
+``/tmp``); the normalised path is used. Otherwise the answer is
+``{"id":N,"event":"error","errno":"EINVAL","message":"path must be under /workspace or /tmp"}``.
+
+Requests
+--------
+``{"op":"exec","id":N,"kind":"shell","command":S,"shell":"bash"|"sh","timeout_ms":T,
+"output_limit":B,"stdin_b64":D,"env":{...},"cwd":P}``
+    Runs ``/bin/bash -c S`` (``shell`` defaults to ``bash``; ``sh`` is ``/bin/sh``) in a new
+    session (its own process group). ``stdin_b64`` (optional) is fed to its stdin, which is
+    then closed; without it stdin is ``/dev/null``. ``env`` (optional, strings to strings) is
+    added to the agent's own environment. ``cwd`` (optional) defaults to ``/workspace`` if it
+    exists, else the agent's own cwd. At ``timeout_ms`` the whole process group is killed
+    (SIGKILL) and ``timed_out`` is true. When the main process exits, whatever is left of its
+    process group is killed (background jobs do not linger); output is read until both pipes
+    reach EOF, but at most 200 ms past the main process's exit (descendants that left the
+    group may hold the pipes open).
+
+``{"op":"exec","id":N,"kind":"python","code":C,"timeout_ms":T,"output_limit":B,"stdin_b64":D}``
+    Runs ``exec(compile(C, "<session>", "exec"), namespace)`` in the persistent interpreter
+    (the "kernel"): variables, imports and functions survive between python execs, like a
+    Jupyter kernel (``__name__ == "__main__"``; ``sys.modules["__main__"]`` is that namespace).
+    Its cwd is the default exec cwd; ``env``/``cwd`` are not supported. Output of ``print``,
+    of ``sys.stdout``/``sys.stderr`` (line-buffered, flushed at the end of every exec), of
+    ``os.write(1, ...)`` and of subprocesses is captured at the fd level; stdin is
+    ``stdin_b64`` as for shell. Exit status is that of ``python3 -c``: normal end 0; an uncaught exception
+    prints its traceback to stderr, 1; ``SystemExit(n)`` gives n (``None`` 0; anything else is
+    printed to stderr, 1) and the interpreter keeps running with its state. At ``timeout_ms``
+    the kernel gets SIGINT: a KeyboardInterrupt traceback goes to stderr, ``timed_out`` is
+    true, ``exit_code`` null, state kept. A kernel still busy 2 s later is killed with its
+    process group and a fresh one is started: ``interpreter.restarted`` true, state lost. A
+    kernel that dies during an exec (``os._exit``, a segfault, the OOM killer) is reported with
+    its own ``exit_code``/``signal`` and ``interpreter.crashed`` and ``restarted`` true; one
+    found dead before an exec is replaced and reported the same way, with the exec's own
+    status. Fresh kernels are started eagerly, at agent start and after every restart. After
+    the code ends (its result known), output is read as for shell: until EOF, at most 200 ms
+    more (a background process the code started may hold the pipes).
+
+``{"op":"write","id":N,"path":P,"b64":D,"mode":M}``
+    Creates the parent directories, then replaces P atomically (temporary file + rename; a
+    symlink at P is replaced, not followed) with the decoded bytes and permission bits M
+    (optional, default 420 = 0o644). Answer ``{"id":N,"event":"ok","size":bytes}``.
+
+``{"op":"read","id":N,"path":P,"max_bytes":B}``
+    Answer ``{"id":N,"event":"file","size":total_size,"truncated":bool,"b64":first_B_bytes}``.
+    A symlink as the last component is refused (ELOOP), a directory (EISDIR) and any other
+    non-regular file (EINVAL) too; FIFOs never block.
+
+``{"op":"delete","id":N,"path":P}``
+    Deletes a file, or a directory recursively. Answer ``{"id":N,"event":"ok"}``.
+
+``{"op":"list","id":N,"path":P}``
+    Answer ``{"id":N,"event":"entries","entries":[{"name":"a.txt","type":"file"|"dir"|
+    "symlink"|"other","size":N,"mode":420}, ...]}`` sorted by name (symlinks are not
+    followed; ``mode`` is the permission bits; names that are not UTF-8 get U+FFFD).
+
+``{"op":"ping","id":N}``
+    Answer ``{"id":N,"event":"pong","pid":agent_pid,"kernel_pid":pid_or_null}``.
+
+Exec responses
+--------------
+While the code runs, output as it is produced, what is available at once coalesced:
+``{"id":N,"event":"stdout","b64":D}`` and ``{"id":N,"event":"stderr","b64":D}``. Only the
+first ``output_limit`` bytes of each stream are sent (a chunk crossing the limit is cut); the
+rest is counted and discarded, and the pipes keep being drained. Then exactly one
+``{"id":N,"event":"result","exit_code":int|null,"signal":int|null,"timed_out":bool,
+"duration_ms":int,"stdout_bytes":int,"stderr_bytes":int,"stdout_truncated":bool,
+"stderr_truncated":bool,"interpreter":{"restarted":bool,"crashed":bool,"reason":str|null}}``
+where ``*_bytes`` count everything produced, ``signal`` is set when the process (the kernel,
+for python) was killed by a signal, and ``interpreter`` is null for shell execs.
+``exit_code`` is null whenever ``timed_out`` is true or ``signal`` is set.
+
+Errors
+------
+An exec whose process cannot be started (a missing ``cwd``, say) and every failed file op are
+answered ``{"id":N,"event":"error","errno":"ENOENT","message":"<strerror>"}`` (the errno's
+name). A malformed line (bad JSON, not an object, unknown op, missing field, wrong type, bad
+base64) is answered ``{"id":N|null,"event":"error","errno":"EINVAL","message":...}``, with id
+null when the id itself is unusable; the agent carries on. When its stdin reaches EOF the
+agent kills the kernel and exits 0.
+"""
+
+import base64
+import builtins
+import errno
+import io
+import itertools
+import json
+import os
+import select
+import signal
+import socket
+import stat
+import sys
+import time
+
+ROOTS = ("/workspace", "/tmp")
+SHELLS = {"bash": "/bin/bash", "sh": "/bin/sh"}
+EXIT_GRACE = 0.2  # seconds output is still read after the main process ended
+INTERRUPT_GRACE = 2.0  # seconds a timed-out python exec gets to stop after SIGINT
+READ_SIZE = 64 * 1024
+CHUNK_MAX = 256 * 1024  # most bytes of one stream coalesced into one output event
+REQUEST_READ_SIZE = 1024 * 1024
+MAX_POLL_MS = 3_600_000
+HEADER_SIZE = 16  # kernel request header: the code's length in ASCII digits
+_REQUIRED = object()
+_TEMP_NAMES = itertools.count()
+
+
+class ProtocolClosed(Exception):
+    """The server closed the agent's stdout: nobody is listening any more."""
+
+
+class BadRequest(Exception):
+    """A request the agent cannot accept; answered with EINVAL."""
+
+
+class KernelLost(Exception):
+    """The kernel's control channel broke or carried nonsense."""
+
+
+# --- Protocol I/O -------------------------------------------------------------------------
+
+
+def wait_fd(fd, events):
+    """Blocks until fd is ready for events (for fds someone made non-blocking)."""
+    poller = select.poll()
+    poller.register(fd, events)
+    poller.poll()
+
+
+def write_all(fd, data):
+    """Writes all of data to fd, across partial writes and EAGAIN (EINTR is retried by os)."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except BlockingIOError:
+            wait_fd(fd, select.POLLOUT)
+
+
+def send(event):
+    """Writes one response line to the agent's stdout with a single write."""
+    line = json.dumps(event, separators=(",", ":")).encode("ascii") + b"\n"
+    try:
+        write_all(1, line)
+    except OSError as exc:
+        raise ProtocolClosed() from exc
+
+
+def send_error(rid, name, message):
+    message = message.encode("utf-8", "replace").decode("utf-8")
+    send({"id": rid, "event": "error", "errno": name, "message": message})
+
+
+def send_os_error(rid, exc):
+    send_error(rid, errno.errorcode.get(exc.errno, "EIO"), exc.strerror or str(exc))
+
+
+def b64(data):
+    return base64.b64encode(data).decode("ascii")
+
+
+class LineReader:
+    """Splits a blocking or non-blocking fd into lines."""
+
+    def __init__(self, fd):
+        self.fd = fd
+        self.buffer = bytearray()
+        self.scanned = 0  # bytes of buffer known to hold no newline
+        self.eof = False
+
+    def readline(self):
+        """The next line without its newline; a last unterminated line counts; None at EOF."""
+        while True:
+            end = self.buffer.find(b"\n", self.scanned)
+            if end >= 0:
+                line = bytes(self.buffer[:end])
+                del self.buffer[: end + 1]
+                self.scanned = 0
+                return line
+            self.scanned = len(self.buffer)
+            if self.eof:
+                line, self.buffer = bytes(self.buffer), bytearray()
+                return line or None
+            self.fill()
+
+    def fill(self):
+        try:
+            chunk = os.read(self.fd, REQUEST_READ_SIZE)
+        except BlockingIOError:
+            wait_fd(self.fd, select.POLLIN)
+            return
+        self.buffer += chunk
+        self.eof = not chunk
+
+
+# --- Request fields -----------------------------------------------------------------------
+
+
+def field(request, name, kind, default=_REQUIRED):
+    """request[name], checked to be a kind; null or absent gives default (if any)."""
+    value = request.get(name)
+    if value is None:
+        if default is _REQUIRED:
+            raise BadRequest(f"missing field {name!r}")
+        return default
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise BadRequest(f"field {name!r} must be of type {kind.__name__}")
+    return value
+
+
+def count_field(request, name, default=_REQUIRED):
+    value = field(request, name, int, default)
+    if value < 0:
+        raise BadRequest(f"field {name!r} must not be negative")
+    return value
+
+
+def b64_field(request, name, default=_REQUIRED):
+    text = field(request, name, str, default)
+    if text is None:
+        return None
+    try:
+        return base64.b64decode(text, validate=True)
+    except ValueError:
+        raise BadRequest(f"field {name!r} is not valid base64") from None
+
+
+def env_field(request):
+    env = field(request, "env", dict, {})
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise BadRequest("field 'env' must map strings to strings")
+    return env
+
+
+def path_field(request, allow_root=False):
+    """The request's path, normalised, if it lies under one of ROOTS."""
+    path = field(request, "path", str)
+    norm = os.path.normpath(path)
+    for root in ROOTS:
+        if path.startswith("/") and (norm.startswith(root + "/") or (allow_root and norm == root)):
+            return norm
+    raise BadRequest("path must be under /workspace or /tmp")
+
+
+# --- Processes ----------------------------------------------------------------------------
+
+
+def watch_children():
+    """Makes every child's exit wake poll(): SIGCHLD writes a byte to the returned fd."""
+    read_end, write_end = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    return read_end
+
+
+def drain(fd):
+    while True:
+        try:
+            if not os.read(fd, 4096):
+                return
+        except BlockingIOError:
+            return
+
+
+def has_exited(pid):
+    """Whether our child pid has exited; it stays unreaped, so its pid (and pgid) stay ours."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+def kill_group(pgid):
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def status_fields(status):
+    """(exit_code, signal) of a wait status; (None, None) if unknown."""
+    if status is not None and os.WIFSIGNALED(status):
+        return None, os.WTERMSIG(status)
+    if status is not None and os.WIFEXITED(status):
+        return os.WEXITSTATUS(status), None
+    return None, None
+
+
+def describe(status):
+    code, sig = status_fields(status)
+    if sig is not None:
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = "unknown"
+        return f"was killed by signal {sig} ({name})"
+    return "ended" if code is None else f"exited with code {code}"
+
+
+def clamp_exit_code(code):
+    """Exit codes fit an i32 for the server; others become what the OS would make of them."""
+    return code if -(2**31) <= code < 2**31 else code & 0xFF
+
+
+def poll_timeout(now, deadline):
+    """poll() milliseconds until deadline (None: no timer)."""
+    if deadline is None:
+        return None
+    return min(int(max(0.0, deadline - now) * 1000) + 1, MAX_POLL_MS)
+
+
+def close_fds(fds):
+    for fd in fds:
+        if fd is not None:
+            os.close(fd)
+
+
+def make_pipes(with_stdin):
+    """Pipes for one exec: ([stdin, stdout, stderr] for the code, (stdout and stderr read
+    ends, stdin write end or None) for the agent). Without stdin the code gets /dev/null."""
+    fds = []
+    try:
+        for _ in range(3 if with_stdin else 2):
+            fds.extend(os.pipe())
+        if not with_stdin:
+            fds.extend([os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), None])
+    except BaseException:
+        close_fds(fds)
+        raise
+    out_r, out_w, err_r, err_w, in_r, in_w = fds
+    return [in_r, out_w, err_w], (out_r, err_r, in_w)
+
+
+# --- Exec I/O -----------------------------------------------------------------------------
+
+
+class Output:
+    """One output stream of an exec: how much was produced, how much of it is sent."""
+
+    def __init__(self, event, limit):
+        self.event = event
+        self.limit = limit
+        self.total = 0
+        self.eof = False
+
+    def keep(self, data):
+        """The part of data that is within the limit; all of it is counted."""
+        room = max(0, self.limit - self.total)
+        self.total += len(data)
+        return data[:room]
+
+    @property
+    def truncated(self):
+        return self.total > self.limit
+
+
+def read_available(fd, limit):
+    """What a non-blocking fd holds now, up to about limit bytes: (data, reached_eof)."""
+    chunks, size = [], 0
+    while size < limit:
+        try:
+            chunk = os.read(fd, READ_SIZE)
+        except BlockingIOError:
+            break
+        if not chunk:
+            return b"".join(chunks), True
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks), False
+
+
+class Pump:
+    """Feeds an exec's stdin and streams its stdout and stderr as output events."""
+
+    def __init__(self, rid, limit, out_fd, err_fd, in_fd, stdin):
+        self.rid = rid
+        self.outputs = {out_fd: Output("stdout", limit), err_fd: Output("stderr", limit)}
+        self.in_fd = in_fd
+        self.pending = memoryview(stdin or b"")
+        for fd in self.outputs:
+            os.set_blocking(fd, False)
+        if in_fd is not None:
+            os.set_blocking(in_fd, False)
+            if not self.pending:
+                self.close_stdin()
+
+    @property
+    def eof(self):
+        return all(out.eof for out in self.outputs.values())
+
+    def poll(self, timeout_ms, extra):
+        """Waits up to timeout_ms, moves what can be moved; returns which extra fds are readable."""
+        poller = select.poll()
+        for fd, out in self.outputs.items():
+            if not out.eof:
+                poller.register(fd, select.POLLIN)
+        if self.in_fd is not None:
+            poller.register(self.in_fd, select.POLLOUT)
+        for fd in extra:
+            poller.register(fd, select.POLLIN)
+        ready = set()
+        for fd, _ in poller.poll(timeout_ms):
+            if fd in self.outputs:
+                self.read(fd)
+            elif fd == self.in_fd:
+                self.feed()
+            else:
+                ready.add(fd)
+        return ready
+
+    def read(self, fd):
+        out = self.outputs[fd]
+        data, out.eof = read_available(fd, CHUNK_MAX)
+        kept = out.keep(data)
+        if kept:
+            send({"id": self.rid, "event": out.event, "b64": b64(kept)})
+
+    def feed(self):
+        try:
+            written = os.write(self.in_fd, self.pending[:READ_SIZE])
+        except BlockingIOError:
+            return
+        except OSError:  # EPIPE: the code closed its stdin; the rest is dropped
+            written = len(self.pending)
+        self.pending = self.pending[written:]
+        if not self.pending:
+            self.close_stdin()
+
+    def close_stdin(self):
+        os.close(self.in_fd)
+        self.in_fd = None
+
+    def close(self):
+        """Takes what is still buffered, then closes every pipe."""
+        for fd, out in self.outputs.items():
+            if not out.eof:
+                self.read(fd)
+            os.close(fd)
+        if self.in_fd is not None:
+            self.close_stdin()
+
+    def totals(self):
+        out, err = self.outputs.values()
+        return {
+            "stdout_bytes": out.total,
+            "stderr_bytes": err.total,
+            "stdout_truncated": out.truncated,
+            "stderr_truncated": err.truncated,
+        }
+
+
+class ShellRun:
+    """A shell exec's main process: its timeout, its end, and its process group."""
+
+    def __init__(self, proc, timeout):
+        self.proc = proc
+        self.start = time.monotonic()
+        self.deadline = self.start + timeout
+        self.timed_out = False
+        self.ended = None  # when the main process exited
+
+    def check(self, now):
+        if self.ended is not None:
+            return
+        if has_exited(self.proc.pid):
+            kill_group(self.proc.pid)  # leftovers of the group: background jobs and such
+            self.proc.wait()
+            self.ended = now
+        elif not self.timed_out and now >= self.deadline:
+            kill_group(self.proc.pid)
+            self.timed_out = True
+
+    def timer(self):
+        if self.ended is not None:
+            return self.ended + EXIT_GRACE
+        return None if self.timed_out else self.deadline
+
+    def fds(self):
+        return ()
+
+    def on_ready(self, ready):
+        pass
+
+    def abort(self):
+        if self.ended is None:
+            kill_group(self.proc.pid)
+            self.proc.wait()
+            self.ended = time.monotonic()
+
+    def outcome(self):
+        code = self.proc.returncode
+        return {
+            "exit_code": code if code >= 0 else None,
+            "signal": -code if code < 0 else None,
+            "timed_out": self.timed_out,
+            "duration_ms": int((self.ended - self.start) * 1000),
+        }
+
+
+class PythonRun:
+    """A python exec in the kernel: its timeout (SIGINT, then SIGKILL) and its end."""
+
+    def __init__(self, kernel, timeout, submitted):
+        self.kernel = kernel
+        self.start = time.monotonic()
+        self.deadline = self.start + timeout
+        self.timed_out = False
+        self.started = False  # the kernel said the code runs (SIGINT is caught from then on)
+        self.interrupted = False
+        self.killed = False  # killed by us for not stopping after SIGINT
+        self.status = None  # the exit status the kernel reported
+        self.dead = None  # wait status of a kernel that died (or was killed) during the exec
+        self.ended = None
+        if not submitted:
+            self.lose(self.start)
+
+    def lose(self, now, grace=0.0):
+        self.dead = self.kernel.kill(grace)
+        self.ended = now
+
+    def check(self, now):
+        if self.ended is not None:
+            return
+        if has_exited(self.kernel.pid):
+            self.lose(now)
+            return
+        self.timed_out = self.timed_out or now >= self.deadline
+        if self.timed_out and self.started and not self.interrupted:
+            self.kernel.interrupt()
+            self.interrupted = True
+        if now >= self.deadline + INTERRUPT_GRACE:
+            self.killed = True
+            self.lose(now)
+
+    def timer(self):
+        if self.ended is not None:
+            return self.ended + EXIT_GRACE
+        return self.deadline + INTERRUPT_GRACE if self.timed_out else self.deadline
+
+    def fds(self):
+        return () if self.ended is not None else (self.kernel.fileno(),)
+
+    def on_ready(self, ready):
+        if self.ended is not None or self.kernel.fileno() not in ready:
+            return
+        try:
+            messages = self.kernel.read_messages()
+        except KernelLost:  # usually it is exiting; else the code broke the channel
+            self.lose(time.monotonic(), grace=0.1)
+            return
+        for message in messages:
+            if message == "started":
+                self.started = True
+            else:
+                self.status = message
+                self.ended = time.monotonic()
+
+    def abort(self):
+        if self.ended is None:
+            self.lose(time.monotonic())
+
+    def outcome(self):
+        code, sig = status_fields(self.dead)
+        if self.dead is None and not self.timed_out:
+            code = clamp_exit_code(self.status)
+        return {
+            "exit_code": code,
+            "signal": sig,
+            "timed_out": self.timed_out,
+            "duration_ms": int((self.ended - self.start) * 1000),
+        }
+
+
+# --- The kernel, inside ---------------------------------------------------------------------
+#
+# The kernel is forked from the agent. It runs in its own session, with fds 0, 1 and 2 on
+# /dev/null and every other inherited fd closed except its end of a Unix socketpair. Per exec
+# the agent sends over that socket a HEADER_SIZE-digit length with three fds attached
+# (SCM_RIGHTS: the exec's stdin, stdout and stderr pipes), then the code as UTF-8. The kernel
+# dup2s the fds onto 0, 1 and 2, answers "started\n" once SIGINT would interrupt the code,
+# runs it, flushes, puts 0, 1 and 2 back on /dev/null (so the pipes reach EOF) and answers
+# "exit <status>\n". Between execs SIGINT is ignored, so a late one is harmless.
+
+
+class KernelState:
+    """What survives between execs: the namespace and the code's own SIGINT handler."""
+
+    def __init__(self):
+        main = type(sys)("__main__")
+        main.__builtins__ = builtins
+        sys.modules["__main__"] = main
+        self.namespace = main.__dict__
+        self.sigint = signal.default_int_handler
+        self.pid = os.getpid()
+
+
+def kernel_process(sock, cwd):
+    """Body of the forked kernel; never returns into the agent's code."""
+    status = 70
+    try:
+        kernel_setup(sock, cwd)
+        kernel_loop(sock)
+        status = 0
+    finally:
+        os._exit(status)
+
+
+def kernel_setup(sock, cwd):
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.setsid()
+    stdio_to_devnull()
+    keep = sock.fileno()
+    try:
+        top = os.sysconf("SC_OPEN_MAX")
+    except (OSError, ValueError):
+        top = 65536
+    os.closerange(3, keep)
+    os.closerange(keep + 1, max(top, keep + 1))
+    try:
+        os.chdir(cwd)
+    except OSError:
+        pass
+    sys.argv = [""]
+    sys.stdout = sys.__stdout__ = output_stream(1)
+    sys.stderr = sys.__stderr__ = output_stream(2)
+
+
+def kernel_loop(sock):
+    state = KernelState()
+    while True:
+        request = receive_exec(sock)
+        if request is None:
+            return
+        code, fds = request
+        status = run_exec(sock, state, code, fds)
+        sock.sendall(b"exit %d\n" % status)
+
+
+def receive_exec(sock):
+    """The next (code, [stdin, stdout, stderr]) from the agent; None once the agent is gone."""
+    header, fds, _, _ = socket.recv_fds(sock, HEADER_SIZE, 3)
+    if not header:
+        return None
+    header += recv_exactly(sock, HEADER_SIZE - len(header))
+    code = recv_exactly(sock, int(header)).decode("utf-8", "surrogatepass")
+    if len(fds) != 3:
+        raise KernelLost("an exec request came without its three fds")
+    return code, fds
+
+
+def recv_exactly(sock, size):
+    chunks = []
+    while size > 0:
+        chunk = sock.recv(min(size, 1 << 20))
+        if not chunk:
+            raise EOFError("the agent went away mid-request")
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+def run_exec(sock, state, code, fds):
+    install_stdio(fds)
+    status = run_code(code, state, lambda: sock.sendall(b"started\n"))
+    flush_std_streams()
+    if os.getpid() != state.pid:  # a fork made by the code ends with the code, as in python3 -c
+        os._exit(status & 0xFF)
+    stdio_to_devnull()
+    return status
+
+
+def run_code(code, state, announce):
+    """Runs the code like ``python3 -c`` and returns its exit status."""
+    error = None
+    try:
+        signal.signal(signal.SIGINT, state.sigint)
+        announce()
+        exec(compile(code, "<session>", "exec", dont_inherit=True), state.namespace)
+    except BaseException as exc:
+        error = exc
+    # Ignore SIGINT again, keeping the code's handler for the next exec. signal.signal() runs
+    # the handler of a SIGINT still pending first: that late KeyboardInterrupt is the code's.
+    while True:
+        try:
+            handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            break
+        except KeyboardInterrupt as exc:
+            error = error or exc
+    state.sigint = signal.default_int_handler if handler is None else handler
+    return exit_status(error)
+
+
+def exit_status(error):
+    """The exit status for how the code ended, printing what python3 would print."""
+    if error is None:
+        return 0
+    if not isinstance(error, SystemExit):
+        print_exception(error)
+        return 1
+    if error.code is None:
+        return 0
+    if isinstance(error.code, int):
+        return error.code
+    try:
+        print(error.code, file=sys.stderr)
+    except Exception:
+        pass
+    return 1
+
+
+def print_exception(error):
+    """Prints the traceback as python3 would, without the kernel's own frame."""
+    import traceback
+
+    tb = error.__traceback__
+    while tb is not None and tb.tb_frame.f_code is run_code.__code__:
+        tb = tb.tb_next
+    try:
+        traceback.print_exception(type(error), error, tb, file=sys.stderr)
+    except Exception:
+        try:
+            os.write(2, f"{type(error).__name__}: (traceback unavailable)\n".encode())
+        except OSError:
+            pass
+
+
+def install_stdio(fds):
+    """Puts the exec's pipes on fds 0, 1 and 2, with fresh Python streams where needed."""
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    sys.stdin = sys.__stdin__ = io.open(0, "r", encoding="utf-8", errors="surrogateescape", closefd=False)
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        for attr in (name, f"__{name}__"):
+            stream = getattr(sys, attr, None)
+            if stream is None or getattr(stream, "closed", False):
+                setattr(sys, attr, output_stream(fd))
+
+
+def output_stream(fd):
+    """A line-buffered text stream on fd, with python3's error handler for it (the agent's
+    -u streams would write every piece of a print() separately: many tiny output events)."""
+    raw = io.BufferedWriter(io.FileIO(fd, "w", closefd=False))
+    errors = "surrogateescape" if fd == 1 else "backslashreplace"
+    return io.TextIOWrapper(raw, encoding="utf-8", errors=errors, line_buffering=True)
+
+
+def flush_std_streams():
+    for attr in ("stdout", "stderr", "__stdout__", "__stderr__"):
+        try:
+            getattr(sys, attr).flush()
+        except Exception:
+            pass
+
+
+def stdio_to_devnull():
+    fd = os.open(os.devnull, os.O_RDWR)
+    for target in (0, 1, 2):
+        if fd != target:
+            os.dup2(fd, target)
+    if fd > 2:
+        os.close(fd)
+
+
+# --- The kernel, from the agent -----------------------------------------------------------
+
+
+class Kernel:
+    """The agent's handle on a kernel process."""
+
+    def __init__(self, pid, sock):
+        self.pid = pid
+        self.sock = sock
+        self.buffer = b""
+        self.alive = True
+        self.wait_status = None
+        self.killed_running = False
+
+    @classmethod
+    def start(cls, cwd):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            pid = os.fork()
+        except BaseException:
+            ours.close()
+            theirs.close()
+            raise
+        if pid == 0:
+            ours.detach()  # its fd is closed with the rest; the object must not close it later
+            kernel_process(theirs, cwd)
+        theirs.close()
+        return cls(pid, ours)
+
+    def fileno(self):
+        return self.sock.fileno()
+
+    def submit(self, code, fds):
+        """Sends an exec; False if the kernel is gone."""
+        data = code.encode("utf-8", "surrogatepass")
+        try:
+            socket.send_fds(self.sock, [str(len(data)).zfill(HEADER_SIZE).encode()], fds)
+            self.sock.sendall(data)
+        except OSError:
+            return False
+        return True
+
+    def read_messages(self):
+        """What the kernel said since last time: "started" and/or an exit status (int)."""
+        try:
+            data = self.sock.recv(4096, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return []
+        except OSError as exc:
+            raise KernelLost(str(exc)) from exc
+        if not data:
+            raise KernelLost("the control channel closed")
+        *lines, self.buffer = (self.buffer + data).split(b"\n")
+        return [self.parse(line) for line in lines]
+
+    @staticmethod
+    def parse(line):
+        if line == b"started":
+            return "started"
+        word, _, number = line.partition(b" ")
+        if word != b"exit" or not number.lstrip(b"-").isdigit():
+            raise KernelLost(f"unexpected message {line[:80]!r}")
+        return int(number)
+
+    def interrupt(self):
+        try:
+            os.kill(self.pid, signal.SIGINT)
+        except OSError:
+            pass
+
+    def kill(self, grace=0.0):
+        """Kills the kernel and its process group, reaps it; returns its wait status. A kernel
+        that is not dying on its own within grace seconds counts as killed_running."""
+        if self.alive:
+            self.alive = False
+            give_up = time.monotonic() + grace
+            while not has_exited(self.pid) and time.monotonic() < give_up:
+                time.sleep(0.005)
+            self.killed_running = not has_exited(self.pid)
+            kill_group(self.pid)
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            try:
+                self.wait_status = os.waitpid(self.pid, 0)[1]
+            except ChildProcessError:
+                pass
+            self.sock.close()
+        return self.wait_status
+
+    def is_running(self):
+        return self.alive and not has_exited(self.pid)
+
+
+# --- File operations ----------------------------------------------------------------------
+
+
+def write_file(path, data, mode):
+    """Replaces path with data: a temporary file in the same directory, then a rename."""
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    temp = os.path.join(directory, f".kennel-write-{os.getpid()}-{next(_TEMP_NAMES)}")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            write_all(fd, data)
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+        os.replace(temp, path)
+    except BaseException:
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
+        raise
+
+
+def read_file(path, limit):
+    """(total size, first limit bytes, truncated) of a regular file that is not a symlink."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise OSError(errno.EISDIR, os.strerror(errno.EISDIR))
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        data = read_up_to(fd, limit + 1)
+    finally:
+        os.close(fd)
+    truncated = len(data) > limit or st.st_size > limit
+    return max(st.st_size, len(data)), data[:limit], truncated
+
+
+def read_up_to(fd, size):
+    chunks = []
+    while size > 0:
+        chunk = os.read(fd, min(size, REQUEST_READ_SIZE))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+def delete_path(path):
+    if stat.S_ISDIR(os.lstat(path).st_mode):
+        import shutil
+
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
+
+
+def list_dir(path):
+    with os.scandir(path) as entries:
+        described = [describe_entry(entry) for entry in entries]
+    return sorted((e for e in described if e is not None), key=lambda e: e["name"])
+
+
+def describe_entry(entry):
+    try:
+        st = entry.stat(follow_symlinks=False)
+    except FileNotFoundError:  # deleted meanwhile
+        return None
+    mode = st.st_mode
+    if stat.S_ISDIR(mode):
+        kind = "dir"
+    elif stat.S_ISREG(mode):
+        kind = "file"
+    elif stat.S_ISLNK(mode):
+        kind = "symlink"
+    else:
+        kind = "other"
+    name = entry.name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    return {"name": name, "type": kind, "size": st.st_size, "mode": stat.S_IMODE(mode)}
+
+
+# --- The agent ----------------------------------------------------------------------------
+
+
+def parse_request(line):
+    """The request object of a line, and its id; BadRequest (with the id if known) if unusable."""
+    try:
+        request = json.loads(line)
+    except (ValueError, RecursionError):
+        raise BadRequest("the request is not valid JSON") from None
+    if not isinstance(request, dict):
+        raise BadRequest("the request must be a JSON object")
+    return request, field(request, "id", int)
+
+
+class Agent:
+    def __init__(self):
+        self.cwd = "/workspace" if os.path.isdir("/workspace") else os.getcwd()
+        self.wakeup_fd = watch_children()
+        self.requests = LineReader(0)
+        self.ops = {
+            "exec": self.op_exec,
+            "write": self.op_write,
+            "read": self.op_read,
+            "delete": self.op_delete,
+            "list": self.op_list,
+            "ping": self.op_ping,
+        }
+        self.kernel = None
+        try:
+            self.start_kernel()
+        except OSError as exc:
+            print(f"agent: cannot start the kernel: {exc}", file=sys.stderr)
+
+    def serve(self):
+        while True:
+            line = self.requests.readline()
+            if line is None:
+                return
+            if line.strip():
+                self.handle(line)
+
+    def handle(self, line):
+        rid = None
+        try:
+            request, rid = parse_request(line)
+            op = self.ops.get(field(request, "op", str))
+            if op is None:
+                raise BadRequest("unknown op")
+            op(rid, request)
+        except ProtocolClosed:
+            raise
+        except BadRequest as exc:
+            send_error(rid, "EINVAL", str(exc))
+        except OSError as exc:
+            send_os_error(rid, exc)
+        except (ValueError, TypeError, OverflowError) as exc:  # e.g. a NUL in a path
+            send_error(rid, "EINVAL", str(exc))
+        except Exception as exc:
+            import traceback
+
+            traceback.print_exc()
+            send_error(rid, "EIO", f"internal error: {type(exc).__name__}: {exc}")
+
+    def shutdown(self):
+        if self.kernel is not None:
+            self.kernel.kill()
+
+    # --- kernel lifecycle
+
+    def start_kernel(self):
+        self.kernel = None
+        self.kernel = Kernel.start(self.cwd)
+
+    def restart_kernel(self, interpreter, crashed, why):
+        try:
+            self.start_kernel()
+            restarted, outcome = True, "a fresh one was started (state lost)"
+        except OSError as exc:
+            restarted, outcome = False, f"starting a fresh one failed ({exc.strerror or exc})"
+        interpreter.update(restarted=restarted, crashed=crashed, reason=f"the interpreter {why}; {outcome}")
+
+    def live_kernel(self, interpreter):
+        """The kernel to run an exec in, replacing one that died since the last exec."""
+        if self.kernel is not None and not self.kernel.is_running():
+            status = self.kernel.kill()
+            self.restart_kernel(interpreter, crashed=True, why=f"{describe(status)} between execs")
+        if self.kernel is None:
+            self.start_kernel()
+        return self.kernel
+
+    # --- exec
+
+    def op_exec(self, rid, request):
+        kind = field(request, "kind", str)
+        if kind == "shell":
+            self.exec_shell(rid, request)
+        elif kind == "python":
+            self.exec_python(rid, request)
+        else:
+            raise BadRequest("field 'kind' must be 'shell' or 'python'")
+
+    def exec_shell(self, rid, request):
+        command = field(request, "command", str)
+        shell = SHELLS.get(field(request, "shell", str, "bash"))
+        if shell is None:
+            raise BadRequest("field 'shell' must be 'bash' or 'sh'")
+        timeout = count_field(request, "timeout_ms") / 1000
+        limit = count_field(request, "output_limit")
+        stdin = b64_field(request, "stdin_b64", None)
+        env = {**os.environ, **env_field(request)}
+        cwd = field(request, "cwd", str, self.cwd)
+        import subprocess
+
+        child_fds, ours = make_pipes(stdin is not None)
+        try:
+            proc = subprocess.Popen(
+                [shell, "-c", command],
+                stdin=child_fds[0],
+                stdout=child_fds[1],
+                stderr=child_fds[2],
+                env=env,
+                cwd=cwd,
+                close_fds=True,
+                start_new_session=True,
+            )
+        except BaseException:
+            close_fds(ours)
+            raise
+        finally:
+            close_fds(child_fds)
+        run = ShellRun(proc, timeout)
+        pump = Pump(rid, limit, *ours, stdin)
+        self.drive(run, pump)
+        send({"id": rid, "event": "result", **run.outcome(), **pump.totals(), "interpreter": None})
+
+    def exec_python(self, rid, request):
+        code = field(request, "code", str)
+        timeout = count_field(request, "timeout_ms") / 1000
+        limit = count_field(request, "output_limit")
+        stdin = b64_field(request, "stdin_b64", None)
+        interpreter = {"restarted": False, "crashed": False, "reason": None}
+        kernel = self.live_kernel(interpreter)
+        child_fds, ours = make_pipes(stdin is not None)
+        try:
+            submitted = kernel.submit(code, child_fds)
+        finally:
+            close_fds(child_fds)
+        run = PythonRun(kernel, timeout, submitted)
+        pump = Pump(rid, limit, *ours, stdin)
+        self.drive(run, pump)
+        if not kernel.alive:
+            if run.killed:
+                why = "did not stop within 2 s of SIGINT after the timeout and was killed"
+            elif kernel.killed_running:
+                why = "stopped answering on its control channel during the exec and was killed"
+            else:
+                why = f"{describe(run.dead)} during the exec"
+            self.restart_kernel(interpreter, crashed=not run.killed, why=why)
+        send({"id": rid, "event": "result", **run.outcome(), **pump.totals(), "interpreter": interpreter})
+
+    def drive(self, run, pump):
+        """The exec's event loop: until its process ended and its output is read."""
+        try:
+            while True:
+                now = time.monotonic()
+                run.check(now)
+                if run.ended is not None and (pump.eof or now >= run.ended + EXIT_GRACE):
+                    return
+                ready = pump.poll(poll_timeout(now, run.timer()), (self.wakeup_fd, *run.fds()))
+                if self.wakeup_fd in ready:
+                    drain(self.wakeup_fd)
+                run.on_ready(ready)
+        finally:
+            pump.close()
+            run.abort()
+
+    # --- files
+
+    def op_write(self, rid, request):
+        path = path_field(request)
+        data = b64_field(request, "b64")
+        mode = field(request, "mode", int, 0o644)
+        if not 0 <= mode <= 0o7777:
+            raise BadRequest("field 'mode' must be between 0 and 4095")
+        write_file(path, data, mode)
+        send({"id": rid, "event": "ok", "size": len(data)})
+
+    def op_read(self, rid, request):
+        path = path_field(request)
+        size, data, truncated = read_file(path, count_field(request, "max_bytes"))
+        send({"id": rid, "event": "file", "size": size, "truncated": truncated, "b64": b64(data)})
+
+    def op_delete(self, rid, request):
+        delete_path(path_field(request))
+        send({"id": rid, "event": "ok"})
+
+    def op_list(self, rid, request):
+        entries = list_dir(path_field(request, allow_root=True))
+        send({"id": rid, "event": "entries", "entries": entries})
+
+    def op_ping(self, rid, request):
+        kernel = self.kernel
+        pid = kernel.pid if kernel is not None and kernel.is_running() else None
+        send({"id": rid, "event": "pong", "pid": os.getpid(), "kernel_pid": pid})
+
+
+def main():
+    agent = Agent()
+    try:
+        agent.serve()
+    except ProtocolClosed:
+        pass
+    finally:
+        agent.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

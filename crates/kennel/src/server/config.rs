@@ -1,0 +1,182 @@
+//! `kennel serve` configuration: TOML with unknown keys rejected, validated once.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::PolicyError;
+use crate::policy::{ByteSize, Limits, Policy, Span};
+
+/// A bearer token and the name it is audited under.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Token {
+    pub id: String,
+    pub token: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Sessions {
+    /// A session unused this long is ended.
+    pub idle_ttl: Span,
+    /// No session lives longer than this.
+    pub max_lifetime: Span,
+    /// Sessions open at once.
+    pub max_sessions: usize,
+}
+
+impl Default for Sessions {
+    fn default() -> Self {
+        Sessions {
+            idle_ttl: Span(Duration::from_secs(600)),
+            max_lifetime: Span(Duration::from_secs(3600)),
+            max_sessions: 50,
+        }
+    }
+}
+
+/// Pre-started sandboxes per profile (`python`, `bash`); 0 turns a profile's pool off.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Pool {
+    pub python: usize,
+    pub bash: usize,
+    /// A pooled sandbox older than this is replaced by a fresh one.
+    pub max_age: Span,
+}
+
+impl Default for Pool {
+    fn default() -> Self {
+        Pool {
+            python: 2,
+            bash: 1,
+            max_age: Span(Duration::from_secs(300)),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    /// Bearer tokens; `KENNEL_TOKENS` (comma-separated `id:token` or bare tokens) adds more.
+    pub tokens: Vec<Token>,
+    /// Largest request body accepted.
+    pub max_body: ByteSize,
+    /// Runs and execs at once; past this the server answers 429 with Retry-After.
+    pub max_concurrent: usize,
+    /// JSON-lines audit log; none when unset.
+    pub audit_log: Option<PathBuf>,
+    /// Limits a request gets when it names none.
+    pub defaults: Limits,
+    /// Limits no request may exceed.
+    pub maxima: Limits,
+    pub sessions: Sessions,
+    pub pool: Pool,
+    /// How long running work may take to finish on SIGTERM before it is killed.
+    pub shutdown_grace: Span,
+    /// Extra environment for every sandbox.
+    pub env: BTreeMap<String, String>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        let maxima = Limits {
+            timeout: Span(Duration::from_secs(300)),
+            memory: ByteSize(4 << 30),
+            cpus: 2.0,
+            pids: 1024,
+            output: ByteSize(10 << 20),
+            tmp_size: ByteSize(2 << 30),
+            workspace_size: ByteSize(2 << 30),
+            ..Limits::default()
+        };
+        ServerConfig {
+            listen: "127.0.0.1:8080".parse().expect("a valid address"),
+            tokens: vec![],
+            max_body: ByteSize(64 << 20),
+            max_concurrent: 16,
+            audit_log: None,
+            defaults: Limits::default(),
+            maxima,
+            sessions: Sessions::default(),
+            pool: Pool::default(),
+            shutdown_grace: Span(Duration::from_secs(10)),
+            env: BTreeMap::new(),
+        }
+    }
+}
+
+impl ServerConfig {
+    /// Parses a config file; call [`ServerConfig::validate`] once tokens from the environment
+    /// are added.
+    pub fn from_toml(text: &str) -> Result<ServerConfig, PolicyError> {
+        toml::from_str(text).map_err(|e| PolicyError::Parse(e.to_string()))
+    }
+
+    /// Adds tokens from `KENNEL_TOKENS`: `id:token` pairs or bare tokens, comma-separated.
+    pub fn add_env_tokens(&mut self, value: &str) {
+        for (i, item) in value
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .enumerate()
+        {
+            let (id, token) = item.split_once(':').unwrap_or(("", item));
+            let id = if id.is_empty() {
+                format!("env-{i}")
+            } else {
+                id.to_string()
+            };
+            self.tokens.push(Token {
+                id,
+                token: token.to_string(),
+            });
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        let bad = |field: &'static str, why: &str| {
+            Err(PolicyError::Invalid {
+                field,
+                why: why.into(),
+            })
+        };
+        let base = Policy {
+            limits: self.defaults.clone(),
+            ..Policy::default()
+        };
+        base.validate()?;
+        Policy {
+            limits: self.maxima.clone(),
+            ..Policy::default()
+        }
+        .validate()?;
+        if self.max_concurrent == 0 {
+            return bad("max_concurrent", "must be at least 1");
+        }
+        if self.tokens.iter().any(|t| t.token.len() < 16) {
+            return bad("tokens", "each token needs at least 16 characters");
+        }
+        if !self.listen.ip().is_loopback() && self.tokens.is_empty() {
+            return bad(
+                "listen",
+                "a non-loopback address needs at least one token (tokens or KENNEL_TOKENS)",
+            );
+        }
+        Ok(())
+    }
+
+    /// The policy every sandbox of this server starts from.
+    pub fn base_policy(&self) -> Policy {
+        Policy {
+            limits: self.defaults.clone(),
+            env: self.env.clone(),
+            ..Policy::default()
+        }
+    }
+}

@@ -1,0 +1,336 @@
+//! The HTTP surface: router, auth, error mapping, health, metrics and the OpenAPI document.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::body::Body;
+use axum::extract::{FromRequest, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use tokio::sync::Semaphore;
+
+use super::audit::Audit;
+use super::config::ServerConfig;
+use super::metrics::{inc, Metrics};
+use super::pool::Pool;
+use super::sessions::Sessions;
+use super::{openapi, runs, session_routes};
+use crate::error::Error;
+use crate::native::{Canceller, Native};
+
+/// Everything the handlers share.
+pub struct AppState {
+    pub config: ServerConfig,
+    pub native: Arc<Native>,
+    pub metrics: Metrics,
+    pub audit: Audit,
+    pub sessions: Sessions,
+    pub pool: Arc<Pool>,
+    pub slots: Arc<Semaphore>,
+    running: Mutex<HashMap<u64, Canceller>>,
+    next_run: AtomicU64,
+    pub shutting_down: AtomicBool,
+}
+
+pub type Shared = Arc<AppState>;
+
+impl AppState {
+    pub fn new(
+        config: ServerConfig,
+        native: Arc<Native>,
+        audit: Audit,
+        pool: Arc<Pool>,
+    ) -> AppState {
+        AppState {
+            slots: Arc::new(Semaphore::new(config.max_concurrent)),
+            config,
+            native,
+            metrics: Metrics::default(),
+            audit,
+            sessions: Sessions::default(),
+            pool,
+            running: Mutex::new(HashMap::new()),
+            next_run: AtomicU64::new(0),
+            shutting_down: AtomicBool::new(false),
+        }
+    }
+
+    /// Registers work that shutdown may have to kill; the guard unregisters it.
+    pub fn track(self: &Arc<Self>, cancel: Canceller) -> Tracked {
+        let id = self.next_run.fetch_add(1, Ordering::Relaxed);
+        self.running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, cancel);
+        Tracked {
+            state: self.clone(),
+            id,
+        }
+    }
+
+    /// Kills every run still going (the shutdown grace is over).
+    pub fn cancel_all(&self) {
+        for c in self
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+        {
+            c.cancel();
+        }
+    }
+}
+
+pub struct Tracked {
+    state: Shared,
+    id: u64,
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.state
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.id);
+    }
+}
+
+/// An error answer: `{"error": {"code": ..., "message": ...}}`.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
+    pub fn busy(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::TOO_MANY_REQUESTS, "busy", message)
+    }
+}
+
+impl From<Error> for ApiError {
+    fn from(e: Error) -> ApiError {
+        match e {
+            Error::Policy(_) | Error::Request { .. } => ApiError::bad_request(e.to_string()),
+            Error::Unsupported { .. } => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unsupported",
+                e.to_string(),
+            ),
+            _ => ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "sandbox_failed",
+                e.to_string(),
+            ),
+        }
+    }
+}
+
+impl From<crate::error::PolicyError> for ApiError {
+    fn from(e: crate::error::PolicyError) -> ApiError {
+        ApiError::bad_request(e.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = Json(json!({"error": {"code": self.code, "message": self.message}}));
+        let mut response = (self.status, body).into_response();
+        if self.status == StatusCode::TOO_MANY_REQUESTS {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
+}
+
+/// A JSON body whose rejections (malformed JSON, unknown fields, wrong types, too large) come
+/// back as our error shape, with serde's message naming the problem.
+pub struct ApiJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        // Any content type is read as JSON: `curl -d` users should not need a header.
+        let body = axum::body::Bytes::from_request(req, state)
+            .await
+            .map_err(|rejection| {
+                let status = match rejection.status() {
+                    StatusCode::PAYLOAD_TOO_LARGE => StatusCode::PAYLOAD_TOO_LARGE,
+                    _ => StatusCode::BAD_REQUEST,
+                };
+                ApiError::new(status, "bad_request", rejection.body_text())
+            })?;
+        serde_json::from_slice(&body)
+            .map(ApiJson)
+            .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+    }
+}
+
+/// The authenticated caller, by token id ("anonymous" when the server has no tokens).
+#[derive(Debug, Clone)]
+pub struct Caller(pub String);
+
+async fn authenticate(State(state): State<Shared>, mut req: Request, next: Next) -> Response {
+    let public = matches!(req.uri().path(), "/healthz" | "/openapi.json");
+    let tokens = &state.config.tokens;
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let caller = match (tokens.is_empty(), presented) {
+        (true, _) => Some("anonymous".to_string()),
+        (false, Some(p)) => tokens
+            .iter()
+            .find(|t| constant_time_eq(t.token.as_bytes(), p.as_bytes()))
+            .map(|t| t.id.clone()),
+        (false, None) => None,
+    };
+    match caller {
+        Some(id) => {
+            req.extensions_mut().insert(Caller(id));
+            next.run(req).await
+        }
+        None if public => {
+            req.extensions_mut().insert(Caller("anonymous".into()));
+            next.run(req).await
+        }
+        None => {
+            let mut r = ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "a valid bearer token is required",
+            )
+            .into_response();
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            r
+        }
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Counts refused and failed requests for the metrics.
+async fn count_outcomes(State(state): State<Shared>, req: Request, next: Next) -> Response {
+    let response = next.run(req).await;
+    let status = response.status();
+    if status.is_client_error() {
+        inc(&state.metrics.rejected);
+    } else if status.is_server_error() {
+        inc(&state.metrics.errors);
+    }
+    response
+}
+
+/// A handler panic is a bug: it becomes a logged 500, and the server goes on.
+fn panic_response(panic: Box<dyn std::any::Any + Send>) -> Response {
+    let what = panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default();
+    eprintln!("kennel serve: BUG: a handler panicked: {what}");
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal",
+        "internal error (logged)",
+    )
+    .into_response()
+}
+
+async fn healthz(State(state): State<Shared>) -> Json<serde_json::Value> {
+    use super::pool::Profile;
+    Json(json!({
+        "status": if state.shutting_down.load(Ordering::Relaxed) { "shutting_down" } else { "ok" },
+        "sessions": state.sessions.len(),
+        "pool": {"python": state.pool.ready_count(Profile::Python), "shell": state.pool.ready_count(Profile::Shell)},
+    }))
+}
+
+async fn metrics(State(state): State<Shared>) -> Response {
+    let mut r = state.metrics.render().into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    r
+}
+
+async fn openapi_json() -> Response {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        Body::from(openapi::document()),
+    )
+        .into_response()
+}
+
+async fn fallback() -> ApiError {
+    ApiError::not_found("no such endpoint; see /openapi.json")
+}
+
+pub fn router(state: Shared) -> Router {
+    let max_body = state.config.max_body.0 as usize;
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi_json))
+        .route("/v1/runs", post(runs::create_run))
+        .route(
+            "/v1/sessions",
+            post(session_routes::create).get(session_routes::list),
+        )
+        .route(
+            "/v1/sessions/{id}",
+            axum::routing::delete(session_routes::remove).get(session_routes::show),
+        )
+        .route("/v1/sessions/{id}/exec", post(session_routes::exec))
+        .route("/v1/sessions/{id}/files", get(session_routes::list_files))
+        .route(
+            "/v1/sessions/{id}/files/{*path}",
+            get(session_routes::read_file)
+                .put(session_routes::write_file)
+                .delete(session_routes::delete_file),
+        )
+        .fallback(fallback)
+        .layer(axum::extract::DefaultBodyLimit::max(max_body))
+        .layer(middleware::from_fn_with_state(state.clone(), authenticate))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            count_outcomes,
+        ))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(
+            panic_response,
+        ))
+        .with_state(state)
+}

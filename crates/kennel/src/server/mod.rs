@@ -1,0 +1,128 @@
+//! `kennel serve`: the HTTP API that agents call, with sessions, streaming and a warm pool.
+
+pub mod agent;
+pub mod audit;
+pub mod config;
+pub mod http;
+pub mod metrics;
+pub mod openapi;
+pub mod pool;
+pub mod runs;
+pub mod session_routes;
+pub mod sessions;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+pub use config::ServerConfig;
+
+use crate::native::Native;
+
+/// Why the server could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Config(#[from] crate::error::PolicyError),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot open the audit log: {0}")]
+    Audit(std::io::Error),
+    #[error("server failed: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Serves until SIGTERM or SIGINT, then shuts down gracefully: stop accepting, let running
+/// work finish within the grace period, kill what is left, and destroy every sandbox.
+/// `ready` receives the bound address once the server listens.
+pub async fn serve(
+    config: ServerConfig,
+    native: Native,
+    ready: Option<tokio::sync::oneshot::Sender<std::net::SocketAddr>>,
+) -> Result<(), ServeError> {
+    config.validate()?;
+    let audit = audit::Audit::open(config.audit_log.as_deref()).map_err(ServeError::Audit)?;
+    let native = Arc::new(native);
+    let pool = Arc::new(pool::Pool::new(
+        native.clone(),
+        config.base_policy(),
+        config.pool.python,
+        config.pool.bash,
+        config.pool.max_age.0,
+    ));
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| ServeError::Listen {
+            addr: config.listen,
+            source,
+        })?;
+    let addr = listener.local_addr()?;
+    let grace = config.shutdown_grace.0;
+    let state = Arc::new(http::AppState::new(config, native, audit, pool.clone()));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let refill = tokio::spawn(pool.clone().refill(stop_rx.clone()));
+    let reaper = tokio::spawn(reap_sessions(state.clone(), stop_rx.clone()));
+    if let Some(ready) = ready {
+        let _ = ready.send(addr);
+    }
+    eprintln!("kennel serve: listening on http://{addr}");
+    let app = http::router(state.clone());
+    let shutdown_state = state.clone();
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            wait_for_signal().await;
+            eprintln!("kennel serve: shutting down; running work has {grace:?} to finish");
+            shutdown_state.shutting_down.store(true, Ordering::SeqCst);
+            let _ = stop_tx.send(true);
+            let late = shutdown_state.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(grace).await;
+                late.cancel_all();
+                for s in late.sessions.list() {
+                    s.agent.kill();
+                }
+            });
+        })
+        .await?;
+    for session in state.sessions.list() {
+        state.sessions.remove(&session.id);
+        session_routes::end(&state, &session).await;
+    }
+    let _ = reaper.await;
+    let _ = refill.await;
+    eprintln!("kennel serve: stopped; every sandbox is gone");
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+/// Ends sessions past their idle TTL or lifetime, and those whose sandbox died.
+async fn reap_sessions(state: http::Shared, mut stop: watch::Receiver<bool>) {
+    while !*stop.borrow() {
+        for session in state.sessions.take_expired() {
+            metrics::inc(&state.metrics.sessions_expired);
+            session_routes::end(&state, &session).await;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            _ = stop.changed() => {}
+        }
+    }
+}

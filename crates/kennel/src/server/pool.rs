@@ -1,0 +1,143 @@
+//! The warm pool: pre-started agent sandboxes per profile, each handed out once.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{watch, Notify};
+
+use super::agent::AgentSandbox;
+use crate::api::Language;
+use crate::native::Native;
+use crate::policy::Policy;
+
+/// What a pooled sandbox has warm: a python interpreter, or (for shell code) just the agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Profile {
+    Python,
+    Shell,
+}
+
+impl Profile {
+    pub fn of(language: Language) -> Profile {
+        match language {
+            Language::Python => Profile::Python,
+            Language::Bash | Language::Sh => Profile::Shell,
+        }
+    }
+}
+
+pub struct Pool {
+    ready: Mutex<HashMap<Profile, VecDeque<AgentSandbox>>>,
+    sizes: HashMap<Profile, usize>,
+    max_age: Duration,
+    native: Arc<Native>,
+    policy: Policy,
+    wake: Notify,
+}
+
+impl Pool {
+    pub fn new(
+        native: Arc<Native>,
+        policy: Policy,
+        python: usize,
+        shell: usize,
+        max_age: Duration,
+    ) -> Pool {
+        Pool {
+            ready: Mutex::new(HashMap::new()),
+            sizes: HashMap::from([(Profile::Python, python), (Profile::Shell, shell)]),
+            max_age,
+            native,
+            policy,
+            wake: Notify::new(),
+        }
+    }
+
+    /// The policy pooled sandboxes run under: a request must match it to be served warm.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// A ready sandbox, if one is warm; the refill starts another.
+    pub fn take(&self, profile: Profile) -> Option<AgentSandbox> {
+        let mut ready = self.ready.lock().unwrap_or_else(|p| p.into_inner());
+        let queue = ready.entry(profile).or_default();
+        let mut found = None;
+        while let Some(sb) = queue.pop_front() {
+            if !sb.has_ended() && sb.started.elapsed() < self.max_age {
+                found = Some(sb);
+                break;
+            }
+            tokio::spawn(async move { sb.close().await });
+        }
+        drop(ready);
+        self.wake.notify_one();
+        found
+    }
+
+    pub fn ready_count(&self, profile: Profile) -> usize {
+        self.ready
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&profile)
+            .map_or(0, VecDeque::len)
+    }
+
+    /// Keeps every profile filled until shutdown; old or dead sandboxes are replaced.
+    pub async fn refill(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        // A sandbox must outlive its stay in the pool plus the longest run it may serve.
+        let lifetime = self.max_age + self.policy.limits.timeout.0.max(Duration::from_secs(300));
+        while !*shutdown.borrow() {
+            for (&profile, &size) in &self.sizes {
+                self.prune(profile);
+                while self.ready_count(profile) < size && !*shutdown.borrow() {
+                    match AgentSandbox::start(self.native.clone(), self.policy.clone(), lifetime)
+                        .await
+                    {
+                        Ok(sb) => self
+                            .ready
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .entry(profile)
+                            .or_default()
+                            .push_back(sb),
+                        Err(e) => {
+                            eprintln!("kennel serve: cannot pre-start a {profile:?} sandbox: {e}");
+                            break;
+                        }
+                    }
+                }
+            }
+            tokio::select! {
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = shutdown.changed() => {}
+            }
+        }
+        self.drain().await;
+    }
+
+    fn prune(&self, profile: Profile) {
+        let mut ready = self.ready.lock().unwrap_or_else(|p| p.into_inner());
+        let queue = ready.entry(profile).or_default();
+        let (keep, stale): (VecDeque<_>, VecDeque<_>) = queue
+            .drain(..)
+            .partition(|sb| !sb.has_ended() && sb.started.elapsed() < self.max_age);
+        *queue = keep;
+        for sb in stale {
+            tokio::spawn(async move { sb.close().await });
+        }
+    }
+
+    /// Ends every pooled sandbox.
+    pub async fn drain(&self) {
+        let all: Vec<AgentSandbox> = {
+            let mut ready = self.ready.lock().unwrap_or_else(|p| p.into_inner());
+            ready.values_mut().flat_map(|q| q.drain(..)).collect()
+        };
+        for sb in all {
+            sb.close().await;
+        }
+    }
+}

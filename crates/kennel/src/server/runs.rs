@@ -1,0 +1,355 @@
+//! `POST /v1/runs`: one-shot runs, from the warm pool when one fits, cold otherwise, as JSON
+//! or as Server-Sent Events.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{Query, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use base64::Engine as _;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use super::agent::{AgentError, AgentSandbox};
+use super::audit::{now_ms, sha256_hex, Entry};
+use super::http::{ApiError, ApiJson, Caller, Shared};
+use super::metrics::inc;
+use super::pool::Profile;
+use crate::api::{CollectedFile, Command, Content, RunRequest, RunResult, RunSpec};
+use crate::native::helper::in_scratch;
+use crate::native::{Canceller, OutputMode, OutputSink, RunIo, StdinSource, Stream};
+
+/// `?stream=true` asks for Server-Sent Events (so does `Accept: text/event-stream`).
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+pub struct StreamQuery {
+    #[serde(default)]
+    pub stream: bool,
+}
+
+/// What a streaming handler sends to its SSE response.
+pub enum StreamMsg {
+    Chunk(Stream, Vec<u8>),
+    Result(Value),
+    Error(Value),
+}
+
+pub type Live = mpsc::UnboundedSender<StreamMsg>;
+
+pub fn wants_stream(q: &StreamQuery, headers: &HeaderMap) -> bool {
+    q.stream
+        || headers
+            .get(axum::http::header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.contains("text/event-stream"))
+}
+
+/// The SSE response: `stdout`/`stderr` events with `{"text", "b64"}`, then one `result` (or
+/// `error`) event.
+pub fn sse(rx: mpsc::UnboundedReceiver<StreamMsg>) -> Response {
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        let event = match rx.recv().await? {
+            StreamMsg::Chunk(s, data) => {
+                let name = if s == Stream::Stdout {
+                    "stdout"
+                } else {
+                    "stderr"
+                };
+                let body = json!({
+                    "text": String::from_utf8_lossy(&data),
+                    "b64": base64::engine::general_purpose::STANDARD.encode(&data),
+                });
+                Event::default().event(name).data(body.to_string())
+            }
+            StreamMsg::Result(v) => Event::default().event("result").data(v.to_string()),
+            StreamMsg::Error(v) => Event::default().event("error").data(v.to_string()),
+        };
+        Some((Ok::<_, Infallible>(event), rx))
+    });
+    Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+/// Runs `work` for a streaming response: its output goes out as it comes, then its outcome.
+pub fn stream_response<F, T>(work: impl FnOnce(Live) -> F + Send + 'static) -> Response
+where
+    F: std::future::Future<Output = Result<T, ApiError>> + Send + 'static,
+    T: serde::Serialize,
+{
+    let (tx, rx) = mpsc::unbounded_channel();
+    let done = tx.clone();
+    tokio::spawn(async move {
+        let last = match work(tx).await {
+            Ok(v) => StreamMsg::Result(serde_json::to_value(v).unwrap_or_default()),
+            Err(e) => StreamMsg::Error(json!({"code": e.code, "message": e.message})),
+        };
+        let _ = done.send(last);
+    });
+    sse(rx)
+}
+
+#[utoipa::path(
+    post, path = "/v1/runs", request_body = RunSpec, params(StreamQuery),
+    responses(
+        (status = 200, description = "The run's result (or an SSE stream with ?stream=true)", body = RunResult),
+        (status = 400, description = "A malformed request, or a limit above the server's maximum"),
+        (status = 429, description = "Too many runs at once; see Retry-After"),
+    )
+)]
+pub async fn create_run(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Query(q): Query<StreamQuery>,
+    headers: HeaderMap,
+    ApiJson(spec): ApiJson<RunSpec>,
+) -> Result<Response, ApiError> {
+    let req = spec.to_request(&state.config.base_policy(), &state.config.maxima)?;
+    check_paths(&req)?;
+    let permit = state
+        .slots
+        .clone()
+        .try_acquire_owned()
+        .map_err(|_| ApiError::busy("too many runs at once"))?;
+    if wants_stream(&q, &headers) {
+        return Ok(stream_response(move |live| async move {
+            let _permit = permit;
+            execute(&state, &caller, &spec, req, Some(live)).await
+        }));
+    }
+    let result = execute(&state, &caller, &spec, req, None).await;
+    drop(permit);
+    Ok(Json(result?).into_response())
+}
+
+fn check_paths(req: &RunRequest) -> Result<(), ApiError> {
+    let bad = req
+        .files
+        .iter()
+        .map(|f| &f.path)
+        .chain(&req.collect)
+        .find(|p| !in_scratch(p));
+    match bad {
+        Some(p) => Err(ApiError::bad_request(format!(
+            "path {p:?} must be a file path under /workspace/ or /tmp/"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The pool profile that can serve `req`, if its sandbox would be the same as a pooled one.
+fn pool_profile(state: &Shared, req: &RunRequest) -> Option<Profile> {
+    let Command::Code { language, .. } = &req.command else {
+        return None;
+    };
+    let pooled = state.pool.policy();
+    let (a, b) = (&req.policy.limits, &pooled.limits);
+    let same_sandbox = a.memory == b.memory
+        && a.cpus == b.cpus
+        && a.pids == b.pids
+        && a.tmp_size == b.tmp_size
+        && a.workspace_size == b.workspace_size
+        && a.open_files == b.open_files
+        && req.policy.env == pooled.env
+        && req.policy.layers == pooled.layers
+        && req.policy.filesystem == pooled.filesystem;
+    same_sandbox.then(|| Profile::of(*language))
+}
+
+async fn execute(
+    state: &Shared,
+    caller: &Caller,
+    spec: &RunSpec,
+    req: RunRequest,
+    live: Option<Live>,
+) -> Result<RunResult, ApiError> {
+    let started = Instant::now();
+    let agent = pool_profile(state, &req).and_then(|p| state.pool.take(p));
+    inc(if agent.is_some() {
+        &state.metrics.pool_hits
+    } else {
+        &state.metrics.pool_misses
+    });
+    let pooled = agent.is_some();
+    let outcome = match agent {
+        Some(agent) => run_pooled(state, agent, &req, live).await,
+        None => run_cold(state, req.clone(), live).await,
+    };
+    let code = spec
+        .code
+        .clone()
+        .unwrap_or_else(|| spec.argv.clone().unwrap_or_default().join(" "));
+    let entry = Entry {
+        at_unix_ms: now_ms(),
+        token_id: &caller.0,
+        kind: "run",
+        session: None,
+        language: spec.language.map(|l| match l {
+            crate::api::Language::Python => "python",
+            crate::api::Language::Bash => "bash",
+            crate::api::Language::Sh => "sh",
+        }),
+        code_sha256: sha256_hex(code.as_bytes()),
+        limits: &req.policy.limits,
+        pooled,
+        isolation: None,
+        exit_code: None,
+        signal: None,
+        timed_out: false,
+        oom_killed: false,
+        duration_ms: started.elapsed().as_millis() as u64,
+        error: None,
+    };
+    match &outcome {
+        Ok(r) => {
+            inc(&state.metrics.runs);
+            state
+                .metrics
+                .observe(started.elapsed().as_secs_f64(), r.timed_out, r.oom_killed);
+            state.audit.record(&Entry {
+                isolation: Some(&r.isolation),
+                ..entry.with_result(r)
+            });
+        }
+        Err(e) => state.audit.record(&Entry {
+            error: Some(e.message.clone()),
+            ..entry
+        }),
+    }
+    outcome
+}
+
+fn live_sink(live: Option<Live>) -> Option<OutputSink> {
+    live.map(|tx| {
+        Arc::new(move |s: Stream, b: &[u8]| {
+            let _ = tx.send(StreamMsg::Chunk(s, b.to_vec()));
+        }) as OutputSink
+    })
+}
+
+async fn run_cold(
+    state: &Shared,
+    req: RunRequest,
+    live: Option<Live>,
+) -> Result<RunResult, ApiError> {
+    let cancel = Canceller::new();
+    let _tracked = state.track(cancel.clone());
+    let io = RunIo {
+        stdin: StdinSource::Null,
+        on_output: live_sink(live),
+        output: OutputMode::Capture,
+        cancel: Some(cancel),
+    };
+    let native = state.native.clone();
+    tokio::task::spawn_blocking(move || native.run(&req, io))
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                e.to_string(),
+            )
+        })?
+        .map_err(ApiError::from)
+}
+
+fn agent_failed(e: AgentError) -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+        "sandbox_failed",
+        e.to_string(),
+    )
+}
+
+/// Serves a run from a pre-started sandbox: files in, the code, files out, then the sandbox
+/// ends and its own result supplies the usage and the isolation.
+async fn run_pooled(
+    state: &Shared,
+    agent: AgentSandbox,
+    req: &RunRequest,
+    live: Option<Live>,
+) -> Result<RunResult, ApiError> {
+    let _tracked = state.track(agent.canceller());
+    let Command::Code { language, code } = &req.command else {
+        return Err(ApiError::bad_request(
+            "only code runs are served from the pool",
+        ));
+    };
+    let limits = &req.policy.limits;
+    for f in &req.files {
+        let data = f.content.to_bytes()?;
+        agent
+            .write_file(&f.path, &data, f.mode)
+            .await
+            .map_err(|e| ApiError::bad_request(format!("file {}: {e}", f.path)))?;
+    }
+    let stdin = match &req.stdin {
+        Some(c) => Some(String::from_utf8_lossy(&c.to_bytes()?).into_owned()),
+        None => None,
+    };
+    let on_output = |s: Stream, data: &[u8]| {
+        if let Some(tx) = &live {
+            let _ = tx.send(StreamMsg::Chunk(s, data.to_vec()));
+        }
+    };
+    let exec = agent
+        .exec(
+            *language,
+            code,
+            stdin.as_deref(),
+            limits.timeout.0,
+            limits.output.0,
+            on_output,
+        )
+        .await;
+    let mut files = Vec::new();
+    if exec.is_ok() {
+        for path in &req.collect {
+            files.push(match agent.read_file(path, limits.collect_size.0).await {
+                Ok((size, data)) => CollectedFile {
+                    path: path.clone(),
+                    size,
+                    truncated: size > data.len() as u64,
+                    content: Some(Content::from_bytes(data)),
+                    error: None,
+                },
+                Err(e) => CollectedFile {
+                    path: path.clone(),
+                    size: 0,
+                    truncated: false,
+                    content: None,
+                    error: Some(e.to_string()),
+                },
+            });
+        }
+    }
+    let sandbox = match agent.close().await {
+        Some(r) => r?,
+        None => return Err(agent_failed(AgentError::Gone(String::new()))),
+    };
+    let (outcome, out, err) = match exec {
+        Ok(v) => v,
+        // The whole sandbox died (the OOM killer took the agent, say): its result says why.
+        Err(AgentError::Gone(_)) => return Ok(RunResult { files, ..sandbox }),
+        Err(e) => return Err(agent_failed(e)),
+    };
+    Ok(RunResult {
+        exit_code: outcome.exit_code,
+        signal: outcome.signal,
+        timed_out: outcome.timed_out,
+        duration_ms: outcome.duration_ms,
+        stdout: String::from_utf8_lossy(&out).into_owned(),
+        stderr: String::from_utf8_lossy(&err).into_owned(),
+        stdout_bytes: outcome.stdout_bytes,
+        stderr_bytes: outcome.stderr_bytes,
+        stdout_truncated: outcome.stdout_truncated,
+        stderr_truncated: outcome.stderr_truncated,
+        oom_killed: sandbox.oom_killed,
+        files,
+        ..sandbox
+    })
+}

@@ -1,0 +1,366 @@
+//! `/v1/sessions`: create, list, end; exec (streamed or not); files in and out.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::agent::{AgentError, AgentSandbox};
+use super::audit::{now_ms, sha256_hex, Entry};
+use super::http::{ApiError, ApiJson, Caller, Shared};
+use super::metrics::inc;
+use super::runs::{stream_response, wants_stream, Live, StreamMsg, StreamQuery};
+use super::sessions::{Session, SessionInfo};
+use crate::api::{ExecResult, ExecSpec, Language, SessionSpec};
+use crate::native::helper::in_scratch;
+use crate::native::Stream;
+
+fn session_for(state: &Shared, caller: &Caller, id: &str) -> Result<Arc<Session>, ApiError> {
+    // Another token's session does not exist, as far as this caller can tell.
+    match state.sessions.get(id) {
+        Some(s) if s.token_id == caller.0 => Ok(s),
+        _ => Err(ApiError::not_found(format!("no session {id:?}"))),
+    }
+}
+
+fn agent_error(e: AgentError) -> ApiError {
+    match e {
+        AgentError::Refused(m) => ApiError::bad_request(m),
+        AgentError::Gone(_) => ApiError::new(StatusCode::GONE, "session_ended", e.to_string()),
+        _ => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "sandbox_failed",
+            e.to_string(),
+        ),
+    }
+}
+
+#[utoipa::path(post, path = "/v1/sessions", request_body = SessionSpec,
+    responses((status = 201, body = SessionInfo), (status = 400), (status = 429)))]
+pub async fn create(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    ApiJson(spec): ApiJson<SessionSpec>,
+) -> Result<Response, ApiError> {
+    let config = &state.config;
+    if state.sessions.len() >= config.sessions.max_sessions {
+        return Err(ApiError::busy(format!(
+            "{} sessions are open, the most this server keeps",
+            config.sessions.max_sessions
+        )));
+    }
+    let mut policy = config.base_policy();
+    policy.limits = spec.limits.apply(&policy.limits, &config.maxima)?;
+    policy.env.extend(spec.env.clone());
+    policy.validate()?;
+    let idle_ttl = spec.idle_ttl.map_or(config.sessions.idle_ttl.0, |t| {
+        t.0.min(config.sessions.idle_ttl.0)
+    });
+    let lifetime = config.sessions.max_lifetime.0;
+    let limits = policy.limits.clone();
+    let agent = AgentSandbox::start(state.native.clone(), policy, lifetime).await?;
+    let session = Arc::new(Session::new(
+        caller.0.clone(),
+        agent,
+        limits,
+        idle_ttl,
+        lifetime,
+    ));
+    state.sessions.insert(session.clone());
+    inc(&state.metrics.sessions_created);
+    state.metrics.active_sessions.store(
+        state.sessions.len() as u64,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    Ok((StatusCode::CREATED, Json(session.info())).into_response())
+}
+
+#[utoipa::path(get, path = "/v1/sessions", responses((status = 200, body = Vec<SessionInfo>)))]
+pub async fn list(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+) -> Json<Vec<SessionInfo>> {
+    let mut all: Vec<SessionInfo> = state
+        .sessions
+        .list()
+        .iter()
+        .filter(|s| s.token_id == caller.0)
+        .map(|s| s.info())
+        .collect();
+    all.sort_by_key(|s| s.created_at_unix_ms);
+    Json(all)
+}
+
+#[utoipa::path(get, path = "/v1/sessions/{id}", responses((status = 200, body = SessionInfo), (status = 404)))]
+pub async fn show(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<SessionInfo>, ApiError> {
+    Ok(Json(session_for(&state, &caller, &id)?.info()))
+}
+
+#[utoipa::path(delete, path = "/v1/sessions/{id}", responses((status = 204), (status = 404)))]
+pub async fn remove(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let session = session_for(&state, &caller, &id)?;
+    state.sessions.remove(&session.id);
+    end(&state, &session).await;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Destroys a session's sandbox, whatever it is doing.
+pub async fn end(state: &Shared, session: &Session) {
+    session.agent.kill();
+    session.agent.close().await;
+    state.metrics.active_sessions.store(
+        state.sessions.len() as u64,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{id}/exec", request_body = ExecSpec, params(StreamQuery),
+    responses((status = 200, body = ExecResult), (status = 404), (status = 410, description = "The session's sandbox has ended")))]
+pub async fn exec(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    Query(q): Query<StreamQuery>,
+    headers: HeaderMap,
+    ApiJson(spec): ApiJson<ExecSpec>,
+) -> Result<Response, ApiError> {
+    let session = session_for(&state, &caller, &id)?;
+    let timeout = match spec.timeout {
+        Some(t) if t > state.config.maxima.timeout => {
+            return Err(ApiError::bad_request(format!(
+                "`timeout` is {t}, above this server's maximum of {}",
+                state.config.maxima.timeout
+            )))
+        }
+        Some(t) => t.0,
+        None => session.limits.timeout.0,
+    };
+    let permit = state
+        .slots
+        .clone()
+        .try_acquire_owned()
+        .map_err(|_| ApiError::busy("too many runs at once"))?;
+    if wants_stream(&q, &headers) {
+        return Ok(stream_response(move |live| async move {
+            let _permit = permit;
+            run_exec(&state, &caller, &session, &spec, timeout, Some(live)).await
+        }));
+    }
+    let result = run_exec(&state, &caller, &session, &spec, timeout, None).await;
+    drop(permit);
+    Ok(Json(result?).into_response())
+}
+
+async fn run_exec(
+    state: &Shared,
+    caller: &Caller,
+    session: &Session,
+    spec: &ExecSpec,
+    timeout: Duration,
+    live: Option<Live>,
+) -> Result<ExecResult, ApiError> {
+    session.touch();
+    let started = Instant::now();
+    let on_output = |s: Stream, data: &[u8]| {
+        if let Some(tx) = &live {
+            let _ = tx.send(StreamMsg::Chunk(s, data.to_vec()));
+        }
+    };
+    let outcome = session
+        .agent
+        .exec(
+            spec.language,
+            &spec.code,
+            spec.stdin.as_deref(),
+            timeout,
+            session.limits.output.0,
+            on_output,
+        )
+        .await;
+    session.touch();
+    let entry = Entry {
+        at_unix_ms: now_ms(),
+        token_id: &caller.0,
+        kind: "exec",
+        session: Some(&session.id),
+        language: Some(match spec.language {
+            Language::Python => "python",
+            Language::Bash => "bash",
+            Language::Sh => "sh",
+        }),
+        code_sha256: sha256_hex(spec.code.as_bytes()),
+        limits: &session.limits,
+        pooled: false,
+        isolation: None,
+        exit_code: None,
+        signal: None,
+        timed_out: false,
+        oom_killed: false,
+        duration_ms: started.elapsed().as_millis() as u64,
+        error: None,
+    };
+    let (o, out, err) = match outcome {
+        Ok(v) => v,
+        Err(e) => {
+            state.audit.record(&Entry {
+                error: Some(e.to_string()),
+                ..entry
+            });
+            return Err(agent_error(e));
+        }
+    };
+    inc(&state.metrics.execs);
+    state
+        .metrics
+        .observe(started.elapsed().as_secs_f64(), o.timed_out, false);
+    state.audit.record(&Entry {
+        exit_code: o.exit_code,
+        signal: o.signal,
+        timed_out: o.timed_out,
+        ..entry
+    });
+    Ok(ExecResult {
+        exit_code: o.exit_code,
+        signal: o.signal,
+        timed_out: o.timed_out,
+        duration_ms: o.duration_ms,
+        stdout: String::from_utf8_lossy(&out).into_owned(),
+        stderr: String::from_utf8_lossy(&err).into_owned(),
+        stdout_bytes: o.stdout_bytes,
+        stderr_bytes: o.stderr_bytes,
+        stdout_truncated: o.stdout_truncated,
+        stderr_truncated: o.stderr_truncated,
+        interpreter: o.interpreter,
+    })
+}
+
+/// The sandbox path of `/v1/sessions/{id}/files/{*path}`: confined to /workspace and /tmp.
+fn sandbox_path(path: &str) -> Result<String, ApiError> {
+    let full = format!("/{}", path.trim_start_matches('/'));
+    if in_scratch(&full) {
+        Ok(full)
+    } else {
+        Err(ApiError::bad_request(format!(
+            "path {full:?} must be a file path under /workspace/ or /tmp/"
+        )))
+    }
+}
+
+#[utoipa::path(put, path = "/v1/sessions/{id}/files/{path}", request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses((status = 204), (status = 400), (status = 404)))]
+pub async fn write_file(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path((id, path)): Path<(String, String)>,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let session = session_for(&state, &caller, &id)?;
+    let path = sandbox_path(&path)?;
+    if body.len() as u64 > session.limits.workspace_size.0 {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            "the file is larger than the session's workspace",
+        ));
+    }
+    session.touch();
+    session
+        .agent
+        .write_file(&path, &body, 0o644)
+        .await
+        .map_err(agent_error)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(get, path = "/v1/sessions/{id}/files/{path}",
+    responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>), (status = 400), (status = 404)))]
+pub async fn read_file(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path((id, path)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let session = session_for(&state, &caller, &id)?;
+    let path = sandbox_path(&path)?;
+    session.touch();
+    let max = state.config.max_body.0;
+    let (size, data) = session
+        .agent
+        .read_file(&path, max)
+        .await
+        .map_err(|e| match e {
+            AgentError::Refused(m) if m.starts_with("ENOENT") => {
+                ApiError::not_found(format!("{path}: no such file"))
+            }
+            e => agent_error(e),
+        })?;
+    if size > data.len() as u64 {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!("{path} is {size} bytes, more than this server returns"),
+        ));
+    }
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response())
+}
+
+#[utoipa::path(delete, path = "/v1/sessions/{id}/files/{path}", responses((status = 204), (status = 404)))]
+pub async fn delete_file(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path((id, path)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    let session = session_for(&state, &caller, &id)?;
+    let path = sandbox_path(&path)?;
+    session.touch();
+    session.agent.delete(&path).await.map_err(|e| match e {
+        AgentError::Refused(m) if m.starts_with("ENOENT") => {
+            ApiError::not_found(format!("{path}: no such file"))
+        }
+        e => agent_error(e),
+    })?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `?path=` for a listing: /workspace by default.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+pub struct ListQuery {
+    pub path: Option<String>,
+}
+
+#[utoipa::path(get, path = "/v1/sessions/{id}/files", params(ListQuery), responses((status = 200, body = Object), (status = 404)))]
+pub async fn list_files(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    Query(q): Query<ListQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let session = session_for(&state, &caller, &id)?;
+    let path = q.path.unwrap_or_else(|| "/workspace".into());
+    if !(path == "/workspace" || path == "/tmp" || in_scratch(&path)) {
+        return Err(ApiError::bad_request(format!(
+            "path {path:?} must be under /workspace or /tmp"
+        )));
+    }
+    session.touch();
+    let entries = session.agent.list(&path).await.map_err(|e| match e {
+        AgentError::Refused(m) if m.starts_with("ENOENT") => {
+            ApiError::not_found(format!("{path}: no such directory"))
+        }
+        e => agent_error(e),
+    })?;
+    Ok(Json(serde_json::json!({"path": path, "entries": entries})))
+}

@@ -1,0 +1,149 @@
+//! Sessions: a long-lived agent sandbox per agent's multi-step work.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::agent::AgentSandbox;
+use crate::policy::Limits;
+
+pub struct Session {
+    pub id: String,
+    pub token_id: String,
+    pub agent: AgentSandbox,
+    pub limits: Limits,
+    pub created_unix_ms: u128,
+    created: Instant,
+    last_used: Mutex<Instant>,
+    pub idle_ttl: Duration,
+    pub max_lifetime: Duration,
+}
+
+/// A session as the API lists it.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct SessionInfo {
+    pub id: String,
+    pub created_at_unix_ms: u64,
+    pub idle_ttl_s: u64,
+    pub max_lifetime_s: u64,
+    /// Seconds until the session ends if it stays idle (or reaches its lifetime).
+    pub expires_in_s: u64,
+    #[schema(value_type = Object)]
+    pub limits: Limits,
+}
+
+/// A random 128-bit id in hex.
+pub fn new_id() -> String {
+    let mut bytes = [0u8; 16];
+    let _ = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl Session {
+    pub fn new(
+        token_id: String,
+        agent: AgentSandbox,
+        limits: Limits,
+        idle_ttl: Duration,
+        max_lifetime: Duration,
+    ) -> Session {
+        Session {
+            id: new_id(),
+            token_id,
+            agent,
+            limits,
+            created_unix_ms: super::audit::now_ms(),
+            created: Instant::now(),
+            last_used: Mutex::new(Instant::now()),
+            idle_ttl,
+            max_lifetime,
+        }
+    }
+
+    pub fn touch(&self) {
+        *self.last_used.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+    }
+
+    /// Time left before the idle TTL or the lifetime ends the session.
+    pub fn remaining(&self) -> Duration {
+        let idle = self
+            .last_used
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .elapsed();
+        let by_idle = self.idle_ttl.saturating_sub(idle);
+        let by_life = self.max_lifetime.saturating_sub(self.created.elapsed());
+        by_idle.min(by_life)
+    }
+
+    pub fn info(&self) -> SessionInfo {
+        SessionInfo {
+            id: self.id.clone(),
+            created_at_unix_ms: self.created_unix_ms as u64,
+            idle_ttl_s: self.idle_ttl.as_secs(),
+            max_lifetime_s: self.max_lifetime.as_secs(),
+            expires_in_s: self.remaining().as_secs(),
+            limits: self.limits.clone(),
+        }
+    }
+}
+
+#[derive(Default)]
+pub struct Sessions {
+    map: RwLock<HashMap<String, Arc<Session>>>,
+}
+
+impl Sessions {
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.read().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    pub fn insert(&self, s: Arc<Session>) {
+        self.map
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(s.id.clone(), s);
+    }
+
+    pub fn get(&self, id: &str) -> Option<Arc<Session>> {
+        self.map
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .cloned()
+    }
+
+    pub fn remove(&self, id: &str) -> Option<Arc<Session>> {
+        self.map
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id)
+    }
+
+    pub fn list(&self) -> Vec<Arc<Session>> {
+        self.map
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// Removes and returns the sessions whose time is up or whose sandbox has ended.
+    pub fn take_expired(&self) -> Vec<Arc<Session>> {
+        let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
+        let dead: Vec<String> = map
+            .values()
+            .filter(|s| s.remaining().is_zero() || s.agent.has_ended())
+            .map(|s| s.id.clone())
+            .collect();
+        dead.iter().filter_map(|id| map.remove(id)).collect()
+    }
+}
