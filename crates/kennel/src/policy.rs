@@ -41,9 +41,9 @@ impl fmt::Display for ByteSize {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let n = self.0;
         match n {
-            _ if n >= 1 << 30 && n % (1 << 30) == 0 => write!(f, "{}G", n >> 30),
-            _ if n >= 1 << 20 && n % (1 << 20) == 0 => write!(f, "{}M", n >> 20),
-            _ if n >= 1 << 10 && n % (1 << 10) == 0 => write!(f, "{}K", n >> 10),
+            _ if n >= 1 << 30 && n.is_multiple_of(1 << 30) => write!(f, "{}G", n >> 30),
+            _ if n >= 1 << 20 && n.is_multiple_of(1 << 20) => write!(f, "{}M", n >> 20),
+            _ if n >= 1 << 10 && n.is_multiple_of(1 << 10) => write!(f, "{}K", n >> 10),
             _ => write!(f, "{n}"),
         }
     }
@@ -81,7 +81,7 @@ impl FromStr for Span {
 impl fmt::Display for Span {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ms = self.0.as_millis();
-        if ms % 1000 == 0 {
+        if ms.is_multiple_of(1000) {
             write!(f, "{}s", ms / 1000)
         } else {
             write!(f, "{ms}ms")

@@ -31,22 +31,23 @@ Requests
 ``{"op":"exec","id":N,"kind":"python","code":C,"timeout_ms":T,"output_limit":B,"stdin_b64":D}``
     Runs ``exec(compile(C, "<session>", "exec"), namespace)`` in the persistent interpreter
     (the "kernel"): variables, imports and functions survive between python execs, like a
-    Jupyter kernel (``__name__ == "__main__"``; ``sys.modules["__main__"]`` is that namespace).
-    Its cwd is the default exec cwd; ``env``/``cwd`` are not supported. Output of ``print``,
-    of ``sys.stdout``/``sys.stderr`` (line-buffered, flushed at the end of every exec), of
-    ``os.write(1, ...)`` and of subprocesses is captured at the fd level; stdin is
-    ``stdin_b64`` as for shell. Exit status is that of ``python3 -c``: normal end 0; an uncaught exception
-    prints its traceback to stderr, 1; ``SystemExit(n)`` gives n (``None`` 0; anything else is
-    printed to stderr, 1) and the interpreter keeps running with its state. At ``timeout_ms``
-    the kernel gets SIGINT: a KeyboardInterrupt traceback goes to stderr, ``timed_out`` is
-    true, ``exit_code`` null, state kept. A kernel still busy 2 s later is killed with its
-    process group and a fresh one is started: ``interpreter.restarted`` true, state lost. A
-    kernel that dies during an exec (``os._exit``, a segfault, the OOM killer) is reported with
-    its own ``exit_code``/``signal`` and ``interpreter.crashed`` and ``restarted`` true; one
-    found dead before an exec is replaced and reported the same way, with the exec's own
-    status. Fresh kernels are started eagerly, at agent start and after every restart. After
-    the code ends (its result known), output is read as for shell: until EOF, at most 200 ms
-    more (a background process the code started may hold the pipes).
+    Jupyter kernel (``__name__ == "__main__"``; ``sys.modules["__main__"]`` is that
+    namespace). Its cwd is the default exec cwd; ``env``/``cwd`` are not supported. Output of
+    ``print``, of ``sys.stdout``/``sys.stderr`` (line-buffered, flushed at the end of every
+    exec), of ``os.write(1, ...)`` and of subprocesses is captured at the fd level; stdin is
+    ``stdin_b64`` as for shell. Exit status is that of ``python3 -c``: normal end 0; an
+    uncaught exception prints its traceback to stderr, 1; ``SystemExit(n)`` gives n (``None``
+    0; an int beyond i32 n & 255; anything else is printed to stderr, 1) and the interpreter
+    keeps running with its state. At ``timeout_ms`` the kernel gets SIGINT: a
+    KeyboardInterrupt traceback goes to stderr, ``timed_out`` is true, ``exit_code`` null,
+    state kept. A kernel still busy 2 s later is killed with its process group and a fresh one
+    is started: ``interpreter.restarted`` true, state lost. A kernel that dies during an exec
+    (``os._exit``, a segfault, the OOM killer) is reported with its own
+    ``exit_code``/``signal`` and ``interpreter.crashed`` and ``restarted`` true; one found
+    dead before an exec is replaced and reported the same way, with the exec's own status.
+    Fresh kernels are started eagerly, at agent start and after every restart. After the code
+    ends (its result known), output is read as for shell: until EOF, at most 200 ms more (a
+    background process the code started may hold the pipes).
 
 ``{"op":"write","id":N,"path":P,"b64":D,"mode":M}``
     Creates the parent directories, then replaces P atomically (temporary file + rename; a
