@@ -576,7 +576,7 @@ class PythonRun:
 
     def outcome(self):
         code, sig = status_fields(self.dead)
-        if self.dead is None and not self.timed_out:
+        if self.status is not None and not self.timed_out:
             code = clamp_exit_code(self.status)
         return {
             "exit_code": code,
@@ -962,7 +962,7 @@ def describe_entry(entry):
 
 
 def parse_request(line):
-    """The request object of a line, and its id; BadRequest (with the id if known) if unusable."""
+    """The request object of a line and its id; BadRequest if either is unusable."""
     try:
         request = json.loads(line)
     except (ValueError, RecursionError):
@@ -973,6 +973,8 @@ def parse_request(line):
 
 
 class Agent:
+    """Serves the requests on stdin, one at a time, and owns the kernel."""
+
     def __init__(self):
         self.cwd = "/workspace" if os.path.isdir("/workspace") else os.getcwd()
         self.wakeup_fd = watch_children()
@@ -1069,7 +1071,7 @@ class Agent:
         stdin = b64_field(request, "stdin_b64", None)
         env = {**os.environ, **env_field(request)}
         cwd = field(request, "cwd", str, self.cwd)
-        import subprocess
+        import subprocess  # lazily: agent (and so kernel) start-up stays light
 
         child_fds, ours = make_pipes(stdin is not None)
         try:
@@ -1131,8 +1133,8 @@ class Agent:
                     drain(self.wakeup_fd)
                 run.on_ready(ready)
         finally:
+            run.abort()  # a no-op unless the loop failed
             pump.close()
-            run.abort()
 
     # --- files
 

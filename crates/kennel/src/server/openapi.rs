@@ -53,3 +53,17 @@ pub fn document() -> String {
     text.push('\n');
     text
 }
+
+#[cfg(test)]
+mod tests {
+    /// The committed document is the one the code generates: regenerate it with
+    /// `kennel openapi > docs/openapi.json` after changing the API.
+    #[test]
+    fn committed_openapi_matches_the_code() {
+        let committed = include_str!("../../../../docs/openapi.json");
+        assert!(
+            committed == super::document(),
+            "docs/openapi.json is stale: run `kennel openapi > docs/openapi.json`"
+        );
+    }
+}

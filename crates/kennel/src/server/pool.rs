@@ -27,6 +27,9 @@ impl Profile {
     }
 }
 
+/// Sandboxes a profile starts at once when refilling.
+const REFILL_BATCH: usize = 4;
+
 pub struct Pool {
     ready: Mutex<HashMap<Profile, VecDeque<AgentSandbox>>>,
     sizes: HashMap<Profile, usize>,
@@ -76,6 +79,15 @@ impl Pool {
         found
     }
 
+    fn add(&self, profile: Profile, sb: AgentSandbox) {
+        self.ready
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(profile)
+            .or_default()
+            .push_back(sb);
+    }
+
     pub fn ready_count(&self, profile: Profile) -> usize {
         self.ready
             .lock()
@@ -89,25 +101,36 @@ impl Pool {
         // A sandbox must outlive its stay in the pool plus the longest run it may serve.
         let lifetime = self.max_age + self.policy.limits.timeout.0.max(Duration::from_secs(300));
         while !*shutdown.borrow() {
+            let mut failed = false;
             for (&profile, &size) in &self.sizes {
                 self.prune(profile);
-                while self.ready_count(profile) < size && !*shutdown.borrow() {
-                    match AgentSandbox::start(self.native.clone(), self.policy.clone(), lifetime)
-                        .await
-                    {
-                        Ok(sb) => self
-                            .ready
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .entry(profile)
-                            .or_default()
-                            .push_back(sb),
+                // Start what is missing side by side: under load the pool drains faster than
+                // one start at a time refills it.
+                let missing = size
+                    .saturating_sub(self.ready_count(profile))
+                    .min(REFILL_BATCH);
+                let starts = (0..missing).map(|_| {
+                    AgentSandbox::start(self.native.clone(), self.policy.clone(), lifetime)
+                });
+                for started in futures_util::future::join_all(starts).await {
+                    match started {
+                        Ok(sb) => self.add(profile, sb),
                         Err(e) => {
+                            failed = true;
                             eprintln!("kennel serve: cannot pre-start a {profile:?} sandbox: {e}");
-                            break;
                         }
                     }
                 }
+            }
+            if !failed
+                && self
+                    .sizes
+                    .iter()
+                    .any(|(&p, &size)| self.ready_count(p) < size)
+            {
+                // Still short after a batch: go round again at once.
+                tokio::task::yield_now().await;
+                continue;
             }
             tokio::select! {
                 _ = self.wake.notified() => {}
