@@ -188,6 +188,9 @@ pub struct RunResult {
     pub stderr_truncated: bool,
     pub files: Vec<CollectedFile>,
     pub isolation: Isolation,
+    /// Every connection the code asked Kennel's proxy for (network mode `allow`).
+    #[serde(default)]
+    pub network_log: Vec<crate::net::NetEvent>,
 }
 
 impl RunResult {
@@ -274,6 +277,10 @@ pub struct RunSpec {
     pub env: BTreeMap<String, String>,
     #[serde(default)]
     pub limits: LimitsSpec,
+    /// Network access: none by default; `allow` with domains; `full` only where the server
+    /// permits it.
+    #[serde(default)]
+    pub network: crate::policy::Network,
 }
 
 /// Limits a request asks for; each missing one takes the server's default, and each above the
@@ -365,6 +372,7 @@ impl RunSpec {
         let mut policy = base.clone();
         policy.limits = self.limits.apply(&base.limits, max)?;
         policy.env.extend(self.env.clone());
+        policy.network = self.network.clone();
         policy.validate()?;
         let files = self
             .files
@@ -402,6 +410,8 @@ pub struct SessionSpec {
     pub limits: LimitsSpec,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub network: crate::policy::Network,
     /// End the session after this long unused (bounded by the server's setting).
     #[schema(value_type = Option<String>)]
     pub idle_ttl: Option<Span>,

@@ -15,6 +15,7 @@ pub mod api;
 pub mod doctor;
 pub mod error;
 pub mod native;
+pub mod net;
 pub mod policy;
 pub mod server;
 pub mod sys;

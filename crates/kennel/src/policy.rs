@@ -177,13 +177,43 @@ pub struct Filesystem {
     pub rootfs: Option<PathBuf>,
 }
 
-/// Network access.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// How much network a sandbox gets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
-pub enum Network {
+pub enum NetMode {
     /// A private network namespace with only loopback.
     #[default]
     None,
+    /// Only the `allow` list, through Kennel's proxy inside the sandbox.
+    Allow,
+    /// The host's network: no network namespace at all (servers refuse it unless configured).
+    Full,
+}
+
+/// Network access.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct Network {
+    pub mode: NetMode,
+    /// Domains (`example.com`, `*.example.com`) with optional ports (`:443`, `:80,8080`;
+    /// 443 and 80 by default).
+    pub allow: Vec<String>,
+    /// `NAME:IP` pins for the proxy's resolver (they may name private addresses).
+    pub resolve: Vec<String>,
+}
+
+impl Network {
+    /// The parsed allowlist (valid after [`Policy::validate`]).
+    pub fn allowlist(&self) -> Result<crate::net::proxy::Allowlist, PolicyError> {
+        Ok(crate::net::proxy::Allowlist {
+            rules: self
+                .allow
+                .iter()
+                .map(|r| crate::net::Rule::parse(r))
+                .collect::<Result<_, _>>()?,
+            pins: crate::net::parse_pins(&self.resolve)?,
+        })
+    }
 }
 
 /// Which layers must be present.
@@ -279,6 +309,22 @@ impl Policy {
                 format!("must be between 16 and 1048576, not {}", l.open_files),
             ));
         }
+        let allowlist = self.network.allowlist()?;
+        match self.network.mode {
+            NetMode::Allow if allowlist.rules.is_empty() => {
+                return Err(field(
+                    "network.allow",
+                    "mode \"allow\" needs at least one domain".into(),
+                ));
+            }
+            NetMode::None | NetMode::Full if !allowlist.rules.is_empty() => {
+                return Err(field(
+                    "network.mode",
+                    "an allow list needs mode = \"allow\"".into(),
+                ));
+            }
+            _ => {}
+        }
         if let Some(root) = &self.filesystem.rootfs {
             if !root.is_absolute() {
                 return Err(field(
@@ -330,7 +376,7 @@ mod tests {
         assert_eq!(p.limits.timeout.0, Duration::from_secs(30));
         assert_eq!(p.limits.output.0, 100 << 10);
         assert_eq!(p.limits.cpus, 1.0);
-        assert_eq!(p.network, Network::None);
+        assert_eq!(p.network.mode, NetMode::None);
         p.validate().unwrap();
     }
 

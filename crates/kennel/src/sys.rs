@@ -517,3 +517,15 @@ pub fn stdio_to_null() -> io::Result<()> {
     }
     Ok(())
 }
+
+/// Moves the calling thread into the namespace that `fd` refers to.
+pub fn setns(fd: RawFd, nstype: libc::c_int) -> io::Result<()> {
+    // SAFETY: setns takes integers only; it changes only the calling thread's namespace.
+    check(unsafe { libc::setns(fd, nstype) }).map(drop)
+}
+
+/// Makes a thread blocked in `accept` on this listening socket return: `close` alone would not.
+pub fn shutdown_listener(fd: RawFd) {
+    // SAFETY: shutdown takes integers only; an error (not connected) is harmless here.
+    unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+}

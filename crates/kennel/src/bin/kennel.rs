@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context as _};
 use clap::{Args, Parser, Subcommand};
-use kennel::policy::{ByteSize, Span, Want};
+use kennel::policy::{ByteSize, NetMode, Span, Want};
 use kennel::server::ServerConfig;
 use kennel::{
     Command, Content, FileIn, Language, Native, OutputSink, Policy, RunIo, RunRequest, RunResult,
@@ -104,6 +104,16 @@ struct RunArgs {
     /// Run even where Landlock is unavailable (it is required by default).
     #[arg(long)]
     landlock_best_effort: bool,
+    /// Allow a domain through Kennel's proxy: NAME[:PORT[,PORT]] or *.NAME (ports 443 and 80
+    /// by default). Repeat for more.
+    #[arg(long = "allow-net", value_name = "DOMAIN[:PORTS]")]
+    allow_net: Vec<String>,
+    /// Pin NAME to IP for the proxy's resolver (as curl's --resolve); pins may be private.
+    #[arg(long = "resolve", value_name = "NAME:IP")]
+    resolve: Vec<String>,
+    /// Network mode: none (the default), allow (implied by --allow-net) or full (the host's).
+    #[arg(long, value_name = "MODE")]
+    network: Option<String>,
     /// An environment variable for the code, KEY=VALUE; the environment is otherwise clean.
     #[arg(long = "env", value_name = "KEY=VALUE")]
     env: Vec<String>,
@@ -290,6 +300,19 @@ fn request(args: RunArgs) -> anyhow::Result<RunRequest> {
     }
     if args.landlock_best_effort {
         policy.layers.landlock = Want::BestEffort;
+    }
+    if !args.allow_net.is_empty() {
+        policy.network.mode = NetMode::Allow;
+        policy.network.allow.extend(args.allow_net.iter().cloned());
+    }
+    policy.network.resolve.extend(args.resolve.iter().cloned());
+    if let Some(mode) = &args.network {
+        policy.network.mode = match mode.as_str() {
+            "none" => NetMode::None,
+            "allow" => NetMode::Allow,
+            "full" => NetMode::Full,
+            other => bail!("--network {other:?}: use none, allow or full"),
+        };
     }
     for kv in &args.env {
         let (k, v) = kv

@@ -15,6 +15,7 @@ use super::mounts::{self, Op};
 use super::ops::Os;
 use super::proto::{Confinement, FileMeta, Msg, Plan};
 use super::seccomp;
+use crate::policy::NetMode;
 
 /// A failure inside a step, with the errno kept.
 #[derive(Debug, Clone)]
@@ -74,6 +75,8 @@ steps! {
         "a fresh single-threaded process may fork safely, whatever threads the supervisor runs; it waits for its plan";
     CreateCgroup = "create_cgroup",
         "limits must hold before the first sandboxed instruction: the cgroup exists before the plan is sent (and overlaps the helper's exec)";
+    StartProxy = "start_proxy",
+        "with a network allowlist, the proxy's listeners are bound inside the sandbox's network namespace as soon as it exists, before any code can run";
     // The helper, on the host.
     JoinCgroup = "join_cgroup",
         "the helper moves itself into the cgroup before it unshares: the limits hold for all it starts, and the cgroup namespace is rooted there";
@@ -229,7 +232,7 @@ pub fn run_steps(steps: &[Step], ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), (
 impl Step {
     fn run(self, ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), Fail> {
         match self {
-            Step::CreateCgroup | Step::SpawnHelper => {
+            Step::CreateCgroup | Step::SpawnHelper | Step::StartProxy => {
                 Err(Fail::new("a supervisor step cannot run inside the sandbox"))
             }
             Step::JoinCgroup => join_cgroup(ctx, os),
@@ -255,6 +258,7 @@ impl Step {
             Step::PivotRoot => pivot_root(os),
             Step::RemountRootReadonly => remount_read_only(os, "/"),
             Step::SetHostname => os.sethostname(HOSTNAME).ctx(|| "sethostname".into()),
+            Step::BringUpLoopback if ctx.plan.policy.network.mode == NetMode::Full => Ok(()),
             Step::BringUpLoopback => os.loopback_up().ctx(|| "bringing lo up".into()),
             Step::PinCpus => os
                 .set_cpu_affinity(&ctx.plan.cpus)
@@ -287,8 +291,13 @@ fn join_cgroup(ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), Fail> {
 }
 
 fn unshare_namespaces(ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), Fail> {
-    let base = BASE_NAMESPACES.iter().fold(0, |acc, (flag, _)| acc | flag);
-    ctx.namespaces = BASE_NAMESPACES.iter().map(|(_, n)| n.to_string()).collect();
+    // `network.mode = "full"` keeps the host's network: the one namespace left out.
+    let host_net = ctx.plan.policy.network.mode == NetMode::Full;
+    let wanted = BASE_NAMESPACES
+        .iter()
+        .filter(|(flag, _)| !(host_net && *flag == libc::CLONE_NEWNET));
+    let base = wanted.clone().fold(0, |acc, (flag, _)| acc | flag);
+    ctx.namespaces = wanted.map(|(_, n)| n.to_string()).collect();
     match os.unshare(base | CLONE_NEWTIME) {
         Ok(()) => {
             ctx.namespaces.push("time".into());

@@ -20,7 +20,8 @@ use crate::api::{
     CollectedFile, Content, Isolation, LandlockInfo, LimitsInfo, RunRequest, RunResult, SeccompInfo,
 };
 use crate::error::Error;
-use crate::policy::{Policy, Want};
+use crate::net::proxy::{self, Proxy};
+use crate::policy::{NetMode, Policy, Want};
 use crate::sys;
 
 /// Where the code's stdin comes from when the request carries none.
@@ -131,6 +132,7 @@ struct Report {
     collected: Vec<(Collected, Vec<u8>)>,
     timed_out: bool,
     cancelled: bool,
+    proxy: Option<Proxy>,
 }
 
 impl Native {
@@ -263,7 +265,8 @@ fn supervise(
     );
     let err = reader(child.stderr.take(), cap, mode, Stream::Stderr, io.on_output);
     send_plan(&mut ctl, plan, files)?;
-    let report = events(&mut ctl, pid as i32, plan, started, io.cancel.as_ref())?;
+    let mut report = events(&mut ctl, pid as i32, plan, started, io.cancel.as_ref())?;
+    let network_log = report.proxy.take().map(Proxy::stop).unwrap_or_default();
     let usage = wait_helper(&mut child, report.timed_out || report.cancelled);
     guard.armed = false;
     let stats = limiter.as_ref().ok().map(Cgroup::stats);
@@ -285,9 +288,11 @@ fn supervise(
         )));
     }
     let duration = report.ended_at.unwrap_or_else(Instant::now) - started;
-    Ok(build_result(
+    let mut result = build_result(
         req, plan, limiter, stats, usage, report, stdout, stderr, duration,
-    ))
+    );
+    result.network_log = network_log;
+    Ok(result)
 }
 
 /// Registers a pre-exec hook; kept apart so the one `unsafe` of the supervisor is in `sys`'s
@@ -304,6 +309,13 @@ fn unsafe_pre_exec(
 
 /// Fails early, before any process starts, when the host lacks a layer the policy requires.
 fn check_host(policy: &Policy) -> Result<(), Error> {
+    if policy.network.mode == NetMode::Allow && sys::getuid() != 0 {
+        return Err(Error::Unsupported {
+            layer: "the network allowlist",
+            why: "binding the proxy inside the sandbox's network namespace needs root".into(),
+            hint: "run kennel as root, or use network mode \"none\"".into(),
+        });
+    }
     if !sys::seccomp_available() {
         return Err(Error::Unsupported {
             layer: "seccomp",
@@ -387,9 +399,18 @@ fn plan(req: &RunRequest) -> Result<(Plan, InputFiles), Error> {
         ("TMPDIR".to_string(), "/tmp".to_string()),
         ("LANG".to_string(), "C.UTF-8".to_string()),
     ];
-    for (k, v) in &policy.env {
-        env.retain(|(ek, _)| ek != k);
-        env.push((k.clone(), v.clone()));
+    let proxy_env = match policy.network.mode {
+        NetMode::Allow => proxy::proxy_env(),
+        NetMode::None | NetMode::Full => vec![],
+    };
+    for (k, v) in policy
+        .env
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .chain(proxy_env)
+    {
+        env.retain(|(ek, _)| *ek != k);
+        env.push((k, v));
     }
     let plan = Plan {
         argv,
@@ -525,6 +546,17 @@ fn events(
                         format!("writing /proc/{pid}/uid_map: {e}"),
                     )
                 })?;
+                if plan.policy.network.mode == NetMode::Allow {
+                    let allow = plan.policy.network.allowlist()?;
+                    let started = Proxy::start_in(pid, allow).map_err(|e| {
+                        setup_error(
+                            Step::StartProxy,
+                            e.raw_os_error(),
+                            format!("binding the proxy in the sandbox: {e}"),
+                        )
+                    })?;
+                    report.proxy = Some(started);
+                }
                 proto::send(ctl, &Msg::IdsMapped, &[])
                     .map_err(Error::io("answering the helper"))?;
             }
@@ -676,6 +708,7 @@ fn build_result(
         stderr: String::from_utf8_lossy(&stderr.head).into_owned(),
         files: collected_files(req, report.collected),
         isolation: isolation(plan, limiter, report.confinement),
+        network_log: vec![],
     }
 }
 
@@ -753,6 +786,19 @@ fn isolation(plan: &Plan, limiter: &Limiter, confinement: Option<Confinement>) -
             .map_or("host-system-ro".into(), |r| {
                 format!("rootfs:{}", r.display())
             }),
-        network: "none (private namespace, loopback only)".into(),
+        network: network_summary(&plan.policy.network),
+    }
+}
+
+fn network_summary(network: &crate::policy::Network) -> String {
+    match network.mode {
+        NetMode::None => "none (private namespace, loopback only)".into(),
+        NetMode::Full => "full (the host's network namespace)".into(),
+        NetMode::Allow => format!(
+            "allowlist through Kennel's proxy (HTTP 127.0.0.1:{}, SOCKS5 127.0.0.1:{}): {}",
+            proxy::HTTP_PORT,
+            proxy::SOCKS_PORT,
+            network.allow.join(", ")
+        ),
     }
 }

@@ -81,6 +81,8 @@ pub struct ServerConfig {
     pub shutdown_grace: Span,
     /// Extra environment for every sandbox.
     pub env: BTreeMap<String, String>,
+    /// Whether requests may ask for `network.mode = "full"` (the host's network).
+    pub allow_full_network: bool,
 }
 
 impl Default for ServerConfig {
@@ -107,6 +109,7 @@ impl Default for ServerConfig {
             pool: Pool::default(),
             shutdown_grace: Span(Duration::from_secs(10)),
             env: BTreeMap::new(),
+            allow_full_network: false,
         }
     }
 }
@@ -167,6 +170,17 @@ impl ServerConfig {
                 "listen",
                 "a non-loopback address needs at least one token (tokens or KENNEL_TOKENS)",
             );
+        }
+        Ok(())
+    }
+
+    /// Refuses a network policy this server does not permit.
+    pub fn check_network(&self, network: &crate::policy::Network) -> Result<(), crate::error::Error> {
+        if network.mode == crate::policy::NetMode::Full && !self.allow_full_network {
+            return Err(crate::error::Error::request(
+                "network.mode",
+                "\"full\" is not permitted by this server (allow_full_network = false)",
+            ));
         }
         Ok(())
     }

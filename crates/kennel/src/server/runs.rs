@@ -108,6 +108,7 @@ pub async fn create_run(
     headers: HeaderMap,
     ApiJson(spec): ApiJson<RunSpec>,
 ) -> Result<Response, ApiError> {
+    state.config.check_network(&spec.network)?;
     let req = spec.to_request(&state.config.base_policy(), &state.config.maxima)?;
     check_paths(&req)?;
     let permit = state
@@ -155,6 +156,7 @@ fn pool_profile(state: &Shared, req: &RunRequest) -> Option<Profile> {
         && a.workspace_size == b.workspace_size
         && a.open_files == b.open_files
         && req.policy.env == pooled.env
+        && req.policy.network == pooled.network
         && req.policy.layers == pooled.layers
         && req.policy.filesystem == pooled.filesystem;
     same_sandbox.then(|| Profile::of(*language))

@@ -58,6 +58,8 @@ pub async fn create(
     let mut policy = config.base_policy();
     policy.limits = spec.limits.apply(&policy.limits, &config.maxima)?;
     policy.env.extend(spec.env.clone());
+    state.config.check_network(&spec.network)?;
+    policy.network = spec.network.clone();
     policy.validate()?;
     let idle_ttl = spec.idle_ttl.map_or(config.sessions.idle_ttl.0, |t| {
         t.0.min(config.sessions.idle_ttl.0)

@@ -227,7 +227,7 @@ fn record() -> Recorder {
 
 #[test]
 fn every_step_belongs_to_exactly_one_phase() {
-    let supervisor = [Step::SpawnHelper, Step::CreateCgroup];
+    let supervisor = [Step::SpawnHelper, Step::CreateCgroup, Step::StartProxy];
     let listed: Vec<Step> = supervisor
         .iter()
         .chain(HELPER_STEPS)
