@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::api::{Command, Interpreter, Language, RunRequest, RunResult};
+use crate::api::{Command, ExecResult, Interpreter, Language, RunRequest, RunResult};
 use crate::error::Error;
 use crate::native::{Canceller, Native, OutputMode, OutputSink, RunIo, StdinSource, Stream};
 use crate::policy::{Policy, Span};
@@ -241,7 +241,7 @@ impl AgentSandbox {
         timeout: Duration,
         output_limit: u64,
         mut on_output: impl FnMut(Stream, &[u8]),
-    ) -> Result<(ExecOutcome, Vec<u8>, Vec<u8>), AgentError> {
+    ) -> Result<ExecResult, AgentError> {
         let mut request = match language {
             Language::Python => json!({"op": "exec", "kind": "python", "code": code}),
             Language::Bash => {
@@ -269,7 +269,19 @@ impl AgentSandbox {
             .await?;
         let outcome: ExecOutcome = serde_json::from_value(Value::Object(last.rest))
             .map_err(|e| AgentError::Protocol(format!("bad result: {e}")))?;
-        Ok((outcome, out, err))
+        Ok(ExecResult {
+            exit_code: outcome.exit_code,
+            signal: outcome.signal,
+            timed_out: outcome.timed_out,
+            duration_ms: outcome.duration_ms,
+            stdout: String::from_utf8_lossy(&out).into_owned(),
+            stderr: String::from_utf8_lossy(&err).into_owned(),
+            stdout_bytes: outcome.stdout_bytes,
+            stderr_bytes: outcome.stderr_bytes,
+            stdout_truncated: outcome.stdout_truncated,
+            stderr_truncated: outcome.stderr_truncated,
+            interpreter: outcome.interpreter,
+        })
     }
 
     /// Writes a file inside the sandbox.

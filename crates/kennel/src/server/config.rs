@@ -175,7 +175,10 @@ impl ServerConfig {
     }
 
     /// Refuses a network policy this server does not permit.
-    pub fn check_network(&self, network: &crate::policy::Network) -> Result<(), crate::error::Error> {
+    pub fn check_network(
+        &self,
+        network: &crate::policy::Network,
+    ) -> Result<(), crate::error::Error> {
         if network.mode == crate::policy::NetMode::Full && !self.allow_full_network {
             return Err(crate::error::Error::request(
                 "network.mode",

@@ -333,24 +333,23 @@ async fn run_pooled(
         Some(r) => r?,
         None => return Err(agent_failed(AgentError::Gone(String::new()))),
     };
-    let (outcome, out, err) = match exec {
-        Ok(v) => v,
+    let exec = match exec {
+        Ok(r) => r,
         // The whole sandbox died (the OOM killer took the agent, say): its result says why.
         Err(AgentError::Gone(_)) => return Ok(RunResult { files, ..sandbox }),
         Err(e) => return Err(agent_failed(e)),
     };
     Ok(RunResult {
-        exit_code: outcome.exit_code,
-        signal: outcome.signal,
-        timed_out: outcome.timed_out,
-        duration_ms: outcome.duration_ms,
-        stdout: String::from_utf8_lossy(&out).into_owned(),
-        stderr: String::from_utf8_lossy(&err).into_owned(),
-        stdout_bytes: outcome.stdout_bytes,
-        stderr_bytes: outcome.stderr_bytes,
-        stdout_truncated: outcome.stdout_truncated,
-        stderr_truncated: outcome.stderr_truncated,
-        oom_killed: sandbox.oom_killed,
+        exit_code: exec.exit_code,
+        signal: exec.signal,
+        timed_out: exec.timed_out,
+        duration_ms: exec.duration_ms,
+        stdout: exec.stdout,
+        stderr: exec.stderr,
+        stdout_bytes: exec.stdout_bytes,
+        stderr_bytes: exec.stderr_bytes,
+        stdout_truncated: exec.stdout_truncated,
+        stderr_truncated: exec.stderr_truncated,
         files,
         ..sandbox
     })

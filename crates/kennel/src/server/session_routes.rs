@@ -215,8 +215,8 @@ async fn run_exec(
         duration_ms: started.elapsed().as_millis() as u64,
         error: None,
     };
-    let (o, out, err) = match outcome {
-        Ok(v) => v,
+    let result = match outcome {
+        Ok(r) => r,
         Err(e) => {
             state.audit.record(&Entry {
                 error: Some(e.to_string()),
@@ -228,26 +228,14 @@ async fn run_exec(
     inc(&state.metrics.execs);
     state
         .metrics
-        .observe(started.elapsed().as_secs_f64(), o.timed_out, false);
+        .observe(started.elapsed().as_secs_f64(), result.timed_out, false);
     state.audit.record(&Entry {
-        exit_code: o.exit_code,
-        signal: o.signal,
-        timed_out: o.timed_out,
+        exit_code: result.exit_code,
+        signal: result.signal,
+        timed_out: result.timed_out,
         ..entry
     });
-    Ok(ExecResult {
-        exit_code: o.exit_code,
-        signal: o.signal,
-        timed_out: o.timed_out,
-        duration_ms: o.duration_ms,
-        stdout: String::from_utf8_lossy(&out).into_owned(),
-        stderr: String::from_utf8_lossy(&err).into_owned(),
-        stdout_bytes: o.stdout_bytes,
-        stderr_bytes: o.stderr_bytes,
-        stdout_truncated: o.stdout_truncated,
-        stderr_truncated: o.stderr_truncated,
-        interpreter: o.interpreter,
-    })
+    Ok(result)
 }
 
 /// The sandbox path of `/v1/sessions/{id}/files/{*path}`: confined to /workspace and /tmp.
