@@ -21,6 +21,14 @@ pub enum Language {
 }
 
 impl Language {
+    pub fn name(self) -> &'static str {
+        match self {
+            Language::Python => "python",
+            Language::Bash => "bash",
+            Language::Sh => "sh",
+        }
+    }
+
     /// The interpreter inside the sandbox. `/usr/bin/python3`, not whatever `python3` a shim
     /// on the host's PATH would pick.
     pub fn interpreter(self) -> &'static str {

@@ -190,11 +190,7 @@ async fn execute(
         token_id: &caller.0,
         kind: "run",
         session: None,
-        language: spec.language.map(|l| match l {
-            crate::api::Language::Python => "python",
-            crate::api::Language::Bash => "bash",
-            crate::api::Language::Sh => "sh",
-        }),
+        language: spec.language.map(crate::api::Language::name),
         code_sha256: sha256_hex(code.as_bytes()),
         limits: &req.policy.limits,
         pooled,

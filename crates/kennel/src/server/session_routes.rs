@@ -17,7 +17,7 @@ use super::http::{ApiError, ApiJson, Caller, Shared};
 use super::metrics::inc;
 use super::runs::{stream_response, wants_stream, Live, StreamMsg, StreamQuery};
 use super::sessions::{Session, SessionInfo};
-use crate::api::{ExecResult, ExecSpec, Language, SessionSpec};
+use crate::api::{ExecResult, ExecSpec, SessionSpec};
 use crate::native::helper::in_scratch;
 use crate::native::Stream;
 
@@ -199,11 +199,7 @@ async fn run_exec(
         token_id: &caller.0,
         kind: "exec",
         session: Some(&session.id),
-        language: Some(match spec.language {
-            Language::Python => "python",
-            Language::Bash => "bash",
-            Language::Sh => "sh",
-        }),
+        language: Some(spec.language.name()),
         code_sha256: sha256_hex(spec.code.as_bytes()),
         limits: &session.limits,
         pooled: false,
