@@ -83,6 +83,23 @@ def summary(xs):
     }
 
 
+def cpu_ticks():
+    """(busy, total) jiffies of the whole host, from /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def busy_fraction(a, b):
+    if a is None or b is None or b[1] == a[1]:
+        return None
+    return (b[0] - a[0]) / (b[1] - a[1])
+
+
 def loadavg():
     try:
         with open("/proc/loadavg") as f:
@@ -273,6 +290,7 @@ def sequential(client, args, kennel_argv):
         variants["kennel_run"] = lambda: proc_run(kennel_argv)
     samples = {name: [] for name in ["pool", *variants]}
     server_ms = {"pool": [], "cold": []}
+    cpu_ms = {"pool": [], "cold": []}
     failures = {name: 0 for name in samples}
     refill_ms, pool_hits = [], 0
     names = list(variants)
@@ -290,6 +308,7 @@ def sequential(client, args, kennel_argv):
             if ok:
                 samples["pool"].append(dt * 1000.0)
                 server_ms["pool"].append(result.get("duration_ms", 0))
+                cpu_ms["pool"].append(result.get("cpu_ms", 0))
             else:
                 failures["pool"] += 1
         time.sleep(args.pause)
@@ -303,9 +322,10 @@ def sequential(client, args, kennel_argv):
                 samples[name].append(dt * 1000.0)
                 if name in server_ms:
                     server_ms[name].append(result.get("duration_ms", 0))
+                    cpu_ms[name].append(result.get("cpu_ms", 0))
             else:
                 failures[name] += 1
-    return samples, failures, server_ms, refill_ms, pool_hits
+    return samples, failures, server_ms, cpu_ms, refill_ms, pool_hits
 
 
 def http_run(client, body):
@@ -329,6 +349,7 @@ def throughput(host, port, clients, duration, control, args):
     time.sleep(args.pause)
     m0 = control.metrics()
     state = {"t0": 0.0, "deadline": 0.0}
+    cpu0, self0 = cpu_ticks(), os.times()
 
     def start():
         state["t0"] = time.perf_counter()
@@ -373,6 +394,7 @@ def throughput(host, port, clients, duration, control, args):
         t.start()
     for t in threads:
         t.join()
+    cpu1, self1 = cpu_ticks(), os.times()
     m1 = control.metrics()
     end = max((t["last"] for t in per_thread), default=state["deadline"])
     wall = max(end, state["deadline"]) - state["t0"]
@@ -394,6 +416,12 @@ def throughput(host, port, clients, duration, control, args):
         "pool_hits": int(hits),
         "pool_misses": int(misses),
         "pool_hit_rate": hits / (hits + misses) if hits + misses else None,
+        # Host-wide CPU use during the level, and this load generator's own share, both as a
+        # fraction of all CPUs.
+        "host_cpu_busy": busy_fraction(cpu0, cpu1),
+        "client_cpu": ((self1.user + self1.system - self0.user - self0.system)
+                       / ((self1.elapsed - self0.elapsed) * (os.cpu_count() or 1))
+                       if self1.elapsed > self0.elapsed else None),
     }
 
 
@@ -431,6 +459,10 @@ def session(client, execs):
 
 def mib(kib):
     return "n/a" if kib is None else f"{kib / 1024:.1f} MiB"
+
+
+def pct(x):
+    return None if x is None else x * 100.0
 
 
 def fmt(x, spec=".2f"):
@@ -480,14 +512,18 @@ def main():
     for name, why in skipped.items():
         say(f"skipping {name}: {why}")
     wait_pool_full(control, args.pool)
-    time.sleep(max(args.pause, 0.5))
+    # One quiet second with the pool full: lets the last refill settle, and shows how busy the
+    # host is without us (other tenants of a shared machine).
+    cpu0 = cpu_ticks()
+    time.sleep(1.0)
+    idle_busy = busy_fraction(cpu0, cpu_ticks())
 
     load_before = loadavg()
     mem_idle = memory(args.server_pid) if args.server_pid else None
 
     gc.disable()
     say(f"latency: {args.warmup} + {args.n} rounds of pool, cold, bare python, kennel run")
-    samples, failures, server_ms, refill_ms, pool_hits = sequential(control, args, kennel_argv)
+    samples, failures, server_ms, cpu_ms, refill_ms, pool_hits = sequential(control, args, kennel_argv)
 
     say(f"session: {args.execs} execs")
     wait_pool_full(control, args.pool)
@@ -513,6 +549,8 @@ def main():
             s["failed"] = failures[name]
             if server_ms.get(name):
                 s["server_duration_p50_ms"] = statistics.median(server_ms[name])
+            if cpu_ms.get(name):
+                s["sandbox_cpu_p50_ms"] = statistics.median(cpu_ms[name])
     recorded_pool = len(samples["pool"]) + failures["pool"]
     pool = latency["pool"] or {}
     peak = max(tput, key=lambda t: t["runs_per_s"]) if tput else None
@@ -551,11 +589,13 @@ def main():
         code = pool["server_duration_p50_ms"]
         trip = latency["session_exec"]["p50_ms"] - latency["session_exec"].get("server_duration_p50_ms", 0)
         breakdown["pool"] = {"total_ms": pool["p50_ms"], "code_ms": code, "round_trip_ms": trip,
-                             "rest_ms": pool["p50_ms"] - code - trip}
+                             "rest_ms": pool["p50_ms"] - code - trip,
+                             "sandbox_cpu_ms": pool.get("sandbox_cpu_p50_ms")}
     if latency.get("cold"):
         c = latency["cold"]
         breakdown["cold"] = {"total_ms": c["p50_ms"], "sandbox_ms": c["server_duration_p50_ms"],
-                             "rest_ms": c["p50_ms"] - c["server_duration_p50_ms"]}
+                             "rest_ms": c["p50_ms"] - c["server_duration_p50_ms"],
+                             "sandbox_cpu_ms": c.get("sandbox_cpu_p50_ms")}
 
     result = {
         "url": args.url,
@@ -566,7 +606,7 @@ def main():
         "method": "perf_counter around one HTTP request on an open keep-alive connection; "
                   "anchors as bench/startup.py (subprocess.run, stdio to /dev/null)",
         "host": {"nproc": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": load_after,
-                 "kernel": os.uname().release},
+                 "idle_cpu_busy": idle_busy, "kernel": os.uname().release},
         "elapsed_s": time.perf_counter() - t_start,
         "pool_warmup_s": warm_s,
         "latency": latency,
@@ -594,7 +634,8 @@ def main():
     la = lambda l: l[0] if l else "?"
     print(f"kennel serve under load: pool python={args.pool}, {args.n} sequential runs per latency "
           f"variant after {args.warmup} warm-up rounds ({os.cpu_count()} CPUs, load "
-          f"{la(load_before)} -> {la(load_after)}, {result['elapsed_s']:.0f} s)")
+          f"{la(load_before)} -> {la(load_after)}, CPU {fmt(pct(idle_busy), '.0f')}% busy while idle, "
+          f"{result['elapsed_s']:.0f} s)")
     print()
     print("latency, one request at a time on a keep-alive connection (pool full before each)")
     print(f"{'variant':<13} {'p50 ms':>8} {'p99 ms':>8} {'min ms':>8} {'runs':>5} {'failed':>6}  what")
@@ -624,13 +665,14 @@ def main():
     print(f"throughput, print(1) with default limits, each client on its own keep-alive connection, "
           f"{args.duration:g} s per level")
     print(f"{'clients':>7} {'seconds':>8} {'ok':>6} {'runs/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
-          f"{'errors':>6} {'429s':>5}  pool hits")
+          f"{'errors':>6} {'429s':>5} {'cpu %':>6} {'client %':>8}  pool hits")
     for t in tput:
         hr = t["pool_hit_rate"]
         print(f"{t['clients']:>7} {t['seconds']:>8.1f} {t['ok']:>6} {t['runs_per_s']:>8.1f} "
-              f"{fmt(t['p50_ms']):>8} {fmt(t['p99_ms']):>8} {t['errors']:>6} {t['busy_429']:>5}  "
+              f"{fmt(t['p50_ms']):>8} {fmt(t['p99_ms']):>8} {t['errors']:>6} {t['busy_429']:>5} "
+              f"{fmt(pct(t['host_cpu_busy']), '.0f'):>6} {fmt(pct(t['client_cpu']), '.0f'):>8}  "
               f"{t['pool_hits']}/{t['pool_hits'] + t['pool_misses']} "
-              f"({fmt(hr * 100 if hr is not None else None, '.0f')}%)")
+              f"({fmt(pct(hr), '.0f')}%)")
     print()
     if mem_idle:
         print(f"memory, idle with the pool full (pid {args.server_pid})")
@@ -650,6 +692,10 @@ def main():
             b = breakdown["cold"]
             print(f"  cold: {b['total_ms']:.1f} ms = sandbox start to exit {b['sandbox_ms']:.1f} ms "
                   f"(duration_ms) + {b['rest_ms']:.1f} ms HTTP, cgroup setup and teardown")
+        if "pool" in breakdown and "cold" in breakdown:
+            print(f"  CPU per run (the sandbox's cpu_ms, p50): pooled {fmt(breakdown['pool']['sandbox_cpu_ms'], '.0f')} ms "
+                  f"(agent and kernel start, mostly spent before the request), cold "
+                  f"{fmt(breakdown['cold']['sandbox_cpu_ms'], '.0f')} ms; {os.cpu_count()} CPUs")
         print()
     for name, v in overheads.items():
         print(f"OVERHEAD {name} {fmt(v)} ms")

@@ -72,6 +72,7 @@ fi
 # --- The server --------------------------------------------------------------------------
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/kennel-load.XXXXXX")"
 server_pid=""
+load_pid=""
 
 stop_server() {
     # SIGTERM to the one process this script started; the server ends its sandboxes itself.
@@ -94,6 +95,11 @@ stop_server() {
 }
 
 cleanup() {
+    # On a signal, the load generator may still be running: it is ours, end it first.
+    if [[ -n $load_pid ]] && kill -0 "$load_pid" 2>/dev/null; then
+        kill -TERM "$load_pid" 2>/dev/null || true
+        wait "$load_pid" 2>/dev/null || true
+    fi
     stop_server
     rm -rf "$tmp"
 }
@@ -135,9 +141,13 @@ if [[ -z $url ]]; then
 fi
 say "kennel serve (pid $server_pid) listening on $url, pool python=$pool"
 
-status=0
+# In the background and waited for, so that a signal to this script runs the cleanup at once.
 "$PY" "$here/load.py" --url "$url" --server-pid "$server_pid" --pool "$pool" --kennel "$kennel" \
-    "${json[@]}" || status=$?
+    "${json[@]}" &
+load_pid=$!
+status=0
+wait "$load_pid" || status=$?
+load_pid=""
 if [[ $status -ne 0 ]]; then
     say "load.py failed (exit status $status); the server's log:"
     tail -n 40 "$tmp/server.log" >&2
