@@ -47,7 +47,10 @@ Requests
     dead before an exec is replaced and reported the same way, with the exec's own status.
     Fresh kernels are started eagerly, at agent start and after every restart. After the code
     ends (its result known), output is read as for shell: until EOF, at most 200 ms more (a
-    background process the code started may hold the pipes).
+    background process the code started may hold the pipes). With ``"one_shot": true`` (a
+    pooled one-shot run, whose sandbox ends right after) the code sees what ``python3 -c``
+    shows it: ``sys.argv == ["-c"]``, tracebacks name ``"<string>"``, and the timeout kills
+    the kernel at once (``signal`` 9) instead of interrupting it.
 
 ``{"op":"write","id":N,"path":P,"b64":D,"mode":M}``
     Creates the parent directories, then replaces P atomically (temporary file + rename; a
@@ -115,7 +118,7 @@ READ_SIZE = 64 * 1024
 CHUNK_MAX = 256 * 1024  # most bytes of one stream coalesced into one output event
 REQUEST_READ_SIZE = 1024 * 1024
 MAX_POLL_MS = 3_600_000
-HEADER_SIZE = 16  # kernel request header: the code's length in ASCII digits
+HEADER_SIZE = 16  # kernel request header: the code's length in ASCII digits, then a mode digit
 _REQUIRED = object()
 _TEMP_NAMES = itertools.count()
 
@@ -515,8 +518,9 @@ class ShellRun:
 class PythonRun:
     """A python exec in the kernel: its timeout (SIGINT, then SIGKILL) and its end."""
 
-    def __init__(self, kernel, timeout, submitted):
+    def __init__(self, kernel, timeout, submitted, kill_on_timeout=False):
         self.kernel = kernel
+        self.kill_on_timeout = kill_on_timeout  # one-shot: a timeout kills, as for a cold run
         self.start = time.monotonic()
         self.deadline = self.start + timeout
         self.timed_out = False
@@ -540,6 +544,10 @@ class PythonRun:
             self.lose(now)
             return
         self.timed_out = self.timed_out or now >= self.deadline
+        if self.timed_out and self.kill_on_timeout:
+            self.killed = True
+            self.lose(now)
+            return
         if self.timed_out and self.started and not self.interrupted:
             self.kernel.interrupt()
             self.interrupted = True
@@ -648,8 +656,8 @@ def kernel_loop(sock):
         request = receive_exec(sock)
         if request is None:
             return
-        code, fds = request
-        status = run_exec(sock, state, code, fds)
+        code, fds, one_shot = request
+        status = run_exec(sock, state, code, fds, one_shot)
         sock.sendall(b"exit %d\n" % status)
 
 
@@ -659,10 +667,10 @@ def receive_exec(sock):
     if not header:
         return None
     header += recv_exactly(sock, HEADER_SIZE - len(header))
-    code = recv_exactly(sock, int(header)).decode("utf-8", "surrogatepass")
+    code = recv_exactly(sock, int(header[:-1])).decode("utf-8", "surrogatepass")
     if len(fds) != 3:
         raise KernelLost("an exec request came without its three fds")
-    return code, fds
+    return code, fds, header[-1:] == b"1"
 
 
 def recv_exactly(sock, size):
@@ -676,9 +684,13 @@ def recv_exactly(sock, size):
     return b"".join(chunks)
 
 
-def run_exec(sock, state, code, fds):
+def run_exec(sock, state, code, fds, one_shot=False):
     install_stdio(fds)
-    status = run_code(code, state, lambda: sock.sendall(b"started\n"))
+    # A one-shot run (the warm pool) must look like `python3 -c` to the code.
+    filename = "<string>" if one_shot else "<session>"
+    if one_shot:
+        sys.argv = ["-c"]
+    status = run_code(code, state, lambda: sock.sendall(b"started\n"), filename)
     flush_std_streams()
     if os.getpid() != state.pid:  # a fork made by the code ends with the code, as in python3 -c
         os._exit(status & 0xFF)
@@ -686,13 +698,13 @@ def run_exec(sock, state, code, fds):
     return status
 
 
-def run_code(code, state, announce):
+def run_code(code, state, announce, filename="<session>"):
     """Runs the code like ``python3 -c`` and returns its exit status."""
     error = None
     try:
         signal.signal(signal.SIGINT, state.sigint)
         announce()
-        exec(compile(code, "<session>", "exec", dont_inherit=True), state.namespace)
+        exec(compile(code, filename, "exec", dont_inherit=True), state.namespace)
     except BaseException as exc:
         error = exc
     # Ignore SIGINT again, keeping the code's handler for the next exec. signal.signal() runs
@@ -811,11 +823,12 @@ class Kernel:
     def fileno(self):
         return self.sock.fileno()
 
-    def submit(self, code, fds):
+    def submit(self, code, fds, one_shot=False):
         """Sends an exec; False if the kernel is gone."""
         data = code.encode("utf-8", "surrogatepass")
+        header = str(len(data)).zfill(HEADER_SIZE - 1) + ("1" if one_shot else "0")
         try:
-            socket.send_fds(self.sock, [str(len(data)).zfill(HEADER_SIZE).encode()], fds)
+            socket.send_fds(self.sock, [header.encode()], fds)
             self.sock.sendall(data)
         except OSError:
             return False
@@ -1100,18 +1113,21 @@ class Agent:
         timeout = count_field(request, "timeout_ms") / 1000
         limit = count_field(request, "output_limit")
         stdin = b64_field(request, "stdin_b64", None)
+        one_shot = field(request, "one_shot", bool, False)
         interpreter = {"restarted": False, "crashed": False, "reason": None}
         kernel = self.live_kernel(interpreter)
         child_fds, ours = make_pipes(stdin is not None)
         try:
-            submitted = kernel.submit(code, child_fds)
+            submitted = kernel.submit(code, child_fds, one_shot)
         finally:
             close_fds(child_fds)
-        run = PythonRun(kernel, timeout, submitted)
+        run = PythonRun(kernel, timeout, submitted, kill_on_timeout=one_shot)
         pump = Pump(rid, limit, *ours, stdin)
         self.drive(run, pump)
         if not kernel.alive:
-            if run.killed:
+            if run.killed and one_shot:
+                why = "was killed at the timeout (one-shot run)"
+            elif run.killed:
                 why = "did not stop within 2 s of SIGINT after the timeout and was killed"
             elif kernel.killed_running:
                 why = "stopped answering on its control channel during the exec and was killed"

@@ -232,9 +232,12 @@ impl AgentSandbox {
         }
     }
 
-    /// Runs code or a command; `on_output` sees the kept output as it comes.
+    /// Runs code or a command; `on_output` sees the kept output as it comes. A `one_shot`
+    /// python exec looks to the code like `python3 -c` (the sandbox ends right after).
+    #[allow(clippy::too_many_arguments)]
     pub async fn exec(
         &self,
+        one_shot: bool,
         language: Language,
         code: &str,
         stdin: Option<&str>,
@@ -250,6 +253,7 @@ impl AgentSandbox {
             Language::Sh => json!({"op": "exec", "kind": "shell", "shell": "sh", "command": code}),
         };
         request["timeout_ms"] = json!(timeout.as_millis() as u64);
+        request["one_shot"] = json!(one_shot);
         request["output_limit"] = json!(output_limit);
         if let Some(s) = stdin {
             request["stdin_b64"] = json!(base64::engine::general_purpose::STANDARD.encode(s));

@@ -178,18 +178,31 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         // Any content type is read as JSON: `curl -d` users should not need a header.
-        let body = axum::body::Bytes::from_request(req, state)
-            .await
-            .map_err(|rejection| {
-                let status = match rejection.status() {
-                    StatusCode::PAYLOAD_TOO_LARGE => StatusCode::PAYLOAD_TOO_LARGE,
-                    _ => StatusCode::BAD_REQUEST,
-                };
-                ApiError::new(status, "bad_request", rejection.body_text())
-            })?;
+        let ApiBytes(body) = ApiBytes::from_request(req, state).await?;
         serde_json::from_slice(&body)
             .map(ApiJson)
             .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+    }
+}
+
+/// A raw body whose rejections (too large, unreadable) come back as our error shape.
+pub struct ApiBytes(pub axum::body::Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for ApiBytes {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        axum::body::Bytes::from_request(req, state)
+            .await
+            .map(ApiBytes)
+            .map_err(|rejection| {
+                if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    let msg = "the request body is larger than this server's max_body";
+                    ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", msg)
+                } else {
+                    ApiError::bad_request(rejection.body_text())
+                }
+            })
     }
 }
 
@@ -299,6 +312,11 @@ async fn fallback() -> ApiError {
     ApiError::not_found("no such endpoint; see /openapi.json")
 }
 
+async fn wrong_method() -> ApiError {
+    let msg = "this endpoint does not take that method; see /openapi.json";
+    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", msg)
+}
+
 pub fn router(state: Shared) -> Router {
     let max_body = state.config.max_body.0 as usize;
     Router::new()
@@ -323,6 +341,7 @@ pub fn router(state: Shared) -> Router {
                 .delete(session_routes::delete_file),
         )
         .fallback(fallback)
+        .method_not_allowed_fallback(wrong_method)
         .layer(axum::extract::DefaultBodyLimit::max(max_body))
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .layer(middleware::from_fn_with_state(

@@ -122,9 +122,26 @@ pub async fn create_run(
             execute(&state, &caller, &spec, req, Some(live)).await
         }));
     }
-    let result = execute(&state, &caller, &spec, req, None).await;
-    drop(permit);
-    Ok(Json(result?).into_response())
+    // The run goes on in a task of its own that holds the slot: a client that disconnects
+    // neither frees a slot its sandbox still uses nor skips the audit.
+    let task = tokio::spawn(async move {
+        let _permit = permit;
+        execute(&state, &caller, &spec, req, None).await
+    });
+    Ok(Json(joined(task.await)?).into_response())
+}
+
+/// The outcome of a spawned piece of work.
+pub fn joined<T>(
+    outcome: Result<Result<T, ApiError>, tokio::task::JoinError>,
+) -> Result<T, ApiError> {
+    outcome.map_err(|e| {
+        ApiError::new(
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            e.to_string(),
+        )
+    })?
 }
 
 fn check_paths(req: &RunRequest) -> Result<(), ApiError> {
@@ -296,6 +313,7 @@ async fn run_pooled(
     };
     let exec = agent
         .exec(
+            true,
             *language,
             code,
             stdin.as_deref(),

@@ -3,7 +3,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -13,9 +12,9 @@ use serde_json::Value;
 
 use super::agent::{AgentError, AgentSandbox};
 use super::audit::{now_ms, sha256_hex, Entry};
-use super::http::{ApiError, ApiJson, Caller, Shared};
+use super::http::{ApiBytes, ApiError, ApiJson, Caller, Shared};
 use super::metrics::inc;
-use super::runs::{stream_response, wants_stream, Live, StreamMsg, StreamQuery};
+use super::runs::{joined, stream_response, wants_stream, Live, StreamMsg, StreamQuery};
 use super::sessions::{Session, SessionInfo};
 use crate::api::{ExecResult, ExecSpec, SessionSpec};
 use crate::native::helper::in_scratch;
@@ -49,12 +48,12 @@ pub async fn create(
     ApiJson(spec): ApiJson<SessionSpec>,
 ) -> Result<Response, ApiError> {
     let config = &state.config;
-    if state.sessions.len() >= config.sessions.max_sessions {
+    let Some(_place) = state.sessions.reserve(config.sessions.max_sessions) else {
         return Err(ApiError::busy(format!(
             "{} sessions are open, the most this server keeps",
             config.sessions.max_sessions
         )));
-    }
+    };
     let mut policy = config.base_policy();
     policy.limits = spec.limits.apply(&policy.limits, &config.maxima)?;
     policy.env.extend(spec.env.clone());
@@ -148,6 +147,9 @@ pub async fn exec(
                 state.config.maxima.timeout
             )))
         }
+        Some(t) if t.0.is_zero() => {
+            return Err(ApiError::bad_request("`timeout` must be more than zero"))
+        }
         Some(t) => t.0,
         None => session.limits.timeout.0,
     };
@@ -162,9 +164,11 @@ pub async fn exec(
             run_exec(&state, &caller, &session, &spec, timeout, Some(live)).await
         }));
     }
-    let result = run_exec(&state, &caller, &session, &spec, timeout, None).await;
-    drop(permit);
-    Ok(Json(result?).into_response())
+    let task = tokio::spawn(async move {
+        let _permit = permit;
+        run_exec(&state, &caller, &session, &spec, timeout, None).await
+    });
+    Ok(Json(joined(task.await)?).into_response())
 }
 
 async fn run_exec(
@@ -175,7 +179,7 @@ async fn run_exec(
     timeout: Duration,
     live: Option<Live>,
 ) -> Result<ExecResult, ApiError> {
-    session.touch();
+    let _busy = session.busy();
     let started = Instant::now();
     let on_output = |s: Stream, data: &[u8]| {
         if let Some(tx) = &live {
@@ -185,6 +189,7 @@ async fn run_exec(
     let outcome = session
         .agent
         .exec(
+            false,
             spec.language,
             &spec.code,
             spec.stdin.as_deref(),
@@ -193,7 +198,6 @@ async fn run_exec(
             on_output,
         )
         .await;
-    session.touch();
     let entry = Entry {
         at_unix_ms: now_ms(),
         token_id: &caller.0,
@@ -252,7 +256,7 @@ pub async fn write_file(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
     Path((id, path)): Path<(String, String)>,
-    body: Bytes,
+    ApiBytes(body): ApiBytes,
 ) -> Result<StatusCode, ApiError> {
     let session = session_for(&state, &caller, &id)?;
     let path = sandbox_path(&path)?;
@@ -263,7 +267,7 @@ pub async fn write_file(
             "the file is larger than the session's workspace",
         ));
     }
-    session.touch();
+    let _busy = session.busy();
     session
         .agent
         .write_file(&path, &body, 0o644)
@@ -281,7 +285,7 @@ pub async fn read_file(
 ) -> Result<Response, ApiError> {
     let session = session_for(&state, &caller, &id)?;
     let path = sandbox_path(&path)?;
-    session.touch();
+    let _busy = session.busy();
     let max = state.config.max_body.0;
     let (size, data) = session
         .agent
@@ -311,7 +315,7 @@ pub async fn delete_file(
 ) -> Result<StatusCode, ApiError> {
     let session = session_for(&state, &caller, &id)?;
     let path = sandbox_path(&path)?;
-    session.touch();
+    let _busy = session.busy();
     session.agent.delete(&path).await.map_err(|e| match e {
         AgentError::Refused(m) if m.starts_with("ENOENT") => {
             ApiError::not_found(format!("{path}: no such file"))
@@ -341,7 +345,7 @@ pub async fn list_files(
             "path {path:?} must be under /workspace or /tmp"
         )));
     }
-    session.touch();
+    let _busy = session.busy();
     let entries = session.agent.list(&path).await.map_err(|e| match e {
         AgentError::Refused(m) if m.starts_with("ENOENT") => {
             ApiError::not_found(format!("{path}: no such directory"))

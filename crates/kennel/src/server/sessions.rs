@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::io::Read;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -18,6 +19,8 @@ pub struct Session {
     pub created_unix_ms: u128,
     created: Instant,
     last_used: Mutex<Instant>,
+    /// Execs and file operations under way: a busy session is never idle.
+    busy: AtomicUsize,
     pub idle_ttl: Duration,
     pub max_lifetime: Duration,
 }
@@ -58,6 +61,7 @@ impl Session {
             created_unix_ms: super::audit::now_ms(),
             created: Instant::now(),
             last_used: Mutex::new(Instant::now()),
+            busy: AtomicUsize::new(0),
             idle_ttl,
             max_lifetime,
         }
@@ -67,6 +71,13 @@ impl Session {
         *self.last_used.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
     }
 
+    /// Marks the session busy until the guard drops; its idle time starts again then.
+    pub fn busy(&self) -> Busy<'_> {
+        self.busy.fetch_add(1, Ordering::SeqCst);
+        self.touch();
+        Busy(self)
+    }
+
     /// Time left before the idle TTL or the lifetime ends the session.
     pub fn remaining(&self) -> Duration {
         let idle = self
@@ -74,7 +85,11 @@ impl Session {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .elapsed();
-        let by_idle = self.idle_ttl.saturating_sub(idle);
+        let by_idle = if self.busy.load(Ordering::SeqCst) > 0 {
+            self.idle_ttl
+        } else {
+            self.idle_ttl.saturating_sub(idle)
+        };
         let by_life = self.max_lifetime.saturating_sub(self.created.elapsed());
         by_idle.min(by_life)
     }
@@ -91,9 +106,29 @@ impl Session {
     }
 }
 
+pub struct Busy<'a>(&'a Session);
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.busy.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 #[derive(Default)]
 pub struct Sessions {
     map: RwLock<HashMap<String, Arc<Session>>>,
+    /// Sessions being created: counted against the maximum before their sandbox exists.
+    pending: Mutex<usize>,
+}
+
+/// A place reserved for a session being created.
+pub struct Reservation<'a>(&'a Sessions);
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        *self.0.pending.lock().unwrap_or_else(|p| p.into_inner()) -= 1;
+    }
 }
 
 impl Sessions {
@@ -103,6 +138,16 @@ impl Sessions {
 
     pub fn len(&self) -> usize {
         self.map.read().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Reserves a place for a new session, if fewer than `max` exist or are being made.
+    pub fn reserve(&self, max: usize) -> Option<Reservation<'_>> {
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        if self.len() + *pending >= max {
+            return None;
+        }
+        *pending += 1;
+        Some(Reservation(self))
     }
 
     pub fn insert(&self, s: Arc<Session>) {

@@ -71,7 +71,12 @@ impl Resp {
 
     /// The error message of a `{"error": {"code", "message"}}` answer, checking the shape.
     pub fn error(&self, status: u16) -> (String, String) {
-        assert_eq!(self.status, status, "expected {status}, got {}", self.text());
+        assert_eq!(
+            self.status,
+            status,
+            "expected {status}, got {}",
+            self.text()
+        );
         let v = self.json();
         let e = &v["error"];
         let code = e["code"]
@@ -145,7 +150,11 @@ impl Streamed {
         let results: Vec<&Event> = self.events.iter().filter(|e| e.name == "result").collect();
         assert_eq!(results.len(), 1, "one result event: {:?}", self.events);
         let last = self.events.last().unwrap();
-        assert_eq!(last.name, "result", "the result comes last: {:?}", self.events);
+        assert_eq!(
+            last.name, "result",
+            "the result comes last: {:?}",
+            self.events
+        );
         last
     }
 }
@@ -304,7 +313,9 @@ impl Client {
         let mut line = String::new();
         loop {
             line.clear();
-            let n = reader.read_line(&mut line).expect("reading the event stream");
+            let n = reader
+                .read_line(&mut line)
+                .expect("reading the event stream");
             if n == 0 {
                 break;
             }
@@ -397,6 +408,8 @@ impl Server {
         let config_path = dir.join("config.toml");
         std::fs::write(&config_path, config).expect("writing the config");
         let log = dir.join("server.log");
+        let tmpdir = dir.join("tmp");
+        std::fs::create_dir_all(&tmpdir).expect("creating the server's TMPDIR");
         for attempt in 0..5 {
             let port = free_port();
             let log_file = std::fs::OpenOptions::new()
@@ -405,12 +418,19 @@ impl Server {
                 .open(&log)
                 .expect("opening the log");
             let mut cmd = Command::new(KENNEL);
-            cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--config"])
-                .arg(&config_path)
-                .env_remove("KENNEL_TOKENS")
-                .stdin(Stdio::null())
-                .stdout(log_file.try_clone().unwrap())
-                .stderr(log_file);
+            cmd.args([
+                "serve",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--config",
+            ])
+            .arg(&config_path)
+            .env_remove("KENNEL_TOKENS")
+            // Whatever temp files the server itself would make land here, to be counted.
+            .env("TMPDIR", &tmpdir)
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone().unwrap())
+            .stderr(log_file);
             for (k, v) in env {
                 cmd.env(k, v);
             }
@@ -457,13 +477,15 @@ impl Server {
                 return Err(format!("it exited ({status}): {}", self.log_text()));
             }
             if Instant::now() > deadline {
-                return Err(format!(
-                    "no /healthz within 30 s; log: {}",
-                    self.log_text()
-                ));
+                return Err(format!("no /healthz within 30 s; log: {}", self.log_text()));
             }
             std::thread::sleep(Duration::from_millis(25));
         }
+    }
+
+    /// What the server left in its own TMPDIR.
+    pub fn tmpdir_entries(&self) -> HashSet<String> {
+        dir_entries(self.dir.join("tmp").to_str().unwrap())
     }
 
     pub fn log_text(&self) -> String {
@@ -692,6 +714,21 @@ pub fn mount_count() -> usize {
         .count()
 }
 
+/// Entries of a shared temp directory owned by a sandbox's host uid (1000000000 and up): what
+/// sandboxed code would have left there, could it reach the host's temp directories. (Other
+/// programs on the host come and go there meanwhile, so not every new entry is ours.)
+pub fn sandbox_owned_entries(dir: &str) -> HashSet<String> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .filter(|e| e.metadata().is_ok_and(|m| m.uid() >= 1_000_000_000))
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The entries of a directory (for temp-dir leak checks).
 pub fn dir_entries(dir: &str) -> HashSet<String> {
     std::fs::read_dir(dir)
@@ -745,9 +782,54 @@ pub fn retry_busy(mut f: impl FnMut() -> Resp) -> (Resp, u32) {
         if r.status != 429 {
             return (r, busy);
         }
-        assert_eq!(r.header("retry-after"), Some("1"), "a 429 says when to retry");
+        assert_eq!(
+            r.header("retry-after"),
+            Some("1"),
+            "a 429 says when to retry"
+        );
         busy += 1;
         assert!(busy < 10_000, "busy forever");
         std::thread::sleep(Duration::from_millis(10 + (busy as u64 % 5) * 5));
+    }
+}
+
+/// Sends a POST over a raw connection and returns it unread: dropping it is a client that went
+/// away mid-request.
+pub fn post_and_leave(port: u16, path: &str, body: &Value) -> std::net::TcpStream {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connecting");
+    let body = body.to_string();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("sending the request");
+    s
+}
+
+/// Processes below `root` whose command line contains `marker`.
+pub fn procs_with(root: u32, marker: &str) -> Vec<Proc> {
+    descendants(root)
+        .into_iter()
+        .filter(|p| {
+            std::fs::read(format!("/proc/{}/cmdline", p.pid))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(marker))
+        })
+        .collect()
+}
+
+/// Waits up to 30 s for a process below `root` with `marker` in its command line.
+pub fn wait_for_proc(root: u32, marker: &str) -> Proc {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(p) = procs_with(root, marker).into_iter().next() {
+            return p;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no process with {marker:?} appeared"
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
