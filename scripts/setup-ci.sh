@@ -16,7 +16,10 @@ die() { echo "setup-ci: error: $*" >&2; exit 1; }
 #   bash, dash       /bin/bash and /bin/sh (the Bash and Sh snippet languages)
 #   gcc, libc6-dev   the C linker (`cc`) and C runtime that rustc links test binaries with
 #   ca-certificates  TLS roots for cargo to fetch crates from crates.io
-packages=(bubblewrap python3 coreutils util-linux bash dash gcc libc6-dev ca-certificates)
+#   curl, openssl    the network-allowlist tests: a client in the sandbox, a test certificate
+#   python3-pip      the network-allowlist tests: pip install from a local index
+packages=(bubblewrap python3 coreutils util-linux bash dash gcc libc6-dev ca-certificates
+    curl openssl python3-pip)
 
 installed() {
     [[ $(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true) == "install ok installed" ]]
