@@ -324,7 +324,22 @@ impl Cgroup {
     }
 
     pub fn stats(&self) -> Stats {
-        match &self.layout {
+        self.probe().read()
+    }
+
+    /// A handle that reads the counters while the sandbox runs.
+    pub fn probe(&self) -> Probe {
+        Probe(self.layout.clone())
+    }
+}
+
+/// Reads a sandbox cgroup's counters, at any time while it exists.
+#[derive(Debug, Clone)]
+pub struct Probe(Layout);
+
+impl Probe {
+    pub fn read(&self) -> Stats {
+        match &self.0 {
             Layout::V1 {
                 memory,
                 pids,
@@ -344,7 +359,9 @@ impl Cgroup {
             },
         }
     }
+}
 
+impl Cgroup {
     /// Kills every process left in the cgroup and removes it in every hierarchy.
     pub fn destroy(&self) {
         remove(&self.layout);

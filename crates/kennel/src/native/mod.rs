@@ -17,7 +17,9 @@ mod supervisor;
 
 pub use helper::{maybe_run_helper, HELPER_ARG};
 pub use output::Stream;
-pub use supervisor::{Canceller, Native, OutputMode, OutputSink, RunIo, StdinSource};
+pub use supervisor::{
+    Canceller, Native, OnStarted, OutputMode, OutputSink, RunIo, Started, StdinSource,
+};
 
 /// The host uid/gid that uid 0 inside a sandbox maps to when Kennel runs as root; the range
 /// above it (65536 ids) is otherwise unused on hosts Kennel manages.

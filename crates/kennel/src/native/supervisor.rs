@@ -42,6 +42,7 @@ pub struct RunIo {
     /// speaks a protocol on its stdout (the session agent), not for untrusted output.
     pub output: OutputMode,
     pub cancel: Option<Canceller>,
+    pub on_started: Option<OnStarted>,
 }
 
 impl RunIo {
@@ -52,6 +53,7 @@ impl RunIo {
             on_output: None,
             output: OutputMode::Capture,
             cancel: None,
+            on_started: None,
         }
     }
 }
@@ -108,6 +110,16 @@ enum Event {
     Closed,
     Cancel,
 }
+
+/// What a caller learns the moment the code starts: the isolation in force, and (with
+/// cgroups) a probe that reads the usage counters while the sandbox runs.
+pub struct Started {
+    pub isolation: Isolation,
+    pub usage: Option<super::cgroup::Probe>,
+}
+
+/// Called once, when the code starts.
+pub type OnStarted = Box<dyn FnOnce(Started) + Send>;
 
 /// Runs requests in native sandboxes.
 #[derive(Debug, Clone)]
@@ -265,7 +277,23 @@ fn supervise(
     );
     let err = reader(child.stderr.take(), cap, mode, Stream::Stderr, io.on_output);
     send_plan(&mut ctl, plan, files)?;
-    let mut report = events(&mut ctl, pid as i32, plan, started, io.cancel.as_ref())?;
+    let notify = io.on_started.map(|f| {
+        let usage = limiter.as_ref().ok().map(Cgroup::probe);
+        Box::new(move |c: Confinement| {
+            f(Started {
+                isolation: isolation(plan, limiter, Some(c)),
+                usage,
+            })
+        }) as Box<dyn FnOnce(Confinement) + '_>
+    });
+    let mut report = events(
+        &mut ctl,
+        pid as i32,
+        plan,
+        started,
+        io.cancel.as_ref(),
+        notify,
+    )?;
     let network_log = report.proxy.take().map(Proxy::stop).unwrap_or_default();
     let usage = wait_helper(&mut child, report.timed_out || report.cancelled);
     guard.armed = false;
@@ -496,6 +524,7 @@ fn events(
     plan: &Plan,
     started: Instant,
     cancel: Option<&Canceller>,
+    mut on_started: Option<Box<dyn FnOnce(Confinement) + '_>>,
 ) -> Result<Report, Error> {
     let reader = ctl
         .try_clone()
@@ -569,7 +598,12 @@ fn events(
                 },
                 _,
             ) => report.failed = Some((step, errno, detail)),
-            (Msg::Started(c), _) => report.confinement = Some(c),
+            (Msg::Started(c), _) => {
+                if let Some(f) = on_started.take() {
+                    f(c.clone());
+                }
+                report.confinement = Some(c);
+            }
             (Msg::Exited { code, signal }, _) => {
                 report.exited = Some((code, signal));
                 report.ended_at = Some(Instant::now());

@@ -11,9 +11,12 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::api::{Command, ExecResult, Interpreter, Language, RunRequest, RunResult};
+use crate::api::{Command, ExecResult, Interpreter, Isolation, Language, RunRequest, RunResult};
 use crate::error::Error;
-use crate::native::{Canceller, Native, OutputMode, OutputSink, RunIo, StdinSource, Stream};
+use crate::native::cgroup::Stats;
+use crate::native::{
+    Canceller, Native, OutputMode, OutputSink, RunIo, Started, StdinSource, Stream,
+};
 use crate::policy::{Policy, Span};
 
 /// The agent's source, run as `python3 -u -c`; its docstring is the protocol.
@@ -98,6 +101,8 @@ pub struct AgentSandbox {
     cancel: Canceller,
     done: Mutex<Option<oneshot::Receiver<Result<RunResult, Error>>>>,
     stderr_tail: Arc<Mutex<Vec<u8>>>,
+    /// The isolation and the usage probe, once the agent has started.
+    live: Arc<Mutex<Option<Started>>>,
     ended: Arc<AtomicBool>,
     pub started: Instant,
 }
@@ -145,11 +150,16 @@ impl AgentSandbox {
         let (line_tx, lines) = mpsc::unbounded_channel();
         let stderr_tail = Arc::new(Mutex::new(Vec::new()));
         let cancel = Canceller::new();
+        let live = Arc::new(Mutex::new(None));
+        let slot = live.clone();
         let io = RunIo {
             stdin: StdinSource::Reader(Box::new(reader)),
             on_output: Some(sink(line_tx, stderr_tail.clone())),
             output: OutputMode::Raw,
             cancel: Some(cancel.clone()),
+            on_started: Some(Box::new(move |s| {
+                *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(s);
+            })),
         };
         let (done_tx, done) = oneshot::channel();
         let ended = Arc::new(AtomicBool::new(false));
@@ -168,6 +178,7 @@ impl AgentSandbox {
             cancel,
             done: Mutex::new(Some(done)),
             stderr_tail,
+            live,
             ended,
             started: Instant::now(),
         };
@@ -349,6 +360,13 @@ impl AgentSandbox {
                 done.await.ok()
             }
         }
+    }
+
+    /// The isolation in force and the usage so far, read while the sandbox still runs.
+    pub fn usage_now(&self) -> Option<(Isolation, Option<Stats>)> {
+        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        live.as_ref()
+            .map(|s| (s.isolation.clone(), s.usage.as_ref().map(|p| p.read())))
     }
 
     /// A handle that kills the sandbox (for shutdown).

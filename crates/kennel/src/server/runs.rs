@@ -20,7 +20,7 @@ use super::audit::{now_ms, sha256_hex, Entry};
 use super::http::{ApiError, ApiJson, Caller, Shared};
 use super::metrics::inc;
 use super::pool::Profile;
-use crate::api::{CollectedFile, Command, Content, RunRequest, RunResult, RunSpec};
+use crate::api::{CollectedFile, Command, Content, ExecResult, RunRequest, RunResult, RunSpec};
 use crate::native::helper::in_scratch;
 use crate::native::{Canceller, OutputMode, OutputSink, RunIo, StdinSource, Stream};
 
@@ -258,6 +258,7 @@ async fn run_cold(
         on_output: live_sink(live),
         output: OutputMode::Capture,
         cancel: Some(cancel),
+        on_started: None,
     };
     let native = state.native.clone();
     tokio::task::spawn_blocking(move || native.run(&req, io))
@@ -343,20 +344,62 @@ async fn run_pooled(
             });
         }
     }
-    // The sandbox has nothing left to do: kill it rather than wait for the agent to wind
-    // down, which would cost the caller ~10 ms. Its own result still carries the usage.
-    agent.kill();
-    let sandbox = match agent.close().await {
-        Some(r) => r?,
-        None => return Err(agent_failed(AgentError::Gone(String::new()))),
+    // The sandbox has nothing left to do. When the code ran, its usage is read from the
+    // cgroup now and the sandbox is destroyed after the answer: waiting for the teardown
+    // would cost the caller ~10 ms.
+    let live = agent.usage_now();
+    let (exec, isolation, stats) = match (exec, live) {
+        (Ok(exec), Some((isolation, stats))) => (exec, isolation, stats),
+        (exec, _) => {
+            agent.kill();
+            let sandbox = match agent.close().await {
+                Some(r) => r?,
+                None => return Err(agent_failed(AgentError::Gone(String::new()))),
+            };
+            return match exec {
+                Ok(exec) => Ok(RunResult {
+                    files,
+                    ..from_exec(exec, sandbox)
+                }),
+                // The whole sandbox died (the OOM killer took the agent, say): its result says why.
+                Err(AgentError::Gone(_)) => Ok(RunResult { files, ..sandbox }),
+                Err(e) => Err(agent_failed(e)),
+            };
+        }
     };
-    let exec = match exec {
-        Ok(r) => r,
-        // The whole sandbox died (the OOM killer took the agent, say): its result says why.
-        Err(AgentError::Gone(_)) => return Ok(RunResult { files, ..sandbox }),
-        Err(e) => return Err(agent_failed(e)),
+    tokio::spawn(async move {
+        agent.kill();
+        agent.close().await;
+    });
+    let usage = stats.unwrap_or_default();
+    let template = RunResult {
+        exit_code: None,
+        signal: None,
+        timed_out: false,
+        oom_killed: usage.oom_kills > 0,
+        pids_limit_hit: usage.pids_max_hits > 0,
+        duration_ms: 0,
+        cpu_ms: usage.cpu_ns / 1_000_000,
+        memory_peak_bytes: usage.memory_peak,
+        stdout: String::new(),
+        stderr: String::new(),
+        stdout_bytes: 0,
+        stderr_bytes: 0,
+        stdout_truncated: false,
+        stderr_truncated: false,
+        files: vec![],
+        isolation,
+        network_log: vec![],
     };
     Ok(RunResult {
+        files,
+        ..from_exec(exec, template)
+    })
+}
+
+/// A pooled run's result: what the agent saw of the code, the rest from the sandbox.
+fn from_exec(exec: ExecResult, sandbox: RunResult) -> RunResult {
+    RunResult {
         exit_code: exec.exit_code,
         signal: exec.signal,
         timed_out: exec.timed_out,
@@ -367,7 +410,6 @@ async fn run_pooled(
         stderr_bytes: exec.stderr_bytes,
         stdout_truncated: exec.stdout_truncated,
         stderr_truncated: exec.stderr_truncated,
-        files,
         ..sandbox
-    })
+    }
 }
