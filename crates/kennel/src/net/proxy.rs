@@ -4,11 +4,11 @@
 //! Host header) and SOCKS5 with host names, resolves names itself, and dials only what the
 //! allowlist names, never a private address unless a pin says so.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -58,6 +58,48 @@ struct Shared {
     allow: Allowlist,
     log: Mutex<Vec<NetEvent>>,
     open: AtomicUsize,
+    /// The sockets of each open connection, so that stopping can end tunnels whose far side
+    /// would never close.
+    sockets: Mutex<HashMap<u64, Vec<TcpStream>>>,
+    next_id: AtomicU64,
+}
+
+/// One connection's handle on the proxy: it registers the connection's sockets, and closes
+/// them (and forgets them) when the connection is done.
+struct Conn<'a> {
+    shared: &'a Shared,
+    id: u64,
+}
+
+impl Conn<'_> {
+    fn watch(&self, s: &TcpStream) {
+        if let Ok(clone) = s.try_clone() {
+            let mut all = self
+                .shared
+                .sockets
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            all.entry(self.id).or_default().push(clone);
+        }
+    }
+
+    fn allow(&self) -> &Allowlist {
+        &self.shared.allow
+    }
+}
+
+impl Drop for Conn<'_> {
+    fn drop(&mut self) {
+        let gone = self
+            .shared
+            .sockets
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.id);
+        for s in gone.into_iter().flatten() {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -86,6 +128,8 @@ impl Proxy {
             allow,
             log: Mutex::new(vec![]),
             open: AtomicUsize::new(0),
+            sockets: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(0),
         });
         let (http, socks) = bound;
         let mut accept_threads = vec![];
@@ -109,8 +153,18 @@ impl Proxy {
         for t in std::mem::take(&mut self.accept_threads) {
             let _ = t.join();
         }
-        // Tunnels end when the sandbox's side closes, which it has by now; give their
-        // threads a moment to record their byte counts.
+        // The sandbox is gone: end every tunnel (a far side may never close on its own) and
+        // give their threads a moment to record their byte counts.
+        for s in self
+            .shared
+            .sockets
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .flatten()
+        {
+            let _ = s.shutdown(Shutdown::Both);
+        }
         for _ in 0..100 {
             if self.shared.open.load(Ordering::SeqCst) == 0 {
                 break;
@@ -146,10 +200,16 @@ fn accept_loop(listener: TcpListener, kind: Kind, shared: Arc<Shared>) {
         let shared = shared.clone();
         std::thread::spawn(move || {
             let _ = conn.set_read_timeout(Some(HANDSHAKE_TIMEOUT));
-            let event = match kind {
-                Kind::Http => serve_http(conn, &shared.allow),
-                Kind::Socks => serve_socks(conn, &shared.allow),
+            let handle = Conn {
+                shared: &shared,
+                id: shared.next_id.fetch_add(1, Ordering::Relaxed),
             };
+            handle.watch(&conn);
+            let event = match kind {
+                Kind::Http => serve_http(conn, &handle),
+                Kind::Socks => serve_socks(conn, &handle),
+            };
+            drop(handle);
             if let Some(event) = event {
                 shared
                     .log
@@ -266,16 +326,38 @@ fn refuse_http(conn: &mut TcpStream, status: &str, reason: &str) {
     let _ = write!(conn, "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
 }
 
-fn serve_http(mut conn: TcpStream, allow: &Allowlist) -> Option<NetEvent> {
-    let (head, rest) = read_head(&mut conn).ok()?;
-    let mut parts = head.lines().next()?.split_whitespace();
-    let (method, target) = (parts.next()?.to_string(), parts.next()?.to_string());
+fn serve_http(mut conn: TcpStream, shared: &Conn) -> Option<NetEvent> {
+    let Ok((head, rest)) = read_head(&mut conn) else {
+        refuse_http(
+            &mut conn,
+            "400 Bad Request",
+            "an unreadable or oversized request head",
+        );
+        return Some(event(
+            "",
+            0,
+            "http",
+            "denied",
+            "an unreadable or oversized request head",
+        ));
+    };
+    let mut parts = head.lines().next().unwrap_or("").split_whitespace();
+    let (method, target) = (
+        parts.next().unwrap_or("").to_string(),
+        parts.next().unwrap_or("").to_string(),
+    );
     if method.eq_ignore_ascii_case("CONNECT") {
         let Some((host, port)) = split_host_port(&target, 443) else {
             refuse_http(&mut conn, "400 Bad Request", "CONNECT needs host:port");
-            return None;
+            return Some(event(
+                &target,
+                0,
+                "connect",
+                "denied",
+                "CONNECT needs host:port",
+            ));
         };
-        return Some(connect_tunnel(conn, allow, &host, port, rest));
+        return Some(connect_tunnel(conn, shared, &host, port, rest));
     }
     let Some(after) = target.strip_prefix("http://") else {
         refuse_http(
@@ -286,16 +368,21 @@ fn serve_http(mut conn: TcpStream, allow: &Allowlist) -> Option<NetEvent> {
         return Some(event(&target, 0, "http", "denied", "not a proxy request"));
     };
     let (authority, path) = after.split_at(after.find('/').unwrap_or(after.len()));
-    let (host, port) = split_host_port(authority, 80)?;
-    if let Some(h) = header(&head, "Host") {
-        let (hh, hp) = split_host_port(h, port)?;
-        if !hh.eq_ignore_ascii_case(&host) || hp != port {
-            let why = format!("Host header {h} differs from the request's target {authority}");
-            refuse_http(&mut conn, "403 Forbidden", &why);
-            return Some(event(&host, port, "http", "denied", why));
-        }
+    let Some((host, port)) = split_host_port(authority, 80) else {
+        refuse_http(&mut conn, "400 Bad Request", "a malformed host:port");
+        return Some(event(
+            authority,
+            0,
+            "http",
+            "denied",
+            "a malformed host:port",
+        ));
+    };
+    if let Err(why) = check_host_header(&head, &host, port) {
+        refuse_http(&mut conn, "403 Forbidden", &why);
+        return Some(event(&host, port, "http", "denied", why));
     }
-    let addr = match decide(allow, &host, port) {
+    let addr = match decide(shared.allow(), &host, port) {
         Ok(a) => a,
         Err(why) => {
             refuse_http(&mut conn, "403 Forbidden", &why);
@@ -316,6 +403,7 @@ fn serve_http(mut conn: TcpStream, allow: &Allowlist) -> Option<NetEvent> {
             format!("connect to {addr} failed"),
         ));
     };
+    shared.watch(&upstream);
     // One request per connection, in origin form, without proxy headers.
     let path = if path.is_empty() { "/" } else { path };
     let mut out = format!("{method} {path} HTTP/1.1\r\n");
@@ -348,93 +436,112 @@ fn serve_http(mut conn: TcpStream, allow: &Allowlist) -> Option<NetEvent> {
     Some(ev)
 }
 
-/// Reads the first bytes a client sends through a tunnel to `host`, and checks them: a TLS
-/// ClientHello must name `host`; plain HTTP must carry `Host: host`.
-fn inspect_first_bytes(conn: &mut TcpStream, host: &str) -> Result<Vec<u8>, String> {
-    let mut buf = Vec::new();
+/// A request's `Host` header, when present, must name the target.
+fn check_host_header(head: &str, host: &str, port: u16) -> Result<(), String> {
+    match header(head, "Host") {
+        None => Ok(()),
+        Some(h) => match split_host_port(h, port) {
+            Some((hh, hp)) if hh.eq_ignore_ascii_case(host) && hp == port => Ok(()),
+            _ => Err(format!(
+                "Host header {h} differs from the request's target {host}:{port}"
+            )),
+        },
+    }
+}
+
+fn same_host(a: &str, b: &str) -> bool {
+    a.trim_end_matches('.')
+        .eq_ignore_ascii_case(b.trim_end_matches('.'))
+}
+
+/// Checks the first bytes a client sends through a tunnel to `host`, reading more from `conn`
+/// as needed: only a TLS ClientHello naming `host`, or an HTTP request whose `Host` is `host`,
+/// may cross. (After that first message the tunnel is opaque, as TLS makes it anyway.)
+fn inspect_first_bytes(
+    conn: &mut TcpStream,
+    host: &str,
+    mut buf: Vec<u8>,
+) -> Result<Vec<u8>, String> {
     let mut chunk = [0u8; 4096];
     loop {
         match parse_client_hello(&buf) {
-            Hello::ClientHello(Some(sni))
-                if sni == host.trim_end_matches('.').to_ascii_lowercase() =>
-            {
-                return Ok(buf)
-            }
+            Hello::ClientHello(Some(sni)) if same_host(&sni, host) => return Ok(buf),
             Hello::ClientHello(Some(sni)) => {
                 return Err(format!(
                     "TLS server name {sni} differs from the tunnel's host {host}"
                 ))
             }
             Hello::ClientHello(None) => return Err("TLS without a server name (SNI)".into()),
-            Hello::NotTls if buf.len() >= 4 => {
-                let text = String::from_utf8_lossy(&buf);
-                if let Some(end) = text.find("\r\n\r\n") {
-                    let head = &text[..end];
-                    return match header(head, "Host") {
-                        Some(h)
-                            if split_host_port(h, 0)
-                                .is_some_and(|(hh, _)| hh.eq_ignore_ascii_case(host)) =>
-                        {
-                            Ok(buf)
-                        }
-                        Some(h) => Err(format!(
-                            "Host header {h} differs from the tunnel's host {host}"
-                        )),
-                        None => Err("HTTP without a Host header".into()),
-                    };
-                }
-                let looks_http = text
-                    .split(' ')
-                    .next()
-                    .is_some_and(|m| m.len() < 10 && m.chars().all(|c| c.is_ascii_uppercase()));
-                if !looks_http {
-                    return Ok(buf); // another protocol: only its destination was checked
+            Hello::Malformed => return Err("a malformed TLS ClientHello".into()),
+            Hello::NotTls => {
+                if let Some(verdict) = check_http_prefix(&buf, host) {
+                    return verdict.map(|()| buf);
                 }
             }
-            _ => {}
+            Hello::Incomplete => {}
         }
-        if buf.len() > MAX_HEAD + 5 {
-            return Err("handshake too large".into());
+        if buf.len() > MAX_HEAD * 4 {
+            return Err("the first message is too large to check".into());
         }
         match conn.read(&mut chunk) {
             Ok(0) | Err(_) => {
-                return Err("the client closed the tunnel before sending anything".into())
+                return Err(
+                    "the client closed the tunnel before sending a whole first message".into(),
+                )
             }
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
     }
 }
 
-/// CONNECT host:port: decide, dial, answer 200, check the first bytes, splice.
+/// For bytes that are not TLS: `None` while they could still become an HTTP request head,
+/// else whether they are one whose `Host` is `host`.
+fn check_http_prefix(buf: &[u8], host: &str) -> Option<Result<(), String>> {
+    let start = buf
+        .iter()
+        .position(|&b| b != b'\r' && b != b'\n')
+        .unwrap_or(buf.len());
+    let text = &buf[start..];
+    let method_len = text
+        .iter()
+        .position(|b| b.is_ascii_whitespace())
+        .unwrap_or(text.len());
+    let not_http = || Some(Err("only TLS or HTTP may cross the tunnel".to_string()));
+    if !text[..method_len].iter().all(u8::is_ascii_uppercase) || method_len > 20 {
+        return not_http();
+    }
+    let end = text.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = String::from_utf8_lossy(&text[..end]);
+    if head
+        .lines()
+        .next()
+        .map_or(0, |l| l.split_whitespace().count())
+        != 3
+    {
+        return not_http();
+    }
+    Some(match header(&head, "Host") {
+        Some(h) if split_host_port(h, 0).is_some_and(|(hh, _)| same_host(&hh, host)) => Ok(()),
+        Some(h) => Err(format!(
+            "Host header {h} differs from the tunnel's host {host}"
+        )),
+        None => Err("HTTP without a Host header".into()),
+    })
+}
+
+/// CONNECT host:port: decide, answer 200, check the first message, then dial and splice.
 fn connect_tunnel(
     mut conn: TcpStream,
-    allow: &Allowlist,
+    shared: &Conn,
     host: &str,
     port: u16,
     rest: Vec<u8>,
 ) -> NetEvent {
-    let addr = match decide(allow, host, port) {
+    let addr = match decide(shared.allow(), host, port) {
         Ok(a) => a,
         Err(why) => {
             refuse_http(&mut conn, "403 Forbidden", &why);
             return event(host, port, "connect", "denied", why);
-        }
-    };
-    let upstream = match TcpStream::connect_timeout(&addr, DIAL_TIMEOUT) {
-        Ok(u) => u,
-        Err(e) => {
-            refuse_http(
-                &mut conn,
-                "502 Bad Gateway",
-                &format!("cannot connect to {host}:{port}: {e}"),
-            );
-            return event(
-                host,
-                port,
-                "connect",
-                "denied",
-                format!("connect to {addr} failed: {e}"),
-            );
         }
     };
     if conn
@@ -443,32 +550,41 @@ fn connect_tunnel(
     {
         return event(host, port, "connect", "denied", "the client went away");
     }
-    tunnel(conn, upstream, host, port, addr, "connect", rest)
+    tunnel(conn, shared, host, port, addr, "connect", rest)
 }
 
-/// Checks the first bytes of a tunnel, then splices it; one event for the whole tunnel.
+/// Checks a tunnel's first message and only then dials: a denied tunnel never reaches the
+/// far side. One event for the whole tunnel.
 fn tunnel(
     mut conn: TcpStream,
-    mut upstream: TcpStream,
+    shared: &Conn,
     host: &str,
     port: u16,
     addr: SocketAddr,
     protocol: &str,
-    mut first: Vec<u8>,
+    rest: Vec<u8>,
 ) -> NetEvent {
-    let mut peek = Vec::new();
-    if first.is_empty() {
-        peek = match inspect_first_bytes(&mut conn, host) {
-            Ok(b) => b,
-            Err(why) => {
-                let _ = conn.shutdown(Shutdown::Both);
-                return event(host, port, protocol, "denied", why);
-            }
-        };
-    } else if let Err(why) = check_prefix(&first, host) {
-        return event(host, port, protocol, "denied", why);
-    }
-    first.append(&mut peek);
+    let first = match inspect_first_bytes(&mut conn, host, rest) {
+        Ok(b) => b,
+        Err(why) => {
+            let _ = conn.shutdown(Shutdown::Both);
+            return event(host, port, protocol, "denied", why);
+        }
+    };
+    let mut upstream = match TcpStream::connect_timeout(&addr, DIAL_TIMEOUT) {
+        Ok(u) => u,
+        Err(e) => {
+            let _ = conn.shutdown(Shutdown::Both);
+            return event(
+                host,
+                port,
+                protocol,
+                "denied",
+                format!("connect to {addr} failed: {e}"),
+            );
+        }
+    };
+    shared.watch(&upstream);
     let mut ev = event(host, port, protocol, "allowed", "on the allowlist");
     ev.address = Some(addr.to_string());
     if upstream.write_all(&first).is_err() {
@@ -478,17 +594,6 @@ fn tunnel(
     ev.bytes_up = up + first.len() as u64;
     ev.bytes_down = down;
     ev
-}
-
-/// The same check as `inspect_first_bytes`, for bytes that arrived with the CONNECT itself.
-fn check_prefix(bytes: &[u8], host: &str) -> Result<(), String> {
-    match parse_client_hello(bytes) {
-        Hello::ClientHello(Some(sni)) if sni == host.to_ascii_lowercase() => Ok(()),
-        Hello::ClientHello(_) | Hello::Incomplete => {
-            Err("a TLS handshake must not start before the tunnel is up".into())
-        }
-        Hello::NotTls => Err("data must not be sent before the tunnel is up".into()),
-    }
 }
 
 /// Copies both ways until both sides are done; returns (bytes up, bytes down).
@@ -502,53 +607,62 @@ fn splice(client: TcpStream, upstream: TcpStream) -> (u64, u64) {
     (up.join().unwrap_or(0), down)
 }
 
+/// Copies until EOF or an error (a reset still counts what went through), then half-closes.
 fn copy_then_close(mut from: TcpStream, mut to: TcpStream) -> u64 {
-    let n = io::copy(&mut from, &mut to).unwrap_or(0);
+    let mut buf = vec![0u8; 64 << 10];
+    let mut total = 0u64;
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        };
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+        total += n as u64;
+    }
     let _ = to.shutdown(Shutdown::Write);
     let _ = from.shutdown(Shutdown::Read);
-    n
+    total
 }
 
 /// SOCKS5, CONNECT with host names only (no authentication).
-fn serve_socks(mut conn: TcpStream, allow: &Allowlist) -> Option<NetEvent> {
+fn serve_socks(mut conn: TcpStream, shared: &Conn) -> Option<NetEvent> {
+    let malformed = || {
+        Some(event(
+            "",
+            0,
+            "socks5",
+            "denied",
+            "a malformed SOCKS5 handshake",
+        ))
+    };
     let mut head = [0u8; 2];
-    conn.read_exact(&mut head).ok()?;
+    if conn.read_exact(&mut head).is_err() {
+        return malformed();
+    }
     let mut methods = vec![0u8; usize::from(head[1])];
-    conn.read_exact(&mut methods).ok()?;
+    if conn.read_exact(&mut methods).is_err() {
+        return malformed();
+    }
     if head[0] != 5 || !methods.contains(&0) {
         let _ = conn.write_all(&[5, 0xff]);
-        return None;
+        return Some(event(
+            "",
+            0,
+            "socks5",
+            "denied",
+            "only SOCKS5 without authentication is spoken",
+        ));
     }
     conn.write_all(&[5, 0]).ok()?;
-    let mut req = [0u8; 4];
-    conn.read_exact(&mut req).ok()?;
-    let reply = |conn: &mut TcpStream, code: u8| {
-        let _ = conn.write_all(&[5, code, 0, 1, 0, 0, 0, 0, 0, 0]);
+    let Some((command, host, port)) = socks_request(&mut conn) else {
+        reply(&mut conn, 1);
+        return malformed();
     };
-    let host = match req[3] {
-        3 => {
-            let mut len = [0u8; 1];
-            conn.read_exact(&mut len).ok()?;
-            let mut name = vec![0u8; usize::from(len[0])];
-            conn.read_exact(&mut name).ok()?;
-            String::from_utf8_lossy(&name).into_owned()
-        }
-        1 | 4 => {
-            let mut addr = vec![0u8; if req[3] == 1 { 4 } else { 16 }];
-            conn.read_exact(&mut addr).ok()?;
-            let ip: IpAddr = if req[3] == 1 {
-                <[u8; 4]>::try_from(addr.as_slice()).ok()?.into()
-            } else {
-                <[u8; 16]>::try_from(addr.as_slice()).ok()?.into()
-            };
-            ip.to_string()
-        }
-        _ => return None,
-    };
-    let mut port = [0u8; 2];
-    conn.read_exact(&mut port).ok()?;
-    let port = u16::from_be_bytes(port);
-    if req[1] != 1 {
+    if command != 1 {
         reply(&mut conn, 7);
         return Some(event(
             &host,
@@ -558,26 +672,46 @@ fn serve_socks(mut conn: TcpStream, allow: &Allowlist) -> Option<NetEvent> {
             "only CONNECT is supported",
         ));
     }
-    let addr = match decide(allow, &host, port) {
+    let addr = match decide(shared.allow(), &host, port) {
         Ok(a) => a,
         Err(why) => {
             reply(&mut conn, 2);
             return Some(event(&host, port, "socks5", "denied", why));
         }
     };
-    let upstream = match TcpStream::connect_timeout(&addr, DIAL_TIMEOUT) {
-        Ok(u) => u,
-        Err(e) => {
-            reply(&mut conn, 5);
-            return Some(event(
-                &host,
-                port,
-                "socks5",
-                "denied",
-                format!("connect to {addr} failed: {e}"),
-            ));
-        }
-    };
     reply(&mut conn, 0);
-    Some(tunnel(conn, upstream, &host, port, addr, "socks5", vec![]))
+    Some(tunnel(conn, shared, &host, port, addr, "socks5", vec![]))
+}
+
+fn reply(conn: &mut TcpStream, code: u8) {
+    let _ = conn.write_all(&[5, code, 0, 1, 0, 0, 0, 0, 0, 0]);
+}
+
+/// A SOCKS5 request: (command, host or address literal, port).
+fn socks_request(conn: &mut TcpStream) -> Option<(u8, String, u16)> {
+    let mut req = [0u8; 4];
+    conn.read_exact(&mut req).ok()?;
+    let host = match req[3] {
+        3 => {
+            let mut len = [0u8; 1];
+            conn.read_exact(&mut len).ok()?;
+            let mut name = vec![0u8; usize::from(len[0])];
+            conn.read_exact(&mut name).ok()?;
+            String::from_utf8_lossy(&name).into_owned()
+        }
+        1 => {
+            let mut a = [0u8; 4];
+            conn.read_exact(&mut a).ok()?;
+            IpAddr::from(a).to_string()
+        }
+        4 => {
+            let mut a = [0u8; 16];
+            conn.read_exact(&mut a).ok()?;
+            format!("[{}]", IpAddr::from(a))
+        }
+        _ => return None,
+    };
+    let mut port = [0u8; 2];
+    conn.read_exact(&mut port).ok()?;
+    Some((req[1], host, u16::from_be_bytes(port)))
 }

@@ -4,18 +4,26 @@
 /// What a buffer's first bytes say about a TLS ClientHello.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Hello {
-    /// More bytes are needed (at most one record, 16 KiB + 5).
+    /// More bytes are needed.
     Incomplete,
     /// Not a TLS handshake at all.
     NotTls,
+    /// It starts like TLS but is no well-formed ClientHello: refuse it.
+    Malformed,
     /// A ClientHello, with its SNI host name if it has one.
     ClientHello(Option<String>),
 }
+
+/// The largest ClientHello Kennel reassembles (real ones are a few hundred bytes to ~2 KiB,
+/// more with post-quantum key shares).
+const MAX_HELLO: usize = 64 << 10;
 
 fn u16_at(b: &[u8], i: usize) -> Option<usize> {
     Some(usize::from(*b.get(i)?) << 8 | usize::from(*b.get(i + 1)?))
 }
 
+/// Reads the ClientHello at the start of `buf`, reassembling it from as many handshake records
+/// as it was split into (a hello split over records must not slip past the check).
 pub fn parse_client_hello(buf: &[u8]) -> Hello {
     if buf.is_empty() {
         return Hello::Incomplete;
@@ -23,15 +31,36 @@ pub fn parse_client_hello(buf: &[u8]) -> Hello {
     if buf[0] != 0x16 {
         return Hello::NotTls;
     }
-    let Some(len) = u16_at(buf, 3) else {
-        return Hello::Incomplete;
-    };
-    if buf.len() < 5 + len {
-        return Hello::Incomplete;
-    }
-    match client_hello_sni(&buf[5..5 + len]) {
-        Some(sni) => Hello::ClientHello(sni),
-        None => Hello::NotTls,
+    let mut handshake = Vec::new();
+    let mut at = 0;
+    loop {
+        let Some(len) = u16_at(buf, at + 3) else {
+            return Hello::Incomplete;
+        };
+        if buf[at] != 0x16 || len == 0 {
+            return Hello::Malformed;
+        }
+        let Some(fragment) = buf.get(at + 5..at + 5 + len) else {
+            return Hello::Incomplete;
+        };
+        handshake.extend_from_slice(fragment);
+        at += 5 + len;
+        // type(1) length(3): the whole message is there once the fragments cover it.
+        let needed = handshake
+            .get(1..4)
+            .map(|l| 4 + (usize::from(l[0]) << 16 | usize::from(l[1]) << 8 | usize::from(l[2])));
+        if needed.is_some_and(|n| n > MAX_HELLO) {
+            return Hello::Malformed;
+        }
+        if let Some(n) = needed.filter(|&n| handshake.len() >= n) {
+            return match client_hello_sni(&handshake[..n]) {
+                Some(sni) => Hello::ClientHello(sni),
+                None => Hello::Malformed,
+            };
+        }
+        if at >= buf.len() {
+            return Hello::Incomplete;
+        }
     }
 }
 
@@ -104,5 +133,25 @@ mod tests {
         );
         assert_eq!(parse_client_hello(&h[..10]), Hello::Incomplete);
         assert_eq!(parse_client_hello(b"GET / HTTP/1.1\r\n"), Hello::NotTls);
+    }
+
+    #[test]
+    fn a_hello_split_over_records_is_reassembled() {
+        let whole = hello("evil.test");
+        let body = &whole[5..];
+        let mut split = vec![0x16, 3, 1, 0, 40];
+        split.extend_from_slice(&body[..40]);
+        split.extend_from_slice(&[0x16, 3, 1]);
+        split.extend_from_slice(&((body.len() - 40) as u16).to_be_bytes());
+        split.extend_from_slice(&body[40..]);
+        assert_eq!(parse_client_hello(&split[..50]), Hello::Incomplete);
+        assert_eq!(
+            parse_client_hello(&split),
+            Hello::ClientHello(Some("evil.test".into()))
+        );
+        assert_eq!(
+            parse_client_hello(&[0x16, 3, 1, 0, 2, 9, 9]),
+            Hello::Malformed
+        );
     }
 }
