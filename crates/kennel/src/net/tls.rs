@@ -150,7 +150,7 @@ mod tests {
             Hello::ClientHello(Some("evil.test".into()))
         );
         assert_eq!(
-            parse_client_hello(&[0x16, 3, 1, 0, 2, 9, 9]),
+            parse_client_hello(&[0x16, 3, 1, 0, 4, 2, 0, 0, 0]),
             Hello::Malformed
         );
     }
