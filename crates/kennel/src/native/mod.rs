@@ -6,20 +6,21 @@
 
 pub mod cgroup;
 pub mod helper;
+mod io;
 pub mod landlock;
 pub mod mounts;
 pub mod ops;
 pub mod output;
 pub mod proto;
+mod report;
 pub mod seccomp;
 pub mod steps;
 mod supervisor;
 
 pub use helper::{maybe_run_helper, HELPER_ARG};
+pub use io::{Canceller, OnStarted, OutputMode, OutputSink, RunIo, Started, StdinSource};
 pub use output::Stream;
-pub use supervisor::{
-    Canceller, Native, OnStarted, OutputMode, OutputSink, RunIo, Started, StdinSource,
-};
+pub use supervisor::Native;
 
 /// The host uid/gid that uid 0 inside a sandbox maps to when Kennel runs as root; the range
 /// above it (65536 ids) is otherwise unused on hosts Kennel manages.

@@ -1,125 +1,27 @@
 //! The supervisor side of a native run.
 
-use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
-use std::thread::{self, JoinHandle};
+use std::sync::mpsc;
+use std::thread::{self};
 use std::time::{Duration, Instant};
 
 use super::cgroup::Cgroup;
 use super::helper::{in_scratch, HELPER_ARG};
-use super::output::{self, Captured, Stream};
-use super::proto::{self, Collected, Confinement, FileMeta, InputFiles, Msg, Plan, CTL_FD};
+use super::io::{feed_stdin, join, reader, Canceller, Event, RunIo, Started, StdinSource};
+use super::output::Stream;
+use super::proto::{self, Confinement, FileMeta, InputFiles, Msg, Plan, CTL_FD};
+use super::report::{build_result, isolation, Limiter, Report};
 use super::steps::Step;
-use super::{seccomp, HOST_ID_BASE, ID_RANGE};
-use crate::api::{
-    CollectedFile, Content, Isolation, LandlockInfo, LimitsInfo, RunRequest, RunResult, SeccompInfo,
-};
+use super::{HOST_ID_BASE, ID_RANGE};
+use crate::api::{RunRequest, RunResult};
 use crate::error::Error;
 use crate::net::proxy::{self, Proxy};
 use crate::policy::{NetMode, Policy, Want};
 use crate::sys;
-
-/// Where the code's stdin comes from when the request carries none.
-pub enum StdinSource {
-    Null,
-    Reader(Box<dyn Read + Send>),
-}
-
-/// Sees each kept chunk of output as the code produces it (never more than the caps): for
-/// live pass-through and streaming.
-pub type OutputSink = Arc<dyn Fn(Stream, &[u8]) + Send + Sync>;
-
-/// The live side of a run: where stdin comes from, who watches the output, who may stop it.
-pub struct RunIo {
-    pub stdin: StdinSource,
-    pub on_output: Option<OutputSink>,
-    /// With `Raw`, the sink sees every byte and the result keeps none: for a program that
-    /// speaks a protocol on its stdout (the session agent), not for untrusted output.
-    pub output: OutputMode,
-    pub cancel: Option<Canceller>,
-    pub on_started: Option<OnStarted>,
-}
-
-impl RunIo {
-    /// No stdin (beyond the request's own) and no live output.
-    pub fn none() -> RunIo {
-        RunIo {
-            stdin: StdinSource::Null,
-            on_output: None,
-            output: OutputMode::Capture,
-            cancel: None,
-            on_started: None,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OutputMode {
-    /// Keep the head of each stream up to `limits.output`; the sink sees what is kept.
-    Capture,
-    /// Keep nothing; the sink sees everything.
-    Raw,
-}
-
-/// Stops a run from outside: the sandbox is killed as on a timeout. Cloneable; cancelling
-/// before the run starts makes it end as soon as it does.
-#[derive(Clone, Default)]
-pub struct Canceller(Arc<Mutex<CancelState>>);
-
-#[derive(Default)]
-struct CancelState {
-    cancelled: bool,
-    wake: Option<mpsc::Sender<Event>>,
-}
-
-impl Canceller {
-    pub fn new() -> Canceller {
-        Canceller::default()
-    }
-
-    pub fn cancel(&self) {
-        let mut state = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        state.cancelled = true;
-        if let Some(wake) = &state.wake {
-            let _ = wake.send(Event::Cancel);
-        }
-    }
-
-    pub fn is_cancelled(&self) -> bool {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).cancelled
-    }
-
-    fn attach(&self, wake: mpsc::Sender<Event>) {
-        let mut state = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if state.cancelled {
-            let _ = wake.send(Event::Cancel);
-        }
-        state.wake = Some(wake);
-    }
-}
-
-/// What the supervision loop waits for.
-enum Event {
-    Frame(Msg, Vec<u8>),
-    /// The control socket closed: every helper process is gone.
-    Closed,
-    Cancel,
-}
-
-/// What a caller learns the moment the code starts: the isolation in force, and (with
-/// cgroups) a probe that reads the usage counters while the sandbox runs.
-pub struct Started {
-    pub isolation: Isolation,
-    pub usage: Option<super::cgroup::Probe>,
-}
-
-/// Called once, when the code starts.
-pub type OnStarted = Box<dyn FnOnce(Started) + Send>;
 
 /// Runs requests in native sandboxes.
 #[derive(Debug, Clone)]
@@ -132,20 +34,6 @@ const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 /// How long a killed sandbox may take to report its end before Kennel stops waiting.
 const KILL_GRACE: Duration = Duration::from_secs(5);
 static NEXT_CPU: AtomicUsize = AtomicUsize::new(0);
-
-/// What the control channel told the supervisor.
-#[derive(Default)]
-struct Report {
-    init_pid: Option<i32>,
-    failed: Option<(String, Option<i32>, String)>,
-    confinement: Option<Confinement>,
-    exited: Option<(Option<i32>, Option<i32>)>,
-    ended_at: Option<Instant>,
-    collected: Vec<(Collected, Vec<u8>)>,
-    timed_out: bool,
-    cancelled: bool,
-    proxy: Option<Proxy>,
-}
 
 impl Native {
     /// A native runner whose helper is the current executable (which must call
@@ -232,9 +120,6 @@ struct Launch {
     guard: KillOnDrop,
     started: Instant,
 }
-
-/// What holds a run's limits: its cgroup, or (the reason why there is none) rlimits.
-type Limiter = Result<Cgroup, String>;
 
 /// The limiter for a run: a cgroup, or rlimits where the policy allows them.
 fn limiter_for(policy: &Policy) -> Result<Limiter, Error> {
@@ -652,187 +537,5 @@ fn wait_helper(child: &mut Child, timed_out: bool) -> Option<libc::rusage> {
             let _ = child.wait();
             None
         }
-    }
-}
-
-fn feed_stdin(
-    pipe: Option<ChildStdin>,
-    req: &RunRequest,
-    source: StdinSource,
-) -> Result<Option<JoinHandle<()>>, Error> {
-    let Some(mut pipe) = pipe else {
-        return Ok(None);
-    };
-    let mut source: Box<dyn Read + Send> = match (&req.stdin, source) {
-        (Some(content), _) => Box::new(std::io::Cursor::new(content.to_bytes()?)),
-        (None, StdinSource::Reader(r)) => r,
-        (None, StdinSource::Null) => return Ok(None),
-    };
-    // A code that stops reading gets EPIPE here, which simply ends the copy.
-    Ok(Some(thread::spawn(move || {
-        let _ = std::io::copy(&mut source, &mut pipe);
-        let _ = pipe.flush();
-    })))
-}
-
-fn reader(
-    pipe: Option<impl Read + Send + 'static>,
-    cap: u64,
-    mode: OutputMode,
-    stream: Stream,
-    sink: Option<OutputSink>,
-) -> Option<JoinHandle<Captured>> {
-    let cap = if mode == OutputMode::Raw { 0 } else { cap };
-    pipe.map(|p| {
-        thread::spawn(move || {
-            let on_chunk = |kept: &[u8], all: &[u8]| {
-                let seen = if mode == OutputMode::Raw { all } else { kept };
-                if let (Some(sink), false) = (&sink, seen.is_empty()) {
-                    sink(stream, seen);
-                }
-            };
-            output::drain(p, cap, on_chunk).unwrap_or_default()
-        })
-    })
-}
-
-fn join(handle: Option<JoinHandle<Captured>>) -> Captured {
-    handle.and_then(|h| h.join().ok()).unwrap_or_default()
-}
-
-#[allow(clippy::too_many_arguments)]
-fn build_result(
-    req: &RunRequest,
-    plan: &Plan,
-    limiter: &Limiter,
-    stats: Option<super::cgroup::Stats>,
-    usage: Option<libc::rusage>,
-    report: Report,
-    stdout: Captured,
-    stderr: Captured,
-    duration: Duration,
-) -> RunResult {
-    let rusage_cpu_ms = usage.map_or(0, |u| {
-        let ms = |t: libc::timeval| t.tv_sec as u64 * 1000 + t.tv_usec as u64 / 1000;
-        ms(u.ru_utime) + ms(u.ru_stime)
-    });
-    let oom_killed = stats.is_some_and(|s| s.oom_kills > 0);
-    let (exit_code, signal) = match report.exited {
-        _ if report.timed_out => (None, Some(libc::SIGKILL)),
-        Some(e) => e,
-        None => (None, Some(libc::SIGKILL)),
-    };
-    RunResult {
-        exit_code,
-        signal,
-        timed_out: report.timed_out,
-        oom_killed,
-        pids_limit_hit: stats.is_some_and(|s| s.pids_max_hits > 0),
-        duration_ms: duration.as_millis() as u64,
-        cpu_ms: stats.map_or(rusage_cpu_ms, |s| s.cpu_ns / 1_000_000),
-        memory_peak_bytes: stats.map_or_else(
-            || usage.map_or(0, |u| u.ru_maxrss as u64 * 1024),
-            |s| s.memory_peak,
-        ),
-        stdout_bytes: stdout.total,
-        stderr_bytes: stderr.total,
-        stdout_truncated: stdout.truncated(),
-        stderr_truncated: stderr.truncated(),
-        stdout: String::from_utf8_lossy(&stdout.head).into_owned(),
-        stderr: String::from_utf8_lossy(&stderr.head).into_owned(),
-        files: collected_files(req, report.collected),
-        isolation: isolation(plan, limiter, report.confinement),
-        network_log: vec![],
-    }
-}
-
-fn collected_files(req: &RunRequest, collected: Vec<(Collected, Vec<u8>)>) -> Vec<CollectedFile> {
-    let mut files: Vec<CollectedFile> = collected
-        .into_iter()
-        .map(|(meta, data)| CollectedFile {
-            content: meta.error.is_none().then(|| Content::from_bytes(data)),
-            path: meta.path,
-            size: meta.size,
-            truncated: meta.truncated,
-            error: meta.error,
-        })
-        .collect();
-    // A run killed before it could collect still answers for every path asked.
-    for path in &req.collect {
-        if !files.iter().any(|f| &f.path == path) {
-            files.push(CollectedFile {
-                path: path.clone(),
-                size: 0,
-                content: None,
-                truncated: false,
-                error: Some("not collected: the run was killed".into()),
-            });
-        }
-    }
-    files
-}
-
-fn isolation(plan: &Plan, limiter: &Limiter, confinement: Option<Confinement>) -> Isolation {
-    let cgroup = limiter.as_ref().ok();
-    let c = confinement.unwrap_or(Confinement {
-        namespaces: vec![],
-        landlock_enforced: false,
-        landlock_abi: None,
-        no_new_privs: false,
-        seccomp_filter: false,
-        capabilities_empty: false,
-    });
-    let (host_uid, host_gid, id_range) = if plan.full_id_range {
-        (HOST_ID_BASE, HOST_ID_BASE, ID_RANGE)
-    } else {
-        (sys::getuid(), sys::getgid(), 1)
-    };
-    Isolation {
-        tier: "native".into(),
-        namespaces: c.namespaces,
-        host_uid,
-        host_gid,
-        id_range,
-        seccomp: SeccompInfo {
-            enforced: c.seccomp_filter,
-            profile: seccomp::PROFILE.into(),
-            denied_errno: seccomp::DENIED_ERRNO_NAME.into(),
-            denied_syscalls: seccomp::denied_names(),
-        },
-        landlock: LandlockInfo {
-            enforced: c.landlock_enforced,
-            abi: c.landlock_abi,
-        },
-        limits: LimitsInfo {
-            mechanism: cgroup.map_or("rlimit", Cgroup::version).into(),
-            cgroups: cgroup.map(Cgroup::paths).unwrap_or_default(),
-            fallback_reason: limiter.as_ref().err().map(|why| {
-                format!("{why}; memory as RLIMIT_AS, tasks as RLIMIT_NPROC, cpu time as RLIMIT_CPU")
-            }),
-        },
-        no_new_privs: c.no_new_privs,
-        capabilities: vec![],
-        filesystem: plan
-            .policy
-            .filesystem
-            .rootfs
-            .as_ref()
-            .map_or("host-system-ro".into(), |r| {
-                format!("rootfs:{}", r.display())
-            }),
-        network: network_summary(&plan.policy.network),
-    }
-}
-
-fn network_summary(network: &crate::policy::Network) -> String {
-    match network.mode {
-        NetMode::None => "none (private namespace, loopback only)".into(),
-        NetMode::Full => "full (the host's network namespace)".into(),
-        NetMode::Allow => format!(
-            "allowlist through Kennel's proxy (HTTP 127.0.0.1:{}, SOCKS5 127.0.0.1:{}): {}",
-            proxy::HTTP_PORT,
-            proxy::SOCKS_PORT,
-            network.allow.join(", ")
-        ),
     }
 }

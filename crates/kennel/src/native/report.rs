@@ -1,0 +1,173 @@
+//! The result of a native run, assembled from what the sandbox reported, what the kernel
+//! counted and what was asked.
+
+use std::time::{Duration, Instant};
+
+use super::cgroup::Cgroup;
+use super::output::Captured;
+use super::proto::{Collected, Confinement, Plan};
+use super::{seccomp, HOST_ID_BASE, ID_RANGE};
+use crate::api::{
+    CollectedFile, Content, Isolation, LandlockInfo, LimitsInfo, RunRequest, RunResult, SeccompInfo,
+};
+use crate::net::proxy::{self, Proxy};
+use crate::policy::NetMode;
+use crate::sys;
+
+/// What holds a run's limits: its cgroup, or (the reason why there is none) rlimits.
+pub(super) type Limiter = Result<Cgroup, String>;
+
+/// What the control channel told the supervisor.
+#[derive(Default)]
+pub(super) struct Report {
+    pub(super) init_pid: Option<i32>,
+    pub(super) failed: Option<(String, Option<i32>, String)>,
+    pub(super) confinement: Option<Confinement>,
+    pub(super) exited: Option<(Option<i32>, Option<i32>)>,
+    pub(super) ended_at: Option<Instant>,
+    pub(super) collected: Vec<(Collected, Vec<u8>)>,
+    pub(super) timed_out: bool,
+    pub(super) cancelled: bool,
+    pub(super) proxy: Option<Proxy>,
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn build_result(
+    req: &RunRequest,
+    plan: &Plan,
+    limiter: &Limiter,
+    stats: Option<super::cgroup::Stats>,
+    usage: Option<libc::rusage>,
+    report: Report,
+    stdout: Captured,
+    stderr: Captured,
+    duration: Duration,
+) -> RunResult {
+    let rusage_cpu_ms = usage.map_or(0, |u| {
+        let ms = |t: libc::timeval| t.tv_sec as u64 * 1000 + t.tv_usec as u64 / 1000;
+        ms(u.ru_utime) + ms(u.ru_stime)
+    });
+    let oom_killed = stats.is_some_and(|s| s.oom_kills > 0);
+    let (exit_code, signal) = match report.exited {
+        _ if report.timed_out => (None, Some(libc::SIGKILL)),
+        Some(e) => e,
+        None => (None, Some(libc::SIGKILL)),
+    };
+    RunResult {
+        exit_code,
+        signal,
+        timed_out: report.timed_out,
+        oom_killed,
+        pids_limit_hit: stats.is_some_and(|s| s.pids_max_hits > 0),
+        duration_ms: duration.as_millis() as u64,
+        cpu_ms: stats.map_or(rusage_cpu_ms, |s| s.cpu_ns / 1_000_000),
+        memory_peak_bytes: stats.map_or_else(
+            || usage.map_or(0, |u| u.ru_maxrss as u64 * 1024),
+            |s| s.memory_peak,
+        ),
+        stdout_bytes: stdout.total,
+        stderr_bytes: stderr.total,
+        stdout_truncated: stdout.truncated(),
+        stderr_truncated: stderr.truncated(),
+        stdout: String::from_utf8_lossy(&stdout.head).into_owned(),
+        stderr: String::from_utf8_lossy(&stderr.head).into_owned(),
+        files: collected_files(req, report.collected),
+        isolation: isolation(plan, limiter, report.confinement),
+        network_log: vec![],
+    }
+}
+
+fn collected_files(req: &RunRequest, collected: Vec<(Collected, Vec<u8>)>) -> Vec<CollectedFile> {
+    let mut files: Vec<CollectedFile> = collected
+        .into_iter()
+        .map(|(meta, data)| CollectedFile {
+            content: meta.error.is_none().then(|| Content::from_bytes(data)),
+            path: meta.path,
+            size: meta.size,
+            truncated: meta.truncated,
+            error: meta.error,
+        })
+        .collect();
+    // A run killed before it could collect still answers for every path asked.
+    for path in &req.collect {
+        if !files.iter().any(|f| &f.path == path) {
+            files.push(CollectedFile {
+                path: path.clone(),
+                size: 0,
+                content: None,
+                truncated: false,
+                error: Some("not collected: the run was killed".into()),
+            });
+        }
+    }
+    files
+}
+
+pub(super) fn isolation(
+    plan: &Plan,
+    limiter: &Limiter,
+    confinement: Option<Confinement>,
+) -> Isolation {
+    let cgroup = limiter.as_ref().ok();
+    let c = confinement.unwrap_or(Confinement {
+        namespaces: vec![],
+        landlock_enforced: false,
+        landlock_abi: None,
+        no_new_privs: false,
+        seccomp_filter: false,
+        capabilities_empty: false,
+    });
+    let (host_uid, host_gid, id_range) = if plan.full_id_range {
+        (HOST_ID_BASE, HOST_ID_BASE, ID_RANGE)
+    } else {
+        (sys::getuid(), sys::getgid(), 1)
+    };
+    Isolation {
+        tier: "native".into(),
+        namespaces: c.namespaces,
+        host_uid,
+        host_gid,
+        id_range,
+        seccomp: SeccompInfo {
+            enforced: c.seccomp_filter,
+            profile: seccomp::PROFILE.into(),
+            denied_errno: seccomp::DENIED_ERRNO_NAME.into(),
+            denied_syscalls: seccomp::denied_names(),
+        },
+        landlock: LandlockInfo {
+            enforced: c.landlock_enforced,
+            abi: c.landlock_abi,
+        },
+        limits: LimitsInfo {
+            mechanism: cgroup.map_or("rlimit", Cgroup::version).into(),
+            cgroups: cgroup.map(Cgroup::paths).unwrap_or_default(),
+            fallback_reason: limiter.as_ref().err().map(|why| {
+                format!("{why}; memory as RLIMIT_AS, tasks as RLIMIT_NPROC, cpu time as RLIMIT_CPU")
+            }),
+        },
+        no_new_privs: c.no_new_privs,
+        capabilities: vec![],
+        filesystem: plan
+            .policy
+            .filesystem
+            .rootfs
+            .as_ref()
+            .map_or("host-system-ro".into(), |r| {
+                format!("rootfs:{}", r.display())
+            }),
+        network: network_summary(&plan.policy.network),
+    }
+}
+
+fn network_summary(network: &crate::policy::Network) -> String {
+    match network.mode {
+        NetMode::None => "none (private namespace, loopback only)".into(),
+        NetMode::Full => "full (the host's network namespace)".into(),
+        NetMode::Allow => format!(
+            "allowlist through Kennel's proxy (HTTP 127.0.0.1:{}, SOCKS5 127.0.0.1:{}): {}",
+            proxy::HTTP_PORT,
+            proxy::SOCKS_PORT,
+            network.allow.join(", ")
+        ),
+    }
+}
