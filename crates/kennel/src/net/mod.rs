@@ -5,7 +5,9 @@
 //! inside it (see `proxy`), so there is no route out but through the proxy, and names are
 //! resolved only by the proxy.
 
+mod http_proxy;
 pub mod proxy;
+mod socks;
 pub mod tls;
 
 use std::collections::BTreeMap;
