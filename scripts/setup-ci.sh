@@ -52,6 +52,32 @@ for tool in bwrap setsid setpriv cc; do
 done
 /usr/bin/python3 -c 'import ctypes, json, socket' || die "/usr/bin/python3 lacks ctypes/json/socket"
 
+# The official MCP Python SDK (PyPI `mcp`), the client tests/mcp.rs drives `kennel mcp` with.
+# Installed for /usr/bin/python3 only when it is missing (needs PyPI to be reachable).
+if ! /usr/bin/python3 -c 'import mcp' 2>/dev/null; then
+    [[ $(id -u) -eq 0 ]] || die "the MCP Python SDK is missing; run this script as root"
+    say "installing the MCP Python SDK (pip install mcp)"
+    /usr/bin/python3 -m pip install --quiet --break-system-packages mcp \
+        || die "cannot install the MCP Python SDK (pip install mcp)"
+    /usr/bin/python3 -c 'import mcp' || die "the MCP Python SDK does not import after installing"
+else
+    say "MCP Python SDK present"
+fi
+
+# The Python SDK's tests (crates/kennel/tests/python_sdk.rs runs sdk/python/tests with pytest)
+# need httpx and pytest for /usr/bin/python3: Debian's packages, else pip.
+if ! /usr/bin/python3 -c 'import httpx, pytest' 2>/dev/null; then
+    [[ $(id -u) -eq 0 ]] || die "/usr/bin/python3 lacks httpx or pytest; run this script as root"
+    say "installing httpx and pytest for /usr/bin/python3"
+    export DEBIAN_FRONTEND=noninteractive
+    if ! apt-get install -y -qq --no-install-recommends python3-httpx python3-pytest; then
+        apt-get update -qq
+        apt-get install -y -qq --no-install-recommends python3-httpx python3-pytest \
+            || /usr/bin/python3 -m pip install --quiet --break-system-packages httpx pytest
+    fi
+    /usr/bin/python3 -c 'import httpx, pytest' || die "/usr/bin/python3 still lacks httpx or pytest"
+fi
+
 # Rust is not installed from here (rustup's servers may be unreachable); it must exist.
 cargo_bin="${CARGO_HOME:-$HOME/.cargo}/bin"
 if command -v cargo >/dev/null; then

@@ -1,0 +1,39 @@
+"""Python SDK for Kennel's HTTP API (``kennel serve``).
+
+    import kennel
+
+    client = kennel.Client("http://127.0.0.1:8080", token="...")  # or $KENNEL_TOKEN
+    r = client.run_code("print(6*7)")
+    assert r.stdout == "42\\n" and r.exit_code == 0
+
+    with client.session() as s:            # a sandbox kept between steps
+        s.run_code("x = 41")
+        print(s.run_code("print(x + 1)").stdout)
+        s.write_file("/workspace/a.txt", b"hi")
+        assert s.read_file("/workspace/a.txt") == b"hi"
+
+    with client.stream_code("print(1); print(2)") as stream:
+        for chunk in stream:                # OutputChunk(stream, data, text) as it comes
+            print(chunk.text, end="")
+    print(stream.result.exit_code)          # the final RunResult, once iteration ends
+
+:class:`AsyncClient` mirrors :class:`Client` with coroutines. Errors from the server raise
+:class:`KennelError` (``status``, ``code``, ``message``), or a subclass: :class:`BadRequest`
+(400), :class:`Unauthorized` (401), :class:`NotFound` (404), :class:`SessionEnded` (410),
+:class:`Busy` (429, with ``retry_after``).
+"""
+
+from .aio import AsyncClient, AsyncSession, AsyncStream
+from .client import Client, Session, Stream
+from .errors import BadRequest, Busy, KennelError, NotFound, SessionEnded, Unauthorized
+from .results import (CollectedFile, ExecResult, FileEntry, Interpreter, Isolation, NetEvent,
+                      OutputChunk, RunResult, SessionInfo)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncClient", "AsyncSession", "AsyncStream", "BadRequest", "Busy", "Client",
+    "CollectedFile", "ExecResult", "FileEntry", "Interpreter", "Isolation", "KennelError",
+    "NetEvent", "NotFound", "OutputChunk", "RunResult", "Session", "SessionEnded",
+    "SessionInfo", "Stream", "Unauthorized",
+]

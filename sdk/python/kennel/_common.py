@@ -1,0 +1,244 @@
+"""What the sync and async clients share: request bodies, answers, Server-Sent Events."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
+from urllib.parse import quote
+
+import httpx
+
+from .errors import KennelError, error_for
+from .results import OutputChunk
+
+FileData = Union[str, bytes, bytearray, memoryview]
+Timeout = Union[int, float, str, None]
+
+#: The default HTTP timeout in seconds: above the server's default maximum run time (300s).
+DEFAULT_TIMEOUT = 330.0
+USER_AGENT = "kennel-python/0.1.0"
+
+
+def token_from(token: Optional[str]) -> Optional[str]:
+    """The bearer token: the argument, else ``$KENNEL_TOKEN``, else none."""
+    if token is not None:
+        return token or None
+    return os.environ.get("KENNEL_TOKEN") or None
+
+
+def headers_for(token: Optional[str]) -> Dict[str, str]:
+    h = {"User-Agent": USER_AGENT}
+    if token:
+        h["Authorization"] = f"Bearer {token}"
+    return h
+
+
+def span(t: Timeout) -> Optional[str]:
+    """A duration for the wire: numbers are seconds; strings ("30s", "500ms") pass through."""
+    if t is None or isinstance(t, str):
+        return t
+    if isinstance(t, bool) or not isinstance(t, (int, float)):
+        raise TypeError(f"a timeout is seconds (int or float) or a string like '30s', not {t!r}")
+    return f"{t}s"
+
+
+def content(data: FileData) -> Dict[str, str]:
+    """Wire ``Content``: text as ``{"text"}``, bytes as ``{"base64"}``."""
+    if isinstance(data, str):
+        return {"text": data}
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return {"base64": base64.b64encode(bytes(data)).decode("ascii")}
+    raise TypeError(f"file contents must be str or bytes, not {type(data).__name__}")
+
+
+def network_spec(network: Any) -> Optional[Dict[str, Any]]:
+    """``network=``: a dict as the API takes it, a mode (``"none"``, ``"full"``), or a list of
+    domains to allow."""
+    if network is None or isinstance(network, dict):
+        return network
+    if isinstance(network, str):
+        return {"mode": network}
+    if isinstance(network, (list, tuple)):
+        return {"mode": "allow", "allow": list(network)}
+    raise TypeError(f"network must be a dict, a mode string or a list of domains, not {network!r}")
+
+
+def limits_spec(limits: Optional[Mapping[str, Any]]) -> Optional[Dict[str, Any]]:
+    if limits is None:
+        return None
+    out = dict(limits)
+    if isinstance(out.get("timeout"), (int, float)) and not isinstance(out["timeout"], bool):
+        out["timeout"] = span(out["timeout"])
+    return out
+
+
+def run_body(
+    *,
+    language: Optional[str] = None,
+    code: Optional[str] = None,
+    argv: Optional[List[str]] = None,
+    stdin: Optional[str] = None,
+    files: Optional[Mapping[str, FileData]] = None,
+    collect: Optional[Iterable[str]] = None,
+    env: Optional[Mapping[str, str]] = None,
+    limits: Optional[Mapping[str, Any]] = None,
+    network: Any = None,
+) -> Dict[str, Any]:
+    """A ``RunSpec`` with only the fields given."""
+    body: Dict[str, Any] = {}
+    if argv is not None:
+        if isinstance(argv, str):
+            raise TypeError("argv is a list of strings; use run_code(..., language='bash') for a shell line")
+        body["argv"] = list(argv)
+    else:
+        body["language"] = language
+        body["code"] = code
+    if stdin is not None:
+        body["stdin"] = stdin
+    if files:
+        body["files"] = {path: content(data) for path, data in files.items()}
+    if collect:
+        body["collect"] = [collect] if isinstance(collect, str) else list(collect)
+    if env:
+        body["env"] = dict(env)
+    lim = limits_spec(limits)
+    if lim:
+        body["limits"] = lim
+    net = network_spec(network)
+    if net is not None:
+        body["network"] = net
+    return body
+
+
+def session_body(
+    *,
+    limits: Optional[Mapping[str, Any]] = None,
+    env: Optional[Mapping[str, str]] = None,
+    network: Any = None,
+    idle_ttl: Timeout = None,
+) -> Dict[str, Any]:
+    body: Dict[str, Any] = {}
+    lim = limits_spec(limits)
+    if lim:
+        body["limits"] = lim
+    if env:
+        body["env"] = dict(env)
+    net = network_spec(network)
+    if net is not None:
+        body["network"] = net
+    if idle_ttl is not None:
+        body["idle_ttl"] = span(idle_ttl)
+    return body
+
+
+def exec_body(language: str, code: str, stdin: Optional[str], timeout: Timeout) -> Dict[str, Any]:
+    body: Dict[str, Any] = {"language": language, "code": code}
+    if stdin is not None:
+        body["stdin"] = stdin
+    if timeout is not None:
+        body["timeout"] = span(timeout)
+    return body
+
+
+def file_url(session_id: str, path: str) -> str:
+    """``/v1/sessions/{id}/files/{path}`` for a sandbox path. Absolute paths are taken as they
+    are (``/workspace/a.txt``, ``/tmp/x``); relative ones are relative to the sandbox's working
+    directory, ``/workspace`` (``a.txt``), except that ``workspace/...`` and ``tmp/...`` name
+    ``/workspace/...`` and ``/tmp/...``, as in the API's URLs."""
+    if path.startswith("/"):
+        p = path.lstrip("/")
+    elif path.startswith(("workspace/", "tmp/")):
+        p = path
+    else:
+        p = "workspace/" + path
+    return f"/v1/sessions/{quote(session_id, safe='')}/files/{quote(p, safe='/')}"
+
+
+def session_url(session_id: str, suffix: str = "") -> str:
+    return f"/v1/sessions/{quote(session_id, safe='')}{suffix}"
+
+
+def retry_after(response: httpx.Response) -> Optional[float]:
+    value = response.headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+def error_from(response: httpx.Response, body: bytes) -> KennelError:
+    """The error an answer with a 4xx/5xx status stands for, with the server's message."""
+    code, message = "http_error", ""
+    try:
+        err = json.loads(body)["error"]
+        code, message = str(err["code"]), str(err["message"])
+    except (ValueError, KeyError, TypeError):
+        message = body.decode("utf-8", "replace").strip() or response.reason_phrase
+    return error_for(response.status_code, code, message, retry_after(response))
+
+
+def check(response: httpx.Response) -> httpx.Response:
+    """Raises the server's error for a non-2xx answer (whose body has been read)."""
+    if response.status_code >= 400:
+        raise error_from(response, response.content)
+    return response
+
+
+class SSEParser:
+    """Server-Sent Events, fed line by line; ``feed`` returns an ``(event, data)`` when a
+    blank line completes one."""
+
+    def __init__(self) -> None:
+        self.event = "message"
+        self.data: List[str] = []
+
+    def feed(self, line: str) -> Optional[Tuple[str, str]]:
+        line = line.rstrip("\r\n")
+        if not line:
+            if not self.data:
+                self.event = "message"
+                return None
+            out = (self.event, "\n".join(self.data))
+            self.event, self.data = "message", []
+            return out
+        if line.startswith(":"):
+            return None  # a comment: keep-alive
+        name, _, value = line.partition(":")
+        if value.startswith(" "):
+            value = value[1:]
+        if name == "event":
+            self.event = value
+        elif name == "data":
+            self.data.append(value)
+        return None
+
+    def finish(self) -> Optional[Tuple[str, str]]:
+        return self.feed("") if self.data else None
+
+
+class Outcome:
+    """What one SSE event means: a chunk, the final result's JSON, or an error raised."""
+
+    @staticmethod
+    def decode(event: str, data: str) -> Tuple[Optional[OutputChunk], Optional[Dict[str, Any]]]:
+        if event in ("stdout", "stderr"):
+            d = json.loads(data)
+            raw = base64.b64decode(d["b64"]) if "b64" in d else d.get("text", "").encode()
+            text = d.get("text")
+            if text is None:
+                text = raw.decode("utf-8", "replace")
+            return OutputChunk(event, raw, text), None
+        if event == "result":
+            return None, json.loads(data)
+        if event == "error":
+            try:
+                d = json.loads(data)
+                code, message = str(d.get("code", "error")), str(d.get("message", data))
+            except ValueError:
+                code, message = "error", data
+            raise error_for(None, code, message)
+        return None, None  # an event this SDK does not know: ignored

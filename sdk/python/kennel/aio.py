@@ -1,0 +1,312 @@
+"""The asyncio client: :class:`AsyncClient`, :class:`AsyncSession` and :class:`AsyncStream`.
+
+They mirror the synchronous ones; every method that talks to the server is a coroutine::
+
+    async with kennel.AsyncClient(url) as client:
+        result = await client.run_code("print(6*7)")
+        async with client.session() as s:
+            await s.run_code("x = 41")
+            print((await s.run_code("print(x + 1)")).stdout)
+        stream = await client.stream_code("print('hi')")
+        async for chunk in stream:
+            print(chunk.text, end="")
+        print(stream.result.exit_code)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import (Any, AsyncIterator, Awaitable, Callable, Dict, Generator, Generic, List,
+                    Mapping, Optional, Sequence, TypeVar)
+
+import httpx
+
+from . import _common as c
+from .client import DEFAULT_URL, _shell_line
+from .errors import KennelError, NotFound
+from .results import ExecResult, FileEntry, OutputChunk, RunResult, SessionInfo
+
+R = TypeVar("R")
+
+
+class AsyncStream(Generic[R]):
+    """A streamed run or exec: ``async for chunk in stream`` yields :class:`OutputChunk`
+    objects; after the loop, :attr:`result` is the final :class:`RunResult` or
+    :class:`ExecResult`. ``await stream.wait()`` reads whatever is left and returns it. An
+    ``error`` event raises :class:`KennelError`. ``async with`` (or ``await stream.aclose()``)
+    frees the connection when stopping early."""
+
+    def __init__(self, response: httpx.Response, parse: Callable[[Dict[str, Any]], R]):
+        self._response = response
+        self._parse = parse
+        self._result: Optional[R] = None
+        self._error: Optional[KennelError] = None
+        self._done = False
+        self._iter = self._events()
+
+    async def _events(self) -> AsyncIterator[OutputChunk]:
+        parser = c.SSEParser()
+        try:
+            async for line in self._response.aiter_lines():
+                for piece in line.splitlines() or [""]:
+                    ev = parser.feed(piece)
+                    if ev is not None:
+                        chunk = self._handle(*ev)
+                        if chunk is not None:
+                            yield chunk
+                    if self._done:
+                        return
+            ev = parser.finish()
+            if ev is not None:
+                chunk = self._handle(*ev)
+                if chunk is not None:
+                    yield chunk
+        finally:
+            await self._response.aclose()
+            if not self._done:
+                self._done = True
+                if self._error is None and self._result is None:
+                    self._error = KennelError(None, "stream_ended",
+                                              "the stream ended without a result")
+
+    def _handle(self, event: str, data: str) -> Optional[OutputChunk]:
+        try:
+            chunk, result = c.Outcome.decode(event, data)
+        except KennelError as e:
+            self._error, self._done = e, True
+            raise
+        if result is not None:
+            self._result, self._done = self._parse(result), True
+        return chunk
+
+    def __aiter__(self) -> AsyncIterator[OutputChunk]:
+        return self
+
+    async def __anext__(self) -> OutputChunk:
+        return await self._iter.__anext__()
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    @property
+    def result(self) -> R:
+        """The final result; only once the stream has been read to its end (else
+        ``RuntimeError``: use ``await stream.wait()``)."""
+        if self._error is not None:
+            raise self._error
+        if self._result is None:
+            raise RuntimeError("the stream is not finished: iterate it or `await stream.wait()`")
+        return self._result
+
+    async def wait(self) -> R:
+        """Reads the rest of the stream and returns the final result."""
+        async for _ in self._iter:
+            pass
+        return self.result
+
+    async def aclose(self) -> None:
+        await self._iter.aclose()
+        await self._response.aclose()
+
+    async def __aenter__(self) -> "AsyncStream[R]":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+
+class AsyncSession:
+    """The asyncio twin of :class:`kennel.Session`."""
+
+    def __init__(self, client: "AsyncClient", info: SessionInfo):
+        self._client = client
+        self.info = info
+        self.id = info.id
+        self.closed = False
+
+    def __repr__(self) -> str:
+        return f"<kennel.AsyncSession {self.id}{' closed' if self.closed else ''}>"
+
+    async def run_code(self, code: str, language: str = "python", *, timeout: c.Timeout = None,
+                       stdin: Optional[str] = None) -> ExecResult:
+        r = await self._client._request("POST", c.session_url(self.id, "/exec"),
+                                        json=c.exec_body(language, code, stdin, timeout))
+        return ExecResult.from_dict(r.json())
+
+    async def run_command(self, cmd: Any, *, timeout: c.Timeout = None,
+                          stdin: Optional[str] = None) -> ExecResult:
+        return await self.run_code(_shell_line(cmd), "bash", timeout=timeout, stdin=stdin)
+
+    async def stream(self, code: str, language: str = "python", *, timeout: c.Timeout = None,
+                     stdin: Optional[str] = None) -> AsyncStream[ExecResult]:
+        return await self._client._stream(c.session_url(self.id, "/exec"),
+                                          c.exec_body(language, code, stdin, timeout),
+                                          ExecResult.from_dict)
+
+    async def write_file(self, path: str, data: c.FileData) -> None:
+        body = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+        await self._client._request("PUT", c.file_url(self.id, path), content=body,
+                                    headers={"Content-Type": "application/octet-stream"})
+
+    async def read_file(self, path: str) -> bytes:
+        return (await self._client._request("GET", c.file_url(self.id, path))).content
+
+    async def delete_file(self, path: str) -> None:
+        await self._client._request("DELETE", c.file_url(self.id, path))
+
+    async def list_files(self, path: str = "/workspace") -> List[FileEntry]:
+        r = await self._client._request("GET", c.session_url(self.id, "/files"),
+                                        params={"path": path})
+        return [FileEntry.from_dict(e) for e in r.json().get("entries", [])]
+
+    async def refresh(self) -> SessionInfo:
+        self.info = await self._client.get_session(self.id)
+        return self.info
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            await self._client.delete_session(self.id)
+        except NotFound:
+            pass
+
+    async def __aenter__(self) -> "AsyncSession":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+
+class _SessionStarter:
+    """What ``AsyncClient.session()`` returns: ``await`` it for an :class:`AsyncSession`, or
+    ``async with`` it to have the session ended on exit."""
+
+    def __init__(self, create: Callable[[], Awaitable[AsyncSession]]):
+        self._create = create
+        self._session: Optional[AsyncSession] = None
+
+    def __await__(self) -> Generator[Any, None, AsyncSession]:
+        return self._create().__await__()
+
+    async def __aenter__(self) -> AsyncSession:
+        self._session = await self._create()
+        return self._session
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+class AsyncClient:
+    """The asyncio twin of :class:`kennel.Client` (same arguments)."""
+
+    def __init__(self, base_url: Optional[str] = None, token: Optional[str] = None,
+                 timeout: Optional[float] = c.DEFAULT_TIMEOUT, *,
+                 http_client: Optional[httpx.AsyncClient] = None):
+        self.base_url = (base_url or os.environ.get("KENNEL_URL") or DEFAULT_URL).rstrip("/")
+        self._http = http_client or httpx.AsyncClient(
+            base_url=self.base_url, headers=c.headers_for(c.token_from(token)), timeout=timeout)
+
+    def __repr__(self) -> str:
+        return f"<kennel.AsyncClient {self.base_url}>"
+
+    async def _request(self, method: str, url: str, **kw: Any) -> httpx.Response:
+        return c.check(await self._http.request(method, url, **kw))
+
+    async def _stream(self, url: str, body: Dict[str, Any],
+                      parse: Callable[[Dict[str, Any]], R]) -> AsyncStream[R]:
+        request = self._http.build_request("POST", url, json=body, params={"stream": "true"},
+                                           headers={"Accept": "text/event-stream"})
+        response = await self._http.send(request, stream=True)
+        if response.status_code >= 400:
+            try:
+                body_bytes = await response.aread()
+            finally:
+                await response.aclose()
+            raise c.error_from(response, body_bytes)
+        return AsyncStream(response, parse)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    close = aclose
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    async def health(self) -> Dict[str, Any]:
+        return (await self._request("GET", "/healthz")).json()
+
+    async def run(self, spec: Mapping[str, Any]) -> RunResult:
+        r = await self._request("POST", "/v1/runs", json=dict(spec))
+        return RunResult.from_dict(r.json())
+
+    async def run_code(self, code: str, language: str = "python", *,
+                       stdin: Optional[str] = None,
+                       files: Optional[Mapping[str, c.FileData]] = None,
+                       collect: Optional[Sequence[str]] = None,
+                       env: Optional[Mapping[str, str]] = None,
+                       limits: Optional[Mapping[str, Any]] = None,
+                       network: Any = None) -> RunResult:
+        return await self.run(c.run_body(language=language, code=code, stdin=stdin, files=files,
+                                         collect=collect, env=env, limits=limits,
+                                         network=network))
+
+    async def run_command(self, argv: Sequence[str], *, stdin: Optional[str] = None,
+                          files: Optional[Mapping[str, c.FileData]] = None,
+                          collect: Optional[Sequence[str]] = None,
+                          env: Optional[Mapping[str, str]] = None,
+                          limits: Optional[Mapping[str, Any]] = None,
+                          network: Any = None) -> RunResult:
+        return await self.run(c.run_body(argv=list(argv), stdin=stdin, files=files,
+                                         collect=collect, env=env, limits=limits,
+                                         network=network))
+
+    async def stream_code(self, code: str, language: str = "python", *,
+                          stdin: Optional[str] = None,
+                          files: Optional[Mapping[str, c.FileData]] = None,
+                          collect: Optional[Sequence[str]] = None,
+                          env: Optional[Mapping[str, str]] = None,
+                          limits: Optional[Mapping[str, Any]] = None,
+                          network: Any = None) -> AsyncStream[RunResult]:
+        body = c.run_body(language=language, code=code, stdin=stdin, files=files,
+                          collect=collect, env=env, limits=limits, network=network)
+        return await self._stream("/v1/runs", body, RunResult.from_dict)
+
+    async def stream_command(self, argv: Sequence[str], **opts: Any) -> AsyncStream[RunResult]:
+        return await self._stream("/v1/runs", c.run_body(argv=list(argv), **opts),
+                                  RunResult.from_dict)
+
+    def session(self, *, limits: Optional[Mapping[str, Any]] = None,
+                env: Optional[Mapping[str, str]] = None, network: Any = None,
+                idle_ttl: c.Timeout = None) -> _SessionStarter:
+        """``async with client.session() as s:`` (ended on exit), or
+        ``s = await client.session()`` (end it with ``await s.close()``)."""
+        body = c.session_body(limits=limits, env=env, network=network, idle_ttl=idle_ttl)
+
+        async def create() -> AsyncSession:
+            r = await self._request("POST", "/v1/sessions", json=body)
+            return AsyncSession(self, SessionInfo.from_dict(r.json()))
+
+        return _SessionStarter(create)
+
+    create_session = session
+
+    async def list_sessions(self) -> List[SessionInfo]:
+        r = await self._request("GET", "/v1/sessions")
+        return [SessionInfo.from_dict(d) for d in r.json()]
+
+    async def get_session(self, session_id: str) -> SessionInfo:
+        return SessionInfo.from_dict((await self._request("GET", c.session_url(session_id))).json())
+
+    async def attach(self, session_id: str) -> AsyncSession:
+        return AsyncSession(self, await self.get_session(session_id))
+
+    async def delete_session(self, session_id: str) -> None:
+        await self._request("DELETE", c.session_url(session_id))

@@ -1,0 +1,317 @@
+"""The synchronous client: :class:`Client`, :class:`Session` and :class:`Stream`."""
+
+from __future__ import annotations
+
+import shlex
+from typing import (Any, Callable, Dict, Generic, Iterator, List, Mapping, Optional, Sequence,
+                    TypeVar, Union)
+
+import httpx
+
+from . import _common as c
+from .errors import KennelError, NotFound
+from .results import ExecResult, FileEntry, OutputChunk, RunResult, SessionInfo
+
+R = TypeVar("R")
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+
+
+class Stream(Generic[R]):
+    """A streamed run or exec: iterate it for :class:`OutputChunk` objects as the code writes
+    them; once iteration ends, :attr:`result` holds the final :class:`RunResult` (for
+    ``Client.stream_code``/``stream_command``) or :class:`ExecResult` (for ``Session.stream``).
+
+    Reading :attr:`result` before the stream is done reads (and drops) the rest of the output
+    first. A stream that ends with an ``error`` event raises :class:`KennelError` from the
+    iteration (or from :attr:`result`). Use it as a context manager, or call :meth:`close`,
+    to free the connection if you stop early.
+
+    >>> with client.stream_code("print('hi')") as stream:
+    ...     for chunk in stream:
+    ...         print(chunk.stream, chunk.text, end="")
+    ... print(stream.result.exit_code)
+    """
+
+    def __init__(self, response: httpx.Response, parse: Callable[[Dict[str, Any]], R]):
+        self._response = response
+        self._parse = parse
+        self._result: Optional[R] = None
+        self._error: Optional[KennelError] = None
+        self._done = False
+        self._iter = self._events()
+
+    def _events(self) -> Iterator[OutputChunk]:
+        parser = c.SSEParser()
+        try:
+            for line in self._response.iter_lines():
+                for piece in line.splitlines() or [""]:
+                    ev = parser.feed(piece)
+                    if ev is not None:
+                        yield from self._handle(*ev)
+                    if self._done:
+                        return
+            ev = parser.finish()
+            if ev is not None:
+                yield from self._handle(*ev)
+        finally:
+            self._response.close()
+            if not self._done:
+                self._done = True
+                if self._error is None and self._result is None:
+                    self._error = KennelError(None, "stream_ended",
+                                              "the stream ended without a result")
+
+    def _handle(self, event: str, data: str) -> Iterator[OutputChunk]:
+        try:
+            chunk, result = c.Outcome.decode(event, data)
+        except KennelError as e:
+            self._error, self._done = e, True
+            raise
+        if chunk is not None:
+            yield chunk
+        elif result is not None:
+            self._result, self._done = self._parse(result), True
+
+    def __iter__(self) -> Iterator[OutputChunk]:
+        return self
+
+    def __next__(self) -> OutputChunk:
+        return next(self._iter)
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    @property
+    def result(self) -> R:
+        """The final result, reading the rest of the stream first if need be."""
+        return self.wait()
+
+    def wait(self) -> R:
+        """Reads the rest of the stream and returns the final result."""
+        for _ in self._iter:
+            pass
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+    def close(self) -> None:
+        """Stops reading: the connection is closed (the run itself goes on in the server)."""
+        self._iter.close()
+        self._response.close()
+
+    def __enter__(self) -> "Stream[R]":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class Session:
+    """A sandbox kept between an agent's steps (``POST /v1/sessions``).
+
+    Python code runs in one persistent interpreter, so variables, imports and functions survive
+    between :meth:`run_code` calls. Use it as a context manager (``with client.session() as
+    s:``) or call :meth:`close` to end it.
+    """
+
+    def __init__(self, client: "Client", info: SessionInfo):
+        self._client = client
+        self.info = info
+        self.id = info.id
+        self.closed = False
+
+    def __repr__(self) -> str:
+        return f"<kennel.Session {self.id}{' closed' if self.closed else ''}>"
+
+    def run_code(self, code: str, language: str = "python", *, timeout: c.Timeout = None,
+                 stdin: Optional[str] = None) -> ExecResult:
+        """Runs code (``python``, ``bash`` or ``sh``); ``timeout`` in seconds or as "30s"."""
+        r = self._client._request("POST", c.session_url(self.id, "/exec"),
+                                  json=c.exec_body(language, code, stdin, timeout))
+        return ExecResult.from_dict(r.json())
+
+    def run_command(self, cmd: Union[str, Sequence[str]], *, timeout: c.Timeout = None,
+                    stdin: Optional[str] = None) -> ExecResult:
+        """Runs a shell command line with bash (an argv list is quoted into one)."""
+        return self.run_code(_shell_line(cmd), "bash", timeout=timeout, stdin=stdin)
+
+    def stream(self, code: str, language: str = "python", *, timeout: c.Timeout = None,
+               stdin: Optional[str] = None) -> Stream[ExecResult]:
+        """As :meth:`run_code`, streamed: a :class:`Stream` whose ``result`` is an
+        :class:`ExecResult`."""
+        return self._client._stream(c.session_url(self.id, "/exec"),
+                                    c.exec_body(language, code, stdin, timeout),
+                                    ExecResult.from_dict)
+
+    def write_file(self, path: str, data: c.FileData) -> None:
+        """Writes a file (str is UTF-8 encoded) under /workspace or /tmp; relative paths are
+        under /workspace."""
+        body = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+        self._client._request("PUT", c.file_url(self.id, path), content=body,
+                              headers={"Content-Type": "application/octet-stream"})
+
+    def read_file(self, path: str) -> bytes:
+        """A file's bytes (:class:`NotFound` when it does not exist)."""
+        return self._client._request("GET", c.file_url(self.id, path)).content
+
+    def delete_file(self, path: str) -> None:
+        self._client._request("DELETE", c.file_url(self.id, path))
+
+    def list_files(self, path: str = "/workspace") -> List[FileEntry]:
+        """The entries of a directory under /workspace or /tmp."""
+        r = self._client._request("GET", c.session_url(self.id, "/files"), params={"path": path})
+        return [FileEntry.from_dict(e) for e in r.json().get("entries", [])]
+
+    def refresh(self) -> SessionInfo:
+        """The session as the server sees it now (TTL left, limits)."""
+        self.info = self._client.get_session(self.id)
+        return self.info
+
+    def close(self) -> None:
+        """Ends the session (``DELETE``); closing an already ended session does nothing."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self._client.delete_session(self.id)
+        except NotFound:
+            pass
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _shell_line(cmd: Union[str, Sequence[str]]) -> str:
+    return cmd if isinstance(cmd, str) else " ".join(shlex.quote(a) for a in cmd)
+
+
+class Client:
+    """A client of a ``kennel serve`` HTTP API.
+
+    ``base_url`` defaults to ``$KENNEL_URL`` or http://127.0.0.1:8080; ``token`` to
+    ``$KENNEL_TOKEN`` (``token=""`` sends none, whatever the environment says); ``timeout`` is
+    the HTTP timeout in seconds (it should exceed the runs' own time limits). ``http_client``
+    replaces the ``httpx.Client`` (its own base URL, headers and transport are then used).
+    """
+
+    def __init__(self, base_url: Optional[str] = None, token: Optional[str] = None,
+                 timeout: Optional[float] = c.DEFAULT_TIMEOUT, *,
+                 http_client: Optional[httpx.Client] = None):
+        import os
+
+        self.base_url = (base_url or os.environ.get("KENNEL_URL") or DEFAULT_URL).rstrip("/")
+        self._http = http_client or httpx.Client(
+            base_url=self.base_url, headers=c.headers_for(c.token_from(token)), timeout=timeout)
+
+    def __repr__(self) -> str:
+        return f"<kennel.Client {self.base_url}>"
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _request(self, method: str, url: str, **kw: Any) -> httpx.Response:
+        return c.check(self._http.request(method, url, **kw))
+
+    def _stream(self, url: str, body: Dict[str, Any],
+                parse: Callable[[Dict[str, Any]], R]) -> Stream[R]:
+        request = self._http.build_request("POST", url, json=body, params={"stream": "true"},
+                                           headers={"Accept": "text/event-stream"})
+        response = self._http.send(request, stream=True)
+        if response.status_code >= 400:
+            try:
+                body_bytes = response.read()
+            finally:
+                response.close()
+            raise c.error_from(response, body_bytes)
+        return Stream(response, parse)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- one-shot runs --------------------------------------------------------------------
+
+    def health(self) -> Dict[str, Any]:
+        """``GET /healthz``."""
+        return self._request("GET", "/healthz").json()
+
+    def run(self, spec: Mapping[str, Any]) -> RunResult:
+        """A raw ``RunSpec`` dict, as the API takes it."""
+        return RunResult.from_dict(self._request("POST", "/v1/runs", json=dict(spec)).json())
+
+    def run_code(self, code: str, language: str = "python", *, stdin: Optional[str] = None,
+                 files: Optional[Mapping[str, c.FileData]] = None,
+                 collect: Optional[Sequence[str]] = None, env: Optional[Mapping[str, str]] = None,
+                 limits: Optional[Mapping[str, Any]] = None, network: Any = None) -> RunResult:
+        """Runs a snippet in a fresh sandbox.
+
+        ``files`` maps sandbox paths (under /workspace or /tmp) to str or bytes; ``collect``
+        lists paths whose contents come back in ``result.files`` (``.data`` is bytes);
+        ``limits`` is a dict such as ``{"timeout": "5s", "memory": "256M"}`` (a number for
+        ``timeout`` is seconds); ``network`` a dict (``{"mode": "allow", "allow": [...]}``), a
+        mode string, or a list of domains to allow.
+        """
+        return self.run(c.run_body(language=language, code=code, stdin=stdin, files=files,
+                                   collect=collect, env=env, limits=limits, network=network))
+
+    def run_command(self, argv: Sequence[str], *, stdin: Optional[str] = None,
+                    files: Optional[Mapping[str, c.FileData]] = None,
+                    collect: Optional[Sequence[str]] = None,
+                    env: Optional[Mapping[str, str]] = None,
+                    limits: Optional[Mapping[str, Any]] = None, network: Any = None) -> RunResult:
+        """Runs an argv (no shell) in a fresh sandbox; options as for :meth:`run_code`."""
+        return self.run(c.run_body(argv=list(argv), stdin=stdin, files=files, collect=collect,
+                                   env=env, limits=limits, network=network))
+
+    def stream_code(self, code: str, language: str = "python", *, stdin: Optional[str] = None,
+                    files: Optional[Mapping[str, c.FileData]] = None,
+                    collect: Optional[Sequence[str]] = None,
+                    env: Optional[Mapping[str, str]] = None,
+                    limits: Optional[Mapping[str, Any]] = None,
+                    network: Any = None) -> Stream[RunResult]:
+        """As :meth:`run_code`, streamed: iterate the returned :class:`Stream` for output
+        chunks, then read ``stream.result`` (a :class:`RunResult`). A request the server
+        refuses raises here, before any iteration."""
+        body = c.run_body(language=language, code=code, stdin=stdin, files=files,
+                          collect=collect, env=env, limits=limits, network=network)
+        return self._stream("/v1/runs", body, RunResult.from_dict)
+
+    def stream_command(self, argv: Sequence[str], **opts: Any) -> Stream[RunResult]:
+        """As :meth:`run_command`, streamed (see :meth:`stream_code`)."""
+        return self._stream("/v1/runs", c.run_body(argv=list(argv), **opts), RunResult.from_dict)
+
+    # -- sessions -------------------------------------------------------------------------
+
+    def session(self, *, limits: Optional[Mapping[str, Any]] = None,
+                env: Optional[Mapping[str, str]] = None, network: Any = None,
+                idle_ttl: c.Timeout = None) -> Session:
+        """Creates a session; use the result as a context manager to end it on exit."""
+        body = c.session_body(limits=limits, env=env, network=network, idle_ttl=idle_ttl)
+        info = SessionInfo.from_dict(self._request("POST", "/v1/sessions", json=body).json())
+        return Session(self, info)
+
+    create_session = session
+
+    def list_sessions(self) -> List[SessionInfo]:
+        """This token's open sessions."""
+        return [SessionInfo.from_dict(d) for d in self._request("GET", "/v1/sessions").json()]
+
+    def get_session(self, session_id: str) -> SessionInfo:
+        return SessionInfo.from_dict(self._request("GET", c.session_url(session_id)).json())
+
+    def attach(self, session_id: str) -> Session:
+        """A :class:`Session` handle for an existing session id."""
+        return Session(self, self.get_session(session_id))
+
+    def delete_session(self, session_id: str) -> None:
+        self._request("DELETE", c.session_url(session_id))

@@ -1,0 +1,56 @@
+"""Errors raised by the Kennel SDK."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+
+class KennelError(Exception):
+    """An error answer from the server: ``{"error": {"code", "message"}}``.
+
+    ``status`` is the HTTP status (``None`` for an ``error`` event that ended a stream after the
+    200 response had started); ``code`` the server's error code (``bad_request``,
+    ``not_found``, ``busy``, ``unauthorized``, ...); ``message`` its message, verbatim.
+    """
+
+    def __init__(self, status: Optional[int], code: str, message: str):
+        super().__init__(f"{code}: {message}" if status is None else f"{status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+class BadRequest(KennelError):
+    """400: the server refused the request (it names the field)."""
+
+
+class Unauthorized(KennelError):
+    """401: no valid bearer token."""
+
+
+class NotFound(KennelError):
+    """404: no such session, file or route."""
+
+
+class Busy(KennelError):
+    """429: too many runs or sessions at once; retry after ``retry_after`` seconds."""
+
+    def __init__(self, status: Optional[int], code: str, message: str,
+                 retry_after: Optional[float] = None):
+        super().__init__(status, code, message)
+        self.retry_after = retry_after
+
+
+class SessionEnded(KennelError):
+    """410: the session's sandbox has ended."""
+
+
+_BY_STATUS = {400: BadRequest, 401: Unauthorized, 404: NotFound, 410: SessionEnded}
+
+
+def error_for(status: Optional[int], code: str, message: str,
+              retry_after: Optional[float] = None) -> KennelError:
+    """The most specific error class for an answer."""
+    if status == 429:
+        return Busy(status, code, message, retry_after)
+    return _BY_STATUS.get(status or 0, KennelError)(status, code, message)

@@ -1,0 +1,309 @@
+"""Typed results of the Kennel HTTP API, as dataclasses.
+
+Each class has a ``from_dict`` that builds it from the server's JSON and keeps that JSON in
+``raw``, so fields a newer server adds are never lost.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+
+def _content_bytes(content: Optional[Dict[str, str]]) -> Optional[bytes]:
+    """The bytes of a wire ``Content``: ``{"text": ...}`` or ``{"base64": ...}``."""
+    if content is None:
+        return None
+    if "text" in content:
+        return content["text"].encode("utf-8")
+    if "base64" in content:
+        return base64.b64decode(content["base64"])
+    raise ValueError(f"unknown content shape: {content!r}")
+
+
+@dataclass
+class CollectedFile:
+    """A file returned from the sandbox (``collect=[...]``).
+
+    ``data`` is its bytes (``None`` when the file could not be returned; ``error`` says why).
+    """
+
+    path: str
+    size: int
+    data: Optional[bytes]
+    truncated: bool
+    error: Optional[str] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def text(self) -> Optional[str]:
+        """``data`` decoded as UTF-8 (invalid bytes replaced), or ``None``."""
+        return None if self.data is None else self.data.decode("utf-8", "replace")
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "CollectedFile":
+        return cls(
+            path=d["path"],
+            size=d.get("size", 0),
+            data=_content_bytes(d.get("content")),
+            truncated=d.get("truncated", False),
+            error=d.get("error"),
+            raw=d,
+        )
+
+
+@dataclass
+class Isolation:
+    """Which isolation was really in force for a run. ``raw`` holds the full object."""
+
+    tier: str
+    namespaces: List[str]
+    host_uid: Optional[int]
+    host_gid: Optional[int]
+    id_range: Optional[int]
+    seccomp: Dict[str, Any]
+    landlock: Dict[str, Any]
+    limits: Dict[str, Any]
+    no_new_privs: bool
+    capabilities: List[str]
+    filesystem: str
+    network: str
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def seccomp_enforced(self) -> bool:
+        return bool(self.seccomp.get("enforced"))
+
+    @property
+    def landlock_enforced(self) -> bool:
+        return bool(self.landlock.get("enforced"))
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "Isolation":
+        return cls(
+            tier=d.get("tier", ""),
+            namespaces=list(d.get("namespaces", [])),
+            host_uid=d.get("host_uid"),
+            host_gid=d.get("host_gid"),
+            id_range=d.get("id_range"),
+            seccomp=dict(d.get("seccomp") or {}),
+            landlock=dict(d.get("landlock") or {}),
+            limits=dict(d.get("limits") or {}),
+            no_new_privs=d.get("no_new_privs", False),
+            capabilities=list(d.get("capabilities", [])),
+            filesystem=d.get("filesystem", ""),
+            network=d.get("network", ""),
+            raw=d,
+        )
+
+
+@dataclass
+class NetEvent:
+    """One connection the sandbox asked Kennel's proxy for (network mode ``allow``)."""
+
+    host: str
+    port: int
+    protocol: str
+    decision: str
+    reason: str
+    address: Optional[str]
+    bytes_up: int
+    bytes_down: int
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def allowed(self) -> bool:
+        return self.decision == "allowed"
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "NetEvent":
+        return cls(
+            host=d.get("host", ""),
+            port=d.get("port", 0),
+            protocol=d.get("protocol", ""),
+            decision=d.get("decision", ""),
+            reason=d.get("reason", ""),
+            address=d.get("address"),
+            bytes_up=d.get("bytes_up", 0),
+            bytes_down=d.get("bytes_down", 0),
+            raw=d,
+        )
+
+
+@dataclass
+class RunResult:
+    """What a one-shot run did (``POST /v1/runs``).
+
+    ``exit_code`` is ``None`` when the program was killed by a signal (``signal``) or timed out.
+    """
+
+    exit_code: Optional[int]
+    signal: Optional[int]
+    timed_out: bool
+    oom_killed: bool
+    pids_limit_hit: bool
+    duration_ms: int
+    cpu_ms: int
+    memory_peak_bytes: int
+    stdout: str
+    stderr: str
+    stdout_bytes: int
+    stderr_bytes: int
+    stdout_truncated: bool
+    stderr_truncated: bool
+    files: List[CollectedFile]
+    isolation: Isolation
+    network_log: List[NetEvent]
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        """True when the program exited 0 within its limits."""
+        return self.exit_code == 0 and not self.timed_out
+
+    def file(self, path: str) -> CollectedFile:
+        """The collected file at ``path`` (``KeyError`` when it was not collected)."""
+        for f in self.files:
+            if f.path == path:
+                return f
+        raise KeyError(path)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "RunResult":
+        return cls(
+            exit_code=d.get("exit_code"),
+            signal=d.get("signal"),
+            timed_out=d.get("timed_out", False),
+            oom_killed=d.get("oom_killed", False),
+            pids_limit_hit=d.get("pids_limit_hit", False),
+            duration_ms=d.get("duration_ms", 0),
+            cpu_ms=d.get("cpu_ms", 0),
+            memory_peak_bytes=d.get("memory_peak_bytes", 0),
+            stdout=d.get("stdout", ""),
+            stderr=d.get("stderr", ""),
+            stdout_bytes=d.get("stdout_bytes", 0),
+            stderr_bytes=d.get("stderr_bytes", 0),
+            stdout_truncated=d.get("stdout_truncated", False),
+            stderr_truncated=d.get("stderr_truncated", False),
+            files=[CollectedFile.from_dict(f) for f in d.get("files", [])],
+            isolation=Isolation.from_dict(d.get("isolation") or {}),
+            network_log=[NetEvent.from_dict(e) for e in d.get("network_log", [])],
+            raw=d,
+        )
+
+
+@dataclass
+class Interpreter:
+    """For python execs: whether the persistent interpreter crashed or was restarted."""
+
+    restarted: bool
+    crashed: bool
+    reason: Optional[str]
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "Interpreter":
+        return cls(
+            restarted=d.get("restarted", False),
+            crashed=d.get("crashed", False),
+            reason=d.get("reason"),
+        )
+
+
+@dataclass
+class ExecResult:
+    """What an exec in a session did (``POST /v1/sessions/{id}/exec``)."""
+
+    exit_code: Optional[int]
+    signal: Optional[int]
+    timed_out: bool
+    duration_ms: int
+    stdout: str
+    stderr: str
+    stdout_bytes: int
+    stderr_bytes: int
+    stdout_truncated: bool
+    stderr_truncated: bool
+    interpreter: Optional[Interpreter]
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "ExecResult":
+        interp = d.get("interpreter")
+        return cls(
+            exit_code=d.get("exit_code"),
+            signal=d.get("signal"),
+            timed_out=d.get("timed_out", False),
+            duration_ms=d.get("duration_ms", 0),
+            stdout=d.get("stdout", ""),
+            stderr=d.get("stderr", ""),
+            stdout_bytes=d.get("stdout_bytes", 0),
+            stderr_bytes=d.get("stderr_bytes", 0),
+            stdout_truncated=d.get("stdout_truncated", False),
+            stderr_truncated=d.get("stderr_truncated", False),
+            interpreter=Interpreter.from_dict(interp) if interp is not None else None,
+            raw=d,
+        )
+
+
+@dataclass
+class SessionInfo:
+    """A session as the server lists it."""
+
+    id: str
+    created_at_unix_ms: int
+    idle_ttl_s: int
+    max_lifetime_s: int
+    expires_in_s: int
+    limits: Dict[str, Any]
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "SessionInfo":
+        return cls(
+            id=d["id"],
+            created_at_unix_ms=d.get("created_at_unix_ms", 0),
+            idle_ttl_s=d.get("idle_ttl_s", 0),
+            max_lifetime_s=d.get("max_lifetime_s", 0),
+            expires_in_s=d.get("expires_in_s", 0),
+            limits=dict(d.get("limits") or {}),
+            raw=d,
+        )
+
+
+@dataclass
+class FileEntry:
+    """One entry of a session directory listing."""
+
+    name: str
+    type: str
+    size: int
+    mode: int
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "FileEntry":
+        return cls(
+            name=d.get("name", ""),
+            type=d.get("type", ""),
+            size=d.get("size", 0),
+            mode=d.get("mode", 0),
+            raw=d,
+        )
+
+
+@dataclass
+class OutputChunk:
+    """A piece of output as it was produced, from a streamed run or exec.
+
+    ``stream`` is ``"stdout"`` or ``"stderr"``; ``data`` the exact bytes; ``text`` them decoded
+    (invalid UTF-8 replaced, as the server does).
+    """
+
+    stream: str
+    data: bytes
+    text: str

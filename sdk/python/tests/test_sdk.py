@@ -1,0 +1,394 @@
+"""The Python SDK against the real `kennel serve` (see conftest.py), plus a few offline checks
+of error mapping and stream parsing with httpx's MockTransport."""
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+import kennel
+from kennel import (AsyncClient, BadRequest, Busy, Client, ExecResult, KennelError, NotFound,
+                    OutputChunk, RunResult, Unauthorized)
+
+
+# -- one-shot runs -------------------------------------------------------------------------
+
+def test_run_code_returns_output_exit_code_and_isolation(client):
+    r = client.run_code("print(6*7)")
+    assert isinstance(r, RunResult)
+    assert r.stdout == "42\n" and r.stderr == ""
+    assert r.exit_code == 0 and r.signal is None and r.ok
+    assert not r.timed_out and not r.oom_killed
+    assert r.stdout_bytes == 3 and not r.stdout_truncated
+    iso = r.isolation
+    assert isinstance(iso, kennel.Isolation)
+    assert iso.tier == "native"
+    assert {"user", "mount", "pid", "network"} <= set(iso.namespaces)
+    assert iso.seccomp_enforced and iso.no_new_privs and iso.capabilities == []
+    assert iso.raw["seccomp"]["enforced"] is True  # the raw dict is kept
+    assert r.raw["stdout"] == "42\n"
+    assert r.network_log == []
+
+    r = client.run_code("import sys; print('oops', file=sys.stderr); sys.exit(3)")
+    assert r.exit_code == 3 and r.stderr == "oops\n" and not r.ok
+
+
+def test_run_code_in_other_languages_with_stdin_and_env(client):
+    r = client.run_code("echo $((6*7)) $GREETING; cat", "bash", stdin="from stdin",
+                        env={"GREETING": "hello"})
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout == "42 hello\nfrom stdin"
+    r = client.run_code("echo sh-$0", "sh")
+    assert r.stdout.startswith("sh-")
+
+
+def test_run_command_runs_an_argv(client):
+    r = client.run_command(["/bin/echo", "a b", "c"])
+    assert r.exit_code == 0 and r.stdout == "a b c\n"
+
+
+def test_files_in_and_collect_out_round_trip_bytes(client):
+    blob = bytes(range(256)) * 3  # not UTF-8: sent as base64
+    code = (
+        "import pathlib\n"
+        "data = pathlib.Path('/workspace/in.bin').read_bytes()\n"
+        "note = pathlib.Path('/workspace/note.txt').read_text()\n"
+        "pathlib.Path('/workspace/out.bin').write_bytes(data[::-1])\n"
+        "pathlib.Path('/tmp/out.txt').write_text(note.upper())\n"
+        "print(len(data), note)\n"
+    )
+    r = client.run_code(code, files={"/workspace/in.bin": blob, "/workspace/note.txt": "héllo"},
+                        collect=["/workspace/out.bin", "/tmp/out.txt", "/workspace/missing"])
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout == f"{len(blob)} héllo\n"
+    out = r.file("/workspace/out.bin")
+    assert out.data == blob[::-1] and out.size == len(blob) and not out.truncated
+    txt = r.file("/tmp/out.txt")
+    assert txt.data == "HÉLLO".encode() and txt.text == "HÉLLO"
+    missing = r.file("/workspace/missing")
+    assert missing.data is None and missing.error
+    with pytest.raises(KeyError):
+        r.file("/workspace/never-asked")
+
+
+def test_timeouts_report_timed_out(client):
+    started = time.monotonic()
+    r = client.run_code("import time; time.sleep(30)", limits={"timeout": 1})
+    assert r.timed_out and r.exit_code is None and not r.ok
+    assert time.monotonic() - started < 15
+    r = client.run_code("sleep 30", "bash", limits={"timeout": "500ms"})
+    assert r.timed_out
+
+
+# -- streaming ------------------------------------------------------------------------------
+
+STREAMED = (
+    "import sys, time\n"
+    "print('first', flush=True)\n"
+    "print('warn', file=sys.stderr, flush=True)\n"
+    "time.sleep(2)\n"
+    "print('second', flush=True)\n"
+)
+
+
+def test_stream_code_yields_chunks_before_the_end_and_then_the_result(client):
+    started = time.monotonic()
+    chunks = []
+    with client.stream_code(STREAMED) as stream:
+        for chunk in stream:
+            assert isinstance(chunk, OutputChunk)
+            chunks.append((time.monotonic() - started, chunk))
+    ended = time.monotonic() - started
+    result = stream.result
+    assert isinstance(result, RunResult) and stream.done
+    assert result.exit_code == 0 and result.stdout == "first\nsecond\n"
+    assert result.stderr == "warn\n"
+    out = b"".join(c.data for _, c in chunks if c.stream == "stdout")
+    err = b"".join(c.data for _, c in chunks if c.stream == "stderr")
+    assert out == b"first\nsecond\n" and err == b"warn\n"
+    first_at = next(t for t, c in chunks if b"first" in c.data)
+    assert first_at < ended - 1.0, f"first chunk at {first_at:.2f}s, stream ended {ended:.2f}s"
+    assert all(c.text == c.data.decode() for _, c in chunks)
+
+
+def test_stream_result_reads_the_rest_when_asked_early(client):
+    stream = client.stream_code("print('a'); print('b')")
+    assert not stream.done
+    assert stream.result.stdout == "a\nb\n"
+    assert list(stream) == []
+
+
+def test_stream_keeps_bytes_that_are_not_utf8(client):
+    stream = client.stream_code("import sys; sys.stdout.buffer.write(b'\\xff\\x00ok')")
+    data = b"".join(c.data for c in stream)
+    assert data == b"\xff\x00ok"
+    assert stream.result.stdout_bytes == 4
+
+
+def test_a_refused_stream_raises_before_iteration(client):
+    with pytest.raises(BadRequest) as e:
+        client.stream_code("print(1)", limits={"bogus": 1})
+    assert e.value.status == 400 and "bogus" in e.value.message
+
+
+# -- sessions -------------------------------------------------------------------------------
+
+def test_sessions_keep_python_state_and_run_shell(client):
+    with client.session() as s:
+        assert isinstance(s.info, kennel.SessionInfo) and s.info.id == s.id
+        assert s.info.limits["timeout"]
+        r = s.run_code("import math\nx = 41")
+        assert isinstance(r, ExecResult) and r.exit_code == 0
+        assert r.interpreter is not None and not r.interpreter.crashed
+        r = s.run_code("def f(v):\n    return v + 1\nprint(f(x), math.pi > 3)")
+        assert r.stdout == "42 True\n"
+        r = s.run_command("echo $((6*7)); pwd; echo err >&2")
+        assert r.stdout == "42\n/workspace\n" and r.stderr == "err\n" and r.exit_code == 0
+        r = s.run_command(["printf", "%s|", "a b", "c"])
+        assert r.stdout == "a b|c|"
+        r = s.run_code("print(input())", stdin="typed\n")
+        assert r.stdout == "typed\n"
+        assert s.refresh().expires_in_s > 0
+
+
+def test_session_file_helpers_round_trip(client):
+    blob = b"\x00\x01\xfe\xff binary"
+    with client.session() as s:
+        s.write_file("/workspace/data/blob.bin", blob)
+        s.write_file("workspace/note.txt", "héllo")
+        s.write_file("rel.txt", "relative")  # relative: under /workspace
+        s.write_file("/tmp/t.txt", b"tmp")
+        assert s.read_file("/workspace/data/blob.bin") == blob
+        assert s.read_file("/workspace/note.txt") == "héllo".encode()
+        assert s.read_file("/workspace/rel.txt") == b"relative"
+        assert s.read_file("/tmp/t.txt") == b"tmp"
+        # The code sees what the helpers wrote, and the helpers see what the code wrote.
+        r = s.run_code("print(open('/workspace/data/blob.bin','rb').read() == %r)\n"
+                       "open('/workspace/made.txt','w').write('by code')" % blob)
+        assert r.stdout == "True\n", r.stderr
+        assert s.read_file("made.txt") == b"by code"
+        names = {e.name: e for e in s.list_files()}
+        assert {"data", "note.txt", "rel.txt", "made.txt"} <= set(names)
+        assert names["data"].type == "dir" and names["note.txt"].size == len("héllo".encode())
+        assert [e.name for e in s.list_files("/workspace/data")] == ["blob.bin"]
+        s.delete_file("/workspace/note.txt")
+        with pytest.raises(NotFound) as e:
+            s.read_file("/workspace/note.txt")
+        assert e.value.status == 404 and "no such file" in e.value.message
+        with pytest.raises(BadRequest):
+            s.read_file("/etc/passwd")
+
+
+def test_session_context_manager_closes_the_session(client):
+    with client.session() as s:
+        sid = s.id
+        assert sid in [i.id for i in client.list_sessions()]
+        assert client.get_session(sid).id == sid
+    assert s.closed
+    assert sid not in [i.id for i in client.list_sessions()]
+    with pytest.raises(NotFound):
+        client.get_session(sid)
+    s.close()  # closing again does nothing
+
+
+def test_session_closes_even_when_the_block_raises(client):
+    with pytest.raises(ZeroDivisionError):
+        with client.session() as s:
+            sid = s.id
+            1 / 0
+    assert sid not in [i.id for i in client.list_sessions()]
+
+
+def test_session_stream_and_timeout(client):
+    with client.session() as s:
+        s.run_code("x = 1")
+        stream = s.stream("import time\nprint('a', flush=True)\ntime.sleep(0.5)\nprint(x)")
+        chunks = list(stream)
+        assert b"".join(c.data for c in chunks) == b"a\n1\n"
+        assert isinstance(stream.result, ExecResult) and stream.result.stdout == "a\n1\n"
+        r = s.run_code("import time; time.sleep(30)", timeout=1)
+        assert r.timed_out and r.exit_code is None
+        # A timeout interrupts the code and keeps the session and its state.
+        assert s.run_code("print(x + 1)").stdout == "2\n"
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+def test_bad_limits_raise_with_the_servers_message(client):
+    with pytest.raises(KennelError) as e:
+        client.run_code("print(1)", limits={"bogus": 1})
+    err = e.value
+    assert isinstance(err, BadRequest) and err.status == 400 and err.code == "bad_request"
+    assert "unknown field `bogus`" in err.message
+    assert err.message in str(err)
+    with pytest.raises(BadRequest) as e:
+        client.run_code("print(1)", limits={"timeout": 400})  # the server's maximum is 300s
+    assert "limits.timeout" in e.value.message and "maximum" in e.value.message
+
+
+def test_unknown_session_is_not_found(client):
+    with pytest.raises(NotFound) as e:
+        client.get_session("0" * 32)
+    assert e.value.status == 404 and e.value.code == "not_found"
+    assert "no session" in e.value.message
+    with pytest.raises(NotFound):
+        client.attach("nope")
+    with pytest.raises(NotFound):
+        client.delete_session("nope")
+
+
+def test_wrong_or_missing_token_is_unauthorized(server, monkeypatch):
+    monkeypatch.delenv("KENNEL_TOKEN", raising=False)
+    for token in ("wrong-token-0123456789", None):
+        with Client(server.url, token=token) as bad:
+            with pytest.raises(Unauthorized) as e:
+                bad.run_code("print(1)")
+            assert e.value.status == 401 and e.value.code == "unauthorized"
+            assert e.value.message == "a valid bearer token is required"
+            assert bad.health()["status"] == "ok"  # /healthz needs no token
+
+
+def test_token_from_the_environment(server, monkeypatch):
+    monkeypatch.setenv("KENNEL_TOKEN", server.token)
+    with Client(server.url) as c:
+        assert c.run_code("print('env token')").stdout == "env token\n"
+
+
+# -- async ----------------------------------------------------------------------------------
+
+def test_async_client_basics(server):
+    async def main():
+        async with AsyncClient(server.url, token=server.token, timeout=60) as client:
+            r = await client.run_code("print(6*7)")
+            assert r.stdout == "42\n" and r.exit_code == 0 and r.isolation.tier == "native"
+
+            r = await client.run_code("import pathlib; pathlib.Path('/workspace/o').write_bytes("
+                                      "pathlib.Path('/workspace/i').read_bytes() * 2)",
+                                      files={"/workspace/i": b"\xff\x01"},
+                                      collect=["/workspace/o"])
+            assert r.file("/workspace/o").data == b"\xff\x01\xff\x01"
+
+            r = await client.run_command(["/bin/echo", "argv"])
+            assert r.stdout == "argv\n"
+
+            stream = await client.stream_code(STREAMED)
+            with pytest.raises(RuntimeError):
+                stream.result  # not finished yet
+            chunks = [c async for c in stream]
+            assert b"".join(c.data for c in chunks if c.stream == "stdout") == b"first\nsecond\n"
+            assert stream.result.exit_code == 0 and stream.result.stdout == "first\nsecond\n"
+
+            async with client.session() as s:
+                sid = s.id
+                await s.run_code("y = 20")
+                assert (await s.run_code("print(y * 2 + 2)")).stdout == "42\n"
+                assert (await s.run_command("echo bash")).stdout == "bash\n"
+                await s.write_file("/workspace/b.bin", b"\x00\xff")
+                assert await s.read_file("/workspace/b.bin") == b"\x00\xff"
+                assert "b.bin" in [e.name for e in await s.list_files()]
+                await s.delete_file("/workspace/b.bin")
+                with pytest.raises(NotFound):
+                    await s.read_file("/workspace/b.bin")
+                st = await s.stream("print(y)")
+                assert [c.data async for c in st] == [b"20\n"]
+                assert st.result.stdout == "20\n"
+                assert (await s.run_code("import time; time.sleep(30)", timeout=1)).timed_out
+                assert sid in [i.id for i in await client.list_sessions()]
+            assert sid not in [i.id for i in await client.list_sessions()]
+
+            s = await client.session()
+            assert (await client.get_session(s.id)).id == s.id
+            await s.close()
+            with pytest.raises(NotFound):
+                await client.get_session(s.id)
+
+            r = await client.run_code("import time; time.sleep(30)", limits={"timeout": 1})
+            assert r.timed_out
+
+            with pytest.raises(BadRequest) as e:
+                await client.run_code("print(1)", limits={"bogus": 1})
+            assert "unknown field `bogus`" in e.value.message
+            with pytest.raises(BadRequest):
+                await client.stream_code("print(1)", limits={"bogus": 1})
+            with pytest.raises(NotFound):
+                await client.get_session("nope")
+
+        async with AsyncClient(server.url, token="wrong-token-0123456789") as bad:
+            with pytest.raises(Unauthorized):
+                await bad.list_sessions()
+
+    asyncio.run(main())
+
+
+# -- offline: error mapping and stream parsing ----------------------------------------------
+
+def _mock_client(handler):
+    return Client("http://kennel.test", token="t" * 16,
+                  http_client=httpx.Client(base_url="http://kennel.test",
+                                           transport=httpx.MockTransport(handler)))
+
+
+def test_busy_carries_retry_after():
+    def handler(request):
+        return httpx.Response(429, headers={"Retry-After": "2"},
+                              json={"error": {"code": "busy", "message": "too many runs at once"}})
+
+    with pytest.raises(Busy) as e:
+        _mock_client(handler).run_code("print(1)")
+    assert e.value.status == 429 and e.value.retry_after == 2.0
+    assert e.value.message == "too many runs at once"
+
+
+def test_a_non_json_error_still_raises_with_its_body():
+    def handler(request):
+        return httpx.Response(502, text="bad gateway from a proxy")
+
+    with pytest.raises(KennelError) as e:
+        _mock_client(handler).list_sessions()
+    assert e.value.status == 502 and "bad gateway" in e.value.message
+
+
+def test_an_error_event_ends_the_stream_with_the_servers_message():
+    body = (b": keep-alive\n\n"
+            b"event: stdout\ndata: {\"text\":\"hi\\n\",\"b64\":\"aGkK\"}\n\n"
+            b"event: error\ndata: {\"code\":\"sandbox_failed\",\"message\":\"it broke\"}\n\n")
+
+    def handler(request):
+        assert request.url.params["stream"] == "true"
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body)
+
+    stream = _mock_client(handler).stream_code("print('hi')")
+    assert next(stream).data == b"hi\n"
+    with pytest.raises(KennelError) as e:
+        next(stream)
+    assert e.value.code == "sandbox_failed" and e.value.message == "it broke"
+    with pytest.raises(KennelError):
+        stream.result
+
+
+def test_request_bodies_use_text_and_base64():
+    seen = {}
+
+    def handler(request):
+        import json
+        seen.update(json.loads(request.content))
+        return httpx.Response(200, json={"exit_code": 0, "stdout": "", "files": []})
+
+    _mock_client(handler).run_code("x", files={"/workspace/a": "t", "/workspace/b": b"\xff"},
+                                   collect=["/workspace/a"], network=["pypi.org"],
+                                   limits={"timeout": 2.5, "memory": "64M"})
+    assert seen["files"] == {"/workspace/a": {"text": "t"}, "/workspace/b": {"base64": "/w=="}}
+    assert seen["network"] == {"mode": "allow", "allow": ["pypi.org"]}
+    assert seen["limits"] == {"timeout": "2.5s", "memory": "64M"}
+    assert seen["language"] == "python" and seen["collect"] == ["/workspace/a"]
+
+
+def test_leaving_a_stream_early_frees_it(client):
+    with client.stream_code("import time\nfor i in range(5):\n    print(i, flush=True)\n"
+                            "    time.sleep(0.2)") as stream:
+        first = next(stream)
+        assert first.data.startswith(b"0")
+    with pytest.raises(KennelError):
+        stream.result  # closed before the result came
+    assert client.run_code("print('still fine')").stdout == "still fine\n"
