@@ -14,6 +14,7 @@
 pub mod api;
 pub mod doctor;
 pub mod error;
+pub mod mcp;
 pub mod native;
 pub mod net;
 pub mod policy;

@@ -45,6 +45,28 @@ enum Sub {
     Serve(ServeArgs),
     /// Print the HTTP API's OpenAPI document.
     Openapi,
+    /// Serve the Model Context Protocol over stdio, for MCP clients (Claude Desktop, IDEs).
+    ///
+    /// By default the sandboxes run in this process; with --server the tools forward to a
+    /// running `kennel serve` (its token from KENNEL_TOKEN).
+    Mcp(McpArgs),
+}
+
+#[derive(Args)]
+struct McpArgs {
+    /// Forward to a running `kennel serve` at this URL (such as http://127.0.0.1:8080)
+    /// instead of running sandboxes in this process. Its bearer token comes from KENNEL_TOKEN.
+    #[arg(long, value_name = "URL")]
+    server: Option<String>,
+    /// A TOML server config (limits, pool, sessions) for the in-process mode.
+    #[arg(long, conflicts_with = "server")]
+    config: Option<PathBuf>,
+    /// Pre-started python sandboxes (in-process mode; default 1).
+    #[arg(long, conflicts_with = "server")]
+    pool_python: Option<usize>,
+    /// Pre-started shell sandboxes (in-process mode; default 0).
+    #[arg(long, conflicts_with = "server")]
+    pool_bash: Option<usize>,
 }
 
 #[derive(Args)]
@@ -142,6 +164,7 @@ fn main() -> ExitCode {
         Sub::Run(args) => run(*args),
         Sub::Doctor { json } => doctor(json),
         Sub::Serve(args) => report(serve(args)),
+        Sub::Mcp(args) => report(mcp(args)),
         Sub::Openapi => {
             print!("{}", kennel::server::openapi::document());
             ExitCode::SUCCESS
@@ -182,6 +205,42 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(kennel::server::serve(config, native, None))?;
+    Ok(())
+}
+
+fn mcp(args: McpArgs) -> anyhow::Result<()> {
+    use kennel::mcp::{Backend, Local, Remote};
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let backend = match &args.server {
+        Some(url) => Backend::Remote(Remote::new(url, std::env::var("KENNEL_TOKEN").ok())),
+        None => {
+            let mut config = match &args.config {
+                Some(path) => {
+                    let text = std::fs::read_to_string(path)
+                        .with_context(|| format!("reading {}", path.display()))?;
+                    ServerConfig::from_toml(&text)
+                        .with_context(|| format!("in {}", path.display()))?
+                }
+                // One warm python sandbox: quick first answers without idle sandboxes to spare.
+                None => {
+                    let mut c = ServerConfig::default();
+                    c.pool.python = 1;
+                    c.pool.bash = 0;
+                    c
+                }
+            };
+            config.pool.python = args.pool_python.unwrap_or(config.pool.python);
+            config.pool.bash = args.pool_bash.unwrap_or(config.pool.bash);
+            let native = Native::from_current_exe()?;
+            let _guard = runtime.enter();
+            Backend::Local(Local::start(config, native)?)
+        }
+    };
+    runtime.block_on(kennel::mcp::serve_stdio(backend))?;
+    // Blocking reads of stdin may still be pending; do not wait for them.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     Ok(())
 }
 

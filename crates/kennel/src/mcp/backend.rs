@@ -1,0 +1,224 @@
+//! Where the MCP tools send their work: Kennel's HTTP API, served in this process (no port
+//! is opened: requests go straight into the router) or by a `kennel serve` elsewhere.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{header, Method, Request};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tower::ServiceExt as _;
+
+use crate::native::Native;
+use crate::server::http::{self, AppState, Shared};
+use crate::server::{audit, metrics, pool, session_routes, ServerConfig};
+
+/// An HTTP answer from the API, whatever its status.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub body: Vec<u8>,
+}
+
+/// The API the tools talk to.
+pub enum Backend {
+    Local(Local),
+    Remote(Remote),
+}
+
+impl Backend {
+    /// Sends one request. `Err` means the API could not be reached at all.
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<(Vec<u8>, &'static str)>,
+    ) -> Result<Reply, String> {
+        match self {
+            Backend::Local(l) => l.call(method, path, body).await,
+            Backend::Remote(r) => r.call(method, path, body).await,
+        }
+    }
+
+    /// Ends every session and pre-started sandbox this backend owns (none for a remote one:
+    /// its sessions belong to that server and end by its idle TTL).
+    pub async fn shutdown(&self) {
+        if let Backend::Local(l) = self {
+            l.shutdown().await;
+        }
+    }
+}
+
+/// The server's state and router, in this process.
+pub struct Local {
+    state: Shared,
+    router: axum::Router,
+    stop: watch::Sender<bool>,
+    /// The pool's refill loop and the session reaper, awaited at shutdown.
+    tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Local {
+    /// Starts the server machinery (warm pool, session reaper) without listening anywhere.
+    /// Tokens are dropped: the only caller is whoever started this process.
+    pub fn start(
+        mut config: ServerConfig,
+        native: Native,
+    ) -> Result<Local, crate::server::ServeError> {
+        config.tokens.clear();
+        config.validate()?;
+        let audit = audit::Audit::open(config.audit_log.as_deref())
+            .map_err(crate::server::ServeError::Audit)?;
+        let native = Arc::new(native);
+        let pool = Arc::new(pool::Pool::new(
+            native.clone(),
+            config.base_policy(),
+            config.pool.python,
+            config.pool.bash,
+            config.pool.max_age.0,
+        ));
+        let state = Arc::new(AppState::new(config, native, audit, pool.clone()));
+        let (stop, stop_rx) = watch::channel(false);
+        let refill = tokio::spawn(pool.refill(stop_rx.clone()));
+        let reaper = tokio::spawn(reap_sessions(state.clone(), stop_rx));
+        let router = http::router(state.clone());
+        Ok(Local {
+            state,
+            router,
+            stop,
+            tasks: std::sync::Mutex::new(vec![refill, reaper]),
+        })
+    }
+
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<(Vec<u8>, &'static str)>,
+    ) -> Result<Reply, String> {
+        let mut req = Request::builder().method(method).uri(path);
+        let body = match body {
+            Some((bytes, content_type)) => {
+                req = req.header(header::CONTENT_TYPE, content_type);
+                Body::from(bytes)
+            }
+            None => Body::empty(),
+        };
+        let req = req
+            .body(body)
+            .map_err(|e| format!("bad request {path}: {e}"))?;
+        let response = match self.router.clone().oneshot(req).await {
+            Ok(r) => r,
+            Err(never) => match never {},
+        };
+        let status = response.status().as_u16();
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .map_err(|e| format!("reading the answer to {path}: {e}"))?;
+        Ok(Reply {
+            status,
+            body: body.to_vec(),
+        })
+    }
+
+    async fn shutdown(&self) {
+        self.state
+            .shutting_down
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let _ = self.stop.send(true);
+        self.state.cancel_all();
+        for session in self.state.sessions.list() {
+            self.state.sessions.remove(&session.id);
+            session_routes::end(&self.state, &session).await;
+        }
+        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|p| p.into_inner()));
+        for task in tasks {
+            let _ = task.await;
+        }
+    }
+}
+
+/// Ends sessions past their idle TTL or lifetime, and those whose sandbox died (as
+/// `kennel serve` does).
+async fn reap_sessions(state: Shared, mut stop: watch::Receiver<bool>) {
+    while !*stop.borrow() {
+        for session in state.sessions.take_expired() {
+            metrics::inc(&state.metrics.sessions_expired);
+            session_routes::end(&state, &session).await;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            _ = stop.changed() => {}
+        }
+    }
+}
+
+/// A `kennel serve` reached over HTTP.
+pub struct Remote {
+    base: String,
+    token: Option<String>,
+    agent: ureq::Agent,
+}
+
+/// The largest answer read from a remote server.
+const MAX_REPLY: u64 = 256 << 20;
+
+impl Remote {
+    /// `base` is the server's URL, such as `http://127.0.0.1:8080`; `token` its bearer token.
+    pub fn new(base: &str, token: Option<String>) -> Remote {
+        let config = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            // Runs last up to the server's maximum timeout; leave room for that.
+            .timeout_global(Some(Duration::from_secs(3600)))
+            .build();
+        Remote {
+            base: base.trim_end_matches('/').to_string(),
+            token: token.filter(|t| !t.is_empty()),
+            agent: config.into(),
+        }
+    }
+
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<(Vec<u8>, &'static str)>,
+    ) -> Result<Reply, String> {
+        let url = format!("{}{}", self.base, path);
+        let auth = self.token.as_ref().map(|t| format!("Bearer {t}"));
+        let agent = self.agent.clone();
+        let base = self.base.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut builder = ureq::http::Request::builder().method(method).uri(&url);
+            if let Some(a) = &auth {
+                builder = builder.header(header::AUTHORIZATION, a);
+            }
+            let sent = match body {
+                Some((bytes, content_type)) => {
+                    let req = builder
+                        .header(header::CONTENT_TYPE, content_type)
+                        .body(bytes)
+                        .map_err(|e| e.to_string())?;
+                    agent.run(req)
+                }
+                None => {
+                    let req = builder.body(()).map_err(|e| e.to_string())?;
+                    agent.run(req)
+                }
+            };
+            let mut response =
+                sent.map_err(|e| format!("cannot reach kennel serve at {base}: {e}"))?;
+            let status = response.status().as_u16();
+            let body = response
+                .body_mut()
+                .with_config()
+                .limit(MAX_REPLY)
+                .read_to_vec()
+                .map_err(|e| format!("reading the answer from {base}: {e}"))?;
+            Ok(Reply { status, body })
+        })
+        .await
+        .map_err(|e| format!("the request to {path} failed: {e}"))?
+    }
+}

@@ -1,0 +1,227 @@
+//! `kennel mcp`: driven by the official MCP Python SDK (PyPI `mcp`, installed by
+//! scripts/setup-ci.sh) through tests/mcp_client.py, in-process and forwarding to a running
+//! `kennel serve`; and its lifecycle: when the client goes away, every sandbox goes too.
+
+mod server_common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use server_common::{descendants, describe, survivors, Server, KENNEL};
+
+const PYTHON: &str = "/usr/bin/python3";
+
+fn client_script() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/mcp_client.py")
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn require_mcp_sdk() {
+    let ok = Command::new(PYTHON)
+        .args(["-c", "import mcp"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ok,
+        "the MCP Python SDK is missing: run scripts/setup-ci.sh \
+         (or {PYTHON} -m pip install --break-system-packages mcp)"
+    );
+}
+
+/// Waits for a child, killing it (by its own PID) past `within`.
+fn wait_output(mut child: Child, within: Duration) -> (bool, String) {
+    let mut out = child.stdout.take().expect("piped stdout");
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("waiting") {
+            break Some(status);
+        }
+        if started.elapsed() > within {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let text = reader.join().unwrap_or_default();
+    match status {
+        Some(s) => (s.success(), text),
+        None => (false, format!("{text}\n(timed out after {within:?})")),
+    }
+}
+
+fn run_client(extra: &[&str], env: &[(&str, &str)]) {
+    require_mcp_sdk();
+    let mut cmd = Command::new(PYTHON);
+    cmd.arg(client_script())
+        .arg(KENNEL)
+        .args(extra)
+        .env_remove("KENNEL_TOKEN")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let child = cmd.spawn().expect("starting the MCP client");
+    let (ok, out) = wait_output(child, Duration::from_secs(240));
+    println!("{out}");
+    assert!(ok, "the MCP client failed:\n{out}");
+    assert!(out.contains("all MCP checks passed"), "{out}");
+}
+
+#[test]
+fn python_sdk_client_in_process() {
+    run_client(&[], &[]);
+}
+
+#[test]
+fn python_sdk_client_forwarding_to_kennel_serve() {
+    let token = "mcp-test-token-0123456789abcdef";
+    let server = Server::start_with(
+        "mcp-forward",
+        "[pool]\npython = 1\nbash = 0\n",
+        &[("KENNEL_TOKENS", token)],
+        Some(token),
+    );
+    run_client(
+        &["--server", &server.client.base],
+        &[("KENNEL_TOKEN", token)],
+    );
+}
+
+#[test]
+fn forwarding_without_the_token_is_a_tool_error() {
+    let token = "mcp-test-token-0123456789abcdef";
+    let server = Server::start_with(
+        "mcp-no-token",
+        "[pool]\npython = 0\nbash = 0\n",
+        &[("KENNEL_TOKENS", token)],
+        Some(token),
+    );
+    let mut mcp = Mcp::start(&["--server", &server.client.base]);
+    let r = mcp.call_tool(
+        "run_code",
+        json!({"language": "python", "code": "print(1)"}),
+    );
+    assert_eq!(r["isError"], true, "{r}");
+    assert!(r.to_string().contains("unauthorized"), "{r}");
+}
+
+/// `kennel mcp` spoken to directly, one JSON-RPC line at a time.
+struct Mcp {
+    child: Child,
+    out: BufReader<std::process::ChildStdout>,
+    next: u64,
+}
+
+impl Mcp {
+    fn start(args: &[&str]) -> Mcp {
+        let mut child = Command::new(KENNEL)
+            .arg("mcp")
+            .args(args)
+            .env_remove("KENNEL_TOKEN")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("starting kennel mcp");
+        let out = BufReader::new(child.stdout.take().unwrap());
+        let mut mcp = Mcp {
+            child,
+            out,
+            next: 0,
+        };
+        let init = mcp.request(
+            "initialize",
+            json!({"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "kennel-test", "version": "0"}}),
+        );
+        assert_eq!(init["result"]["serverInfo"]["name"], "kennel", "{init}");
+        mcp.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        mcp
+    }
+
+    fn send(&mut self, msg: &Value) {
+        let stdin = self.child.stdin.as_mut().expect("stdin open");
+        writeln!(stdin, "{msg}").expect("writing to kennel mcp");
+        stdin.flush().unwrap();
+    }
+
+    fn request(&mut self, method: &str, params: Value) -> Value {
+        self.next += 1;
+        let id = self.next;
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        loop {
+            let mut line = String::new();
+            let n = self.out.read_line(&mut line).expect("reading kennel mcp");
+            assert!(
+                n > 0,
+                "kennel mcp closed its stdout while we waited for {method}"
+            );
+            let v: Value = serde_json::from_str(&line)
+                .unwrap_or_else(|e| panic!("not JSON-RPC on stdout ({e}): {line:?}"));
+            if v["id"] == id {
+                return v;
+            }
+        }
+    }
+
+    fn call_tool(&mut self, name: &str, arguments: Value) -> Value {
+        let r = self.request("tools/call", json!({"name": name, "arguments": arguments}));
+        r["result"].clone()
+    }
+}
+
+impl Drop for Mcp {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn closing_stdin_ends_every_sandbox() {
+    let mut mcp = Mcp::start(&[]);
+    let created = mcp.call_tool("create_session", json!({}));
+    let sid = created["structuredContent"]["session_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no session id: {created}"))
+        .to_string();
+    let r = mcp.call_tool(
+        "session_exec",
+        json!({"session_id": sid, "language": "python", "code": "v = 7\nprint(v * 6)"}),
+    );
+    assert_eq!(r["structuredContent"]["stdout"], "42\n", "{r}");
+    let procs = descendants(mcp.child.id());
+    assert!(!procs.is_empty(), "the session's sandbox should be running");
+    drop(mcp.child.stdin.take());
+    let started = Instant::now();
+    let status = loop {
+        if let Some(s) = mcp.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "kennel mcp did not exit after its stdin closed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "kennel mcp exited with {status}");
+    let left = survivors(&procs, Duration::from_secs(5));
+    assert!(
+        left.is_empty(),
+        "sandboxes outlived kennel mcp: {}",
+        describe(&left)
+    );
+}

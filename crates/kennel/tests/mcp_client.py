@@ -1,0 +1,187 @@
+"""Drives `kennel mcp` with the official MCP Python SDK (PyPI `mcp`), as an MCP client would.
+
+Usage: /usr/bin/python3 mcp_client.py KENNEL_BINARY [kennel mcp args...]
+The server gets this process's environment (KENNEL_TOKEN for `--server`).
+Prints one line per check; exits non-zero (with a traceback) on the first failure.
+"""
+
+import asyncio
+import os
+import sys
+
+from mcp import ClientSession, MCPError, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+INVALID_PARAMS = -32602
+TOOLS = {
+    "run_code",
+    "run_command",
+    "create_session",
+    "session_exec",
+    "close_session",
+    "write_file",
+    "read_file",
+    "list_files",
+}
+
+
+def text_of(result):
+    return "\n".join(c.text for c in result.content if c.type == "text")
+
+
+def ok(what, result):
+    assert not result.is_error, f"{what}: unexpected error result: {text_of(result)}"
+    assert result.structured_content is not None, f"{what}: no structured content"
+    print(f"ok   {what}")
+    return result
+
+
+def tool_error(what, result, *needles):
+    text = text_of(result)
+    assert result.is_error, f"{what}: expected an error result, got: {text}"
+    for n in needles:
+        assert n in text, f"{what}: {n!r} not in {text!r}"
+    print(f"ok   {what}: {text.splitlines()[0]}")
+    return result
+
+
+async def protocol_error(what, call, code=INVALID_PARAMS):
+    try:
+        result = await call
+    except MCPError as e:
+        assert e.code == code, f"{what}: expected JSON-RPC code {code}, got {e.code} {e.message}"
+        print(f"ok   {what}: {e.code} {e.message}")
+        return
+    raise AssertionError(f"{what}: expected a JSON-RPC error, got {text_of(result)!r}")
+
+
+async def main(argv):
+    server = StdioServerParameters(
+        command=argv[1], args=["mcp", *argv[2:]], env=dict(os.environ))
+    async with stdio_client(server) as (read, write):
+        async with ClientSession(read, write) as s:
+            init = await s.initialize()
+            assert init.server_info.name == "kennel", init.server_info
+            assert init.capabilities.tools is not None
+
+            listed = await s.list_tools()
+            tools = {t.name: t for t in listed.tools}
+            assert TOOLS <= tools.keys(), f"missing tools: {TOOLS - tools.keys()}"
+            for name in TOOLS:
+                t = tools[name]
+                assert t.description and len(t.description) > 40, name
+                assert t.input_schema.get("type") == "object", name
+            lang = tools["run_code"].input_schema["properties"]["language"]
+            assert "$ref" in lang or "enum" in lang or "oneOf" in lang, lang
+            print(f"ok   list_tools: {sorted(tools)}")
+
+            # One-shot runs.
+            r = ok("run_code python", await s.call_tool(
+                "run_code", {"language": "python", "code": "print(6 * 7)"}))
+            assert "42" in text_of(r) and "exit status 0" in text_of(r), text_of(r)
+            assert r.structured_content["exit_code"] == 0
+            assert r.structured_content["stdout"] == "42\n"
+
+            r = ok("run_code with files", await s.call_tool("run_code", {
+                "language": "bash",
+                "code": "cat data/in.txt; wc -c < /tmp/t.txt",
+                "files": {"data/in.txt": "from the client\n", "/tmp/t.txt": "abcd"},
+            }))
+            assert "from the client" in text_of(r) and "4" in r.structured_content["stdout"]
+
+            r = ok("run_command", await s.call_tool(
+                "run_command", {"argv": ["/bin/echo", "hello", "world"]}))
+            assert r.structured_content["stdout"] == "hello world\n"
+
+            r = tool_error("non-zero exit", await s.call_tool(
+                "run_code", {"language": "sh", "code": "echo oops >&2; exit 3"}),
+                "exit status 3", "oops")
+            assert r.structured_content["exit_code"] == 3
+
+            r = tool_error("timeout", await s.call_tool("run_code", {
+                "language": "python",
+                "code": "import time\nprint('started', flush=True)\ntime.sleep(30)",
+                "timeout": "1s",
+            }), "timed out after 1s", "started")
+            assert r.structured_content["timed_out"] is True
+
+            r = ok("truncation", await s.call_tool(
+                "run_code", {"language": "python", "code": "print('x' * 300000)"}))
+            assert "output truncated" in text_of(r), text_of(r)[:300]
+            assert r.structured_content["stdout_truncated"] is True
+
+            # A session: state persists, files go in and out.
+            r = ok("create_session", await s.call_tool("create_session", {}))
+            sid = r.structured_content["session_id"]
+            assert sid and sid in text_of(r)
+
+            ok("session_exec set", await s.call_tool("session_exec", {
+                "session_id": sid, "language": "python", "code": "x = 41\nimport json"}))
+            r = ok("session_exec state kept", await s.call_tool("session_exec", {
+                "session_id": sid, "language": "python", "code": "print(x + 1)"}))
+            assert r.structured_content["stdout"] == "42\n", text_of(r)
+
+            ok("write_file", await s.call_tool("write_file", {
+                "session_id": sid, "path": "in.json", "content": '{"n": 20}'}))
+            ok("write_file in a new directory", await s.call_tool("write_file", {
+                "session_id": sid, "path": "/tmp/a b/c.txt", "content": "deep ünïcode"}))
+            r = ok("read_file back", await s.call_tool(
+                "read_file", {"session_id": sid, "path": "/tmp/a b/c.txt"}))
+            assert text_of(r) == "deep ünïcode", text_of(r)
+            r = ok("list_files /tmp", await s.call_tool(
+                "list_files", {"session_id": sid, "path": "/tmp"}))
+            assert "a b" in {e["name"] for e in r.structured_content["entries"]}
+            ok("session_exec uses the file", await s.call_tool("session_exec", {
+                "session_id": sid, "language": "python",
+                "code": "d = json.load(open('in.json'))\n"
+                        "open('/workspace/out.txt', 'w').write(str(d['n'] + x))"}))
+            r = ok("read_file", await s.call_tool(
+                "read_file", {"session_id": sid, "path": "/workspace/out.txt"}))
+            assert text_of(r) == "61", text_of(r)
+            r = ok("list_files", await s.call_tool("list_files", {"session_id": sid}))
+            names = {e["name"] for e in r.structured_content["entries"]}
+            assert {"in.json", "out.txt"} <= names, names
+            assert "out.txt" in text_of(r)
+
+            ok("session_exec bash", await s.call_tool("session_exec", {
+                "session_id": sid, "language": "bash", "code": "ls /workspace"}))
+            tool_error("session timeout", await s.call_tool("session_exec", {
+                "session_id": sid, "language": "bash", "code": "sleep 30",
+                "timeout": "1s"}), "timed out after 1s")
+
+            tool_error("read a missing file", await s.call_tool(
+                "read_file", {"session_id": sid, "path": "nope.txt"}), "no such file")
+            tool_error("write outside the sandbox dirs", await s.call_tool(
+                "write_file", {"session_id": sid, "path": "/etc/evil", "content": "x"}),
+                "/workspace")
+
+            ok("close_session", await s.call_tool("close_session", {"session_id": sid}))
+            tool_error("exec in a closed session", await s.call_tool("session_exec", {
+                "session_id": sid, "language": "python", "code": "print(1)"}), "no session")
+
+            # Bad arguments come back as tool errors naming the problem (as the MCP spec
+            # asks, so a model can correct itself), and the server carries on.
+            tool_error("unknown language", await s.call_tool(
+                "run_code", {"language": "cobol", "code": "DISPLAY 1"}), "cobol")
+            tool_error("missing code", await s.call_tool(
+                "run_code", {"language": "python"}), "code")
+            tool_error("unknown field", await s.call_tool(
+                "run_code", {"language": "python", "code": "1", "bogus": True}), "bogus")
+            tool_error("bad timeout", await s.call_tool(
+                "run_code", {"language": "python", "code": "1", "timeout": "soon"}),
+                "timeout", "soon")
+            tool_error("empty argv", await s.call_tool("run_command", {"argv": []}), "argv")
+            # An unknown tool is a JSON-RPC error.
+            await protocol_error("unknown tool", s.call_tool("rm_rf", {}))
+            tool_error("timeout above the maximum", await s.call_tool(
+                "run_code", {"language": "python", "code": "1", "timeout": "3h"}),
+                "maximum")
+
+            r = ok("still serving", await s.call_tool(
+                "run_code", {"language": "python", "code": "print('alive')"}))
+            assert r.structured_content["stdout"] == "alive\n"
+    print("all MCP checks passed")
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv))
