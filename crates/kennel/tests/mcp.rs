@@ -100,6 +100,21 @@ fn python_sdk_client_forwarding_to_kennel_serve() {
     );
 }
 
+/// `kennel serve` offers the same tools over MCP's streamable HTTP at `/mcp`, as the caller
+/// whose bearer token the HTTP requests carry.
+#[test]
+fn python_sdk_client_over_streamable_http() {
+    let token = "mcp-test-token-0123456789abcdef";
+    let server = Server::start_with(
+        "mcp-http",
+        "[pool]\npython = 1\nbash = 0\n",
+        &[("KENNEL_TOKENS", token)],
+        Some(token),
+    );
+    let url = format!("{}/mcp", server.client.base);
+    run_client(&["--http", &url], &[("KENNEL_TOKEN", token)]);
+}
+
 #[test]
 fn forwarding_without_the_token_is_a_tool_error() {
     let token = "mcp-test-token-0123456789abcdef";

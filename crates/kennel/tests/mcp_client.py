@@ -56,130 +56,145 @@ async def protocol_error(what, call, code=INVALID_PARAMS):
 
 
 async def main(argv):
+    # `mcp_client.py KENNEL [ARGS...]` drives `KENNEL mcp ARGS` over stdio;
+    # `mcp_client.py KENNEL --http URL` drives a `kennel serve`'s /mcp (token: KENNEL_TOKEN).
+    if "--http" in argv:
+        url = argv[argv.index("--http") + 1]
+        from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
+        token = os.environ.get("KENNEL_TOKEN")
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        async with create_mcp_http_client(headers=headers) as http:
+            async with streamable_http_client(url, http_client=http) as streams:
+                await checks(streams[0], streams[1])
+        return
     server = StdioServerParameters(
         command=argv[1], args=["mcp", *argv[2:]], env=dict(os.environ))
     async with stdio_client(server) as (read, write):
-        async with ClientSession(read, write) as s:
-            init = await s.initialize()
-            assert init.server_info.name == "kennel", init.server_info
-            assert init.capabilities.tools is not None
+        await checks(read, write)
 
-            listed = await s.list_tools()
-            tools = {t.name: t for t in listed.tools}
-            assert TOOLS <= tools.keys(), f"missing tools: {TOOLS - tools.keys()}"
-            for name in TOOLS:
-                t = tools[name]
-                assert t.description and len(t.description) > 40, name
-                assert t.input_schema.get("type") == "object", name
-            lang = tools["run_code"].input_schema["properties"]["language"]
-            assert "$ref" in lang or "enum" in lang or "oneOf" in lang, lang
-            print(f"ok   list_tools: {sorted(tools)}")
 
-            # One-shot runs.
-            r = ok("run_code python", await s.call_tool(
-                "run_code", {"language": "python", "code": "print(6 * 7)"}))
-            assert "42" in text_of(r) and "exit status 0" in text_of(r), text_of(r)
-            assert r.structured_content["exit_code"] == 0
-            assert r.structured_content["stdout"] == "42\n"
+async def checks(read, write):
+    async with ClientSession(read, write) as s:
+        init = await s.initialize()
+        assert init.server_info.name == "kennel", init.server_info
+        assert init.capabilities.tools is not None
 
-            r = ok("run_code with files", await s.call_tool("run_code", {
-                "language": "bash",
-                "code": "cat data/in.txt; wc -c < /tmp/t.txt",
-                "files": {"data/in.txt": "from the client\n", "/tmp/t.txt": "abcd"},
-            }))
-            assert "from the client" in text_of(r) and "4" in r.structured_content["stdout"]
+        listed = await s.list_tools()
+        tools = {t.name: t for t in listed.tools}
+        assert TOOLS <= tools.keys(), f"missing tools: {TOOLS - tools.keys()}"
+        for name in TOOLS:
+            t = tools[name]
+            assert t.description and len(t.description) > 40, name
+            assert t.input_schema.get("type") == "object", name
+        lang = tools["run_code"].input_schema["properties"]["language"]
+        assert "$ref" in lang or "enum" in lang or "oneOf" in lang, lang
+        print(f"ok   list_tools: {sorted(tools)}")
 
-            r = ok("run_command", await s.call_tool(
-                "run_command", {"argv": ["/bin/echo", "hello", "world"]}))
-            assert r.structured_content["stdout"] == "hello world\n"
+        # One-shot runs.
+        r = ok("run_code python", await s.call_tool(
+            "run_code", {"language": "python", "code": "print(6 * 7)"}))
+        assert "42" in text_of(r) and "exit status 0" in text_of(r), text_of(r)
+        assert r.structured_content["exit_code"] == 0
+        assert r.structured_content["stdout"] == "42\n"
 
-            r = tool_error("non-zero exit", await s.call_tool(
-                "run_code", {"language": "sh", "code": "echo oops >&2; exit 3"}),
-                "exit status 3", "oops")
-            assert r.structured_content["exit_code"] == 3
+        r = ok("run_code with files", await s.call_tool("run_code", {
+            "language": "bash",
+            "code": "cat data/in.txt; wc -c < /tmp/t.txt",
+            "files": {"data/in.txt": "from the client\n", "/tmp/t.txt": "abcd"},
+        }))
+        assert "from the client" in text_of(r) and "4" in r.structured_content["stdout"]
 
-            r = tool_error("timeout", await s.call_tool("run_code", {
-                "language": "python",
-                "code": "import time\nprint('started', flush=True)\ntime.sleep(30)",
-                "timeout": "1s",
-            }), "timed out after 1s", "started")
-            assert r.structured_content["timed_out"] is True
+        r = ok("run_command", await s.call_tool(
+            "run_command", {"argv": ["/bin/echo", "hello", "world"]}))
+        assert r.structured_content["stdout"] == "hello world\n"
 
-            r = ok("truncation", await s.call_tool(
-                "run_code", {"language": "python", "code": "print('x' * 300000)"}))
-            assert "output truncated" in text_of(r), text_of(r)[:300]
-            assert r.structured_content["stdout_truncated"] is True
+        r = tool_error("non-zero exit", await s.call_tool(
+            "run_code", {"language": "sh", "code": "echo oops >&2; exit 3"}),
+            "exit status 3", "oops")
+        assert r.structured_content["exit_code"] == 3
 
-            # A session: state persists, files go in and out.
-            r = ok("create_session", await s.call_tool("create_session", {}))
-            sid = r.structured_content["session_id"]
-            assert sid and sid in text_of(r)
+        r = tool_error("timeout", await s.call_tool("run_code", {
+            "language": "python",
+            "code": "import time\nprint('started', flush=True)\ntime.sleep(30)",
+            "timeout": "1s",
+        }), "timed out after 1s", "started")
+        assert r.structured_content["timed_out"] is True
 
-            ok("session_exec set", await s.call_tool("session_exec", {
-                "session_id": sid, "language": "python", "code": "x = 41\nimport json"}))
-            r = ok("session_exec state kept", await s.call_tool("session_exec", {
-                "session_id": sid, "language": "python", "code": "print(x + 1)"}))
-            assert r.structured_content["stdout"] == "42\n", text_of(r)
+        r = ok("truncation", await s.call_tool(
+            "run_code", {"language": "python", "code": "print('x' * 300000)"}))
+        assert "output truncated" in text_of(r), text_of(r)[:300]
+        assert r.structured_content["stdout_truncated"] is True
 
-            ok("write_file", await s.call_tool("write_file", {
-                "session_id": sid, "path": "in.json", "content": '{"n": 20}'}))
-            ok("write_file in a new directory", await s.call_tool("write_file", {
-                "session_id": sid, "path": "/tmp/a b/c.txt", "content": "deep ünïcode"}))
-            r = ok("read_file back", await s.call_tool(
-                "read_file", {"session_id": sid, "path": "/tmp/a b/c.txt"}))
-            assert text_of(r) == "deep ünïcode", text_of(r)
-            r = ok("list_files /tmp", await s.call_tool(
-                "list_files", {"session_id": sid, "path": "/tmp"}))
-            assert "a b" in {e["name"] for e in r.structured_content["entries"]}
-            ok("session_exec uses the file", await s.call_tool("session_exec", {
-                "session_id": sid, "language": "python",
-                "code": "d = json.load(open('in.json'))\n"
-                        "open('/workspace/out.txt', 'w').write(str(d['n'] + x))"}))
-            r = ok("read_file", await s.call_tool(
-                "read_file", {"session_id": sid, "path": "/workspace/out.txt"}))
-            assert text_of(r) == "61", text_of(r)
-            r = ok("list_files", await s.call_tool("list_files", {"session_id": sid}))
-            names = {e["name"] for e in r.structured_content["entries"]}
-            assert {"in.json", "out.txt"} <= names, names
-            assert "out.txt" in text_of(r)
+        # A session: state persists, files go in and out.
+        r = ok("create_session", await s.call_tool("create_session", {}))
+        sid = r.structured_content["session_id"]
+        assert sid and sid in text_of(r)
 
-            ok("session_exec bash", await s.call_tool("session_exec", {
-                "session_id": sid, "language": "bash", "code": "ls /workspace"}))
-            tool_error("session timeout", await s.call_tool("session_exec", {
-                "session_id": sid, "language": "bash", "code": "sleep 30",
-                "timeout": "1s"}), "timed out after 1s")
+        ok("session_exec set", await s.call_tool("session_exec", {
+            "session_id": sid, "language": "python", "code": "x = 41\nimport json"}))
+        r = ok("session_exec state kept", await s.call_tool("session_exec", {
+            "session_id": sid, "language": "python", "code": "print(x + 1)"}))
+        assert r.structured_content["stdout"] == "42\n", text_of(r)
 
-            tool_error("read a missing file", await s.call_tool(
-                "read_file", {"session_id": sid, "path": "nope.txt"}), "no such file")
-            tool_error("write outside the sandbox dirs", await s.call_tool(
-                "write_file", {"session_id": sid, "path": "/etc/evil", "content": "x"}),
-                "/workspace")
+        ok("write_file", await s.call_tool("write_file", {
+            "session_id": sid, "path": "in.json", "content": '{"n": 20}'}))
+        ok("write_file in a new directory", await s.call_tool("write_file", {
+            "session_id": sid, "path": "/tmp/a b/c.txt", "content": "deep ünïcode"}))
+        r = ok("read_file back", await s.call_tool(
+            "read_file", {"session_id": sid, "path": "/tmp/a b/c.txt"}))
+        assert text_of(r) == "deep ünïcode", text_of(r)
+        r = ok("list_files /tmp", await s.call_tool(
+            "list_files", {"session_id": sid, "path": "/tmp"}))
+        assert "a b" in {e["name"] for e in r.structured_content["entries"]}
+        ok("session_exec uses the file", await s.call_tool("session_exec", {
+            "session_id": sid, "language": "python",
+            "code": "d = json.load(open('in.json'))\n"
+                    "open('/workspace/out.txt', 'w').write(str(d['n'] + x))"}))
+        r = ok("read_file", await s.call_tool(
+            "read_file", {"session_id": sid, "path": "/workspace/out.txt"}))
+        assert text_of(r) == "61", text_of(r)
+        r = ok("list_files", await s.call_tool("list_files", {"session_id": sid}))
+        names = {e["name"] for e in r.structured_content["entries"]}
+        assert {"in.json", "out.txt"} <= names, names
+        assert "out.txt" in text_of(r)
 
-            ok("close_session", await s.call_tool("close_session", {"session_id": sid}))
-            tool_error("exec in a closed session", await s.call_tool("session_exec", {
-                "session_id": sid, "language": "python", "code": "print(1)"}), "no session")
+        ok("session_exec bash", await s.call_tool("session_exec", {
+            "session_id": sid, "language": "bash", "code": "ls /workspace"}))
+        tool_error("session timeout", await s.call_tool("session_exec", {
+            "session_id": sid, "language": "bash", "code": "sleep 30",
+            "timeout": "1s"}), "timed out after 1s")
 
-            # Bad arguments come back as tool errors naming the problem (as the MCP spec
-            # asks, so a model can correct itself), and the server carries on.
-            tool_error("unknown language", await s.call_tool(
-                "run_code", {"language": "cobol", "code": "DISPLAY 1"}), "cobol")
-            tool_error("missing code", await s.call_tool(
-                "run_code", {"language": "python"}), "code")
-            tool_error("unknown field", await s.call_tool(
-                "run_code", {"language": "python", "code": "1", "bogus": True}), "bogus")
-            tool_error("bad timeout", await s.call_tool(
-                "run_code", {"language": "python", "code": "1", "timeout": "soon"}),
-                "timeout", "soon")
-            tool_error("empty argv", await s.call_tool("run_command", {"argv": []}), "argv")
-            # An unknown tool is a JSON-RPC error.
-            await protocol_error("unknown tool", s.call_tool("rm_rf", {}))
-            tool_error("timeout above the maximum", await s.call_tool(
-                "run_code", {"language": "python", "code": "1", "timeout": "3h"}),
-                "maximum")
+        tool_error("read a missing file", await s.call_tool(
+            "read_file", {"session_id": sid, "path": "nope.txt"}), "no such file")
+        tool_error("write outside the sandbox dirs", await s.call_tool(
+            "write_file", {"session_id": sid, "path": "/etc/evil", "content": "x"}),
+            "/workspace")
 
-            r = ok("still serving", await s.call_tool(
-                "run_code", {"language": "python", "code": "print('alive')"}))
-            assert r.structured_content["stdout"] == "alive\n"
+        ok("close_session", await s.call_tool("close_session", {"session_id": sid}))
+        tool_error("exec in a closed session", await s.call_tool("session_exec", {
+            "session_id": sid, "language": "python", "code": "print(1)"}), "no session")
+
+        # Bad arguments come back as tool errors naming the problem (as the MCP spec
+        # asks, so a model can correct itself), and the server carries on.
+        tool_error("unknown language", await s.call_tool(
+            "run_code", {"language": "cobol", "code": "DISPLAY 1"}), "cobol")
+        tool_error("missing code", await s.call_tool(
+            "run_code", {"language": "python"}), "code")
+        tool_error("unknown field", await s.call_tool(
+            "run_code", {"language": "python", "code": "1", "bogus": True}), "bogus")
+        tool_error("bad timeout", await s.call_tool(
+            "run_code", {"language": "python", "code": "1", "timeout": "soon"}),
+            "timeout", "soon")
+        tool_error("empty argv", await s.call_tool("run_command", {"argv": []}), "argv")
+        # An unknown tool is a JSON-RPC error.
+        await protocol_error("unknown tool", s.call_tool("rm_rf", {}))
+        tool_error("timeout above the maximum", await s.call_tool(
+            "run_code", {"language": "python", "code": "1", "timeout": "3h"}),
+            "maximum")
+
+        r = ok("still serving", await s.call_tool(
+            "run_code", {"language": "python", "code": "print('alive')"}))
+        assert r.structured_content["stdout"] == "alive\n"
     print("all MCP checks passed")
 
 

@@ -235,7 +235,7 @@ fn mcp(args: McpArgs) -> anyhow::Result<()> {
             config.pool.bash = args.pool_bash.unwrap_or(config.pool.bash);
             let native = Native::from_current_exe()?;
             let _guard = runtime.enter();
-            Backend::Local(Local::start(config, native)?)
+            Backend::Local(std::sync::Arc::new(Local::start(config, native)?))
         }
     };
     runtime.block_on(kennel::mcp::serve_stdio(backend))?;

@@ -23,8 +23,10 @@ pub struct Reply {
 
 /// The API the tools talk to.
 pub enum Backend {
-    Local(Local),
+    Local(Arc<Local>),
     Remote(Remote),
+    /// `kennel serve`'s own router, called with the MCP caller's bearer token.
+    Mounted(axum::Router, Option<header::HeaderValue>),
 }
 
 impl Backend {
@@ -38,6 +40,22 @@ impl Backend {
         match self {
             Backend::Local(l) => l.call(method, path, body).await,
             Backend::Remote(r) => r.call(method, path, body).await,
+            Backend::Mounted(router, auth) => {
+                let mut req = Request::builder().method(method).uri(path);
+                if let Some(a) = auth {
+                    req = req.header(header::AUTHORIZATION, a);
+                }
+                send(router, req, path, body).await
+            }
+        }
+    }
+
+    /// The same backend, for a caller who presented `auth` (only a mounted one uses it).
+    pub fn as_caller(&self, auth: Option<header::HeaderValue>) -> Backend {
+        match self {
+            Backend::Local(l) => Backend::Local(l.clone()),
+            Backend::Remote(r) => Backend::Remote(r.clone()),
+            Backend::Mounted(router, _) => Backend::Mounted(router.clone(), auth),
         }
     }
 
@@ -97,29 +115,13 @@ impl Local {
         path: &str,
         body: Option<(Vec<u8>, &'static str)>,
     ) -> Result<Reply, String> {
-        let mut req = Request::builder().method(method).uri(path);
-        let body = match body {
-            Some((bytes, content_type)) => {
-                req = req.header(header::CONTENT_TYPE, content_type);
-                Body::from(bytes)
-            }
-            None => Body::empty(),
-        };
-        let req = req
-            .body(body)
-            .map_err(|e| format!("bad request {path}: {e}"))?;
-        let response = match self.router.clone().oneshot(req).await {
-            Ok(r) => r,
-            Err(never) => match never {},
-        };
-        let status = response.status().as_u16();
-        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
-            .await
-            .map_err(|e| format!("reading the answer to {path}: {e}"))?;
-        Ok(Reply {
-            status,
-            body: body.to_vec(),
-        })
+        send(
+            &self.router,
+            Request::builder().method(method).uri(path),
+            path,
+            body,
+        )
+        .await
     }
 
     async fn shutdown(&self) {
@@ -154,7 +156,39 @@ async fn reap_sessions(state: Shared, mut stop: watch::Receiver<bool>) {
     }
 }
 
+/// Sends one request into a router in this process (no socket).
+async fn send(
+    router: &axum::Router,
+    mut req: axum::http::request::Builder,
+    path: &str,
+    body: Option<(Vec<u8>, &'static str)>,
+) -> Result<Reply, String> {
+    let body = match body {
+        Some((bytes, content_type)) => {
+            req = req.header(header::CONTENT_TYPE, content_type);
+            Body::from(bytes)
+        }
+        None => Body::empty(),
+    };
+    let req = req
+        .body(body)
+        .map_err(|e| format!("bad request {path}: {e}"))?;
+    let response = match router.clone().oneshot(req).await {
+        Ok(r) => r,
+        Err(never) => match never {},
+    };
+    let status = response.status().as_u16();
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .map_err(|e| format!("reading the answer to {path}: {e}"))?;
+    Ok(Reply {
+        status,
+        body: body.to_vec(),
+    })
+}
+
 /// A `kennel serve` reached over HTTP.
+#[derive(Clone)]
 pub struct Remote {
     base: String,
     token: Option<String>,

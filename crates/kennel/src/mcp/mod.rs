@@ -16,6 +16,24 @@ use std::sync::Arc;
 use rmcp::ServiceExt as _;
 
 pub use backend::{Backend, Local, Remote};
+
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+
+/// MCP's streamable-HTTP transport, as `kennel serve` mounts it at `/mcp`.
+pub type HttpService = StreamableHttpService<KennelTools, LocalSessionManager>;
+
+/// The `/mcp` service over `api` (the server's own router). The bearer token each HTTP
+/// request carried goes with the tool's calls into the API. Host checks are left to the
+/// server's own rules (loopback, or a token), not rmcp's localhost-only default.
+pub fn http_service(api: axum::Router) -> HttpService {
+    let backend = Arc::new(Backend::Mounted(api, None));
+    StreamableHttpService::new(
+        move || Ok(KennelTools::new(backend.clone())),
+        Arc::new(LocalSessionManager::default()),
+        StreamableHttpServerConfig::default().disable_allowed_hosts(),
+    )
+}
 pub use tools::KennelTools;
 
 /// Why the MCP server could not start or stopped abnormally.

@@ -7,7 +7,8 @@ use axum::http::Method;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabilities, ServerConfig};
-use rmcp::{tool, tool_handler, tool_router, ErrorData, ServerHandler};
+use rmcp::service::RequestContext;
+use rmcp::{tool, tool_handler, tool_router, ErrorData, RoleServer, ServerHandler};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -279,6 +280,19 @@ impl KennelTools {
 
 #[tool_router]
 impl KennelTools {
+    /// This handler as the caller of the current request: over MCP's HTTP transport the
+    /// caller's own bearer token goes with every call into the API.
+    fn for_caller(&self, ctx: &RequestContext<RoleServer>) -> KennelTools {
+        let auth = ctx
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|p| p.headers.get(axum::http::header::AUTHORIZATION).cloned());
+        KennelTools {
+            backend: Arc::new(self.backend.as_caller(auth)),
+            tool_router: self.tool_router.clone(),
+        }
+    }
+
     pub fn new(backend: Arc<Backend>) -> KennelTools {
         KennelTools {
             backend,
@@ -293,13 +307,18 @@ stdout and stderr; the result is an error when the code times out, is killed or 
 non-zero. Nothing persists after the call: use create_session for multi-step work.",
         annotations(open_world_hint = false)
     )]
-    async fn run_code(&self, params: Parameters<RunCodeArgs>) -> Result<CallToolResult, ErrorData> {
+    async fn run_code(
+        &self,
+        params: Parameters<RunCodeArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let this = self.for_caller(&ctx);
         let a = params.0;
         if let Err(e) = check_span("timeout", &a.timeout) {
             return Ok(e);
         }
         let spec = json!({"language": a.language.name(), "code": a.code});
-        Ok(self.run(spec, a.files, a.timeout).await)
+        Ok(this.run(spec, a.files, a.timeout).await)
     }
 
     #[tool(
@@ -312,7 +331,9 @@ out, is killed or exits non-zero.",
     async fn run_command(
         &self,
         params: Parameters<RunCommandArgs>,
+        ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
+        let this = self.for_caller(&ctx);
         let a = params.0;
         if a.argv.is_empty() || a.argv[0].is_empty() {
             return Ok(invalid(
@@ -323,7 +344,7 @@ out, is killed or exits non-zero.",
             return Ok(e);
         }
         let spec = json!({"argv": a.argv});
-        Ok(self.run(spec, a.files, a.timeout).await)
+        Ok(this.run(spec, a.files, a.timeout).await)
     }
 
     #[tool(
@@ -336,7 +357,9 @@ TTL); end it with close_session when done.",
     async fn create_session(
         &self,
         params: Parameters<CreateSessionArgs>,
+        ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
+        let this = self.for_caller(&ctx);
         let a = params.0;
         if let Err(e) = check_span("timeout", &a.timeout) {
             return Ok(e);
@@ -352,7 +375,7 @@ TTL); end it with close_session when done.",
             spec["idle_ttl"] = json!(t);
         }
         Ok(
-            match self.call_json(Method::POST, "/v1/sessions", spec).await {
+            match this.call_json(Method::POST, "/v1/sessions", spec).await {
                 Ok(info) => {
                     let id = info["id"].as_str().unwrap_or_default().to_string();
                     let text = format!(
@@ -380,7 +403,9 @@ exits non-zero.",
     async fn session_exec(
         &self,
         params: Parameters<SessionExecArgs>,
+        ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
+        let this = self.for_caller(&ctx);
         let a = params.0;
         if let Err(e) = check_span("timeout", &a.timeout) {
             return Ok(e);
@@ -390,7 +415,7 @@ exits non-zero.",
             spec["timeout"] = json!(t);
         }
         let path = format!("/v1/sessions/{}/exec", encode(&a.session_id));
-        Ok(match self.call_json(Method::POST, &path, spec).await {
+        Ok(match this.call_json(Method::POST, &path, spec).await {
             Ok(v) => Self::outcome(v, a.timeout.as_deref()),
             Err(e) => e,
         })
@@ -408,10 +433,12 @@ its files and state.",
     async fn close_session(
         &self,
         params: Parameters<SessionArgs>,
+        ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
+        let this = self.for_caller(&ctx);
         let id = params.0.session_id;
         let path = format!("/v1/sessions/{}", encode(&id));
-        Ok(match self.call(Method::DELETE, &path, None).await {
+        Ok(match this.call(Method::DELETE, &path, None).await {
             Ok(_) => result(
                 format!("session {id} closed"),
                 json!({"session_id": id, "closed": true}),
@@ -430,7 +457,9 @@ Parent directories are created; an existing file is replaced.",
     async fn write_file(
         &self,
         params: Parameters<WriteFileArgs>,
+        ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
+        let this = self.for_caller(&ctx);
         let a = params.0;
         let full = sandbox_path(&a.path);
         let url = format!(
@@ -440,7 +469,7 @@ Parent directories are created; an existing file is replaced.",
         );
         let size = a.content.len();
         let body = Some((a.content.into_bytes(), "application/octet-stream"));
-        Ok(match self.call(Method::PUT, &url, body).await {
+        Ok(match this.call(Method::PUT, &url, body).await {
             Ok(_) => result(
                 format!("wrote {size} bytes to {full}"),
                 json!({"path": full, "bytes": size}),
@@ -458,7 +487,9 @@ Parent directories are created; an existing file is replaced.",
     async fn read_file(
         &self,
         params: Parameters<ReadFileArgs>,
+        ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
+        let this = self.for_caller(&ctx);
         let a = params.0;
         let full = sandbox_path(&a.path);
         let url = format!(
@@ -466,7 +497,7 @@ Parent directories are created; an existing file is replaced.",
             encode(&a.session_id),
             encode_path(&full)
         );
-        Ok(match self.call(Method::GET, &url, None).await {
+        Ok(match this.call(Method::GET, &url, None).await {
             Ok(bytes) => {
                 let size = bytes.len();
                 match String::from_utf8(bytes) {
@@ -500,7 +531,9 @@ Parent directories are created; an existing file is replaced.",
     async fn list_files(
         &self,
         params: Parameters<ListFilesArgs>,
+        ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
+        let this = self.for_caller(&ctx);
         let a = params.0;
         let dir = a.path.as_deref().map_or_else(
             || "/workspace".to_string(),
@@ -511,7 +544,7 @@ Parent directories are created; an existing file is replaced.",
             encode(&a.session_id),
             encode(&dir)
         );
-        Ok(match self.call(Method::GET, &url, None).await {
+        Ok(match this.call(Method::GET, &url, None).await {
             Ok(bytes) => match serde_json::from_slice::<Value>(&bytes) {
                 Ok(listing) => {
                     let entries = listing["entries"].as_array().cloned().unwrap_or_default();

@@ -317,9 +317,16 @@ async fn wrong_method() -> ApiError {
     ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", msg)
 }
 
+/// The API, with MCP's streamable-HTTP transport at `/mcp` offering the same tools (they call
+/// the API as the authenticated caller).
 pub fn router(state: Shared) -> Router {
+    let api = api_router(state.clone(), None);
+    api_router(state, Some(crate::mcp::http_service(api)))
+}
+
+fn api_router(state: Shared, mcp: Option<crate::mcp::HttpService>) -> Router {
     let max_body = state.config.max_body.0 as usize;
-    Router::new()
+    let mut routes = Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi_json))
@@ -339,7 +346,11 @@ pub fn router(state: Shared) -> Router {
             get(session_routes::read_file)
                 .put(session_routes::write_file)
                 .delete(session_routes::delete_file),
-        )
+        );
+    if let Some(service) = mcp {
+        routes = routes.nest_service("/mcp", service);
+    }
+    routes
         .fallback(fallback)
         .method_not_allowed_fallback(wrong_method)
         .layer(axum::extract::DefaultBodyLimit::max(max_body))
