@@ -64,23 +64,9 @@ async fn serve(backend: Arc<Backend>) -> Result<(), McpError> {
         done = service.waiting() => {
             done.map_err(|e| McpError::Run(e.to_string()))?;
         }
-        _ = wait_for_signal() => {
+        _ = crate::server::wait_for_signal() => {
             cancel.cancel();
         }
     }
     Ok(())
-}
-
-async fn wait_for_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
 }

@@ -213,6 +213,15 @@ fn failure(message: String) -> CallToolResult {
     result(format!("error: {message}"), data, true)
 }
 
+/// The API path of a file in a session.
+fn file_url(session_id: &str, path: &str) -> String {
+    format!(
+        "/v1/sessions/{}/files{}",
+        encode(session_id),
+        encode_path(path)
+    )
+}
+
 /// What an API call answered: `Ok` with the body on success, or the tool's error result.
 type Answer = Result<Vec<u8>, CallToolResult>;
 
@@ -462,11 +471,7 @@ Parent directories are created; an existing file is replaced.",
         let this = self.for_caller(&ctx);
         let a = params.0;
         let full = sandbox_path(&a.path);
-        let url = format!(
-            "/v1/sessions/{}/files{}",
-            encode(&a.session_id),
-            encode_path(&full)
-        );
+        let url = file_url(&a.session_id, &full);
         let size = a.content.len();
         let body = Some((a.content.into_bytes(), "application/octet-stream"));
         Ok(match this.call(Method::PUT, &url, body).await {
@@ -492,11 +497,7 @@ Parent directories are created; an existing file is replaced.",
         let this = self.for_caller(&ctx);
         let a = params.0;
         let full = sandbox_path(&a.path);
-        let url = format!(
-            "/v1/sessions/{}/files{}",
-            encode(&a.session_id),
-            encode_path(&full)
-        );
+        let url = file_url(&a.session_id, &full);
         Ok(match this.call(Method::GET, &url, None).await {
             Ok(bytes) => {
                 let size = bytes.len();

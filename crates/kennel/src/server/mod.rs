@@ -99,7 +99,8 @@ pub async fn serve(
     Ok(())
 }
 
-async fn wait_for_signal() {
+/// Resolves on SIGTERM or SIGINT.
+pub(crate) async fn wait_for_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),
