@@ -6,13 +6,11 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{header, Method, Request};
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
 use tower::ServiceExt as _;
 
 use crate::native::Native;
-use crate::server::http::{self, AppState, Shared};
-use crate::server::{audit, metrics, pool, session_routes, ServerConfig};
+use crate::server::http;
+use crate::server::{Machinery, ServerConfig};
 
 /// An HTTP answer from the API, whatever its status.
 #[derive(Debug)]
@@ -68,13 +66,10 @@ impl Backend {
     }
 }
 
-/// The server's state and router, in this process.
+/// The server's machinery and router, in this process.
 pub struct Local {
-    state: Shared,
+    machinery: Machinery,
     router: axum::Router,
-    stop: watch::Sender<bool>,
-    /// The pool's refill loop and the session reaper, awaited at shutdown.
-    tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Local {
@@ -85,28 +80,9 @@ impl Local {
         native: Native,
     ) -> Result<Local, crate::server::ServeError> {
         config.tokens.clear();
-        config.validate()?;
-        let audit = audit::Audit::open(config.audit_log.as_deref())
-            .map_err(crate::server::ServeError::Audit)?;
-        let native = Arc::new(native);
-        let pool = Arc::new(pool::Pool::new(
-            native.clone(),
-            config.base_policy(),
-            config.pool.python,
-            config.pool.bash,
-            config.pool.max_age.0,
-        ));
-        let state = Arc::new(AppState::new(config, native, audit, pool.clone()));
-        let (stop, stop_rx) = watch::channel(false);
-        let refill = tokio::spawn(pool.refill(stop_rx.clone()));
-        let reaper = tokio::spawn(reap_sessions(state.clone(), stop_rx));
-        let router = http::router(state.clone());
-        Ok(Local {
-            state,
-            router,
-            stop,
-            tasks: std::sync::Mutex::new(vec![refill, reaper]),
-        })
+        let machinery = Machinery::start(config, native)?;
+        let router = http::router(machinery.state.clone());
+        Ok(Local { machinery, router })
     }
 
     async fn call(
@@ -125,34 +101,8 @@ impl Local {
     }
 
     async fn shutdown(&self) {
-        self.state
-            .shutting_down
-            .store(true, std::sync::atomic::Ordering::SeqCst);
-        let _ = self.stop.send(true);
-        self.state.cancel_all();
-        for session in self.state.sessions.list() {
-            self.state.sessions.remove(&session.id);
-            session_routes::end(&self.state, &session).await;
-        }
-        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|p| p.into_inner()));
-        for task in tasks {
-            let _ = task.await;
-        }
-    }
-}
-
-/// Ends sessions past their idle TTL or lifetime, and those whose sandbox died (as
-/// `kennel serve` does).
-async fn reap_sessions(state: Shared, mut stop: watch::Receiver<bool>) {
-    while !*stop.borrow() {
-        for session in state.sessions.take_expired() {
-            metrics::inc(&state.metrics.sessions_expired);
-            session_routes::end(&state, &session).await;
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
-            _ = stop.changed() => {}
-        }
+        self.machinery.state.cancel_all();
+        self.machinery.shutdown().await;
     }
 }
 

@@ -37,6 +37,57 @@ pub enum ServeError {
     Io(#[from] std::io::Error),
 }
 
+/// The server's state with its background work (the warm pool's refill, the session reaper),
+/// whether or not it listens on a socket (`kennel mcp` runs it without one).
+pub struct Machinery {
+    pub state: http::Shared,
+    stop: watch::Sender<bool>,
+    tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+impl Machinery {
+    pub fn start(config: ServerConfig, native: Native) -> Result<Machinery, ServeError> {
+        config.validate()?;
+        let audit = audit::Audit::open(config.audit_log.as_deref()).map_err(ServeError::Audit)?;
+        let native = Arc::new(native);
+        let pool = Arc::new(pool::Pool::new(
+            native.clone(),
+            config.base_policy(),
+            config.pool.python,
+            config.pool.bash,
+            config.pool.max_age.0,
+        ));
+        let state = Arc::new(http::AppState::new(config, native, audit, pool.clone()));
+        let (stop, stop_rx) = watch::channel(false);
+        let refill = tokio::spawn(pool.refill(stop_rx.clone()));
+        let reaper = tokio::spawn(reap_sessions(state.clone(), stop_rx));
+        Ok(Machinery {
+            state,
+            stop,
+            tasks: std::sync::Mutex::new(vec![refill, reaper]),
+        })
+    }
+
+    /// Refuses new work and stops refilling the pool.
+    pub fn stop_accepting(&self) {
+        self.state.shutting_down.store(true, Ordering::SeqCst);
+        let _ = self.stop.send(true);
+    }
+
+    /// Destroys every session and pooled sandbox and waits for the background work to end.
+    pub async fn shutdown(&self) {
+        self.stop_accepting();
+        for session in self.state.sessions.list() {
+            self.state.sessions.remove(&session.id);
+            session_routes::end(&self.state, &session).await;
+        }
+        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|p| p.into_inner()));
+        for task in tasks {
+            let _ = task.await;
+        }
+    }
+}
+
 /// Serves until SIGTERM or SIGINT, then shuts down gracefully: stop accepting, let running
 /// work finish within the grace period, kill what is left, and destroy every sandbox.
 /// `ready` receives the bound address once the server listens.
@@ -46,15 +97,6 @@ pub async fn serve(
     ready: Option<tokio::sync::oneshot::Sender<std::net::SocketAddr>>,
 ) -> Result<(), ServeError> {
     config.validate()?;
-    let audit = audit::Audit::open(config.audit_log.as_deref()).map_err(ServeError::Audit)?;
-    let native = Arc::new(native);
-    let pool = Arc::new(pool::Pool::new(
-        native.clone(),
-        config.base_policy(),
-        config.pool.python,
-        config.pool.bash,
-        config.pool.max_age.0,
-    ));
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|source| ServeError::Listen {
@@ -63,23 +105,19 @@ pub async fn serve(
         })?;
     let addr = listener.local_addr()?;
     let grace = config.shutdown_grace.0;
-    let state = Arc::new(http::AppState::new(config, native, audit, pool.clone()));
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let refill = tokio::spawn(pool.clone().refill(stop_rx.clone()));
-    let reaper = tokio::spawn(reap_sessions(state.clone(), stop_rx.clone()));
+    let machinery = Arc::new(Machinery::start(config, native)?);
     if let Some(ready) = ready {
         let _ = ready.send(addr);
     }
     eprintln!("kennel serve: listening on http://{addr}");
-    let app = http::router(state.clone());
-    let shutdown_state = state.clone();
+    let app = http::router(machinery.state.clone());
+    let stopping = machinery.clone();
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             wait_for_signal().await;
             eprintln!("kennel serve: shutting down; running work has {grace:?} to finish");
-            shutdown_state.shutting_down.store(true, Ordering::SeqCst);
-            let _ = stop_tx.send(true);
-            let late = shutdown_state.clone();
+            stopping.stop_accepting();
+            let late = stopping.state.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(grace).await;
                 late.cancel_all();
@@ -89,12 +127,7 @@ pub async fn serve(
             });
         })
         .await?;
-    for session in state.sessions.list() {
-        state.sessions.remove(&session.id);
-        session_routes::end(&state, &session).await;
-    }
-    let _ = reaper.await;
-    let _ = refill.await;
+    machinery.shutdown().await;
     eprintln!("kennel serve: stopped; every sandbox is gone");
     Ok(())
 }
