@@ -383,14 +383,14 @@ fn kill_members(dir: &Path) -> bool {
 
 fn remove(layout: &Layout) {
     for dir in layout.dirs() {
-        for attempt in 0..200 {
+        for attempt in 0..400 {
             if !dir.exists() {
                 break;
             }
             kill_members(dir);
             match fs::remove_dir(dir) {
                 Ok(()) => break,
-                Err(e) if e.raw_os_error() == Some(libc::EBUSY) && attempt < 199 => {
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) && attempt < 399 => {
                     std::thread::sleep(Duration::from_millis(5))
                 }
                 Err(_) => break,

@@ -504,10 +504,18 @@ fn events(
 /// Kills pid 1 of the sandbox, which takes every process of its pid namespace with it, and the
 /// helper, whose death the init also follows.
 fn kill_sandbox(helper: i32, init: Option<i32>) {
-    if let Some(init) = init {
-        let _ = sys::kill(init, libc::SIGKILL);
+    match init {
+        // The helper then reaps pid 1 and exits by itself. Killing it too would orphan pid 1
+        // to the host's init, and its zombie would keep the cgroup busy until reaped there.
+        Some(init) => {
+            let _ = sys::kill(init, libc::SIGKILL);
+        }
+        // No pid 1 yet (or not reported): the helper goes, and its child follows it through
+        // the parent-death signal.
+        None => {
+            let _ = sys::kill(helper, libc::SIGKILL);
+        }
     }
-    let _ = sys::kill(helper, libc::SIGKILL);
 }
 
 /// Kills and reaps the helper when supervision bails out early, so it never outlives the run.
@@ -525,9 +533,18 @@ impl Drop for KillOnDrop {
     }
 }
 
-fn wait_helper(child: &mut Child, timed_out: bool) -> Option<libc::rusage> {
+/// Reaps the helper. After a kill it gets a few seconds to reap pid 1 and exit on its own.
+fn wait_helper(child: &mut Child, killed: bool) -> Option<libc::rusage> {
     let pid = child.id() as i32;
-    if timed_out {
+    if killed {
+        let deadline = Instant::now() + KILL_GRACE;
+        while Instant::now() < deadline {
+            match sys::wait4(pid, true) {
+                Ok(Some((_, usage))) => return Some(usage),
+                Ok(None) => std::thread::sleep(Duration::from_millis(2)),
+                Err(_) => break,
+            }
+        }
         let _ = sys::kill(pid, libc::SIGKILL);
     }
     match sys::wait4(pid, false) {
