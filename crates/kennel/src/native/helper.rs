@@ -25,6 +25,11 @@ pub fn maybe_run_helper() {
     }
 }
 
+/// The entry point of the standalone helper binary (`kennel-sandbox-helper`).
+pub fn run_helper() -> ! {
+    helper_main()
+}
+
 /// The host (or a rootfs) as the mount planner sees it, with the mount points it had when the
 /// helper started.
 struct Dir(PathBuf, Vec<String>);
