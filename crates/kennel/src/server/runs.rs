@@ -111,22 +111,37 @@ pub async fn create_run(
     state.config.check_network(&spec.network)?;
     let req = spec.to_request(&state.config.base_policy(), &state.config.maxima)?;
     check_paths(&req)?;
+    let stream = wants_stream(&q, &headers);
+    let shared = state.clone();
+    in_slot(&shared, stream, move |live| async move {
+        execute(&state, &caller, &spec, req, live).await
+    })
+    .await
+}
+
+/// Runs `work` holding one of the server's slots (429 when none is free), as SSE or as JSON.
+/// The work goes on in a task of its own that holds the slot: a client that disconnects
+/// neither frees a slot its sandbox still uses nor skips the audit.
+pub async fn in_slot<F, Fut, T>(state: &Shared, stream: bool, work: F) -> Result<Response, ApiError>
+where
+    F: FnOnce(Option<Live>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<T, ApiError>> + Send + 'static,
+    T: serde::Serialize + Send + 'static,
+{
     let permit = state
         .slots
         .clone()
         .try_acquire_owned()
         .map_err(|_| ApiError::busy("too many runs at once"))?;
-    if wants_stream(&q, &headers) {
+    if stream {
         return Ok(stream_response(move |live| async move {
             let _permit = permit;
-            execute(&state, &caller, &spec, req, Some(live)).await
+            work(Some(live)).await
         }));
     }
-    // The run goes on in a task of its own that holds the slot: a client that disconnects
-    // neither frees a slot its sandbox still uses nor skips the audit.
     let task = tokio::spawn(async move {
         let _permit = permit;
-        execute(&state, &caller, &spec, req, None).await
+        work(None).await
     });
     Ok(Json(joined(task.await)?).into_response())
 }

@@ -14,7 +14,7 @@ use super::agent::{AgentError, AgentSandbox};
 use super::audit::{now_ms, sha256_hex, Entry};
 use super::http::{ApiBytes, ApiError, ApiJson, Caller, Shared};
 use super::metrics::inc;
-use super::runs::{joined, stream_response, wants_stream, Live, StreamMsg, StreamQuery};
+use super::runs::{in_slot, wants_stream, Live, StreamMsg, StreamQuery};
 use super::sessions::{Session, SessionInfo};
 use crate::api::{ExecResult, ExecSpec, SessionSpec};
 use crate::native::helper::in_scratch;
@@ -153,22 +153,12 @@ pub async fn exec(
         Some(t) => t.0,
         None => session.limits.timeout.0,
     };
-    let permit = state
-        .slots
-        .clone()
-        .try_acquire_owned()
-        .map_err(|_| ApiError::busy("too many runs at once"))?;
-    if wants_stream(&q, &headers) {
-        return Ok(stream_response(move |live| async move {
-            let _permit = permit;
-            run_exec(&state, &caller, &session, &spec, timeout, Some(live)).await
-        }));
-    }
-    let task = tokio::spawn(async move {
-        let _permit = permit;
-        run_exec(&state, &caller, &session, &spec, timeout, None).await
-    });
-    Ok(Json(joined(task.await)?).into_response())
+    let stream = wants_stream(&q, &headers);
+    let shared = state.clone();
+    in_slot(&shared, stream, move |live| async move {
+        run_exec(&state, &caller, &session, &spec, timeout, live).await
+    })
+    .await
 }
 
 async fn run_exec(
