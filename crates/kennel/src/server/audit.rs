@@ -48,7 +48,28 @@ pub fn now_ms() -> u128 {
         .map_or(0, |d| d.as_millis())
 }
 
-impl Entry<'_> {
+impl<'a> Entry<'a> {
+    /// An entry for `code` run by `token_id`, with no outcome yet.
+    pub fn new(token_id: &'a str, kind: &'a str, code: &[u8], limits: &'a Limits) -> Entry<'a> {
+        Entry {
+            at_unix_ms: now_ms(),
+            token_id,
+            kind,
+            session: None,
+            language: None,
+            code_sha256: sha256_hex(code),
+            limits,
+            pooled: false,
+            isolation: None,
+            exit_code: None,
+            signal: None,
+            timed_out: false,
+            oom_killed: false,
+            duration_ms: 0,
+            error: None,
+        }
+    }
+
     /// Copies the outcome of a run into the entry.
     pub fn with_result(mut self, r: &RunResult) -> Self {
         self.exit_code = r.exit_code;

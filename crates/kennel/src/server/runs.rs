@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::agent::{AgentError, AgentSandbox};
-use super::audit::{now_ms, sha256_hex, Entry};
+use super::audit::Entry;
 use super::http::{ApiError, ApiJson, Caller, Shared};
 use super::metrics::inc;
 use super::pool::Profile;
@@ -218,21 +218,10 @@ async fn execute(
         .clone()
         .unwrap_or_else(|| spec.argv.clone().unwrap_or_default().join(" "));
     let entry = Entry {
-        at_unix_ms: now_ms(),
-        token_id: &caller.0,
-        kind: "run",
-        session: None,
         language: spec.language.map(crate::api::Language::name),
-        code_sha256: sha256_hex(code.as_bytes()),
-        limits: &req.policy.limits,
         pooled,
-        isolation: None,
-        exit_code: None,
-        signal: None,
-        timed_out: false,
-        oom_killed: false,
         duration_ms: started.elapsed().as_millis() as u64,
-        error: None,
+        ..Entry::new(&caller.0, "run", code.as_bytes(), &req.policy.limits)
     };
     match &outcome {
         Ok(r) => {

@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::agent::{AgentError, AgentSandbox};
-use super::audit::{now_ms, sha256_hex, Entry};
+use super::audit::Entry;
 use super::http::{ApiBytes, ApiError, ApiJson, Caller, Shared};
 use super::metrics::inc;
 use super::runs::{in_slot, wants_stream, Live, StreamMsg, StreamQuery};
@@ -37,6 +37,16 @@ fn agent_error(e: AgentError) -> ApiError {
             "sandbox_failed",
             e.to_string(),
         ),
+    }
+}
+
+/// A file operation's error: a missing `path` is a 404, the rest as [`agent_error`].
+fn missing_is_404(e: AgentError, path: &str, what: &str) -> ApiError {
+    match e {
+        AgentError::Refused(m) if m.starts_with("ENOENT") => {
+            ApiError::not_found(format!("{path}: no such {what}"))
+        }
+        e => agent_error(e),
     }
 }
 
@@ -189,21 +199,10 @@ async fn run_exec(
         )
         .await;
     let entry = Entry {
-        at_unix_ms: now_ms(),
-        token_id: &caller.0,
-        kind: "exec",
         session: Some(&session.id),
         language: Some(spec.language.name()),
-        code_sha256: sha256_hex(spec.code.as_bytes()),
-        limits: &session.limits,
-        pooled: false,
-        isolation: None,
-        exit_code: None,
-        signal: None,
-        timed_out: false,
-        oom_killed: false,
         duration_ms: started.elapsed().as_millis() as u64,
-        error: None,
+        ..Entry::new(&caller.0, "exec", spec.code.as_bytes(), &session.limits)
     };
     let result = match outcome {
         Ok(r) => r,
@@ -281,12 +280,7 @@ pub async fn read_file(
         .agent
         .read_file(&path, max)
         .await
-        .map_err(|e| match e {
-            AgentError::Refused(m) if m.starts_with("ENOENT") => {
-                ApiError::not_found(format!("{path}: no such file"))
-            }
-            e => agent_error(e),
-        })?;
+        .map_err(|e| missing_is_404(e, &path, "file"))?;
     if size > data.len() as u64 {
         return Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -306,12 +300,11 @@ pub async fn delete_file(
     let session = session_for(&state, &caller, &id)?;
     let path = sandbox_path(&path)?;
     let _busy = session.busy();
-    session.agent.delete(&path).await.map_err(|e| match e {
-        AgentError::Refused(m) if m.starts_with("ENOENT") => {
-            ApiError::not_found(format!("{path}: no such file"))
-        }
-        e => agent_error(e),
-    })?;
+    session
+        .agent
+        .delete(&path)
+        .await
+        .map_err(|e| missing_is_404(e, &path, "file"))?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -336,11 +329,10 @@ pub async fn list_files(
         )));
     }
     let _busy = session.busy();
-    let entries = session.agent.list(&path).await.map_err(|e| match e {
-        AgentError::Refused(m) if m.starts_with("ENOENT") => {
-            ApiError::not_found(format!("{path}: no such directory"))
-        }
-        e => agent_error(e),
-    })?;
+    let entries = session
+        .agent
+        .list(&path)
+        .await
+        .map_err(|e| missing_is_404(e, &path, "directory"))?;
     Ok(Json(serde_json::json!({"path": path, "entries": entries})))
 }
