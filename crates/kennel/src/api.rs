@@ -235,6 +235,19 @@ pub struct Isolation {
     /// `host-system-ro` or the rootfs directory.
     pub filesystem: String,
     pub network: String,
+    /// The OCI runtime that ran the sandbox (the `oci` tier only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<RuntimeInfo>,
+}
+
+/// Which OCI runtime ran a sandbox, as it reported its version.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RuntimeInfo {
+    pub name: String,
+    pub version: String,
+    /// runsc's platform (`ptrace` or `kvm`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub platform: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]

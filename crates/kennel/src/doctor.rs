@@ -3,7 +3,8 @@
 use serde::Serialize;
 
 use crate::api::{Command, RunRequest};
-use crate::native::{cgroup, Native, RunIo};
+use crate::engine::Engine;
+use crate::native::{cgroup, RunIo};
 use crate::policy::Policy;
 use crate::sys;
 
@@ -112,10 +113,10 @@ fn identity() -> Result<String, (String, String)> {
     })
 }
 
-fn end_to_end(native: &Native) -> Result<String, (String, String)> {
+fn end_to_end(engine: &Engine) -> Result<String, (String, String)> {
     let req = RunRequest::new(Command::Argv(vec!["/bin/true".into()]));
     let start = std::time::Instant::now();
-    match native.run(&req, RunIo::none()) {
+    match engine.run(&req, RunIo::none()) {
         Ok(r) if r.exit_code == Some(0) => Ok(format!(
             "/bin/true ran in {:.1} ms with limits via {}, landlock {}, seccomp {}",
             start.elapsed().as_secs_f64() * 1000.0,
@@ -154,7 +155,7 @@ fn tool(name: &'static str, package: &str) -> Check {
 }
 
 /// Every check, in the order a user fixes them.
-pub fn checks(native: &Native) -> Vec<Check> {
+pub fn checks(engine: &Engine) -> Vec<Check> {
     vec![
         check("kernel", Ok(read("/proc/sys/kernel/osrelease"))),
         check("identity", identity()),
@@ -163,7 +164,7 @@ pub fn checks(native: &Native) -> Vec<Check> {
         check("landlock", landlock()),
         check("cgroups", cgroups()),
         check("time namespace", time_namespace()),
-        check("native sandbox", end_to_end(native)),
+        check("native sandbox", end_to_end(engine)),
         tool("bwrap", "bubblewrap"),
     ]
 }

@@ -42,6 +42,13 @@ pub enum Error {
         errno: Option<i32>,
         detail: String,
     },
+    #[error("oci sandbox setup failed at step `{}` ({reason}): {detail}", step.name())]
+    Oci {
+        step: crate::oci::steps::Step,
+        reason: &'static str,
+        errno: Option<i32>,
+        detail: String,
+    },
     #[error("{what}: {source}")]
     Io {
         what: &'static str,

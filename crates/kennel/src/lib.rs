@@ -13,10 +13,12 @@
 
 pub mod api;
 pub mod doctor;
+pub mod engine;
 pub mod error;
 pub mod mcp;
 pub mod native;
 pub mod net;
+pub mod oci;
 pub mod policy;
 pub mod server;
 pub mod sys;
@@ -24,6 +26,7 @@ pub mod sys;
 pub use api::{
     CollectedFile, Command, Content, FileIn, Isolation, Language, RunRequest, RunResult,
 };
+pub use engine::{Backend, Engine};
 pub use error::{Error, PolicyError};
 pub use native::{
     maybe_run_helper, Canceller, Native, OutputMode, OutputSink, RunIo, StdinSource, Stream,

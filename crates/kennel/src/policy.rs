@@ -220,8 +220,10 @@ impl Network {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Layers {
-    /// Landlock as a second filesystem layer under the mount namespace.
-    pub landlock: Want,
+    /// Landlock as a second filesystem layer under the mount namespace. Unset, it is required
+    /// in the native tier; the OCI runtimes have no Landlock layer, so setting it to
+    /// `required` there refuses the run.
+    pub landlock: Option<Want>,
     /// cgroups for memory, tasks and CPU; without them Kennel falls back to rlimits.
     pub cgroups: Want,
 }
@@ -229,16 +231,169 @@ pub struct Layers {
 impl Default for Layers {
     fn default() -> Self {
         Layers {
-            landlock: Want::Required,
+            landlock: None,
             cgroups: Want::BestEffort,
         }
     }
+}
+
+impl Layers {
+    /// How firmly the native tier wants Landlock.
+    pub fn landlock(&self) -> Want {
+        self.landlock.unwrap_or(Want::Required)
+    }
+}
+
+/// How strongly a sandbox is isolated, weakest first: the order a server's minimum compares.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize,
+    utoipa::ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Tier {
+    /// Namespaces, seccomp, Landlock and cgroups set up by Kennel itself.
+    #[default]
+    Native,
+    /// An OCI bundle run by `runtime`: `crun`/`runc` (a container) or `runsc` (gVisor).
+    Oci,
+}
+
+impl Tier {
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::Native => "native",
+            Tier::Oci => "oci",
+        }
+    }
+}
+
+impl FromStr for Tier {
+    type Err = PolicyError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "native" => Ok(Tier::Native),
+            "oci" => Ok(Tier::Oci),
+            other => Err(PolicyError::Invalid {
+                field: "tier",
+                why: format!("unknown tier {other:?}: use native or oci"),
+            }),
+        }
+    }
+}
+
+/// The OCI runtime of the `oci` tier.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Runtime {
+    /// gVisor: a user-space kernel between the code and the host.
+    #[default]
+    Runsc,
+    Crun,
+    Runc,
+}
+
+impl Runtime {
+    pub const ALL: [Runtime; 3] = [Runtime::Runsc, Runtime::Crun, Runtime::Runc];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Runtime::Runsc => "runsc",
+            Runtime::Crun => "crun",
+            Runtime::Runc => "runc",
+        }
+    }
+
+    /// The isolation it gives, for comparing against a required minimum: gVisor's own kernel
+    /// is stronger than a container on the host's.
+    pub fn strength(self) -> Strength {
+        match self {
+            Runtime::Runsc => Strength::Gvisor,
+            Runtime::Crun | Runtime::Runc => Strength::Container,
+        }
+    }
+}
+
+impl FromStr for Runtime {
+    type Err = PolicyError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "runsc" | "gvisor" => Ok(Runtime::Runsc),
+            "crun" => Ok(Runtime::Crun),
+            "runc" => Ok(Runtime::Runc),
+            other => Err(PolicyError::Invalid {
+                field: "oci.runtime",
+                why: format!("unknown runtime {other:?}: use runsc, crun or runc"),
+            }),
+        }
+    }
+}
+
+/// gVisor's way of intercepting the code's syscalls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Platform {
+    Ptrace,
+    Kvm,
+}
+
+impl Platform {
+    pub fn name(self) -> &'static str {
+        match self {
+            Platform::Ptrace => "ptrace",
+            Platform::Kvm => "kvm",
+        }
+    }
+}
+
+impl FromStr for Platform {
+    type Err = PolicyError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "ptrace" => Ok(Platform::Ptrace),
+            "kvm" => Ok(Platform::Kvm),
+            other => Err(PolicyError::Invalid {
+                field: "oci.platform",
+                why: format!("unknown platform {other:?}: use ptrace or kvm"),
+            }),
+        }
+    }
+}
+
+/// Options of the `oci` tier.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Oci {
+    pub runtime: Runtime,
+    /// runsc only: chosen automatically (KVM where it works, else ptrace) when unset.
+    pub platform: Option<Platform>,
+}
+
+/// Isolation strength, weakest first: what a server's `min_isolation` compares.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, utoipa::ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Strength {
+    /// The native tier.
+    Native,
+    /// crun or runc.
+    Container,
+    /// runsc.
+    Gvisor,
 }
 
 /// A complete sandbox policy.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Policy {
+    /// `native` (the default) or `oci`, with the runtime under `[oci]`.
+    pub tier: Tier,
+    pub oci: Oci,
     pub limits: Limits,
     pub filesystem: Filesystem,
     pub network: Network,
@@ -254,6 +409,14 @@ const MAX_PIDS: u32 = 1 << 20;
 const MAX_OUTPUT: u64 = 1 << 30;
 
 impl Policy {
+    /// The isolation strength this policy asks for.
+    pub fn strength(&self) -> Strength {
+        match self.tier {
+            Tier::Native => Strength::Native,
+            Tier::Oci => self.oci.runtime.strength(),
+        }
+    }
+
     /// Parses a TOML policy; unknown keys are errors.
     pub fn from_toml(text: &str) -> Result<Policy, PolicyError> {
         let policy: Policy = toml::from_str(text).map_err(|e| PolicyError::Parse(e.to_string()))?;
@@ -332,6 +495,22 @@ impl Policy {
                     format!("must be an absolute path, not {}", root.display()),
                 ));
             }
+        }
+        if self.oci.platform.is_some()
+            && (self.tier != Tier::Oci || self.oci.runtime != Runtime::Runsc)
+        {
+            return Err(field(
+                "oci.platform",
+                "only applies to tier \"oci\" with runtime \"runsc\"".into(),
+            ));
+        }
+        if self.tier == Tier::Oci && self.layers.landlock == Some(Want::Required) {
+            return Err(field(
+                "layers.landlock",
+                "is \"required\", but OCI runtimes apply no Landlock layer; leave it unset \
+                 (their mounts confine the filesystem) or use tier \"native\""
+                    .into(),
+            ));
         }
         for key in self.env.keys() {
             if key.is_empty() || key.contains('=') || key.contains('\0') {

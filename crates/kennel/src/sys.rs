@@ -102,6 +102,12 @@ pub fn set_parent_death_signal(sig: libc::c_int) -> io::Result<()> {
     check(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, sig as libc::c_ulong, 0, 0, 0) }).map(drop)
 }
 
+/// Makes orphaned descendants re-parent to this process, so it can wait for them.
+pub fn set_child_subreaper() -> io::Result<()> {
+    // SAFETY: PR_SET_CHILD_SUBREAPER takes an integer flag, no pointers.
+    check(unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) }).map(drop)
+}
+
 pub fn set_dumpable(on: bool) -> io::Result<()> {
     // SAFETY: PR_SET_DUMPABLE takes an integer flag, no pointers.
     check(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, on as libc::c_ulong, 0, 0, 0) }).map(drop)
@@ -528,4 +534,20 @@ pub fn setns(fd: RawFd, nstype: libc::c_int) -> io::Result<()> {
 pub fn shutdown_listener(fd: RawFd) {
     // SAFETY: shutdown takes integers only; an error (not connected) is harmless here.
     unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+}
+
+/// Registers a hook that runs in the child between fork and exec.
+///
+/// Callers pass closures that make only async-signal-safe calls (prctl, dup2 and the like) and
+/// touch no memory of the parent beyond captured integers: after fork in a multithreaded
+/// process, nothing else is safe there.
+pub fn pre_exec_signal_safe(
+    cmd: &mut std::process::Command,
+    f: impl FnMut() -> io::Result<()> + Send + Sync + 'static,
+) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the callers' closures keep to async-signal-safe calls, as documented above.
+    unsafe {
+        cmd.pre_exec(f);
+    }
 }

@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand};
 use kennel::policy::{ByteSize, NetMode, Span, Want};
 use kennel::server::ServerConfig;
 use kennel::{
-    Command, Content, FileIn, Language, Native, OutputSink, Policy, RunIo, RunRequest, RunResult,
+    Command, Content, FileIn, Language, Engine, OutputSink, Policy, RunIo, RunRequest, RunResult,
     StdinSource, Stream,
 };
 
@@ -126,6 +126,15 @@ struct RunArgs {
     /// Run even where Landlock is unavailable (it is required by default).
     #[arg(long)]
     landlock_best_effort: bool,
+    /// The isolation tier: native (the default) or oci.
+    #[arg(long, value_name = "TIER")]
+    tier: Option<kennel::policy::Tier>,
+    /// The OCI runtime: runsc (gVisor), crun or runc. Implies --tier oci.
+    #[arg(long, value_name = "RUNTIME")]
+    runtime: Option<kennel::policy::Runtime>,
+    /// gVisor's platform: ptrace or kvm (chosen automatically by default).
+    #[arg(long, value_name = "PLATFORM")]
+    platform: Option<kennel::policy::Platform>,
     /// Allow a domain through Kennel's proxy: NAME[:PORT[,PORT]] or *.NAME (ports 443 and 80
     /// by default). Repeat for more.
     #[arg(long = "allow-net", value_name = "DOMAIN[:PORTS]")]
@@ -200,11 +209,11 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if args.audit_log.is_some() {
         config.audit_log = args.audit_log;
     }
-    let native = Native::from_current_exe()?;
+    let engine = Engine::from_current_exe()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(kennel::server::serve(config, native, None))?;
+    runtime.block_on(kennel::server::serve(config, engine, None))?;
     Ok(())
 }
 
@@ -233,9 +242,9 @@ fn mcp(args: McpArgs) -> anyhow::Result<()> {
             };
             config.pool.python = args.pool_python.unwrap_or(config.pool.python);
             config.pool.bash = args.pool_bash.unwrap_or(config.pool.bash);
-            let native = Native::from_current_exe()?;
+            let engine = Engine::from_current_exe()?;
             let _guard = runtime.enter();
-            Backend::Local(std::sync::Arc::new(Local::start(config, native)?))
+            Backend::Local(std::sync::Arc::new(Local::start(config, engine)?))
         }
     };
     runtime.block_on(kennel::mcp::serve_stdio(backend))?;
@@ -247,7 +256,7 @@ fn mcp(args: McpArgs) -> anyhow::Result<()> {
 fn run(args: RunArgs) -> ExitCode {
     let json = args.json;
     let outcome = request(args).and_then(|req| {
-        let native = Native::from_current_exe()?;
+        let engine = Engine::from_current_exe()?;
         let stdin = if kennel::sys::is_tty(0) {
             StdinSource::Null
         } else {
@@ -260,7 +269,7 @@ fn run(args: RunArgs) -> ExitCode {
             on_output,
             ..RunIo::none()
         };
-        Ok(native.run(&req, io)?)
+        Ok(engine.run(&req, io)?)
     });
     match outcome {
         Ok(result) if json => {
@@ -358,7 +367,15 @@ fn request(args: RunArgs) -> anyhow::Result<RunRequest> {
         policy.layers.cgroups = Want::Required;
     }
     if args.landlock_best_effort {
-        policy.layers.landlock = Want::BestEffort;
+        policy.layers.landlock = Some(Want::BestEffort);
+    }
+    if let Some(runtime) = args.runtime {
+        policy.tier = kennel::policy::Tier::Oci;
+        policy.oci.runtime = runtime;
+    }
+    policy.tier = args.tier.unwrap_or(policy.tier);
+    if args.platform.is_some() {
+        policy.oci.platform = args.platform;
     }
     if !args.allow_net.is_empty() {
         policy.network.mode = NetMode::Allow;
@@ -465,14 +482,14 @@ fn stage_script(
 }
 
 fn doctor(json: bool) -> ExitCode {
-    let native = match Native::from_current_exe() {
+    let engine = match Engine::from_current_exe() {
         Ok(n) => n,
         Err(e) => {
             eprintln!("kennel: {e}");
             return ExitCode::from(KENNEL_FAILED);
         }
     };
-    let checks = kennel::doctor::checks(&native);
+    let checks = kennel::doctor::checks(&engine);
     if json {
         println!(
             "{}",

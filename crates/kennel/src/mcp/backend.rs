@@ -8,7 +8,7 @@ use axum::body::Body;
 use axum::http::{header, Method, Request};
 use tower::ServiceExt as _;
 
-use crate::native::Native;
+use crate::engine::Engine;
 use crate::server::http;
 use crate::server::{Machinery, ServerConfig};
 
@@ -77,10 +77,10 @@ impl Local {
     /// Tokens are dropped: the only caller is whoever started this process.
     pub fn start(
         mut config: ServerConfig,
-        native: Native,
+        engine: Engine,
     ) -> Result<Local, crate::server::ServeError> {
         config.tokens.clear();
-        let machinery = Machinery::start(config, native)?;
+        let machinery = Machinery::start(config, engine)?;
         let router = http::router(machinery.state.clone());
         Ok(Local { machinery, router })
     }

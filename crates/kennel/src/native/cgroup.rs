@@ -38,6 +38,10 @@ pub enum Layout {
 #[derive(Debug)]
 pub struct Cgroup {
     layout: Layout,
+    name: String,
+    /// The same name in every other hierarchy, where an OCI runtime creates the parents of
+    /// its own cgroup beneath ours; removed with it.
+    others: Vec<PathBuf>,
 }
 
 /// What the kernel counted for the sandbox.
@@ -130,6 +134,24 @@ fn own_layout() -> Result<Layout, String> {
         cpu,
         cpuacct,
     })
+}
+
+/// The supervisor's own directory in every cgroup hierarchy mounted here.
+fn own_dirs_everywhere() -> Vec<PathBuf> {
+    let (Ok(mounts), Ok(own)) = (mounts(), own_cgroups()) else {
+        return vec![];
+    };
+    mounts
+        .iter()
+        .filter_map(|m| {
+            let (_, path) = own.iter().find(|(ctrls, _)| match m.fstype.as_str() {
+                "cgroup2" => ctrls.is_empty(),
+                "cgroup" => ctrls.iter().any(|c| m.options.contains(c)),
+                _ => false,
+            })?;
+            Some(join_under(m, path))
+        })
+        .collect()
 }
 
 /// The v2 directory when it delegates every controller we need.
@@ -241,15 +263,24 @@ impl Cgroup {
     /// Creates a cgroup for one sandbox with `limits` applied, or says why none can be used.
     pub fn create(limits: &Limits) -> Result<Cgroup, String> {
         let base = own_layout()?;
-        SWEEP.call_once(|| sweep_stale(&base));
+        SWEEP.call_once(sweep_stale);
         let me = sys::getpid().to_string();
         let started = start_time(&me).unwrap_or_default();
         let name = format!(
             "{PREFIX}{me}-{started}-{}",
             SEQ.fetch_add(1, Ordering::Relaxed)
         );
+        let layout = base.child(&name);
+        let ours = layout.dirs().iter().map(|d| d.to_path_buf()).collect::<Vec<_>>();
+        let others = own_dirs_everywhere()
+            .into_iter()
+            .map(|d| d.join(&name))
+            .filter(|d| !ours.contains(d))
+            .collect();
         let cg = Cgroup {
-            layout: base.child(&name),
+            layout,
+            name,
+            others,
         };
         for dir in cg.layout.dirs() {
             if let Err(e) = fs::create_dir(dir) {
@@ -291,6 +322,11 @@ impl Cgroup {
         }
     }
 
+    /// The directory name, the same in every hierarchy.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     pub fn version(&self) -> &'static str {
         match self.layout {
             Layout::V1 { .. } => "cgroup-v1",
@@ -325,6 +361,11 @@ impl Cgroup {
 
     pub fn stats(&self) -> Stats {
         self.probe().read()
+    }
+
+    /// A handle on the counters of a cgroup created beneath this one (by an OCI runtime).
+    pub fn probe_child(&self, name: &str) -> Probe {
+        Probe(self.layout.child(name))
     }
 
     /// A handle that reads the counters while the sandbox runs.
@@ -362,9 +403,13 @@ impl Probe {
 }
 
 impl Cgroup {
-    /// Kills every process left in the cgroup and removes it in every hierarchy.
+    /// Kills every process left in the cgroup and removes it, and anything created beneath it,
+    /// in every hierarchy.
     pub fn destroy(&self) {
         remove(&self.layout);
+        for dir in &self.others {
+            remove_tree(dir);
+        }
     }
 }
 
@@ -383,26 +428,43 @@ fn kill_members(dir: &Path) -> bool {
 
 fn remove(layout: &Layout) {
     for dir in layout.dirs() {
-        for attempt in 0..400 {
-            if !dir.exists() {
-                break;
+        remove_tree(dir);
+    }
+}
+
+/// Removes `dir` after its sub-cgroups (an OCI runtime's, say), deepest first.
+fn remove_tree(dir: &Path) {
+    if let Ok(entries) = fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_tree(&entry.path());
             }
-            kill_members(dir);
-            match fs::remove_dir(dir) {
-                Ok(()) => break,
-                Err(e) if e.raw_os_error() == Some(libc::EBUSY) && attempt < 399 => {
-                    std::thread::sleep(Duration::from_millis(5))
-                }
-                Err(_) => break,
+        }
+    }
+    remove_dir(dir);
+}
+
+fn remove_dir(dir: &Path) {
+    for attempt in 0..400 {
+        if !dir.exists() {
+            break;
+        }
+        kill_members(dir);
+        match fs::remove_dir(dir) {
+            Ok(()) => break,
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && attempt < 399 => {
+                std::thread::sleep(Duration::from_millis(5))
             }
+            Err(_) => break,
         }
     }
 }
 
-/// Removes cgroups left behind by supervisors that are gone (killed with SIGKILL, say).
-fn sweep_stale(base: &Layout) {
-    for dir in base.dirs() {
-        let Ok(entries) = fs::read_dir(dir) else {
+/// Removes cgroups left behind by supervisors that are gone (killed with SIGKILL, say), in
+/// every hierarchy.
+fn sweep_stale() {
+    for dir in own_dirs_everywhere() {
+        let Ok(entries) = fs::read_dir(&dir) else {
             continue;
         };
         for entry in entries.flatten() {
@@ -415,7 +477,7 @@ fn sweep_stale(base: &Layout) {
                 continue;
             };
             if start_time(pid).as_deref() != Some(started) {
-                remove(&base.child(&name));
+                remove_tree(&dir.join(&name));
             }
         }
     }

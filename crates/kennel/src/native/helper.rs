@@ -11,6 +11,8 @@ use super::proto::{self, Collected, InputFiles, Msg, Plan, CTL_FD};
 use super::steps::{self, Ctx, Fail, FsPlan, Step};
 use crate::sys::{self, Exit, Fork};
 
+use crate::oci::launcher::LAUNCHER_ARG;
+
 /// The first argument that turns the kennel binary into a sandbox helper.
 pub const HELPER_ARG: &str = "__kennel-sandbox-helper";
 
@@ -20,22 +22,25 @@ const SETUP_FAILED: i32 = 125;
 /// Call this first in `main` of any binary that starts native sandboxes: when the process is a
 /// sandbox helper, it never returns.
 pub fn maybe_run_helper() {
-    if std::env::args_os().nth(1).is_some_and(|a| a == HELPER_ARG) {
-        helper_main()
+    match std::env::args_os().nth(1) {
+        Some(a) if a == HELPER_ARG => helper_main(),
+        Some(a) if a == LAUNCHER_ARG => crate::oci::launcher::launcher_main(),
+        _ => {}
     }
 }
 
 /// The entry point of the standalone helper binary (`kennel-sandbox-helper`).
 pub fn run_helper() -> ! {
+    maybe_run_helper();
     helper_main()
 }
 
 /// The host (or a rootfs) as the mount planner sees it, with the mount points it had when the
 /// helper started.
-struct Dir(PathBuf, Vec<String>);
+pub(crate) struct Dir(PathBuf, Vec<String>);
 
 impl Dir {
-    fn new(root: PathBuf) -> Dir {
+    pub(crate) fn new(root: PathBuf) -> Dir {
         let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
         let points = mountinfo
             .lines()
@@ -206,7 +211,7 @@ fn init_main(mut ctx: Ctx, mut os: RealOs) -> ! {
     };
     let _ = proto::send(&mut os.ctl, &Msg::Exited { code, signal }, &[]);
     for path in &ctx.plan.collect {
-        let (meta, data) = collect(path, ctx.plan.policy.limits.collect_size.0);
+        let (meta, data) = collect(path, Path::new(path), ctx.plan.policy.limits.collect_size.0);
         let _ = proto::send(&mut os.ctl, &Msg::Collected(meta), &data);
     }
     let _ = proto::send(&mut os.ctl, &Msg::Done, &[]);
@@ -232,7 +237,8 @@ fn reap_until_program_exits(program: libc::pid_t) -> Exit {
 }
 
 /// Reads a file for the result without following symlinks, opening FIFOs or devices.
-fn collect(path: &str, cap: u64) -> (Collected, Vec<u8>) {
+/// `path` is the name reported; `open_path` is where it is found from this process.
+pub(crate) fn collect(path: &str, open_path: &Path, cap: u64) -> (Collected, Vec<u8>) {
     let refused = |error: String| {
         (
             Collected {
@@ -244,7 +250,7 @@ fn collect(path: &str, cap: u64) -> (Collected, Vec<u8>) {
             vec![],
         )
     };
-    let file = match sys::open_no_symlinks(path) {
+    let file = match sys::open_no_symlinks(&open_path.to_string_lossy()) {
         Ok(fd) => std::fs::File::from(fd),
         Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
             return refused("is or passes through a symlink; not followed".into())

@@ -81,7 +81,7 @@ impl Canceller {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).cancelled
     }
 
-    pub(super) fn attach(&self, wake: mpsc::Sender<Event>) {
+    pub(crate) fn attach(&self, wake: mpsc::Sender<Event>) {
         let mut state = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if state.cancelled {
             let _ = wake.send(Event::Cancel);
@@ -91,7 +91,7 @@ impl Canceller {
 }
 
 /// What the supervision loop waits for.
-pub(super) enum Event {
+pub(crate) enum Event {
     Frame(Msg, Vec<u8>),
     /// The control socket closed: every helper process is gone.
     Closed,
@@ -108,7 +108,7 @@ pub struct Started {
 /// Called once, when the code starts.
 pub type OnStarted = Box<dyn FnOnce(Started) + Send>;
 
-pub(super) fn feed_stdin(
+pub(crate) fn feed_stdin(
     pipe: Option<ChildStdin>,
     req: &RunRequest,
     source: StdinSource,
@@ -128,7 +128,7 @@ pub(super) fn feed_stdin(
     })))
 }
 
-pub(super) fn reader(
+pub(crate) fn reader(
     pipe: Option<impl Read + Send + 'static>,
     cap: u64,
     mode: OutputMode,
@@ -149,6 +149,6 @@ pub(super) fn reader(
     })
 }
 
-pub(super) fn join(handle: Option<JoinHandle<Captured>>) -> Captured {
+pub(crate) fn join(handle: Option<JoinHandle<Captured>>) -> Captured {
     handle.and_then(|h| h.join().ok()).unwrap_or_default()
 }

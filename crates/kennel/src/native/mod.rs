@@ -6,16 +6,16 @@
 
 pub mod cgroup;
 pub mod helper;
-mod io;
+pub(crate) mod io;
 pub mod landlock;
 pub mod mounts;
 pub mod ops;
 pub mod output;
 pub mod proto;
-mod report;
+pub(crate) mod report;
 pub mod seccomp;
 pub mod steps;
-mod supervisor;
+pub(crate) mod supervisor;
 
 pub use helper::{maybe_run_helper, HELPER_ARG};
 pub use io::{Canceller, OnStarted, OutputMode, OutputSink, RunIo, Started, StdinSource};

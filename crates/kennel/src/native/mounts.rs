@@ -9,13 +9,13 @@ use crate::policy::Policy;
 pub const NEW_ROOT: &str = "/tmp";
 
 /// Host system directories shown read-only when no rootfs is given.
-const SYSTEM_DIRS: &[&str] = &[
+pub(crate) const SYSTEM_DIRS: &[&str] = &[
     "usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc",
 ];
 /// Entries of a rootfs that Kennel provides itself.
-const PROVIDED: &[&str] = &["proc", "dev", "sys", "tmp", "workspace", "run"];
+pub(crate) const PROVIDED: &[&str] = &["proc", "dev", "sys", "tmp", "workspace", "run"];
 /// Secret files under /etc, hidden behind an empty file.
-const SECRET_FILES: &[&str] = &[
+pub(crate) const SECRET_FILES: &[&str] = &[
     "etc/shadow",
     "etc/shadow-",
     "etc/gshadow",
@@ -25,13 +25,13 @@ const SECRET_FILES: &[&str] = &[
     "etc/machine-id",
 ];
 /// Secret directories under /etc, hidden behind an empty read-only tmpfs.
-const SECRET_DIRS: &[&str] = &["etc/ssh", "etc/ssl/private", "etc/sudoers.d"];
+pub(crate) const SECRET_DIRS: &[&str] = &["etc/ssh", "etc/ssl/private", "etc/sudoers.d"];
 /// Devices the sandbox gets, bound from the host's /dev.
 pub const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 /// /proc entries that leak host state or change it: made read-only.
-const PROC_READ_ONLY: &[&str] = &["sys", "sysrq-trigger", "irq", "bus", "fs"];
+pub(crate) const PROC_READ_ONLY: &[&str] = &["sys", "sysrq-trigger", "irq", "bus", "fs"];
 /// /proc files hidden behind /dev/null (kernel memory, symbol addresses, timers, keys).
-const PROC_MASKED_FILES: &[&str] = &[
+pub(crate) const PROC_MASKED_FILES: &[&str] = &[
     "kcore",
     "kallsyms",
     "keys",
@@ -45,7 +45,7 @@ const PROC_MASKED_FILES: &[&str] = &[
     "modules",
 ];
 /// /proc directories hidden behind an empty tmpfs.
-const PROC_MASKED_DIRS: &[&str] = &["acpi", "scsi", "asound", "driver"];
+pub(crate) const PROC_MASKED_DIRS: &[&str] = &["acpi", "scsi", "asound", "driver"];
 
 /// What kind of thing a host path is.
 #[derive(Debug, Clone, PartialEq, Eq)]

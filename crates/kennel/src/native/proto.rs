@@ -68,6 +68,8 @@ pub struct Collected {
 pub enum Msg {
     // supervisor → helper
     Plan(Box<Plan>),
+    /// To an OCI launcher instead of a plan.
+    Launch(Box<crate::oci::launcher::LaunchPlan>),
     File(FileMeta),
     IdsMapped,
     // helper → supervisor

@@ -77,7 +77,7 @@ pub(super) fn build_result(
     }
 }
 
-fn collected_files(req: &RunRequest, collected: Vec<(Collected, Vec<u8>)>) -> Vec<CollectedFile> {
+pub(crate) fn collected_files(req: &RunRequest, collected: Vec<(Collected, Vec<u8>)>) -> Vec<CollectedFile> {
     let mut files: Vec<CollectedFile> = collected
         .into_iter()
         .map(|(meta, data)| CollectedFile {
@@ -156,10 +156,11 @@ pub(super) fn isolation(
                 format!("rootfs:{}", r.display())
             }),
         network: network_summary(&plan.policy.network),
+        runtime: None,
     }
 }
 
-fn network_summary(network: &crate::policy::Network) -> String {
+pub(crate) fn network_summary(network: &crate::policy::Network) -> String {
     match network.mode {
         NetMode::None => "none (private namespace, loopback only)".into(),
         NetMode::Full => "full (the host's network namespace)".into(),

@@ -414,7 +414,7 @@ fn restrict_filesystem(ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), Fail> {
     let outcome = os
         .landlock(mounts::LANDLOCK_READ_ONLY, mounts::LANDLOCK_WRITABLE)
         .ctx(|| "landlock".into())?;
-    if !outcome.enforced && ctx.plan.policy.layers.landlock == Want::Required {
+    if !outcome.enforced && ctx.plan.policy.layers.landlock() == Want::Required {
         return Err(Fail {
             errno: Some(libc::EOPNOTSUPP),
             detail: format!(

@@ -1,7 +1,6 @@
 //! The supervisor side of a native run.
 
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -106,7 +105,7 @@ impl Native {
             .stderr(Stdio::piped());
         // SAFETY of the closure: it runs between fork and exec, and calls only prctl and dup2,
         // which are async-signal-safe; it touches no memory of the parent beyond `fd`.
-        unsafe_pre_exec(&mut cmd, move || {
+        sys::pre_exec_signal_safe(&mut cmd, move || {
             sys::set_parent_death_signal(libc::SIGKILL)?;
             sys::dup_to(fd, CTL_FD)
         });
@@ -215,17 +214,6 @@ fn supervise(
     Ok(result)
 }
 
-/// Registers a pre-exec hook; kept apart so the one `unsafe` of the supervisor is in `sys`'s
-/// spirit: small, named, and justified at the call site above.
-fn unsafe_pre_exec(
-    cmd: &mut Command,
-    f: impl FnMut() -> std::io::Result<()> + Send + Sync + 'static,
-) {
-    // SAFETY: the callers pass closures that only make async-signal-safe calls (see `spawn`).
-    unsafe {
-        cmd.pre_exec(f);
-    }
-}
 
 /// Fails early, before any process starts, when the host lacks a layer the policy requires.
 fn check_host(policy: &Policy) -> Result<(), Error> {
@@ -243,7 +231,7 @@ fn check_host(policy: &Policy) -> Result<(), Error> {
             hint: "use a kernel built with CONFIG_SECCOMP_FILTER".into(),
         });
     }
-    if policy.layers.landlock == Want::Required && sys::landlock_abi().is_none() {
+    if policy.layers.landlock() == Want::Required && sys::landlock_abi().is_none() {
         return Err(Error::Unsupported {
             layer: "landlock",
             why: "the kernel offers no Landlock ABI".into(),
@@ -255,10 +243,7 @@ fn check_host(policy: &Policy) -> Result<(), Error> {
 
 fn plan(req: &RunRequest) -> Result<(Plan, InputFiles), Error> {
     let policy = &req.policy;
-    let argv = req.command.argv()?;
-    if argv.iter().any(|a| a.contains('\0')) {
-        return Err(Error::request("argv", "contains a NUL byte"));
-    }
+    let argv = checked_argv(req)?;
     if let Some(root) = &policy.filesystem.rootfs {
         if root.starts_with("/tmp") || !root.is_dir() {
             return Err(Error::request(
@@ -270,6 +255,32 @@ fn plan(req: &RunRequest) -> Result<(Plan, InputFiles), Error> {
             ));
         }
     }
+    let files = input_files(req)?;
+    let plan = Plan {
+        argv,
+        env: sandbox_env(policy),
+        policy: policy.clone(),
+        collect: req.collect.clone(),
+        files: files.len(),
+        full_id_range: sys::getuid() == 0,
+        cgroup_join: vec![],
+        cpus: pick_cpus(policy.limits.cpus),
+    };
+    Ok((plan, files))
+}
+
+/// The argv to run, refused when it cannot be passed to execve.
+pub(crate) fn checked_argv(req: &RunRequest) -> Result<Vec<String>, Error> {
+    let argv = req.command.argv()?;
+    if argv.iter().any(|a| a.contains('\0')) {
+        return Err(Error::request("argv", "contains a NUL byte"));
+    }
+    Ok(argv)
+}
+
+/// The request's input files, checked (paths, modes, total size), and its collect paths.
+pub(crate) fn input_files(req: &RunRequest) -> Result<InputFiles, Error> {
+    let policy = &req.policy;
     let mut files = Vec::with_capacity(req.files.len());
     let mut total = 0u64;
     for f in &req.files {
@@ -313,6 +324,11 @@ fn plan(req: &RunRequest) -> Result<(Plan, InputFiles), Error> {
             format!("path {bad:?} must be a file path under /workspace/ or /tmp/"),
         ));
     }
+    Ok(files)
+}
+
+/// The code's clean environment: Kennel's defaults, the policy's variables, the proxy's.
+pub(crate) fn sandbox_env(policy: &Policy) -> Vec<(String, String)> {
     let mut env = vec![
         ("PATH".to_string(), PATH.to_string()),
         ("HOME".to_string(), "/workspace".to_string()),
@@ -332,21 +348,11 @@ fn plan(req: &RunRequest) -> Result<(Plan, InputFiles), Error> {
         env.retain(|(ek, _)| *ek != k);
         env.push((k, v));
     }
-    let plan = Plan {
-        argv,
-        env,
-        policy: policy.clone(),
-        collect: req.collect.clone(),
-        files: files.len(),
-        full_id_range: sys::getuid() == 0,
-        cgroup_join: vec![],
-        cpus: pick_cpus(policy.limits.cpus),
-    };
-    Ok((plan, files))
+    env
 }
 
 /// As many CPUs as the quota, taken round-robin so that concurrent sandboxes spread out.
-fn pick_cpus(quota: f64) -> Vec<usize> {
+pub(crate) fn pick_cpus(quota: f64) -> Vec<usize> {
     let allowed = sys::cpu_affinity().unwrap_or_else(|_| vec![0]);
     let n = (quota.ceil() as usize).clamp(1, allowed.len().max(1));
     let start = NEXT_CPU.fetch_add(n, Ordering::Relaxed);

@@ -14,8 +14,9 @@ use tokio::sync::{mpsc, oneshot};
 use crate::api::{Command, ExecResult, Interpreter, Isolation, Language, RunRequest, RunResult};
 use crate::error::Error;
 use crate::native::cgroup::Stats;
+use crate::engine::Engine;
 use crate::native::{
-    Canceller, Native, OutputMode, OutputSink, RunIo, Started, StdinSource, Stream,
+    Canceller, OutputMode, OutputSink, RunIo, Started, StdinSource, Stream,
 };
 use crate::policy::{Policy, Span};
 
@@ -134,7 +135,7 @@ impl AgentSandbox {
     /// Starts a sandbox under `policy` that lives at most `lifetime`, and waits until its
     /// agent answers.
     pub async fn start(
-        native: Arc<Native>,
+        engine: Arc<Engine>,
         mut policy: Policy,
         lifetime: Duration,
     ) -> Result<AgentSandbox, Error> {
@@ -165,7 +166,7 @@ impl AgentSandbox {
         let ended = Arc::new(AtomicBool::new(false));
         let flag = ended.clone();
         std::thread::spawn(move || {
-            let result = native.run(&req, io);
+            let result = engine.run(&req, io);
             flag.store(true, Ordering::SeqCst);
             let _ = done_tx.send(result);
         });

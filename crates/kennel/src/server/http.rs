@@ -22,12 +22,13 @@ use super::pool::Pool;
 use super::sessions::Sessions;
 use super::{openapi, runs, session_routes};
 use crate::error::Error;
-use crate::native::{Canceller, Native};
+use crate::engine::Engine;
+use crate::native::Canceller;
 
 /// Everything the handlers share.
 pub struct AppState {
     pub config: ServerConfig,
-    pub native: Arc<Native>,
+    pub engine: Arc<Engine>,
     pub metrics: Metrics,
     pub audit: Audit,
     pub sessions: Sessions,
@@ -43,14 +44,14 @@ pub type Shared = Arc<AppState>;
 impl AppState {
     pub fn new(
         config: ServerConfig,
-        native: Arc<Native>,
+        engine: Arc<Engine>,
         audit: Audit,
         pool: Arc<Pool>,
     ) -> AppState {
         AppState {
             slots: Arc::new(Semaphore::new(config.max_concurrent)),
             config,
-            native,
+            engine,
             metrics: Metrics::default(),
             audit,
             sessions: Sessions::default(),

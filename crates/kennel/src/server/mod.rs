@@ -19,7 +19,7 @@ use tokio::sync::watch;
 
 pub use config::ServerConfig;
 
-use crate::native::Native;
+use crate::engine::Engine;
 
 /// Why the server could not start or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -46,18 +46,18 @@ pub struct Machinery {
 }
 
 impl Machinery {
-    pub fn start(config: ServerConfig, native: Native) -> Result<Machinery, ServeError> {
+    pub fn start(config: ServerConfig, engine: Engine) -> Result<Machinery, ServeError> {
         config.validate()?;
         let audit = audit::Audit::open(config.audit_log.as_deref()).map_err(ServeError::Audit)?;
-        let native = Arc::new(native);
+        let engine = Arc::new(engine);
         let pool = Arc::new(pool::Pool::new(
-            native.clone(),
+            engine.clone(),
             config.base_policy(),
             config.pool.python,
             config.pool.bash,
             config.pool.max_age.0,
         ));
-        let state = Arc::new(http::AppState::new(config, native, audit, pool.clone()));
+        let state = Arc::new(http::AppState::new(config, engine, audit, pool.clone()));
         let (stop, stop_rx) = watch::channel(false);
         let refill = tokio::spawn(pool.refill(stop_rx.clone()));
         let reaper = tokio::spawn(reap_sessions(state.clone(), stop_rx));
@@ -93,7 +93,7 @@ impl Machinery {
 /// `ready` receives the bound address once the server listens.
 pub async fn serve(
     config: ServerConfig,
-    native: Native,
+    engine: Engine,
     ready: Option<tokio::sync::oneshot::Sender<std::net::SocketAddr>>,
 ) -> Result<(), ServeError> {
     config.validate()?;
@@ -105,7 +105,7 @@ pub async fn serve(
         })?;
     let addr = listener.local_addr()?;
     let grace = config.shutdown_grace.0;
-    let machinery = Arc::new(Machinery::start(config, native)?);
+    let machinery = Arc::new(Machinery::start(config, engine)?);
     if let Some(ready) = ready {
         let _ = ready.send(addr);
     }

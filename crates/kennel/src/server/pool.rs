@@ -8,7 +8,7 @@ use tokio::sync::{watch, Notify};
 
 use super::agent::AgentSandbox;
 use crate::api::Language;
-use crate::native::Native;
+use crate::engine::Engine;
 use crate::policy::Policy;
 
 /// What a pooled sandbox has warm: a python interpreter, or (for shell code) just the agent.
@@ -34,14 +34,14 @@ pub struct Pool {
     ready: Mutex<HashMap<Profile, VecDeque<AgentSandbox>>>,
     sizes: HashMap<Profile, usize>,
     max_age: Duration,
-    native: Arc<Native>,
+    engine: Arc<Engine>,
     policy: Policy,
     wake: Notify,
 }
 
 impl Pool {
     pub fn new(
-        native: Arc<Native>,
+        engine: Arc<Engine>,
         policy: Policy,
         python: usize,
         shell: usize,
@@ -51,7 +51,7 @@ impl Pool {
             ready: Mutex::new(HashMap::new()),
             sizes: HashMap::from([(Profile::Python, python), (Profile::Shell, shell)]),
             max_age,
-            native,
+            engine,
             policy,
             wake: Notify::new(),
         }
@@ -110,7 +110,7 @@ impl Pool {
                     .saturating_sub(self.ready_count(profile))
                     .min(REFILL_BATCH);
                 let starts = (0..missing).map(|_| {
-                    AgentSandbox::start(self.native.clone(), self.policy.clone(), lifetime)
+                    AgentSandbox::start(self.engine.clone(), self.policy.clone(), lifetime)
                 });
                 for started in futures_util::future::join_all(starts).await {
                     match started {

@@ -264,8 +264,8 @@ async fn run_cold(
         cancel: Some(cancel),
         on_started: None,
     };
-    let native = state.native.clone();
-    tokio::task::spawn_blocking(move || native.run(&req, io))
+    let engine = state.engine.clone();
+    tokio::task::spawn_blocking(move || engine.run(&req, io))
         .await
         .map_err(|e| {
             ApiError::new(

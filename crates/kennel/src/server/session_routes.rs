@@ -75,7 +75,7 @@ pub async fn create(
     });
     let lifetime = config.sessions.max_lifetime.0;
     let limits = policy.limits.clone();
-    let agent = AgentSandbox::start(state.native.clone(), policy, lifetime).await?;
+    let agent = AgentSandbox::start(state.engine.clone(), policy, lifetime).await?;
     let session = Arc::new(Session::new(
         caller.0.clone(),
         agent,

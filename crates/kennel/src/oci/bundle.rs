@@ -1,0 +1,321 @@
+//! The validated policy as an OCI runtime bundle: `config.json` and a skeleton root.
+//!
+//! The translation is a pure function of the policy and of what the host has, so it is tested
+//! without a runtime. The filesystem view is the native tier's: the system directories (or a
+//! rootfs) read-only, secrets under /etc masked, /proc masked, and /tmp and /workspace as
+//! size-capped tmpfs that the launcher mounts (so Kennel can place and collect files there).
+
+use std::path::{Path, PathBuf};
+
+use oci_spec::runtime::{
+    Arch, Capabilities, LinuxBuilder, LinuxCpuBuilder, LinuxIdMappingBuilder, LinuxMemoryBuilder,
+    LinuxNamespaceBuilder, LinuxNamespaceType, LinuxPidsBuilder, LinuxResourcesBuilder,
+    LinuxSeccomp, LinuxSeccompAction, LinuxSeccompArgBuilder, LinuxSeccompBuilder,
+    LinuxSeccompOperator, LinuxSyscall, LinuxSyscallBuilder, Mount, MountBuilder, PosixRlimit,
+    PosixRlimitBuilder, PosixRlimitType, ProcessBuilder, RootBuilder, Spec, SpecBuilder,
+    UserBuilder,
+};
+
+use crate::native::mounts::{
+    Kind, View, PROC_MASKED_DIRS, PROC_MASKED_FILES, PROC_READ_ONLY, PROVIDED, SECRET_DIRS,
+    SECRET_FILES, SYSTEM_DIRS,
+};
+use crate::native::seccomp::{self, When, DENIED_ERRNO};
+use crate::native::steps::HOSTNAME;
+use crate::native::{HOST_ID_BASE, ID_RANGE};
+use crate::policy::{Policy, Runtime};
+
+/// The launcher's scratch mounts, relative to the bundle, bound in as /tmp and /workspace.
+pub const SCRATCH: [(&str, &str); 2] = [("tmp", "/tmp"), ("workspace", "/workspace")];
+
+/// Everything the translation needs.
+pub struct Input<'a> {
+    pub policy: &'a Policy,
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub runtime: Runtime,
+    pub bundle: &'a Path,
+    /// The runtime's cgroup, relative to its own, which is Kennel's (the launcher joined it).
+    pub cgroups_path: String,
+    pub cpus: Vec<usize>,
+}
+
+/// One entry of the skeleton root the bundle needs before the runtime mounts over it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Node {
+    Dir(String),
+    File(String),
+    Symlink { target: String, link: String },
+}
+
+/// The root's skeleton and the read-only binds of the system view.
+pub fn system_view(view: &dyn View, source: &Path, rootfs: bool) -> (Vec<Node>, Vec<Mount>) {
+    let names: Vec<String> = if rootfs {
+        view.top_level()
+            .into_iter()
+            .filter(|n| !PROVIDED.contains(&n.as_str()))
+            .collect()
+    } else {
+        SYSTEM_DIRS.iter().map(|s| s.to_string()).collect()
+    };
+    let mut nodes: Vec<Node> = ["proc", "dev", "tmp", "workspace"]
+        .iter()
+        .map(|d| Node::Dir(d.to_string()))
+        .collect();
+    let mut mounts = vec![];
+    for name in names {
+        match view.kind(&name) {
+            Some(Kind::Symlink(target)) => nodes.push(Node::Symlink {
+                target,
+                link: name,
+            }),
+            Some(kind) => {
+                nodes.push(if kind == Kind::Dir {
+                    Node::Dir(name.clone())
+                } else {
+                    Node::File(name.clone())
+                });
+                mounts.push(bind(source.join(&name), &format!("/{name}"), true));
+            }
+            None => {}
+        }
+    }
+    (nodes, mounts)
+}
+
+fn bind(source: PathBuf, destination: &str, read_only: bool) -> Mount {
+    let mode = if read_only { "ro" } else { "rw" };
+    MountBuilder::default()
+        .destination(destination)
+        .typ("bind")
+        .source(source)
+        .options(strings(&["rbind", mode, "nosuid", "nodev"]))
+        .build()
+        .expect("every mount field is set")
+}
+
+fn special(destination: &str, typ: &str, options: &[&str]) -> Mount {
+    MountBuilder::default()
+        .destination(destination)
+        .typ(typ)
+        .source(typ)
+        .options(strings(options))
+        .build()
+        .expect("every mount field is set")
+}
+
+fn strings(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+/// `/proc`, `/dev` and the scratch binds, after the system view.
+fn sandbox_mounts(input: &Input, shm_size: u64) -> Vec<Mount> {
+    let shm = format!("size={shm_size}");
+    let mut mounts = vec![
+        special("/proc", "proc", &["nosuid", "noexec", "nodev"]),
+        special("/dev", "tmpfs", &["nosuid", "strictatime", "mode=755", "size=65536k"]),
+        special(
+            "/dev/pts",
+            "devpts",
+            &["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"],
+        ),
+        special("/dev/shm", "tmpfs", &["nosuid", "nodev", "mode=1777", &shm]),
+    ];
+    for (dir, inside) in SCRATCH {
+        mounts.push(bind(input.bundle.join(dir), inside, false));
+    }
+    mounts
+}
+
+/// Paths hidden from the code: the native tier's /etc secrets and /proc masks.
+fn masked_paths(view: &dyn View) -> Vec<String> {
+    let etc = SECRET_FILES
+        .iter()
+        .chain(SECRET_DIRS)
+        .filter(|p| view.kind(p).is_some())
+        .map(|p| format!("/{p}"));
+    let proc = PROC_MASKED_FILES
+        .iter()
+        .chain(PROC_MASKED_DIRS)
+        .map(|p| format!("/proc/{p}"));
+    etc.chain(proc).collect()
+}
+
+/// The native tier's deny list in OCI form: the same calls, the same `ENOSYS`.
+pub fn seccomp_profile() -> LinuxSeccomp {
+    let mut syscalls: Vec<LinuxSyscall> = vec![];
+    for rule in seccomp::RULES {
+        let name = rule.name.split('(').next().unwrap_or(rule.name);
+        let deny = |args: Option<Vec<_>>| {
+            let b = LinuxSyscallBuilder::default()
+                .names(vec![name.to_string()])
+                .action(LinuxSeccompAction::ScmpActErrno)
+                .errno_ret(DENIED_ERRNO as u32);
+            match args {
+                Some(a) => b.args(a),
+                None => b,
+            }
+            .build()
+            .expect("every syscall field is set")
+        };
+        let masked = |index: u8, mask: u32, value: u32| {
+            LinuxSeccompArgBuilder::default()
+                .index(index as usize)
+                .value(u64::from(mask))
+                .value_two(u64::from(value))
+                .op(LinuxSeccompOperator::ScmpCmpMaskedEq)
+                .build()
+                .expect("every argument field is set")
+        };
+        match rule.when {
+            When::Always => syscalls.push(deny(None)),
+            When::ArgMasked { index, mask, value } => {
+                syscalls.push(deny(Some(vec![masked(index, mask, value)])))
+            }
+            // Conditions of one rule are ANDed: "any of these bits" is one rule per bit.
+            When::ArgAnyBit { index, mask } => {
+                for bit in (0..32).map(|b| 1u32 << b).filter(|b| mask & b != 0) {
+                    syscalls.push(deny(Some(vec![masked(index, bit, bit)])));
+                }
+            }
+        }
+    }
+    LinuxSeccompBuilder::default()
+        .default_action(LinuxSeccompAction::ScmpActAllow)
+        // Only the native ABI: i386 and x32 calls meet the runtime's bad-architecture action,
+        // which kills, as the native tier's filter does.
+        .architectures(vec![Arch::ScmpArchX86_64])
+        .syscalls(syscalls)
+        .build()
+        .expect("every seccomp field is set")
+}
+
+fn rlimit(typ: PosixRlimitType, value: u64) -> PosixRlimit {
+    PosixRlimitBuilder::default()
+        .typ(typ)
+        .hard(value)
+        .soft(value)
+        .build()
+        .expect("every rlimit field is set")
+}
+
+/// Whether Kennel gives the runtime a user namespace of its own. runsc runs the code under its
+/// own kernel's ids, and takes the host's ids for its gofer; runc and crun map the range.
+pub fn maps_ids(runtime: Runtime) -> bool {
+    runtime != Runtime::Runsc
+}
+
+/// The `config.json` for one run.
+pub fn spec(input: &Input, view: &dyn View, system_mounts: Vec<Mount>) -> Spec {
+    let l = &input.policy.limits;
+    let empty_caps = Capabilities::new();
+    let process = ProcessBuilder::default()
+        .terminal(false)
+        .user(UserBuilder::default().uid(0u32).gid(0u32).build().expect("uid and gid set"))
+        .args(input.argv.clone())
+        .env(input.env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>())
+        .cwd("/workspace")
+        .capabilities(
+            oci_spec::runtime::LinuxCapabilitiesBuilder::default()
+                .bounding(empty_caps.clone())
+                .effective(empty_caps.clone())
+                .inheritable(empty_caps.clone())
+                .permitted(empty_caps.clone())
+                .ambient(empty_caps)
+                .build()
+                .expect("every capability set is given"),
+        )
+        .rlimits(vec![
+            rlimit(PosixRlimitType::RlimitNofile, u64::from(l.open_files)),
+            rlimit(PosixRlimitType::RlimitCore, 0),
+        ])
+        .no_new_privileges(true)
+        .build()
+        .expect("every process field is set");
+    let mut mounts = system_mounts;
+    mounts.extend(sandbox_mounts(input, l.tmp_size.0));
+    let mut namespaces = vec![
+        LinuxNamespaceType::Pid,
+        LinuxNamespaceType::Network,
+        LinuxNamespaceType::Ipc,
+        LinuxNamespaceType::Uts,
+        LinuxNamespaceType::Mount,
+        LinuxNamespaceType::Cgroup,
+    ];
+    let mut linux = LinuxBuilder::default();
+    if maps_ids(input.runtime) {
+        namespaces.push(LinuxNamespaceType::User);
+        let map = LinuxIdMappingBuilder::default()
+            .container_id(0u32)
+            .host_id(HOST_ID_BASE)
+            .size(ID_RANGE)
+            .build()
+            .expect("every id mapping field is set");
+        linux = linux.uid_mappings(vec![map]).gid_mappings(vec![map]);
+    }
+    let quota = ((l.cpus * 100_000.0) as i64).max(1000);
+    let cpus = input.cpus.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(",");
+    let resources = LinuxResourcesBuilder::default()
+        .memory(
+            // The same bounds as Kennel's own cgroup, which encloses the runtime's (runc) or
+            // is the only one (crun and runsc are told to make none).
+            LinuxMemoryBuilder::default()
+                .limit(l.memory.0 as i64)
+                .swap(l.memory.0 as i64)
+                .build()
+                .expect("memory fields set"),
+        )
+        .pids(
+            LinuxPidsBuilder::default()
+                .limit(i64::from(l.pids))
+                .build()
+                .expect("pids field set"),
+        )
+        .cpu(
+            LinuxCpuBuilder::default()
+                .quota(quota)
+                .period(100_000u64)
+                .cpus(cpus)
+                .build()
+                .expect("cpu fields set"),
+        )
+        .build()
+        .expect("every resource field is set");
+    let linux = linux
+        .namespaces(
+            namespaces
+                .into_iter()
+                .map(|t| LinuxNamespaceBuilder::default().typ(t).build().expect("type set"))
+                .collect::<Vec<_>>(),
+        )
+        .resources(resources)
+        .cgroups_path(PathBuf::from(&input.cgroups_path))
+        .masked_paths(masked_paths(view))
+        .readonly_paths(
+            PROC_READ_ONLY
+                .iter()
+                .map(|p| format!("/proc/{p}"))
+                .collect::<Vec<_>>(),
+        )
+        .seccomp(seccomp_profile())
+        .build()
+        .expect("every linux field is set");
+    SpecBuilder::default()
+        .version("1.0.2")
+        .root(
+            RootBuilder::default()
+                .path("rootfs")
+                .readonly(true)
+                .build()
+                .expect("root fields set"),
+        )
+        .hostname(HOSTNAME)
+        .process(process)
+        .mounts(mounts)
+        .linux(linux)
+        .build()
+        .expect("every spec field is set")
+}
+
+#[cfg(test)]
+mod tests;

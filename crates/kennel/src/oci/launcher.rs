@@ -1,0 +1,282 @@
+//! The launcher: a fresh exec of the helper binary that prepares the scratch space in a mount
+//! namespace of its own, runs the OCI runtime in the foreground, and collects files after it.
+
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::{Deserialize, Serialize};
+
+use super::bundle::SCRATCH;
+use super::runtime::PID_FILE;
+use super::steps::Step;
+use crate::native::helper::collect;
+use crate::native::proto::{self, FileMeta, InputFiles, Msg, CTL_FD};
+use crate::sys;
+
+/// The first argument that turns the helper binary into an OCI launcher.
+pub const LAUNCHER_ARG: &str = "__kennel-oci-launcher";
+
+/// Exit status of a launcher whose setup failed (the details went to the supervisor).
+const SETUP_FAILED: i32 = 125;
+
+/// What the launcher needs, sent once before the input files.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LaunchPlan {
+    pub bundle: PathBuf,
+    /// Files the launcher writes "0" into to join Kennel's cgroup before the runtime starts.
+    pub cgroup_join: Vec<String>,
+    /// CPUs the runtime and the code are pinned to.
+    pub cpus: Vec<usize>,
+    /// The runtime's `run` command line, or its `create` and `start`.
+    pub runtime_argvs: Vec<Vec<String>>,
+    /// A cgroup2 mount point to hide from the runtime (hybrid hosts).
+    pub hide_cgroup2: Option<String>,
+    pub tmp_size: u64,
+    pub workspace_size: u64,
+    /// The host uid and gid of the sandbox's root, which own the scratch space.
+    pub owner: u32,
+    pub files: usize,
+    pub collect: Vec<String>,
+    pub collect_size: u64,
+}
+
+/// A failed step, as the launcher reports it.
+struct Fail {
+    errno: Option<i32>,
+    detail: String,
+}
+
+fn fail(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Fail {
+    let what = what.into();
+    move |e| Fail {
+        errno: e.raw_os_error(),
+        detail: format!("{what}: {e}"),
+    }
+}
+
+pub fn launcher_main() -> ! {
+    let mut ctl = match sys::adopt_inherited_fd(CTL_FD) {
+        Ok(fd) => UnixStream::from(fd),
+        Err(e) => {
+            eprintln!("kennel: {LAUNCHER_ARG} is internal and needs the supervisor's socket: {e}");
+            sys::exit_now(SETUP_FAILED)
+        }
+    };
+    // Neither the runtime nor the code may inherit the socket or anything leaked into kennel.
+    let _ = sys::set_cloexec(CTL_FD);
+    let _ = sys::close_fds_from(CTL_FD + 1);
+    let (plan, files) = match read_plan(&mut ctl) {
+        Ok(p) => p,
+        Err(detail) => report_failure(&mut ctl, Step::SpawnLauncher, Fail { errno: None, detail }),
+    };
+    let mut waited = None;
+    for step in Step::LAUNCHER {
+        let done = match step {
+            Step::JoinCgroup => join_cgroup(&plan),
+            Step::PinCpus => sys::set_cpu_affinity(&plan.cpus).map_err(fail("sched_setaffinity")),
+            Step::PrivateMounts => private_mounts(),
+            Step::HideCgroup2 => hide_cgroup2(&plan),
+            Step::MountScratch => mount_scratch(&plan),
+            Step::WriteInputFiles => write_input_files(&plan, &files),
+            Step::StartRuntime => start_container(&plan, &mut ctl).map(|w| waited = Some(w)),
+            _ => Ok(()),
+        };
+        if let Err(f) = done {
+            report_failure(&mut ctl, step, f);
+        }
+    }
+    let (code, signal) = match waited {
+        Some(Waited::Code(exit)) => match exit {
+            sys::Exit::Code(c) => (Some(c), None),
+            sys::Exit::Signal(s) => (None, Some(s)),
+        },
+        Some(Waited::Runtime(exit)) => runtime_status(exit),
+        None => (None, Some(libc::SIGKILL)),
+    };
+    let _ = proto::send(&mut ctl, &Msg::Exited { code, signal }, &[]);
+    for path in &plan.collect {
+        let inside = in_bundle(&plan.bundle, path);
+        let (meta, data) = collect(path, &inside, plan.collect_size);
+        let _ = proto::send(&mut ctl, &Msg::Collected(meta), &data);
+    }
+    let _ = proto::send(&mut ctl, &Msg::Done, &[]);
+    sys::exit_now(0)
+}
+
+/// The code's status from the runtime's: runtimes exit with the code's status, and with 128 + n
+/// when it was killed by signal n (as a shell reports it; a code that exits 137 itself is
+/// indistinguishable).
+fn runtime_status(exit: sys::Exit) -> (Option<i32>, Option<i32>) {
+    match exit {
+        sys::Exit::Code(c) if (129..=128 + 31).contains(&c) => (None, Some(c - 128)),
+        sys::Exit::Code(c) => (Some(c), None),
+        sys::Exit::Signal(s) => (None, Some(s)),
+    }
+}
+
+/// Where a sandbox path (`/workspace/...` or `/tmp/...`, already validated) is in the bundle.
+fn in_bundle(bundle: &Path, path: &str) -> PathBuf {
+    let rel = path.trim_start_matches('/');
+    bundle.join(rel)
+}
+
+fn report_failure(ctl: &mut UnixStream, step: Step, fail: Fail) -> ! {
+    let msg = Msg::Failed {
+        step: step.name().to_string(),
+        errno: fail.errno,
+        detail: fail.detail,
+    };
+    let _ = proto::send(ctl, &msg, &[]);
+    sys::exit_now(SETUP_FAILED)
+}
+
+fn read_plan(ctl: &mut UnixStream) -> Result<(LaunchPlan, InputFiles), String> {
+    let plan = match proto::recv(ctl) {
+        Ok(Some((Msg::Launch(plan), _))) => *plan,
+        other => return Err(format!("expected a launch plan, got {:?}", other.map(|o| o.map(|m| m.0)))),
+    };
+    let mut files = Vec::with_capacity(plan.files);
+    for _ in 0..plan.files {
+        match proto::recv(ctl) {
+            Ok(Some((Msg::File(meta), data))) => files.push((meta, data)),
+            other => return Err(format!("expected a file, got {:?}", other.map(|o| o.map(|m| m.0)))),
+        }
+    }
+    Ok((plan, files))
+}
+
+fn join_cgroup(plan: &LaunchPlan) -> Result<(), Fail> {
+    // "0" in `tasks` moves this (single-threaded) process without the RCU wait of cgroup.procs.
+    for file in &plan.cgroup_join {
+        std::fs::write(file, "0").map_err(fail(format!("writing 0 to {file}")))?;
+    }
+    Ok(())
+}
+
+fn private_mounts() -> Result<(), Fail> {
+    sys::unshare(libc::CLONE_NEWNS).map_err(fail("unshare(CLONE_NEWNS)"))?;
+    sys::mount(None, "/", None, libc::MS_REC | libc::MS_PRIVATE, None)
+        .map_err(fail("making / private"))
+}
+
+fn hide_cgroup2(plan: &LaunchPlan) -> Result<(), Fail> {
+    match &plan.hide_cgroup2 {
+        Some(point) => sys::umount_detach(point).map_err(fail(format!("unmounting {point}"))),
+        None => Ok(()),
+    }
+}
+
+fn mount_scratch(plan: &LaunchPlan) -> Result<(), Fail> {
+    for (dir, _) in SCRATCH {
+        let (size, mode) = match dir {
+            "tmp" => (plan.tmp_size, "1777"),
+            _ => (plan.workspace_size, "0755"),
+        };
+        let target = plan.bundle.join(dir).display().to_string();
+        let data = format!("size={size},mode={mode},uid={0},gid={0}", plan.owner);
+        sys::mount(
+            Some("tmpfs"),
+            &target,
+            Some("tmpfs"),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            Some(&data),
+        )
+        .map_err(fail(format!("mounting a tmpfs on {target}")))?;
+    }
+    Ok(())
+}
+
+fn write_input_files(plan: &LaunchPlan, files: &[(FileMeta, Vec<u8>)]) -> Result<(), Fail> {
+    use std::os::unix::fs::{chown, PermissionsExt};
+    let owner = Some(plan.owner);
+    for (meta, data) in files {
+        let path = in_bundle(&plan.bundle, &meta.path);
+        // The scratch is fresh and nothing has run in it: no link can redirect these writes.
+        let scratch_root = plan.bundle.join(meta.path.trim_start_matches('/').split('/').next().unwrap_or(""));
+        let mut dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        let mut missing = vec![];
+        while dir != scratch_root && !dir.exists() {
+            missing.push(dir.clone());
+            dir = dir.parent().map(Path::to_path_buf).unwrap_or_default();
+        }
+        for d in missing.iter().rev() {
+            std::fs::create_dir(d).map_err(fail(format!("creating {}", meta.path)))?;
+            chown(d, owner, owner).map_err(fail(format!("chown of {}", meta.path)))?;
+        }
+        std::fs::write(&path, data).map_err(fail(format!("writing {}", meta.path)))?;
+        chown(&path, owner, owner).map_err(fail(format!("chown of {}", meta.path)))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(meta.mode))
+            .map_err(fail(format!("chmod of {}", meta.path)))?;
+    }
+    Ok(())
+}
+
+/// How the code ended, as the launcher learned it.
+enum Waited {
+    /// From the code's own process (create/start).
+    Code(sys::Exit),
+    /// From the runtime's `run`, which reports it as a shell would.
+    Runtime(sys::Exit),
+}
+
+/// Starts the container and waits for the code to end.
+fn start_container(plan: &LaunchPlan, ctl: &mut UnixStream) -> Result<Waited, Fail> {
+    let not_started = |exit: Option<sys::Exit>| Fail {
+        errno: None,
+        detail: format!(
+            "the runtime ended with status {} before the container started",
+            exit.map_or(-1, sys::Exit::shell_status)
+        ),
+    };
+    let pid_file = plan.bundle.join(PID_FILE);
+    match plan.runtime_argvs.as_slice() {
+        [run] => {
+            let pid = spawn(run)?;
+            let _ = proto::send(ctl, &Msg::InitPid { pid }, &[]);
+            let exit = sys::wait_pid(pid).ok().flatten().map(|(_, e)| e);
+            match exit {
+                Some(exit) if pid_file.exists() => Ok(Waited::Runtime(exit)),
+                other => Err(not_started(other)),
+            }
+        }
+        [create, start] => {
+            // `create` exits once the container waits to exec; its init then re-parents here.
+            sys::set_child_subreaper().map_err(fail("PR_SET_CHILD_SUBREAPER"))?;
+            let created = sys::wait_pid(spawn(create)?).ok().flatten().map(|(_, e)| e);
+            if !matches!(created, Some(sys::Exit::Code(0))) {
+                return Err(not_started(created));
+            }
+            let init: i32 = std::fs::read_to_string(&pid_file)
+                .ok()
+                .and_then(|p| p.trim().parse().ok())
+                .ok_or_else(|| not_started(created))?;
+            let _ = proto::send(ctl, &Msg::InitPid { pid: init }, &[]);
+            let started = sys::wait_pid(spawn(start)?).ok().flatten().map(|(_, e)| e);
+            if !matches!(started, Some(sys::Exit::Code(0))) {
+                return Err(not_started(started));
+            }
+            loop {
+                match sys::wait_pid(-1) {
+                    Ok(Some((pid, exit))) if pid == init => return Ok(Waited::Code(exit)),
+                    Ok(Some(_)) => {}
+                    _ => return Err(not_started(None)),
+                }
+            }
+        }
+        _ => Err(Fail { errno: None, detail: "no runtime command".into() }),
+    }
+}
+
+fn spawn(argv: &[String]) -> Result<i32, Fail> {
+    let (program, args) = argv
+        .split_first()
+        .ok_or_else(|| Fail { errno: None, detail: "empty runtime command".into() })?;
+    let mut cmd = Command::new(program);
+    cmd.args(args).env_clear().env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
+    // SAFETY of the closure: it runs between fork and exec of a single-threaded process and
+    // makes one prctl call, which is async-signal-safe.
+    sys::pre_exec_signal_safe(&mut cmd, || sys::set_parent_death_signal(libc::SIGKILL));
+    let child = cmd.spawn().map_err(fail(format!("starting {program}")))?;
+    Ok(child.id() as i32)
+}

@@ -1,0 +1,502 @@
+//! The `oci` tier: the same policy as an OCI bundle, run by `runsc` (gVisor), `crun` or `runc`.
+//!
+//! The supervisor (this module) locates the runtime, creates Kennel's cgroup, writes the bundle
+//! and starts the launcher, which runs the runtime in the foreground. The timeout is enforced
+//! from here: `kill`, then `delete --force`. `steps` lists the sequence in order.
+
+pub mod bundle;
+pub mod launcher;
+pub mod runtime;
+pub mod steps;
+
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::api::{Isolation, LandlockInfo, LimitsInfo, RunRequest, RunResult, RuntimeInfo, SeccompInfo};
+use crate::error::Error;
+use crate::native::cgroup::{Cgroup, Stats};
+use crate::native::helper::Dir;
+use crate::native::io::{feed_stdin, join, reader, Event, RunIo, Started, StdinSource};
+use crate::native::output::{Captured, Stream};
+use crate::native::proto::{self, Collected, InputFiles, Msg, CTL_FD};
+use crate::native::report::{collected_files, network_summary};
+use crate::native::supervisor::{checked_argv, input_files, pick_cpus, sandbox_env};
+use crate::native::{seccomp, HOST_ID_BASE, ID_RANGE};
+use crate::policy::{NetMode, Platform, Policy, Runtime, Tier};
+use crate::sys;
+use bundle::Node;
+use launcher::{LaunchPlan, LAUNCHER_ARG};
+use runtime::Installed;
+use steps::Step;
+
+/// Where bundles are written; each is removed after its run.
+pub const BUNDLE_DIR: &str = "/run/kennel/bundles";
+/// How long a killed container may take to report its end before Kennel stops waiting.
+const KILL_GRACE: Duration = Duration::from_secs(10);
+
+/// Runs requests of the `oci` tier.
+#[derive(Debug, Clone)]
+pub struct Oci {
+    /// The helper binary, exec'd as the launcher.
+    pub launcher: PathBuf,
+}
+
+/// One run's resources, removed in order by `cleanup` whatever happened.
+struct Run {
+    runtime: Installed,
+    platform: Option<Platform>,
+    cgroup: Cgroup,
+    bundle: PathBuf,
+}
+
+impl Oci {
+    /// Runs one request to its end, as [`crate::Native::run`] does.
+    pub fn run(&self, req: &RunRequest, io: RunIo) -> Result<RunResult, Error> {
+        let policy = &req.policy;
+        policy.validate()?;
+        if policy.tier != Tier::Oci {
+            return Err(Error::request("tier", "is not \"oci\""));
+        }
+        let argv = checked_argv(req)?;
+        let files = input_files(req)?;
+        check_host(policy)?;
+        let runtime = runtime::locate(policy.oci.runtime)?;
+        let platform = (runtime.runtime == Runtime::Runsc)
+            .then(|| policy.oci.platform.unwrap_or_else(|| self.auto_platform(&runtime)));
+        let cgroup = Cgroup::create(&policy.limits).map_err(|why| Error::Unsupported {
+            layer: "cgroups for the oci tier",
+            why,
+            hint: "run kennel as root on a host with the memory, pids and cpu controllers".into(),
+        })?;
+        let run = Run {
+            bundle: Path::new(BUNDLE_DIR).join(cgroup.name()),
+            runtime,
+            platform,
+            cgroup,
+        };
+        let result = self.run_in(&run, req, argv, files, io);
+        run.cleanup();
+        result
+    }
+
+    fn run_in(
+        &self,
+        run: &Run,
+        req: &RunRequest,
+        argv: Vec<String>,
+        files: InputFiles,
+        io: RunIo,
+    ) -> Result<RunResult, Error> {
+        let policy = &req.policy;
+        let id = run.cgroup.name();
+        let cpus = pick_cpus(policy.limits.cpus);
+        write_bundle(run, policy, argv, &cpus).map_err(|e| setup(Step::WriteBundle, e))?;
+        let host_network = policy.network.mode == NetMode::Full;
+        let plan = LaunchPlan {
+            bundle: run.bundle.clone(),
+            cgroup_join: run.cgroup.join_files(),
+            cpus: cpus.clone(),
+            runtime_argvs: run
+                .runtime
+                .start_argvs(run.platform, host_network, &run.bundle, id),
+            hide_cgroup2: hybrid_cgroup2(),
+            tmp_size: policy.limits.tmp_size.0,
+            workspace_size: policy.limits.workspace_size.0,
+            owner: owner(run.runtime.runtime),
+            files: files.len(),
+            collect: req.collect.clone(),
+            collect_size: policy.limits.collect_size.0,
+        };
+        let piped_stdin = req.stdin.is_some() || matches!(io.stdin, StdinSource::Reader(_));
+        let (mut child, mut ctl) = self.spawn(piped_stdin)?;
+        let started = Instant::now();
+        let stdin_thread = feed_stdin(child.stdin.take(), req, io.stdin)?;
+        let cap = policy.limits.output.0;
+        let out = reader(child.stdout.take(), cap, io.output, Stream::Stdout, io.on_output.clone());
+        let err = reader(child.stderr.take(), cap, io.output, Stream::Stderr, io.on_output);
+        let sent = proto::send(&mut ctl, &Msg::Launch(Box::new(plan)), &[]).and_then(|()| {
+            files
+                .iter()
+                .try_for_each(|(meta, data)| proto::send(&mut ctl, &Msg::File(meta.clone()), data))
+        });
+        if let Err(e) = sent {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(setup(Step::SpawnLauncher, e));
+        }
+        let mut on_started = io.on_started;
+        let probe = run.probe();
+        let mut notify = |_pid: i32| {
+            if let Some(f) = on_started.take() {
+                f(Started {
+                    isolation: isolation(run, policy),
+                    usage: Some(probe.clone()),
+                });
+            }
+        };
+        let report = watch(&ctl, run, policy, started, io.cancel.as_ref(), &mut notify);
+        let _ = child.kill();
+        let _ = child.wait();
+        let stats = run.probe().read();
+        let (stdout, stderr) = (join(out), join(err));
+        drop(stdin_thread);
+        let report = report?;
+        if let Some((step, errno, detail)) = report.failed {
+            let step = Step::ALL.iter().copied().find(|s| s.name() == step).unwrap_or(Step::SpawnLauncher);
+            return Err(Error::Oci { step, reason: step.reason(), errno, detail: with_stderr(detail, &stderr) });
+        }
+        let duration = report.ended_at.unwrap_or_else(Instant::now) - started;
+        Ok(result(req, run, report, stats, stdout, stderr, duration))
+    }
+
+    fn spawn(&self, piped_stdin: bool) -> Result<(Child, UnixStream), Error> {
+        use std::os::fd::AsRawFd;
+        let (ctl, launcher_end) = UnixStream::pair().map_err(|e| setup(Step::SpawnLauncher, e))?;
+        let fd = launcher_end.as_raw_fd();
+        let mut cmd = Command::new(&self.launcher);
+        cmd.arg(LAUNCHER_ARG)
+            .env_clear()
+            .stdin(if piped_stdin { Stdio::piped() } else { Stdio::null() })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        // The closure only calls prctl and dup2 (async-signal-safe) on a captured integer.
+        sys::pre_exec_signal_safe(&mut cmd, move || {
+            sys::set_parent_death_signal(libc::SIGKILL)?;
+            sys::dup_to(fd, CTL_FD)
+        });
+        let child = cmd.spawn().map_err(|e| setup(Step::SpawnLauncher, e))?;
+        Ok((child, ctl))
+    }
+
+    /// runsc's platform when the policy names none, probed once with a container of its own.
+    fn auto_platform(&self, runsc: &Installed) -> Platform {
+        runtime::auto_platform(|platform| {
+            let mut probe = RunRequest::new(crate::api::Command::Argv(vec!["/bin/true".into()]));
+            probe.policy.tier = Tier::Oci;
+            probe.policy.oci.platform = Some(platform);
+            probe.policy.limits.timeout = crate::policy::Span(Duration::from_secs(10));
+            let _ = runsc;
+            self.run(&probe, RunIo::none()).is_ok_and(|r| r.exit_code == Some(0))
+        })
+    }
+}
+
+impl Run {
+    /// The cgroup the code ran in: runc's own beneath Kennel's (the kernel counts OOM kills
+    /// and task-limit hits where the process is), or Kennel's.
+    fn probe(&self) -> crate::native::cgroup::Probe {
+        if runtime::makes_cgroups(self.runtime.runtime) {
+            self.cgroup.probe_child(self.cgroup.name())
+        } else {
+            self.cgroup.probe()
+        }
+    }
+
+    fn cleanup(&self) {
+        let id = self.cgroup.name();
+        self.runtime.delete(id);
+        // runsc leaves a lock file per sandbox beside its state.
+        if let Ok(entries) = std::fs::read_dir(self.runtime.state_dir()) {
+            for e in entries.flatten() {
+                if e.file_name().to_string_lossy().contains(id) {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.bundle);
+        self.cgroup.destroy();
+    }
+}
+
+fn setup(step: Step, e: std::io::Error) -> Error {
+    Error::Oci {
+        step,
+        reason: step.reason(),
+        errno: e.raw_os_error(),
+        detail: e.to_string(),
+    }
+}
+
+fn with_stderr(detail: String, stderr: &Captured) -> String {
+    let text = String::from_utf8_lossy(&stderr.head);
+    if text.trim().is_empty() {
+        detail
+    } else {
+        format!("{detail}; stderr: {}", text.trim())
+    }
+}
+
+/// The host uid of the sandbox's root, which owns the scratch space.
+fn owner(runtime: Runtime) -> u32 {
+    if bundle::maps_ids(runtime) {
+        HOST_ID_BASE
+    } else {
+        0
+    }
+}
+
+/// Refuses what this tier cannot do here, before anything is created.
+fn check_host(policy: &Policy) -> Result<(), Error> {
+    if sys::getuid() != 0 {
+        return Err(Error::Unsupported {
+            layer: "the oci tier",
+            why: "Kennel drives the runtimes as root (their cgroups, user namespaces and mounts)"
+                .into(),
+            hint: "run kennel as root, or use tier \"native\", which also runs rootless".into(),
+        });
+    }
+    if policy.network.mode == NetMode::Allow {
+        return Err(Error::Unsupported {
+            layer: "the network allowlist in the oci tier",
+            why: "the allowlist proxy is wired into the native tier only so far".into(),
+            hint: "use tier \"native\" for an allowlist, or network mode \"none\"".into(),
+        });
+    }
+    if let Some(root) = &policy.filesystem.rootfs {
+        if root.starts_with("/tmp") || !root.is_dir() {
+            return Err(Error::request(
+                "filesystem.rootfs",
+                format!("{} must be an existing directory outside /tmp", root.display()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A cgroup2 mount beside v1 hierarchies (a hybrid host), which crun refuses to run beside.
+fn hybrid_cgroup2() -> Option<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let fstype = |l: &str| l.split_once(" - ").and_then(|(_, r)| r.split(' ').next().map(str::to_string));
+    let v1 = info.lines().any(|l| fstype(l).as_deref() == Some("cgroup"));
+    let v2 = info
+        .lines()
+        .find(|l| fstype(l).as_deref() == Some("cgroup2"))?
+        .split(' ')
+        .nth(4)?
+        .to_string();
+    v1.then_some(v2)
+}
+
+fn write_bundle(
+    run: &Run,
+    policy: &Policy,
+    argv: Vec<String>,
+    cpus: &[usize],
+) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    std::fs::DirBuilder::new().recursive(true).mode(0o755).create(BUNDLE_DIR)?;
+    std::fs::DirBuilder::new().mode(0o755).create(&run.bundle)?;
+    let rootfs = run.bundle.join("rootfs");
+    std::fs::DirBuilder::new().mode(0o755).create(&rootfs)?;
+    for (dir, _) in bundle::SCRATCH {
+        std::fs::DirBuilder::new().mode(0o755).create(run.bundle.join(dir))?;
+    }
+    let (source, is_rootfs) = match &policy.filesystem.rootfs {
+        Some(r) => (r.clone(), true),
+        None => (PathBuf::from("/"), false),
+    };
+    let view = Dir::new(source.clone());
+    let (nodes, system_mounts) = bundle::system_view(&view, &source, is_rootfs);
+    for node in nodes {
+        match node {
+            Node::Dir(d) => std::fs::DirBuilder::new().mode(0o755).create(rootfs.join(d))?,
+            Node::File(f) => drop(std::fs::File::create(rootfs.join(f))?),
+            Node::Symlink { target, link } => std::os::unix::fs::symlink(target, rootfs.join(link))?,
+        }
+    }
+    let input = bundle::Input {
+        policy,
+        argv,
+        env: sandbox_env(policy),
+        runtime: run.runtime.runtime,
+        bundle: &run.bundle,
+        cgroups_path: run.cgroup.name().to_string(),
+        cpus: cpus.to_vec(),
+    };
+    let spec = bundle::spec(&input, &view, system_mounts);
+    let json = serde_json::to_vec_pretty(&spec).map_err(std::io::Error::other)?;
+    // The config holds the code's environment: readable by the runtime (root) only.
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(run.bundle.join("config.json"))?;
+    std::io::Write::write_all(&mut f, &json)
+}
+
+/// What the launcher reported.
+#[derive(Default)]
+struct Report {
+    failed: Option<(String, Option<i32>, String)>,
+    exited: Option<(Option<i32>, Option<i32>)>,
+    ended_at: Option<Instant>,
+    collected: Vec<(Collected, Vec<u8>)>,
+    timed_out: bool,
+    cancelled: bool,
+}
+
+/// Reads the launcher's reports until it is done, enforcing the timeout from outside.
+fn watch(
+    ctl: &UnixStream,
+    run: &Run,
+    policy: &Policy,
+    started: Instant,
+    cancel: Option<&crate::native::Canceller>,
+    on_started: &mut dyn FnMut(i32),
+) -> Result<Report, Error> {
+    let mut reader = ctl.try_clone().map_err(Error::io("cloning the control socket"))?;
+    let (tx, rx) = mpsc::channel();
+    if let Some(cancel) = cancel {
+        cancel.attach(tx.clone());
+    }
+    thread::spawn(move || {
+        while let Ok(Some((msg, blob))) = proto::recv(&mut reader) {
+            if tx.send(Event::Frame(msg, blob)).is_err() {
+                return;
+            }
+        }
+        let _ = tx.send(Event::Closed);
+    });
+    let mut report = Report::default();
+    let deadline = started + policy.limits.timeout.0;
+    let mut runtime_pid = None;
+    let mut give_up: Option<Instant> = None;
+    loop {
+        let until = give_up.unwrap_or(deadline);
+        let event = rx.recv_timeout(until.saturating_duration_since(Instant::now()));
+        let stop = match event {
+            Ok(Event::Frame(msg, blob)) => {
+                match msg {
+                    Msg::InitPid { pid } => {
+                        runtime_pid = Some(pid);
+                        on_started(pid);
+                    }
+                    Msg::Failed { step, errno, detail } => report.failed = Some((step, errno, detail)),
+                    Msg::Exited { code, signal } => {
+                        report.exited = Some((code, signal));
+                        report.ended_at.get_or_insert_with(Instant::now);
+                    }
+                    Msg::Collected(meta) => report.collected.push((meta, blob)),
+                    Msg::Done => break,
+                    other => return Err(Error::Protocol(format!("unexpected message {other:?}"))),
+                }
+                None
+            }
+            Ok(Event::Closed) | Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) if give_up.is_some() => break,
+            Ok(Event::Cancel) => Some(false),
+            Err(mpsc::RecvTimeoutError::Timeout) => Some(true),
+        };
+        if let Some(timed_out) = stop {
+            if report.exited.is_none() && give_up.is_none() {
+                report.timed_out = timed_out;
+                report.cancelled = !timed_out;
+                report.ended_at = Some(Instant::now());
+                if !run.runtime.kill(run.cgroup.name()) {
+                    // No container yet (or a runtime that hangs): stop the runtime itself.
+                    if let Some(pid) = runtime_pid {
+                        let _ = sys::kill(pid, libc::SIGKILL);
+                    }
+                }
+                give_up = Some(Instant::now() + KILL_GRACE);
+            }
+        }
+    }
+    Ok(report)
+}
+
+fn result(
+    req: &RunRequest,
+    run: &Run,
+    report: Report,
+    stats: Stats,
+    stdout: Captured,
+    stderr: Captured,
+    duration: Duration,
+) -> RunResult {
+    let (exit_code, signal) = match report.exited {
+        _ if report.timed_out || report.cancelled => (None, Some(libc::SIGKILL)),
+        Some(e) => e,
+        None => (None, Some(libc::SIGKILL)),
+    };
+    RunResult {
+        exit_code,
+        signal,
+        timed_out: report.timed_out,
+        oom_killed: stats.oom_kills > 0,
+        pids_limit_hit: stats.pids_max_hits > 0,
+        duration_ms: duration.as_millis() as u64,
+        cpu_ms: stats.cpu_ns / 1_000_000,
+        memory_peak_bytes: stats.memory_peak,
+        stdout_bytes: stdout.total,
+        stderr_bytes: stderr.total,
+        stdout_truncated: stdout.truncated(),
+        stderr_truncated: stderr.truncated(),
+        stdout: String::from_utf8_lossy(&stdout.head).into_owned(),
+        stderr: String::from_utf8_lossy(&stderr.head).into_owned(),
+        files: collected_files(req, report.collected),
+        isolation: isolation(run, &req.policy),
+        network_log: vec![],
+    }
+}
+
+/// What the runtime was given: Kennel cannot look inside gVisor's kernel from outside, so this
+/// is the configuration in force, which the tests check from inside.
+fn isolation(run: &Run, policy: &Policy) -> Isolation {
+    let rt = run.runtime.runtime;
+    let mut namespaces: Vec<String> = ["mount", "pid", "ipc", "uts", "cgroup"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    if policy.network.mode != NetMode::Full {
+        namespaces.push("network".into());
+    }
+    let (host_uid, id_range) = if bundle::maps_ids(rt) {
+        namespaces.insert(0, "user".into());
+        (HOST_ID_BASE, ID_RANGE)
+    } else {
+        // gVisor's sentry keeps its own ids; on the host it runs as nobody in a user namespace.
+        (NOBODY, 0)
+    };
+    Isolation {
+        tier: Tier::Oci.name().into(),
+        namespaces,
+        host_uid,
+        host_gid: host_uid,
+        id_range,
+        seccomp: SeccompInfo {
+            enforced: true,
+            profile: format!("{} (oci form)", seccomp::PROFILE),
+            denied_errno: seccomp::DENIED_ERRNO_NAME.into(),
+            denied_syscalls: seccomp::denied_names(),
+        },
+        landlock: LandlockInfo {
+            enforced: false,
+            abi: None,
+        },
+        limits: LimitsInfo {
+            mechanism: run.cgroup.version().into(),
+            cgroups: run.cgroup.paths(),
+            fallback_reason: None,
+        },
+        no_new_privs: true,
+        capabilities: vec![],
+        filesystem: policy
+            .filesystem
+            .rootfs
+            .as_ref()
+            .map_or("host-system-ro".into(), |r| format!("rootfs:{}", r.display())),
+        network: network_summary(&policy.network),
+        runtime: Some(RuntimeInfo {
+            name: rt.name().into(),
+            version: run.runtime.version.clone(),
+            platform: run.platform.map(|p| p.name().to_string()),
+        }),
+    }
+}
+
+const NOBODY: u32 = 65534;

@@ -1,0 +1,227 @@
+//! The OCI runtimes Kennel drives: where each is, its version, its global flags, and (for
+//! runsc) which platform works on this host.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use crate::error::Error;
+use crate::policy::{Platform, Runtime};
+
+/// Where each runtime keeps its container state: Kennel's own directories, so that its
+/// containers never mix with anyone else's and stale ones can be found after a crash.
+pub const STATE_DIR: &str = "/run/kennel/oci";
+
+/// Where `run` writes the container's pid, in the bundle: its absence after the runtime
+/// exits means the container never started (a setup failure, not the code's exit status).
+pub const PID_FILE: &str = "container.pid";
+
+/// Whether the runtime makes its own cgroup beneath Kennel's (runc) or runs in Kennel's
+/// (crun, runsc), which then holds the limits alone.
+pub fn makes_cgroups(runtime: Runtime) -> bool {
+    runtime == Runtime::Runc
+}
+
+/// A runtime found on this host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Installed {
+    pub runtime: Runtime,
+    pub path: PathBuf,
+    /// The first line of `<runtime> --version`.
+    pub version: String,
+}
+
+const SEARCH: &[&str] = &["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"];
+
+/// How to install a runtime that is missing.
+pub fn install_hint(runtime: Runtime) -> String {
+    match runtime {
+        Runtime::Runsc => "install gVisor: `apt-get install runsc` (Debian 12+), or the release \
+                           binary from https://gvisor.dev/docs/user_guide/install/"
+            .into(),
+        other => format!("install it: `apt-get install {}`", other.name()),
+    }
+}
+
+/// Finds `runtime` on the usual system paths (not on the caller's PATH, which a server's
+/// environment might not set), once per process.
+pub fn locate(runtime: Runtime) -> Result<Installed, Error> {
+    static FOUND: OnceLock<Mutex<Vec<Installed>>> = OnceLock::new();
+    let cache = FOUND.get_or_init(Default::default);
+    if let Some(hit) = lock(cache).iter().find(|i| i.runtime == runtime) {
+        return Ok(hit.clone());
+    }
+    let missing = |why: String| Error::Unsupported {
+        layer: runtime_layer(runtime),
+        why,
+        hint: install_hint(runtime),
+    };
+    let path = SEARCH
+        .iter()
+        .map(|d| Path::new(d).join(runtime.name()))
+        .find(|p| p.is_file())
+        .ok_or_else(|| missing(format!("{} is not installed", runtime.name())))?;
+    let out = Command::new(&path)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| missing(format!("{} --version failed: {e}", path.display())))?;
+    let version = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    let found = Installed {
+        runtime,
+        path,
+        version,
+    };
+    lock(cache).push(found.clone());
+    Ok(found)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn runtime_layer(runtime: Runtime) -> &'static str {
+    match runtime {
+        Runtime::Runsc => "the oci tier with runsc (gVisor)",
+        Runtime::Crun => "the oci tier with crun",
+        Runtime::Runc => "the oci tier with runc",
+    }
+}
+
+impl Installed {
+    /// The state directory passed as `--root`.
+    pub fn state_dir(&self) -> PathBuf {
+        Path::new(STATE_DIR).join(self.runtime.name())
+    }
+
+    /// The runtime with its global flags; `platform` and `host_network` matter to runsc only.
+    pub fn command(&self, platform: Option<Platform>, host_network: bool) -> Vec<String> {
+        let mut argv = vec![
+            self.path.display().to_string(),
+            "--root".into(),
+            self.state_dir().display().to_string(),
+        ];
+        match self.runtime {
+            // crun takes a relative cgroupsPath from the root of each v1 hierarchy, not from its
+            // own cgroup: it must not make cgroups at all, and runs in Kennel's.
+            Runtime::Crun => argv.push("--cgroup-manager=disabled".into()),
+            Runtime::Runc => {}
+            Runtime::Runsc => argv.extend([
+                // Its v1 cpuset parents would be empty: it runs in Kennel's cgroup instead.
+                "--ignore-cgroups".into(),
+                format!("--platform={}", platform.unwrap_or(Platform::Ptrace).name()),
+                // No network device at all for the sandbox: loopback inside gVisor only.
+                if host_network { "--network=host" } else { "--network=none" }.into(),
+                // Without it runsc ignores the spec's seccomp section.
+                "--oci-seccomp".into(),
+            ]),
+        }
+        argv
+    }
+
+    /// How the launcher starts the container: runc and crun by `create` then `start`, so the
+    /// launcher (their subreaper) waits for the code itself, gets its exact status, and the
+    /// container's cgroup outlives it until `delete`; runsc by `run` in the foreground.
+    pub fn start_argvs(
+        &self,
+        platform: Option<Platform>,
+        host_network: bool,
+        bundle: &Path,
+        id: &str,
+    ) -> Vec<Vec<String>> {
+        if self.runtime == Runtime::Runsc {
+            return vec![self.run_argv(platform, host_network, bundle, id)];
+        }
+        let pid_file = bundle.join(PID_FILE).display().to_string();
+        let mut create = self.command(platform, host_network);
+        create.extend(["create".into(), "--pid-file".into(), pid_file]);
+        create.extend(["--bundle".into(), bundle.display().to_string(), id.into()]);
+        let mut start = self.command(platform, host_network);
+        start.extend(["start".into(), id.into()]);
+        vec![create, start]
+    }
+
+    /// `run` of the bundle in the foreground: it returns the container's exit status.
+    pub fn run_argv(
+        &self,
+        platform: Option<Platform>,
+        host_network: bool,
+        bundle: &Path,
+        id: &str,
+    ) -> Vec<String> {
+        let mut argv = self.command(platform, host_network);
+        let pid_file = bundle.join(PID_FILE).display().to_string();
+        argv.extend(["run".into(), "--pid-file".into(), pid_file]);
+        argv.extend(["--bundle".into(), bundle.display().to_string(), id.into()]);
+        argv
+    }
+
+    /// Sends SIGKILL to every process of container `id`.
+    pub fn kill(&self, id: &str) -> bool {
+        let mut argv = self.command(None, false);
+        argv.extend(["kill".into(), "--all".into(), id.into(), "KILL".into()]);
+        if self.runtime == Runtime::Runsc {
+            // runsc's kill has no --all for the root container: it signals the whole sandbox.
+            argv.retain(|a| a != "--all");
+        }
+        quiet(&argv, Duration::from_secs(10))
+    }
+
+    /// Removes container `id` whatever its state; true when it is gone (or never existed).
+    pub fn delete(&self, id: &str) -> bool {
+        let mut argv = self.command(None, false);
+        argv.extend(["delete".into(), "--force".into(), id.into()]);
+        quiet(&argv, Duration::from_secs(20)) || !self.state_dir().join(id).exists()
+    }
+}
+
+/// Runs a runtime command with its output discarded, killing it after `limit`.
+fn quiet(argv: &[String], limit: Duration) -> bool {
+    let Ok(mut child) = Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+    else {
+        return false;
+    };
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return status.success(),
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(2))
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return false;
+            }
+        }
+    }
+}
+
+/// runsc's platform when the policy names none: KVM where `/dev/kvm` opens and a probe
+/// container starts under it, ptrace otherwise. Decided once per process.
+pub fn auto_platform(probe: impl FnOnce(Platform) -> bool) -> Platform {
+    static CHOSEN: OnceLock<Platform> = OnceLock::new();
+    *CHOSEN.get_or_init(|| {
+        let kvm = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/kvm")
+            .is_ok();
+        if kvm && probe(Platform::Kvm) {
+            Platform::Kvm
+        } else {
+            Platform::Ptrace
+        }
+    })
+}

@@ -1,0 +1,119 @@
+//! The OCI tier's sequence: one flat, ordered list of named steps, each with its reason.
+//!
+//! The runtime does the isolation itself (namespaces, mounts, seccomp, cgroups); Kennel's steps
+//! prepare what it is given and keep what Kennel must own: the limits' cgroup, the scratch
+//! space, the timeout and the clean-up.
+
+/// A step of an OCI run, in the order they happen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    // The supervisor, on the host.
+    LocateRuntime,
+    CreateCgroup,
+    WriteBundle,
+    SpawnLauncher,
+    // The launcher, a fresh exec of the helper binary.
+    JoinCgroup,
+    PinCpus,
+    PrivateMounts,
+    HideCgroup2,
+    MountScratch,
+    WriteInputFiles,
+    StartRuntime,
+    // The supervisor again, after the runtime ends (or is killed).
+    DeleteContainer,
+    RemoveBundle,
+    RemoveCgroup,
+}
+
+impl Step {
+    pub const ALL: [Step; 14] = [
+        Step::LocateRuntime,
+        Step::CreateCgroup,
+        Step::WriteBundle,
+        Step::SpawnLauncher,
+        Step::JoinCgroup,
+        Step::PinCpus,
+        Step::PrivateMounts,
+        Step::HideCgroup2,
+        Step::MountScratch,
+        Step::WriteInputFiles,
+        Step::StartRuntime,
+        Step::DeleteContainer,
+        Step::RemoveBundle,
+        Step::RemoveCgroup,
+    ];
+
+    /// The steps the launcher performs, in order.
+    pub const LAUNCHER: [Step; 7] = [
+        Step::JoinCgroup,
+        Step::PinCpus,
+        Step::PrivateMounts,
+        Step::HideCgroup2,
+        Step::MountScratch,
+        Step::WriteInputFiles,
+        Step::StartRuntime,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Step::LocateRuntime => "locate_runtime",
+            Step::CreateCgroup => "create_cgroup",
+            Step::WriteBundle => "write_bundle",
+            Step::SpawnLauncher => "spawn_launcher",
+            Step::JoinCgroup => "join_cgroup",
+            Step::PinCpus => "pin_cpus",
+            Step::PrivateMounts => "private_mounts",
+            Step::HideCgroup2 => "hide_cgroup2",
+            Step::MountScratch => "mount_scratch",
+            Step::WriteInputFiles => "write_input_files",
+            Step::StartRuntime => "start_runtime",
+            Step::DeleteContainer => "delete_container",
+            Step::RemoveBundle => "remove_bundle",
+            Step::RemoveCgroup => "remove_cgroup",
+        }
+    }
+
+    /// Why the step is there, and why at this point of the sequence.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Step::LocateRuntime => "a missing runtime is refused with an install hint before anything is created",
+            Step::CreateCgroup => "Kennel's own cgroup, beneath the supervisor's, holds the exact limits and counts OOM kills and task-limit hits; the runtime's cgroup is created inside it",
+            Step::WriteBundle => "config.json is the validated policy in OCI form, and the root is a skeleton of mount points owned by Kennel, never the host's /",
+            Step::SpawnLauncher => "a fresh single-threaded process can change its mount namespace and outlive the runtime to collect files; it dies with the supervisor",
+            Step::JoinCgroup => "the launcher enters Kennel's cgroup before it starts the runtime, so the runtime, gVisor's sandbox and the code are all bounded and counted there",
+            Step::PinCpus => "the launcher pins itself to as many CPUs as the quota; the runtime and the code inherit it, so nproc agrees with the limit",
+            Step::PrivateMounts => "the scratch tmpfs and any hidden mount stay in the launcher's own mount namespace; the host's mounts are never touched",
+            Step::HideCgroup2 => "on hybrid hosts crun refuses to start while a cgroup2 mount with controllers sits beside the v1 hierarchies; it is hidden from the runtime only",
+            Step::MountScratch => "/tmp and /workspace are size-capped tmpfs, as in the native tier, where Kennel can place input files and read results after the runtime is gone",
+            Step::WriteInputFiles => "the files are in place, owned by the sandbox's root, before the code starts",
+            Step::StartRuntime => "runc and crun `create` the container and `start` it, and the launcher, their subreaper, waits for the code itself; runsc's `run` builds its sandbox and waits in the foreground",
+            Step::DeleteContainer => "`delete --force` removes the runtime's state even after a kill or a crash",
+            Step::RemoveBundle => "nothing of the run survives it",
+            Step::RemoveCgroup => "the cgroups, Kennel's and the runtime's beneath it in every hierarchy, are removed after any process left in them is killed",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_launcher_runs_its_steps_in_the_documented_order() {
+        let pos = |s: Step| Step::ALL.iter().position(|x| *x == s).unwrap();
+        let launcher: Vec<usize> = Step::LAUNCHER.iter().map(|s| pos(*s)).collect();
+        assert!(launcher.windows(2).all(|w| w[0] + 1 == w[1]), "{launcher:?}");
+        assert!(pos(Step::CreateCgroup) < pos(Step::WriteBundle));
+        assert!(pos(Step::WriteBundle) < pos(Step::SpawnLauncher));
+        assert!(pos(Step::SpawnLauncher) < pos(Step::JoinCgroup));
+        assert!(pos(Step::JoinCgroup) < pos(Step::StartRuntime));
+        // The scratch must be mounted privately, and crun must not see cgroup2, before it runs.
+        assert!(pos(Step::PrivateMounts) < pos(Step::HideCgroup2));
+        assert!(pos(Step::HideCgroup2) < pos(Step::StartRuntime));
+        assert!(pos(Step::WriteInputFiles) < pos(Step::StartRuntime));
+        assert!(pos(Step::DeleteContainer) < pos(Step::RemoveCgroup));
+        let names: std::collections::HashSet<_> = Step::ALL.iter().map(|s| s.name()).collect();
+        assert_eq!(names.len(), Step::ALL.len());
+    }
+}
