@@ -18,8 +18,10 @@ die() { echo "setup-ci: error: $*" >&2; exit 1; }
 #   ca-certificates  TLS roots for cargo to fetch crates from crates.io
 #   curl, openssl    the network-allowlist tests: a client in the sandbox, a test certificate
 #   python3-pip      the network-allowlist tests: pip install from a local index
+#   runsc            gVisor, the oci tier's strongest runtime (the limits suite under runsc)
+#   crun, runc       the oci tier's container runtimes (limits and escape suites under each)
 packages=(bubblewrap python3 coreutils util-linux bash dash gcc libc6-dev ca-certificates
-    curl openssl python3-pip)
+    curl openssl python3-pip runsc crun runc)
 
 installed() {
     [[ $(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true) == "install ok installed" ]]

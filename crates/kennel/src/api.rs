@@ -302,6 +302,12 @@ pub struct RunSpec {
     /// permits it.
     #[serde(default)]
     pub network: crate::policy::Network,
+    /// `native` (the default) or `oci`.
+    pub tier: Option<crate::policy::Tier>,
+    /// The OCI runtime: `runsc` (gVisor), `crun` or `runc`; implies tier `oci`.
+    pub runtime: Option<crate::policy::Runtime>,
+    /// gVisor's platform (`ptrace` or `kvm`); chosen automatically when unset.
+    pub platform: Option<crate::policy::Platform>,
 }
 
 /// Limits a request asks for; each missing one takes the server's default, and each above the
@@ -388,12 +394,23 @@ impl RunSpec {
         }
     }
 
+    /// Whether the request names its isolation (a tier or a runtime).
+    pub fn names_tier(&self) -> bool {
+        self.tier.is_some() || self.runtime.is_some()
+    }
+
     /// The engine request under `base` policy, with limits bounded by `max`.
     pub fn to_request(&self, base: &Policy, max: &Limits) -> Result<RunRequest, Error> {
         let mut policy = base.clone();
         policy.limits = self.limits.apply(&base.limits, max)?;
         policy.env.extend(self.env.clone());
         policy.network = self.network.clone();
+        if let Some(runtime) = self.runtime {
+            policy.tier = crate::policy::Tier::Oci;
+            policy.oci.runtime = runtime;
+        }
+        policy.tier = self.tier.unwrap_or(policy.tier);
+        policy.oci.platform = self.platform;
         policy.validate()?;
         let files = self
             .files

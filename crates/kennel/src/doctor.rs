@@ -5,7 +5,7 @@ use serde::Serialize;
 use crate::api::{Command, RunRequest};
 use crate::engine::Engine;
 use crate::native::{cgroup, RunIo};
-use crate::policy::Policy;
+use crate::policy::{Platform, Policy, Runtime, Tier};
 use crate::sys;
 
 #[derive(Debug, Clone, Serialize)]
@@ -154,6 +154,81 @@ fn tool(name: &'static str, package: &str) -> Check {
     )
 }
 
+/// Whether `runtime` is installed and runs `/bin/true` here (runsc: on each platform).
+fn oci_runtime(engine: &Engine, runtime: Runtime) -> Result<String, (String, String)> {
+    let found = crate::oci::runtime::locate(runtime).map_err(|_| {
+        (
+            format!("{} not found", runtime.name()),
+            crate::oci::runtime::install_hint(runtime),
+        )
+    });
+    let installed = found?;
+    let platforms: &[Option<Platform>] = match runtime {
+        Runtime::Runsc => &[Some(Platform::Ptrace), Some(Platform::Kvm)],
+        _ => &[None],
+    };
+    let mut works = vec![];
+    let mut fails = vec![];
+    for platform in platforms {
+        let mut req = RunRequest::new(Command::Argv(vec!["/bin/true".into()]));
+        req.policy.tier = Tier::Oci;
+        req.policy.oci = crate::policy::Oci {
+            runtime,
+            platform: *platform,
+        };
+        req.policy.limits.timeout = crate::policy::Span(std::time::Duration::from_secs(20));
+        let label = platform.map_or(String::new(), |p| format!(" on {} ", p.name()));
+        let start = std::time::Instant::now();
+        match engine.run(&req, RunIo::none()) {
+            Ok(r) if r.exit_code == Some(0) => works.push(format!(
+                "/bin/true{}in {:.0} ms",
+                if label.is_empty() { " " } else { &label },
+                start.elapsed().as_secs_f64() * 1000.0
+            )),
+            Ok(r) => fails.push(format!("{}exits {:?}", label.trim_start(), r.exit_code)),
+            Err(e) => fails.push(format!(
+                "{}fails: {}",
+                label.trim_start(),
+                e.to_string().lines().next().unwrap_or_default()
+            )),
+        }
+    }
+    let detail = format!(
+        "{} at {}: {}{}",
+        installed.version,
+        installed.path.display(),
+        works.join(", "),
+        if fails.is_empty() {
+            String::new()
+        } else {
+            format!("; {}", fails.join("; "))
+        }
+    );
+    if works.is_empty() {
+        Err((
+            detail,
+            "see the error; `kennel run --runtime NAME` shows it in full".into(),
+        ))
+    } else {
+        Ok(detail)
+    }
+}
+
+fn docker() -> Result<String, (String, String)> {
+    let socket = std::path::Path::new("/var/run/docker.sock");
+    Err((
+        format!(
+            "not supported by this build (a Docker engine {} reachable here)",
+            if std::os::unix::net::UnixStream::connect(socket).is_ok() {
+                "is"
+            } else {
+                "is not"
+            }
+        ),
+        "use --runtime crun or runc: the same bundle without a daemon".into(),
+    ))
+}
+
 /// Every check, in the order a user fixes them.
 pub fn checks(engine: &Engine) -> Vec<Check> {
     vec![
@@ -165,6 +240,10 @@ pub fn checks(engine: &Engine) -> Vec<Check> {
         check("cgroups", cgroups()),
         check("time namespace", time_namespace()),
         check("native sandbox", end_to_end(engine)),
+        check("oci runsc", oci_runtime(engine, Runtime::Runsc)),
+        check("oci crun", oci_runtime(engine, Runtime::Crun)),
+        check("oci runc", oci_runtime(engine, Runtime::Runc)),
+        check("oci docker", docker()),
         tool("bwrap", "bubblewrap"),
     ]
 }

@@ -246,7 +246,16 @@ impl Layers {
 
 /// How strongly a sandbox is isolated, weakest first: the order a server's minimum compares.
 #[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize,
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
     utoipa::ToSchema,
 )]
 #[serde(rename_all = "snake_case")]

@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand};
 use kennel::policy::{ByteSize, NetMode, Span, Want};
 use kennel::server::ServerConfig;
 use kennel::{
-    Command, Content, FileIn, Language, Engine, OutputSink, Policy, RunIo, RunRequest, RunResult,
+    Command, Content, Engine, FileIn, Language, OutputSink, Policy, RunIo, RunRequest, RunResult,
     StdinSource, Stream,
 };
 

@@ -271,7 +271,11 @@ impl Cgroup {
             SEQ.fetch_add(1, Ordering::Relaxed)
         );
         let layout = base.child(&name);
-        let ours = layout.dirs().iter().map(|d| d.to_path_buf()).collect::<Vec<_>>();
+        let ours = layout
+            .dirs()
+            .iter()
+            .map(|d| d.to_path_buf())
+            .collect::<Vec<_>>();
         let others = own_dirs_everywhere()
             .into_iter()
             .map(|d| d.join(&name))
@@ -403,6 +407,29 @@ impl Probe {
 }
 
 impl Cgroup {
+    /// Kills every process in the cgroup and beneath it, in every hierarchy, keeping the
+    /// cgroups and their counters.
+    pub fn kill_all(&self) {
+        fn kill_tree(dir: &Path) {
+            kill_members(dir);
+            if let Ok(entries) = fs::read_dir(dir) {
+                for entry in entries.flatten() {
+                    if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                        kill_tree(&entry.path());
+                    }
+                }
+            }
+        }
+        for dir in self
+            .layout
+            .dirs()
+            .into_iter()
+            .chain(self.others.iter().map(|p| p.as_path()))
+        {
+            kill_tree(dir);
+        }
+    }
+
     /// Kills every process left in the cgroup and removes it, and anything created beneath it,
     /// in every hierarchy.
     pub fn destroy(&self) {

@@ -77,7 +77,10 @@ pub(super) fn build_result(
     }
 }
 
-pub(crate) fn collected_files(req: &RunRequest, collected: Vec<(Collected, Vec<u8>)>) -> Vec<CollectedFile> {
+pub(crate) fn collected_files(
+    req: &RunRequest,
+    collected: Vec<(Collected, Vec<u8>)>,
+) -> Vec<CollectedFile> {
     let mut files: Vec<CollectedFile> = collected
         .into_iter()
         .map(|(meta, data)| CollectedFile {

@@ -214,7 +214,6 @@ fn supervise(
     Ok(result)
 }
 
-
 /// Fails early, before any process starts, when the host lacks a layer the policy requires.
 fn check_host(policy: &Policy) -> Result<(), Error> {
     if policy.network.mode == NetMode::Allow && sys::getuid() != 0 {

@@ -65,10 +65,7 @@ pub fn system_view(view: &dyn View, source: &Path, rootfs: bool) -> (Vec<Node>, 
     let mut mounts = vec![];
     for name in names {
         match view.kind(&name) {
-            Some(Kind::Symlink(target)) => nodes.push(Node::Symlink {
-                target,
-                link: name,
-            }),
+            Some(Kind::Symlink(target)) => nodes.push(Node::Symlink { target, link: name }),
             Some(kind) => {
                 nodes.push(if kind == Kind::Dir {
                     Node::Dir(name.clone())
@@ -78,6 +75,28 @@ pub fn system_view(view: &dyn View, source: &Path, rootfs: bool) -> (Vec<Node>, 
                 mounts.push(bind(source.join(&name), &format!("/{name}"), true));
             }
             None => {}
+        }
+    }
+    // Secrets are hidden by mounts of their own, not maskedPaths: runsc applies maskedPaths
+    // under /proc only, and would show /etc/shadow.
+    for secret in SECRET_FILES.iter().chain(SECRET_DIRS) {
+        match view.kind(secret) {
+            // Not `nodev`: the mask is a device, read as an empty file.
+            Some(Kind::File) => mounts.push(
+                MountBuilder::default()
+                    .destination(format!("/{secret}"))
+                    .typ("bind")
+                    .source("/dev/null")
+                    .options(strings(&["bind", "ro", "nosuid", "noexec"]))
+                    .build()
+                    .expect("every mount field is set"),
+            ),
+            Some(Kind::Dir) => mounts.push(special(
+                &format!("/{secret}"),
+                "tmpfs",
+                &["ro", "nosuid", "nodev", "noexec", "size=4k", "mode=0755"],
+            )),
+            _ => {}
         }
     }
     (nodes, mounts)
@@ -113,11 +132,21 @@ fn sandbox_mounts(input: &Input, shm_size: u64) -> Vec<Mount> {
     let shm = format!("size={shm_size}");
     let mut mounts = vec![
         special("/proc", "proc", &["nosuid", "noexec", "nodev"]),
-        special("/dev", "tmpfs", &["nosuid", "strictatime", "mode=755", "size=65536k"]),
+        special(
+            "/dev",
+            "tmpfs",
+            &["nosuid", "strictatime", "mode=755", "size=65536k"],
+        ),
         special(
             "/dev/pts",
             "devpts",
-            &["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"],
+            &[
+                "nosuid",
+                "noexec",
+                "newinstance",
+                "ptmxmode=0666",
+                "mode=0620",
+            ],
         ),
         special("/dev/shm", "tmpfs", &["nosuid", "nodev", "mode=1777", &shm]),
     ];
@@ -127,18 +156,13 @@ fn sandbox_mounts(input: &Input, shm_size: u64) -> Vec<Mount> {
     mounts
 }
 
-/// Paths hidden from the code: the native tier's /etc secrets and /proc masks.
-fn masked_paths(view: &dyn View) -> Vec<String> {
-    let etc = SECRET_FILES
-        .iter()
-        .chain(SECRET_DIRS)
-        .filter(|p| view.kind(p).is_some())
-        .map(|p| format!("/{p}"));
-    let proc = PROC_MASKED_FILES
+/// /proc paths hidden from the code, as in the native tier.
+fn masked_paths() -> Vec<String> {
+    PROC_MASKED_FILES
         .iter()
         .chain(PROC_MASKED_DIRS)
-        .map(|p| format!("/proc/{p}"));
-    etc.chain(proc).collect()
+        .map(|p| format!("/proc/{p}"))
+        .collect()
 }
 
 /// The native tier's deny list in OCI form: the same calls, the same `ENOSYS`.
@@ -206,14 +230,26 @@ pub fn maps_ids(runtime: Runtime) -> bool {
 }
 
 /// The `config.json` for one run.
-pub fn spec(input: &Input, view: &dyn View, system_mounts: Vec<Mount>) -> Spec {
+pub fn spec(input: &Input, system_mounts: Vec<Mount>) -> Spec {
     let l = &input.policy.limits;
     let empty_caps = Capabilities::new();
     let process = ProcessBuilder::default()
         .terminal(false)
-        .user(UserBuilder::default().uid(0u32).gid(0u32).build().expect("uid and gid set"))
+        .user(
+            UserBuilder::default()
+                .uid(0u32)
+                .gid(0u32)
+                .build()
+                .expect("uid and gid set"),
+        )
         .args(input.argv.clone())
-        .env(input.env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>())
+        .env(
+            input
+                .env
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>(),
+        )
         .cwd("/workspace")
         .capabilities(
             oci_spec::runtime::LinuxCapabilitiesBuilder::default()
@@ -254,7 +290,12 @@ pub fn spec(input: &Input, view: &dyn View, system_mounts: Vec<Mount>) -> Spec {
         linux = linux.uid_mappings(vec![map]).gid_mappings(vec![map]);
     }
     let quota = ((l.cpus * 100_000.0) as i64).max(1000);
-    let cpus = input.cpus.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(",");
+    let cpus = input
+        .cpus
+        .iter()
+        .map(|c| c.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
     let resources = LinuxResourcesBuilder::default()
         .memory(
             // The same bounds as Kennel's own cgroup, which encloses the runtime's (runc) or
@@ -285,12 +326,17 @@ pub fn spec(input: &Input, view: &dyn View, system_mounts: Vec<Mount>) -> Spec {
         .namespaces(
             namespaces
                 .into_iter()
-                .map(|t| LinuxNamespaceBuilder::default().typ(t).build().expect("type set"))
+                .map(|t| {
+                    LinuxNamespaceBuilder::default()
+                        .typ(t)
+                        .build()
+                        .expect("type set")
+                })
                 .collect::<Vec<_>>(),
         )
         .resources(resources)
         .cgroups_path(PathBuf::from(&input.cgroups_path))
-        .masked_paths(masked_paths(view))
+        .masked_paths(masked_paths())
         .readonly_paths(
             PROC_READ_ONLY
                 .iter()

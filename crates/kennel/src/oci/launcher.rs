@@ -68,7 +68,14 @@ pub fn launcher_main() -> ! {
     let _ = sys::close_fds_from(CTL_FD + 1);
     let (plan, files) = match read_plan(&mut ctl) {
         Ok(p) => p,
-        Err(detail) => report_failure(&mut ctl, Step::SpawnLauncher, Fail { errno: None, detail }),
+        Err(detail) => report_failure(
+            &mut ctl,
+            Step::SpawnLauncher,
+            Fail {
+                errno: None,
+                detail,
+            },
+        ),
     };
     let mut waited = None;
     for step in Step::LAUNCHER {
@@ -134,13 +141,23 @@ fn report_failure(ctl: &mut UnixStream, step: Step, fail: Fail) -> ! {
 fn read_plan(ctl: &mut UnixStream) -> Result<(LaunchPlan, InputFiles), String> {
     let plan = match proto::recv(ctl) {
         Ok(Some((Msg::Launch(plan), _))) => *plan,
-        other => return Err(format!("expected a launch plan, got {:?}", other.map(|o| o.map(|m| m.0)))),
+        other => {
+            return Err(format!(
+                "expected a launch plan, got {:?}",
+                other.map(|o| o.map(|m| m.0))
+            ))
+        }
     };
     let mut files = Vec::with_capacity(plan.files);
     for _ in 0..plan.files {
         match proto::recv(ctl) {
             Ok(Some((Msg::File(meta), data))) => files.push((meta, data)),
-            other => return Err(format!("expected a file, got {:?}", other.map(|o| o.map(|m| m.0)))),
+            other => {
+                return Err(format!(
+                    "expected a file, got {:?}",
+                    other.map(|o| o.map(|m| m.0))
+                ))
+            }
         }
     }
     Ok((plan, files))
@@ -193,7 +210,13 @@ fn write_input_files(plan: &LaunchPlan, files: &[(FileMeta, Vec<u8>)]) -> Result
     for (meta, data) in files {
         let path = in_bundle(&plan.bundle, &meta.path);
         // The scratch is fresh and nothing has run in it: no link can redirect these writes.
-        let scratch_root = plan.bundle.join(meta.path.trim_start_matches('/').split('/').next().unwrap_or(""));
+        let scratch_root = plan.bundle.join(
+            meta.path
+                .trim_start_matches('/')
+                .split('/')
+                .next()
+                .unwrap_or(""),
+        );
         let mut dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
         let mut missing = vec![];
         while dir != scratch_root && !dir.exists() {
@@ -264,16 +287,22 @@ fn start_container(plan: &LaunchPlan, ctl: &mut UnixStream) -> Result<Waited, Fa
                 }
             }
         }
-        _ => Err(Fail { errno: None, detail: "no runtime command".into() }),
+        _ => Err(Fail {
+            errno: None,
+            detail: "no runtime command".into(),
+        }),
     }
 }
 
 fn spawn(argv: &[String]) -> Result<i32, Fail> {
-    let (program, args) = argv
-        .split_first()
-        .ok_or_else(|| Fail { errno: None, detail: "empty runtime command".into() })?;
+    let (program, args) = argv.split_first().ok_or_else(|| Fail {
+        errno: None,
+        detail: "empty runtime command".into(),
+    })?;
     let mut cmd = Command::new(program);
-    cmd.args(args).env_clear().env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
+    cmd.args(args)
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
     // SAFETY of the closure: it runs between fork and exec of a single-threaded process and
     // makes one prctl call, which is async-signal-safe.
     sys::pre_exec_signal_safe(&mut cmd, || sys::set_parent_death_signal(libc::SIGKILL));

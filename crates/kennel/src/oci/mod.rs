@@ -16,7 +16,9 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::api::{Isolation, LandlockInfo, LimitsInfo, RunRequest, RunResult, RuntimeInfo, SeccompInfo};
+use crate::api::{
+    Isolation, LandlockInfo, LimitsInfo, RunRequest, RunResult, RuntimeInfo, SeccompInfo,
+};
 use crate::error::Error;
 use crate::native::cgroup::{Cgroup, Stats};
 use crate::native::helper::Dir;
@@ -65,8 +67,12 @@ impl Oci {
         let files = input_files(req)?;
         check_host(policy)?;
         let runtime = runtime::locate(policy.oci.runtime)?;
-        let platform = (runtime.runtime == Runtime::Runsc)
-            .then(|| policy.oci.platform.unwrap_or_else(|| self.auto_platform(&runtime)));
+        let platform = (runtime.runtime == Runtime::Runsc).then(|| {
+            policy
+                .oci
+                .platform
+                .unwrap_or_else(|| self.auto_platform(&runtime))
+        });
         let cgroup = Cgroup::create(&policy.limits).map_err(|why| Error::Unsupported {
             layer: "cgroups for the oci tier",
             why,
@@ -116,8 +122,20 @@ impl Oci {
         let started = Instant::now();
         let stdin_thread = feed_stdin(child.stdin.take(), req, io.stdin)?;
         let cap = policy.limits.output.0;
-        let out = reader(child.stdout.take(), cap, io.output, Stream::Stdout, io.on_output.clone());
-        let err = reader(child.stderr.take(), cap, io.output, Stream::Stderr, io.on_output);
+        let out = reader(
+            child.stdout.take(),
+            cap,
+            io.output,
+            Stream::Stdout,
+            io.on_output.clone(),
+        );
+        let err = reader(
+            child.stderr.take(),
+            cap,
+            io.output,
+            Stream::Stderr,
+            io.on_output,
+        );
         let sent = proto::send(&mut ctl, &Msg::Launch(Box::new(plan)), &[]).and_then(|()| {
             files
                 .iter()
@@ -139,15 +157,27 @@ impl Oci {
             }
         };
         let report = watch(&ctl, run, policy, started, io.cancel.as_ref(), &mut notify);
+        // Whatever is left (a runtime that hung, a process that escaped its pid namespace's
+        // end) is in Kennel's cgroup, and must not keep the output pipes open.
         let _ = child.kill();
         let _ = child.wait();
+        run.cgroup.kill_all();
         let stats = run.probe().read();
         let (stdout, stderr) = (join(out), join(err));
         drop(stdin_thread);
         let report = report?;
         if let Some((step, errno, detail)) = report.failed {
-            let step = Step::ALL.iter().copied().find(|s| s.name() == step).unwrap_or(Step::SpawnLauncher);
-            return Err(Error::Oci { step, reason: step.reason(), errno, detail: with_stderr(detail, &stderr) });
+            let step = Step::ALL
+                .iter()
+                .copied()
+                .find(|s| s.name() == step)
+                .unwrap_or(Step::SpawnLauncher);
+            return Err(Error::Oci {
+                step,
+                reason: step.reason(),
+                errno,
+                detail: with_stderr(detail, &stderr),
+            });
         }
         let duration = report.ended_at.unwrap_or_else(Instant::now) - started;
         Ok(result(req, run, report, stats, stdout, stderr, duration))
@@ -160,7 +190,11 @@ impl Oci {
         let mut cmd = Command::new(&self.launcher);
         cmd.arg(LAUNCHER_ARG)
             .env_clear()
-            .stdin(if piped_stdin { Stdio::piped() } else { Stdio::null() })
+            .stdin(if piped_stdin {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         // The closure only calls prctl and dup2 (async-signal-safe) on a captured integer.
@@ -180,7 +214,8 @@ impl Oci {
             probe.policy.oci.platform = Some(platform);
             probe.policy.limits.timeout = crate::policy::Span(Duration::from_secs(10));
             let _ = runsc;
-            self.run(&probe, RunIo::none()).is_ok_and(|r| r.exit_code == Some(0))
+            self.run(&probe, RunIo::none())
+                .is_ok_and(|r| r.exit_code == Some(0))
         })
     }
 }
@@ -260,7 +295,10 @@ fn check_host(policy: &Policy) -> Result<(), Error> {
         if root.starts_with("/tmp") || !root.is_dir() {
             return Err(Error::request(
                 "filesystem.rootfs",
-                format!("{} must be an existing directory outside /tmp", root.display()),
+                format!(
+                    "{} must be an existing directory outside /tmp",
+                    root.display()
+                ),
             ));
         }
     }
@@ -270,7 +308,10 @@ fn check_host(policy: &Policy) -> Result<(), Error> {
 /// A cgroup2 mount beside v1 hierarchies (a hybrid host), which crun refuses to run beside.
 fn hybrid_cgroup2() -> Option<String> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let fstype = |l: &str| l.split_once(" - ").and_then(|(_, r)| r.split(' ').next().map(str::to_string));
+    let fstype = |l: &str| {
+        l.split_once(" - ")
+            .and_then(|(_, r)| r.split(' ').next().map(str::to_string))
+    };
     let v1 = info.lines().any(|l| fstype(l).as_deref() == Some("cgroup"));
     let v2 = info
         .lines()
@@ -288,12 +329,17 @@ fn write_bundle(
     cpus: &[usize],
 ) -> std::io::Result<()> {
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-    std::fs::DirBuilder::new().recursive(true).mode(0o755).create(BUNDLE_DIR)?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(BUNDLE_DIR)?;
     std::fs::DirBuilder::new().mode(0o755).create(&run.bundle)?;
     let rootfs = run.bundle.join("rootfs");
     std::fs::DirBuilder::new().mode(0o755).create(&rootfs)?;
     for (dir, _) in bundle::SCRATCH {
-        std::fs::DirBuilder::new().mode(0o755).create(run.bundle.join(dir))?;
+        std::fs::DirBuilder::new()
+            .mode(0o755)
+            .create(run.bundle.join(dir))?;
     }
     let (source, is_rootfs) = match &policy.filesystem.rootfs {
         Some(r) => (r.clone(), true),
@@ -303,9 +349,13 @@ fn write_bundle(
     let (nodes, system_mounts) = bundle::system_view(&view, &source, is_rootfs);
     for node in nodes {
         match node {
-            Node::Dir(d) => std::fs::DirBuilder::new().mode(0o755).create(rootfs.join(d))?,
+            Node::Dir(d) => std::fs::DirBuilder::new()
+                .mode(0o755)
+                .create(rootfs.join(d))?,
             Node::File(f) => drop(std::fs::File::create(rootfs.join(f))?),
-            Node::Symlink { target, link } => std::os::unix::fs::symlink(target, rootfs.join(link))?,
+            Node::Symlink { target, link } => {
+                std::os::unix::fs::symlink(target, rootfs.join(link))?
+            }
         }
     }
     let input = bundle::Input {
@@ -317,7 +367,7 @@ fn write_bundle(
         cgroups_path: run.cgroup.name().to_string(),
         cpus: cpus.to_vec(),
     };
-    let spec = bundle::spec(&input, &view, system_mounts);
+    let spec = bundle::spec(&input, system_mounts);
     let json = serde_json::to_vec_pretty(&spec).map_err(std::io::Error::other)?;
     // The config holds the code's environment: readable by the runtime (root) only.
     let mut f = std::fs::OpenOptions::new()
@@ -348,7 +398,9 @@ fn watch(
     cancel: Option<&crate::native::Canceller>,
     on_started: &mut dyn FnMut(i32),
 ) -> Result<Report, Error> {
-    let mut reader = ctl.try_clone().map_err(Error::io("cloning the control socket"))?;
+    let mut reader = ctl
+        .try_clone()
+        .map_err(Error::io("cloning the control socket"))?;
     let (tx, rx) = mpsc::channel();
     if let Some(cancel) = cancel {
         cancel.attach(tx.clone());
@@ -375,7 +427,11 @@ fn watch(
                         runtime_pid = Some(pid);
                         on_started(pid);
                     }
-                    Msg::Failed { step, errno, detail } => report.failed = Some((step, errno, detail)),
+                    Msg::Failed {
+                        step,
+                        errno,
+                        detail,
+                    } => report.failed = Some((step, errno, detail)),
                     Msg::Exited { code, signal } => {
                         report.exited = Some((code, signal));
                         report.ended_at.get_or_insert_with(Instant::now);
@@ -448,12 +504,12 @@ fn result(
 /// is the configuration in force, which the tests check from inside.
 fn isolation(run: &Run, policy: &Policy) -> Isolation {
     let rt = run.runtime.runtime;
-    let mut namespaces: Vec<String> = ["mount", "pid", "ipc", "uts", "cgroup"]
+    let mut namespaces: Vec<String> = ["mount", "pid", "network", "ipc", "uts", "cgroup"]
         .iter()
         .map(|s| s.to_string())
         .collect();
-    if policy.network.mode != NetMode::Full {
-        namespaces.push("network".into());
+    if policy.network.mode == NetMode::Full {
+        namespaces.retain(|n| n != "network");
     }
     let (host_uid, id_range) = if bundle::maps_ids(rt) {
         namespaces.insert(0, "user".into());
@@ -489,7 +545,9 @@ fn isolation(run: &Run, policy: &Policy) -> Isolation {
             .filesystem
             .rootfs
             .as_ref()
-            .map_or("host-system-ro".into(), |r| format!("rootfs:{}", r.display())),
+            .map_or("host-system-ro".into(), |r| {
+                format!("rootfs:{}", r.display())
+            }),
         network: network_summary(&policy.network),
         runtime: Some(RuntimeInfo {
             name: rt.name().into(),

@@ -32,7 +32,14 @@ pub struct Installed {
     pub version: String,
 }
 
-const SEARCH: &[&str] = &["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"];
+const SEARCH: &[&str] = &[
+    "/usr/local/sbin",
+    "/usr/local/bin",
+    "/usr/sbin",
+    "/usr/bin",
+    "/sbin",
+    "/bin",
+];
 
 /// How to install a runtime that is missing.
 pub fn install_hint(runtime: Runtime) -> String {
@@ -117,7 +124,12 @@ impl Installed {
                 "--ignore-cgroups".into(),
                 format!("--platform={}", platform.unwrap_or(Platform::Ptrace).name()),
                 // No network device at all for the sandbox: loopback inside gVisor only.
-                if host_network { "--network=host" } else { "--network=none" }.into(),
+                if host_network {
+                    "--network=host"
+                } else {
+                    "--network=none"
+                }
+                .into(),
                 // Without it runsc ignores the spec's seccomp section.
                 "--oci-seccomp".into(),
             ]),
@@ -162,14 +174,12 @@ impl Installed {
         argv
     }
 
-    /// Sends SIGKILL to every process of container `id`.
+    /// Sends SIGKILL to the container's init: the kernel then kills every other process of its
+    /// pid namespace. (`--all` would walk a cgroup, and crun and runsc run in Kennel's, which
+    /// holds the launcher too.)
     pub fn kill(&self, id: &str) -> bool {
         let mut argv = self.command(None, false);
-        argv.extend(["kill".into(), "--all".into(), id.into(), "KILL".into()]);
-        if self.runtime == Runtime::Runsc {
-            // runsc's kill has no --all for the root container: it signals the whole sandbox.
-            argv.retain(|a| a != "--all");
-        }
+        argv.extend(["kill".into(), id.into(), "KILL".into()]);
         quiet(&argv, Duration::from_secs(10))
     }
 

@@ -103,7 +103,10 @@ mod tests {
     fn the_launcher_runs_its_steps_in_the_documented_order() {
         let pos = |s: Step| Step::ALL.iter().position(|x| *x == s).unwrap();
         let launcher: Vec<usize> = Step::LAUNCHER.iter().map(|s| pos(*s)).collect();
-        assert!(launcher.windows(2).all(|w| w[0] + 1 == w[1]), "{launcher:?}");
+        assert!(
+            launcher.windows(2).all(|w| w[0] + 1 == w[1]),
+            "{launcher:?}"
+        );
         assert!(pos(Step::CreateCgroup) < pos(Step::WriteBundle));
         assert!(pos(Step::WriteBundle) < pos(Step::SpawnLauncher));
         assert!(pos(Step::SpawnLauncher) < pos(Step::JoinCgroup));

@@ -12,12 +12,10 @@ use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::api::{Command, ExecResult, Interpreter, Isolation, Language, RunRequest, RunResult};
+use crate::engine::Engine;
 use crate::error::Error;
 use crate::native::cgroup::Stats;
-use crate::engine::Engine;
-use crate::native::{
-    Canceller, OutputMode, OutputSink, RunIo, Started, StdinSource, Stream,
-};
+use crate::native::{Canceller, OutputMode, OutputSink, RunIo, Started, StdinSource, Stream};
 use crate::policy::{Policy, Span};
 
 /// The agent's source, run as `python3 -u -c`; its docstring is the protocol.

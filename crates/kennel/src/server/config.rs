@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::error::PolicyError;
-use crate::policy::{ByteSize, Limits, Policy, Span};
+use crate::policy::{ByteSize, Limits, Policy, Runtime, Span, Strength, Tier};
 
 /// A bearer token and the name it is audited under.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -16,6 +16,10 @@ use crate::policy::{ByteSize, Limits, Policy, Span};
 pub struct Token {
     pub id: String,
     pub token: String,
+    /// The weakest isolation this token's runs may use (`native`, `container`, `gvisor`);
+    /// a run that names no tier is raised to it, one that names a weaker tier is refused.
+    #[serde(default)]
+    pub min_isolation: Option<Strength>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -83,6 +87,8 @@ pub struct ServerConfig {
     pub env: BTreeMap<String, String>,
     /// Whether requests may ask for `network.mode = "full"` (the host's network).
     pub allow_full_network: bool,
+    /// The weakest isolation any run may use; tokens may raise it for themselves.
+    pub min_isolation: Option<Strength>,
 }
 
 impl Default for ServerConfig {
@@ -110,6 +116,7 @@ impl Default for ServerConfig {
             shutdown_grace: Span(Duration::from_secs(10)),
             env: BTreeMap::new(),
             allow_full_network: false,
+            min_isolation: None,
         }
     }
 }
@@ -138,6 +145,7 @@ impl ServerConfig {
             self.tokens.push(Token {
                 id,
                 token: token.to_string(),
+                min_isolation: None,
             });
         }
     }
@@ -185,6 +193,50 @@ impl ServerConfig {
                 "\"full\" is not permitted by this server (allow_full_network = false)",
             ));
         }
+        Ok(())
+    }
+
+    /// The weakest isolation the caller `token_id` may use.
+    pub fn min_isolation(&self, token_id: &str) -> Strength {
+        let token = self
+            .tokens
+            .iter()
+            .find(|t| t.id == token_id)
+            .and_then(|t| t.min_isolation);
+        token
+            .into_iter()
+            .chain(self.min_isolation)
+            .max()
+            .unwrap_or(Strength::Native)
+    }
+
+    /// Holds `policy` to the caller's minimum isolation: a run that named no tier (`chosen`
+    /// false) is raised to it; one that named a weaker tier is refused.
+    pub fn enforce_isolation(
+        &self,
+        token_id: &str,
+        policy: &mut Policy,
+        chosen: bool,
+    ) -> Result<(), crate::error::Error> {
+        let min = self.min_isolation(token_id);
+        if policy.strength() >= min {
+            return Ok(());
+        }
+        if chosen {
+            return Err(crate::error::Error::request(
+                "tier",
+                format!(
+                    "asks for {:?} isolation, but this caller must use at least {min:?}: use \
+                     runtime \"runsc\" (gvisor) or omit the tier",
+                    policy.strength()
+                ),
+            ));
+        }
+        policy.tier = Tier::Oci;
+        policy.oci.runtime = match min {
+            Strength::Gvisor => Runtime::Runsc,
+            Strength::Container | Strength::Native => Runtime::Crun,
+        };
         Ok(())
     }
 

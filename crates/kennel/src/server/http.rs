@@ -21,8 +21,8 @@ use super::metrics::{inc, Metrics};
 use super::pool::Pool;
 use super::sessions::Sessions;
 use super::{openapi, runs, session_routes};
-use crate::error::Error;
 use crate::engine::Engine;
+use crate::error::Error;
 use crate::native::Canceller;
 
 /// Everything the handlers share.

@@ -109,7 +109,10 @@ pub async fn create_run(
     ApiJson(spec): ApiJson<RunSpec>,
 ) -> Result<Response, ApiError> {
     state.config.check_network(&spec.network)?;
-    let req = spec.to_request(&state.config.base_policy(), &state.config.maxima)?;
+    let mut req = spec.to_request(&state.config.base_policy(), &state.config.maxima)?;
+    state
+        .config
+        .enforce_isolation(&caller.0, &mut req.policy, spec.names_tier())?;
     check_paths(&req)?;
     let stream = wants_stream(&q, &headers);
     let shared = state.clone();

@@ -58,6 +58,12 @@ pub async fn create(
     ApiJson(spec): ApiJson<SessionSpec>,
 ) -> Result<Response, ApiError> {
     let config = &state.config;
+    if config.min_isolation(&caller.0) > crate::policy::Strength::Native {
+        return Err(ApiError::bad_request(
+            "sessions run in the native tier only, and this caller must use a stronger one; \
+             send single runs to /v1/runs instead",
+        ));
+    }
     let Some(_place) = state.sessions.reserve(config.sessions.max_sessions) else {
         return Err(ApiError::busy(format!(
             "{} sessions are open, the most this server keeps",

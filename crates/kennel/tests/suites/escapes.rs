@@ -1,0 +1,1156 @@
+// The body of a test suite, included by one test target per tier (see `common::tier`).
+use std::fs;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::*;
+use serde_json::Value;
+
+/// The host uid (and gid) that sandbox root maps to when Kennel runs as root.
+const HOST_ID_BASE: u64 = 1_000_000_000;
+
+// ---- helpers ---------------------------------------------------------------------------------
+
+/// A name no other test (nor an earlier run of this one) uses.
+fn unique(tag: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!(
+        "kennel-{tag}-{}-{}-{nanos}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Runs a probe (with [`SYSCALL_PRELUDE`]) inside the sandbox only; for calls never run bare.
+fn probe_inside(code: &str) -> String {
+    py_ok(&[], &format!("{SYSCALL_PRELUDE}\n{code}"))
+        .trim()
+        .to_string()
+}
+
+/// The errno a denied syscall returns: ENOSYS from Kennel's filter in the native tier and in
+/// runc and crun (the OCI profile's errnoRet). Debian's 2022 runsc ignores errnoRet and answers
+/// every OCI seccomp denial with EPERM, which is what the runsc suite then expects.
+fn denied() -> &'static str {
+    if gvisor() {
+        "EPERM"
+    } else {
+        "ENOSYS"
+    }
+}
+
+/// `expected` with each ENOSYS replaced by this tier's [`denied`] errno.
+fn expect_denied(expected: &str) -> String {
+    expected.replace("ENOSYS", denied())
+}
+
+/// Asserts that every errno the probe prints is ENOSYS inside and that none is ENOSYS bare:
+/// Kennel's filter, not the kernel, turned the calls down.
+fn assert_denied_by_seccomp(code: &str) {
+    let (inside, bare) = probe_both(code);
+    let inside: Vec<&str> = inside.split_whitespace().collect();
+    let bare: Vec<&str> = bare.split_whitespace().collect();
+    assert!(
+        !inside.is_empty() && inside.len() == bare.len(),
+        "inside {inside:?}, bare {bare:?}"
+    );
+    assert!(
+        inside.iter().all(|e| *e == denied()),
+        "inside the sandbox: {inside:?}"
+    );
+    assert!(
+        bare.iter().all(|e| *e != denied()),
+        "bare on the host (the control): {bare:?}"
+    );
+    eprintln!("inside {inside:?}, bare {bare:?}");
+}
+
+/// Runs a prepared `kennel` command (args `run --json ... -- argv` already set) and returns its
+/// pid and parsed result.
+fn run_cmd_json(mut cmd: Command) -> (u32, Value) {
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kennel starts");
+    let pid = child.id();
+    let out = child.wait_with_output().expect("kennel ends");
+    (pid, parse_result(&out))
+}
+
+/// `kennel run --json <opts> -- python3 -c <code>` as a command, to be adjusted before it runs.
+fn py_cmd(opts: &[&str], code: &str) -> Command {
+    let mut cmd = kennel();
+    cmd.args(["run", "--json"])
+        .args(tier_opts())
+        .args(opts)
+        .args(["--", PY, "-c", code]);
+    cmd
+}
+
+/// Host pids whose command line contains `token`.
+fn host_pids_with(token: &str) -> Vec<u32> {
+    let needle = token.as_bytes();
+    let Ok(dir) = fs::read_dir("/proc") else {
+        return vec![];
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.windows(needle.len()).any(|w| w == needle))
+        })
+        .collect()
+}
+
+/// Deletes a host file when the test ends, however it ends.
+struct RemoveOnDrop(String);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+    }
+}
+
+/// Makes `file` the child's descriptor 7, inheritable (not close-on-exec).
+fn inherit_as_fd7(cmd: &mut Command, file: &fs::File) {
+    let fd = file.as_raw_fd();
+    // SAFETY: the closure runs between fork and exec and calls only dup2 and fcntl, which are
+    // async-signal-safe; it reads no memory of the parent beyond the copied `fd`.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(fd, 7) < 0 || libc::fcntl(7, libc::F_SETFD, 0) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+// ---- filesystem ------------------------------------------------------------------------------
+
+/// A 0600 secret in the host's /root: the sandbox has no /root at all, so the exact answer is
+/// ENOENT (not EACCES, which would mean the file is there and merely guarded).
+#[test]
+fn host_secret_under_root_is_absent() {
+    if !require("root (to write into /root)", is_root()) {
+        return;
+    }
+    let path = format!("/root/{}", unique("secret"));
+    let _cleanup = RemoveOnDrop(path.clone());
+    fs::write(&path, "hunter2").unwrap();
+    fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let out = py_ok(
+        &[],
+        &format!("{SYSCALL_PRELUDE}\nprint(os_errno(open, {path:?}), os_errno(os.stat, '/root'))"),
+    );
+    assert_eq!(out.trim(), "ENOENT ENOENT");
+}
+
+/// A secret in the host's /tmp: the sandbox's /tmp is its own fresh tmpfs, so ENOENT exactly.
+#[test]
+fn host_tmp_is_not_shared() {
+    let path = format!("/tmp/{}", unique("secret"));
+    let _cleanup = RemoveOnDrop(path.clone());
+    fs::write(&path, "hunter2").unwrap();
+    let out = py_ok(
+        &[],
+        &format!("{SYSCALL_PRELUDE}\nprint(os_errno(open, {path:?}))"),
+    );
+    assert_eq!(out.trim(), "ENOENT");
+}
+
+/// /etc/shadow is shown as the host's /dev/null (char device 1:3) and reads as zero bytes; on a
+/// host without it, it is simply absent.
+#[test]
+fn etc_shadow_is_masked_by_dev_null() {
+    let out = py_ok(&[], &device_probe("/etc/shadow"));
+    let expected = if Path::new("/etc/shadow").exists() {
+        "(1, 3) 0"
+    } else {
+        "ENOENT"
+    };
+    assert_eq!(out.trim(), expected);
+}
+
+/// A secret in the environment of the process that starts Kennel never reaches the code: the
+/// code's environment is exactly Kennel's four defaults.
+#[test]
+fn host_secret_env_var_does_not_reach_the_code() {
+    let secret = unique("env-secret");
+    let mut cmd = py_cmd(&[], "import os; print(sorted(os.environ.items()))");
+    cmd.env("KENNEL_TEST_SECRET", &secret);
+    let (_, r) = run_cmd_json(cmd);
+    assert_eq!(r["exit_code"], 0, "{}", r["stderr"]);
+    let out = r["stdout"].as_str().unwrap();
+    assert!(
+        !out.contains(&secret) && !out.contains("KENNEL_TEST_SECRET"),
+        "{out}"
+    );
+    assert_eq!(
+        out.trim(),
+        "[('HOME', '/workspace'), ('LANG', 'C.UTF-8'), \
+         ('PATH', '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'), ('TMPDIR', '/tmp')]"
+    );
+}
+
+/// Creating files in /usr, /etc, /bin or the root itself: the read-only bind mounts refuse
+/// before any permission check, so EROFS exactly (Landlock's EACCES would come later).
+#[test]
+fn creating_files_outside_scratch_is_erofs() {
+    let code = r#"
+paths = ["/usr/kennel-x", "/etc/kennel-x", "/bin/kennel-x", "/kennel-x"]
+print(*[os_errno(os.open, p, os.O_CREAT | os.O_WRONLY, 0o644) for p in paths], os_errno(os.mkdir, "/usr/kennel-d"))
+"#;
+    let out = py_ok(&[], &format!("{SYSCALL_PRELUDE}\n{code}"));
+    assert_eq!(out.trim(), "EROFS EROFS EROFS EROFS EROFS");
+}
+
+/// Overwriting /etc/passwd: the open fails with EACCES (its owner, host root, is unmapped in the
+/// sandbox's user namespace), and a metadata change that skips that check meets the read-only
+/// mount, EROFS. Both layers answer, each with its own errno.
+#[test]
+fn overwriting_a_host_system_file_is_refused() {
+    let code = r#"print(os_errno(os.open, "/etc/passwd", os.O_WRONLY), os_errno(os.chmod, "/etc/passwd", 0o666), os_errno(os.unlink, "/etc/passwd"))"#;
+    let out = py_ok(&[], &format!("{SYSCALL_PRELUDE}\n{code}"));
+    assert_eq!(out.trim(), "EACCES EROFS EROFS");
+}
+
+/// /home, /root, /run, /var, /sys and the rest of the host's tree are not in the view (ENOENT),
+/// and / lists exactly the system directories the host has plus Kennel's own four.
+#[test]
+fn host_only_directories_are_absent() {
+    let code = r#"
+print(*[os_errno(os.stat, p) for p in ["/home", "/root", "/run", "/var", "/sys", "/boot", "/mnt", "/srv", "/opt", "/media"]])
+print(" ".join(sorted(os.listdir("/"))))
+"#;
+    let out = py_ok(&[], &format!("{SYSCALL_PRELUDE}\n{code}"));
+    let mut lines = out.lines();
+    assert_eq!(lines.next().unwrap(), ["ENOENT"; 10].join(" "));
+    let mut expected: Vec<&str> = [
+        "usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc",
+    ]
+    .into_iter()
+    .filter(|d| Path::new("/").join(d).symlink_metadata().is_ok())
+    .chain(["dev", "proc", "tmp", "workspace"])
+    .collect();
+    expected.sort_unstable();
+    assert_eq!(lines.next().unwrap(), expected.join(" "));
+}
+
+/// A hard link from the writable scratch to a host file (to collect or modify it later) crosses
+/// mounts: EXDEV exactly.
+#[test]
+fn hard_link_to_a_host_file_is_exdev() {
+    let out = py_ok(&[], &format!("{SYSCALL_PRELUDE}\nprint(os_errno(os.link, '/etc/passwd', '/workspace/passwd'), os_errno(os.link, '/usr/bin/python3', '/tmp/py'))"));
+    assert_eq!(out.trim(), "EXDEV EXDEV");
+}
+
+/// Making a device node (a disk, or /dev/mem) in the writable /dev or /tmp: mknod of devices
+/// needs CAP_MKNOD in the host's namespace, so EPERM exactly; in /etc the read-only mount
+/// answers first, EROFS.
+#[test]
+fn device_nodes_cannot_be_made() {
+    let code = r#"
+blk, chr = 0o600 | 0o060000, 0o600 | 0o020000
+print(os_errno(os.mknod, "/dev/kennel-sda", blk, os.makedev(8, 0)), os_errno(os.mknod, "/tmp/kennel-mem", chr, os.makedev(1, 1)), os_errno(os.mknod, "/etc/kennel-mem", chr, os.makedev(1, 1)))
+"#;
+    let out = py_ok(&[], &format!("{SYSCALL_PRELUDE}\n{code}"));
+    assert_eq!(out.trim(), "EPERM EPERM EROFS");
+}
+
+// ---- processes & limits ----------------------------------------------------------------------
+
+/// A fork bomb under --pids 32: fork fails with EAGAIN, the cgroup counts the hit, and the run
+/// ends on its own (the program exits; pid 1 kills the bomb's other processes).
+#[test]
+fn fork_bomb_hits_the_pids_limit_and_the_run_ends() {
+    if !require("cgroups (run as root)", is_root()) {
+        return;
+    }
+    let code = r#"
+import errno, os, time
+def bomb():
+    while True:
+        try:
+            pid = os.fork()
+        except OSError as e:
+            return errno.errorcode[e.errno]
+        if pid == 0:
+            while True:
+                try:
+                    os.fork()
+                except OSError:
+                    time.sleep(1000)
+print(bomb(), flush=True)
+"#;
+    let start = Instant::now();
+    let r = py(&["--pids", "32", "--timeout", "20s"], code);
+    assert_eq!(r["stdout"], "EAGAIN\n", "{}", r["stderr"]);
+    assert_eq!(r["exit_code"], 0);
+    assert_eq!(r["pids_limit_hit"], true);
+    assert_eq!(r["timed_out"], false);
+    assert!(
+        start.elapsed() < Duration::from_secs(15),
+        "the run took {:?}",
+        start.elapsed()
+    );
+}
+
+/// A memory bomb under --memory 64M is OOM-killed: SIGKILL (9), oom_killed, and the peak never
+/// passes the limit.
+#[test]
+fn memory_bomb_is_oom_killed() {
+    if !require("cgroups (run as root)", is_root()) {
+        return;
+    }
+    let r = py(
+        &["--memory", "64M"],
+        "chunks = []\nwhile True:\n    chunks.append(b'x' * (8 << 20))",
+    );
+    assert_eq!(r["oom_killed"], true);
+    assert_eq!(r["signal"], 9);
+    assert_eq!(r["exit_code"], Value::Null);
+    assert_eq!(r["timed_out"], false);
+    let peak = r["memory_peak_bytes"].as_u64().unwrap();
+    assert!(peak <= 64 << 20, "peak {peak}");
+}
+
+/// A disk bomb in /tmp under --tmp-size 8M: ENOSPC exactly, after exactly 8 MiB of data.
+#[test]
+fn disk_bomb_stops_at_enospc() {
+    let code = r#"
+import errno, os
+n = 0
+fd = os.open("/tmp/fill", os.O_WRONLY | os.O_CREAT, 0o600)
+try:
+    while True:
+        n += os.write(fd, b"x" * 65536)
+except OSError as e:
+    print(errno.errorcode[e.errno], n)
+"#;
+    assert_eq!(
+        py_ok(&["--tmp-size", "8M"], code).trim(),
+        format!("ENOSPC {}", 8 << 20)
+    );
+}
+
+/// 1 GiB written to stdout: every byte is counted, the default 100 KiB head is kept, the rest
+/// dropped, and the flag says so.
+#[test]
+fn output_flood_is_counted_and_truncated() {
+    let r = py(
+        &[],
+        "import sys\nb = b'x' * (1 << 20)\nfor _ in range(1024): sys.stdout.buffer.write(b)",
+    );
+    assert_eq!(r["exit_code"], 0, "{}", r["stderr"]);
+    assert_eq!(r["stdout_bytes"], 1u64 << 30);
+    assert_eq!(r["stdout_truncated"], true);
+    let kept = r["stdout"].as_str().unwrap();
+    assert_eq!(kept.len(), 100 << 10);
+    assert!(kept.bytes().all(|b| b == b'x'));
+}
+
+/// A daemon (double fork, setsid, exec under a unique name, stdout kept open) that is running
+/// when the program exits: once Kennel returns, no host process carries its name, and no cgroup
+/// of that run remains.
+#[test]
+fn daemon_does_not_outlive_the_run() {
+    let token = unique("daemon");
+    let (head, tail) = token.split_at(7);
+    // The token is assembled at run time, so only the daemon's own command line holds it whole.
+    let code = format!(
+        r#"
+import os, time
+token = "{head}" + "{tail}"
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execv("/bin/sleep", [token, "987654"])
+    os._exit(0)
+os.wait()
+def running():
+    for p in os.listdir("/proc"):
+        try:
+            if p.isdigit() and open(f"/proc/{{p}}/cmdline", "rb").read().split(b"\0")[0] == token.encode():
+                return True
+        except OSError:
+            pass
+for _ in range(500):
+    if running():
+        print("daemon running")
+        break
+    time.sleep(0.01)
+"#
+    );
+    let start = Instant::now();
+    let (pid, r) = run_cmd_json(py_cmd(&["--timeout", "20s"], &code));
+    assert_eq!(r["stdout"], "daemon running\n", "{}", r["stderr"]);
+    assert_eq!(r["exit_code"], 0);
+    assert_eq!(r["timed_out"], false);
+    assert!(start.elapsed() < Duration::from_secs(10));
+    assert_eq!(
+        host_pids_with(&token),
+        Vec::<u32>::new(),
+        "the daemon outlived the run"
+    );
+    assert_eq!(kennel_cgroups_of(pid), Vec::<String>::new());
+}
+
+/// kill(-1, SIGKILL) from the code: it kills the code's own child (so the call is live) but
+/// reaches nothing outside the pid namespace; a host process started before it survives.
+#[test]
+fn kill_minus_one_reaches_nothing_outside() {
+    let mut host = Command::new("/bin/sleep")
+        .arg("1000")
+        .spawn()
+        .expect("host sleep starts");
+    let code = r#"
+import os, signal, time
+child = os.fork()
+if child == 0:
+    time.sleep(1000)
+    os._exit(0)
+print(os_errno(os.kill, -1, signal.SIGKILL), os.WTERMSIG(os.waitpid(child, 0)[1]))
+"#;
+    let out = py_ok(&[], &format!("{SYSCALL_PRELUDE}\n{code}"));
+    let alive = host.try_wait().expect("try_wait").is_none();
+    let _ = host.kill();
+    let _ = host.wait();
+    assert_eq!(out.trim(), "OK 9");
+    assert!(alive, "kill(-1) inside the sandbox killed a host process");
+}
+
+/// The code sees only its own pid namespace: /proc lists pid 1 (Kennel's init) and pid 2 (the
+/// code), nothing of the host.
+#[test]
+fn only_the_sandbox_processes_are_visible() {
+    let out = py_ok(
+        &[],
+        "import os; print(os.getpid(), sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))",
+    );
+    // In the oci tier there is no Kennel init inside: the code is pid 1 of its namespace, as
+    // in any container without an init process.
+    let expected = if oci() { "1 [1]" } else { "2 [1, 2]" };
+    assert_eq!(out.trim(), expected);
+}
+
+/// The init (pid 1) is non-dumpable: its exe, memory, root, cwd, environment and descriptors
+/// are all refused with EACCES exactly, so the code cannot reach the host through it.
+#[test]
+fn init_is_out_of_reach() {
+    let code = r#"
+print(os_errno(os.readlink, "/proc/1/exe"), os_errno(os.open, "/proc/1/exe", os.O_RDONLY), os_errno(os.open, "/proc/1/mem", os.O_RDONLY), os_errno(os.listdir, "/proc/1/root"), os_errno(os.open, "/proc/1/environ", os.O_RDONLY), os_errno(os.listdir, "/proc/1/fd"), os_errno(os.readlink, "/proc/1/cwd"))
+"#;
+    let out = py_ok(&[], &format!("{SYSCALL_PRELUDE}\n{code}"));
+    // In the oci tier pid 1 is the code itself (there is no init of Kennel's to protect), so
+    // it reaches its own /proc entries; the runtime's processes are outside its pid namespace.
+    let expected = if oci() { "OK" } else { "EACCES" };
+    assert_eq!(out.trim(), [expected; 7].join(" "));
+}
+
+/// The code runs as root of its own user namespace only: seen from the host, its process has
+/// uid and gid 1000000000 in all four slots and no capabilities.
+#[test]
+fn sandbox_root_is_an_unprivileged_host_uid() {
+    if !require("root (for the mapped host id range)", is_root()) {
+        return;
+    }
+    let token = unique("uid");
+    let (head, tail) = token.split_at(7);
+    let code = format!("import os; os.execv('/bin/sleep', ['{head}' + '{tail}', '30'])");
+    let child = py_cmd(&["--timeout", "20s"], &code)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let pid = loop {
+        let found: Vec<u32> = host_pids_with(&token)
+            .into_iter()
+            .filter(|p| {
+                fs::read(format!("/proc/{p}/cmdline"))
+                    .is_ok_and(|c| c.starts_with(token.as_bytes()))
+            })
+            .collect();
+        if let [pid] = found[..] {
+            break pid;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the sandboxed sleep never appeared"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    // The sleep is our own descendant: end it by its pid so the run finishes now.
+    // SAFETY: kill takes plain integers; the pid is the sandboxed sleep found above.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    let out = child.wait_with_output().unwrap();
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let field = |k: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(k))
+            .unwrap()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+    };
+    let id = HOST_ID_BASE.to_string();
+    assert_eq!(field("Uid:"), [id.as_str(); 4]);
+    assert_eq!(field("Gid:"), [id.as_str(); 4]);
+    assert_eq!(field("CapEff:"), ["0000000000000000"]);
+    assert_eq!(r["isolation"]["host_uid"], HOST_ID_BASE);
+    assert_eq!(r["isolation"]["host_gid"], HOST_ID_BASE);
+    assert_eq!(r["signal"], 9);
+}
+
+/// Exec'ing again as uid 0 (which would normally grant root every capability) gains nothing: the
+/// bounding set is empty and no_new_privs and the filter stay in force across exec.
+#[test]
+fn re_exec_as_root_regains_no_capabilities() {
+    let code = r#"
+import os, sys
+if len(sys.argv) == 1:
+    os.execv(sys.executable, [sys.executable, "-c", open("/proc/self/cmdline").read().split("\0")[2], "again"])
+status = dict(l.split(":\t", 1) for l in open("/proc/self/status").read().splitlines() if ":\t" in l)
+print(os.getuid(), *[status[k].strip() for k in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp"]])
+"#;
+    let out = py_ok(&[], code);
+    let zero = "0000000000000000";
+    assert_eq!(
+        out.trim(),
+        format!("0 {zero} {zero} {zero} {zero} {zero} 1 2")
+    );
+}
+
+// ---- seccomp ---------------------------------------------------------------------------------
+
+/// ptrace(PTRACE_ATTACH) on the code's own child, which the kernel would otherwise allow.
+#[test]
+fn ptrace_is_denied() {
+    assert_denied_by_seccomp(
+        r#"
+import time
+pid = os.fork()
+if pid == 0:
+    time.sleep(1000)
+    os._exit(0)
+print(sys_errno(101, 16, pid, 0, 0))
+os.kill(pid, 9)
+while os.WIFSTOPPED(os.waitpid(pid, 0)[1]):
+    pass
+"#,
+    );
+}
+
+/// process_vm_readv/writev into a child's memory.
+#[test]
+fn process_vm_readv_and_writev_are_denied() {
+    assert_denied_by_seccomp(
+        r#"
+import time
+class iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+src, dst = ctypes.create_string_buffer(b"kennel!!"), ctypes.create_string_buffer(8)
+pid = os.fork()
+if pid == 0:
+    time.sleep(1000)
+    os._exit(0)
+local, remote = iovec(ctypes.addressof(dst), 8), iovec(ctypes.addressof(src), 8)
+print(sys_errno(310, pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0), sys_errno(311, pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0))
+os.kill(pid, 9)
+os.waitpid(pid, 0)
+"#,
+    );
+}
+
+/// kcmp and pidfd_getfd: comparing or stealing another process's descriptors.
+#[test]
+fn kcmp_and_pidfd_getfd_are_denied() {
+    assert_denied_by_seccomp(
+        r#"
+import time
+pid = os.fork()
+if pid == 0:
+    time.sleep(1000)
+    os._exit(0)
+pidfd = os.pidfd_open(pid)
+print(sys_errno(312, os.getpid(), pid, 0, 0, 0), sys_errno(438, pidfd, 0, 0))
+os.kill(pid, 9)
+os.waitpid(pid, 0)
+"#,
+    );
+}
+
+/// mount of a fresh tmpfs over /tmp. Never run bare.
+#[test]
+fn mount_is_denied() {
+    assert_eq!(
+        probe_inside(r#"print(sys_errno(165, b"none", b"/tmp", b"tmpfs", 0, 0))"#),
+        expect_denied("ENOSYS")
+    );
+}
+
+/// The new mount API (fsopen, open_tree, move_mount, mount_setattr, fspick). Never run bare.
+#[test]
+fn new_mount_api_is_denied() {
+    let code = r#"
+print(sys_errno(430, b"tmpfs", 0), sys_errno(428, -100, b"/tmp", 1), sys_errno(429, -1, b"", -100, b"/tmp", 0), sys_errno(442, -100, b"/", 0, 0, 0), sys_errno(433, -100, b"/", 0))
+"#;
+    assert_eq!(probe_inside(code), [denied(); 5].join(" "));
+}
+
+/// umount2(MNT_DETACH) of the mask over /proc/kallsyms, to uncover it: denied, and the mask stays.
+#[test]
+fn umount2_is_denied_and_masks_stay() {
+    let out = probe_inside(
+        r#"print(sys_errno(166, b"/proc/kallsyms", 2), len(open("/proc/kallsyms", "rb").read()))"#,
+    );
+    assert_eq!(out, expect_denied("ENOSYS 0"));
+}
+
+/// pivot_root(".", ".") to swap the root the sandbox was built on. Never run bare.
+#[test]
+fn pivot_root_is_denied() {
+    assert_eq!(
+        probe_inside(r#"os.chdir("/tmp"); print(sys_errno(155, b".", b"."))"#),
+        expect_denied("ENOSYS")
+    );
+}
+
+/// chroot, the classic first step of a chroot escape (bare, chroot("/") is harmless).
+#[test]
+fn chroot_is_denied() {
+    assert_denied_by_seccomp(r#"print(sys_errno(161, b"/"))"#);
+}
+
+/// unshare(CLONE_NEWUSER): a nested user namespace would give full capabilities over a fresh
+/// namespace and reopen kernel surface.
+#[test]
+fn unshare_nested_user_namespace_is_denied() {
+    assert_denied_by_seccomp("print(sys_errno(272, 0x10000000))");
+}
+
+/// setns into a namespace (here the process's own network namespace, which bare root may join).
+#[test]
+fn setns_is_denied() {
+    assert_denied_by_seccomp(
+        r#"print(sys_errno(308, os.open("/proc/self/ns/net", os.O_RDONLY), 0x40000000))"#,
+    );
+}
+
+/// Raw clone (syscall 56) with CLONE_NEWUSER, NEWNS, NEWPID or NEWNET: denied, while the same
+/// call without namespace flags (a plain fork) works, so the filter looks at the flags. Only
+/// run inside: the unshare test is the bare control that namespaces can be created.
+#[test]
+fn clone_with_namespace_flags_is_denied() {
+    let code = r#"
+def raw_clone(flags):
+    ctypes.set_errno(0)
+    r = _libc.syscall(*[ctypes.c_long(a) for a in (56, flags | 17, 0, 0, 0, 0)])
+    if r == 0:
+        os._exit(0)
+    if r > 0:
+        os.waitpid(r, 0)
+        return "OK"
+    return errno.errorcode[ctypes.get_errno()]
+print(*[raw_clone(f) for f in [0x10000000, 0x00020000, 0x20000000, 0x40000000, 0]])
+"#;
+    assert_eq!(probe_inside(code), expect_denied("ENOSYS ENOSYS ENOSYS ENOSYS OK"));
+}
+
+/// clone3, whose flags sit behind a pointer the filter cannot read (bare: EINVAL for size 0).
+#[test]
+fn clone3_is_denied() {
+    assert_denied_by_seccomp("print(sys_errno(435, 0, 0))");
+}
+
+/// keyctl on the session keyring: the kernel keyring is not namespaced.
+#[test]
+fn keyctl_is_denied() {
+    assert_denied_by_seccomp("print(sys_errno(250, 0, -3, 0))");
+}
+
+/// add_key into the process keyring.
+#[test]
+fn add_key_is_denied() {
+    assert_denied_by_seccomp(r#"print(sys_errno(248, b"user", b"kennel-probe", b"x", 1, -2))"#);
+}
+
+/// request_key, the keyring's third door.
+#[test]
+fn request_key_is_denied() {
+    assert_denied_by_seccomp(r#"print(sys_errno(249, b"user", b"kennel-none", None, 0))"#);
+}
+
+/// bpf(BPF_MAP_CREATE): loading anything into the kernel.
+#[test]
+fn bpf_is_denied() {
+    assert_denied_by_seccomp("print(sys_errno(321, 0, None, 0))");
+}
+
+/// perf_event_open of a software task-clock counter on the process itself.
+#[test]
+fn perf_event_open_is_denied() {
+    assert_denied_by_seccomp(
+        r#"
+import struct
+attr = bytearray(128)
+struct.pack_into("IIQ", attr, 0, 1, 128, 1)
+print(sys_errno(298, ctypes.create_string_buffer(bytes(attr), 128), 0, -1, -1, 0))
+"#,
+    );
+}
+
+/// userfaultfd, the exploit writer's way of stalling the kernel at a chosen point.
+#[test]
+fn userfaultfd_is_denied() {
+    assert_denied_by_seccomp("print(sys_errno(323, os.O_CLOEXEC))");
+}
+
+/// io_uring_setup, whose operations would bypass the filter.
+#[test]
+fn io_uring_setup_is_denied() {
+    assert_denied_by_seccomp("print(sys_errno(425, 1, ctypes.create_string_buffer(120)))");
+}
+
+/// open_by_handle_at with a forged handle (ext4 root inode 2: the "shocker" escape), and its
+/// other half name_to_handle_at. Bare, these only open or name a file read-only.
+#[test]
+fn open_by_handle_at_is_denied() {
+    assert_denied_by_seccomp(
+        r#"
+import struct
+handle = ctypes.create_string_buffer(struct.pack("IiQ", 8, 1, 2), 16)
+out, mount_id = ctypes.create_string_buffer(struct.pack("I", 128), 136), ctypes.c_int()
+print(sys_errno(304, os.open("/", os.O_RDONLY), handle, 0), sys_errno(303, -100, b"/etc/passwd", out, ctypes.byref(mount_id), 0))
+"#,
+    );
+}
+
+/// syslog(SYSLOG_ACTION_SIZE_BUFFER): the kernel log leaks addresses.
+#[test]
+fn syslog_is_denied() {
+    assert_denied_by_seccomp("print(sys_errno(103, 10, None, 0))");
+}
+
+/// kexec_load and kexec_file_load: replacing the running kernel. Never run bare.
+#[test]
+fn kexec_is_denied() {
+    assert_eq!(
+        probe_inside("print(sys_errno(246, 0, 0, None, 0), sys_errno(320, -1, -1, 0, None, 0))"),
+        expect_denied("ENOSYS ENOSYS")
+    );
+}
+
+/// init_module, finit_module and delete_module: loading or unloading kernel code. Never run bare.
+#[test]
+fn kernel_modules_are_denied() {
+    let code = r#"print(sys_errno(175, None, 0, b""), sys_errno(313, -1, b"", 0), sys_errno(176, b"kennel_none", os.O_NONBLOCK))"#;
+    assert_eq!(probe_inside(code), expect_denied("ENOSYS ENOSYS ENOSYS"));
+}
+
+/// reboot, with invalid magic numbers so that nothing could happen even unfiltered. Never run
+/// bare.
+#[test]
+fn reboot_is_denied() {
+    assert_eq!(
+        probe_inside("print(sys_errno(169, 0, 0, 0, None))"),
+        expect_denied("ENOSYS")
+    );
+}
+
+/// swapon and swapoff: the host's swap. Never run bare.
+#[test]
+fn swap_is_denied() {
+    assert_eq!(
+        probe_inside(
+            r#"print(sys_errno(167, b"/tmp/kennel-none", 0), sys_errno(168, b"/tmp/kennel-none"))"#
+        ),
+        expect_denied("ENOSYS ENOSYS")
+    );
+}
+
+/// settimeofday, clock_settime, clock_adjtime and adjtimex: the host clock. The times passed are
+/// invalid and the adjustments read-only (modes 0), so nothing could change even unfiltered.
+/// Never run bare.
+#[test]
+fn clock_changes_are_denied() {
+    let code = r#"
+tv = ctypes.create_string_buffer(struct.pack("qq", 0, 2_000_000), 16)
+ts = ctypes.create_string_buffer(struct.pack("qq", 0, -1), 16)
+tx = ctypes.create_string_buffer(256)
+print(sys_errno(164, tv, None), sys_errno(227, 0, ts), sys_errno(305, 0, tx), sys_errno(159, tx))
+"#;
+    assert_eq!(
+        probe_inside(&format!("import struct\n{code}")),
+        expect_denied("ENOSYS ENOSYS ENOSYS ENOSYS")
+    );
+}
+
+/// acct and quotactl: host accounting files and disk quotas. Never run bare.
+#[test]
+fn acct_and_quotactl_are_denied() {
+    assert_eq!(
+        probe_inside(
+            r#"print(sys_errno(163, b"/tmp/kennel-acct"), sys_errno(179, 0, b"/", 0, None))"#
+        ),
+        expect_denied("ENOSYS ENOSYS")
+    );
+}
+
+/// A 32-bit syscall through `int 0x80` (i386 getpid), the classic way around an x86-64-only
+/// filter: the process is killed with SIGSYS (31) before it returns. Bare, it returns the pid.
+#[test]
+fn i386_syscalls_kill_the_process() {
+    let code = r#"
+import ctypes, mmap, os
+buf = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+buf.write(bytes([0xb8, 20, 0, 0, 0, 0xcd, 0x80, 0xc3]))  # mov eax, 20; int 0x80; ret
+getpid32 = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(buf)))
+print("calling", flush=True)
+print(getpid32() == os.getpid())
+"#;
+    let bare = Command::new(PY).args(["-c", code]).output().unwrap();
+    if !require("ia32 emulation in the kernel", bare.status.success()) {
+        return;
+    }
+    assert_eq!(String::from_utf8_lossy(&bare.stdout), "calling\nTrue\n");
+    let r = py(&[], code);
+    assert_eq!(r["stdout"], "calling\n");
+    assert_eq!(r["signal"], 31);
+    assert_eq!(r["exit_code"], Value::Null);
+}
+
+/// An x32-ABI syscall number (getpid | 0x40000000): ENOSYS from the filter whatever the
+/// kernel's x32 support, so no x32 back door.
+#[test]
+fn x32_syscalls_are_denied() {
+    let code = format!("{SYSCALL_PRELUDE}\nprint(sys_errno(0x40000000 | 39))");
+    if oci() {
+        // The OCI profile lists only the x86_64 ABI, and libseccomp treats x32 as a foreign
+        // one: the runtime's filter kills the process with SIGSYS instead of answering ENOSYS.
+        let r = py(&[], &code);
+        assert_eq!(r["signal"], libc::SIGSYS, "{r}");
+        return;
+    }
+    assert_eq!(probe_inside("print(sys_errno(0x40000000 | 39))"), expect_denied("ENOSYS"));
+}
+
+/// TIOCSTI on a terminal (a pty the code opens itself), pushing keystrokes into a terminal; also
+/// with junk in the upper 32 bits of the request (the kernel ignores them, so must the filter),
+/// and TIOCLINUX, the console's equivalent.
+#[test]
+fn tiocsti_is_denied() {
+    assert_denied_by_seccomp(
+        r#"
+fd = os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY)
+c = ctypes.byref(ctypes.c_char(b"x"))
+print(sys_errno(16, fd, 0x5412, c), sys_errno(16, fd, 0x1_0000_5412, c), sys_errno(16, fd, 0x541C, c))
+"#,
+    );
+}
+
+/// The code has no controlling terminal to type into: it leads its own new session, and
+/// /dev/tty answers ENXIO exactly.
+#[test]
+fn code_has_no_controlling_terminal() {
+    let code = r#"print(os.getsid(0) == os.getpid(), os_errno(os.open, "/dev/tty", os.O_RDWR))"#;
+    assert_eq!(probe_inside(code), "True ENXIO");
+}
+
+// ---- network ---------------------------------------------------------------------------------
+
+/// A raw IPv4 socket, to forge packets.
+#[test]
+fn raw_socket_is_denied() {
+    assert_denied_by_seccomp(
+        "print(os_errno(socket.socket, socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP))",
+    );
+}
+
+/// A netlink route socket, to reconfigure interfaces and routes.
+#[test]
+fn netlink_socket_is_denied() {
+    assert_denied_by_seccomp(
+        "print(os_errno(socket.socket, socket.AF_NETLINK, socket.SOCK_RAW, 0))",
+    );
+}
+
+/// An AF_PACKET socket (datagram type, so that the SOCK_RAW rule cannot be what stops it).
+#[test]
+fn packet_socket_is_denied() {
+    assert_denied_by_seccomp(
+        "print(os_errno(socket.socket, socket.AF_PACKET, socket.SOCK_DGRAM, 0))",
+    );
+}
+
+/// A TCP service on the host's 127.0.0.1: the sandbox's loopback is its own, with nothing
+/// listening, so ECONNREFUSED exactly, and the host listener never sees a connection.
+#[test]
+fn host_loopback_service_is_unreachable() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let code = format!(
+        "s = socket.socket(); s.settimeout(5); print(os_errno(s.connect, ('127.0.0.1', {port})))"
+    );
+    let out = py_ok(&[], &format!("{SYSCALL_PRELUDE}\n{code}"));
+    assert_eq!(out.trim(), "ECONNREFUSED");
+    listener.set_nonblocking(true).unwrap();
+    let accepted = listener.accept();
+    assert!(
+        matches!(&accepted, Err(e) if e.kind() == io::ErrorKind::WouldBlock),
+        "the host saw {accepted:?}"
+    );
+}
+
+/// An abstract unix socket on the host (the kind D-Bus and X11 use): abstract names belong to the
+/// network namespace, so ECONNREFUSED exactly.
+#[test]
+fn host_abstract_unix_socket_is_unreachable() {
+    use std::os::linux::net::SocketAddrExt;
+    let name = unique("abstract");
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    let listener = std::os::unix::net::UnixListener::bind_addr(&addr).unwrap();
+    let code =
+        format!("s = socket.socket(socket.AF_UNIX); print(os_errno(s.connect, '\\0{name}'))");
+    let out = py_ok(&[], &format!("{SYSCALL_PRELUDE}\n{code}"));
+    assert_eq!(out.trim(), "ECONNREFUSED");
+    listener.set_nonblocking(true).unwrap();
+    assert!(matches!(listener.accept(), Err(e) if e.kind() == io::ErrorKind::WouldBlock));
+}
+
+/// The internet: TCP to 1.1.1.1:80 and UDP to 8.8.8.8:53 find no route, ENETUNREACH exactly
+/// (no timeout, no DNS, nothing sent).
+#[test]
+fn internet_is_unreachable() {
+    let code = r#"
+s = socket.socket(); s.settimeout(5)
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+print(os_errno(s.connect, ("1.1.1.1", 80)), os_errno(u.sendto, b"x", ("8.8.8.8", 53)))
+"#;
+    assert_eq!(
+        py_ok(&[], &format!("{SYSCALL_PRELUDE}\n{code}")).trim(),
+        "ENETUNREACH ENETUNREACH"
+    );
+}
+
+/// The only network interface is the sandbox's own loopback.
+#[test]
+fn only_loopback_exists() {
+    let out = py_ok(
+        &[],
+        "print(*[l.split(':')[0].strip() for l in open('/proc/net/dev').read().splitlines()[2:]])",
+    );
+    assert_eq!(out.trim(), "lo");
+}
+
+// ---- devices & /proc -------------------------------------------------------------------------
+
+/// /proc/kcore (kernel memory) is masked by /dev/null and reads 0 bytes; on a kernel without
+/// it, it is absent (ENOENT).
+#[test]
+fn proc_kcore_is_masked() {
+    let expected = if Path::new("/proc/kcore").exists() {
+        "(1, 3) 0"
+    } else {
+        "ENOENT"
+    };
+    assert_eq!(py_ok(&[], &device_probe("/proc/kcore")).trim(), expected);
+}
+
+/// /proc/kallsyms (kernel symbol addresses) is /dev/null inside and reads 0 bytes; the host's
+/// is not empty, so the mask is what hides it.
+#[test]
+fn proc_kallsyms_is_masked() {
+    assert_eq!(
+        py_ok(&[], &device_probe("/proc/kallsyms")).trim(),
+        "(1, 3) 0"
+    );
+    let mut head = [0u8; 64];
+    let n = io::Read::read(&mut fs::File::open("/proc/kallsyms").unwrap(), &mut head).unwrap();
+    assert!(
+        n > 0,
+        "the host's /proc/kallsyms is empty: the control says nothing"
+    );
+}
+
+/// Host devices (a disk, physical memory, the kernel log, kvm) are absent (ENOENT), and /dev
+/// holds exactly Kennel's minimal set.
+#[test]
+fn dev_holds_only_the_minimal_set() {
+    let code = r#"
+print(*[os_errno(os.open, p, os.O_RDONLY) for p in ["/dev/sda", "/dev/mem", "/dev/kmsg", "/dev/kvm", "/dev/port", "/dev/console"]])
+print(*sorted(os.listdir("/dev")))
+"#;
+    let out = py_ok(&[], &format!("{SYSCALL_PRELUDE}\n{code}"));
+    let mut lines = out.lines();
+    assert_eq!(lines.next().unwrap(), ["ENOENT"; 6].join(" "));
+    // crun adds the conventional /dev/core link to /proc/kcore, which is masked.
+    let core = if tier() == Some("crun") { "core " } else { "" };
+    assert_eq!(
+        lines.next().unwrap(),
+        format!("{core}fd full null ptmx pts random shm stderr stdin stdout tty urandom zero")
+    );
+}
+
+/// Writing /proc/sys/kernel/hostname: the open fails with EACCES (the sysctl belongs to host
+/// root), and a change that skips that check meets the read-only /proc/sys mount, EROFS; a
+/// /proc file outside the read-only parts answers chmod with EPERM instead, which shows the mount
+/// is what says EROFS.
+#[test]
+fn proc_sys_is_read_only() {
+    let code = r#"
+p = "/proc/sys/kernel/hostname"
+print(os_errno(os.open, p, os.O_WRONLY), os_errno(os.chmod, p, 0o666), os_errno(os.chmod, "/proc/version", 0o666), bool(os.statvfs("/proc/sys").f_flag & os.ST_RDONLY))
+"#;
+    assert_eq!(
+        py_ok(&[], &format!("{SYSCALL_PRELUDE}\n{code}")).trim(),
+        "EACCES EROFS EPERM True"
+    );
+}
+
+/// /proc/sysrq-trigger (crash or reboot the host by writing a letter): on a host that has it,
+/// the open for writing fails with EACCES and the mount under it is read-only (chmod: EROFS);
+/// on a kernel without it, it is absent (ENOENT).
+#[test]
+fn proc_sysrq_trigger_is_out_of_reach() {
+    let code = r#"
+p = "/proc/sysrq-trigger"
+if os.path.lexists(p):
+    print(os_errno(os.open, p, os.O_WRONLY), os_errno(os.chmod, p, 0o666))
+else:
+    print(os_errno(os.open, p, os.O_WRONLY))
+"#;
+    let expected = if Path::new("/proc/sysrq-trigger").exists() {
+        "EACCES EROFS"
+    } else {
+        "ENOENT"
+    };
+    assert_eq!(
+        py_ok(&[], &format!("{SYSCALL_PRELUDE}\n{code}")).trim(),
+        expected
+    );
+}
+
+/// /proc/kmsg, the kernel log ring, belongs to host root: EACCES exactly.
+#[test]
+fn proc_kmsg_is_refused() {
+    let expected = if Path::new("/proc/kmsg").exists() {
+        "EACCES"
+    } else {
+        "ENOENT"
+    };
+    assert_eq!(
+        probe_inside(r#"print(os_errno(os.open, "/proc/kmsg", os.O_RDONLY))"#),
+        expected
+    );
+}
+
+// ---- fds & collection ------------------------------------------------------------------------
+
+/// A descriptor the caller leaks into Kennel (fd 7 on a host file, not close-on-exec) does not
+/// reach the code: it holds exactly 0, 1 and 2 (3 is listdir's own), fd 7 is EBADF, and the
+/// init's copy is out of reach (EACCES). The same setup run bare does pass fd 7 on.
+#[test]
+fn inherited_descriptors_are_closed() {
+    let path = format!("/tmp/{}", unique("leaked-fd"));
+    let _cleanup = RemoveOnDrop(path.clone());
+    fs::write(&path, "host secret").unwrap();
+    let file = fs::File::open(&path).unwrap();
+    let probe = "import os\ntry:\n    os.fstat(7); print('open')\nexcept OSError as e:\n    print(errno.errorcode[e.errno])";
+
+    let mut bare = Command::new(PY);
+    bare.args(["-c", &format!("{SYSCALL_PRELUDE}\n{probe}")]);
+    inherit_as_fd7(&mut bare, &file);
+    let bare = bare.output().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&bare.stdout),
+        "open\n",
+        "the control did not pass fd 7"
+    );
+
+    let code = format!(
+        "{SYSCALL_PRELUDE}\n{probe}\nprint(*sorted(os.listdir('/proc/self/fd'), key=int), os_errno(os.open, '/proc/1/fd/7', os.O_RDONLY))"
+    );
+    let mut cmd = py_cmd(&[], &code);
+    inherit_as_fd7(&mut cmd, &file);
+    let (_, r) = run_cmd_json(cmd);
+    // In the oci tier pid 1 is the code, whose fd 7 does not exist: ENOENT, not EACCES.
+    let init_fd = if oci() { "ENOENT" } else { "EACCES" };
+    assert_eq!(r["stdout"], format!("EBADF\n0 1 2 3 {init_fd}\n"), "{}", r["stderr"]);
+}
+
+/// The code plants a symlink to /etc/passwd on the path it was asked to return: it is refused as
+/// a symlink and no content comes back, while a plain file of the same run is returned.
+#[test]
+fn symlink_on_a_collected_path_is_not_followed() {
+    let code = "import os
+os.symlink('/etc/passwd', '/workspace/out.json')
+open('/workspace/ok.txt', 'w').write('fine')";
+    let r = py(
+        &[
+            "--collect",
+            "/workspace/out.json",
+            "--collect",
+            "/workspace/ok.txt",
+        ],
+        code,
+    );
+    assert_eq!(r["exit_code"], 0, "{}", r["stderr"]);
+    let files = r["files"].as_array().unwrap();
+    let bad = files
+        .iter()
+        .find(|f| f["path"] == "/workspace/out.json")
+        .unwrap();
+    assert!(bad["error"].as_str().unwrap().contains("symlink"), "{bad}");
+    assert_eq!(bad.get("content"), None);
+    assert_eq!(bad["size"], 0);
+    let ok = files
+        .iter()
+        .find(|f| f["path"] == "/workspace/ok.txt")
+        .unwrap();
+    assert_eq!(ok["content"], serde_json::json!({"text": "fine"}));
+}
+
+/// The same through a symlinked parent directory (/workspace/d -> /etc, collect
+/// /workspace/d/passwd): refused as a symlink, no content.
+#[test]
+fn symlinked_directory_on_a_collected_path_is_not_followed() {
+    let r = py(
+        &["--collect", "/workspace/d/passwd"],
+        "import os; os.symlink('/etc', '/workspace/d')",
+    );
+    let f = &r["files"][0];
+    assert_eq!(f["path"], "/workspace/d/passwd");
+    assert!(f["error"].as_str().unwrap().contains("symlink"), "{f}");
+    assert_eq!(f.get("content"), None);
+}
+
+/// A FIFO planted on a collected path, to hang the collector: refused as not a regular file, and
+/// the run ends promptly.
+#[test]
+fn fifo_on_a_collected_path_does_not_hang_collection() {
+    let start = Instant::now();
+    let r = py(
+        &["--collect", "/workspace/out", "--timeout", "20s"],
+        "import os; os.mkfifo('/workspace/out')",
+    );
+    let f = &r["files"][0];
+    assert_eq!(f["error"], "is not a regular file");
+    assert_eq!(f.get("content"), None);
+    assert_eq!(r["timed_out"], false);
+    assert!(start.elapsed() < Duration::from_secs(10));
+}
