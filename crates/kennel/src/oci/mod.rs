@@ -208,12 +208,11 @@ impl Oci {
 
     /// runsc's platform when the policy names none, probed once with a container of its own.
     fn auto_platform(&self, runsc: &Installed) -> Platform {
-        runtime::auto_platform(|platform| {
+        runtime::auto_platform(&runsc.version, |platform| {
             let mut probe = RunRequest::new(crate::api::Command::Argv(vec!["/bin/true".into()]));
             probe.policy.tier = Tier::Oci;
             probe.policy.oci.platform = Some(platform);
-            probe.policy.limits.timeout = crate::policy::Span(Duration::from_secs(10));
-            let _ = runsc;
+            probe.policy.limits.timeout = crate::policy::Span(Duration::from_secs(5));
             self.run(&probe, RunIo::none())
                 .is_ok_and(|r| r.exit_code == Some(0))
         })

@@ -219,19 +219,39 @@ fn quiet(argv: &[String], limit: Duration) -> bool {
 }
 
 /// runsc's platform when the policy names none: KVM where `/dev/kvm` opens and a probe
-/// container starts under it, ptrace otherwise. Decided once per process.
-pub fn auto_platform(probe: impl FnOnce(Platform) -> bool) -> Platform {
+/// container starts under it, ptrace otherwise.
+///
+/// The answer is kept in a file beside the runtimes' state, keyed by the runsc version and
+/// the kernel, so that each `kennel run` does not pay for the probe (a KVM that fails can take
+/// seconds to say so).
+pub fn auto_platform(version: &str, probe: impl FnOnce(Platform) -> bool) -> Platform {
     static CHOSEN: OnceLock<Platform> = OnceLock::new();
     *CHOSEN.get_or_init(|| {
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        let key = format!("{version} {}", kernel.trim());
+        let cache = Path::new(STATE_DIR).join("runsc-platform");
+        if let Some((k, p)) = std::fs::read_to_string(&cache)
+            .ok()
+            .and_then(|t| t.rsplit_once('\n').map(|(k, p)| (k.to_string(), p.to_string())))
+        {
+            if k == key {
+                if let Ok(p) = p.parse() {
+                    return p;
+                }
+            }
+        }
         let kvm = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .open("/dev/kvm")
             .is_ok();
-        if kvm && probe(Platform::Kvm) {
+        let chosen = if kvm && probe(Platform::Kvm) {
             Platform::Kvm
         } else {
             Platform::Ptrace
-        }
+        };
+        let _ = std::fs::create_dir_all(STATE_DIR);
+        let _ = std::fs::write(&cache, format!("{key}\n{}", chosen.name()));
+        chosen
     })
 }
