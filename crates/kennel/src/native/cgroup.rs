@@ -136,6 +136,15 @@ fn own_layout() -> Result<Layout, String> {
     })
 }
 
+/// A cgroup2 mount point beside v1 hierarchies (a hybrid host), which crun refuses to run
+/// beside.
+pub fn hybrid_v2_mount() -> Option<String> {
+    let mounts = mounts().ok()?;
+    let v1 = mounts.iter().any(|m| m.fstype == "cgroup");
+    let v2 = mounts.iter().find(|m| m.fstype == "cgroup2")?;
+    v1.then(|| v2.point.display().to_string())
+}
+
 /// The supervisor's own directory in every cgroup hierarchy mounted here.
 fn own_dirs_everywhere() -> Vec<PathBuf> {
     let (Ok(mounts), Ok(own)) = (mounts(), own_cgroups()) else {

@@ -9,11 +9,11 @@ use crate::policy::Policy;
 pub const NEW_ROOT: &str = "/tmp";
 
 /// Host system directories shown read-only when no rootfs is given.
-pub(crate) const SYSTEM_DIRS: &[&str] = &[
+const SYSTEM_DIRS: &[&str] = &[
     "usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc",
 ];
 /// Entries of a rootfs that Kennel provides itself.
-pub(crate) const PROVIDED: &[&str] = &["proc", "dev", "sys", "tmp", "workspace", "run"];
+const PROVIDED: &[&str] = &["proc", "dev", "sys", "tmp", "workspace", "run"];
 /// Secret files under /etc, hidden behind an empty file.
 pub(crate) const SECRET_FILES: &[&str] = &[
     "etc/shadow",
@@ -147,6 +147,19 @@ fn hide(ops: &mut Vec<Op>, target: String, kind: &Kind) {
     }
 }
 
+/// The top-level names the system view shows: every entry of a rootfs but those Kennel
+/// provides itself, or the host's system directories.
+pub(crate) fn shown_names(view: &dyn View, rootfs: bool) -> Vec<String> {
+    if rootfs {
+        view.top_level()
+            .into_iter()
+            .filter(|n| !PROVIDED.contains(&n.as_str()))
+            .collect()
+    } else {
+        SYSTEM_DIRS.iter().map(|s| s.to_string()).collect()
+    }
+}
+
 /// The read-only system view: the new root, the system directories (or the rootfs) and the
 /// masked secrets. `source_root` is "" for the host or a path that reaches the rootfs.
 pub fn system_view(view: &dyn View, source_root: &str, rootfs: bool) -> Vec<Op> {
@@ -155,15 +168,7 @@ pub fn system_view(view: &dyn View, source_root: &str, rootfs: bool) -> Vec<Op> 
         libc::MS_NOSUID | libc::MS_NODEV,
         "size=1m,mode=0755".into(),
     )];
-    let names: Vec<String> = if rootfs {
-        view.top_level()
-            .into_iter()
-            .filter(|n| !PROVIDED.contains(&n.as_str()))
-            .collect()
-    } else {
-        SYSTEM_DIRS.iter().map(|s| s.to_string()).collect()
-    };
-    for name in &names {
+    for name in &shown_names(view, rootfs) {
         if let Some(kind) = view.kind(name) {
             show(&mut ops, view, source_root, name, &kind);
         }

@@ -93,6 +93,23 @@ pub enum Msg {
     Done,
 }
 
+/// Reads the `count` input files that follow a plan.
+pub fn recv_files(r: &mut impl Read, count: usize) -> Result<InputFiles, String> {
+    let mut files = Vec::with_capacity(count);
+    for _ in 0..count {
+        match recv(r) {
+            Ok(Some((Msg::File(meta), data))) => files.push((meta, data)),
+            other => {
+                return Err(format!(
+                    "expected a file, got {:?}",
+                    other.map(|o| o.map(|m| m.0))
+                ))
+            }
+        }
+    }
+    Ok(files)
+}
+
 pub fn send(w: &mut impl Write, msg: &Msg, blob: &[u8]) -> io::Result<()> {
     let json = serde_json::to_vec(msg).map_err(io::Error::other)?;
     let mut head = Vec::with_capacity(12 + json.len());

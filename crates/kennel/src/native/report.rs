@@ -1,4 +1,4 @@
-//! The result of a native run, assembled from what the sandbox reported, what the kernel
+//! The result of a run (of any tier), assembled from what the sandbox reported, what the kernel
 //! counted and what was asked.
 
 use std::time::{Duration, Instant};
@@ -31,56 +31,55 @@ pub(super) struct Report {
     pub(super) proxy: Option<Proxy>,
 }
 
-#[allow(clippy::too_many_arguments)]
-pub(super) fn build_result(
-    req: &RunRequest,
-    plan: &Plan,
-    limiter: &Limiter,
-    stats: Option<super::cgroup::Stats>,
-    usage: Option<libc::rusage>,
-    report: Report,
-    stdout: Captured,
-    stderr: Captured,
-    duration: Duration,
-) -> RunResult {
-    let rusage_cpu_ms = usage.map_or(0, |u| {
+/// How a run ended, as any tier learned it: the result is made from this and the isolation.
+pub(crate) struct Outcome {
+    pub exited: Option<(Option<i32>, Option<i32>)>,
+    /// Kennel killed the code (a timeout or a cancel): it ended by SIGKILL, whatever it said.
+    pub killed: bool,
+    pub timed_out: bool,
+    /// The cgroup's counters; without a cgroup, `usage` stands in for them.
+    pub stats: Option<super::cgroup::Stats>,
+    pub usage: Option<libc::rusage>,
+    pub collected: Vec<(Collected, Vec<u8>)>,
+    pub stdout: Captured,
+    pub stderr: Captured,
+    pub duration: Duration,
+}
+
+pub(crate) fn build_result(req: &RunRequest, o: Outcome, isolation: Isolation) -> RunResult {
+    let rusage_cpu_ms = o.usage.map_or(0, |u| {
         let ms = |t: libc::timeval| t.tv_sec as u64 * 1000 + t.tv_usec as u64 / 1000;
         ms(u.ru_utime) + ms(u.ru_stime)
     });
-    let oom_killed = stats.is_some_and(|s| s.oom_kills > 0);
-    let (exit_code, signal) = match report.exited {
-        _ if report.timed_out => (None, Some(libc::SIGKILL)),
-        Some(e) => e,
-        None => (None, Some(libc::SIGKILL)),
+    let (exit_code, signal) = match o.exited {
+        Some(e) if !o.killed => e,
+        _ => (None, Some(libc::SIGKILL)),
     };
     RunResult {
         exit_code,
         signal,
-        timed_out: report.timed_out,
-        oom_killed,
-        pids_limit_hit: stats.is_some_and(|s| s.pids_max_hits > 0),
-        duration_ms: duration.as_millis() as u64,
-        cpu_ms: stats.map_or(rusage_cpu_ms, |s| s.cpu_ns / 1_000_000),
-        memory_peak_bytes: stats.map_or_else(
-            || usage.map_or(0, |u| u.ru_maxrss as u64 * 1024),
+        timed_out: o.timed_out,
+        oom_killed: o.stats.is_some_and(|s| s.oom_kills > 0),
+        pids_limit_hit: o.stats.is_some_and(|s| s.pids_max_hits > 0),
+        duration_ms: o.duration.as_millis() as u64,
+        cpu_ms: o.stats.map_or(rusage_cpu_ms, |s| s.cpu_ns / 1_000_000),
+        memory_peak_bytes: o.stats.map_or_else(
+            || o.usage.map_or(0, |u| u.ru_maxrss as u64 * 1024),
             |s| s.memory_peak,
         ),
-        stdout_bytes: stdout.total,
-        stderr_bytes: stderr.total,
-        stdout_truncated: stdout.truncated(),
-        stderr_truncated: stderr.truncated(),
-        stdout: String::from_utf8_lossy(&stdout.head).into_owned(),
-        stderr: String::from_utf8_lossy(&stderr.head).into_owned(),
-        files: collected_files(req, report.collected),
-        isolation: isolation(plan, limiter, report.confinement),
+        stdout_bytes: o.stdout.total,
+        stderr_bytes: o.stderr.total,
+        stdout_truncated: o.stdout.truncated(),
+        stderr_truncated: o.stderr.truncated(),
+        stdout: String::from_utf8_lossy(&o.stdout.head).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr.head).into_owned(),
+        files: collected_files(req, o.collected),
+        isolation,
         network_log: vec![],
     }
 }
 
-pub(crate) fn collected_files(
-    req: &RunRequest,
-    collected: Vec<(Collected, Vec<u8>)>,
-) -> Vec<CollectedFile> {
+fn collected_files(req: &RunRequest, collected: Vec<(Collected, Vec<u8>)>) -> Vec<CollectedFile> {
     let mut files: Vec<CollectedFile> = collected
         .into_iter()
         .map(|(meta, data)| CollectedFile {

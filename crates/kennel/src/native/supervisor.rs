@@ -1,7 +1,7 @@
 //! The supervisor side of a native run.
 
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -13,7 +13,7 @@ use super::helper::{in_scratch, HELPER_ARG};
 use super::io::{feed_stdin, join, reader, Canceller, Event, RunIo, Started, StdinSource};
 use super::output::Stream;
 use super::proto::{self, Confinement, FileMeta, InputFiles, Msg, Plan, CTL_FD};
-use super::report::{build_result, isolation, Limiter, Report};
+use super::report::{build_result, isolation, Limiter, Outcome, Report};
 use super::steps::Step;
 use super::{HOST_ID_BASE, ID_RANGE};
 use crate::api::{RunRequest, RunResult};
@@ -91,24 +91,7 @@ impl Native {
     }
 
     fn spawn_helper(&self, helper_end: &UnixStream, piped_stdin: bool) -> Result<Child, Error> {
-        use std::os::fd::AsRawFd;
-        let fd = helper_end.as_raw_fd();
-        let mut cmd = Command::new(&self.helper);
-        cmd.arg(HELPER_ARG)
-            .env_clear()
-            .stdin(if piped_stdin {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        // SAFETY of the closure: it runs between fork and exec, and calls only prctl and dup2,
-        // which are async-signal-safe; it touches no memory of the parent beyond `fd`.
-        sys::pre_exec_signal_safe(&mut cmd, move || {
-            sys::set_parent_death_signal(libc::SIGKILL)?;
-            sys::dup_to(fd, CTL_FD)
-        });
+        let mut cmd = helper_command(&self.helper, HELPER_ARG, helper_end, piped_stdin);
         cmd.spawn().map_err(|e| {
             setup_error(
                 Step::SpawnHelper,
@@ -125,6 +108,35 @@ struct Launch {
     ctl: UnixStream,
     guard: KillOnDrop,
     started: Instant,
+}
+
+/// A fresh exec of the helper binary in role `arg`: a clean environment, piped output, the
+/// control socket as fd 3, and death with its parent.
+pub(crate) fn helper_command(
+    binary: &Path,
+    arg: &str,
+    ctl_end: &UnixStream,
+    piped_stdin: bool,
+) -> Command {
+    use std::os::fd::AsRawFd;
+    let fd = ctl_end.as_raw_fd();
+    let mut cmd = Command::new(binary);
+    cmd.arg(arg)
+        .env_clear()
+        .stdin(if piped_stdin {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY of the closure: it runs between fork and exec, and calls only prctl and dup2,
+    // which are async-signal-safe; it touches no memory of the parent beyond `fd`.
+    sys::pre_exec_signal_safe(&mut cmd, move || {
+        sys::set_parent_death_signal(libc::SIGKILL)?;
+        sys::dup_to(fd, CTL_FD)
+    });
+    cmd
 }
 
 /// The limiter for a run: a cgroup, or rlimits where the policy allows them.
@@ -207,9 +219,19 @@ fn supervise(
         )));
     }
     let duration = report.ended_at.unwrap_or_else(Instant::now) - started;
-    let mut result = build_result(
-        req, plan, limiter, stats, usage, report, stdout, stderr, duration,
-    );
+    let isolation = isolation(plan, limiter, report.confinement);
+    let outcome = Outcome {
+        exited: report.exited,
+        killed: report.timed_out,
+        timed_out: report.timed_out,
+        stats,
+        usage,
+        collected: report.collected,
+        stdout,
+        stderr,
+        duration,
+    };
+    let mut result = build_result(req, outcome, isolation);
     result.network_log = network_log;
     Ok(result)
 }
@@ -243,17 +265,7 @@ fn check_host(policy: &Policy) -> Result<(), Error> {
 fn plan(req: &RunRequest) -> Result<(Plan, InputFiles), Error> {
     let policy = &req.policy;
     let argv = checked_argv(req)?;
-    if let Some(root) = &policy.filesystem.rootfs {
-        if root.starts_with("/tmp") || !root.is_dir() {
-            return Err(Error::request(
-                "filesystem.rootfs",
-                format!(
-                    "{} must be an existing directory outside /tmp",
-                    root.display()
-                ),
-            ));
-        }
-    }
+    check_rootfs(policy)?;
     let files = input_files(req)?;
     let plan = Plan {
         argv,
@@ -266,6 +278,20 @@ fn plan(req: &RunRequest) -> Result<(Plan, InputFiles), Error> {
         cpus: pick_cpus(policy.limits.cpus),
     };
     Ok((plan, files))
+}
+
+/// A rootfs must be an existing directory, and not under /tmp, which sandboxes mount over.
+pub(crate) fn check_rootfs(policy: &Policy) -> Result<(), Error> {
+    match &policy.filesystem.rootfs {
+        Some(root) if root.starts_with("/tmp") || !root.is_dir() => Err(Error::request(
+            "filesystem.rootfs",
+            format!(
+                "{} must be an existing directory outside /tmp",
+                root.display()
+            ),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// The argv to run, refused when it cannot be passed to execve.

@@ -17,8 +17,8 @@ use oci_spec::runtime::{
 };
 
 use crate::native::mounts::{
-    Kind, View, PROC_MASKED_DIRS, PROC_MASKED_FILES, PROC_READ_ONLY, PROVIDED, SECRET_DIRS,
-    SECRET_FILES, SYSTEM_DIRS,
+    shown_names, Kind, View, PROC_MASKED_DIRS, PROC_MASKED_FILES, PROC_READ_ONLY, SECRET_DIRS,
+    SECRET_FILES,
 };
 use crate::native::seccomp::{self, When, DENIED_ERRNO};
 use crate::native::steps::HOSTNAME;
@@ -50,14 +50,7 @@ pub enum Node {
 
 /// The root's skeleton and the read-only binds of the system view.
 pub fn system_view(view: &dyn View, source: &Path, rootfs: bool) -> (Vec<Node>, Vec<Mount>) {
-    let names: Vec<String> = if rootfs {
-        view.top_level()
-            .into_iter()
-            .filter(|n| !PROVIDED.contains(&n.as_str()))
-            .collect()
-    } else {
-        SYSTEM_DIRS.iter().map(|s| s.to_string()).collect()
-    };
+    let names = shown_names(view, rootfs);
     let mut nodes: Vec<Node> = ["proc", "dev", "tmp", "workspace"]
         .iter()
         .map(|d| Node::Dir(d.to_string()))

@@ -148,18 +148,7 @@ fn read_plan(ctl: &mut UnixStream) -> Result<(LaunchPlan, InputFiles), String> {
             ))
         }
     };
-    let mut files = Vec::with_capacity(plan.files);
-    for _ in 0..plan.files {
-        match proto::recv(ctl) {
-            Ok(Some((Msg::File(meta), data))) => files.push((meta, data)),
-            other => {
-                return Err(format!(
-                    "expected a file, got {:?}",
-                    other.map(|o| o.map(|m| m.0))
-                ))
-            }
-        }
-    }
+    let files = proto::recv_files(ctl, plan.files)?;
     Ok((plan, files))
 }
 

@@ -11,7 +11,7 @@ pub mod steps;
 
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -20,13 +20,15 @@ use crate::api::{
     Isolation, LandlockInfo, LimitsInfo, RunRequest, RunResult, RuntimeInfo, SeccompInfo,
 };
 use crate::error::Error;
-use crate::native::cgroup::{Cgroup, Stats};
+use crate::native::cgroup::{self, Cgroup};
 use crate::native::helper::Dir;
 use crate::native::io::{feed_stdin, join, reader, Event, RunIo, Started, StdinSource};
 use crate::native::output::{Captured, Stream};
-use crate::native::proto::{self, Collected, InputFiles, Msg, CTL_FD};
-use crate::native::report::{collected_files, network_summary};
-use crate::native::supervisor::{checked_argv, input_files, pick_cpus, sandbox_env};
+use crate::native::proto::{self, Collected, InputFiles, Msg};
+use crate::native::report::{build_result, network_summary, Outcome};
+use crate::native::supervisor::{
+    check_rootfs, checked_argv, helper_command, input_files, pick_cpus, sandbox_env,
+};
 use crate::native::{seccomp, HOST_ID_BASE, ID_RANGE};
 use crate::policy::{NetMode, Platform, Policy, Runtime, Tier};
 use crate::sys;
@@ -109,7 +111,7 @@ impl Oci {
             runtime_argvs: run
                 .runtime
                 .start_argvs(run.platform, host_network, &run.bundle, id),
-            hide_cgroup2: hybrid_cgroup2(),
+            hide_cgroup2: cgroup::hybrid_v2_mount(),
             tmp_size: policy.limits.tmp_size.0,
             workspace_size: policy.limits.workspace_size.0,
             owner: owner(run.runtime.runtime),
@@ -180,28 +182,23 @@ impl Oci {
             });
         }
         let duration = report.ended_at.unwrap_or_else(Instant::now) - started;
-        Ok(result(req, run, report, stats, stdout, stderr, duration))
+        let outcome = Outcome {
+            exited: report.exited,
+            killed: report.timed_out || report.cancelled,
+            timed_out: report.timed_out,
+            stats: Some(stats),
+            usage: None,
+            collected: report.collected,
+            stdout,
+            stderr,
+            duration,
+        };
+        Ok(build_result(req, outcome, isolation(run, &req.policy)))
     }
 
     fn spawn(&self, piped_stdin: bool) -> Result<(Child, UnixStream), Error> {
-        use std::os::fd::AsRawFd;
         let (ctl, launcher_end) = UnixStream::pair().map_err(|e| setup(Step::SpawnLauncher, e))?;
-        let fd = launcher_end.as_raw_fd();
-        let mut cmd = Command::new(&self.launcher);
-        cmd.arg(LAUNCHER_ARG)
-            .env_clear()
-            .stdin(if piped_stdin {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        // The closure only calls prctl and dup2 (async-signal-safe) on a captured integer.
-        sys::pre_exec_signal_safe(&mut cmd, move || {
-            sys::set_parent_death_signal(libc::SIGKILL)?;
-            sys::dup_to(fd, CTL_FD)
-        });
+        let mut cmd = helper_command(&self.launcher, LAUNCHER_ARG, &launcher_end, piped_stdin);
         let child = cmd.spawn().map_err(|e| setup(Step::SpawnLauncher, e))?;
         Ok((child, ctl))
     }
@@ -290,35 +287,7 @@ fn check_host(policy: &Policy) -> Result<(), Error> {
             hint: "use tier \"native\" for an allowlist, or network mode \"none\"".into(),
         });
     }
-    if let Some(root) = &policy.filesystem.rootfs {
-        if root.starts_with("/tmp") || !root.is_dir() {
-            return Err(Error::request(
-                "filesystem.rootfs",
-                format!(
-                    "{} must be an existing directory outside /tmp",
-                    root.display()
-                ),
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// A cgroup2 mount beside v1 hierarchies (a hybrid host), which crun refuses to run beside.
-fn hybrid_cgroup2() -> Option<String> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let fstype = |l: &str| {
-        l.split_once(" - ")
-            .and_then(|(_, r)| r.split(' ').next().map(str::to_string))
-    };
-    let v1 = info.lines().any(|l| fstype(l).as_deref() == Some("cgroup"));
-    let v2 = info
-        .lines()
-        .find(|l| fstype(l).as_deref() == Some("cgroup2"))?
-        .split(' ')
-        .nth(4)?
-        .to_string();
-    v1.then_some(v2)
+    check_rootfs(policy)
 }
 
 fn write_bundle(
@@ -462,41 +431,6 @@ fn watch(
         }
     }
     Ok(report)
-}
-
-fn result(
-    req: &RunRequest,
-    run: &Run,
-    report: Report,
-    stats: Stats,
-    stdout: Captured,
-    stderr: Captured,
-    duration: Duration,
-) -> RunResult {
-    let (exit_code, signal) = match report.exited {
-        _ if report.timed_out || report.cancelled => (None, Some(libc::SIGKILL)),
-        Some(e) => e,
-        None => (None, Some(libc::SIGKILL)),
-    };
-    RunResult {
-        exit_code,
-        signal,
-        timed_out: report.timed_out,
-        oom_killed: stats.oom_kills > 0,
-        pids_limit_hit: stats.pids_max_hits > 0,
-        duration_ms: duration.as_millis() as u64,
-        cpu_ms: stats.cpu_ns / 1_000_000,
-        memory_peak_bytes: stats.memory_peak,
-        stdout_bytes: stdout.total,
-        stderr_bytes: stderr.total,
-        stdout_truncated: stdout.truncated(),
-        stderr_truncated: stderr.truncated(),
-        stdout: String::from_utf8_lossy(&stdout.head).into_owned(),
-        stderr: String::from_utf8_lossy(&stderr.head).into_owned(),
-        files: collected_files(req, report.collected),
-        isolation: isolation(run, &req.policy),
-        network_log: vec![],
-    }
 }
 
 /// What the runtime was given: Kennel cannot look inside gVisor's kernel from outside, so this

@@ -230,10 +230,10 @@ pub fn auto_platform(version: &str, probe: impl FnOnce(Platform) -> bool) -> Pla
         let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
         let key = format!("{version} {}", kernel.trim());
         let cache = Path::new(STATE_DIR).join("runsc-platform");
-        if let Some((k, p)) = std::fs::read_to_string(&cache)
-            .ok()
-            .and_then(|t| t.rsplit_once('\n').map(|(k, p)| (k.to_string(), p.to_string())))
-        {
+        if let Some((k, p)) = std::fs::read_to_string(&cache).ok().and_then(|t| {
+            t.rsplit_once('\n')
+                .map(|(k, p)| (k.to_string(), p.to_string()))
+        }) {
             if k == key {
                 if let Ok(p) = p.parse() {
                     return p;
