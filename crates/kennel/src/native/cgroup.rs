@@ -109,11 +109,13 @@ fn join_under(mount: &Mount, path: &str) -> PathBuf {
 }
 
 /// The supervisor's own cgroup directories, by layout, before anything is created.
-fn own_layout() -> Result<Layout, String> {
+/// With it, the supervisor's directory in every hierarchy, from the same reading.
+fn own_layout() -> Result<(Layout, Vec<PathBuf>), String> {
     let mounts = mounts().map_err(|e| format!("cannot read mountinfo: {e}"))?;
     let own = own_cgroups().map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
+    let everywhere = own_dirs_in(&mounts, &own);
     if let Some(dir) = v2_dir(&mounts, &own) {
-        return Ok(Layout::V2 { dir });
+        return Ok((Layout::V2 { dir }, everywhere));
     }
     let mut found = Vec::new();
     for ctrl in V1_CONTROLLERS {
@@ -128,12 +130,13 @@ fn own_layout() -> Result<Layout, String> {
         found.push(join_under(mount, path));
     }
     let [memory, pids, cpu, cpuacct] = <[PathBuf; 4]>::try_from(found).expect("four controllers");
-    Ok(Layout::V1 {
+    let layout = Layout::V1 {
         memory,
         pids,
         cpu,
         cpuacct,
-    })
+    };
+    Ok((layout, everywhere))
 }
 
 /// A cgroup2 mount point beside v1 hierarchies (a hybrid host), which crun refuses to run
@@ -147,9 +150,13 @@ pub fn hybrid_v2_mount() -> Option<String> {
 
 /// The supervisor's own directory in every cgroup hierarchy mounted here.
 fn own_dirs_everywhere() -> Vec<PathBuf> {
-    let (Ok(mounts), Ok(own)) = (mounts(), own_cgroups()) else {
-        return vec![];
-    };
+    match (mounts(), own_cgroups()) {
+        (Ok(mounts), Ok(own)) => own_dirs_in(&mounts, &own),
+        _ => vec![],
+    }
+}
+
+fn own_dirs_in(mounts: &[Mount], own: &[(Vec<String>, String)]) -> Vec<PathBuf> {
     mounts
         .iter()
         .filter_map(|m| {
@@ -271,7 +278,7 @@ static SEQ: AtomicU64 = AtomicU64::new(0);
 impl Cgroup {
     /// Creates a cgroup for one sandbox with `limits` applied, or says why none can be used.
     pub fn create(limits: &Limits) -> Result<Cgroup, String> {
-        let base = own_layout()?;
+        let (base, everywhere) = own_layout()?;
         SWEEP.call_once(sweep_stale);
         let me = sys::getpid().to_string();
         let started = start_time(&me).unwrap_or_default();
@@ -285,7 +292,7 @@ impl Cgroup {
             .iter()
             .map(|d| d.to_path_buf())
             .collect::<Vec<_>>();
-        let others = own_dirs_everywhere()
+        let others = everywhere
             .into_iter()
             .map(|d| d.join(&name))
             .filter(|d| !ours.contains(d))
@@ -521,7 +528,7 @@ fn sweep_stale() {
 
 /// What `kennel doctor` says about cgroups on this host.
 pub fn describe() -> Result<String, String> {
-    let layout = own_layout()?;
+    let (layout, _) = own_layout()?;
     let kind = match layout {
         Layout::V1 { .. } => "cgroup-v1",
         Layout::V2 { .. } => "cgroup-v2",

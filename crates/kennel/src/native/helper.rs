@@ -19,6 +19,23 @@ pub const HELPER_ARG: &str = "__kennel-sandbox-helper";
 /// Exit status of a helper whose setup failed (the details went to the supervisor).
 const SETUP_FAILED: i32 = 125;
 
+/// A step of either tier's sequence, reported by name.
+pub(crate) trait StepName {
+    fn name(self) -> &'static str;
+}
+
+impl StepName for Step {
+    fn name(self) -> &'static str {
+        Step::name(self)
+    }
+}
+
+impl StepName for crate::oci::steps::Step {
+    fn name(self) -> &'static str {
+        crate::oci::steps::Step::name(self)
+    }
+}
+
 /// Call this first in `main` of any binary that starts native sandboxes: when the process is a
 /// sandbox helper, it never returns.
 pub fn maybe_run_helper() {
@@ -106,7 +123,9 @@ fn fs_plan(plan: &Plan) -> FsPlan {
     }
 }
 
-fn fail_and_exit(ctl: &mut UnixStream, step: Step, fail: Fail) -> ! {
+/// Tells the supervisor which step failed and why, and exits; `step` is a native or an OCI
+/// step.
+pub(crate) fn fail_and_exit(ctl: &mut UnixStream, step: impl StepName, fail: Fail) -> ! {
     let msg = Msg::Failed {
         step: step.name().to_string(),
         errno: fail.errno,

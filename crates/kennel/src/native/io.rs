@@ -98,6 +98,30 @@ pub(crate) enum Event {
     Cancel,
 }
 
+/// Reads the control socket on a thread of its own: every frame, then `Closed`, arrive on the
+/// returned channel, where a `cancel` also lands.
+pub(crate) fn control_events(
+    ctl: &std::os::unix::net::UnixStream,
+    cancel: Option<&Canceller>,
+) -> Result<mpsc::Receiver<Event>, Error> {
+    let mut reader = ctl
+        .try_clone()
+        .map_err(Error::io("cloning the control socket"))?;
+    let (tx, rx) = mpsc::channel();
+    if let Some(cancel) = cancel {
+        cancel.attach(tx.clone());
+    }
+    thread::spawn(move || {
+        while let Ok(Some((msg, blob))) = super::proto::recv(&mut reader) {
+            if tx.send(Event::Frame(msg, blob)).is_err() {
+                return;
+            }
+        }
+        let _ = tx.send(Event::Closed);
+    });
+    Ok(rx)
+}
+
 /// What a caller learns the moment the code starts: the isolation in force, and (with
 /// cgroups) a probe that reads the usage counters while the sandbox runs.
 pub struct Started {

@@ -5,12 +5,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::thread::{self};
+
 use std::time::{Duration, Instant};
 
 use super::cgroup::Cgroup;
 use super::helper::{in_scratch, HELPER_ARG};
-use super::io::{feed_stdin, join, reader, Canceller, Event, RunIo, Started, StdinSource};
+use super::io::{
+    control_events, feed_stdin, join, reader, Canceller, Event, RunIo, Started, StdinSource,
+};
 use super::output::Stream;
 use super::proto::{self, Confinement, FileMeta, InputFiles, Msg, Plan, CTL_FD};
 use super::report::{build_result, isolation, Limiter, Outcome, Report};
@@ -449,22 +451,7 @@ fn events(
     cancel: Option<&Canceller>,
     mut on_started: Option<Box<dyn FnOnce(Confinement) + '_>>,
 ) -> Result<Report, Error> {
-    let reader = ctl
-        .try_clone()
-        .map_err(Error::io("cloning the control socket"))?;
-    let (tx, rx) = mpsc::channel();
-    if let Some(cancel) = cancel {
-        cancel.attach(tx.clone());
-    }
-    thread::spawn(move || {
-        let mut reader = reader;
-        while let Ok(Some((msg, blob))) = proto::recv(&mut reader) {
-            if tx.send(Event::Frame(msg, blob)).is_err() {
-                return;
-            }
-        }
-        let _ = tx.send(Event::Closed);
-    });
+    let rx = control_events(ctl, cancel)?;
     let mut report = Report::default();
     let deadline = started + plan.policy.limits.timeout.0;
     let mut give_up = None;

@@ -10,8 +10,9 @@ use serde::{Deserialize, Serialize};
 use super::bundle::SCRATCH;
 use super::runtime::PID_FILE;
 use super::steps::Step;
-use crate::native::helper::collect;
+use crate::native::helper::{collect, fail_and_exit};
 use crate::native::proto::{self, FileMeta, InputFiles, Msg, CTL_FD};
+use crate::native::steps::{Context, Fail};
 use crate::sys;
 
 /// The first argument that turns the helper binary into an OCI launcher.
@@ -41,20 +42,6 @@ pub struct LaunchPlan {
     pub collect_size: u64,
 }
 
-/// A failed step, as the launcher reports it.
-struct Fail {
-    errno: Option<i32>,
-    detail: String,
-}
-
-fn fail(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Fail {
-    let what = what.into();
-    move |e| Fail {
-        errno: e.raw_os_error(),
-        detail: format!("{what}: {e}"),
-    }
-}
-
 pub fn launcher_main() -> ! {
     let mut ctl = match sys::adopt_inherited_fd(CTL_FD) {
         Ok(fd) => UnixStream::from(fd),
@@ -68,20 +55,13 @@ pub fn launcher_main() -> ! {
     let _ = sys::close_fds_from(CTL_FD + 1);
     let (plan, files) = match read_plan(&mut ctl) {
         Ok(p) => p,
-        Err(detail) => report_failure(
-            &mut ctl,
-            Step::SpawnLauncher,
-            Fail {
-                errno: None,
-                detail,
-            },
-        ),
+        Err(detail) => fail_and_exit(&mut ctl, Step::SpawnLauncher, Fail::new(detail)),
     };
     let mut waited = None;
     for step in Step::LAUNCHER {
         let done = match step {
             Step::JoinCgroup => join_cgroup(&plan),
-            Step::PinCpus => sys::set_cpu_affinity(&plan.cpus).map_err(fail("sched_setaffinity")),
+            Step::PinCpus => sys::set_cpu_affinity(&plan.cpus).ctx(|| "sched_setaffinity".into()),
             Step::PrivateMounts => private_mounts(),
             Step::HideCgroup2 => hide_cgroup2(&plan),
             Step::MountScratch => mount_scratch(&plan),
@@ -90,7 +70,7 @@ pub fn launcher_main() -> ! {
             _ => Ok(()),
         };
         if let Err(f) = done {
-            report_failure(&mut ctl, step, f);
+            fail_and_exit(&mut ctl, step, f);
         }
     }
     let (code, signal) = match waited {
@@ -128,16 +108,6 @@ fn in_bundle(bundle: &Path, path: &str) -> PathBuf {
     bundle.join(rel)
 }
 
-fn report_failure(ctl: &mut UnixStream, step: Step, fail: Fail) -> ! {
-    let msg = Msg::Failed {
-        step: step.name().to_string(),
-        errno: fail.errno,
-        detail: fail.detail,
-    };
-    let _ = proto::send(ctl, &msg, &[]);
-    sys::exit_now(SETUP_FAILED)
-}
-
 fn read_plan(ctl: &mut UnixStream) -> Result<(LaunchPlan, InputFiles), String> {
     let plan = match proto::recv(ctl) {
         Ok(Some((Msg::Launch(plan), _))) => *plan,
@@ -155,20 +125,20 @@ fn read_plan(ctl: &mut UnixStream) -> Result<(LaunchPlan, InputFiles), String> {
 fn join_cgroup(plan: &LaunchPlan) -> Result<(), Fail> {
     // "0" in `tasks` moves this (single-threaded) process without the RCU wait of cgroup.procs.
     for file in &plan.cgroup_join {
-        std::fs::write(file, "0").map_err(fail(format!("writing 0 to {file}")))?;
+        std::fs::write(file, "0").ctx(|| format!("writing 0 to {file}"))?;
     }
     Ok(())
 }
 
 fn private_mounts() -> Result<(), Fail> {
-    sys::unshare(libc::CLONE_NEWNS).map_err(fail("unshare(CLONE_NEWNS)"))?;
+    sys::unshare(libc::CLONE_NEWNS).ctx(|| "unshare(CLONE_NEWNS)".into())?;
     sys::mount(None, "/", None, libc::MS_REC | libc::MS_PRIVATE, None)
-        .map_err(fail("making / private"))
+        .ctx(|| "making / private".into())
 }
 
 fn hide_cgroup2(plan: &LaunchPlan) -> Result<(), Fail> {
     match &plan.hide_cgroup2 {
-        Some(point) => sys::umount_detach(point).map_err(fail(format!("unmounting {point}"))),
+        Some(point) => sys::umount_detach(point).ctx(|| format!("unmounting {point}")),
         None => Ok(()),
     }
 }
@@ -188,7 +158,7 @@ fn mount_scratch(plan: &LaunchPlan) -> Result<(), Fail> {
             libc::MS_NOSUID | libc::MS_NODEV,
             Some(&data),
         )
-        .map_err(fail(format!("mounting a tmpfs on {target}")))?;
+        .ctx(|| format!("mounting a tmpfs on {target}"))?;
     }
     Ok(())
 }
@@ -213,13 +183,13 @@ fn write_input_files(plan: &LaunchPlan, files: &[(FileMeta, Vec<u8>)]) -> Result
             dir = dir.parent().map(Path::to_path_buf).unwrap_or_default();
         }
         for d in missing.iter().rev() {
-            std::fs::create_dir(d).map_err(fail(format!("creating {}", meta.path)))?;
-            chown(d, owner, owner).map_err(fail(format!("chown of {}", meta.path)))?;
+            std::fs::create_dir(d).ctx(|| format!("creating {}", meta.path))?;
+            chown(d, owner, owner).ctx(|| format!("chown of {}", meta.path))?;
         }
-        std::fs::write(&path, data).map_err(fail(format!("writing {}", meta.path)))?;
-        chown(&path, owner, owner).map_err(fail(format!("chown of {}", meta.path)))?;
+        std::fs::write(&path, data).ctx(|| format!("writing {}", meta.path))?;
+        chown(&path, owner, owner).ctx(|| format!("chown of {}", meta.path))?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(meta.mode))
-            .map_err(fail(format!("chmod of {}", meta.path)))?;
+            .ctx(|| format!("chmod of {}", meta.path))?;
     }
     Ok(())
 }
@@ -234,12 +204,11 @@ enum Waited {
 
 /// Starts the container and waits for the code to end.
 fn start_container(plan: &LaunchPlan, ctl: &mut UnixStream) -> Result<Waited, Fail> {
-    let not_started = |exit: Option<sys::Exit>| Fail {
-        errno: None,
-        detail: format!(
+    let not_started = |exit: Option<sys::Exit>| {
+        Fail::new(format!(
             "the runtime ended with status {} before the container started",
             exit.map_or(-1, sys::Exit::shell_status)
-        ),
+        ))
     };
     let pid_file = plan.bundle.join(PID_FILE);
     match plan.runtime_argvs.as_slice() {
@@ -254,7 +223,7 @@ fn start_container(plan: &LaunchPlan, ctl: &mut UnixStream) -> Result<Waited, Fa
         }
         [create, start] => {
             // `create` exits once the container waits to exec; its init then re-parents here.
-            sys::set_child_subreaper().map_err(fail("PR_SET_CHILD_SUBREAPER"))?;
+            sys::set_child_subreaper().ctx(|| "PR_SET_CHILD_SUBREAPER".into())?;
             let created = sys::wait_pid(spawn(create)?).ok().flatten().map(|(_, e)| e);
             if !matches!(created, Some(sys::Exit::Code(0))) {
                 return Err(not_started(created));
@@ -276,18 +245,14 @@ fn start_container(plan: &LaunchPlan, ctl: &mut UnixStream) -> Result<Waited, Fa
                 }
             }
         }
-        _ => Err(Fail {
-            errno: None,
-            detail: "no runtime command".into(),
-        }),
+        _ => Err(Fail::new("no runtime command")),
     }
 }
 
 fn spawn(argv: &[String]) -> Result<i32, Fail> {
-    let (program, args) = argv.split_first().ok_or_else(|| Fail {
-        errno: None,
-        detail: "empty runtime command".into(),
-    })?;
+    let (program, args) = argv
+        .split_first()
+        .ok_or_else(|| Fail::new("empty runtime command"))?;
     let mut cmd = Command::new(program);
     cmd.args(args)
         .env_clear()
@@ -295,6 +260,6 @@ fn spawn(argv: &[String]) -> Result<i32, Fail> {
     // SAFETY of the closure: it runs between fork and exec of a single-threaded process and
     // makes one prctl call, which is async-signal-safe.
     sys::pre_exec_signal_safe(&mut cmd, || sys::set_parent_death_signal(libc::SIGKILL));
-    let child = cmd.spawn().map_err(fail(format!("starting {program}")))?;
+    let child = cmd.spawn().ctx(|| format!("starting {program}"))?;
     Ok(child.id() as i32)
 }

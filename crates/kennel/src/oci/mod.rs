@@ -13,7 +13,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::sync::mpsc;
-use std::thread;
+
 use std::time::{Duration, Instant};
 
 use crate::api::{
@@ -22,7 +22,9 @@ use crate::api::{
 use crate::error::Error;
 use crate::native::cgroup::{self, Cgroup};
 use crate::native::helper::Dir;
-use crate::native::io::{feed_stdin, join, reader, Event, RunIo, Started, StdinSource};
+use crate::native::io::{
+    control_events, feed_stdin, join, reader, Event, RunIo, Started, StdinSource,
+};
 use crate::native::output::{Captured, Stream};
 use crate::native::proto::{self, Collected, InputFiles, Msg};
 use crate::native::report::{build_result, network_summary, Outcome};
@@ -150,7 +152,7 @@ impl Oci {
         }
         let mut on_started = io.on_started;
         let probe = run.probe();
-        let mut notify = |_pid: i32| {
+        let mut notify = || {
             if let Some(f) = on_started.take() {
                 f(Started {
                     isolation: isolation(run, policy),
@@ -164,7 +166,7 @@ impl Oci {
         let _ = child.kill();
         let _ = child.wait();
         run.cgroup.kill_all();
-        let stats = run.probe().read();
+        let stats = probe.read();
         let (stdout, stderr) = (join(out), join(err));
         drop(stdin_thread);
         let report = report?;
@@ -364,23 +366,9 @@ fn watch(
     policy: &Policy,
     started: Instant,
     cancel: Option<&crate::native::Canceller>,
-    on_started: &mut dyn FnMut(i32),
+    on_started: &mut dyn FnMut(),
 ) -> Result<Report, Error> {
-    let mut reader = ctl
-        .try_clone()
-        .map_err(Error::io("cloning the control socket"))?;
-    let (tx, rx) = mpsc::channel();
-    if let Some(cancel) = cancel {
-        cancel.attach(tx.clone());
-    }
-    thread::spawn(move || {
-        while let Ok(Some((msg, blob))) = proto::recv(&mut reader) {
-            if tx.send(Event::Frame(msg, blob)).is_err() {
-                return;
-            }
-        }
-        let _ = tx.send(Event::Closed);
-    });
+    let rx = control_events(ctl, cancel)?;
     let mut report = Report::default();
     let deadline = started + policy.limits.timeout.0;
     let mut runtime_pid = None;
@@ -393,7 +381,7 @@ fn watch(
                 match msg {
                     Msg::InitPid { pid } => {
                         runtime_pid = Some(pid);
-                        on_started(pid);
+                        on_started();
                     }
                     Msg::Failed {
                         step,
