@@ -2,8 +2,11 @@
 """Start latency per tier, next to each OCI runtime run by hand, and gVisor's cost inside.
 
 Measured interleaved in one run, as ratios, because these machines are shared and noisy:
-  - `kennel run --runtime R -- /bin/true` (and `python3 -c pass`) against `R run` of a
-    hand-made bundle of the same shape (and `runsc do /bin/true`): the overhead Kennel adds;
+  - `kennel run --runtime R -- /bin/true` (and `python3 -c pass`) against `R run` by hand of
+    the very bundle Kennel runs (written by `kennel bundle`, same seccomp profile, id mapping,
+    masks and mounts, pinned to one CPU as Kennel pins it): what Kennel itself adds;
+  - the same against `R run` of a minimal hand-made bundle (no seccomp, user namespace or
+    masks), and `runsc do /bin/true`: what Kennel's policy costs inside the runtime;
   - a loop of os.stat calls and a pure-CPU loop inside native and inside runsc.
 Usage: bench/tiers.sh [--json]   (BENCH_N iterations, default 20)
 """
@@ -57,12 +60,23 @@ def timed(argv, **kw):
     return dt
 
 
-def hand_argv(rt, state, bundle, cid):
+def hand_argv(rt, state, bundle, cid, exact=False):
     # As Kennel drives them here: crun without cgroups (it refuses this hybrid host's), runsc
-    # on ptrace with no network.
+    # on ptrace with no network; `exact` adds the rest of Kennel's flags (runsc's cgroups left
+    # alone, its seccomp profile applied).
     extra = {"runsc": ["--platform=ptrace", "--network=none"],
              "crun": ["--cgroup-manager=disabled"]}.get(rt, [])
+    if exact and rt == "runsc":
+        extra += ["--ignore-cgroups", "--oci-seccomp"]
     return [rt, "--root", state, *extra, "run", "--bundle", bundle, cid]
+
+
+def export(kennel, rt, argv, into):
+    """Kennel's own bundle for `argv` under `rt` (it has no cgroup of Kennel's around it; runc
+    makes its own beneath the benchmark's, and removes it after each run)."""
+    subprocess.run([kennel, "bundle", "--out", into, "--runtime", rt, "--", *argv],
+                   check=True, stdout=subprocess.DEVNULL)
+    return into
 
 
 def inside(kennel, opts, code):
@@ -76,6 +90,7 @@ def main():
     kennel = sys.argv[sys.argv.index("--kennel") + 1]
     as_json = "--json" in sys.argv
     work = tempfile.mkdtemp(prefix="kennel-bench-tiers-", dir="/run")
+    os.chmod(work, 0o755)  # the user-namespaced runtimes reach their bundles as a mapped id
     state = os.path.join(work, "state")
     samples = {}
     try:
@@ -83,12 +98,16 @@ def main():
         os.makedirs(bundle)
         cfg = hand_bundle(bundle)
         programs = {"true": ["/bin/true"], "python": [PY, "-c", "pass"]}
+        same = {(rt, name): export(kennel, rt, argv, os.path.join(work, f"{rt}-{name}"))
+                for rt in RUNTIMES for name, argv in programs.items()}
         for i in range(N + 2):
             for rt in RUNTIMES:
                 for name, argv in programs.items():
                     write_cfg(bundle, cfg, argv)
                     cases = {
                         f"{rt} by hand, {name}": hand_argv(rt, state, bundle, f"bench-{i}"),
+                        f"{rt} same bundle, {name}": ["taskset", "-c", "0", *hand_argv(
+                            rt, state, same[rt, name], f"same-{i}", exact=True)],
                         f"kennel --runtime {rt}, {name}": [kennel, "run", "--runtime", rt, "--", *argv],
                     }
                     if rt == "runsc" and name == "true":
@@ -108,8 +127,11 @@ def main():
     rows = []
     for rt in RUNTIMES:
         for name in ("true", "python"):
-            k, h = med[f"kennel --runtime {rt}, {name}"], med[f"{rt} by hand, {name}"]
-            rows.append((f"kennel --runtime {rt} {name}", k, f"{rt} run by hand", h, k / h))
+            k = med[f"kennel --runtime {rt}, {name}"]
+            h = med[f"{rt} same bundle, {name}"]
+            rows.append((f"kennel --runtime {rt} {name}", k, f"{rt} run, same bundle", h, k / h))
+            h = med[f"{rt} by hand, {name}"]
+            rows.append((f"kennel --runtime {rt} {name}", k, f"{rt} run, minimal", h, k / h))
     if "runsc do, true" in med:
         rows.append(("runsc run by hand true", med["runsc by hand, true"], "runsc do",
                      med["runsc do, true"], med["runsc by hand, true"] / med["runsc do, true"]))
@@ -130,7 +152,7 @@ def main():
         return
     print(f"start latency, median of {N} interleaved runs (target: Kennel adds <= 5% to a runtime)")
     for case, k, anchor, h, ratio in rows:
-        print(f"  {case:<34} {k:8.1f} ms   {anchor:<18} {h:8.1f} ms   ratio {ratio:5.2f}")
+        print(f"  {case:<30} {k:8.1f} ms   {anchor:<22} {h:8.1f} ms   ratio {ratio:5.2f}")
     for name in ("true", "python"):
         print(f"  kennel native {name:<20} {med[f'kennel native, {name}']:8.1f} ms")
     for label, (nat, gv, ratio) in inner.items():

@@ -45,6 +45,13 @@ enum Sub {
     Serve(ServeArgs),
     /// Print the HTTP API's OpenAPI document.
     Openapi,
+    /// Write the OCI bundle a run would use into a new directory, without running it.
+    ///
+    /// Takes the flags of `run` (the tier is oci; runsc unless --runtime says otherwise).
+    /// Run it by hand with the runtime, such as
+    /// `crun --cgroup-manager=disabled run --bundle DIR ID`, in a mount namespace where the
+    /// hybrid host's cgroup2 mount is hidden, as Kennel's launcher does.
+    Bundle(Box<BundleArgs>),
     /// Serve the Model Context Protocol over stdio, for MCP clients (Claude Desktop, IDEs).
     ///
     /// By default the sandboxes run in this process; with --server the tools forward to a
@@ -86,6 +93,15 @@ struct ServeArgs {
     /// JSON-lines audit log.
     #[arg(long)]
     audit_log: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct BundleArgs {
+    /// The directory to create.
+    #[arg(long, value_name = "DIR")]
+    out: PathBuf,
+    #[command(flatten)]
+    run: RunArgs,
 }
 
 #[derive(Args)]
@@ -174,6 +190,7 @@ fn main() -> ExitCode {
         Sub::Doctor { json } => doctor(json),
         Sub::Serve(args) => report(serve(args)),
         Sub::Mcp(args) => report(mcp(args)),
+        Sub::Bundle(args) => report(bundle(*args)),
         Sub::Openapi => {
             print!("{}", kennel::server::openapi::document());
             ExitCode::SUCCESS
@@ -250,6 +267,14 @@ fn mcp(args: McpArgs) -> anyhow::Result<()> {
     runtime.block_on(kennel::mcp::serve_stdio(backend))?;
     // Blocking reads of stdin may still be pending; do not wait for them.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    Ok(())
+}
+
+fn bundle(args: BundleArgs) -> anyhow::Result<()> {
+    let mut req = request(args.run)?;
+    req.policy.tier = kennel::policy::Tier::Oci;
+    kennel::oci::export_bundle(&req, &args.out)?;
+    println!("{}", args.out.display());
     Ok(())
 }
 

@@ -503,6 +503,19 @@ fn remove_dir(dir: &Path) {
     }
 }
 
+/// Whether `name` is a run's (`kennel-<pid>-<start time>-<n>`, the name its cgroup, bundle
+/// and container share) whose supervisor is gone: no process with that pid and start time.
+pub fn is_stale(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix(PREFIX) else {
+        return false;
+    };
+    let mut parts = rest.splitn(3, '-');
+    let (Some(pid), Some(started)) = (parts.next(), parts.next()) else {
+        return false;
+    };
+    start_time(pid).as_deref() != Some(started)
+}
+
 /// Removes cgroups left behind by supervisors that are gone (killed with SIGKILL, say), in
 /// every hierarchy.
 fn sweep_stale() {
@@ -512,14 +525,7 @@ fn sweep_stale() {
         };
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            let Some(rest) = name.strip_prefix(PREFIX) else {
-                continue;
-            };
-            let mut parts = rest.splitn(3, '-');
-            let (Some(pid), Some(started)) = (parts.next(), parts.next()) else {
-                continue;
-            };
-            if start_time(pid).as_deref() != Some(started) {
+            if is_stale(&name) {
                 remove_tree(&dir.join(&name));
             }
         }

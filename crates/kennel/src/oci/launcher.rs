@@ -8,7 +8,7 @@ use std::process::Command;
 use serde::{Deserialize, Serialize};
 
 use super::bundle::SCRATCH;
-use super::runtime::PID_FILE;
+use super::runtime::{Start, PID_FILE};
 use super::steps::Step;
 use crate::native::helper::{collect, fail_and_exit};
 use crate::native::proto::{self, FileMeta, InputFiles, Msg, CTL_FD};
@@ -29,14 +29,19 @@ pub struct LaunchPlan {
     pub cgroup_join: Vec<String>,
     /// CPUs the runtime and the code are pinned to.
     pub cpus: Vec<usize>,
-    /// The runtime's `run` command line, or its `create` and `start`.
-    pub runtime_argvs: Vec<Vec<String>>,
+    /// The runtime's `run` command line.
+    pub start: Start,
     /// A cgroup2 mount point to hide from the runtime (hybrid hosts).
     pub hide_cgroup2: Option<String>,
     pub tmp_size: u64,
     pub workspace_size: u64,
     /// The host uid and gid of the sandbox's root, which own the scratch space.
     pub owner: u32,
+    /// The code's argv[0], its PATH, and the directory its system view comes from ("/" or
+    /// the policy's rootfs): to tell a missing program from a runtime that failed.
+    pub program: String,
+    pub path_var: String,
+    pub view_root: PathBuf,
     pub files: usize,
     pub collect: Vec<String>,
     pub collect_size: u64,
@@ -69,14 +74,24 @@ pub fn launcher_main() -> ! {
             Step::StartRuntime => start_container(&plan, &mut ctl).map(|w| waited = Some(w)),
             _ => Ok(()),
         };
-        if let Err(f) = done {
-            fail_and_exit(&mut ctl, step, f);
+        match done {
+            Err(f) if step == Step::StartRuntime => match check_program(&plan) {
+                Ok(()) => fail_and_exit(&mut ctl, step, f),
+                Err(code) => waited = Some(Waited::Code(sys::Exit::Code(code))),
+            },
+            Err(f) => fail_and_exit(&mut ctl, step, f),
+            Ok(()) => {}
         }
     }
     let (code, signal) = match waited {
         Some(Waited::Code(exit)) => match exit {
             sys::Exit::Code(c) => (Some(c), None),
             sys::Exit::Signal(s) => (None, Some(s)),
+        },
+        // runsc's own failures are status 128 too; a code can exit 128 itself.
+        Some(Waited::Runtime(sys::Exit::Code(128))) => match check_program(&plan) {
+            Ok(()) => (Some(128), None),
+            Err(code) => (Some(code), None),
         },
         Some(Waited::Runtime(exit)) => runtime_status(exit),
         None => (None, Some(libc::SIGKILL)),
@@ -100,6 +115,59 @@ fn runtime_status(exit: sys::Exit) -> (Option<i32>, Option<i32>) {
         sys::Exit::Code(c) => (Some(c), None),
         sys::Exit::Signal(s) => (None, Some(s)),
     }
+}
+
+/// Whether exec would find the program in the sandbox's view, asked only once the runtime has
+/// failed: runc and crun report a missing program as a failure to create the container, runsc
+/// as status 128, where the native tier (and a shell) answers 127 (not found) or 126 (not
+/// executable). On a verdict, says why on the code's stderr, as the native tier does.
+fn check_program(plan: &LaunchPlan) -> Result<(), i32> {
+    use std::os::unix::fs::PermissionsExt;
+    let prog = &plan.program;
+    let executable = |inside: &str| -> std::io::Result<()> {
+        let meta = std::fs::metadata(view_path(plan, inside)?)?;
+        if meta.is_file() && meta.permissions().mode() & 0o111 != 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::from_raw_os_error(libc::EACCES))
+        }
+    };
+    let verdict = if prog.contains('/') {
+        let inside = match prog.starts_with('/') {
+            true => prog.clone(),
+            false => format!("/workspace/{prog}"),
+        };
+        executable(&inside).map_err(|e| {
+            let code = if e.raw_os_error() == Some(libc::EACCES) { 126 } else { 127 };
+            (code, format!("{prog}: {e}"))
+        })
+    } else {
+        let found = plan
+            .path_var
+            .split(':')
+            .filter(|d| d.starts_with('/'))
+            .any(|d| executable(&format!("{d}/{prog}")).is_ok());
+        found
+            .then_some(())
+            .ok_or((127, format!("{prog}: command not found")))
+    };
+    verdict.map_err(|(code, why)| {
+        eprintln!("kennel: {why}");
+        code
+    })
+}
+
+/// Where a path inside the sandbox is on the host, seen from the launcher: the scratch in the
+/// bundle, and the names the system view shows (the rootfs skeleton has exactly those) in its
+/// source. Symlinks are followed on the host, which is the view for the default source.
+fn view_path(plan: &LaunchPlan, inside: &str) -> std::io::Result<PathBuf> {
+    let rel = inside.trim_start_matches('/');
+    let first = rel.split('/').next().unwrap_or("");
+    if first == "tmp" || first == "workspace" {
+        return Ok(plan.bundle.join(rel));
+    }
+    plan.bundle.join("rootfs").join(first).symlink_metadata()?;
+    Ok(plan.view_root.join(rel))
 }
 
 /// Where a sandbox path (`/workspace/...` or `/tmp/...`, already validated) is in the bundle.
@@ -196,7 +264,7 @@ fn write_input_files(plan: &LaunchPlan, files: &[(FileMeta, Vec<u8>)]) -> Result
 
 /// How the code ended, as the launcher learned it.
 enum Waited {
-    /// From the code's own process (create/start).
+    /// From the code's own process (`run --detach`).
     Code(sys::Exit),
     /// From the runtime's `run`, which reports it as a shell would.
     Runtime(sys::Exit),
@@ -211,41 +279,35 @@ fn start_container(plan: &LaunchPlan, ctl: &mut UnixStream) -> Result<Waited, Fa
         ))
     };
     let pid_file = plan.bundle.join(PID_FILE);
-    match plan.runtime_argvs.as_slice() {
-        [run] => {
-            let pid = spawn(run)?;
-            let _ = proto::send(ctl, &Msg::InitPid { pid }, &[]);
-            let exit = sys::wait_pid(pid).ok().flatten().map(|(_, e)| e);
-            match exit {
-                Some(exit) if pid_file.exists() => Ok(Waited::Runtime(exit)),
-                other => Err(not_started(other)),
-            }
+    if !plan.start.detached {
+        let pid = spawn(&plan.start.argv)?;
+        let _ = proto::send(ctl, &Msg::InitPid { pid }, &[]);
+        let exit = sys::wait_pid(pid).ok().flatten().map(|(_, e)| e);
+        return match exit {
+            Some(exit) if pid_file.exists() => Ok(Waited::Runtime(exit)),
+            other => Err(not_started(other)),
+        };
+    }
+    // `run --detach` exits once the code runs; its init then re-parents here.
+    sys::set_child_subreaper().ctx(|| "PR_SET_CHILD_SUBREAPER".into())?;
+    let started = sys::wait_pid(spawn(&plan.start.argv)?)
+        .ok()
+        .flatten()
+        .map(|(_, e)| e);
+    if !matches!(started, Some(sys::Exit::Code(0))) {
+        return Err(not_started(started));
+    }
+    let init: i32 = std::fs::read_to_string(&pid_file)
+        .ok()
+        .and_then(|p| p.trim().parse().ok())
+        .ok_or_else(|| not_started(started))?;
+    let _ = proto::send(ctl, &Msg::InitPid { pid: init }, &[]);
+    loop {
+        match sys::wait_pid(-1) {
+            Ok(Some((pid, exit))) if pid == init => return Ok(Waited::Code(exit)),
+            Ok(Some(_)) => {}
+            _ => return Err(not_started(None)),
         }
-        [create, start] => {
-            // `create` exits once the container waits to exec; its init then re-parents here.
-            sys::set_child_subreaper().ctx(|| "PR_SET_CHILD_SUBREAPER".into())?;
-            let created = sys::wait_pid(spawn(create)?).ok().flatten().map(|(_, e)| e);
-            if !matches!(created, Some(sys::Exit::Code(0))) {
-                return Err(not_started(created));
-            }
-            let init: i32 = std::fs::read_to_string(&pid_file)
-                .ok()
-                .and_then(|p| p.trim().parse().ok())
-                .ok_or_else(|| not_started(created))?;
-            let _ = proto::send(ctl, &Msg::InitPid { pid: init }, &[]);
-            let started = sys::wait_pid(spawn(start)?).ok().flatten().map(|(_, e)| e);
-            if !matches!(started, Some(sys::Exit::Code(0))) {
-                return Err(not_started(started));
-            }
-            loop {
-                match sys::wait_pid(-1) {
-                    Ok(Some((pid, exit))) if pid == init => return Ok(Waited::Code(exit)),
-                    Ok(Some(_)) => {}
-                    _ => return Err(not_started(None)),
-                }
-            }
-        }
-        _ => Err(Fail::new("no runtime command")),
     }
 }
 

@@ -57,6 +57,9 @@ struct Run {
     platform: Option<Platform>,
     cgroup: Cgroup,
     bundle: PathBuf,
+    /// Set once the code ended by itself and the launcher reaped its init: the container is
+    /// stopped and only its state directory is left (see `Installed::remove`).
+    ended_by_itself: std::cell::Cell<bool>,
 }
 
 impl Oci {
@@ -77,6 +80,7 @@ impl Oci {
                 .platform
                 .unwrap_or_else(|| self.auto_platform(&runtime))
         });
+        sweep_stale(&runtime);
         let cgroup = Cgroup::create(&policy.limits).map_err(|why| Error::Unsupported {
             layer: "cgroups for the oci tier",
             why,
@@ -87,6 +91,7 @@ impl Oci {
             runtime,
             platform,
             cgroup,
+            ended_by_itself: Default::default(),
         };
         let result = self.run_in(&run, req, argv, files, io);
         run.cleanup();
@@ -104,19 +109,39 @@ impl Oci {
         let policy = &req.policy;
         let id = run.cgroup.name();
         let cpus = pick_cpus(policy.limits.cpus);
-        write_bundle(run, policy, argv, &cpus).map_err(|e| setup(Step::WriteBundle, e))?;
+        let argv0 = argv[0].clone();
+        let path_var = sandbox_env(policy)
+            .into_iter()
+            .find(|(k, _)| k == "PATH")
+            .map(|(_, v)| v)
+            .unwrap_or_default();
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .create(BUNDLE_DIR)
+            .and_then(|()| {
+                let rt = run.runtime.runtime;
+                write_bundle(&run.bundle, rt, id, policy, argv, &cpus)
+            })
+            .map_err(|e| setup(Step::WriteBundle, e))?;
         let host_network = policy.network.mode == NetMode::Full;
         let plan = LaunchPlan {
             bundle: run.bundle.clone(),
             cgroup_join: run.cgroup.join_files(),
             cpus: cpus.clone(),
-            runtime_argvs: run
+            start: run
                 .runtime
-                .start_argvs(run.platform, host_network, &run.bundle, id),
+                .start(run.platform, host_network, &run.bundle, id),
             hide_cgroup2: cgroup::hybrid_v2_mount(),
             tmp_size: policy.limits.tmp_size.0,
             workspace_size: policy.limits.workspace_size.0,
             owner: owner(run.runtime.runtime),
+            program: argv0,
+            path_var,
+            view_root: policy
+                .filesystem
+                .rootfs
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("/")),
             files: files.len(),
             collect: req.collect.clone(),
             collect_size: policy.limits.collect_size.0,
@@ -183,6 +208,8 @@ impl Oci {
                 detail: with_stderr(detail, &stderr),
             });
         }
+        run.ended_by_itself
+            .set(report.exited.is_some() && !report.timed_out && !report.cancelled);
         let duration = report.ended_at.unwrap_or_else(Instant::now) - started;
         let outcome = Outcome {
             exited: report.exited,
@@ -218,6 +245,33 @@ impl Oci {
     }
 }
 
+/// Writes the bundle `req` would run as into `dir` (which must not exist), without running
+/// it: to read the config.json Kennel derives from a policy, or to run the same container by
+/// hand with the runtime (`bench/tiers.sh` does, to measure what Kennel adds). The scratch
+/// directories are plain directories owned by the sandbox's root, and input files are not
+/// written.
+pub fn export_bundle(req: &RunRequest, dir: &Path) -> Result<(), Error> {
+    let policy = &req.policy;
+    policy.validate()?;
+    if policy.tier != Tier::Oci {
+        return Err(Error::request("tier", "is not \"oci\": only the oci tier has a bundle"));
+    }
+    if !req.files.is_empty() {
+        return Err(Error::request("files", "are not written into an exported bundle"));
+    }
+    let argv = checked_argv(req)?;
+    check_rootfs(policy)?;
+    let io = |e: std::io::Error| Error::request("bundle directory", format!("{}: {e}", dir.display()));
+    let runtime = policy.oci.runtime;
+    let cpus = pick_cpus(policy.limits.cpus);
+    write_bundle(dir, runtime, "kennel-bundle", policy, argv, &cpus).map_err(io)?;
+    let owner = Some(owner(runtime));
+    for (scratch, _) in bundle::SCRATCH {
+        std::os::unix::fs::chown(dir.join(scratch), owner, owner).map_err(io)?;
+    }
+    Ok(())
+}
+
 impl Run {
     /// The cgroup the code ran in: runc's own beneath Kennel's (the kernel counts OOM kills
     /// and task-limit hits where the process is), or Kennel's.
@@ -231,17 +285,34 @@ impl Run {
 
     fn cleanup(&self) {
         let id = self.cgroup.name();
-        self.runtime.delete(id);
-        // runsc leaves a lock file per sandbox beside its state.
-        if let Ok(entries) = std::fs::read_dir(self.runtime.state_dir()) {
-            for e in entries.flatten() {
-                if e.file_name().to_string_lossy().contains(id) {
-                    let _ = std::fs::remove_file(e.path());
-                }
-            }
-        }
+        self.runtime.remove(id, self.ended_by_itself.get());
         let _ = std::fs::remove_dir_all(&self.bundle);
         self.cgroup.destroy();
+    }
+}
+
+/// Removes what runs whose supervisor died left behind: their containers (killed by the
+/// runtime's `delete --force`, before the cgroup sweep removes the cgroups they hold) and
+/// their bundles. Once per process and runtime.
+fn sweep_stale(runtime: &Installed) {
+    static SWEPT: std::sync::Mutex<Vec<Runtime>> = std::sync::Mutex::new(vec![]);
+    {
+        let mut swept = SWEPT.lock().unwrap_or_else(|p| p.into_inner());
+        if swept.contains(&runtime.runtime) {
+            return;
+        }
+        swept.push(runtime.runtime);
+    }
+    for id in runtime.stale_ids() {
+        runtime.remove(&id, false);
+    }
+    let Ok(entries) = std::fs::read_dir(BUNDLE_DIR) else {
+        return;
+    };
+    for e in entries.flatten() {
+        if cgroup::is_stale(&e.file_name().to_string_lossy()) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
     }
 }
 
@@ -292,24 +363,25 @@ fn check_host(policy: &Policy) -> Result<(), Error> {
     check_rootfs(policy)
 }
 
+/// Writes the bundle (a config.json, the rootfs skeleton the system view is mounted on, and
+/// the `tmp` and `workspace` directories the scratch space is mounted on) into `dir`, which
+/// must not exist yet.
 fn write_bundle(
-    run: &Run,
+    dir: &Path,
+    runtime: Runtime,
+    cgroups_path: &str,
     policy: &Policy,
     argv: Vec<String>,
     cpus: &[usize],
 ) -> std::io::Result<()> {
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o755)
-        .create(BUNDLE_DIR)?;
-    std::fs::DirBuilder::new().mode(0o755).create(&run.bundle)?;
-    let rootfs = run.bundle.join("rootfs");
+    std::fs::DirBuilder::new().mode(0o755).create(dir)?;
+    let rootfs = dir.join("rootfs");
     std::fs::DirBuilder::new().mode(0o755).create(&rootfs)?;
-    for (dir, _) in bundle::SCRATCH {
+    for (scratch, _) in bundle::SCRATCH {
         std::fs::DirBuilder::new()
             .mode(0o755)
-            .create(run.bundle.join(dir))?;
+            .create(dir.join(scratch))?;
     }
     let (source, is_rootfs) = match &policy.filesystem.rootfs {
         Some(r) => (r.clone(), true),
@@ -332,9 +404,9 @@ fn write_bundle(
         policy,
         argv,
         env: sandbox_env(policy),
-        runtime: run.runtime.runtime,
-        bundle: &run.bundle,
-        cgroups_path: run.cgroup.name().to_string(),
+        runtime,
+        bundle: dir,
+        cgroups_path: cgroups_path.to_string(),
         cpus: cpus.to_vec(),
     };
     let spec = bundle::spec(&input, system_mounts);
@@ -344,7 +416,7 @@ fn write_bundle(
         .write(true)
         .create_new(true)
         .mode(0o600)
-        .open(run.bundle.join("config.json"))?;
+        .open(dir.join("config.json"))?;
     std::io::Write::write_all(&mut f, &json)
 }
 

@@ -87,7 +87,7 @@ impl Step {
             Step::HideCgroup2 => "on hybrid hosts crun refuses to start while a cgroup2 mount with controllers sits beside the v1 hierarchies; it is hidden from the runtime only",
             Step::MountScratch => "/tmp and /workspace are size-capped tmpfs, as in the native tier, where Kennel can place input files and read results after the runtime is gone",
             Step::WriteInputFiles => "the files are in place, owned by the sandbox's root, before the code starts",
-            Step::StartRuntime => "runc and crun `create` the container and `start` it, and the launcher, their subreaper, waits for the code itself; runsc's `run` builds its sandbox and waits in the foreground",
+            Step::StartRuntime => "runc and crun `run --detach` the container, and the launcher, their subreaper, waits for the code itself; runsc's `run` builds its sandbox and waits in the foreground",
             Step::DeleteContainer => "`delete --force` removes the runtime's state even after a kill or a crash",
             Step::RemoveBundle => "nothing of the run survives it",
             Step::RemoveCgroup => "the cgroups, Kennel's and the runtime's beneath it in every hierarchy, are removed after any process left in them is killed",
