@@ -66,6 +66,23 @@ fn the_seccomp_profile_reaches_gvisor() {
     );
 }
 
+/// Threads start: gVisor answers a denied call with EPERM, and glibc falls back from clone3 to
+/// clone on ENOSYS only, so the profile leaves clone3 to gVisor's own kernel, which answers
+/// ENOSYS itself. A clone with namespace flags is still refused (EPERM).
+#[test]
+fn threads_start_under_gvisor() {
+    if !ready() {
+        return;
+    }
+    let code = format!(
+        "{SYSCALL_PRELUDE}\nimport threading\nt = threading.Thread(target=print, args=('thread',))\n\
+         t.start(); t.join()\nprint(sys_errno(435, 0, 0))\n\
+         print(sys_errno(56, 0x10000000 | 17, 0, 0, 0, 0))"
+    );
+    let r = runsc(&[], &code);
+    assert_eq!(r["stdout"], "thread\nENOSYS\nEPERM\n", "{r}");
+}
+
 /// The secrets under /etc are masked inside gVisor too (it applies maskedPaths under /proc
 /// only, so Kennel masks them with mounts of its own).
 #[test]

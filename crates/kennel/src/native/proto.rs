@@ -72,11 +72,17 @@ pub enum Msg {
     Launch(Box<crate::oci::launcher::LaunchPlan>),
     File(FileMeta),
     IdsMapped,
+    /// To an OCI launcher: the allowlist proxy listens in its network namespace.
+    ProxyBound,
     // helper → supervisor
     MapIds {
         pid: i32,
     },
     InitPid {
+        pid: i32,
+    },
+    /// From an OCI launcher: its own network namespace (loopback only) is up; bind the proxy.
+    NetnsReady {
         pid: i32,
     },
     Failed {

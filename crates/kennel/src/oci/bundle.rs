@@ -23,7 +23,7 @@ use crate::native::mounts::{
 use crate::native::seccomp::{self, When, DENIED_ERRNO};
 use crate::native::steps::HOSTNAME;
 use crate::native::{HOST_ID_BASE, ID_RANGE};
-use crate::policy::{Policy, Runtime};
+use crate::policy::{NetMode, Policy, Runtime};
 
 /// The launcher's scratch mounts, relative to the bundle, bound in as /tmp and /workspace.
 pub const SCRATCH: [(&str, &str); 2] = [("tmp", "/tmp"), ("workspace", "/workspace")];
@@ -159,10 +159,18 @@ fn masked_paths() -> Vec<String> {
 }
 
 /// The native tier's deny list in OCI form: the same calls, the same `ENOSYS`.
-pub fn seccomp_profile() -> LinuxSeccomp {
+///
+/// Under runsc, without `clone3`: Debian's 2022 gVisor ignores `errnoRet` and answers `EPERM`,
+/// and glibc falls back from `clone3` to `clone` on `ENOSYS` only, so no thread could start.
+/// `clone3` there reaches gVisor's own kernel, whose namespaces are its own; the `clone` rule
+/// (namespace flags) stays.
+pub fn seccomp_profile(runtime: Runtime) -> LinuxSeccomp {
     let mut syscalls: Vec<LinuxSyscall> = vec![];
     for rule in seccomp::RULES {
         let name = rule.name.split('(').next().unwrap_or(rule.name);
+        if runtime == Runtime::Runsc && name == "clone3" {
+            continue;
+        }
         let deny = |args: Option<Vec<_>>| {
             let b = LinuxSyscallBuilder::default()
                 .names(vec![name.to_string()])
@@ -265,12 +273,16 @@ pub fn spec(input: &Input, system_mounts: Vec<Mount>) -> Spec {
     mounts.extend(sandbox_mounts(input, l.tmp_size.0));
     let mut namespaces = vec![
         LinuxNamespaceType::Pid,
-        LinuxNamespaceType::Network,
         LinuxNamespaceType::Ipc,
         LinuxNamespaceType::Uts,
         LinuxNamespaceType::Mount,
         LinuxNamespaceType::Cgroup,
     ];
+    // Otherwise the code shares the runtime's: the host's (`full`), or the one the launcher
+    // made with only loopback and the allowlist proxy (`allow`).
+    if input.policy.network.mode == NetMode::None {
+        namespaces.push(LinuxNamespaceType::Network);
+    }
     let mut linux = LinuxBuilder::default();
     if maps_ids(input.runtime) {
         namespaces.push(LinuxNamespaceType::User);
@@ -336,7 +348,7 @@ pub fn spec(input: &Input, system_mounts: Vec<Mount>) -> Spec {
                 .map(|p| format!("/proc/{p}"))
                 .collect::<Vec<_>>(),
         )
-        .seccomp(seccomp_profile())
+        .seccomp(seccomp_profile(input.runtime))
         .build()
         .expect("every linux field is set");
     SpecBuilder::default()

@@ -33,6 +33,8 @@ pub struct LaunchPlan {
     pub start: Start,
     /// A cgroup2 mount point to hide from the runtime (hybrid hosts).
     pub hide_cgroup2: Option<String>,
+    /// Whether to make a network namespace of the launcher's own for the allowlist proxy.
+    pub private_network: bool,
     pub tmp_size: u64,
     pub workspace_size: u64,
     /// The host uid and gid of the sandbox's root, which own the scratch space.
@@ -69,6 +71,7 @@ pub fn launcher_main() -> ! {
             Step::PinCpus => sys::set_cpu_affinity(&plan.cpus).ctx(|| "sched_setaffinity".into()),
             Step::PrivateMounts => private_mounts(),
             Step::HideCgroup2 => hide_cgroup2(&plan),
+            Step::PrivateNetwork => private_network(&plan, &mut ctl),
             Step::MountScratch => mount_scratch(&plan),
             Step::WriteInputFiles => write_input_files(&plan, &files),
             Step::StartRuntime => start_container(&plan, &mut ctl).map(|w| waited = Some(w)),
@@ -208,6 +211,23 @@ fn hide_cgroup2(plan: &LaunchPlan) -> Result<(), Fail> {
     match &plan.hide_cgroup2 {
         Some(point) => sys::umount_detach(point).ctx(|| format!("unmounting {point}")),
         None => Ok(()),
+    }
+}
+
+fn private_network(plan: &LaunchPlan, ctl: &mut UnixStream) -> Result<(), Fail> {
+    if !plan.private_network {
+        return Ok(());
+    }
+    sys::unshare(libc::CLONE_NEWNET).ctx(|| "unshare(CLONE_NEWNET)".into())?;
+    sys::loopback_up().ctx(|| "bringing loopback up".into())?;
+    let pid = sys::getpid();
+    proto::send(ctl, &Msg::NetnsReady { pid }, &[]).ctx(|| "asking for the proxy".into())?;
+    match proto::recv(ctl) {
+        Ok(Some((Msg::ProxyBound, _))) => Ok(()),
+        other => Err(Fail::new(format!(
+            "expected the proxy to be bound, got {:?}",
+            other.map(|o| o.map(|m| m.0))
+        ))),
     }
 }
 

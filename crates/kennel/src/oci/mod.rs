@@ -21,6 +21,7 @@ use crate::api::{
 };
 use crate::error::Error;
 use crate::native::cgroup::{self, Cgroup};
+use crate::net::proxy::Proxy;
 use crate::native::helper::Dir;
 use crate::native::io::{
     control_events, feed_stdin, join, reader, Event, RunIo, Started, StdinSource,
@@ -123,7 +124,7 @@ impl Oci {
                 write_bundle(&run.bundle, rt, id, policy, argv, &cpus)
             })
             .map_err(|e| setup(Step::WriteBundle, e))?;
-        let host_network = policy.network.mode == NetMode::Full;
+        let host_network = policy.network.mode != NetMode::None;
         let plan = LaunchPlan {
             bundle: run.bundle.clone(),
             cgroup_join: run.cgroup.join_files(),
@@ -132,6 +133,7 @@ impl Oci {
                 .runtime
                 .start(run.platform, host_network, &run.bundle, id),
             hide_cgroup2: cgroup::hybrid_v2_mount(),
+            private_network: policy.network.mode == NetMode::Allow,
             tmp_size: policy.limits.tmp_size.0,
             workspace_size: policy.limits.workspace_size.0,
             owner: owner(run.runtime.runtime),
@@ -194,7 +196,8 @@ impl Oci {
         let stats = probe.read();
         let (stdout, stderr) = (join(out), join(err));
         drop(stdin_thread);
-        let report = report?;
+        let mut report = report?;
+        let network_log = report.proxy.take().map(Proxy::stop).unwrap_or_default();
         if let Some((step, errno, detail)) = report.failed {
             let step = Step::ALL
                 .iter()
@@ -222,7 +225,9 @@ impl Oci {
             stderr,
             duration,
         };
-        Ok(build_result(req, outcome, isolation(run, &req.policy)))
+        let mut result = build_result(req, outcome, isolation(run, &req.policy));
+        result.network_log = network_log;
+        Ok(result)
     }
 
     fn spawn(&self, piped_stdin: bool) -> Result<(Child, UnixStream), Error> {
@@ -353,13 +358,6 @@ fn check_host(policy: &Policy) -> Result<(), Error> {
             hint: "run kennel as root, or use tier \"native\", which also runs rootless".into(),
         });
     }
-    if policy.network.mode == NetMode::Allow {
-        return Err(Error::Unsupported {
-            layer: "the network allowlist in the oci tier",
-            why: "the allowlist proxy is wired into the native tier only so far".into(),
-            hint: "use tier \"native\" for an allowlist, or network mode \"none\"".into(),
-        });
-    }
     check_rootfs(policy)
 }
 
@@ -429,6 +427,7 @@ struct Report {
     collected: Vec<(Collected, Vec<u8>)>,
     timed_out: bool,
     cancelled: bool,
+    proxy: Option<Proxy>,
 }
 
 /// Reads the launcher's reports until it is done, enforcing the timeout from outside.
@@ -454,6 +453,9 @@ fn watch(
                     Msg::InitPid { pid } => {
                         runtime_pid = Some(pid);
                         on_started();
+                    }
+                    Msg::NetnsReady { pid } if policy.network.mode == NetMode::Allow => {
+                        report.proxy = Some(start_proxy(ctl, pid, policy)?);
                     }
                     Msg::Failed {
                         step,
@@ -491,6 +493,20 @@ fn watch(
         }
     }
     Ok(report)
+}
+
+/// Binds the allowlist proxy in the launcher's network namespace (loopback only), which the
+/// runtime and the code then share, and tells the launcher to go on.
+fn start_proxy(ctl: &UnixStream, launcher: i32, policy: &Policy) -> Result<Proxy, Error> {
+    let failed = |e: std::io::Error| Error::Oci {
+        step: Step::PrivateNetwork,
+        reason: Step::PrivateNetwork.reason(),
+        errno: e.raw_os_error(),
+        detail: format!("binding the proxy in the launcher's network namespace: {e}"),
+    };
+    let proxy = Proxy::start_in(launcher, policy.network.allowlist()?).map_err(failed)?;
+    proto::send(&mut &*ctl, &Msg::ProxyBound, &[]).map_err(failed)?;
+    Ok(proxy)
 }
 
 /// What the runtime was given: Kennel cannot look inside gVisor's kernel from outside, so this

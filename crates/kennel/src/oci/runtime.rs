@@ -149,7 +149,8 @@ impl Installed {
         Path::new(STATE_DIR).join(self.runtime.name())
     }
 
-    /// The runtime with its global flags; `platform` and `host_network` matter to runsc only.
+    /// The runtime with its global flags; `platform` and `host_network` (the code shares the
+    /// runtime's network namespace) matter to runsc only.
     pub fn command(&self, platform: Option<Platform>, host_network: bool) -> Vec<String> {
         let mut argv = vec![
             self.path.display().to_string(),
@@ -165,7 +166,9 @@ impl Installed {
                 // Its v1 cpuset parents would be empty: it runs in Kennel's cgroup instead.
                 "--ignore-cgroups".into(),
                 format!("--platform={}", platform.unwrap_or(Platform::Ptrace).name()),
-                // No network device at all for the sandbox: loopback inside gVisor only.
+                // `none`: no network device at all, loopback inside gVisor only. Otherwise
+                // gVisor uses the network namespace it runs in: the host's (`full`), or the
+                // launcher's, with only loopback and the allowlist proxy (`allow`).
                 if host_network {
                     "--network=host"
                 } else {

@@ -17,6 +17,7 @@ pub enum Step {
     PinCpus,
     PrivateMounts,
     HideCgroup2,
+    PrivateNetwork,
     MountScratch,
     WriteInputFiles,
     StartRuntime,
@@ -27,7 +28,7 @@ pub enum Step {
 }
 
 impl Step {
-    pub const ALL: [Step; 14] = [
+    pub const ALL: [Step; 15] = [
         Step::LocateRuntime,
         Step::CreateCgroup,
         Step::WriteBundle,
@@ -36,6 +37,7 @@ impl Step {
         Step::PinCpus,
         Step::PrivateMounts,
         Step::HideCgroup2,
+        Step::PrivateNetwork,
         Step::MountScratch,
         Step::WriteInputFiles,
         Step::StartRuntime,
@@ -45,11 +47,12 @@ impl Step {
     ];
 
     /// The steps the launcher performs, in order.
-    pub const LAUNCHER: [Step; 7] = [
+    pub const LAUNCHER: [Step; 8] = [
         Step::JoinCgroup,
         Step::PinCpus,
         Step::PrivateMounts,
         Step::HideCgroup2,
+        Step::PrivateNetwork,
         Step::MountScratch,
         Step::WriteInputFiles,
         Step::StartRuntime,
@@ -65,6 +68,7 @@ impl Step {
             Step::PinCpus => "pin_cpus",
             Step::PrivateMounts => "private_mounts",
             Step::HideCgroup2 => "hide_cgroup2",
+            Step::PrivateNetwork => "private_network",
             Step::MountScratch => "mount_scratch",
             Step::WriteInputFiles => "write_input_files",
             Step::StartRuntime => "start_runtime",
@@ -85,6 +89,7 @@ impl Step {
             Step::PinCpus => "the launcher pins itself to as many CPUs as the quota; the runtime and the code inherit it, so nproc agrees with the limit",
             Step::PrivateMounts => "the scratch tmpfs and any hidden mount stay in the launcher's own mount namespace; the host's mounts are never touched",
             Step::HideCgroup2 => "on hybrid hosts crun refuses to start while a cgroup2 mount with controllers sits beside the v1 hierarchies; it is hidden from the runtime only",
+            Step::PrivateNetwork => "with an allowlist, the launcher makes a network namespace with only loopback, where the supervisor binds the proxy; the runtime and the code share it (runsc with --network=host), so the proxy is the only way out",
             Step::MountScratch => "/tmp and /workspace are size-capped tmpfs, as in the native tier, where Kennel can place input files and read results after the runtime is gone",
             Step::WriteInputFiles => "the files are in place, owned by the sandbox's root, before the code starts",
             Step::StartRuntime => "runc and crun `run --detach` the container, and the launcher, their subreaper, waits for the code itself; runsc's `run` builds its sandbox and waits in the foreground",
@@ -115,6 +120,8 @@ mod tests {
         assert!(pos(Step::PrivateMounts) < pos(Step::HideCgroup2));
         assert!(pos(Step::HideCgroup2) < pos(Step::StartRuntime));
         assert!(pos(Step::WriteInputFiles) < pos(Step::StartRuntime));
+        // The proxy must listen before the code can run.
+        assert!(pos(Step::PrivateNetwork) < pos(Step::StartRuntime));
         assert!(pos(Step::DeleteContainer) < pos(Step::RemoveCgroup));
         let names: std::collections::HashSet<_> = Step::ALL.iter().map(|s| s.name()).collect();
         assert_eq!(names.len(), Step::ALL.len());

@@ -1,0 +1,6 @@
+//! The network allowlist suite again, in the oci tier with crun: the same proxy, bound in a
+//! network namespace the launcher makes with only loopback, which the container shares.
+
+mod common;
+
+include!("suites/network.rs");
