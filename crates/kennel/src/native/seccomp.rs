@@ -2,9 +2,10 @@
 //!
 //! Everything not listed is allowed: the namespaces, Landlock and the dropped capabilities
 //! already confine the ordinary syscalls, and this filter removes the kernel surface that
-//! sandboxed code has no business reaching. Every denial returns [`DENIED_ERRNO`], `ENOSYS`,
-//! which none of these calls returns on this kernel for any other reason; it is also the errno
-//! glibc expects before it falls back from `clone3` to `clone`.
+//! sandboxed code has no business reaching. Denials return [`DENIED_ERRNO`], `ENOSYS`, which
+//! none of these calls returns on this kernel for any other reason; it is also the errno glibc
+//! expects before it falls back from `clone3` to `clone`. The clock-setting calls are the
+//! exception: they answer `EPERM`, as the kernel does for callers without `CAP_SYS_TIME`.
 
 use libc::sock_filter;
 
@@ -16,12 +17,8 @@ pub const PROFILE: &str = "kennel-default-v1";
 #[derive(Debug, Clone, Copy)]
 pub enum When {
     Always,
-    /// `(arg[index] & mask) == value`, on the low 32 bits of the argument.
-    ArgMasked {
-        index: u8,
-        mask: u32,
-        value: u32,
-    },
+    /// Every condition holds, each on the low 32 bits of an argument.
+    Args(&'static [Cond]),
     /// `arg[index] & mask != 0`, on the low 32 bits of the argument.
     ArgAnyBit {
         index: u8,
@@ -29,11 +26,45 @@ pub enum When {
     },
 }
 
+/// `(arg[index] & mask) == value`, or `!=` when `equal` is false (then `mask` is all ones, so
+/// that the OCI form, which has no masked `!=`, says the same).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cond {
+    pub index: u8,
+    pub mask: u32,
+    pub value: u32,
+    pub equal: bool,
+}
+
+const fn masked_eq(index: u8, mask: u32, value: u32) -> Cond {
+    Cond {
+        index,
+        mask,
+        value,
+        equal: true,
+    }
+}
+
+const fn eq(index: u8, value: u32) -> Cond {
+    masked_eq(index, u32::MAX, value)
+}
+
+const fn ne(index: u8, value: u32) -> Cond {
+    Cond {
+        index,
+        mask: u32::MAX,
+        value,
+        equal: false,
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 pub struct Rule {
     pub name: &'static str,
     pub nr: libc::c_long,
     pub when: When,
+    /// [`DENIED_ERRNO`], but for calls whose callers expect the kernel's own answer.
+    pub errno: i32,
     pub reason: &'static str,
 }
 
@@ -52,10 +83,40 @@ const SOCK_PACKET: u32 = 10;
 
 macro_rules! always {
     ($sys:ident, $why:literal) => {
+        always!($sys, DENIED_ERRNO, $why)
+    };
+    ($sys:ident, $errno:expr, $why:literal) => {
         Rule {
             name: stringify!($sys),
             nr: paste_nr!($sys),
             when: When::Always,
+            errno: $errno,
+            reason: $why,
+        }
+    };
+}
+
+/// A socket(2) rule on its arguments.
+macro_rules! socket {
+    ($name:literal, $conds:expr, $why:literal) => {
+        Rule {
+            name: $name,
+            nr: libc::SYS_socket,
+            when: When::Args($conds),
+            errno: DENIED_ERRNO,
+            reason: $why,
+        }
+    };
+}
+
+/// An ioctl(2) rule on its request.
+macro_rules! ioctl {
+    ($name:literal, $request:expr, $why:literal) => {
+        Rule {
+            name: $name,
+            nr: libc::SYS_ioctl,
+            when: When::Args(&[eq(1, $request)]),
+            errno: DENIED_ERRNO,
             reason: $why,
         }
     };
@@ -135,6 +196,7 @@ pub const RULES: &[Rule] = &[
             index: 0,
             mask: NEW_NAMESPACE_FLAGS,
         },
+        errno: DENIED_ERRNO,
         reason: "clone with CLONE_NEW* flags creates namespaces, like unshare",
     },
     always!(
@@ -173,75 +235,55 @@ pub const RULES: &[Rule] = &[
     always!(reboot, "reboots the host"),
     always!(swapon, "changes the host's swap"),
     always!(swapoff, "changes the host's swap"),
-    always!(settimeofday, "sets the host clock"),
-    always!(clock_settime, "sets the host clock"),
-    always!(clock_adjtime, "adjusts the host clock"),
-    always!(adjtimex, "adjusts the host clock"),
+    // EPERM, the kernel's answer to callers without CAP_SYS_TIME (which code written for
+    // unprivileged users expects: Python raises PermissionError); read-only adjtimex calls,
+    // which the kernel allows, are denied too.
+    always!(settimeofday, libc::EPERM, "sets the host clock"),
+    always!(clock_settime, libc::EPERM, "sets the host clock"),
+    always!(clock_adjtime, libc::EPERM, "adjusts the host clock"),
+    always!(adjtimex, libc::EPERM, "adjusts the host clock"),
     always!(
         open_by_handle_at,
         "opens files by handle, bypassing the mount view (the 'shocker' escape)"
     ),
     always!(name_to_handle_at, "the other half of open_by_handle_at"),
-    Rule {
-        name: "ioctl(TIOCSTI)",
-        nr: libc::SYS_ioctl,
-        when: When::ArgMasked {
-            index: 1,
-            mask: u32::MAX,
-            value: TIOCSTI,
-        },
-        reason: "pushes keystrokes into a terminal, typing commands outside the sandbox",
-    },
-    Rule {
-        name: "ioctl(TIOCLINUX)",
-        nr: libc::SYS_ioctl,
-        when: When::ArgMasked {
-            index: 1,
-            mask: u32::MAX,
-            value: TIOCLINUX,
-        },
-        reason: "reads and injects console contents",
-    },
-    Rule {
-        name: "socket(AF_NETLINK)",
-        nr: libc::SYS_socket,
-        when: When::ArgMasked {
-            index: 0,
-            mask: u32::MAX,
-            value: libc::AF_NETLINK as u32,
-        },
-        reason: "netlink reconfigures network, routing and kernel subsystems",
-    },
-    Rule {
-        name: "socket(AF_PACKET)",
-        nr: libc::SYS_socket,
-        when: When::ArgMasked {
-            index: 0,
-            mask: u32::MAX,
-            value: libc::AF_PACKET as u32,
-        },
-        reason: "packet sockets see and forge raw frames",
-    },
-    Rule {
-        name: "socket(SOCK_RAW)",
-        nr: libc::SYS_socket,
-        when: When::ArgMasked {
-            index: 1,
-            mask: SOCK_TYPE_MASK,
-            value: libc::SOCK_RAW as u32,
-        },
-        reason: "raw sockets forge packets",
-    },
-    Rule {
-        name: "socket(SOCK_PACKET)",
-        nr: libc::SYS_socket,
-        when: When::ArgMasked {
-            index: 1,
-            mask: SOCK_TYPE_MASK,
-            value: SOCK_PACKET,
-        },
-        reason: "obsolete packet sockets forge frames",
-    },
+    ioctl!(
+        "ioctl(TIOCSTI)",
+        TIOCSTI,
+        "pushes keystrokes into a terminal, typing commands outside the sandbox"
+    ),
+    ioctl!(
+        "ioctl(TIOCLINUX)",
+        TIOCLINUX,
+        "reads and injects console contents"
+    ),
+    // NETLINK_ROUTE (0) stays: glibc's if_nameindex and getifaddrs, `ip addr` and psutil list
+    // interfaces over it. In the sandbox's network namespace it shows only loopback, and
+    // changing anything needs CAP_NET_ADMIN, which the sandbox never holds.
+    socket!(
+        "socket(AF_NETLINK)",
+        &[eq(0, libc::AF_NETLINK as u32), ne(2, libc::NETLINK_ROUTE as u32)],
+        "netlink families other than routing reach kernel subsystems (audit, netfilter, uevents)"
+    ),
+    socket!(
+        "socket(AF_PACKET)",
+        &[eq(0, libc::AF_PACKET as u32)],
+        "packet sockets see and forge raw frames"
+    ),
+    // Netlink sockets are SOCK_RAW too; the rule above decides for them.
+    socket!(
+        "socket(SOCK_RAW)",
+        &[
+            masked_eq(1, SOCK_TYPE_MASK, libc::SOCK_RAW as u32),
+            ne(0, libc::AF_NETLINK as u32)
+        ],
+        "raw sockets forge packets"
+    ),
+    socket!(
+        "socket(SOCK_PACKET)",
+        &[masked_eq(1, SOCK_TYPE_MASK, SOCK_PACKET)],
+        "obsolete packet sockets forge frames"
+    ),
     always!(acct, "process accounting writes host files"),
     always!(quotactl, "manipulates host disk quotas"),
     always!(syslog, "reads the kernel log, which leaks addresses"),
@@ -283,38 +325,46 @@ fn jump(code: u16, k: u32, jt: u8, jf: u8) -> sock_filter {
 }
 
 /// Compiles `rules` into a filter for x86-64: other architectures are killed (no i386 or x32
-/// back door), listed calls get `errno`, everything else is allowed.
-pub fn compile(rules: &[Rule], errno: i32) -> Vec<sock_filter> {
-    let deny = SECCOMP_RET_ERRNO | (errno as u32 & 0xffff);
+/// back door), listed calls get their rule's errno, everything else is allowed.
+pub fn compile(rules: &[Rule]) -> Vec<sock_filter> {
+    let deny = |errno: i32| stmt(BPF_RET_K, SECCOMP_RET_ERRNO | (errno as u32 & 0xffff));
     let mut p = vec![
         stmt(BPF_LD_W_ABS, OFFSET_ARCH),
         jump(BPF_JEQ_K, AUDIT_ARCH_X86_64, 1, 0),
         stmt(BPF_RET_K, SECCOMP_RET_KILL_PROCESS),
         stmt(BPF_LD_W_ABS, OFFSET_NR),
         jump(BPF_JGE_K, X32_SYSCALL_BIT, 0, 1),
-        stmt(BPF_RET_K, deny),
+        deny(DENIED_ERRNO),
     ];
     for rule in rules {
         let nr = rule.nr as u32;
         match rule.when {
             When::Always => {
                 p.push(jump(BPF_JEQ_K, nr, 0, 1));
-                p.push(stmt(BPF_RET_K, deny));
+                p.push(deny(rule.errno));
             }
-            When::ArgMasked { index, mask, value } => {
-                // Not this syscall: skip the five instructions below with A still holding nr.
-                p.push(jump(BPF_JEQ_K, nr, 0, 5));
-                p.push(stmt(BPF_LD_W_ABS, OFFSET_ARGS + 8 * u32::from(index)));
-                p.push(stmt(BPF_AND_K, mask));
-                p.push(jump(BPF_JEQ_K, value, 0, 1));
-                p.push(stmt(BPF_RET_K, deny));
+            When::Args(conds) => {
+                // Three instructions per condition, then the verdict, then A reloaded with nr
+                // for the next rule; a condition that fails jumps to that reload.
+                let n = conds.len();
+                p.push(jump(BPF_JEQ_K, nr, 0, (3 * n + 2) as u8));
+                for (i, c) in conds.iter().enumerate() {
+                    let to_reload = (3 * (n - i) - 2) as u8;
+                    p.push(stmt(BPF_LD_W_ABS, OFFSET_ARGS + 8 * u32::from(c.index)));
+                    p.push(stmt(BPF_AND_K, c.mask));
+                    p.push(match c.equal {
+                        true => jump(BPF_JEQ_K, c.value, 0, to_reload),
+                        false => jump(BPF_JEQ_K, c.value, to_reload, 0),
+                    });
+                }
+                p.push(deny(rule.errno));
                 p.push(stmt(BPF_LD_W_ABS, OFFSET_NR));
             }
             When::ArgAnyBit { index, mask } => {
                 p.push(jump(BPF_JEQ_K, nr, 0, 4));
                 p.push(stmt(BPF_LD_W_ABS, OFFSET_ARGS + 8 * u32::from(index)));
                 p.push(jump(BPF_JSET_K, mask, 0, 1));
-                p.push(stmt(BPF_RET_K, deny));
+                p.push(deny(rule.errno));
                 p.push(stmt(BPF_LD_W_ABS, OFFSET_NR));
             }
         }
@@ -366,7 +416,7 @@ mod tests {
 
     fn verdict(nr: libc::c_long, args: [u64; 6]) -> u32 {
         run(
-            &compile(RULES, DENIED_ERRNO),
+            &compile(RULES),
             AUDIT_ARCH_X86_64,
             nr as u32,
             args,
@@ -391,8 +441,15 @@ mod tests {
             verdict(libc::SYS_ioctl, [0, 0x5401, 0, 0, 0, 0]),
             SECCOMP_RET_ALLOW
         );
-        let netlink = [libc::AF_NETLINK as u64, libc::SOCK_RAW as u64, 0, 0, 0, 0];
-        assert_eq!(verdict(libc::SYS_socket, netlink), DENY);
+        let netlink = |protocol: i32| {
+            let args = [libc::AF_NETLINK as u64, libc::SOCK_RAW as u64, protocol as u64, 0, 0, 0];
+            verdict(libc::SYS_socket, args)
+        };
+        assert_eq!(netlink(libc::NETLINK_ROUTE), SECCOMP_RET_ALLOW);
+        assert_eq!(netlink(libc::NETLINK_AUDIT), DENY);
+        assert_eq!(netlink(libc::NETLINK_KOBJECT_UEVENT), DENY);
+        let packet = [libc::AF_PACKET as u64, libc::SOCK_DGRAM as u64, 0, 0, 0, 0];
+        assert_eq!(verdict(libc::SYS_socket, packet), DENY);
         let raw = [
             libc::AF_INET as u64,
             (libc::SOCK_RAW | libc::SOCK_CLOEXEC) as u64,
@@ -418,8 +475,59 @@ mod tests {
     }
 
     #[test]
+    fn clock_setting_calls_answer_eperm_as_the_kernel_would() {
+        let eperm = SECCOMP_RET_ERRNO | libc::EPERM as u32;
+        for nr in [
+            libc::SYS_clock_settime,
+            libc::SYS_settimeofday,
+            libc::SYS_adjtimex,
+            libc::SYS_clock_adjtime,
+        ] {
+            assert_eq!(verdict(nr, [0; 6]), eperm, "{nr}");
+        }
+        assert_eq!(verdict(libc::SYS_clock_gettime, [0; 6]), SECCOMP_RET_ALLOW);
+    }
+
+    /// Every rule's conditions are each needed: flipping any one of them lets the call through.
+    #[test]
+    fn every_condition_of_a_rule_counts() {
+        for rule in RULES {
+            let When::Args(conds) = rule.when else {
+                continue;
+            };
+            let mut args = [0u64; 6];
+            for c in conds {
+                args[c.index as usize] = u64::from(if c.equal { c.value } else { !c.value });
+            }
+            let denied = SECCOMP_RET_ERRNO | rule.errno as u32;
+            assert_eq!(verdict(rule.nr, args), denied, "{}", rule.name);
+            for c in conds {
+                let mut off = args;
+                off[c.index as usize] = u64::from(if c.equal { !c.value & c.mask } else { c.value });
+                // Another rule may still deny the flipped call; this one must not be why.
+                let v = verdict(rule.nr, off);
+                let other = RULES.iter().any(|r| {
+                    r.name != rule.name && r.nr == rule.nr && matches_args(r, &off)
+                });
+                assert!(v == SECCOMP_RET_ALLOW || other, "{}: {c:?} did not count", rule.name);
+            }
+        }
+    }
+
+    fn matches_args(rule: &Rule, args: &[u64; 6]) -> bool {
+        match rule.when {
+            When::Always => true,
+            When::Args(conds) => conds.iter().all(|c| {
+                let a = args[c.index as usize] as u32 & c.mask;
+                (a == c.value) == c.equal
+            }),
+            When::ArgAnyBit { index, mask } => args[index as usize] as u32 & mask != 0,
+        }
+    }
+
+    #[test]
     fn foreign_architectures_and_x32_are_shut_out() {
-        let prog = compile(RULES, DENIED_ERRNO);
+        let prog = compile(RULES);
         const AUDIT_ARCH_I386: u32 = 0x4000_0003;
         assert_eq!(
             run(&prog, AUDIT_ARCH_I386, 0, [0; 6]),

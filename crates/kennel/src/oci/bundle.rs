@@ -20,7 +20,7 @@ use crate::native::mounts::{
     shown_names, Kind, View, PROC_MASKED_DIRS, PROC_MASKED_FILES, PROC_READ_ONLY, SECRET_DIRS,
     SECRET_FILES,
 };
-use crate::native::seccomp::{self, When, DENIED_ERRNO};
+use crate::native::seccomp::{self, When};
 use crate::native::steps::HOSTNAME;
 use crate::native::{HOST_ID_BASE, ID_RANGE};
 use crate::policy::{NetMode, Policy, Runtime};
@@ -175,7 +175,7 @@ pub fn seccomp_profile(runtime: Runtime) -> LinuxSeccomp {
             let b = LinuxSyscallBuilder::default()
                 .names(vec![name.to_string()])
                 .action(LinuxSeccompAction::ScmpActErrno)
-                .errno_ret(DENIED_ERRNO as u32);
+                .errno_ret(rule.errno as u32);
             match args {
                 Some(a) => b.args(a),
                 None => b,
@@ -183,19 +183,30 @@ pub fn seccomp_profile(runtime: Runtime) -> LinuxSeccomp {
             .build()
             .expect("every syscall field is set")
         };
-        let masked = |index: u8, mask: u32, value: u32| {
+        let arg = |index: u8, value: u32, value_two: u32, op| {
             LinuxSeccompArgBuilder::default()
                 .index(index as usize)
-                .value(u64::from(mask))
-                .value_two(u64::from(value))
-                .op(LinuxSeccompOperator::ScmpCmpMaskedEq)
+                .value(u64::from(value))
+                .value_two(u64::from(value_two))
+                .op(op)
                 .build()
                 .expect("every argument field is set")
         };
+        let masked = |index: u8, mask: u32, value: u32| {
+            arg(index, mask, value, LinuxSeccompOperator::ScmpCmpMaskedEq)
+        };
         match rule.when {
             When::Always => syscalls.push(deny(None)),
-            When::ArgMasked { index, mask, value } => {
-                syscalls.push(deny(Some(vec![masked(index, mask, value)])))
+            When::Args(conds) => {
+                let args = conds
+                    .iter()
+                    .map(|c| match c.equal {
+                        true => masked(c.index, c.mask, c.value),
+                        // `mask` is all ones for these (see `Cond`).
+                        false => arg(c.index, c.value, 0, LinuxSeccompOperator::ScmpCmpNe),
+                    })
+                    .collect();
+                syscalls.push(deny(Some(args)))
             }
             // Conditions of one rule are ANDed: "any of these bits" is one rule per bit.
             When::ArgAnyBit { index, mask } => {

@@ -1,1 +1,57 @@
+use super::*;
 
+fn rules_for(profile: &LinuxSeccomp, name: &str) -> Vec<LinuxSyscall> {
+    profile
+        .syscalls()
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|s| s.names().iter().any(|n| n == name))
+        .collect()
+}
+
+#[test]
+fn the_profile_carries_each_rule_with_its_errno() {
+    let profile = seccomp_profile(Runtime::Crun);
+    assert_eq!(profile.default_action(), LinuxSeccompAction::ScmpActAllow);
+    let ptrace = rules_for(&profile, "ptrace");
+    assert_eq!(ptrace.len(), 1);
+    assert_eq!(ptrace[0].errno_ret(), Some(libc::ENOSYS as u32));
+    assert!(ptrace[0].args().is_none());
+    let clock = rules_for(&profile, "clock_settime");
+    assert_eq!(clock[0].errno_ret(), Some(libc::EPERM as u32));
+}
+
+#[test]
+fn argument_conditions_become_ored_rules_and_anded_args() {
+    let profile = seccomp_profile(Runtime::Runc);
+    // socket(AF_NETLINK, *, protocol != NETLINK_ROUTE): both conditions in one rule.
+    let socket = rules_for(&profile, "socket");
+    let netlink = socket
+        .iter()
+        .find(|s| {
+            s.args().as_ref().is_some_and(|a| {
+                a.iter().any(|c| c.index() == 2 && c.op() == LinuxSeccompOperator::ScmpCmpNe)
+            })
+        })
+        .expect("the netlink rule");
+    let args = netlink.args().clone().unwrap();
+    assert_eq!(args.len(), 2);
+    assert_eq!(args[0].index(), 0);
+    assert_eq!(args[0].op(), LinuxSeccompOperator::ScmpCmpMaskedEq);
+    assert_eq!(args[0].value(), u64::from(u32::MAX));
+    assert_eq!(args[0].value_two(), Some(libc::AF_NETLINK as u64));
+    assert_eq!(args[1].value(), libc::NETLINK_ROUTE as u64);
+    // clone with any CLONE_NEW* flag: one rule per flag, since conditions are ANDed.
+    let clone = rules_for(&profile, "clone");
+    assert_eq!(clone.len(), 7);
+    assert!(clone.iter().all(|c| c.args().as_ref().unwrap().len() == 1));
+}
+
+#[test]
+fn clone3_is_left_to_gvisor_only() {
+    assert_eq!(rules_for(&seccomp_profile(Runtime::Crun), "clone3").len(), 1);
+    assert_eq!(rules_for(&seccomp_profile(Runtime::Runc), "clone3").len(), 1);
+    assert!(rules_for(&seccomp_profile(Runtime::Runsc), "clone3").is_empty());
+    assert_eq!(rules_for(&seccomp_profile(Runtime::Runsc), "clone").len(), 7);
+}
