@@ -230,7 +230,8 @@ pub struct Isolation {
     pub landlock: LandlockInfo,
     pub limits: LimitsInfo,
     pub no_new_privs: bool,
-    /// Capabilities left to the sandboxed code: empty.
+    /// Capabilities left to the sandboxed code, inside its own user namespace (policy
+    /// `capabilities`: a small default set, or none).
     pub capabilities: Vec<String>,
     /// `host-system-ro` or the rootfs directory.
     pub filesystem: String,

@@ -129,6 +129,51 @@ pub enum Want {
     BestEffort,
 }
 
+/// The capabilities the code keeps: each holds only inside the sandbox's own user namespace,
+/// over processes and files whose ids are mapped into it (the scratch space, the code's own
+/// processes), never over the host's files, which it sees owned by `nobody`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Capabilities {
+    /// Docker's everyday set without raw sockets or device nodes, so that `chown`, `tar x` as
+    /// root, `setgroups` and `Popen(user=...)` behave as on a normal system.
+    #[default]
+    Default,
+    /// None at all, and uid 0 regains none on exec.
+    None,
+}
+
+/// The capabilities of [`Capabilities::Default`], by number and name.
+const DEFAULT_CAPABILITIES: [(u32, &str); 8] = [
+    (0, "CAP_CHOWN"),
+    (1, "CAP_DAC_OVERRIDE"),
+    (3, "CAP_FOWNER"),
+    (4, "CAP_FSETID"),
+    (5, "CAP_KILL"),
+    (6, "CAP_SETGID"),
+    (7, "CAP_SETUID"),
+    (10, "CAP_NET_BIND_SERVICE"),
+];
+
+impl Capabilities {
+    /// The kept capabilities, by number and name.
+    pub fn kept(self) -> &'static [(u32, &'static str)] {
+        match self {
+            Capabilities::Default => &DEFAULT_CAPABILITIES,
+            Capabilities::None => &[],
+        }
+    }
+
+    /// The kept capabilities as a mask, as /proc/self/status shows them.
+    pub fn mask(self) -> u64 {
+        self.kept().iter().fold(0, |m, (n, _)| m | 1 << n)
+    }
+
+    pub fn names(self) -> Vec<String> {
+        self.kept().iter().map(|(_, n)| n.to_string()).collect()
+    }
+}
+
 /// The hard limits of one run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -407,6 +452,8 @@ pub struct Policy {
     pub filesystem: Filesystem,
     pub network: Network,
     pub layers: Layers,
+    /// `default` (a small set, inside the sandbox's user namespace only) or `none`.
+    pub capabilities: Capabilities,
     /// Extra environment variables; the environment is otherwise clean.
     pub env: BTreeMap<String, String>,
 }

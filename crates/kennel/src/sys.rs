@@ -351,6 +351,15 @@ struct CapData {
 /// Drops every capability: ambient, bounding, then effective/permitted/inheritable, and locks
 /// the securebits so that uid 0 inside the sandbox regains nothing on `execve`.
 pub fn drop_all_capabilities() -> io::Result<()> {
+    keep_only_capabilities(0)
+}
+
+/// Keeps the capabilities in `keep` (a mask of capability numbers) and drops the rest: ambient
+/// and inheritable emptied, the bounding set cut to `keep`, effective and permitted set to it.
+/// uid 0 then holds `keep` across `execve` (the kernel gives root its bounding set) and a
+/// `setuid` to another id drops it, as on a normal system. With `keep` empty, the securebits
+/// are locked so that uid 0 regains nothing.
+pub fn keep_only_capabilities(keep: u64) -> io::Result<()> {
     // SAFETY: PR_CAP_AMBIENT_CLEAR_ALL takes integers only.
     check(unsafe {
         libc::prctl(
@@ -361,7 +370,7 @@ pub fn drop_all_capabilities() -> io::Result<()> {
             0,
         )
     })?;
-    for cap in 0..=CAP_LAST_CAP_GUESS {
+    for cap in (0..=CAP_LAST_CAP_GUESS).filter(|c| keep & (1 << c) == 0) {
         // SAFETY: PR_CAPBSET_DROP takes an integer; EINVAL past the kernel's last cap is expected.
         let ret = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) };
         if ret == -1 {
@@ -372,19 +381,29 @@ pub fn drop_all_capabilities() -> io::Result<()> {
             return Err(err);
         }
     }
-    let bits = SECBIT_NOROOT
-        | SECBIT_NOROOT_LOCKED
-        | SECBIT_NO_SETUID_FIXUP
-        | SECBIT_NO_SETUID_FIXUP_LOCKED
-        | SECBIT_NO_CAP_AMBIENT_RAISE
-        | SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED;
+    let bits = if keep == 0 {
+        SECBIT_NOROOT
+            | SECBIT_NOROOT_LOCKED
+            | SECBIT_NO_SETUID_FIXUP
+            | SECBIT_NO_SETUID_FIXUP_LOCKED
+            | SECBIT_NO_CAP_AMBIENT_RAISE
+            | SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED
+    } else {
+        // Root keeps its usual rules; nothing can raise ambient capabilities.
+        SECBIT_NO_CAP_AMBIENT_RAISE | SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED
+    };
     // SAFETY: PR_SET_SECUREBITS takes an integer bit mask.
     check(unsafe { libc::prctl(libc::PR_SET_SECUREBITS, bits, 0, 0, 0) })?;
     let header = CapHeader {
         version: LINUX_CAPABILITY_VERSION_3,
         pid: 0,
     };
-    let data = [CapData::default(); 2];
+    let word = |w: u32| CapData {
+        effective: (keep >> (32 * w)) as u32,
+        permitted: (keep >> (32 * w)) as u32,
+        inheritable: 0,
+    };
+    let data = [word(0), word(1)];
     // SAFETY: `header` and `data` match the kernel's v3 layout (one header, two data words) and
     // live for the duration of the call.
     check_long(unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) }).map(drop)

@@ -41,7 +41,8 @@ pub trait Os {
     fn setsid(&mut self) -> io::Result<()>;
     fn reset_signals(&mut self) -> io::Result<()>;
     fn set_rlimit(&mut self, resource: libc::__rlimit_resource_t, value: u64) -> io::Result<()>;
-    fn drop_capabilities(&mut self) -> io::Result<()>;
+    /// Keeps the capabilities in `keep` (a mask) and drops every other.
+    fn limit_capabilities(&mut self, keep: u64) -> io::Result<()>;
     fn set_no_new_privs(&mut self) -> io::Result<()>;
     fn landlock(&mut self, read_only: &[&str], writable: &[&str]) -> io::Result<landlock::Outcome>;
     fn close_fds_from(&mut self, first: i32) -> io::Result<()>;
@@ -184,8 +185,8 @@ impl Os for RealOs {
         sys::set_rlimit(resource, value, value)
     }
 
-    fn drop_capabilities(&mut self) -> io::Result<()> {
-        sys::drop_all_capabilities()
+    fn limit_capabilities(&mut self, keep: u64) -> io::Result<()> {
+        sys::keep_only_capabilities(keep)
     }
 
     fn set_no_new_privs(&mut self) -> io::Result<()> {

@@ -51,7 +51,7 @@ pub struct Confinement {
     pub landlock_abi: Option<u32>,
     pub no_new_privs: bool,
     pub seccomp_filter: bool,
-    pub capabilities_empty: bool,
+    pub capabilities_as_planned: bool,
 }
 
 /// A file collected after the run; its bytes are the blob.

@@ -117,7 +117,7 @@ pub(super) fn isolation(
         landlock_abi: None,
         no_new_privs: false,
         seccomp_filter: false,
-        capabilities_empty: false,
+        capabilities_as_planned: false,
     });
     let (host_uid, host_gid, id_range) = if plan.full_id_range {
         (HOST_ID_BASE, HOST_ID_BASE, ID_RANGE)
@@ -148,7 +148,7 @@ pub(super) fn isolation(
             }),
         },
         no_new_privs: c.no_new_privs,
-        capabilities: vec![],
+        capabilities: plan.policy.capabilities.names(),
         filesystem: plan
             .policy
             .filesystem

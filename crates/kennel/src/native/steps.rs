@@ -127,7 +127,7 @@ steps! {
     EnterWorkspace = "enter_workspace",
         "the code starts in /workspace";
     DropCapabilities = "drop_capabilities",
-        "after the last privileged operation, every capability goes, bounding set included";
+        "after the last privileged operation, every capability goes, bounding set included, but the policy's small set, which holds inside the sandbox's user namespace only";
     SetNoNewPrivs = "set_no_new_privs",
         "no setuid or file-capability gain on exec; required before Landlock and seccomp";
     RestrictFilesystem = "restrict_filesystem",
@@ -268,7 +268,7 @@ impl Step {
             Step::SetRlimits => set_rlimits(ctx, os),
             Step::EnterWorkspace => os.chdir("/workspace").ctx(|| "chdir /workspace".into()),
             Step::DropCapabilities => os
-                .drop_capabilities()
+                .limit_capabilities(ctx.plan.policy.capabilities.mask())
                 .ctx(|| "dropping capabilities".into()),
             Step::SetNoNewPrivs => os.set_no_new_privs().ctx(|| "PR_SET_NO_NEW_PRIVS".into()),
             Step::RestrictFilesystem => restrict_filesystem(ctx, os),
@@ -444,19 +444,30 @@ fn verify_confinement(ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), Fail> {
         landlock_abi: ctx.landlock.and_then(|l| l.abi),
         no_new_privs: status_field(&status, "NoNewPrivs") == Some("1"),
         seccomp_filter: status_field(&status, "Seccomp") == Some("2"),
-        capabilities_empty: ["CapEff", "CapPrm", "CapBnd", "CapAmb", "CapInh"]
-            .iter()
-            .all(|k| {
-                status_field(&status, k).is_some_and(|v| v.trim_start_matches('0').is_empty())
-            }),
+        capabilities_as_planned: capabilities_are(&status, ctx.plan.policy.capabilities.mask()),
     };
-    if !(confinement.no_new_privs && confinement.seccomp_filter && confinement.capabilities_empty) {
+    if !(confinement.no_new_privs
+        && confinement.seccomp_filter
+        && confinement.capabilities_as_planned)
+    {
         return Err(Fail::new(format!(
             "the sandbox is not confined as planned: {confinement:?}"
         )));
     }
     os.report(&Msg::Started(confinement))
         .ctx(|| "reporting to the supervisor".into())
+}
+
+/// Whether the capability sets in /proc/self/status are exactly `keep` (bounding, permitted,
+/// effective) and empty (ambient, inheritable).
+fn capabilities_are(status: &str, keep: u64) -> bool {
+    let set = |key: &str| {
+        status_field(status, key).and_then(|v| u64::from_str_radix(v, 16).ok())
+    };
+    ["CapBnd", "CapPrm", "CapEff"]
+        .iter()
+        .all(|k| set(k) == Some(keep))
+        && ["CapAmb", "CapInh"].iter().all(|k| set(k) == Some(0))
 }
 
 /// The program's path: as given when it has a slash, else the first executable on PATH.

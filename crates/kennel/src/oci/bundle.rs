@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::{
-    Arch, Capabilities, LinuxBuilder, LinuxCpuBuilder, LinuxIdMappingBuilder, LinuxMemoryBuilder,
+    Arch, Capabilities, Capability, LinuxBuilder, LinuxCpuBuilder, LinuxIdMappingBuilder, LinuxMemoryBuilder,
     LinuxNamespaceBuilder, LinuxNamespaceType, LinuxPidsBuilder, LinuxResourcesBuilder,
     LinuxSeccomp, LinuxSeccompAction, LinuxSeccompArgBuilder, LinuxSeccompBuilder,
     LinuxSeccompOperator, LinuxSyscall, LinuxSyscallBuilder, Mount, MountBuilder, PosixRlimit,
@@ -226,6 +226,21 @@ pub fn seccomp_profile(runtime: Runtime) -> LinuxSeccomp {
         .expect("every seccomp field is set")
 }
 
+/// The OCI name of one of the policy's capabilities.
+fn oci_capability(name: &str) -> Option<Capability> {
+    Some(match name {
+        "CAP_CHOWN" => Capability::Chown,
+        "CAP_DAC_OVERRIDE" => Capability::DacOverride,
+        "CAP_FOWNER" => Capability::Fowner,
+        "CAP_FSETID" => Capability::Fsetid,
+        "CAP_KILL" => Capability::Kill,
+        "CAP_SETGID" => Capability::Setgid,
+        "CAP_SETUID" => Capability::Setuid,
+        "CAP_NET_BIND_SERVICE" => Capability::NetBindService,
+        _ => return None,
+    })
+}
+
 fn rlimit(typ: PosixRlimitType, value: u64) -> PosixRlimit {
     PosixRlimitBuilder::default()
         .typ(typ)
@@ -244,7 +259,13 @@ pub fn maps_ids(runtime: Runtime) -> bool {
 /// The `config.json` for one run.
 pub fn spec(input: &Input, system_mounts: Vec<Mount>) -> Spec {
     let l = &input.policy.limits;
-    let empty_caps = Capabilities::new();
+    let kept: Capabilities = input
+        .policy
+        .capabilities
+        .kept()
+        .iter()
+        .filter_map(|(_, name)| oci_capability(name))
+        .collect();
     let process = ProcessBuilder::default()
         .terminal(false)
         .user(
@@ -265,11 +286,11 @@ pub fn spec(input: &Input, system_mounts: Vec<Mount>) -> Spec {
         .cwd("/workspace")
         .capabilities(
             oci_spec::runtime::LinuxCapabilitiesBuilder::default()
-                .bounding(empty_caps.clone())
-                .effective(empty_caps.clone())
-                .inheritable(empty_caps.clone())
-                .permitted(empty_caps.clone())
-                .ambient(empty_caps)
+                .bounding(kept.clone())
+                .effective(kept.clone())
+                .permitted(kept)
+                .inheritable(Capabilities::new())
+                .ambient(Capabilities::new())
                 .build()
                 .expect("every capability set is given"),
         )

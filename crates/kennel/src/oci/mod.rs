@@ -549,7 +549,7 @@ fn isolation(run: &Run, policy: &Policy) -> Isolation {
             fallback_reason: None,
         },
         no_new_privs: true,
-        capabilities: vec![],
+        capabilities: policy.capabilities.names(),
         filesystem: policy
             .filesystem
             .rootfs

@@ -13,6 +13,8 @@ struct Recorder {
     calls: Vec<String>,
     /// What Landlock answers; enforced when `None`.
     landlock: Option<Outcome>,
+    /// The capabilities kept, which /proc/self/status then shows.
+    caps: u64,
 }
 
 impl Recorder {
@@ -119,7 +121,8 @@ impl Os for Recorder {
     fn set_rlimit(&mut self, resource: libc::__rlimit_resource_t, _: u64) -> io::Result<()> {
         self.log(format!("rlimit {resource}"))
     }
-    fn drop_capabilities(&mut self) -> io::Result<()> {
+    fn limit_capabilities(&mut self, keep: u64) -> io::Result<()> {
+        self.caps = keep;
         self.log("drop_caps")
     }
     fn set_no_new_privs(&mut self) -> io::Result<()> {
@@ -140,11 +143,11 @@ impl Os for Recorder {
     }
     fn read_to_string(&mut self, path: &str) -> io::Result<String> {
         self.log(format!("read {path}"))?;
-        Ok(
-            "NoNewPrivs:\t1\nSeccomp:\t2\nCapInh:\t0000000000000000\nCapPrm:\t0000000000000000\n\
-            CapEff:\t0000000000000000\nCapBnd:\t0000000000000000\nCapAmb:\t0000000000000000\n"
-                .into(),
-        )
+        let caps = self.caps;
+        Ok(format!(
+            "NoNewPrivs:\t1\nSeccomp:\t2\nCapInh:\t0000000000000000\nCapPrm:\t{caps:016x}\n\
+            CapEff:\t{caps:016x}\nCapBnd:\t{caps:016x}\nCapAmb:\t0000000000000000\n"
+        ))
     }
     fn report(&mut self, _: &Msg) -> io::Result<()> {
         self.log("report")

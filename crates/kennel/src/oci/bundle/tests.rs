@@ -55,3 +55,12 @@ fn clone3_is_left_to_gvisor_only() {
     assert!(rules_for(&seccomp_profile(Runtime::Runsc), "clone3").is_empty());
     assert_eq!(rules_for(&seccomp_profile(Runtime::Runsc), "clone").len(), 7);
 }
+
+#[test]
+fn every_kept_capability_has_its_oci_name() {
+    use crate::policy::Capabilities as Caps;
+    for (_, name) in Caps::Default.kept() {
+        assert!(oci_capability(name).is_some(), "{name}");
+    }
+    assert!(Caps::None.kept().is_empty());
+}
