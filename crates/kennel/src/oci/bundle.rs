@@ -158,10 +158,29 @@ fn masked_paths() -> Vec<String> {
         .collect()
 }
 
-/// The native tier's deny list in OCI form: the same calls, the same `ENOSYS`.
-pub fn seccomp_profile() -> LinuxSeccomp {
+/// Whether `runtime`'s profile carries `rule`. runsc (Debian's 2022 release) ignores errnoRet
+/// and answers every denial with EPERM, while glibc falls back from clone3 to clone on ENOSYS
+/// only: a denied clone3 would make every pthread_create fail. gVisor does not implement clone3
+/// (its own kernel answers ENOSYS, and glibc falls back to clone, whose namespace flags the
+/// profile still checks), so the rule is left out for runsc.
+pub fn in_profile(runtime: Runtime, rule: &seccomp::Rule) -> bool {
+    !(runtime == Runtime::Runsc && rule.nr == libc::SYS_clone3)
+}
+
+/// The errno a denied call meets under `runtime`: runsc ignores errnoRet and says EPERM.
+pub fn denied_errno_name(runtime: Runtime) -> &'static str {
+    if runtime == Runtime::Runsc {
+        "EPERM"
+    } else {
+        seccomp::DENIED_ERRNO_NAME
+    }
+}
+
+/// The native tier's deny list in OCI form: the same calls, the same `ENOSYS` (but see
+/// [`in_profile`] and [`denied_errno_name`] for runsc).
+pub fn seccomp_profile(runtime: Runtime) -> LinuxSeccomp {
     let mut syscalls: Vec<LinuxSyscall> = vec![];
-    for rule in seccomp::RULES {
+    for rule in seccomp::RULES.iter().filter(|r| in_profile(runtime, r)) {
         let name = rule.name.split('(').next().unwrap_or(rule.name);
         let deny = |args: Option<Vec<_>>| {
             let b = LinuxSyscallBuilder::default()
@@ -336,7 +355,7 @@ pub fn spec(input: &Input, system_mounts: Vec<Mount>) -> Spec {
                 .map(|p| format!("/proc/{p}"))
                 .collect::<Vec<_>>(),
         )
-        .seccomp(seccomp_profile())
+        .seccomp(seccomp_profile(input.runtime))
         .build()
         .expect("every linux field is set");
     SpecBuilder::default()

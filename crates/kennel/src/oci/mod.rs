@@ -448,8 +448,12 @@ fn isolation(run: &Run, policy: &Policy) -> Isolation {
         seccomp: SeccompInfo {
             enforced: true,
             profile: format!("{} (oci form)", seccomp::PROFILE),
-            denied_errno: seccomp::DENIED_ERRNO_NAME.into(),
-            denied_syscalls: seccomp::denied_names(),
+            denied_errno: bundle::denied_errno_name(rt).into(),
+            denied_syscalls: seccomp::RULES
+                .iter()
+                .filter(|r| bundle::in_profile(rt, r))
+                .map(|r| r.name.to_string())
+                .collect(),
         },
         landlock: LandlockInfo {
             enforced: false,
