@@ -668,7 +668,10 @@ def raw_clone(flags):
     return errno.errorcode[ctypes.get_errno()]
 print(*[raw_clone(f) for f in [0x10000000, 0x00020000, 0x20000000, 0x40000000, 0]])
 "#;
-    assert_eq!(probe_inside(code), expect_denied("ENOSYS ENOSYS ENOSYS ENOSYS OK"));
+    assert_eq!(
+        probe_inside(code),
+        expect_denied("ENOSYS ENOSYS ENOSYS ENOSYS OK")
+    );
 }
 
 /// clone3, whose flags sit behind a pointer the filter cannot read (bare: EINVAL for size 0).
@@ -846,7 +849,10 @@ fn x32_syscalls_are_denied() {
         assert_eq!(r["signal"], libc::SIGSYS, "{r}");
         return;
     }
-    assert_eq!(probe_inside("print(sys_errno(0x40000000 | 39))"), expect_denied("ENOSYS"));
+    assert_eq!(
+        probe_inside("print(sys_errno(0x40000000 | 39))"),
+        expect_denied("ENOSYS")
+    );
 }
 
 /// TIOCSTI on a terminal (a pty the code opens itself), pushing keystrokes into a terminal; also
@@ -1090,7 +1096,12 @@ fn inherited_descriptors_are_closed() {
     let (_, r) = run_cmd_json(cmd);
     // In the oci tier pid 1 is the code, whose fd 7 does not exist: ENOENT, not EACCES.
     let init_fd = if oci() { "ENOENT" } else { "EACCES" };
-    assert_eq!(r["stdout"], format!("EBADF\n0 1 2 3 {init_fd}\n"), "{}", r["stderr"]);
+    assert_eq!(
+        r["stdout"],
+        format!("EBADF\n0 1 2 3 {init_fd}\n"),
+        "{}",
+        r["stderr"]
+    );
 }
 
 /// The code plants a symlink to /etc/passwd on the path it was asked to return: it is refused as

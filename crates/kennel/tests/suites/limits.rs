@@ -164,7 +164,9 @@ fn every_namespace_is_new() {
         Some("runsc") => "'mnt','pid','net','ipc','uts'",
         Some(_) => "'user','mnt','pid','net','ipc','uts','cgroup'",
     };
-    let code = format!("import os\nfor ns in [{names}]:\n    print(ns, os.readlink('/proc/self/ns/' + ns))\n");
+    let code = format!(
+        "import os\nfor ns in [{names}]:\n    print(ns, os.readlink('/proc/self/ns/' + ns))\n"
+    );
     let code = code.as_str();
     let inside = py_ok(&[], code);
     for line in inside.lines() {
@@ -180,7 +182,9 @@ fn every_namespace_is_new() {
         .map(|v| v.as_str().unwrap())
         .collect();
     let expected: &[&str] = match tier() {
-        None => &["user", "mount", "pid", "network", "ipc", "uts", "cgroup", "time"],
+        None => &[
+            "user", "mount", "pid", "network", "ipc", "uts", "cgroup", "time",
+        ],
         Some("runsc") => &["mount", "pid", "network", "ipc", "uts", "cgroup"],
         Some(_) => &["user", "mount", "pid", "network", "ipc", "uts", "cgroup"],
     };
@@ -193,7 +197,11 @@ fn pid_uts_and_cgroup_views() {
     let out = py_ok(&[], "import os, socket\nprint(os.getpid(), os.getppid(), socket.gethostname())\nprint(open('/proc/self/cgroup').read().strip().splitlines()[-1])\nprint(sorted(p for p in os.listdir('/proc') if p.isdigit()))");
     let lines: Vec<&str> = out.lines().collect();
     // In the oci tier the code is pid 1 of its namespace, with no init of Kennel's above it.
-    let (ids, pids) = if oci() { ("1 0", "['1']") } else { ("2 1", "['1', '2']") };
+    let (ids, pids) = if oci() {
+        ("1 0", "['1']")
+    } else {
+        ("2 1", "['1', '2']")
+    };
     assert_eq!(lines[0], format!("{ids} kennel"));
     assert!(lines[1].ends_with(":/"), "cgroup path {:?}", lines[1]);
     assert_eq!(lines[2], pids);
@@ -281,8 +289,18 @@ fn isolation_report_is_honest() {
     assert_eq!(iso["landlock"]["enforced"], !oci());
     if let Some(rt) = tier() {
         assert_eq!(iso["runtime"]["name"], rt);
-        assert!(iso["runtime"]["version"].as_str().unwrap().contains("version"), "{iso}");
-        assert_eq!(iso["runtime"]["platform"].is_string(), rt == "runsc", "{iso}");
+        assert!(
+            iso["runtime"]["version"]
+                .as_str()
+                .unwrap()
+                .contains("version"),
+            "{iso}"
+        );
+        assert_eq!(
+            iso["runtime"]["platform"].is_string(),
+            rt == "runsc",
+            "{iso}"
+        );
     }
     assert_eq!(iso["no_new_privs"], true);
     assert_eq!(iso["capabilities"], serde_json::json!([]));
