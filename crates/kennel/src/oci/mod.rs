@@ -22,9 +22,7 @@ use crate::api::{
 use crate::error::Error;
 use crate::native::cgroup::{self, Cgroup};
 use crate::native::helper::Dir;
-use crate::native::io::{
-    control_events, feed_stdin, join, reader, Event, RunIo, Started, StdinSource,
-};
+use crate::native::io::{control_events, feed_stdin, join, reader, Event, RunIo, Started};
 use crate::native::output::{Captured, Stream};
 use crate::native::proto::{self, Collected, InputFiles, Msg};
 use crate::native::report::{build_result, network_summary, Outcome};
@@ -121,8 +119,10 @@ impl Oci {
             collect: req.collect.clone(),
             collect_size: policy.limits.collect_size.0,
         };
-        let piped_stdin = req.stdin.is_some() || matches!(io.stdin, StdinSource::Reader(_));
-        let (mut child, mut ctl) = self.spawn(piped_stdin)?;
+        // Stdin is always a pipe (closed at once when there is no input): given the host's
+        // /dev/null as their stdin, crun chowns it to the container's root (1000000000) and
+        // runsc to nobody, host-wide, and a sandbox whose root owns /dev/null may chmod it.
+        let (mut child, mut ctl) = self.spawn()?;
         let started = Instant::now();
         let stdin_thread = feed_stdin(child.stdin.take(), req, io.stdin)?;
         let cap = policy.limits.output.0;
@@ -198,9 +198,9 @@ impl Oci {
         Ok(build_result(req, outcome, isolation(run, &req.policy)))
     }
 
-    fn spawn(&self, piped_stdin: bool) -> Result<(Child, UnixStream), Error> {
+    fn spawn(&self) -> Result<(Child, UnixStream), Error> {
         let (ctl, launcher_end) = UnixStream::pair().map_err(|e| setup(Step::SpawnLauncher, e))?;
-        let mut cmd = helper_command(&self.launcher, LAUNCHER_ARG, &launcher_end, piped_stdin);
+        let mut cmd = helper_command(&self.launcher, LAUNCHER_ARG, &launcher_end, true);
         let child = cmd.spawn().map_err(|e| setup(Step::SpawnLauncher, e))?;
         Ok((child, ctl))
     }

@@ -1440,6 +1440,51 @@ fn inherited_descriptors_are_closed() {
     );
 }
 
+/// A run with no input (a terminal on Kennel's stdin, which the CLI does not pass on; the API's
+/// runs have none either) leaves the host's /dev/null as it was, and the code reads an empty
+/// stdin. The runtimes must never get the host's /dev/null as their stdin: crun chowns its
+/// stdin to the container's root (1000000000), and runsc to nobody, which would make the host's
+/// /dev/null the sandboxes' own, theirs to chmod.
+#[test]
+fn host_dev_null_keeps_its_owner() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use std::os::unix::fs::MetadataExt;
+    let (mut master, mut slave) = (0, 0);
+    // SAFETY: openpty writes two new descriptors into the integers it is given; the name,
+    // termios and window-size arguments are null, which it accepts.
+    let rc = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(rc, 0, "openpty: {}", io::Error::last_os_error());
+    // SAFETY: both descriptors were just opened by openpty and are owned here alone.
+    let (_master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    let owner = || {
+        fs::metadata("/dev/null")
+            .map(|m| (m.uid(), m.gid()))
+            .unwrap()
+    };
+    let before = owner();
+    let out = py_cmd(&[], "import sys; print(repr(sys.stdin.read()))")
+        .stdin(Stdio::from(slave))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let r = parse_result(&out);
+    assert_eq!(r["stdout"], "''\n", "{r}");
+    assert_eq!(
+        owner(),
+        before,
+        "the run changed the owner of the host's /dev/null"
+    );
+}
+
 /// The code plants a symlink to /etc/passwd on the path it was asked to return: it is refused as
 /// a symlink and no content comes back, while a plain file of the same run is returned.
 #[test]
