@@ -1,6 +1,7 @@
 //! The oci tier under gVisor (`runsc`): the checks that say the user-space kernel is in force
-//! and Kennel's policy reaches it. The full limits and escape suites run under crun and runc;
-//! under runsc they differ in ways listed in the README (its own /dev, /proc and errnos).
+//! and Kennel's policy reaches it. The full limits and escape suites run under runsc too
+//! (`limits_runsc.rs`, `escapes_runsc.rs`), each difference stated in the test that checks it
+//! and listed in the README (its own /dev, /proc and errnos, its task accounting).
 
 mod common;
 

@@ -158,19 +158,30 @@ fn masked_paths() -> Vec<String> {
         .collect()
 }
 
-/// The native tier's deny list in OCI form: the same calls, the same `ENOSYS`.
-///
-/// Under runsc, without `clone3`: Debian's 2022 gVisor ignores `errnoRet` and answers `EPERM`,
-/// and glibc falls back from `clone3` to `clone` on `ENOSYS` only, so no thread could start.
-/// `clone3` there reaches gVisor's own kernel, whose namespaces are its own; the `clone` rule
-/// (namespace flags) stays.
+/// Whether `runtime`'s profile carries `rule`. runsc (Debian's 2022 release) ignores errnoRet
+/// and answers every denial with EPERM, while glibc falls back from clone3 to clone on ENOSYS
+/// only: a denied clone3 would make every pthread_create fail. gVisor does not implement clone3
+/// (its own kernel answers ENOSYS, and glibc falls back to clone, whose namespace flags the
+/// profile still checks), so the rule is left out for runsc.
+pub fn in_profile(runtime: Runtime, rule: &seccomp::Rule) -> bool {
+    !(runtime == Runtime::Runsc && rule.nr == libc::SYS_clone3)
+}
+
+/// The errno a denied call meets under `runtime`: runsc ignores errnoRet and says EPERM.
+pub fn denied_errno_name(runtime: Runtime) -> &'static str {
+    if runtime == Runtime::Runsc {
+        "EPERM"
+    } else {
+        seccomp::DENIED_ERRNO_NAME
+    }
+}
+
+/// The native tier's deny list in OCI form: the same calls, the same `ENOSYS` (but see
+/// [`in_profile`] and [`denied_errno_name`] for runsc).
 pub fn seccomp_profile(runtime: Runtime) -> LinuxSeccomp {
     let mut syscalls: Vec<LinuxSyscall> = vec![];
-    for rule in seccomp::RULES {
+    for rule in seccomp::RULES.iter().filter(|r| in_profile(runtime, r)) {
         let name = rule.name.split('(').next().unwrap_or(rule.name);
-        if runtime == Runtime::Runsc && name == "clone3" {
-            continue;
-        }
         let deny = |args: Option<Vec<_>>| {
             let b = LinuxSyscallBuilder::default()
                 .names(vec![name.to_string()])

@@ -23,9 +23,7 @@ use crate::error::Error;
 use crate::native::cgroup::{self, Cgroup};
 use crate::net::proxy::Proxy;
 use crate::native::helper::Dir;
-use crate::native::io::{
-    control_events, feed_stdin, join, reader, Event, RunIo, Started, StdinSource,
-};
+use crate::native::io::{control_events, feed_stdin, join, reader, Event, RunIo, Started};
 use crate::native::output::{Captured, Stream};
 use crate::native::proto::{self, Collected, InputFiles, Msg};
 use crate::native::report::{build_result, network_summary, Outcome};
@@ -148,8 +146,10 @@ impl Oci {
             collect: req.collect.clone(),
             collect_size: policy.limits.collect_size.0,
         };
-        let piped_stdin = req.stdin.is_some() || matches!(io.stdin, StdinSource::Reader(_));
-        let (mut child, mut ctl) = self.spawn(piped_stdin)?;
+        // Stdin is always a pipe (closed at once when there is no input): given the host's
+        // /dev/null as their stdin, crun chowns it to the container's root (1000000000) and
+        // runsc to nobody, host-wide, and a sandbox whose root owns /dev/null may chmod it.
+        let (mut child, mut ctl) = self.spawn()?;
         let started = Instant::now();
         let stdin_thread = feed_stdin(child.stdin.take(), req, io.stdin)?;
         let cap = policy.limits.output.0;
@@ -230,9 +230,9 @@ impl Oci {
         Ok(result)
     }
 
-    fn spawn(&self, piped_stdin: bool) -> Result<(Child, UnixStream), Error> {
+    fn spawn(&self) -> Result<(Child, UnixStream), Error> {
         let (ctl, launcher_end) = UnixStream::pair().map_err(|e| setup(Step::SpawnLauncher, e))?;
-        let mut cmd = helper_command(&self.launcher, LAUNCHER_ARG, &launcher_end, piped_stdin);
+        let mut cmd = helper_command(&self.launcher, LAUNCHER_ARG, &launcher_end, true);
         let child = cmd.spawn().map_err(|e| setup(Step::SpawnLauncher, e))?;
         Ok((child, ctl))
     }
@@ -536,8 +536,12 @@ fn isolation(run: &Run, policy: &Policy) -> Isolation {
         seccomp: SeccompInfo {
             enforced: true,
             profile: format!("{} (oci form)", seccomp::PROFILE),
-            denied_errno: seccomp::DENIED_ERRNO_NAME.into(),
-            denied_syscalls: seccomp::denied_names(),
+            denied_errno: bundle::denied_errno_name(rt).into(),
+            denied_syscalls: seccomp::RULES
+                .iter()
+                .filter(|r| bundle::in_profile(rt, r))
+                .map(|r| r.name.to_string())
+                .collect(),
         },
         landlock: LandlockInfo {
             enforced: false,

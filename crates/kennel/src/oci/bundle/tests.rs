@@ -49,14 +49,6 @@ fn argument_conditions_become_ored_rules_and_anded_args() {
 }
 
 #[test]
-fn clone3_is_left_to_gvisor_only() {
-    assert_eq!(rules_for(&seccomp_profile(Runtime::Crun), "clone3").len(), 1);
-    assert_eq!(rules_for(&seccomp_profile(Runtime::Runc), "clone3").len(), 1);
-    assert!(rules_for(&seccomp_profile(Runtime::Runsc), "clone3").is_empty());
-    assert_eq!(rules_for(&seccomp_profile(Runtime::Runsc), "clone").len(), 7);
-}
-
-#[test]
 fn every_kept_capability_has_its_oci_name() {
     use crate::policy::Capabilities as Caps;
     for (_, name) in Caps::Default.kept() {
