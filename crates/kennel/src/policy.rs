@@ -174,6 +174,21 @@ impl Capabilities {
     }
 }
 
+impl FromStr for Capabilities {
+    type Err = PolicyError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "default" => Ok(Capabilities::Default),
+            "none" => Ok(Capabilities::None),
+            other => Err(PolicyError::Invalid {
+                field: "capabilities",
+                why: format!("unknown set {other:?}: use default or none"),
+            }),
+        }
+    }
+}
+
 /// The hard limits of one run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]

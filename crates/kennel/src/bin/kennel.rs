@@ -139,6 +139,10 @@ struct RunArgs {
     /// Refuse to run unless cgroups hold the limits (instead of falling back to rlimits).
     #[arg(long)]
     require_cgroups: bool,
+    /// Capabilities the code keeps inside its user namespace: default (chown, dac_override,
+    /// fowner, fsetid, kill, setuid, setgid, net_bind_service) or none.
+    #[arg(long, value_name = "SET")]
+    capabilities: Option<kennel::policy::Capabilities>,
     /// Run even where Landlock is unavailable (it is required by default).
     #[arg(long)]
     landlock_best_effort: bool,
@@ -390,6 +394,9 @@ fn request(args: RunArgs) -> anyhow::Result<RunRequest> {
     }
     if args.require_cgroups {
         policy.layers.cgroups = Want::Required;
+    }
+    if let Some(caps) = args.capabilities {
+        policy.capabilities = caps;
     }
     if args.landlock_best_effort {
         policy.layers.landlock = Some(Want::BestEffort);

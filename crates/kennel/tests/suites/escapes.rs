@@ -586,7 +586,8 @@ print(os_errno(os.readlink, "/proc/1/exe"), os_errno(os.open, "/proc/1/exe", os.
 }
 
 /// The code runs as root of its own user namespace only: seen from the host, its process has
-/// uid and gid 1000000000 in all four slots and no capabilities.
+/// uid and gid 1000000000 in all four slots, and only the policy's small set of capabilities
+/// (0x4fb), which hold in that user namespace alone.
 #[test]
 fn sandbox_root_is_an_unprivileged_host_uid() {
     if !require("root (for the mapped host id range)", is_root()) {
@@ -639,7 +640,7 @@ fn sandbox_root_is_an_unprivileged_host_uid() {
     let id = HOST_ID_BASE.to_string();
     assert_eq!(field("Uid:"), [id.as_str(); 4]);
     assert_eq!(field("Gid:"), [id.as_str(); 4]);
-    assert_eq!(field("CapEff:"), ["0000000000000000"]);
+    assert_eq!(field("CapEff:"), [KEPT_CAPS]);
     assert_eq!(r["isolation"]["host_uid"], HOST_ID_BASE);
     assert_eq!(r["isolation"]["host_gid"], HOST_ID_BASE);
     assert_eq!(r["signal"], 9);
@@ -730,10 +731,21 @@ fn sandbox_root_under_gvisor() {
     assert_eq!(r["exit_code"], 0, "{r}");
 }
 
-/// Exec'ing again as uid 0 (which would normally grant root every capability) gains nothing: the
-/// bounding set is empty and no_new_privs and the filter stay in force across exec.
+/// The default capabilities: chown, dac_override, fowner, fsetid, kill, setgid, setuid and
+/// net_bind_service, as /proc/self/status shows them.
+const KEPT_CAPS: &str = "00000000000004fb";
+
+/// Exec'ing again as uid 0 (which would normally grant root every capability) gains nothing
+/// beyond the policy's set: the bounding set is that set, and no_new_privs and the filter stay in
+/// force across exec. With `--capabilities none`, every set is empty.
 #[test]
 fn re_exec_as_root_regains_no_capabilities() {
+    for (opt, kept) in [("default", KEPT_CAPS), ("none", "0000000000000000")] {
+        re_exec_as_root_keeps(opt, kept);
+    }
+}
+
+fn re_exec_as_root_keeps(opt: &str, kept: &str) {
     let code = r#"
 import ctypes, os, sys
 if len(sys.argv) == 1:
@@ -742,16 +754,51 @@ status = dict(l.split(":\t", 1) for l in open("/proc/self/status").read().splitl
 nnp = ctypes.CDLL(None).prctl(39, 0, 0, 0, 0)  # PR_GET_NO_NEW_PRIVS
 print(os.getuid(), *[status.get(k, "-").strip() for k in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp"]], nnp)
 "#;
-    let out = py_ok(&[], code);
+    let out = py_ok(&["--capabilities", opt], code);
     let zero = "0000000000000000";
     let expected = if gvisor() {
         // gVisor's /proc/self/status has no CapAmb or NoNewPrivs lines: prctl says
-        // no_new_privs, and the ambient set, a subset of the (empty) permitted one, is empty.
-        format!("0 {zero} {zero} {zero} {zero} - - 2 1")
+        // no_new_privs.
+        format!("0 {zero} {kept} {kept} {kept} - - 2 1")
     } else {
-        format!("0 {zero} {zero} {zero} {zero} {zero} 1 2 1")
+        format!("0 {zero} {kept} {kept} {kept} {zero} 1 2 1")
     };
-    assert_eq!(out.trim(), expected);
+    assert_eq!(out.trim(), expected, "--capabilities {opt}");
+}
+
+/// What the kept capabilities allow stays inside the sandbox: root chowns its own scratch files
+/// and sets its groups, as on a normal system; a setuid to another id drops every capability
+/// (no SECBIT_NO_SETUID_FIXUP); and ids outside the mapped range stay out of reach (EINVAL:
+/// the kernel cannot map them, whatever the capability). With `--capabilities none`, chown and
+/// setgroups are EPERM.
+#[test]
+fn kept_capabilities_act_inside_the_sandbox_only() {
+    let code = r#"
+f = "/workspace/owned"
+open(f, "w").close()
+print(os_errno(os.chown, f, 1000, 1000), os.stat(f).st_uid, os_errno(os.setgroups, [1, 2, 3]))
+print(os_errno(os.chown, f, 2**31, 2**31), flush=True)
+for target in (2**31, 1000):
+    pid = os.fork()
+    if pid == 0:
+        err = os_errno(os.setuid, target)
+        eff = [l.split()[1] for l in open("/proc/self/status") if l.startswith("CapEff")][0]
+        print(err, eff, os_errno(os.chown, f, 0, 0), flush=True)
+        os._exit(0)
+    os.waitpid(pid, 0)
+"#;
+    let out = py_ok(&[], &format!("{SYSCALL_PRELUDE}\n{code}"));
+    // gVisor's kernel has the whole id space to itself (uid_map is the identity there): 2**31
+    // is an id like any other, whose setuid also drops the capabilities.
+    let expected = if gvisor() {
+        "OK 1000 OK\nOK\nOK 0000000000000000 EPERM\nOK 0000000000000000 EPERM\n"
+    } else {
+        "OK 1000 OK\nEINVAL\nEINVAL 00000000000004fb OK\nOK 0000000000000000 EPERM\n"
+    };
+    assert_eq!(out, expected);
+    let none = "open('/workspace/f', 'w').close()\nprint(os_errno(os.chown, '/workspace/f', 1000, 1000), os_errno(os.setgroups, [1]))";
+    let out = py_ok(&["--capabilities", "none"], &format!("{SYSCALL_PRELUDE}\n{none}"));
+    assert_eq!(out, "EPERM EPERM\n");
 }
 
 // ---- seccomp ---------------------------------------------------------------------------------
@@ -1056,9 +1103,12 @@ fn swap_is_denied() {
     );
 }
 
-/// settimeofday, clock_settime, clock_adjtime and adjtimex: the host clock. The times passed are
-/// invalid and the adjustments read-only (modes 0), so nothing could change even unfiltered.
-/// Never run bare.
+/// settimeofday, clock_settime, clock_adjtime and adjtimex: the host clock. They answer EPERM,
+/// as the kernel does for callers without CAP_SYS_TIME (Python raises PermissionError, which
+/// code written for unprivileged users expects). The times passed are invalid and the
+/// adjustments read-only (modes 0), so nothing could change even unfiltered; the setters never
+/// run bare. A read-only adjtimex, which the kernel allows anyone (bare: OK), tells Kennel's
+/// filter from the kernel's own refusal.
 #[test]
 fn clock_changes_are_denied() {
     let code = r#"
@@ -1069,8 +1119,11 @@ print(sys_errno(164, tv, None), sys_errno(227, 0, ts), sys_errno(305, 0, tx), sy
 "#;
     assert_eq!(
         probe_inside(&format!("import struct\n{code}")),
-        expect_denied("ENOSYS ENOSYS ENOSYS ENOSYS")
+        "EPERM EPERM EPERM EPERM"
     );
+    let read_only = "tx = ctypes.create_string_buffer(256)\nprint(sys_errno(159, tx))";
+    let (inside, bare) = probe_both(read_only);
+    assert_eq!((inside.trim(), bare.trim()), ("EPERM", "OK"));
 }
 
 /// acct and quotactl: host accounting files and disk quotas. Never run bare.
@@ -1183,12 +1236,37 @@ fn raw_socket_is_denied() {
     );
 }
 
-/// A netlink route socket, to reconfigure interfaces and routes.
+/// Netlink families other than routing: audit (9), netfilter (12) and kernel uevents (15).
 #[test]
 fn netlink_socket_is_denied() {
     assert_denied_by_seccomp(
-        "print(os_errno(socket.socket, socket.AF_NETLINK, socket.SOCK_RAW, 0))",
+        "print(*[os_errno(socket.socket, socket.AF_NETLINK, socket.SOCK_RAW, p) for p in (9, 12, 15)])",
     );
+}
+
+/// A NETLINK_ROUTE socket is allowed (glibc's if_nameindex and getifaddrs, `ip addr` and psutil
+/// use it): it lists only the sandbox's own loopback, and a change (a new address on lo) needs
+/// CAP_NET_ADMIN in the namespace's owner, which the code does not hold: EPERM.
+#[test]
+fn netlink_route_lists_only_loopback_and_changes_nothing() {
+    let code = r#"
+import struct
+print(socket.if_nameindex())
+s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)
+# RTM_NEWADDR for 10.9.9.9/32 on interface 1, with an ack requested.
+ifa = struct.pack("BBBBi", socket.AF_INET, 32, 0, 0, 1)
+rta = struct.pack("HH4s", 8, 2, socket.inet_aton("10.9.9.9"))
+body = ifa + rta
+msg = struct.pack("IHHII", 16 + len(body), 20, 0x1 | 0x4 | 0x400 | 0x200, 1, 0) + body
+s.sendto(msg, (0, 0))
+reply = s.recv(65536)
+err = struct.unpack("i", reply[16:20])[0]
+print(errno.errorcode.get(-err, err))
+"#;
+    let out = py_ok(&[], &format!("{SYSCALL_PRELUDE}\n{code}"));
+    // gVisor's own network stack answers the missing capability with EACCES.
+    let refused = if gvisor() { "EACCES" } else { "EPERM" };
+    assert_eq!(out, format!("[(1, 'lo')]\n{refused}\n"));
 }
 
 /// An AF_PACKET socket (datagram type, so that the SOCK_RAW rule cannot be what stops it).
@@ -1343,17 +1421,24 @@ print(os_errno(os.open, p, os.O_WRONLY), os_errno(os.chmod, p, 0o666), os_errno(
 "#;
     if gvisor() {
         // gVisor's /proc/sys is its own kernel's, and it ignores the spec's read-only paths:
-        // no mount covers /proc/sys (and statfs there is ENOSYS). The open still wants a
-        // capability the code lacks (EACCES), chmod of the sysctl is EPERM, and chmod of
+        // no mount covers /proc/sys (and statfs there is ENOSYS). The open works with the
+        // default capabilities (CAP_DAC_OVERRIDE over gVisor's own sysctl, whose UTS namespace
+        // is gVisor's) and is EACCES without them; chmod of the sysctl is EPERM, and chmod of
         // /proc/version works, on gVisor's own in-memory /proc only.
         let code = r#"
 p = "/proc/sys/kernel/hostname"
 print(os_errno(os.open, p, os.O_WRONLY), os_errno(os.chmod, p, 0o666), os_errno(os.chmod, "/proc/version", 0o666), os_errno(os.statvfs, "/proc/sys"), [l.split()[4] for l in open("/proc/self/mountinfo")].count("/proc/sys"))
 "#;
-        assert_eq!(
-            py_ok(&[], &format!("{SYSCALL_PRELUDE}\n{code}")).trim(),
-            "EACCES EPERM OK ENOSYS 0"
-        );
+        for (caps, open) in [("default", "OK"), ("none", "EACCES")] {
+            assert_eq!(
+                py_ok(
+                    &["--capabilities", caps],
+                    &format!("{SYSCALL_PRELUDE}\n{code}")
+                )
+                .trim(),
+                format!("{open} EPERM OK ENOSYS 0")
+            );
+        }
         return;
     }
     assert_eq!(
