@@ -3,12 +3,13 @@
 
 Runs a selection of CPython's own regression-test modules (Debian's libpython3.11-testsuite)
 and a set of realistic agent jobs, each once bare (on the host, as the calling user) and once
-inside `kennel run` (tier `native`), and compares them. Writes compat/results.json and prints
-markdown tables.
+inside `kennel run` in each tier asked for (`--tiers native,crun,runc,runsc`), and compares
+them. Writes compat/results.json and prints markdown tables.
 
     bash compat/setup.sh && /usr/bin/python3 compat/run.py
 
-Options: --modules test_os,test_pty  (a subset)   --no-modules / --no-jobs   --parallel N
+Options: --tiers native,crun,runc,runsc (default native)   --bare-from RESULTS_JSON (reuse bare runs)
+         --modules test_os,test_pty  (a subset)   --no-modules / --no-jobs   --parallel N
          --kennel PATH (default target/release/kennel)   --out PATH   --no-rerun
 Standard library only.
 """
@@ -76,8 +77,8 @@ RESULT_RE = re.compile(r"^(?:Tests )?[Rr]esult: (\S+)", re.M)
 FAILED_RE = re.compile(r"^(FAIL|ERROR): (\S+) \(([^)]*)\)", re.M)
 
 
-def kennel_cmd(kennel, argv, files=(), collect=(), json_out=False):
-    cmd = [kennel, "run"] + LIMITS
+def kennel_cmd(kennel, tier, argv, files=(), collect=(), json_out=False):
+    cmd = [kennel, "run"] + LIMITS + ([] if tier == "native" else ["--runtime", tier])
     if json_out:
         cmd.append("--json")
     for host, inside in files:
@@ -118,7 +119,7 @@ def run_module(kennel, mode, module, verbose=False):
         with tempfile.TemporaryDirectory(prefix="kennel-compat-") as d:
             rc, out, err, secs = run(argv, cwd=d, env=bare_env(d))
     else:
-        rc, out, err, secs = run(kennel_cmd(kennel, argv))
+        rc, out, err, secs = run(kennel_cmd(kennel, mode, argv))
     text = out + "\n" + err
     if verbose:
         # the tracebacks of a verbose run are long; keep the unittest summary at the end
@@ -339,7 +340,7 @@ def run_job(kennel, mode, job):
             files_ok = all(_png_ok(open(os.path.join(work, os.path.basename(c)), "rb").read(8))
                            for c in collect if os.path.exists(os.path.join(work, os.path.basename(c))))
         else:
-            cmd = kennel_cmd(kennel, [interp, "/workspace/job" + ext],
+            cmd = kennel_cmd(kennel, mode, [interp, "/workspace/job" + ext],
                              files=[(path, "/workspace/job" + ext)], collect=collect,
                              json_out=True)
             rc, raw, err, secs = run(cmd, timeout=960)
@@ -371,108 +372,6 @@ def _png_ok(head):
 
 
 # ---------------------------------------------------------------------------------------------
-
-
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--kennel", default=os.path.join(ROOT, "target", "release", "kennel"))
-    ap.add_argument("--modules", help="comma-separated subset of modules")
-    ap.add_argument("--no-modules", action="store_true")
-    ap.add_argument("--no-jobs", action="store_true")
-    ap.add_argument("--no-rerun", action="store_true",
-                    help="do not re-run, alone, a module that passes bare but fails in native")
-    ap.add_argument("--parallel", type=int, default=2)
-    ap.add_argument("--out", default=os.path.join(HERE, "results.json"))
-    args = ap.parse_args()
-
-    if not os.path.exists("/usr/lib/python3.11/test/test_os.py"):
-        sys.exit("libpython3.11-testsuite is missing: run bash compat/setup.sh first")
-    if not os.access(args.kennel, os.X_OK):
-        sys.exit(f"{args.kennel} not found: cargo build --release -p kennel")
-
-    modules = args.modules.split(",") if args.modules else MODULES
-    t0 = time.monotonic()
-    tasks = []
-    if not args.no_jobs:
-        tasks += [("job", mode, job) for job in JOBS for mode in ("bare", "native")]
-    if not args.no_modules:
-        tasks += [("module", mode, m) for m in modules for mode in ("bare", "native")]
-
-    results = {}
-    with cf.ThreadPoolExecutor(max_workers=args.parallel) as ex:
-        futs = {}
-        for kind, mode, item in tasks:
-            fn = run_job if kind == "job" else run_module
-            futs[ex.submit(fn, args.kennel, mode, item)] = (kind, mode, item)
-        for fut in cf.as_completed(futs):
-            kind, mode, item = futs[fut]
-            key = item[0] if kind == "job" else item
-            r = fut.result()
-            results[(kind, key, mode)] = r
-            flag = "ok " if r["ok"] else "FAIL"
-            print(f"[{time.monotonic() - t0:6.0f}s] {flag} {mode:6} {key} "
-                  f"({r['seconds']}s{'' if r['ok'] else ', ' + str(r.get('result', r.get('got')))})",
-                  file=sys.stderr, flush=True)
-
-    # Without -v, regrtest names no test when one fails ("test_os failed -- Traceback").
-    # Every failing (module, mode) runs once more, alone and verbose: that names the failing
-    # tests, and tells a flake under load from a real difference.
-    if not args.no_rerun and not args.no_modules:
-        for m in modules:
-            for mode in ("bare", "native"):
-                r = results[("module", m, mode)]
-                if not r["ok"]:
-                    print(f"re-running {m} {mode} alone, verbose", file=sys.stderr, flush=True)
-                    r2 = run_module(args.kennel, mode, m, verbose=True)
-                    r["rerun"] = {"ok": r2["ok"], "result": r2["result"], "failing": r2["failing"],
-                                  "seconds": r2["seconds"], "tail": r2["tail"]}
-    total = round(time.monotonic() - t0)
-
-    out = {"python": sys.version.split()[0], "kennel": args.kennel, "limits": LIMITS,
-           "parallel": args.parallel, "wall_seconds": total, "modules": [], "jobs": []}
-    for m in modules if not args.no_modules else []:
-        out["modules"].append({"module": m, "bare": results[("module", m, "bare")],
-                               "native": results[("module", m, "native")]})
-    for job in JOBS if not args.no_jobs else []:
-        out["jobs"].append({"job": job[0], "bare": results[("job", job[0], "bare")],
-                            "native": results[("job", job[0], "native")]})
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1)
-
-    print(render(out))
-    print(f"\nwall time: {total}s; results in {os.path.relpath(args.out)}")
-    return 0
-
-
-def _cell(r):
-    s = "pass" if r["ok"] else r.get("result") or "fail"
-    if not r["ok"] and "rerun" in r:
-        s += " (alone, -v: " + ("pass" if r["rerun"]["ok"] else r["rerun"]["result"]) + ")"
-    return f"{s} {r['seconds']:.0f}s"
-
-
-def render(out):
-    lines = []
-    if out["modules"]:
-        lines += ["| module | bare | native | failing in native, passing bare |", "|---|---|---|---|"]
-        match = 0
-        for e in out["modules"]:
-            b, n = e["bare"], e["native"]
-            final = n.get("rerun", n)
-            match += b.get("rerun", b)["ok"] == final["ok"]
-            extra = sorted(set(final["failing"]) - set(b.get("rerun", b)["failing"]))
-            names = ", ".join(sorted({x.split(" (")[0].split(": ")[1] for x in extra}))
-            if not final["ok"] and not extra and b["ok"]:
-                names = final["result"]
-            lines.append(f"| {e['module']} | {_cell(b)} | {_cell(n)} | {names} |")
-        lines.append(f"\nmodules matching bare (native): {match}/{len(out['modules'])}")
-    if out["jobs"]:
-        lines += ["", "| job | expected | bare | native |", "|---|---|---|---|"]
-        for e in out["jobs"]:
-            b, n = e["bare"], e["native"]
-            lines.append(f"| {e['job']} | `{b['expected']}` | {'pass' if b['ok'] else 'FAIL: `' + b['got'] + '`'} "
-                         f"{b['seconds']:.0f}s | {'pass' if n['ok'] else 'FAIL: `' + n['got'] + '`'} {n['seconds']:.0f}s |")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::Error;
 use std::collections::BTreeMap;
 
-use crate::policy::{ByteSize, Limits, Policy, Span};
+use crate::policy::{ByteSize, Capabilities, Limits, Policy, Span};
 
 /// A language whose snippets Kennel knows how to start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -309,6 +309,9 @@ pub struct RunSpec {
     pub runtime: Option<crate::policy::Runtime>,
     /// gVisor's platform (`ptrace` or `kvm`); chosen automatically when unset.
     pub platform: Option<crate::policy::Platform>,
+    /// `none` drops every capability; `default` (a small set inside the sandbox's user
+    /// namespace) is what runs get unless the server's policy says `none`.
+    pub capabilities: Option<crate::policy::Capabilities>,
 }
 
 /// Limits a request asks for; each missing one takes the server's default, and each above the
@@ -412,6 +415,16 @@ impl RunSpec {
         }
         policy.tier = self.tier.unwrap_or(policy.tier);
         policy.oci.platform = self.platform;
+        match self.capabilities {
+            Some(Capabilities::Default) if base.capabilities == Capabilities::None => {
+                return Err(Error::request(
+                    "capabilities",
+                    "cannot be \"default\": this server's policy keeps none",
+                ))
+            }
+            Some(caps) => policy.capabilities = caps,
+            None => {}
+        }
         policy.validate()?;
         let files = self
             .files
@@ -483,4 +496,35 @@ pub struct ExecResult {
     pub stderr_truncated: bool,
     /// For python: whether the interpreter crashed or was restarted (its state is then lost).
     pub interpreter: Option<Interpreter>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::Capabilities;
+
+    fn spec(caps: Option<Capabilities>) -> RunSpec {
+        RunSpec {
+            argv: Some(vec!["/bin/true".into()]),
+            capabilities: caps,
+            ..RunSpec::default()
+        }
+    }
+
+    #[test]
+    fn a_request_may_drop_capabilities_but_not_raise_them_above_the_server() {
+        let open = Policy::default();
+        let strict = Policy {
+            capabilities: Capabilities::None,
+            ..Policy::default()
+        };
+        let max = Limits::default();
+        let caps = |base: &Policy, c| spec(c).to_request(base, &max).map(|r| r.policy.capabilities);
+        assert_eq!(caps(&open, None).unwrap(), Capabilities::Default);
+        assert_eq!(caps(&open, Some(Capabilities::None)).unwrap(), Capabilities::None);
+        assert_eq!(caps(&strict, None).unwrap(), Capabilities::None);
+        assert_eq!(caps(&strict, Some(Capabilities::None)).unwrap(), Capabilities::None);
+        let refused = caps(&strict, Some(Capabilities::Default)).unwrap_err();
+        assert!(refused.to_string().contains("capabilities"), "{refused}");
+    }
 }

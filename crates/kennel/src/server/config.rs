@@ -85,6 +85,9 @@ pub struct ServerConfig {
     pub shutdown_grace: Span,
     /// Extra environment for every sandbox.
     pub env: BTreeMap<String, String>,
+    /// The capabilities runs keep (`default` or `none`); with `none`, a request cannot ask for
+    /// `default`.
+    pub capabilities: crate::policy::Capabilities,
     /// Whether requests may ask for `network.mode = "full"` (the host's network).
     pub allow_full_network: bool,
     /// The weakest isolation any run may use; tokens may raise it for themselves.
@@ -115,6 +118,7 @@ impl Default for ServerConfig {
             pool: Pool::default(),
             shutdown_grace: Span(Duration::from_secs(10)),
             env: BTreeMap::new(),
+            capabilities: Default::default(),
             allow_full_network: false,
             min_isolation: None,
         }
@@ -245,6 +249,7 @@ impl ServerConfig {
         Policy {
             limits: self.defaults.clone(),
             env: self.env.clone(),
+            capabilities: self.capabilities,
             ..Policy::default()
         }
     }
