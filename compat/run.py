@@ -374,5 +374,148 @@ def _png_ok(head):
 # ---------------------------------------------------------------------------------------------
 
 
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kennel", default=os.path.join(ROOT, "target", "release", "kennel"))
+    ap.add_argument("--tiers", default="native",
+                    help="comma-separated: native and the OCI runtimes crun, runc, runsc")
+    ap.add_argument("--bare-from", metavar="RESULTS_JSON",
+                    help="take the bare runs from an earlier results file instead of running them")
+    ap.add_argument("--modules", help="comma-separated subset of modules")
+    ap.add_argument("--no-modules", action="store_true")
+    ap.add_argument("--no-jobs", action="store_true")
+    ap.add_argument("--no-rerun", action="store_true",
+                    help="do not re-run, alone, a module that fails")
+    ap.add_argument("--parallel", type=int, default=2)
+    ap.add_argument("--out", default=os.path.join(HERE, "results.json"))
+    args = ap.parse_args()
+
+    if not os.path.exists("/usr/lib/python3.11/test/test_os.py"):
+        sys.exit("libpython3.11-testsuite is missing: run bash compat/setup.sh first")
+    if not os.access(args.kennel, os.X_OK):
+        sys.exit(f"{args.kennel} not found: cargo build --release -p kennel")
+    tiers = args.tiers.split(",")
+    unknown = set(tiers) - {"native", "crun", "runc", "runsc"}
+    if unknown:
+        sys.exit(f"unknown tiers {sorted(unknown)}: use native, crun, runc, runsc")
+
+    modules = args.modules.split(",") if args.modules else MODULES
+    results = {}
+    if args.bare_from:
+        with open(args.bare_from) as f:
+            earlier = json.load(f)
+        for e in earlier["modules"]:
+            results[("module", e["module"], "bare")] = e["bare"]
+        for e in earlier["jobs"]:
+            results[("job", e["job"], "bare")] = e["bare"]
+    modes = tiers if args.bare_from else ["bare"] + tiers
+    t0 = time.monotonic()
+    tasks = []
+    if not args.no_jobs:
+        tasks += [("job", mode, job) for job in JOBS for mode in modes]
+    if not args.no_modules:
+        tasks += [("module", mode, m) for m in modules for mode in modes]
+
+    with cf.ThreadPoolExecutor(max_workers=args.parallel) as ex:
+        futs = {}
+        for kind, mode, item in tasks:
+            fn = run_job if kind == "job" else run_module
+            futs[ex.submit(fn, args.kennel, mode, item)] = (kind, mode, item)
+        for fut in cf.as_completed(futs):
+            kind, mode, item = futs[fut]
+            key = item[0] if kind == "job" else item
+            r = fut.result()
+            results[(kind, key, mode)] = r
+            flag = "ok " if r["ok"] else "FAIL"
+            print(f"[{time.monotonic() - t0:6.0f}s] {flag} {mode:6} {key} "
+                  f"({r['seconds']}s{'' if r['ok'] else ', ' + str(r.get('result', r.get('got')))})",
+                  file=sys.stderr, flush=True)
+
+    # Without -v, regrtest names no test when one fails ("test_os failed -- Traceback").
+    # Every failing (module, mode) runs once more, alone and verbose: that names the failing
+    # tests, and tells a flake under load from a real difference.
+    if not args.no_rerun and not args.no_modules:
+        for m in modules:
+            for mode in modes:
+                r = results[("module", m, mode)]
+                if not r["ok"] and "rerun" not in r:
+                    print(f"re-running {m} {mode} alone, verbose", file=sys.stderr, flush=True)
+                    r2 = run_module(args.kennel, mode, m, verbose=True)
+                    r["rerun"] = {"ok": r2["ok"], "result": r2["result"], "failing": r2["failing"],
+                                  "seconds": r2["seconds"], "tail": r2["tail"]}
+    total = round(time.monotonic() - t0)
+
+    out = {"python": sys.version.split()[0], "kennel": args.kennel, "limits": LIMITS,
+           "parallel": args.parallel, "wall_seconds": total, "tiers": tiers,
+           "bare_from": args.bare_from, "modules": [], "jobs": []}
+    for m in modules if not args.no_modules else []:
+        out["modules"].append({"module": m, **{mode: results[("module", m, mode)]
+                                               for mode in ["bare"] + tiers}})
+    for job in JOBS if not args.no_jobs else []:
+        out["jobs"].append({"job": job[0], **{mode: results[("job", job[0], mode)]
+                                              for mode in ["bare"] + tiers}})
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+
+    print(render(out))
+    print(f"\nwall time: {total}s; results in {os.path.relpath(args.out)}")
+    return 0
+
+
+def _cell(r):
+    s = "pass" if r["ok"] else r.get("result") or "fail"
+    if not r["ok"] and "rerun" in r:
+        s += " (alone, -v: " + ("pass" if r["rerun"]["ok"] else r["rerun"]["result"]) + ")"
+    return f"{s} {r['seconds']:.0f}s"
+
+
+def _final(r):
+    return r.get("rerun", r)
+
+
+def _newly_failing(bare, r):
+    """The tests failing in `r` and not bare, or its result when it names none."""
+    final = _final(r)
+    extra = sorted(set(final["failing"]) - set(_final(bare)["failing"]))
+    names = ", ".join(sorted({x.split(" (")[0].split(": ")[1] for x in extra}))
+    if not final["ok"] and not extra and bare["ok"]:
+        names = final["result"]
+    return names
+
+
+def render(out):
+    tiers = out.get("tiers", ["native"])
+    lines = []
+    if out["modules"]:
+        lines += ["| module | bare | " + " | ".join(tiers) + " | failing in a tier, passing bare |",
+                  "|---|---|" + "---|" * len(tiers) + "---|"]
+        match = {t: 0 for t in tiers}
+        for e in out["modules"]:
+            b = e["bare"]
+            notes = []
+            for t in tiers:
+                match[t] += _final(b)["ok"] == _final(e[t])["ok"]
+                names = _newly_failing(b, e[t])
+                if names:
+                    notes.append(f"{t}: {names}")
+            cells = " | ".join(_cell(e[t]) for t in tiers)
+            lines.append(f"| {e['module']} | {_cell(b)} | {cells} | {'; '.join(notes)} |")
+        lines.append("")
+        for t in tiers:
+            lines.append(f"modules matching bare ({t}): {match[t]}/{len(out['modules'])}")
+    if out["jobs"]:
+        lines += ["", "| job | expected | bare | " + " | ".join(tiers) + " |",
+                  "|---|---|---|" + "---|" * len(tiers)]
+        for e in out["jobs"]:
+            cells = [("pass" if e[m]["ok"] else "FAIL: `" + e[m]["got"] + "`") + f" {e[m]['seconds']:.0f}s"
+                     for m in ["bare"] + tiers]
+            lines.append(f"| {e['job']} | `{e['bare']['expected']}` | " + " | ".join(cells) + " |")
+        lines.append("")
+        for t in tiers:
+            n = sum(e["bare"]["ok"] == e[t]["ok"] for e in out["jobs"])
+            lines.append(f"jobs matching bare ({t}): {n}/{len(out['jobs'])}")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     sys.exit(main())
