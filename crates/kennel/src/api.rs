@@ -519,11 +519,21 @@ mod tests {
             ..Policy::default()
         };
         let max = Limits::default();
-        let caps = |base: &Policy, c| spec(c).to_request(base, &max).map(|r| r.policy.capabilities);
+        let caps = |base: &Policy, c| {
+            spec(c)
+                .to_request(base, &max)
+                .map(|r| r.policy.capabilities)
+        };
         assert_eq!(caps(&open, None).unwrap(), Capabilities::Default);
-        assert_eq!(caps(&open, Some(Capabilities::None)).unwrap(), Capabilities::None);
+        assert_eq!(
+            caps(&open, Some(Capabilities::None)).unwrap(),
+            Capabilities::None
+        );
         assert_eq!(caps(&strict, None).unwrap(), Capabilities::None);
-        assert_eq!(caps(&strict, Some(Capabilities::None)).unwrap(), Capabilities::None);
+        assert_eq!(
+            caps(&strict, Some(Capabilities::None)).unwrap(),
+            Capabilities::None
+        );
         let refused = caps(&strict, Some(Capabilities::Default)).unwrap_err();
         assert!(refused.to_string().contains("capabilities"), "{refused}");
     }

@@ -38,16 +38,21 @@ fn named(dir: &Path, prefix: &str, depth: usize) -> Vec<String> {
     hits
 }
 
-/// Runs kennel with `args` and returns what it left behind: its bundles, runtime state and
-/// cgroups are all named `kennel-<its pid>-...`.
-fn leftovers(args: &[&str]) -> (i32, Vec<String>) {
-    let child = kennel()
+/// Starts kennel with `args` and no stdio.
+fn spawn_quiet(args: &[&str]) -> std::process::Child {
+    kennel()
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .expect("kennel starts");
+        .expect("kennel starts")
+}
+
+/// Runs kennel with `args` and returns what it left behind: its bundles, runtime state and
+/// cgroups are all named `kennel-<its pid>-...`.
+fn leftovers(args: &[&str]) -> (i32, Vec<String>) {
+    let child = spawn_quiet(args);
     let prefix = format!("kennel-{}-", child.id());
     let status = child.wait_with_output().expect("kennel ends").status;
     let mut left = named(Path::new("/run/kennel/bundles"), &prefix, 0);
@@ -67,15 +72,34 @@ fn nothing_outlives_a_run_however_it_ends() {
             ("an exit", vec!["--", "/bin/sh", "-c", "exit 3"], 3),
             (
                 "a timeout with a daemon",
-                vec!["--timeout", "2s", "--", "/bin/sh", "-c", "sleep 60 & sleep 60"],
+                vec![
+                    "--timeout",
+                    "2s",
+                    "--",
+                    "/bin/sh",
+                    "-c",
+                    "sleep 60 & sleep 60",
+                ],
                 124,
             ),
             // The runtime fails to start the container; Kennel answers as exec would.
             // runsc's own failures are status 128 too: a code's 128 stays the code's.
-            ("an exit of 128", vec!["--", "/bin/sh", "-c", "exit 128"], 128),
+            (
+                "an exit of 128",
+                vec!["--", "/bin/sh", "-c", "exit 128"],
+                128,
+            ),
             ("a missing program", vec!["--", "/nonexistent/program"], 127),
-            ("a program not on PATH", vec!["--", "no-such-program-xyz"], 127),
-            ("a file that is not executable", vec!["--", "/etc/passwd"], 126),
+            (
+                "a program not on PATH",
+                vec!["--", "no-such-program-xyz"],
+                127,
+            ),
+            (
+                "a file that is not executable",
+                vec!["--", "/etc/passwd"],
+                126,
+            ),
             (
                 "collected files",
                 vec![
@@ -105,7 +129,15 @@ fn by_hand(argv: &[&str]) -> std::process::Output {
     let script = "v2=$(awk '$9 == \"cgroup2\" {print $5; exit}' /proc/self/mountinfo); \
                   if [ -n \"$v2\" ]; then umount -l \"$v2\"; fi; exec \"$@\"";
     Command::new("unshare")
-        .args(["-m", "--propagation", "private", "/bin/sh", "-c", script, "sh"])
+        .args([
+            "-m",
+            "--propagation",
+            "private",
+            "/bin/sh",
+            "-c",
+            script,
+            "sh",
+        ])
         .args(argv)
         .output()
         .expect("unshare runs")
@@ -148,8 +180,17 @@ fn an_exported_bundle_is_the_policy_and_runs_by_hand() {
         let code = "cat /proc/self/uid_map; echo $KENNEL_TEST; touch /usr/x 2>/dev/null || echo ro";
         let out = kennel_output(
             &[
-                "bundle", "--out", d, "--runtime", rt, "--env", "KENNEL_TEST=hello", "--",
-                "/bin/sh", "-c", code,
+                "bundle",
+                "--out",
+                d,
+                "--runtime",
+                rt,
+                "--env",
+                "KENNEL_TEST=hello",
+                "--",
+                "/bin/sh",
+                "-c",
+                code,
             ],
             b"",
         );
@@ -176,7 +217,10 @@ fn an_exported_bundle_is_the_policy_and_runs_by_hand() {
             "CAP_SETUID",
         ];
         assert_eq!(bounding, kept, "{rt}");
-        assert_eq!(cfg["process"]["capabilities"]["ambient"], serde_json::json!([]));
+        assert_eq!(
+            cfg["process"]["capabilities"]["ambient"],
+            serde_json::json!([])
+        );
         assert_eq!(cfg["root"]["readonly"], true);
         assert_eq!(linux["seccomp"]["defaultAction"], "SCMP_ACT_ALLOW", "{rt}");
         assert!(linux["seccomp"]["syscalls"].as_array().unwrap().len() > 10);
@@ -190,7 +234,10 @@ fn an_exported_bundle_is_the_policy_and_runs_by_hand() {
         // gVisor has its own user namespace; the host-kernel runtimes get a mapped range.
         assert_eq!(user_ns, rt != "runsc", "{rt}");
         // The same directory twice is refused, and nothing in it is lost.
-        let again = kennel_output(&["bundle", "--out", d, "--runtime", rt, "--", "/bin/true"], b"");
+        let again = kennel_output(
+            &["bundle", "--out", d, "--runtime", rt, "--", "/bin/true"],
+            b"",
+        );
         assert_eq!(again.status.code(), Some(125));
         assert!(String::from_utf8_lossy(&again.stderr).contains("File exists"));
         assert!(dir.join("config.json").is_file());
@@ -199,14 +246,23 @@ fn an_exported_bundle_is_the_policy_and_runs_by_hand() {
         let mut argv = vec![rt, "--root", state.to_str().unwrap()];
         argv.extend(match rt {
             "crun" => vec!["--cgroup-manager=disabled"],
-            "runsc" => vec!["--platform=ptrace", "--network=none", "--ignore-cgroups", "--oci-seccomp"],
+            "runsc" => vec![
+                "--platform=ptrace",
+                "--network=none",
+                "--ignore-cgroups",
+                "--oci-seccomp",
+            ],
             _ => vec![],
         });
         argv.extend(["run", "--bundle", d, "kennel-test-bundle"]);
         let ran = by_hand(&argv);
         let stdout = String::from_utf8_lossy(&ran.stdout);
         assert!(ran.status.success(), "{rt}: {ran:?}");
-        let expected_map = if rt == "runsc" { "0 0 4294967295" } else { "0 1000000000 65536" };
+        let expected_map = if rt == "runsc" {
+            "0 0 4294967295"
+        } else {
+            "0 1000000000 65536"
+        };
         let map = stdout.lines().next().unwrap_or("");
         assert_eq!(
             map.split_whitespace().collect::<Vec<_>>().join(" "),
@@ -225,7 +281,15 @@ fn a_bundle_refuses_what_it_cannot_hold() {
     std::fs::write(&host_file, "x").unwrap();
     let spec = format!("{}:/workspace/in.txt", host_file.display());
     let refused = kennel_output(
-        &["bundle", "--out", out.to_str().unwrap(), "--file", &spec, "--", "/bin/true"],
+        &[
+            "bundle",
+            "--out",
+            out.to_str().unwrap(),
+            "--file",
+            &spec,
+            "--",
+            "/bin/true",
+        ],
         b"",
     );
     assert_eq!(refused.status.code(), Some(125));
@@ -241,13 +305,7 @@ fn the_next_run_sweeps_what_a_killed_supervisor_left() {
         if !ready(rt) {
             return;
         }
-        let mut child = kennel()
-            .args(["run", "--runtime", rt, "--", "/bin/sleep", "600"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("kennel starts");
+        let mut child = spawn_quiet(&["run", "--runtime", rt, "--", "/bin/sleep", "600"]);
         let prefix = format!("kennel-{}-", child.id());
         let left = || {
             let mut left = named(Path::new("/run/kennel/bundles"), &prefix, 0);
@@ -261,7 +319,10 @@ fn the_next_run_sweeps_what_a_killed_supervisor_left() {
             .flatten()
             .any(|e| e.file_name().to_string_lossy().starts_with(&prefix))
         {
-            assert!(std::time::Instant::now() < deadline, "{rt}: the container never started");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{rt}: the container never started"
+            );
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
         child.kill().unwrap();

@@ -145,7 +145,10 @@ fn runs_take_code_argv_stdin_files_env_and_limits() {
     assert_eq!(iso["capabilities"].as_array().unwrap().len(), 8, "{iso}");
     assert_eq!(iso["seccomp"]["enforced"], true);
     let r = c.run(&json!({"language": "python", "code": "print(open('/proc/self/status').read().count('CapEff:\t0000000000000000'))", "capabilities": "none"}));
-    assert_eq!((&r["stdout"], &r["isolation"]["capabilities"]), (&json!("1\n"), &json!([])));
+    assert_eq!(
+        (&r["stdout"], &r["isolation"]["capabilities"]),
+        (&json!("1\n"), &json!([]))
+    );
     assert!(s(&iso["network"]).starts_with("none"), "{iso}");
 
     // Exit status and stderr of python.

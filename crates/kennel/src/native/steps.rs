@@ -461,9 +461,7 @@ fn verify_confinement(ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), Fail> {
 /// Whether the capability sets in /proc/self/status are exactly `keep` (bounding, permitted,
 /// effective) and empty (ambient, inheritable).
 fn capabilities_are(status: &str, keep: u64) -> bool {
-    let set = |key: &str| {
-        status_field(status, key).and_then(|v| u64::from_str_radix(v, 16).ok())
-    };
+    let set = |key: &str| status_field(status, key).and_then(|v| u64::from_str_radix(v, 16).ok());
     ["CapBnd", "CapPrm", "CapEff"]
         .iter()
         .all(|k| set(k) == Some(keep))

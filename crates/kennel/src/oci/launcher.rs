@@ -141,7 +141,11 @@ fn check_program(plan: &LaunchPlan) -> Result<(), i32> {
             false => format!("/workspace/{prog}"),
         };
         executable(&inside).map_err(|e| {
-            let code = if e.raw_os_error() == Some(libc::EACCES) { 126 } else { 127 };
+            let code = if e.raw_os_error() == Some(libc::EACCES) {
+                126
+            } else {
+                127
+            };
             (code, format!("{prog}: {e}"))
         })
     } else {

@@ -8,11 +8,16 @@ pub mod bundle;
 pub mod launcher;
 pub mod runtime;
 pub mod steps;
+mod watch;
+mod write;
+
+use watch::watch;
+pub use write::export_bundle;
+use write::write_bundle;
 
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::Child;
-use std::sync::mpsc;
 
 use std::time::{Duration, Instant};
 
@@ -21,19 +26,17 @@ use crate::api::{
 };
 use crate::error::Error;
 use crate::native::cgroup::{self, Cgroup};
-use crate::net::proxy::Proxy;
-use crate::native::helper::Dir;
-use crate::native::io::{control_events, feed_stdin, join, reader, Event, RunIo, Started};
+use crate::native::io::{feed_stdin, join, reader, RunIo, Started};
 use crate::native::output::{Captured, Stream};
-use crate::native::proto::{self, Collected, InputFiles, Msg};
+use crate::native::proto::{self, InputFiles, Msg};
 use crate::native::report::{build_result, network_summary, Outcome};
 use crate::native::supervisor::{
     check_rootfs, checked_argv, helper_command, input_files, pick_cpus, sandbox_env,
 };
 use crate::native::{seccomp, HOST_ID_BASE, ID_RANGE};
+use crate::net::proxy::Proxy;
 use crate::policy::{NetMode, Platform, Policy, Runtime, Tier};
 use crate::sys;
-use bundle::Node;
 use launcher::{LaunchPlan, LAUNCHER_ARG};
 use runtime::Installed;
 use steps::Step;
@@ -114,8 +117,7 @@ impl Oci {
             .find(|(k, _)| k == "PATH")
             .map(|(_, v)| v)
             .unwrap_or_default();
-        std::fs::DirBuilder::new()
-            .recursive(true)
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o755)
             .create(BUNDLE_DIR)
             .and_then(|()| {
                 let rt = run.runtime.runtime;
@@ -250,33 +252,6 @@ impl Oci {
     }
 }
 
-/// Writes the bundle `req` would run as into `dir` (which must not exist), without running
-/// it: to read the config.json Kennel derives from a policy, or to run the same container by
-/// hand with the runtime (`bench/tiers.sh` does, to measure what Kennel adds). The scratch
-/// directories are plain directories owned by the sandbox's root, and input files are not
-/// written.
-pub fn export_bundle(req: &RunRequest, dir: &Path) -> Result<(), Error> {
-    let policy = &req.policy;
-    policy.validate()?;
-    if policy.tier != Tier::Oci {
-        return Err(Error::request("tier", "is not \"oci\": only the oci tier has a bundle"));
-    }
-    if !req.files.is_empty() {
-        return Err(Error::request("files", "are not written into an exported bundle"));
-    }
-    let argv = checked_argv(req)?;
-    check_rootfs(policy)?;
-    let io = |e: std::io::Error| Error::request("bundle directory", format!("{}: {e}", dir.display()));
-    let runtime = policy.oci.runtime;
-    let cpus = pick_cpus(policy.limits.cpus);
-    write_bundle(dir, runtime, "kennel-bundle", policy, argv, &cpus).map_err(io)?;
-    let owner = Some(owner(runtime));
-    for (scratch, _) in bundle::SCRATCH {
-        std::os::unix::fs::chown(dir.join(scratch), owner, owner).map_err(io)?;
-    }
-    Ok(())
-}
-
 impl Run {
     /// The cgroup the code ran in: runc's own beneath Kennel's (the kernel counts OOM kills
     /// and task-limit hits where the process is), or Kennel's.
@@ -359,154 +334,6 @@ fn check_host(policy: &Policy) -> Result<(), Error> {
         });
     }
     check_rootfs(policy)
-}
-
-/// Writes the bundle (a config.json, the rootfs skeleton the system view is mounted on, and
-/// the `tmp` and `workspace` directories the scratch space is mounted on) into `dir`, which
-/// must not exist yet.
-fn write_bundle(
-    dir: &Path,
-    runtime: Runtime,
-    cgroups_path: &str,
-    policy: &Policy,
-    argv: Vec<String>,
-    cpus: &[usize],
-) -> std::io::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-    std::fs::DirBuilder::new().mode(0o755).create(dir)?;
-    let rootfs = dir.join("rootfs");
-    std::fs::DirBuilder::new().mode(0o755).create(&rootfs)?;
-    for (scratch, _) in bundle::SCRATCH {
-        std::fs::DirBuilder::new()
-            .mode(0o755)
-            .create(dir.join(scratch))?;
-    }
-    let (source, is_rootfs) = match &policy.filesystem.rootfs {
-        Some(r) => (r.clone(), true),
-        None => (PathBuf::from("/"), false),
-    };
-    let view = Dir::new(source.clone());
-    let (nodes, system_mounts) = bundle::system_view(&view, &source, is_rootfs);
-    for node in nodes {
-        match node {
-            Node::Dir(d) => std::fs::DirBuilder::new()
-                .mode(0o755)
-                .create(rootfs.join(d))?,
-            Node::File(f) => drop(std::fs::File::create(rootfs.join(f))?),
-            Node::Symlink { target, link } => {
-                std::os::unix::fs::symlink(target, rootfs.join(link))?
-            }
-        }
-    }
-    let input = bundle::Input {
-        policy,
-        argv,
-        env: sandbox_env(policy),
-        runtime,
-        bundle: dir,
-        cgroups_path: cgroups_path.to_string(),
-        cpus: cpus.to_vec(),
-    };
-    let spec = bundle::spec(&input, system_mounts);
-    let json = serde_json::to_vec_pretty(&spec).map_err(std::io::Error::other)?;
-    // The config holds the code's environment: readable by the runtime (root) only.
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(dir.join("config.json"))?;
-    std::io::Write::write_all(&mut f, &json)
-}
-
-/// What the launcher reported.
-#[derive(Default)]
-struct Report {
-    failed: Option<(String, Option<i32>, String)>,
-    exited: Option<(Option<i32>, Option<i32>)>,
-    ended_at: Option<Instant>,
-    collected: Vec<(Collected, Vec<u8>)>,
-    timed_out: bool,
-    cancelled: bool,
-    proxy: Option<Proxy>,
-}
-
-/// Reads the launcher's reports until it is done, enforcing the timeout from outside.
-fn watch(
-    ctl: &UnixStream,
-    run: &Run,
-    policy: &Policy,
-    started: Instant,
-    cancel: Option<&crate::native::Canceller>,
-    on_started: &mut dyn FnMut(),
-) -> Result<Report, Error> {
-    let rx = control_events(ctl, cancel)?;
-    let mut report = Report::default();
-    let deadline = started + policy.limits.timeout.0;
-    let mut runtime_pid = None;
-    let mut give_up: Option<Instant> = None;
-    loop {
-        let until = give_up.unwrap_or(deadline);
-        let event = rx.recv_timeout(until.saturating_duration_since(Instant::now()));
-        let stop = match event {
-            Ok(Event::Frame(msg, blob)) => {
-                match msg {
-                    Msg::InitPid { pid } => {
-                        runtime_pid = Some(pid);
-                        on_started();
-                    }
-                    Msg::NetnsReady { pid } if policy.network.mode == NetMode::Allow => {
-                        report.proxy = Some(start_proxy(ctl, pid, policy)?);
-                    }
-                    Msg::Failed {
-                        step,
-                        errno,
-                        detail,
-                    } => report.failed = Some((step, errno, detail)),
-                    Msg::Exited { code, signal } => {
-                        report.exited = Some((code, signal));
-                        report.ended_at.get_or_insert_with(Instant::now);
-                    }
-                    Msg::Collected(meta) => report.collected.push((meta, blob)),
-                    Msg::Done => break,
-                    other => return Err(Error::Protocol(format!("unexpected message {other:?}"))),
-                }
-                None
-            }
-            Ok(Event::Closed) | Err(mpsc::RecvTimeoutError::Disconnected) => break,
-            Err(mpsc::RecvTimeoutError::Timeout) if give_up.is_some() => break,
-            Ok(Event::Cancel) => Some(false),
-            Err(mpsc::RecvTimeoutError::Timeout) => Some(true),
-        };
-        if let Some(timed_out) = stop {
-            if report.exited.is_none() && give_up.is_none() {
-                report.timed_out = timed_out;
-                report.cancelled = !timed_out;
-                report.ended_at = Some(Instant::now());
-                if !run.runtime.kill(run.cgroup.name()) {
-                    // No container yet (or a runtime that hangs): stop the runtime itself.
-                    if let Some(pid) = runtime_pid {
-                        let _ = sys::kill(pid, libc::SIGKILL);
-                    }
-                }
-                give_up = Some(Instant::now() + KILL_GRACE);
-            }
-        }
-    }
-    Ok(report)
-}
-
-/// Binds the allowlist proxy in the launcher's network namespace (loopback only), which the
-/// runtime and the code then share, and tells the launcher to go on.
-fn start_proxy(ctl: &UnixStream, launcher: i32, policy: &Policy) -> Result<Proxy, Error> {
-    let failed = |e: std::io::Error| Error::Oci {
-        step: Step::PrivateNetwork,
-        reason: Step::PrivateNetwork.reason(),
-        errno: e.raw_os_error(),
-        detail: format!("binding the proxy in the launcher's network namespace: {e}"),
-    };
-    let proxy = Proxy::start_in(launcher, policy.network.allowlist()?).map_err(failed)?;
-    proto::send(&mut &*ctl, &Msg::ProxyBound, &[]).map_err(failed)?;
-    Ok(proxy)
 }
 
 /// What the runtime was given: Kennel cannot look inside gVisor's kernel from outside, so this

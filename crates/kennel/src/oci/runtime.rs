@@ -257,7 +257,9 @@ impl Installed {
             .flatten()
             .filter_map(|e| {
                 let name = e.file_name().to_string_lossy().into_owned();
-                let id = name.split_once("_sandbox:").map_or(name.as_str(), |(id, _)| id);
+                let id = name
+                    .split_once("_sandbox:")
+                    .map_or(name.as_str(), |(id, _)| id);
                 crate::native::cgroup::is_stale(id).then(|| id.to_string())
             })
             .collect();

@@ -208,3 +208,22 @@ pub fn kennel_cgroups() -> Vec<String> {
     }
     found
 }
+
+/// A minimal rootfs for `--rootfs` (dash as /bin/sh and the libraries it needs, an empty /etc)
+/// at `path`, made afresh; the caller removes it.
+pub fn dash_rootfs(path: &std::path::Path) {
+    let _ = std::fs::remove_dir_all(path);
+    for (host, inside) in [
+        ("/bin/dash", "bin/sh"),
+        (
+            "/lib/x86_64-linux-gnu/libc.so.6",
+            "lib/x86_64-linux-gnu/libc.so.6",
+        ),
+        ("/lib64/ld-linux-x86-64.so.2", "lib64/ld-linux-x86-64.so.2"),
+    ] {
+        let dst = path.join(inside);
+        std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
+        std::fs::copy(host, &dst).unwrap();
+    }
+    std::fs::create_dir_all(path.join("etc")).unwrap();
+}

@@ -254,20 +254,7 @@ fn root_only_host_files_are_unreadable() {
     }
     use std::os::unix::fs::PermissionsExt;
     let root = Path::new("/var/tmp").join(unique("rootfs"));
-    let _ = fs::remove_dir_all(&root);
-    for (host, inside) in [
-        ("/bin/dash", "bin/sh"),
-        (
-            "/lib/x86_64-linux-gnu/libc.so.6",
-            "lib/x86_64-linux-gnu/libc.so.6",
-        ),
-        ("/lib64/ld-linux-x86-64.so.2", "lib64/ld-linux-x86-64.so.2"),
-    ] {
-        let dst = root.join(inside);
-        fs::create_dir_all(dst.parent().unwrap()).unwrap();
-        fs::copy(host, &dst).unwrap();
-    }
-    fs::create_dir_all(root.join("etc")).unwrap();
+    dash_rootfs(&root);
     fs::write(root.join("etc/public"), "public\n").unwrap();
     fs::write(root.join("etc/secret"), "hunter2\n").unwrap();
     fs::set_permissions(root.join("etc/secret"), fs::Permissions::from_mode(0o600)).unwrap();

@@ -399,20 +399,7 @@ fn processes_with(token: &str) -> Vec<String> {
 #[test]
 fn a_rootfs_replaces_the_system_view() {
     let root = std::path::PathBuf::from(format!("/var/tmp/kennel-rootfs-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
-    for (host, inside) in [
-        ("/bin/dash", "bin/sh"),
-        (
-            "/lib/x86_64-linux-gnu/libc.so.6",
-            "lib/x86_64-linux-gnu/libc.so.6",
-        ),
-        ("/lib64/ld-linux-x86-64.so.2", "lib64/ld-linux-x86-64.so.2"),
-    ] {
-        let dst = root.join(inside);
-        std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
-        std::fs::copy(host, &dst).unwrap();
-    }
-    std::fs::create_dir_all(root.join("etc")).unwrap();
+    dash_rootfs(&root);
     std::fs::write(root.join("etc/marker"), "from the rootfs\n").unwrap();
     let script = "echo /*; read m < /etc/marker; echo $m; echo x > /etc/new 2>/dev/null || echo ro";
     let r = run_json(

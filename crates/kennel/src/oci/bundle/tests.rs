@@ -31,7 +31,8 @@ fn argument_conditions_become_ored_rules_and_anded_args() {
         .iter()
         .find(|s| {
             s.args().as_ref().is_some_and(|a| {
-                a.iter().any(|c| c.index() == 2 && c.op() == LinuxSeccompOperator::ScmpCmpNe)
+                a.iter()
+                    .any(|c| c.index() == 2 && c.op() == LinuxSeccompOperator::ScmpCmpNe)
             })
         })
         .expect("the netlink rule");
