@@ -53,7 +53,9 @@ def write_cfg(bundle, cfg, args):
 
 def timed(argv, **kw):
     t = time.perf_counter()
-    r = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kw)
+    # stdin is an empty pipe, never the host's /dev/null: a runtime chowns its stdin to the
+    # container's root (crun to the mapped uid, runsc to nobody), host-wide.
+    r = subprocess.run(argv, input=b"", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kw)
     dt = (time.perf_counter() - t) * 1000
     if r.returncode != 0:
         raise SystemExit(f"tiers.py: {' '.join(argv[:4])}... failed: {r.stderr.decode()[-300:]}")

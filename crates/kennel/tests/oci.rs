@@ -139,8 +139,15 @@ fn by_hand(argv: &[&str]) -> std::process::Output {
             "sh",
         ])
         .args(argv)
-        .output()
+        // An empty pipe: given the host's /dev/null as stdin, a runtime chowns it to the
+        // container's root, host-wide.
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .expect("unshare runs")
+        .wait_with_output()
+        .expect("unshare ends")
 }
 
 /// A directory removed when the test ends, pass or fail.
@@ -270,6 +277,12 @@ fn an_exported_bundle_is_the_policy_and_runs_by_hand() {
             "{rt}: {stdout}"
         );
         assert!(stdout.contains("hello\nro\n"), "{rt}: {stdout}");
+        let null = std::fs::metadata("/dev/null").unwrap();
+        assert_eq!(
+            (std::os::unix::fs::MetadataExt::uid(&null), std::os::unix::fs::MetadataExt::gid(&null)),
+            (0, 0),
+            "{rt}: the host's /dev/null changed owner"
+        );
     }
 }
 
