@@ -279,7 +279,10 @@ fn an_exported_bundle_is_the_policy_and_runs_by_hand() {
         assert!(stdout.contains("hello\nro\n"), "{rt}: {stdout}");
         let null = std::fs::metadata("/dev/null").unwrap();
         assert_eq!(
-            (std::os::unix::fs::MetadataExt::uid(&null), std::os::unix::fs::MetadataExt::gid(&null)),
+            (
+                std::os::unix::fs::MetadataExt::uid(&null),
+                std::os::unix::fs::MetadataExt::gid(&null)
+            ),
             (0, 0),
             "{rt}: the host's /dev/null changed owner"
         );
