@@ -784,7 +784,10 @@ for target in (2**31, 1000):
     };
     assert_eq!(out, expected);
     let none = "open('/workspace/f', 'w').close()\nprint(os_errno(os.chown, '/workspace/f', 1000, 1000), os_errno(os.setgroups, [1]))";
-    let out = py_ok(&["--capabilities", "none"], &format!("{SYSCALL_PRELUDE}\n{none}"));
+    let out = py_ok(
+        &["--capabilities", "none"],
+        &format!("{SYSCALL_PRELUDE}\n{none}"),
+    );
     assert_eq!(out, "EPERM EPERM\n");
 }
 
