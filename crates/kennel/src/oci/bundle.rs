@@ -74,25 +74,86 @@ pub fn system_view(view: &dyn View, source: &Path, rootfs: bool) -> (Vec<Node>, 
     // under /proc only, and would show /etc/shadow.
     for secret in SECRET_FILES.iter().chain(SECRET_DIRS) {
         match view.kind(secret) {
-            // Not `nodev`: the mask is a device, read as an empty file.
-            Some(Kind::File) => mounts.push(
-                MountBuilder::default()
-                    .destination(format!("/{secret}"))
-                    .typ("bind")
-                    .source("/dev/null")
-                    .options(strings(&["bind", "ro", "nosuid", "noexec"]))
-                    .build()
-                    .expect("every mount field is set"),
-            ),
-            Some(Kind::Dir) => mounts.push(special(
-                &format!("/{secret}"),
-                "tmpfs",
-                &["ro", "nosuid", "nodev", "noexec", "size=4k", "mode=0755"],
-            )),
+            Some(Kind::File) => mounts.push(mask(secret, false)),
+            Some(Kind::Dir) => mounts.push(mask(secret, true)),
             _ => {}
         }
     }
     (nodes, mounts)
+}
+
+/// A mount that hides `path` (relative to the root): /dev/null over a file, an empty
+/// read-only tmpfs over a directory.
+pub fn mask(path: &str, dir: bool) -> Mount {
+    if dir {
+        return special(
+            &format!("/{path}"),
+            "tmpfs",
+            &["ro", "nosuid", "nodev", "noexec", "size=4k", "mode=0755"],
+        );
+    }
+    // Not `nodev`: the mask is a device, read as an empty file.
+    MountBuilder::default()
+        .destination(format!("/{path}"))
+        .typ("bind")
+        .source("/dev/null")
+        .options(strings(&["bind", "ro", "nosuid", "noexec"]))
+        .build()
+        .expect("every mount field is set")
+}
+
+/// How many entries of /etc [`private_entries`] looks at, at most.
+const PRIVATE_SCAN_LIMIT: usize = 20_000;
+
+/// The entries under `source/etc` that only their owner or group may read: files without the
+/// "other" read bit, directories without "other" read or search. runsc only: gVisor maps no
+/// ids, so the code's uid 0 is the owner of host root's files there and would read them,
+/// where the other tiers' unprivileged host uid is refused. Symlinks are not followed, and a
+/// hidden directory is not walked. /etc only (about a thousand entries, a few ms): walking
+/// /usr would cost a second a run.
+pub fn private_entries(source: &Path) -> Vec<(String, bool)> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut found = vec![];
+    if !source
+        .join("etc")
+        .symlink_metadata()
+        .is_ok_and(|m| m.is_dir())
+    {
+        return found;
+    }
+    let mut pending = vec![PathBuf::from("etc")];
+    let mut seen = 0;
+    while let Some(rel) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(source.join(&rel)) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            seen += 1;
+            if seen > PRIVATE_SCAN_LIMIT {
+                return found;
+            }
+            let Ok(meta) = e.path().symlink_metadata() else {
+                continue;
+            };
+            let path = rel.join(e.file_name());
+            let text = path.display().to_string();
+            if SECRET_FILES.contains(&text.as_str()) || SECRET_DIRS.contains(&text.as_str()) {
+                continue; // masked already
+            }
+            let mode = meta.permissions().mode();
+            if meta.is_dir() {
+                if mode & 0o005 != 0o005 {
+                    found.push((text, true));
+                } else {
+                    pending.push(path);
+                }
+            } else if meta.is_file() && mode & 0o004 == 0 {
+                found.push((text, false));
+            }
+        }
+    }
+    found.sort();
+    found
 }
 
 fn bind(source: PathBuf, destination: &str, read_only: bool) -> Mount {

@@ -70,7 +70,11 @@ pub(super) fn write_bundle(
         None => (PathBuf::from("/"), false),
     };
     let view = Dir::new(source.clone());
-    let (nodes, system_mounts) = bundle::system_view(&view, &source, is_rootfs);
+    let (nodes, mut system_mounts) = bundle::system_view(&view, &source, is_rootfs);
+    if runtime == Runtime::Runsc {
+        let private = bundle::private_entries(&source);
+        system_mounts.extend(private.iter().map(|(path, dir)| bundle::mask(path, *dir)));
+    }
     for node in nodes {
         match node {
             Node::Dir(d) => std::fs::DirBuilder::new()

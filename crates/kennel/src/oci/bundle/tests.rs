@@ -57,3 +57,40 @@ fn every_kept_capability_has_its_oci_name() {
     }
     assert!(Caps::None.kept().is_empty());
 }
+
+#[test]
+fn private_entries_are_the_ones_other_may_not_read() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = std::env::temp_dir().join(format!("kennel-private-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let etc = root.join("etc");
+    let mode = |p: &std::path::Path, m: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+    };
+    std::fs::create_dir_all(etc.join("closed")).unwrap();
+    std::fs::create_dir_all(etc.join("open/deeper")).unwrap();
+    for (file, m) in [
+        ("a", 0o600),
+        ("b", 0o644),
+        ("closed/inside", 0o644),
+        ("open/deeper/f", 0o640),
+        ("open/g", 0o604),
+        ("shadow", 0o640),
+    ] {
+        std::fs::write(etc.join(file), "x").unwrap();
+        mode(&etc.join(file), m);
+    }
+    mode(&etc.join("closed"), 0o750);
+    std::os::unix::fs::symlink("a", etc.join("link")).unwrap();
+    let found = private_entries(&root);
+    let _ = std::fs::remove_dir_all(&root);
+    // etc/shadow is masked already; the link is not followed; a closed directory is hidden whole.
+    assert_eq!(
+        found,
+        vec![
+            ("etc/a".to_string(), false),
+            ("etc/closed".to_string(), true),
+            ("etc/open/deeper/f".to_string(), false),
+        ]
+    );
+}
