@@ -2,6 +2,7 @@
 //! scripts/setup-ci.sh) through tests/mcp_client.py, in-process and forwarding to a running
 //! `kennel serve`; and its lifecycle: when the client goes away, every sandbox goes too.
 
+mod common;
 mod server_common;
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -238,5 +239,35 @@ fn closing_stdin_ends_every_sandbox() {
         left.is_empty(),
         "sandboxes outlived kennel mcp: {}",
         describe(&left)
+    );
+}
+
+/// The run tools take the tier's runtime, as the API does: the result says which isolation
+/// was in force, and an unknown runtime is a tool error that lists the known ones.
+#[test]
+fn run_tools_choose_the_runtime() {
+    if !common::require("root (the oci tier)", common::is_root())
+        || !common::require("crun", std::path::Path::new("/usr/bin/crun").exists())
+    {
+        return;
+    }
+    let mut mcp = Mcp::start(&[]);
+    let r = mcp.call_tool(
+        "run_command",
+        json!({"argv": ["/bin/echo", "hi"], "runtime": "crun"}),
+    );
+    let s = &r["structuredContent"];
+    assert_eq!(s["stdout"], "hi\n", "{r}");
+    assert_eq!(s["isolation_tier"], "oci", "{r}");
+    assert_eq!(s["isolation_runtime"], "crun", "{r}");
+    let r = mcp.call_tool(
+        "run_code",
+        json!({"language": "sh", "code": "true", "runtime": "docker-ish"}),
+    );
+    assert_eq!(r["isError"], true, "{r}");
+    assert!(
+        r.to_string()
+            .contains("unknown variant `docker-ish`, expected one of `runsc`, `crun`, `runc`"),
+        "{r}"
     );
 }

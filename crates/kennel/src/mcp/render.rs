@@ -86,11 +86,17 @@ pub fn outcome_text(r: &Value, timeout: Option<&str>) -> String {
     lines.join("\n")
 }
 
-/// The structured result: the API's own, with the bulky isolation report cut to its tier.
+/// The structured result: the API's own, with the bulky isolation report cut to its tier and,
+/// in the oci tier, its runtime's name.
 pub fn structured(mut r: Value) -> Value {
     if let Some(obj) = r.as_object_mut() {
-        if let Some(tier) = obj.remove("isolation").and_then(|i| i.get("tier").cloned()) {
-            obj.insert("isolation_tier".into(), tier);
+        if let Some(iso) = obj.remove("isolation") {
+            if let Some(tier) = iso.get("tier") {
+                obj.insert("isolation_tier".into(), tier.clone());
+            }
+            if let Some(name) = iso.pointer("/runtime/name") {
+                obj.insert("isolation_runtime".into(), name.clone());
+            }
         }
         if obj
             .get("network_log")

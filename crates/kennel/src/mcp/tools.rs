@@ -55,6 +55,9 @@ pub struct RunCodeArgs {
     /// Wall-clock limit such as "30s", "500ms" or "2m" (default 30s). The code is killed when
     /// it runs out.
     pub timeout: Option<String>,
+    /// A stronger isolation than the default process sandbox: "runsc" (gVisor, a user-space
+    /// kernel, for hostile code; slower to start), "crun" or "runc" (an OCI container).
+    pub runtime: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -69,6 +72,9 @@ pub struct RunCommandArgs {
     pub files: BTreeMap<String, String>,
     /// Wall-clock limit such as "30s", "500ms" or "2m" (default 30s).
     pub timeout: Option<String>,
+    /// A stronger isolation than the default process sandbox: "runsc" (gVisor), "crun" or
+    /// "runc".
+    pub runtime: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize, JsonSchema)]
@@ -326,7 +332,10 @@ non-zero. Nothing persists after the call: use create_session for multi-step wor
         if let Err(e) = check_span("timeout", &a.timeout) {
             return Ok(e);
         }
-        let spec = json!({"language": a.language.name(), "code": a.code});
+        let mut spec = json!({"language": a.language.name(), "code": a.code});
+        if let Some(rt) = a.runtime {
+            spec["runtime"] = json!(rt);
+        }
         Ok(this.run(spec, a.files, a.timeout).await)
     }
 
@@ -352,7 +361,10 @@ out, is killed or exits non-zero.",
         if let Err(e) = check_span("timeout", &a.timeout) {
             return Ok(e);
         }
-        let spec = json!({"argv": a.argv});
+        let mut spec = json!({"argv": a.argv});
+        if let Some(rt) = a.runtime {
+            spec["runtime"] = json!(rt);
+        }
         Ok(this.run(spec, a.files, a.timeout).await)
     }
 
