@@ -349,3 +349,53 @@ fn the_next_run_sweeps_what_a_killed_supervisor_left() {
         assert_eq!(left(), Vec::<String>::new(), "{rt}: not swept");
     }
 }
+
+/// gVisor cannot start under a task limit its own host tasks exceed: a low `--pids` with runsc
+/// is refused up front with the reason, before anything is created.
+#[test]
+fn runsc_refuses_a_task_limit_it_cannot_start_under() {
+    if !ready("runsc") {
+        return;
+    }
+    let (code, left) = leftovers(&[
+        "run",
+        "--runtime",
+        "runsc",
+        "--pids",
+        "64",
+        "--",
+        "/bin/true",
+    ]);
+    assert_eq!(code, 125);
+    assert!(left.is_empty(), "{left:?}");
+    let out = kennel_output(
+        &[
+            "run",
+            "--runtime",
+            "runsc",
+            "--pids",
+            "64",
+            "--",
+            "/bin/true",
+        ],
+        b"",
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("`limits.pids` is 64") && err.contains("at least 128 with runsc"),
+        "{err}"
+    );
+    let ok = kennel_output(
+        &[
+            "run",
+            "--runtime",
+            "runsc",
+            "--pids",
+            "128",
+            "--",
+            "/bin/true",
+        ],
+        b"",
+    );
+    assert_eq!(ok.status.code(), Some(0), "{ok:?}");
+}

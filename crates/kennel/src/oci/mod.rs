@@ -333,8 +333,23 @@ fn check_host(policy: &Policy) -> Result<(), Error> {
             hint: "run kennel as root, or use tier \"native\", which also runs rootless".into(),
         });
     }
+    if policy.oci.runtime == Runtime::Runsc && policy.limits.pids < RUNSC_MIN_PIDS {
+        return Err(Error::request(
+            "limits.pids",
+            format!(
+                "is {}, and gVisor needs some 70-90 host tasks of its own (its kernel, gofer and \
+                 ptrace stubs, all counted in the limit) before the code starts: use at least \
+                 {RUNSC_MIN_PIDS} with runsc",
+                policy.limits.pids
+            ),
+        ));
+    }
     check_rootfs(policy)
 }
+
+/// The lowest task limit runsc gets: below about 96, gVisor itself fails to start, or starts
+/// and dies, or hangs, depending on which of its own host tasks the limit refuses.
+const RUNSC_MIN_PIDS: u32 = 128;
 
 /// What the runtime was given: Kennel cannot look inside gVisor's kernel from outside, so this
 /// is the configuration in force, which the tests check from inside.
