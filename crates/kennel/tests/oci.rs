@@ -357,7 +357,7 @@ fn runsc_refuses_a_task_limit_it_cannot_start_under() {
     if !ready("runsc") {
         return;
     }
-    let (code, left) = leftovers(&[
+    let low = [
         "run",
         "--runtime",
         "runsc",
@@ -365,21 +365,11 @@ fn runsc_refuses_a_task_limit_it_cannot_start_under() {
         "64",
         "--",
         "/bin/true",
-    ]);
+    ];
+    let (code, left) = leftovers(&low);
     assert_eq!(code, 125);
     assert!(left.is_empty(), "{left:?}");
-    let out = kennel_output(
-        &[
-            "run",
-            "--runtime",
-            "runsc",
-            "--pids",
-            "64",
-            "--",
-            "/bin/true",
-        ],
-        b"",
-    );
+    let out = kennel_output(&low, b"");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("`limits.pids` is 64") && err.contains("at least 128 with runsc"),
