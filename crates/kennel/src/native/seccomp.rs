@@ -155,145 +155,147 @@ mod sysno {
 }
 
 /// The deny list. Each entry says why, so a reviewer can weigh it without a manual.
-pub const RULES: &[Rule] =
-    &[
-        always!(
-            ptrace,
-            "reads and writes other processes' memory and registers"
-        ),
-        always!(process_vm_readv, "reads another process's memory"),
-        always!(process_vm_writev, "writes another process's memory"),
-        always!(
-            kcmp,
-            "compares kernel objects of other processes, leaking their layout"
-        ),
-        always!(pidfd_getfd, "steals file descriptors from other processes"),
-        always!(
-            mount,
-            "changes the filesystem view the sandbox was built on"
-        ),
-        always!(umount2, "uncovers what masking mounts hide"),
-        always!(pivot_root, "changes the root the sandbox was built on"),
-        always!(chroot, "a classic step in escapes from a changed root"),
-        always!(move_mount, "new mount API: changes the filesystem view"),
-        always!(open_tree, "new mount API: clones mount trees"),
-        always!(fsopen, "new mount API: creates filesystems"),
-        always!(fsconfig, "new mount API: configures filesystems"),
-        always!(fsmount, "new mount API: creates mounts"),
-        always!(fspick, "new mount API: reconfigures mounts"),
-        always!(
-            mount_setattr,
-            "new mount API: clears read-only and other mount flags"
-        ),
-        always!(
-            unshare,
-            "new namespaces reopen kernel surface (nested user namespaces above all)"
-        ),
-        always!(setns, "joins other namespaces"),
-        Rule {
-            name: "clone",
-            nr: libc::SYS_clone,
-            when: When::ArgAnyBit {
-                index: 0,
-                mask: NEW_NAMESPACE_FLAGS,
-            },
-            errno: DENIED_ERRNO,
-            reason: "clone with CLONE_NEW* flags creates namespaces, like unshare",
+pub const RULES: &[Rule] = &[
+    always!(
+        ptrace,
+        "reads and writes other processes' memory and registers"
+    ),
+    always!(process_vm_readv, "reads another process's memory"),
+    always!(process_vm_writev, "writes another process's memory"),
+    always!(
+        kcmp,
+        "compares kernel objects of other processes, leaking their layout"
+    ),
+    always!(pidfd_getfd, "steals file descriptors from other processes"),
+    always!(
+        mount,
+        "changes the filesystem view the sandbox was built on"
+    ),
+    always!(umount2, "uncovers what masking mounts hide"),
+    always!(pivot_root, "changes the root the sandbox was built on"),
+    always!(chroot, "a classic step in escapes from a changed root"),
+    always!(move_mount, "new mount API: changes the filesystem view"),
+    always!(open_tree, "new mount API: clones mount trees"),
+    always!(fsopen, "new mount API: creates filesystems"),
+    always!(fsconfig, "new mount API: configures filesystems"),
+    always!(fsmount, "new mount API: creates mounts"),
+    always!(fspick, "new mount API: reconfigures mounts"),
+    always!(
+        mount_setattr,
+        "new mount API: clears read-only and other mount flags"
+    ),
+    always!(
+        unshare,
+        "new namespaces reopen kernel surface (nested user namespaces above all)"
+    ),
+    always!(setns, "joins other namespaces"),
+    Rule {
+        name: "clone",
+        nr: libc::SYS_clone,
+        when: When::ArgAnyBit {
+            index: 0,
+            mask: NEW_NAMESPACE_FLAGS,
         },
-        always!(
+        errno: DENIED_ERRNO,
+        reason: "clone with CLONE_NEW* flags creates namespaces, like unshare",
+    },
+    always!(
         clone3,
         "its flags sit behind a pointer seccomp cannot read; glibc falls back to clone on ENOSYS"
     ),
-        always!(keyctl, "the kernel keyring is not namespaced"),
-        always!(add_key, "the kernel keyring is not namespaced"),
-        always!(request_key, "the kernel keyring is not namespaced"),
-        always!(bpf, "loads programs into the kernel"),
-        always!(
-            perf_event_open,
-            "a frequent source of kernel exploits and side channels"
-        ),
-        always!(
-            userfaultfd,
-            "a staple of kernel exploits (it stalls the kernel at chosen points)"
-        ),
-        always!(
-            io_uring_setup,
-            "io_uring bypasses seccomp for the operations it performs"
-        ),
-        always!(
-            io_uring_enter,
-            "io_uring bypasses seccomp for the operations it performs"
-        ),
-        always!(
-            io_uring_register,
-            "io_uring bypasses seccomp for the operations it performs"
-        ),
-        always!(kexec_load, "replaces the running kernel"),
-        always!(kexec_file_load, "replaces the running kernel"),
-        always!(init_module, "loads kernel modules"),
-        always!(finit_module, "loads kernel modules"),
-        always!(delete_module, "unloads kernel modules"),
-        always!(reboot, "reboots the host"),
-        always!(swapon, "changes the host's swap"),
-        always!(swapoff, "changes the host's swap"),
-        // EPERM, the kernel's answer to callers without CAP_SYS_TIME (which code written for
-        // unprivileged users expects: Python raises PermissionError); read-only adjtimex calls,
-        // which the kernel allows, are denied too.
-        always!(settimeofday, libc::EPERM, "sets the host clock"),
-        always!(clock_settime, libc::EPERM, "sets the host clock"),
-        always!(clock_adjtime, libc::EPERM, "adjusts the host clock"),
-        always!(adjtimex, libc::EPERM, "adjusts the host clock"),
-        always!(
-            open_by_handle_at,
-            "opens files by handle, bypassing the mount view (the 'shocker' escape)"
-        ),
-        always!(name_to_handle_at, "the other half of open_by_handle_at"),
-        ioctl!(
-            "ioctl(TIOCSTI)",
-            TIOCSTI,
-            "pushes keystrokes into a terminal, typing commands outside the sandbox"
-        ),
-        ioctl!(
-            "ioctl(TIOCLINUX)",
-            TIOCLINUX,
-            "reads and injects console contents"
-        ),
-        // NETLINK_ROUTE (0) stays: glibc's if_nameindex and getifaddrs, `ip addr` and psutil list
-        // interfaces over it. In the sandbox's network namespace it shows only loopback, and
-        // changing anything needs CAP_NET_ADMIN, which the sandbox never holds.
-        socket!(
-        "socket(AF_NETLINK)",
-        &[eq(0, libc::AF_NETLINK as u32), ne(2, libc::NETLINK_ROUTE as u32)],
-        "netlink families other than routing reach kernel subsystems (audit, netfilter, uevents)"
+    always!(keyctl, "the kernel keyring is not namespaced"),
+    always!(add_key, "the kernel keyring is not namespaced"),
+    always!(request_key, "the kernel keyring is not namespaced"),
+    always!(bpf, "loads programs into the kernel"),
+    always!(
+        perf_event_open,
+        "a frequent source of kernel exploits and side channels"
     ),
-        socket!(
-            "socket(AF_PACKET)",
-            &[eq(0, libc::AF_PACKET as u32)],
-            "packet sockets see and forge raw frames"
-        ),
-        // Netlink sockets are SOCK_RAW too; the rule above decides for them.
-        socket!(
-            "socket(SOCK_RAW)",
-            &[
-                masked_eq(1, SOCK_TYPE_MASK, libc::SOCK_RAW as u32),
-                ne(0, libc::AF_NETLINK as u32)
-            ],
-            "raw sockets forge packets"
-        ),
-        socket!(
-            "socket(SOCK_PACKET)",
-            &[masked_eq(1, SOCK_TYPE_MASK, SOCK_PACKET)],
-            "obsolete packet sockets forge frames"
-        ),
-        always!(acct, "process accounting writes host files"),
-        always!(quotactl, "manipulates host disk quotas"),
-        always!(syslog, "reads the kernel log, which leaks addresses"),
-        always!(lookup_dcookie, "a kernel profiling interface"),
-        always!(vhangup, "hangs up the terminal"),
-        always!(iopl, "raises I/O privilege"),
-        always!(ioperm, "grants direct port I/O"),
-        always!(uselib, "an obsolete loader syscall with a history of bugs"),
-    ];
+    always!(
+        userfaultfd,
+        "a staple of kernel exploits (it stalls the kernel at chosen points)"
+    ),
+    always!(
+        io_uring_setup,
+        "io_uring bypasses seccomp for the operations it performs"
+    ),
+    always!(
+        io_uring_enter,
+        "io_uring bypasses seccomp for the operations it performs"
+    ),
+    always!(
+        io_uring_register,
+        "io_uring bypasses seccomp for the operations it performs"
+    ),
+    always!(kexec_load, "replaces the running kernel"),
+    always!(kexec_file_load, "replaces the running kernel"),
+    always!(init_module, "loads kernel modules"),
+    always!(finit_module, "loads kernel modules"),
+    always!(delete_module, "unloads kernel modules"),
+    always!(reboot, "reboots the host"),
+    always!(swapon, "changes the host's swap"),
+    always!(swapoff, "changes the host's swap"),
+    // EPERM, the kernel's answer to callers without CAP_SYS_TIME (which code written for
+    // unprivileged users expects: Python raises PermissionError); read-only adjtimex calls,
+    // which the kernel allows, are denied too.
+    always!(settimeofday, libc::EPERM, "sets the host clock"),
+    always!(clock_settime, libc::EPERM, "sets the host clock"),
+    always!(clock_adjtime, libc::EPERM, "adjusts the host clock"),
+    always!(adjtimex, libc::EPERM, "adjusts the host clock"),
+    always!(
+        open_by_handle_at,
+        "opens files by handle, bypassing the mount view (the 'shocker' escape)"
+    ),
+    always!(name_to_handle_at, "the other half of open_by_handle_at"),
+    ioctl!(
+        "ioctl(TIOCSTI)",
+        TIOCSTI,
+        "pushes keystrokes into a terminal, typing commands outside the sandbox"
+    ),
+    ioctl!(
+        "ioctl(TIOCLINUX)",
+        TIOCLINUX,
+        "reads and injects console contents"
+    ),
+    // NETLINK_ROUTE (0) stays: glibc's if_nameindex and getifaddrs, `ip addr` and psutil list
+    // interfaces over it. In the sandbox's network namespace it shows only loopback, and
+    // changing anything needs CAP_NET_ADMIN, which the sandbox never holds.
+    socket!(
+        "socket(AF_NETLINK)",
+        &[
+            eq(0, libc::AF_NETLINK as u32),
+            ne(2, libc::NETLINK_ROUTE as u32)
+        ],
+        "the other netlink families reach kernel subsystems (audit, netfilter, uevents)"
+    ),
+    socket!(
+        "socket(AF_PACKET)",
+        &[eq(0, libc::AF_PACKET as u32)],
+        "packet sockets see and forge raw frames"
+    ),
+    // Netlink sockets are SOCK_RAW too; the rule above decides for them.
+    socket!(
+        "socket(SOCK_RAW)",
+        &[
+            masked_eq(1, SOCK_TYPE_MASK, libc::SOCK_RAW as u32),
+            ne(0, libc::AF_NETLINK as u32)
+        ],
+        "raw sockets forge packets"
+    ),
+    socket!(
+        "socket(SOCK_PACKET)",
+        &[masked_eq(1, SOCK_TYPE_MASK, SOCK_PACKET)],
+        "obsolete packet sockets forge frames"
+    ),
+    always!(acct, "process accounting writes host files"),
+    always!(quotactl, "manipulates host disk quotas"),
+    always!(syslog, "reads the kernel log, which leaks addresses"),
+    always!(lookup_dcookie, "a kernel profiling interface"),
+    always!(vhangup, "hangs up the terminal"),
+    always!(iopl, "raises I/O privilege"),
+    always!(ioperm, "grants direct port I/O"),
+    always!(uselib, "an obsolete loader syscall with a history of bugs"),
+];
 
 // Classic BPF opcodes and seccomp return values (linux/filter.h, linux/seccomp.h).
 /// BPF_LD | BPF_W | BPF_ABS (the first two are zero).
