@@ -221,8 +221,8 @@ fn creating_files_outside_scratch_is_erofs() {
 paths = ["/usr/kennel-x", "/etc/kennel-x", "/bin/kennel-x", "/kennel-x"]
 print(*[os_errno(os.open, p, os.O_CREAT | os.O_WRONLY, 0o644) for p in paths], os_errno(os.mkdir, "/usr/kennel-d"))
 "#;
-    let out = py_ok(&[], &format!("{SYSCALL_PRELUDE}\n{code}"));
-    assert_eq!(out.trim(), "EROFS EROFS EROFS EROFS EROFS");
+    let out = probe_inside(code);
+    assert_eq!(out, "EROFS EROFS EROFS EROFS EROFS");
 }
 
 /// Overwriting /etc/passwd: the open fails with EACCES (its owner, host root, is unmapped in the
@@ -231,16 +231,16 @@ print(*[os_errno(os.open, p, os.O_CREAT | os.O_WRONLY, 0o644) for p in paths], o
 #[test]
 fn overwriting_a_host_system_file_is_refused() {
     let code = r#"print(os_errno(os.open, "/etc/passwd", os.O_WRONLY), os_errno(os.chmod, "/etc/passwd", 0o666), os_errno(os.unlink, "/etc/passwd"))"#;
-    let out = py_ok(&[], &format!("{SYSCALL_PRELUDE}\n{code}"));
+    let out = probe_inside(code);
     if gvisor() {
         // Under runsc the code's uid 0 is not mapped to an unprivileged host range: gVisor checks
         // permissions against the host's owners as its gofer reports them, so the code owns
         // host root's files and the open passes the owner check. Only the read-only mount
         // refuses, EROFS for all three (see root_only_host_files_are_unreadable).
-        assert_eq!(out.trim(), "EROFS EROFS EROFS");
+        assert_eq!(out, "EROFS EROFS EROFS");
         return;
     }
-    assert_eq!(out.trim(), "EACCES EROFS EROFS");
+    assert_eq!(out, "EACCES EROFS EROFS");
 }
 
 /// A file only host root may read (0600, owned by root) in the system view: sandbox root is not
@@ -349,12 +349,12 @@ print(os_errno(os.mknod, "/dev/kennel-sda", blk, os.makedev(8, 0)), os_errno(os.
         let code = format!(
             "{code}\nprint(os_errno(os.mknod, '/dev/kennel-mem', chr, os.makedev(1, 1)), os_errno(os.open, '/dev/kennel-sda', os.O_RDONLY), os_errno(os.open, '/dev/kennel-mem', os.O_RDWR))"
         );
-        let out = py_ok(&[], &format!("{SYSCALL_PRELUDE}\n{code}"));
-        assert_eq!(out.trim(), "OK EPERM EROFS\nOK ENXIO ENXIO");
+        let out = probe_inside(&code);
+        assert_eq!(out, "OK EPERM EROFS\nOK ENXIO ENXIO");
         return;
     }
-    let out = py_ok(&[], &format!("{SYSCALL_PRELUDE}\n{code}"));
-    assert_eq!(out.trim(), "EPERM EPERM EROFS");
+    let out = probe_inside(code);
+    assert_eq!(out, "EPERM EPERM EROFS");
 }
 
 // ---- processes & limits ----------------------------------------------------------------------
@@ -536,11 +536,11 @@ if child == 0:
     os._exit(0)
 print(os_errno(os.kill, -1, signal.SIGKILL), os.WTERMSIG(os.waitpid(child, 0)[1]))
 "#;
-    let out = py_ok(&[], &format!("{SYSCALL_PRELUDE}\n{code}"));
+    let out = probe_inside(code);
     let alive = host.try_wait().expect("try_wait").is_none();
     let _ = host.kill();
     let _ = host.wait();
-    assert_eq!(out.trim(), "OK 9");
+    assert_eq!(out, "OK 9");
     assert!(alive, "kill(-1) inside the sandbox killed a host process");
 }
 
@@ -565,11 +565,11 @@ fn init_is_out_of_reach() {
     let code = r#"
 print(os_errno(os.readlink, "/proc/1/exe"), os_errno(os.open, "/proc/1/exe", os.O_RDONLY), os_errno(os.open, "/proc/1/mem", os.O_RDONLY), os_errno(os.listdir, "/proc/1/root"), os_errno(os.open, "/proc/1/environ", os.O_RDONLY), os_errno(os.listdir, "/proc/1/fd"), os_errno(os.readlink, "/proc/1/cwd"))
 "#;
-    let out = py_ok(&[], &format!("{SYSCALL_PRELUDE}\n{code}"));
+    let out = probe_inside(code);
     // In the oci tier pid 1 is the code itself (there is no init of Kennel's to protect), so
     // it reaches its own /proc entries; the runtime's processes are outside its pid namespace.
     let expected = if oci() { "OK" } else { "EACCES" };
-    assert_eq!(out.trim(), [expected; 7].join(" "));
+    assert_eq!(out, [expected; 7].join(" "));
 }
 
 /// The code runs as root of its own user namespace only: seen from the host, its process has
@@ -1276,8 +1276,8 @@ fn host_loopback_service_is_unreachable() {
     let code = format!(
         "s = socket.socket(); s.settimeout(5); print(os_errno(s.connect, ('127.0.0.1', {port})))"
     );
-    let out = py_ok(&[], &format!("{SYSCALL_PRELUDE}\n{code}"));
-    assert_eq!(out.trim(), "ECONNREFUSED");
+    let out = probe_inside(&code);
+    assert_eq!(out, "ECONNREFUSED");
     listener.set_nonblocking(true).unwrap();
     let accepted = listener.accept();
     assert!(
@@ -1296,8 +1296,8 @@ fn host_abstract_unix_socket_is_unreachable() {
     let listener = std::os::unix::net::UnixListener::bind_addr(&addr).unwrap();
     let code =
         format!("s = socket.socket(socket.AF_UNIX); print(os_errno(s.connect, '\\0{name}'))");
-    let out = py_ok(&[], &format!("{SYSCALL_PRELUDE}\n{code}"));
-    assert_eq!(out.trim(), "ECONNREFUSED");
+    let out = probe_inside(&code);
+    assert_eq!(out, "ECONNREFUSED");
     listener.set_nonblocking(true).unwrap();
     assert!(matches!(listener.accept(), Err(e) if e.kind() == io::ErrorKind::WouldBlock));
 }
@@ -1318,10 +1318,7 @@ print(os_errno(s.connect, ("1.1.1.1", 80)), os_errno(u.sendto, b"x", ("8.8.8.8",
     } else {
         "ENETUNREACH"
     };
-    assert_eq!(
-        py_ok(&[], &format!("{SYSCALL_PRELUDE}\n{code}")).trim(),
-        [unreachable; 2].join(" ")
-    );
+    assert_eq!(probe_inside(code), [unreachable; 2].join(" "));
 }
 
 /// The only network interface is the sandbox's own loopback.
@@ -1394,8 +1391,8 @@ import fcntl, struct
 fd = os.open("/dev/net/tun", os.O_RDWR)
 print(os.listdir("/dev/net"), os_errno(fcntl.ioctl, fd, 0x400454ca, struct.pack("16sH", b"kennel0", 0x1002)))
 "#;
-        let out = py_ok(&[], &format!("{SYSCALL_PRELUDE}\n{code}"));
-        assert_eq!(out.trim(), "['tun'] EPERM");
+        let out = probe_inside(code);
+        assert_eq!(out, "['tun'] EPERM");
     }
 }
 
@@ -1431,10 +1428,7 @@ print(os_errno(os.open, p, os.O_WRONLY), os_errno(os.chmod, p, 0o666), os_errno(
         }
         return;
     }
-    assert_eq!(
-        py_ok(&[], &format!("{SYSCALL_PRELUDE}\n{code}")).trim(),
-        "EACCES EROFS EPERM True"
-    );
+    assert_eq!(probe_inside(code), "EACCES EROFS EPERM True");
 }
 
 /// /proc/sysrq-trigger (crash or reboot the host by writing a letter): on a host that has it,
@@ -1455,10 +1449,7 @@ else:
     } else {
         "ENOENT"
     };
-    assert_eq!(
-        py_ok(&[], &format!("{SYSCALL_PRELUDE}\n{code}")).trim(),
-        expected
-    );
+    assert_eq!(probe_inside(code), expected);
 }
 
 /// /proc/kmsg, the kernel log ring, belongs to host root: EACCES exactly.
