@@ -17,18 +17,19 @@ use crate::sys;
 /// What holds a run's limits: its cgroup, or (the reason why there is none) rlimits.
 pub(super) type Limiter = Result<Cgroup, String>;
 
-/// What the control channel told the supervisor.
+/// What the control channel told the supervisor, in either tier (an OCI launcher reports the
+/// runtime's pid as `init_pid` and no confinement: the runtime applies it).
 #[derive(Default)]
-pub(super) struct Report {
-    pub(super) init_pid: Option<i32>,
-    pub(super) failed: Option<(String, Option<i32>, String)>,
-    pub(super) confinement: Option<Confinement>,
-    pub(super) exited: Option<(Option<i32>, Option<i32>)>,
-    pub(super) ended_at: Option<Instant>,
-    pub(super) collected: Vec<(Collected, Vec<u8>)>,
-    pub(super) timed_out: bool,
-    pub(super) cancelled: bool,
-    pub(super) proxy: Option<Proxy>,
+pub(crate) struct Report {
+    pub(crate) init_pid: Option<i32>,
+    pub(crate) failed: Option<(String, Option<i32>, String)>,
+    pub(crate) confinement: Option<Confinement>,
+    pub(crate) exited: Option<(Option<i32>, Option<i32>)>,
+    pub(crate) ended_at: Option<Instant>,
+    pub(crate) collected: Vec<(Collected, Vec<u8>)>,
+    pub(crate) timed_out: bool,
+    pub(crate) cancelled: bool,
+    pub(crate) proxy: Option<Proxy>,
 }
 
 /// How a run ended, as any tier learned it: the result is made from this and the isolation.

@@ -9,22 +9,11 @@ use super::steps::Step;
 use super::{Run, KILL_GRACE};
 use crate::error::Error;
 use crate::native::io::{control_events, Event};
-use crate::native::proto::{self, Collected, Msg};
+use crate::native::proto::{self, Msg};
+use crate::native::report::Report;
 use crate::net::proxy::Proxy;
 use crate::policy::{NetMode, Policy};
 use crate::sys;
-
-/// What the launcher reported.
-#[derive(Default)]
-pub(super) struct Report {
-    pub(super) failed: Option<(String, Option<i32>, String)>,
-    pub(super) exited: Option<(Option<i32>, Option<i32>)>,
-    pub(super) ended_at: Option<Instant>,
-    pub(super) collected: Vec<(Collected, Vec<u8>)>,
-    pub(super) timed_out: bool,
-    pub(super) cancelled: bool,
-    pub(super) proxy: Option<Proxy>,
-}
 
 /// Reads the launcher's reports until it is done, enforcing the timeout from outside.
 pub(super) fn watch(
@@ -38,7 +27,6 @@ pub(super) fn watch(
     let rx = control_events(ctl, cancel)?;
     let mut report = Report::default();
     let deadline = started + policy.limits.timeout.0;
-    let mut runtime_pid = None;
     let mut give_up: Option<Instant> = None;
     loop {
         let until = give_up.unwrap_or(deadline);
@@ -47,7 +35,7 @@ pub(super) fn watch(
             Ok(Event::Frame(msg, blob)) => {
                 match msg {
                     Msg::InitPid { pid } => {
-                        runtime_pid = Some(pid);
+                        report.init_pid = Some(pid);
                         on_started();
                     }
                     Msg::NetnsReady { pid } if policy.network.mode == NetMode::Allow => {
@@ -80,7 +68,7 @@ pub(super) fn watch(
                 report.ended_at = Some(Instant::now());
                 if !run.runtime.kill(run.cgroup.name()) {
                     // No container yet (or a runtime that hangs): stop the runtime itself.
-                    if let Some(pid) = runtime_pid {
+                    if let Some(pid) = report.init_pid {
                         let _ = sys::kill(pid, libc::SIGKILL);
                     }
                 }
