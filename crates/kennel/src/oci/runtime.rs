@@ -227,24 +227,18 @@ impl Installed {
         if stopped && std::fs::remove_dir_all(self.state_dir().join(id)).is_ok() {
             return;
         }
-        if self.has_state(id) {
+        // crun and runc keep a directory named after the container, runsc
+        // `<id>_sandbox:<id>.state` and a `.lock` it never removes.
+        let entries = self.state_entries(id);
+        let is_lock = |e: &std::ffi::OsString| e.to_string_lossy().ends_with(".lock");
+        if entries.iter().any(|e| !is_lock(e)) {
             let mut argv = self.command(None, false);
             argv.extend(["delete".into(), "--force".into(), id.into()]);
             quiet(&argv, Duration::from_secs(20));
         }
-        for entry in self.state_entries(id) {
-            if entry.to_string_lossy().ends_with(".lock") {
-                let _ = std::fs::remove_file(self.state_dir().join(entry));
-            }
+        for entry in entries.iter().filter(|e| is_lock(e)) {
+            let _ = std::fs::remove_file(self.state_dir().join(entry));
         }
-    }
-
-    /// Whether the runtime still keeps state for container `id`: crun and runc a directory
-    /// named after it, runsc `<id>_sandbox:<id>.state` (and a `.lock` it never removes).
-    pub fn has_state(&self, id: &str) -> bool {
-        self.state_entries(id)
-            .iter()
-            .any(|e| !e.to_string_lossy().ends_with(".lock"))
     }
 
     /// The containers in Kennel's state directory for this runtime whose supervisor is gone
