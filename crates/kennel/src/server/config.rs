@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use crate::error::PolicyError;
@@ -20,6 +21,31 @@ pub struct Token {
     /// a run that names no tier is raised to it, one that names a weaker tier is refused.
     #[serde(default)]
     pub min_isolation: Option<Strength>,
+    /// This token's share of the server, over the server-wide `[quota]`.
+    #[serde(default)]
+    pub quota: Quota,
+    /// Addresses this token's runs may pin names to (`network.resolve`), beyond the
+    /// server-wide `allow_pins_to`.
+    #[serde(default)]
+    pub allow_pins_to: Vec<IpNet>,
+}
+
+/// One token's share of the server, so that no tenant can take every session or run slot.
+/// Unset, each is half the server's cap (at least 1).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Quota {
+    /// Sessions one token may have open at once.
+    pub sessions: Option<usize>,
+    /// Runs and execs one token may have under way at once.
+    pub runs: Option<usize>,
+}
+
+/// A token's quota in force.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Share {
+    pub sessions: usize,
+    pub runs: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -92,6 +118,12 @@ pub struct ServerConfig {
     pub allow_full_network: bool,
     /// The weakest isolation any run may use; tokens may raise it for themselves.
     pub min_isolation: Option<Strength>,
+    /// Each token's share of sessions and run slots (tokens may have their own).
+    pub quota: Quota,
+    /// Loopback, private, link-local or other internal networks that a run's `network.resolve`
+    /// pins may name (CIDRs). Empty: such pins are refused, so that no caller can point an
+    /// allowed name at the host's own services or a cloud metadata endpoint.
+    pub allow_pins_to: Vec<IpNet>,
 }
 
 impl Default for ServerConfig {
@@ -121,6 +153,8 @@ impl Default for ServerConfig {
             capabilities: Default::default(),
             allow_full_network: false,
             min_isolation: None,
+            quota: Quota::default(),
+            allow_pins_to: vec![],
         }
     }
 }
@@ -150,6 +184,8 @@ impl ServerConfig {
                 id,
                 token: token.to_string(),
                 min_isolation: None,
+                quota: Quota::default(),
+                allow_pins_to: vec![],
             });
         }
     }
@@ -177,6 +213,9 @@ impl ServerConfig {
         if self.tokens.iter().any(|t| t.token.len() < 16) {
             return bad("tokens", "each token needs at least 16 characters");
         }
+        for quota in std::iter::once(&self.quota).chain(self.tokens.iter().map(|t| &t.quota)) {
+            self.check_quota(quota)?;
+        }
         if !self.listen.ip().is_loopback() && self.tokens.is_empty() {
             return bad(
                 "listen",
@@ -186,9 +225,74 @@ impl ServerConfig {
         Ok(())
     }
 
-    /// Refuses a network policy this server does not permit.
+    fn check_quota(&self, quota: &Quota) -> Result<(), PolicyError> {
+        let caps = [
+            (
+                "quota.sessions",
+                quota.sessions,
+                self.sessions.max_sessions,
+                "sessions.max_sessions",
+            ),
+            (
+                "quota.runs",
+                quota.runs,
+                self.max_concurrent,
+                "max_concurrent",
+            ),
+        ];
+        for (field, value, cap, cap_name) in caps {
+            match value {
+                Some(0) => {
+                    return Err(PolicyError::Invalid {
+                        field,
+                        why: "must be at least 1".into(),
+                    })
+                }
+                Some(v) if v > cap => {
+                    return Err(PolicyError::Invalid {
+                        field,
+                        why: format!("is {v}, above the server's {cap_name} of {cap}"),
+                    })
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The share of the server the caller `token_id` may use; `None` when the server has no
+    /// tokens, so its one caller has the whole server.
+    pub fn share(&self, token_id: &str) -> Option<Share> {
+        if self.tokens.is_empty() {
+            return None;
+        }
+        let own = self
+            .tokens
+            .iter()
+            .find(|t| t.id == token_id)
+            .map(|t| &t.quota);
+        let pick = |mine: Option<usize>, server: Option<usize>, cap: usize| {
+            mine.or(server).unwrap_or((cap / 2).max(1))
+        };
+        Some(Share {
+            sessions: pick(
+                own.and_then(|q| q.sessions),
+                self.quota.sessions,
+                self.sessions.max_sessions,
+            ),
+            runs: pick(
+                own.and_then(|q| q.runs),
+                self.quota.runs,
+                self.max_concurrent,
+            ),
+        })
+    }
+
+    /// Refuses a network policy this server does not permit to the caller `token_id`: the
+    /// host's network unless allowed, and pins to internal addresses it does not list.
     pub fn check_network(
         &self,
+        token_id: &str,
         network: &crate::policy::Network,
     ) -> Result<(), crate::error::Error> {
         if network.mode == crate::policy::NetMode::Full && !self.allow_full_network {
@@ -196,6 +300,31 @@ impl ServerConfig {
                 "network.mode",
                 "\"full\" is not permitted by this server (allow_full_network = false)",
             ));
+        }
+        let pins = crate::net::parse_pins(&network.resolve)?;
+        let allowed: Vec<&IpNet> = self
+            .allow_pins_to
+            .iter()
+            .chain(
+                self.tokens
+                    .iter()
+                    .filter(|t| t.id == token_id)
+                    .flat_map(|t| &t.allow_pins_to),
+            )
+            .collect();
+        for (name, ip) in pins {
+            let Some(kind) = crate::net::forbidden(ip) else {
+                continue;
+            };
+            if !allowed.iter().any(|net| net.contains(&ip)) {
+                return Err(crate::error::Error::request(
+                    "network.resolve",
+                    format!(
+                        "pins {name} to {ip}, a {kind} address; this server lets runs reach such \
+                         addresses only where its config lists them (allow_pins_to)"
+                    ),
+                ));
+            }
         }
         Ok(())
     }

@@ -34,6 +34,9 @@ pub struct AppState {
     pub sessions: Sessions,
     pub pool: Arc<Pool>,
     pub slots: Arc<Semaphore>,
+    /// Each token's run slots, made on its first run (with a quota only: see
+    /// [`ServerConfig::share`]).
+    token_slots: Mutex<HashMap<String, Arc<Semaphore>>>,
     running: Mutex<HashMap<u64, Canceller>>,
     next_run: AtomicU64,
     pub shutting_down: AtomicBool,
@@ -50,6 +53,7 @@ impl AppState {
     ) -> AppState {
         AppState {
             slots: Arc::new(Semaphore::new(config.max_concurrent)),
+            token_slots: Mutex::new(HashMap::new()),
             config,
             engine,
             metrics: Metrics::default(),
@@ -75,6 +79,40 @@ impl AppState {
         }
     }
 
+    /// One of the server's run slots and one of the caller's: 429 naming the cap or the quota
+    /// when none is free.
+    pub fn run_slot(&self, caller: &Caller) -> Result<RunSlot, ApiError> {
+        let own = match self.config.share(&caller.0) {
+            Some(share) => {
+                let sem = self
+                    .token_slots
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry(caller.0.clone())
+                    .or_insert_with(|| Arc::new(Semaphore::new(share.runs)))
+                    .clone();
+                let permit = sem.try_acquire_owned().map_err(|_| {
+                    ApiError::quota(format!(
+                        "this token has {} runs under way, its quota (quota.runs); retry when \
+                         one ends",
+                        share.runs
+                    ))
+                })?;
+                Some(permit)
+            }
+            None => None,
+        };
+        let server = self
+            .slots
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| ApiError::busy("too many runs at once"))?;
+        Ok(RunSlot {
+            _server: server,
+            _own: own,
+        })
+    }
+
     /// Kills every run still going (the shutdown grace is over).
     pub fn cancel_all(&self) {
         for c in self
@@ -86,6 +124,12 @@ impl AppState {
             c.cancel();
         }
     }
+}
+
+/// A run's hold on a slot of the server's and of its token's quota, freed when dropped.
+pub struct RunSlot {
+    _server: tokio::sync::OwnedSemaphorePermit,
+    _own: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 pub struct Tracked {
@@ -130,6 +174,11 @@ impl ApiError {
 
     pub fn busy(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::TOO_MANY_REQUESTS, "busy", message)
+    }
+
+    /// The caller's own quota is used up (other callers may still be served).
+    pub fn quota(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::TOO_MANY_REQUESTS, "quota_exceeded", message)
     }
 }
 

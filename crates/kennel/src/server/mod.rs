@@ -20,6 +20,7 @@ use tokio::sync::watch;
 pub use config::ServerConfig;
 
 use crate::engine::Engine;
+use crate::policy::Strength;
 
 /// Why the server could not start or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -50,12 +51,21 @@ impl Machinery {
         config.validate()?;
         let audit = audit::Audit::open(config.audit_log.as_deref()).map_err(ServeError::Audit)?;
         let engine = Arc::new(engine);
+        // Every run of a server whose minimum is above the native tier starts cold, so pooled
+        // native sandboxes would only be waste.
+        let native_allowed = config.min_isolation.is_none_or(|m| m == Strength::Native);
+        let (python, bash) = if native_allowed {
+            (config.pool.python, config.pool.bash)
+        } else {
+            (0, 0)
+        };
         let pool = Arc::new(pool::Pool::new(
             engine.clone(),
             config.base_policy(),
-            config.pool.python,
-            config.pool.bash,
+            python,
+            bash,
             config.pool.max_age.0,
+            config.maxima.timeout.0,
         ));
         let state = Arc::new(http::AppState::new(config, engine, audit, pool.clone()));
         let (stop, stop_rx) = watch::channel(false);

@@ -17,9 +17,8 @@ use tokio::sync::mpsc;
 
 use super::agent::{AgentError, AgentSandbox};
 use super::audit::Entry;
-use super::http::{ApiError, ApiJson, Caller, Shared};
+use super::http::{ApiError, ApiJson, Caller, RunSlot, Shared};
 use super::metrics::inc;
-use super::pool::Profile;
 use crate::api::{CollectedFile, Command, Content, ExecResult, RunRequest, RunResult, RunSpec};
 use crate::native::helper::in_scratch;
 use crate::native::{Canceller, OutputMode, OutputSink, RunIo, StdinSource, Stream};
@@ -108,34 +107,33 @@ pub async fn create_run(
     headers: HeaderMap,
     ApiJson(spec): ApiJson<RunSpec>,
 ) -> Result<Response, ApiError> {
-    state.config.check_network(&spec.network)?;
+    state.config.check_network(&caller.0, &spec.network)?;
     let mut req = spec.to_request(&state.config.base_policy(), &state.config.maxima)?;
     state
         .config
         .enforce_isolation(&caller.0, &mut req.policy, spec.names_tier())?;
     check_paths(&req)?;
     let stream = wants_stream(&q, &headers);
-    let shared = state.clone();
-    in_slot(&shared, stream, move |live| async move {
+    let slot = state.run_slot(&caller)?;
+    in_slot(slot, stream, move |live| async move {
         execute(&state, &caller, &spec, req, live).await
     })
     .await
 }
 
-/// Runs `work` holding one of the server's slots (429 when none is free), as SSE or as JSON.
-/// The work goes on in a task of its own that holds the slot: a client that disconnects
-/// neither frees a slot its sandbox still uses nor skips the audit.
-pub async fn in_slot<F, Fut, T>(state: &Shared, stream: bool, work: F) -> Result<Response, ApiError>
+/// Runs `work` holding one of the server's run slots, as SSE or as JSON. The work goes on in
+/// a task of its own that holds the slot: a client that disconnects neither frees a slot its
+/// sandbox still uses nor skips the audit.
+pub async fn in_slot<F, Fut, T>(
+    permit: RunSlot,
+    stream: bool,
+    work: F,
+) -> Result<Response, ApiError>
 where
     F: FnOnce(Option<Live>) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = Result<T, ApiError>> + Send + 'static,
     T: serde::Serialize + Send + 'static,
 {
-    let permit = state
-        .slots
-        .clone()
-        .try_acquire_owned()
-        .map_err(|_| ApiError::busy("too many runs at once"))?;
     if stream {
         return Ok(stream_response(move |live| async move {
             let _permit = permit;
@@ -177,26 +175,6 @@ fn check_paths(req: &RunRequest) -> Result<(), ApiError> {
     }
 }
 
-/// The pool profile that can serve `req`, if its sandbox would be the same as a pooled one.
-fn pool_profile(state: &Shared, req: &RunRequest) -> Option<Profile> {
-    let Command::Code { language, .. } = &req.command else {
-        return None;
-    };
-    let pooled = state.pool.policy();
-    let (a, b) = (&req.policy.limits, &pooled.limits);
-    let same_sandbox = a.memory == b.memory
-        && a.cpus == b.cpus
-        && a.pids == b.pids
-        && a.tmp_size == b.tmp_size
-        && a.workspace_size == b.workspace_size
-        && a.open_files == b.open_files
-        && req.policy.env == pooled.env
-        && req.policy.network == pooled.network
-        && req.policy.layers == pooled.layers
-        && req.policy.filesystem == pooled.filesystem;
-    same_sandbox.then(|| Profile::of(*language))
-}
-
 async fn execute(
     state: &Shared,
     caller: &Caller,
@@ -205,7 +183,7 @@ async fn execute(
     live: Option<Live>,
 ) -> Result<RunResult, ApiError> {
     let started = Instant::now();
-    let agent = pool_profile(state, &req).and_then(|p| state.pool.take(p));
+    let agent = state.pool.serves(&req).and_then(|p| state.pool.take(p));
     inc(if agent.is_some() {
         &state.metrics.pool_hits
     } else {
@@ -288,6 +266,42 @@ fn agent_failed(e: AgentError) -> ApiError {
     )
 }
 
+/// The output a pooled run's code produced, as it came, and when its exec began: what the run
+/// reports if its sandbox dies under it (the code killed the agent, the OOM killer did, or
+/// shutdown did), instead of the sandbox's own output and age.
+struct Seen {
+    began: Instant,
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+}
+
+impl Seen {
+    fn push(&mut self, stream: Stream, data: &[u8]) {
+        match stream {
+            Stream::Stdout => self.stdout.extend_from_slice(data),
+            Stream::Stderr => self.stderr.extend_from_slice(data),
+        }
+    }
+
+    /// The code's part of the result of a sandbox that died under it: its output so far (the
+    /// agent sends only the kept part, so at the cap it may have been cut) and its own
+    /// duration; the exit, the usage and the isolation are the sandbox's.
+    fn into_result(self, limit: u64, timed_out: bool, sandbox: RunResult) -> RunResult {
+        let cut = |b: &[u8]| b.len() as u64 >= limit;
+        RunResult {
+            timed_out: timed_out || sandbox.timed_out,
+            duration_ms: self.began.elapsed().as_millis() as u64,
+            stdout_bytes: self.stdout.len() as u64,
+            stderr_bytes: self.stderr.len() as u64,
+            stdout_truncated: cut(&self.stdout),
+            stderr_truncated: cut(&self.stderr),
+            stdout: String::from_utf8_lossy(&self.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&self.stderr).into_owned(),
+            ..sandbox
+        }
+    }
+}
+
 /// Serves a run from a pre-started sandbox: files in, the code, files out, then the sandbox
 /// ends and its own result supplies the usage and the isolation.
 async fn run_pooled(
@@ -314,10 +328,16 @@ async fn run_pooled(
         Some(c) => Some(String::from_utf8_lossy(&c.to_bytes()?).into_owned()),
         None => None,
     };
+    let mut seen = Seen {
+        began: Instant::now(),
+        stdout: Vec::new(),
+        stderr: Vec::new(),
+    };
     let on_output = |s: Stream, data: &[u8]| {
         if let Some(tx) = &live {
             let _ = tx.send(StreamMsg::Chunk(s, data.to_vec()));
         }
+        seen.push(s, data);
     };
     let exec = agent
         .exec(
@@ -333,43 +353,31 @@ async fn run_pooled(
     let mut files = Vec::new();
     if exec.is_ok() {
         for path in &req.collect {
-            files.push(match agent.read_file(path, limits.collect_size.0).await {
-                Ok((size, data)) => CollectedFile {
-                    path: path.clone(),
-                    size,
-                    truncated: size > data.len() as u64,
-                    content: Some(Content::from_bytes(data)),
-                    error: None,
-                },
-                Err(e) => CollectedFile {
-                    path: path.clone(),
-                    size: 0,
-                    truncated: false,
-                    content: None,
-                    error: Some(e.to_string()),
-                },
-            });
+            files.push(collect_pooled(&agent, path, limits.collect_size.0).await);
         }
     }
     // The sandbox has nothing left to do. When the code ran, its usage is read from the
     // cgroup now and the sandbox is destroyed after the answer: waiting for the teardown
     // would cost the caller ~10 ms.
-    let live = agent.usage_now();
-    let (exec, isolation, stats) = match (exec, live) {
-        (Ok(exec), Some((isolation, stats))) => (exec, isolation, stats),
+    let (exec, isolation, usage) = match (exec, agent.usage_now()) {
+        (Ok(exec), Some((isolation, stats))) => (exec, isolation, stats.unwrap_or_default()),
         (exec, _) => {
             agent.kill();
             let sandbox = match agent.close().await {
                 Some(r) => r?,
                 None => return Err(agent_failed(AgentError::Gone(String::new()))),
             };
+            let limit = limits.output.0;
             return match exec {
                 Ok(exec) => Ok(RunResult {
                     files,
                     ..from_exec(exec, sandbox)
                 }),
-                // The whole sandbox died (the OOM killer took the agent, say): its result says why.
-                Err(AgentError::Gone(_)) => Ok(RunResult { files, ..sandbox }),
+                // The whole sandbox died under the code: the code's own output and time, the
+                // sandbox's exit (the OOM killer's or the signal's) and usage.
+                Err(AgentError::Gone(_)) => Ok(seen.into_result(limit, false, sandbox)),
+                // The agent did not answer past the code's timeout: the code ran out of time.
+                Err(AgentError::Unresponsive) => Ok(seen.into_result(limit, true, sandbox)),
                 Err(e) => Err(agent_failed(e)),
             };
         }
@@ -378,7 +386,6 @@ async fn run_pooled(
         agent.kill();
         agent.close().await;
     });
-    let usage = stats.unwrap_or_default();
     let template = RunResult {
         exit_code: None,
         signal: None,
@@ -402,6 +409,26 @@ async fn run_pooled(
         files,
         ..from_exec(exec, template)
     })
+}
+
+/// One collected file of a pooled run, read by the agent.
+async fn collect_pooled(agent: &AgentSandbox, path: &str, max: u64) -> CollectedFile {
+    match agent.read_file(path, max).await {
+        Ok((size, data)) => CollectedFile {
+            path: path.to_string(),
+            size,
+            truncated: size > data.len() as u64,
+            content: Some(Content::from_bytes(data)),
+            error: None,
+        },
+        Err(e) => CollectedFile {
+            path: path.to_string(),
+            size: 0,
+            truncated: false,
+            content: None,
+            error: Some(e.to_string()),
+        },
+    }
 }
 
 /// A pooled run's result: what the agent saw of the code, the rest from the sandbox.

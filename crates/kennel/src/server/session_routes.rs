@@ -15,7 +15,7 @@ use super::audit::Entry;
 use super::http::{ApiBytes, ApiError, ApiJson, Caller, Shared};
 use super::metrics::inc;
 use super::runs::{in_slot, wants_stream, Live, StreamMsg, StreamQuery};
-use super::sessions::{Session, SessionInfo};
+use super::sessions::{Full, Session, SessionInfo};
 use crate::api::{ExecResult, ExecSpec, SessionSpec};
 use crate::native::helper::in_scratch;
 use crate::native::Stream;
@@ -64,16 +64,27 @@ pub async fn create(
              send single runs to /v1/runs instead",
         ));
     }
-    let Some(_place) = state.sessions.reserve(config.sessions.max_sessions) else {
-        return Err(ApiError::busy(format!(
-            "{} sessions are open, the most this server keeps",
-            config.sessions.max_sessions
-        )));
+    let quota = config.share(&caller.0).map(|s| s.sessions);
+    let _place = match state
+        .sessions
+        .reserve(&caller.0, config.sessions.max_sessions, quota)
+    {
+        Ok(place) => place,
+        Err(Full::Server(max)) => {
+            return Err(ApiError::busy(format!(
+                "{max} sessions are open, the most this server keeps"
+            )))
+        }
+        Err(Full::Token(quota)) => {
+            return Err(ApiError::quota(format!(
+                "this token has {quota} sessions open, its quota (quota.sessions); end one first"
+            )))
+        }
     };
     let mut policy = config.base_policy();
     policy.limits = spec.limits.apply(&policy.limits, &config.maxima)?;
     policy.env.extend(spec.env.clone());
-    state.config.check_network(&spec.network)?;
+    state.config.check_network(&caller.0, &spec.network)?;
     policy.network = spec.network.clone();
     policy.validate()?;
     let idle_ttl = spec.idle_ttl.map_or(config.sessions.idle_ttl.0, |t| {
@@ -170,8 +181,8 @@ pub async fn exec(
         None => session.limits.timeout.0,
     };
     let stream = wants_stream(&q, &headers);
-    let shared = state.clone();
-    in_slot(&shared, stream, move |live| async move {
+    let slot = state.run_slot(&caller)?;
+    in_slot(slot, stream, move |live| async move {
         run_exec(&state, &caller, &session, &spec, timeout, live).await
     })
     .await

@@ -118,17 +118,36 @@ impl Drop for Busy<'_> {
 #[derive(Default)]
 pub struct Sessions {
     map: RwLock<HashMap<String, Arc<Session>>>,
-    /// Sessions being created: counted against the maximum before their sandbox exists.
-    pending: Mutex<usize>,
+    /// Sessions being created, by token: counted against the caps before their sandbox exists.
+    pending: Mutex<Vec<String>>,
 }
 
-/// A place reserved for a session being created.
-pub struct Reservation<'a>(&'a Sessions);
+/// A place reserved for a new session of one token.
+pub struct Reservation<'a> {
+    sessions: &'a Sessions,
+    token_id: String,
+}
 
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
-        *self.0.pending.lock().unwrap_or_else(|p| p.into_inner()) -= 1;
+        let mut pending = self
+            .sessions
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = pending.iter().position(|t| *t == self.token_id) {
+            pending.swap_remove(i);
+        }
     }
+}
+
+/// Why no place could be reserved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Full {
+    /// The server keeps `max` sessions at most, all taken.
+    Server(usize),
+    /// The token has its `quota` open.
+    Token(usize),
 }
 
 impl Sessions {
@@ -140,14 +159,34 @@ impl Sessions {
         self.map.read().unwrap_or_else(|p| p.into_inner()).len()
     }
 
-    /// Reserves a place for a new session, if fewer than `max` exist or are being made.
-    pub fn reserve(&self, max: usize) -> Option<Reservation<'_>> {
+    /// Reserves a place for a new session of `token_id`, if fewer than `max` exist or are being
+    /// made, and fewer than `quota` of them (when there is one) are the token's.
+    pub fn reserve(
+        &self,
+        token_id: &str,
+        max: usize,
+        quota: Option<usize>,
+    ) -> Result<Reservation<'_>, Full> {
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        if self.len() + *pending >= max {
-            return None;
+        if self.len() + pending.len() >= max {
+            return Err(Full::Server(max));
         }
-        *pending += 1;
-        Some(Reservation(self))
+        if let Some(quota) = quota {
+            let open = self
+                .list()
+                .iter()
+                .filter(|s| s.token_id == token_id)
+                .count();
+            let making = pending.iter().filter(|t| *t == token_id).count();
+            if open + making >= quota {
+                return Err(Full::Token(quota));
+            }
+        }
+        pending.push(token_id.to_string());
+        Ok(Reservation {
+            sessions: self,
+            token_id: token_id.to_string(),
+        })
     }
 
     pub fn insert(&self, s: Arc<Session>) {
