@@ -362,8 +362,10 @@ mod tests {
 
     #[test]
     fn a_pool_of_a_tier_that_is_not_pooled_starts_nothing() {
-        let mut oci = Policy::default();
-        oci.tier = Tier::Oci;
+        let oci = Policy {
+            tier: Tier::Oci,
+            ..Policy::default()
+        };
         let pool = pool(oci.clone());
         assert!(pool.sizes.values().all(|&n| n == 0));
         assert_eq!(pool.serves(&code_run(oci)), None);
