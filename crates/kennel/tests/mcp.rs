@@ -271,3 +271,34 @@ fn run_tools_choose_the_runtime() {
         "{r}"
     );
 }
+
+/// MCP's run tools go through the server's own path: with its warm pool full, a run that asks
+/// for gVisor still gets it.
+#[test]
+fn run_tools_get_what_they_ask_for_with_a_full_pool() {
+    if !common::require(
+        "gVisor's runsc",
+        std::path::Path::new("/usr/bin/runsc").exists(),
+    ) {
+        return;
+    }
+    let mut mcp = Mcp::start(&["--pool-python", "2"]);
+    // The pool fills in the background; a warm run proves it has.
+    let warm = mcp.call_tool(
+        "run_code",
+        json!({"language": "python", "code": "print(1)"}),
+    );
+    assert_eq!(
+        warm["structuredContent"]["isolation_tier"], "native",
+        "{warm}"
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let r = mcp.call_tool(
+        "run_code",
+        json!({"language": "python", "code": "print(2)", "runtime": "runsc"}),
+    );
+    let s = &r["structuredContent"];
+    assert_eq!(s["stdout"], "2\n", "{r}");
+    assert_eq!(s["isolation_tier"], "oci", "{r}");
+    assert_eq!(s["isolation_runtime"], "runsc", "{r}");
+}
