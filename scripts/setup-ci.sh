@@ -20,7 +20,8 @@ die() { echo "setup-ci: error: $*" >&2; exit 1; }
 #   python3-pip      the network-allowlist tests: pip install from a local index
 #   runsc            gVisor, the oci tier's strongest runtime (the limits suite under runsc)
 #   crun, runc       the oci tier's container runtimes (limits and escape suites under each)
-packages=(bubblewrap python3 coreutils util-linux bash dash gcc libc6-dev ca-certificates
+#   jq               the README's curl examples, run as written by tests/readme.rs
+packages=(bubblewrap python3 coreutils util-linux bash dash gcc libc6-dev ca-certificates jq
     curl openssl python3-pip runsc crun runc)
 
 installed() {

@@ -170,6 +170,12 @@ fn oci_runtime(engine: &Engine, runtime: Runtime) -> Result<String, (String, Str
     let mut works = vec![];
     let mut fails = vec![];
     for platform in platforms {
+        if *platform == Some(Platform::Kvm) {
+            if let Err(why) = engine.oci.kvm_usable(&installed) {
+                fails.push(format!("on kvm: KVM is not usable here: {why}"));
+                continue;
+            }
+        }
         let mut req = RunRequest::new(Command::Argv(vec!["/bin/true".into()]));
         req.policy.tier = Tier::Oci;
         req.policy.oci = crate::policy::Oci {
@@ -229,8 +235,16 @@ fn docker() -> Result<String, (String, String)> {
     ))
 }
 
-/// Every check, in the order a user fixes them.
+/// Every check, in the order a user fixes them. The OCI runtimes are tried side by side (each
+/// starts a container; runsc may probe KVM, for up to its deadline) so that the whole stays
+/// within a few seconds.
 pub fn checks(engine: &Engine) -> Vec<Check> {
+    let (runsc, crun, runc) = std::thread::scope(|s| {
+        let runsc = s.spawn(|| oci_runtime(engine, Runtime::Runsc));
+        let crun = s.spawn(|| oci_runtime(engine, Runtime::Crun));
+        let runc = oci_runtime(engine, Runtime::Runc);
+        (joined(runsc), joined(crun), runc)
+    });
     vec![
         check("kernel", Ok(read("/proc/sys/kernel/osrelease"))),
         check("identity", identity()),
@@ -240,10 +254,22 @@ pub fn checks(engine: &Engine) -> Vec<Check> {
         check("cgroups", cgroups()),
         check("time namespace", time_namespace()),
         check("native sandbox", end_to_end(engine)),
-        check("oci runsc", oci_runtime(engine, Runtime::Runsc)),
-        check("oci crun", oci_runtime(engine, Runtime::Crun)),
-        check("oci runc", oci_runtime(engine, Runtime::Runc)),
+        check("oci runsc", runsc),
+        check("oci crun", crun),
+        check("oci runc", runc),
         check("oci docker", docker()),
         tool("bwrap", "bubblewrap"),
     ]
+}
+
+/// A check run on its own thread; one that panicked is reported, not propagated.
+fn joined(
+    handle: std::thread::ScopedJoinHandle<'_, Result<String, (String, String)>>,
+) -> Result<String, (String, String)> {
+    handle.join().unwrap_or_else(|_| {
+        Err((
+            "the check itself failed".into(),
+            "report this as a bug in kennel doctor".into(),
+        ))
+    })
 }

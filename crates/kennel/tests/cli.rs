@@ -107,7 +107,11 @@ fn kennel_failures_exit_125_with_a_clear_message() {
     assert_eq!(code, Some(125));
     assert!(err.contains("memroy"), "the unknown key is named: {err}");
     let (code, _, err) = status_of(&["run", "--memory", "12XB", "--", "/bin/true"], b"");
-    assert_eq!(code, Some(2), "clap rejects a malformed flag: {err}");
+    assert_eq!(
+        code,
+        Some(125),
+        "a malformed flag is Kennel's failure: {err}"
+    );
     let (code, _, err) = status_of(&["run", "--collect", "/etc/passwd", "--", "/bin/true"], b"");
     assert_eq!(code, Some(125));
     assert!(err.contains("/workspace/"), "{err}");
@@ -254,4 +258,43 @@ fn doctor_reports_each_layer() {
         .find(|c| c["name"] == "native sandbox")
         .unwrap();
     assert_eq!(sandbox["ok"], true, "{sandbox}");
+}
+
+/// A command line Kennel cannot take is its own failure (125, as the README says), never a
+/// status the program could have returned (clap's default is 2); help and version are not
+/// failures at all.
+#[test]
+fn usage_errors_exit_125_and_help_exits_0() {
+    for (args, needle) in [
+        (
+            &["run", "--no-such-flag", "--", "/bin/true"][..],
+            "--no-such-flag",
+        ),
+        (&["run", "--timeout"][..], "--timeout"),
+        (&["run", "--timeout", "soon", "--", "/bin/true"][..], "soon"),
+        (&["run", "--cpus", "many", "--", "/bin/true"][..], "many"),
+        (
+            &["run", "--runtime", "docker-ish", "--", "/bin/true"][..],
+            "docker-ish",
+        ),
+        (&["no-such-command"][..], "no-such-command"),
+    ] {
+        let (code, out, err) = status_of(args, b"");
+        assert_eq!(code, Some(125), "{args:?}: {err}");
+        assert!(out.is_empty(), "{args:?} printed to stdout: {out}");
+        assert!(
+            err.contains(needle),
+            "{args:?}: the error names {needle}: {err}"
+        );
+    }
+    for args in [
+        &["--help"][..],
+        &["run", "--help"],
+        &["--version"],
+        &["run", "-h"],
+    ] {
+        let (code, out, err) = status_of(args, b"");
+        assert_eq!(code, Some(0), "{args:?}: {err}");
+        assert!(out.contains("kennel"), "{args:?}: {out}");
+    }
 }

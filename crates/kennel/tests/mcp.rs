@@ -34,14 +34,20 @@ fn require_mcp_sdk() {
     );
 }
 
-/// Waits for a child, killing it (by its own PID) past `within`.
-fn wait_output(mut child: Child, within: Duration) -> (bool, String) {
-    let mut out = child.stdout.take().expect("piped stdout");
-    let reader = std::thread::spawn(move || {
+/// Reads a pipe to its end on a thread of its own.
+fn read_all(mut pipe: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
         let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
+        let _ = pipe.read_to_string(&mut s);
         s
-    });
+    })
+}
+
+/// Waits for a child, killing it (by its own PID) past `within`: whether it succeeded, its
+/// stdout, and its stderr when that was piped.
+fn wait_outputs(mut child: Child, within: Duration) -> (bool, String, String) {
+    let reader = read_all(child.stdout.take().expect("piped stdout"));
+    let errors = child.stderr.take().map(read_all);
     let started = Instant::now();
     let status = loop {
         if let Some(status) = child.try_wait().expect("waiting") {
@@ -55,13 +61,22 @@ fn wait_output(mut child: Child, within: Duration) -> (bool, String) {
         std::thread::sleep(Duration::from_millis(50));
     };
     let text = reader.join().unwrap_or_default();
+    let errors = errors
+        .map(|e| e.join().unwrap_or_default())
+        .unwrap_or_default();
     match status {
-        Some(s) => (s.success(), text),
-        None => (false, format!("{text}\n(timed out after {within:?})")),
+        Some(s) => (s.success(), text, errors),
+        None => (
+            false,
+            format!("{text}\n(timed out after {within:?})"),
+            errors,
+        ),
     }
 }
 
-fn run_client(extra: &[&str], env: &[(&str, &str)]) {
+/// Runs tests/mcp_client.py: whether it succeeded, its stdout and its stderr (where the SDK
+/// logs what went wrong, such as "Session termination failed").
+fn client(extra: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
     require_mcp_sdk();
     let mut cmd = Command::new(PYTHON);
     cmd.arg(client_script())
@@ -70,14 +85,24 @@ fn run_client(extra: &[&str], env: &[(&str, &str)]) {
         .env_remove("KENNEL_TOKEN")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
+        .stderr(Stdio::piped());
     for (k, v) in env {
         cmd.env(k, v);
     }
     let child = cmd.spawn().expect("starting the MCP client");
-    let (ok, out) = wait_output(child, Duration::from_secs(240));
+    let (ok, out, err) = wait_outputs(child, Duration::from_secs(240));
     println!("{out}");
-    assert!(ok, "the MCP client failed:\n{out}");
+    eprintln!("{err}");
+    assert!(
+        !err.contains("Session termination failed"),
+        "the client could not end its MCP session:\n{err}"
+    );
+    (ok, out, err)
+}
+
+fn run_client(extra: &[&str], env: &[(&str, &str)]) {
+    let (ok, out, err) = client(extra, env);
+    assert!(ok, "the MCP client failed:\n{out}\n{err}");
     assert!(out.contains("all MCP checks passed"), "{out}");
 }
 
@@ -301,4 +326,46 @@ fn run_tools_get_what_they_ask_for_with_a_full_pool() {
     assert_eq!(s["stdout"], "2\n", "{r}");
     assert_eq!(s["isolation_tier"], "oci", "{r}");
     assert_eq!(s["isolation_runtime"], "runsc", "{r}");
+}
+
+/// The sessions an MCP client opened and left open end with its MCP session: `DELETE /mcp`
+/// over HTTP (answered 204, which the SDK takes as a clean termination), or the end of
+/// stdio for `kennel mcp --server`. The server then lists none of them.
+#[test]
+fn sessions_end_with_the_mcp_session() {
+    let token = "mcp-test-token-0123456789abcdef";
+    let server = Server::start_with(
+        "mcp-sessions-end",
+        "[pool]\npython = 0\nbash = 0\n",
+        &[("KENNEL_TOKENS", token)],
+        Some(token),
+    );
+    let url = format!("{}/mcp", server.client.base);
+    let base = server.client.base.clone();
+    let transports: [(&str, Vec<&str>); 2] = [
+        ("streamable HTTP", vec!["--leave-open", "--http", &url]),
+        ("stdio forwarding", vec!["--leave-open", "--server", &base]),
+    ];
+    for (transport, args) in transports {
+        let (ok, out, err) = client(&args, &[("KENNEL_TOKEN", token)]);
+        assert!(ok, "{transport}: the MCP client failed:\n{out}\n{err}");
+        let opened: Vec<&str> = out
+            .lines()
+            .filter_map(|l| l.strip_prefix("opened "))
+            .collect();
+        assert_eq!(opened.len(), 2, "{transport}: {out}");
+        let listed = server.client.get("/v1/sessions").json();
+        let ids: Vec<&str> = listed
+            .as_array()
+            .unwrap_or_else(|| panic!("not a list: {listed}"))
+            .iter()
+            .filter_map(|s| s["id"].as_str())
+            .collect();
+        for id in &opened {
+            assert!(
+                !ids.contains(id),
+                "{transport}: session {id} outlived its MCP session: {listed}"
+            );
+        }
+    }
 }

@@ -1,8 +1,10 @@
 """Drives `kennel mcp` with the official MCP Python SDK (PyPI `mcp`), as an MCP client would.
 
-Usage: /usr/bin/python3 mcp_client.py KENNEL_BINARY [kennel mcp args...]
+Usage: /usr/bin/python3 mcp_client.py KENNEL_BINARY [--leave-open] [kennel mcp args...]
 The server gets this process's environment (KENNEL_TOKEN for `--server`).
 Prints one line per check; exits non-zero (with a traceback) on the first failure.
+With --leave-open it only opens two sessions, prints "opened ID" for each, and leaves them
+open: the server must close them when this client goes away.
 """
 
 import asyncio
@@ -56,6 +58,10 @@ async def protocol_error(what, call, code=INVALID_PARAMS):
 
 
 async def main(argv):
+    run = checks
+    if "--leave-open" in argv:
+        argv.remove("--leave-open")
+        run = leave_open
     # `mcp_client.py KENNEL [ARGS...]` drives `KENNEL mcp ARGS` over stdio;
     # `mcp_client.py KENNEL --http URL` drives a `kennel serve`'s /mcp (token: KENNEL_TOKEN).
     if "--http" in argv:
@@ -65,12 +71,24 @@ async def main(argv):
         headers = {"Authorization": f"Bearer {token}"} if token else None
         async with create_mcp_http_client(headers=headers) as http:
             async with streamable_http_client(url, http_client=http) as streams:
-                await checks(streams[0], streams[1])
+                await run(streams[0], streams[1])
         return
     server = StdioServerParameters(
         command=argv[1], args=["mcp", *argv[2:]], env=dict(os.environ))
     async with stdio_client(server) as (read, write):
-        await checks(read, write)
+        await run(read, write)
+
+
+async def leave_open(read, write):
+    async with ClientSession(read, write) as s:
+        await s.initialize()
+        for n in range(2):
+            r = ok("create_session", await s.call_tool("create_session", {}))
+            sid = r.structured_content["session_id"]
+            ok("session_exec", await s.call_tool("session_exec", {
+                "session_id": sid, "language": "python", "code": f"x = {n}"}))
+            print(f"opened {sid}", flush=True)
+    print("left the sessions open")
 
 
 async def checks(read, write):

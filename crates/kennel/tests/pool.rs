@@ -176,8 +176,9 @@ fn aged_pooled_run(server: &Server, spec: &Value, age: Duration) -> (Value, Dura
 #[test]
 fn a_pooled_run_that_kills_its_sandbox_reports_its_own_output_and_time() {
     let server = Server::start("pool-killed", "[pool]\npython = 0\nbash = 1\n");
-    // Pid 2 is the agent: killing it ends the whole sandbox under the code.
-    let spec = json!({"language": "bash", "code": "echo hello; echo oops >&2; kill -9 2; sleep 5"});
+    // Pid 2 is the agent: killing it ends the whole sandbox under the code. What the agent had
+    // not yet read from the code's pipes dies with it, so the code gives it a moment first.
+    let spec = json!({"language": "bash", "code": "echo hello; echo oops >&2; sleep 0.3; kill -9 2; sleep 5"});
     let (r, wall) = aged_pooled_run(&server, &spec, Duration::from_secs(3));
     assert_eq!(r["stdout"], "hello\n", "{r}");
     assert_eq!(r["stderr"], "oops\n", "{r}");

@@ -188,7 +188,10 @@ struct RunArgs {
 
 fn main() -> ExitCode {
     kennel::maybe_run_helper();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage(e),
+    };
     match cli.command {
         Sub::Run(args) => run(*args),
         Sub::Doctor { json } => doctor(json),
@@ -199,6 +202,18 @@ fn main() -> ExitCode {
             print!("{}", kennel::server::openapi::document());
             ExitCode::SUCCESS
         }
+    }
+}
+
+/// A command line clap could not take: `--help` and `--version` are answers (exit 0); a bad
+/// flag or value is a failure of Kennel itself, 125 as for every other one (clap's own is 2,
+/// which `kennel run` would pass off as the program's status).
+fn usage(e: clap::Error) -> ExitCode {
+    let _ = e.print();
+    if e.use_stderr() {
+        ExitCode::from(KENNEL_FAILED)
+    } else {
+        ExitCode::SUCCESS
     }
 }
 

@@ -14,6 +14,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::backend::Backend;
+use super::opened::{Opened, Registry};
 use super::render;
 use crate::policy::Span;
 
@@ -147,6 +148,13 @@ pub struct ListFilesArgs {
 pub struct KennelTools {
     backend: Arc<Backend>,
     tool_router: ToolRouter<KennelTools>,
+    /// The sessions this MCP session opened, closed when it ends.
+    opened: Arc<Opened>,
+    /// Over HTTP: where `DELETE /mcp` finds `opened` by the MCP session's id.
+    registry: Option<Registry>,
+    /// The current request's bearer token and MCP session id (HTTP only).
+    auth: Option<axum::http::HeaderValue>,
+    mcp_session: Option<String>,
 }
 
 const INSTRUCTIONS: &str = "Kennel runs code in disposable Linux sandboxes: no network, \
@@ -167,7 +175,7 @@ fn sandbox_path(p: &str) -> String {
 }
 
 /// Percent-encodes one URL path segment or query value.
-fn encode(s: &str) -> String {
+pub(crate) fn encode(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
         if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
@@ -298,20 +306,54 @@ impl KennelTools {
     /// This handler as the caller of the current request: over MCP's HTTP transport the
     /// caller's own bearer token goes with every call into the API.
     fn for_caller(&self, ctx: &RequestContext<RoleServer>) -> KennelTools {
-        let auth = ctx
+        let headers = ctx
             .extensions
             .get::<axum::http::request::Parts>()
-            .and_then(|p| p.headers.get(axum::http::header::AUTHORIZATION).cloned());
+            .map(|p| &p.headers);
+        let auth = headers.and_then(|h| h.get(axum::http::header::AUTHORIZATION).cloned());
+        let mcp_session = headers
+            .and_then(|h| h.get("mcp-session-id"))
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
         KennelTools {
-            backend: Arc::new(self.backend.as_caller(auth)),
+            backend: Arc::new(self.backend.as_caller(auth.clone())),
             tool_router: self.tool_router.clone(),
+            opened: self.opened.clone(),
+            registry: self.registry.clone(),
+            auth,
+            mcp_session,
         }
     }
 
     pub fn new(backend: Arc<Backend>) -> KennelTools {
         KennelTools {
+            opened: Arc::new(Opened::new(backend.clone())),
             backend,
             tool_router: Self::tool_router(),
+            registry: None,
+            auth: None,
+            mcp_session: None,
+        }
+    }
+
+    /// The handler of one MCP session over HTTP, whose sessions `DELETE /mcp` closes.
+    pub fn for_http(backend: Arc<Backend>, registry: Registry) -> KennelTools {
+        KennelTools {
+            registry: Some(registry),
+            ..KennelTools::new(backend)
+        }
+    }
+
+    /// The sessions this MCP session opened.
+    pub fn opened(&self) -> Arc<Opened> {
+        self.opened.clone()
+    }
+
+    /// Keeps a session just created, to close it when the MCP session ends.
+    fn remember(&self, id: &str) {
+        self.opened.add(id, self.auth.clone());
+        if let (Some(registry), Some(mcp)) = (&self.registry, &self.mcp_session) {
+            registry.insert(mcp, &self.opened);
         }
     }
 
@@ -399,6 +441,7 @@ TTL); end it with close_session when done.",
             match this.call_json(Method::POST, "/v1/sessions", spec).await {
                 Ok(info) => {
                     let id = info["id"].as_str().unwrap_or_default().to_string();
+                    this.remember(&id);
                     let text = format!(
                         "session_id: {id}\nThe session ends after {}s unused; call close_session \
                      when done.",
@@ -459,7 +502,9 @@ its files and state.",
         let this = self.for_caller(&ctx);
         let id = params.0.session_id;
         let path = format!("/v1/sessions/{}", encode(&id));
-        Ok(match this.call(Method::DELETE, &path, None).await {
+        let answer = this.call(Method::DELETE, &path, None).await;
+        this.opened.remove(&id);
+        Ok(match answer {
             Ok(_) => result(
                 format!("session {id} closed"),
                 json!({"session_id": id, "closed": true}),

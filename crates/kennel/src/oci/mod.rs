@@ -76,12 +76,26 @@ impl Oci {
         let files = input_files(req)?;
         check_host(policy)?;
         let runtime = runtime::locate(policy.oci.runtime)?;
-        let platform = (runtime.runtime == Runtime::Runsc).then(|| {
-            policy
-                .oci
-                .platform
-                .unwrap_or_else(|| self.auto_platform(&runtime))
-        });
+        let platform = match (runtime.runtime, policy.oci.platform) {
+            (Runtime::Runsc, Some(Platform::Kvm)) => Some(self.require_kvm(&runtime)?),
+            (Runtime::Runsc, Some(p)) => Some(p),
+            (Runtime::Runsc, None) => Some(self.auto_platform(&runtime)),
+            _ => None,
+        };
+        self.run_on(req, io, argv, files, runtime, platform)
+    }
+
+    /// Runs a checked request with `runtime` on `platform`.
+    fn run_on(
+        &self,
+        req: &RunRequest,
+        io: RunIo,
+        argv: Vec<String>,
+        files: InputFiles,
+        runtime: Installed,
+        platform: Option<Platform>,
+    ) -> Result<RunResult, Error> {
+        let policy = &req.policy;
         sweep_stale(&runtime);
         let cgroup = Cgroup::create(&policy.limits).map_err(|why| Error::Unsupported {
             layer: "cgroups for the oci tier",
@@ -239,16 +253,71 @@ impl Oci {
         Ok((child, ctl))
     }
 
-    /// runsc's platform when the policy names none, probed once with a container of its own.
+    /// runsc's platform when the policy names none: KVM where it runs guests, ptrace otherwise.
     fn auto_platform(&self, runsc: &Installed) -> Platform {
-        runtime::auto_platform(&runsc.version, |platform| {
-            let mut probe = RunRequest::new(crate::api::Command::Argv(vec!["/bin/true".into()]));
-            probe.policy.tier = Tier::Oci;
-            probe.policy.oci.platform = Some(platform);
-            probe.policy.limits.timeout = crate::policy::Span(Duration::from_secs(5));
-            self.run(&probe, RunIo::none())
-                .is_ok_and(|r| r.exit_code == Some(0))
+        match self.kvm_usable(runsc) {
+            Ok(()) => Platform::Kvm,
+            Err(_) => Platform::Ptrace,
+        }
+    }
+
+    /// KVM for a policy that names it, refused at once where it cannot run guests (a run would
+    /// otherwise wait for its whole timeout on a guest that never starts).
+    fn require_kvm(&self, runsc: &Installed) -> Result<Platform, Error> {
+        self.kvm_usable(runsc)
+            .map(|()| Platform::Kvm)
+            .map_err(|why| Error::Unsupported {
+                layer: "gVisor's kvm platform",
+                why: format!("KVM is not usable here: {why}"),
+                hint: "use --platform ptrace (`[oci] platform = \"ptrace\"`), or name no platform \
+                       and Kennel picks the one that works"
+                    .into(),
+            })
+    }
+
+    /// Whether gVisor runs guests on KVM here, or why not (see [`runtime::kvm_usable`]).
+    pub fn kvm_usable(&self, runsc: &Installed) -> Result<(), String> {
+        runtime::kvm_usable(runsc, runtime::KVM_PROBE_DEADLINE, |deadline| {
+            self.probe_kvm(runsc, deadline)
         })
+    }
+
+    /// Runs `/bin/true` in a gVisor guest on KVM, killed at `deadline` (the run's timeout).
+    fn probe_kvm(&self, runsc: &Installed, deadline: Duration) -> Result<(), String> {
+        let mut req = RunRequest::new(crate::api::Command::Argv(vec!["/bin/true".into()]));
+        req.policy.tier = Tier::Oci;
+        req.policy.oci.runtime = Runtime::Runsc;
+        req.policy.limits.timeout = crate::policy::Span(deadline);
+        let argv = checked_argv(&req).map_err(|e| e.to_string())?;
+        let files = input_files(&req).map_err(|e| e.to_string())?;
+        let started = Instant::now();
+        let outcome = self.run_on(
+            &req,
+            RunIo::none(),
+            argv,
+            files,
+            runsc.clone(),
+            Some(Platform::Kvm),
+        );
+        let gave_up = || {
+            format!(
+                "a gVisor guest on it did not run /bin/true within {} ms",
+                deadline.as_millis()
+            )
+        };
+        match outcome {
+            Ok(r) if r.exit_code == Some(0) => Ok(()),
+            Ok(r) if r.timed_out => Err(gave_up()),
+            Ok(r) => Err(format!(
+                "/bin/true in a gVisor guest on it exited {:?} (signal {:?}): {}",
+                r.exit_code,
+                r.signal,
+                r.stderr.lines().next().unwrap_or_default()
+            )),
+            // The runtime killed at the deadline reports only a status (137).
+            Err(_) if started.elapsed() >= deadline => Err(gave_up()),
+            Err(e) => Err(e.to_string().lines().next().unwrap_or_default().into()),
+        }
     }
 }
 

@@ -305,40 +305,149 @@ fn quiet(argv: &[String], limit: Duration) -> bool {
     }
 }
 
-/// runsc's platform when the policy names none: KVM where `/dev/kvm` opens and a probe
-/// container starts under it, ptrace otherwise.
+/// How long a gVisor guest on KVM may take to run `/bin/true` before KVM counts as unusable:
+/// a working KVM starts one in about the time ptrace takes (~0.2 s here); a broken one (such
+/// as a paravirtual KVM inside a VM) never does, and would hold a run until its timeout.
+pub const KVM_PROBE_DEADLINE: Duration = Duration::from_secs(2);
+
+/// Whether gVisor's KVM platform runs guests on this host: `Err` says why not, in words for
+/// "KVM is not usable here: ...".
 ///
-/// The answer is kept in a file beside the runtimes' state, keyed by the runsc version and
-/// the kernel, so that each `kennel run` does not pay for the probe (a KVM that fails can take
-/// seconds to say so).
-pub fn auto_platform(version: &str, probe: impl FnOnce(Platform) -> bool) -> Platform {
-    static CHOSEN: OnceLock<Platform> = OnceLock::new();
-    *CHOSEN.get_or_init(|| {
-        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-        let key = format!("{version} {}", kernel.trim());
-        let cache = Path::new(STATE_DIR).join("runsc-platform");
-        if let Some((k, p)) = std::fs::read_to_string(&cache).ok().and_then(|t| {
-            t.rsplit_once('\n')
-                .map(|(k, p)| (k.to_string(), p.to_string()))
-        }) {
-            if k == key {
-                if let Ok(p) = p.parse() {
-                    return p;
-                }
+/// `/dev/kvm` must open, and `probe` must run a guest within `deadline` (it is given the
+/// deadline and must not take longer). The answer is kept for this boot and this runsc (a
+/// file beside the runtimes' state, and this process), so only the first caller pays for the
+/// probe: `kennel doctor` and `kennel run --platform kvm` then answer at once.
+pub fn kvm_usable(
+    runsc: &Installed,
+    deadline: Duration,
+    probe: impl FnOnce(Duration) -> Result<(), String>,
+) -> Result<(), String> {
+    static ANSWER: OnceLock<Result<(), String>> = OnceLock::new();
+    ANSWER
+        .get_or_init(|| {
+            let key = format!(
+                "{} {} {}",
+                read_trimmed("/proc/sys/kernel/random/boot_id"),
+                runsc.path.display(),
+                runsc.version
+            );
+            let cache = Path::new(STATE_DIR).join("runsc-kvm");
+            if let Some(answer) = cached_kvm_answer(&cache, &key) {
+                return answer;
             }
-        }
-        let kvm = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open("/dev/kvm")
-            .is_ok();
-        let chosen = if kvm && probe(Platform::Kvm) {
-            Platform::Kvm
-        } else {
-            Platform::Ptrace
-        };
-        let _ = std::fs::create_dir_all(STATE_DIR);
-        let _ = std::fs::write(&cache, format!("{key}\n{}", chosen.name()));
-        chosen
+            let answer = probe_kvm(deadline, probe);
+            let line = match &answer {
+                Ok(()) => "ok".to_string(),
+                Err(why) => format!("no {why}"),
+            };
+            // A write that fails only costs the next process a probe.
+            let _ = std::fs::create_dir_all(STATE_DIR);
+            let tmp = cache.with_extension(std::process::id().to_string());
+            if std::fs::write(&tmp, format!("{key}\n{line}")).is_ok() {
+                let _ = std::fs::rename(&tmp, &cache);
+            }
+            answer
+        })
+        .clone()
+}
+
+/// The answer of this host, found now: `/dev/kvm` opens and `probe` runs a guest within
+/// `deadline`, or why not.
+fn probe_kvm(
+    deadline: Duration,
+    probe: impl FnOnce(Duration) -> Result<(), String>,
+) -> Result<(), String> {
+    open_kvm()?;
+    probe(deadline).map_err(|why| match kvm_flavour() {
+        Some(flavour) => format!("{why} ({flavour})"),
+        None => why,
     })
+}
+
+fn read_trimmed(path: &str) -> String {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// The answer kept in `cache` for `key` (this boot and runsc), if any.
+fn cached_kvm_answer(cache: &Path, key: &str) -> Option<Result<(), String>> {
+    let text = std::fs::read_to_string(cache).ok()?;
+    let (k, answer) = text.split_once('\n')?;
+    if k != key {
+        return None;
+    }
+    match answer.split_once(' ') {
+        _ if answer == "ok" => Some(Ok(())),
+        Some(("no", why)) => Some(Err(why.to_string())),
+        _ => None,
+    }
+}
+
+/// `/dev/kvm` opened for reading and writing, as gVisor opens it.
+fn open_kvm() -> Result<(), String> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+        .map(drop)
+        .map_err(|e| format!("/dev/kvm cannot be opened ({e})"))
+}
+
+/// Which KVM module serves `/dev/kvm`, when that explains a failure: PVM (a KVM for guests
+/// inside a VM without nested virtualization) runs only guests built for it, not gVisor's.
+fn kvm_flavour() -> Option<&'static str> {
+    let loaded = |m: &str| Path::new("/sys/module").join(m).exists();
+    if loaded("kvm_pvm") {
+        Some("/dev/kvm here is kvm_pvm, a paravirtual KVM that runs only guests built for it")
+    } else if !loaded("kvm_intel") && !loaded("kvm_amd") {
+        Some("neither kvm_intel nor kvm_amd is loaded")
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The probe is bounded: it is handed the deadline (short enough for `kennel doctor` to
+    /// answer within 3 s), and a refusal keeps its reason.
+    #[test]
+    fn the_kvm_probe_gets_a_deadline() {
+        assert!(KVM_PROBE_DEADLINE < Duration::from_secs(3));
+        let mut given = None;
+        let answer = probe_kvm(Duration::from_millis(1500), |d| {
+            given = Some(d);
+            Err("the guest did not start".into())
+        });
+        let why = answer.expect_err("a failed probe is a refusal");
+        match given {
+            Some(d) => {
+                assert_eq!(d, Duration::from_millis(1500));
+                assert!(why.starts_with("the guest did not start"), "{why}");
+            }
+            // No usable /dev/kvm here: the probe is not even started.
+            None => assert!(why.starts_with("/dev/kvm cannot be opened"), "{why}"),
+        }
+    }
+
+    #[test]
+    fn kvm_answers_are_kept_per_key() {
+        let dir = std::env::temp_dir().join(format!("kennel-kvm-cache-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("runsc-kvm");
+        std::fs::write(&file, "boot1 /usr/bin/runsc v1\nno it hangs (kvm_pvm)").unwrap();
+        assert_eq!(
+            cached_kvm_answer(&file, "boot1 /usr/bin/runsc v1"),
+            Some(Err("it hangs (kvm_pvm)".into()))
+        );
+        assert_eq!(cached_kvm_answer(&file, "boot2 /usr/bin/runsc v1"), None);
+        std::fs::write(&file, "k\nok").unwrap();
+        assert_eq!(cached_kvm_answer(&file, "k"), Some(Ok(())));
+        std::fs::write(&file, "k\nmaybe").unwrap();
+        assert_eq!(cached_kvm_answer(&file, "k"), None);
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }

@@ -14,6 +14,13 @@ something under ``/workspace/`` or ``/tmp/`` (``list`` also accepts exactly ``/w
 ``/tmp``); the normalised path is used. Otherwise the answer is
 ``{"id":N,"event":"error","errno":"EINVAL","message":"path must be under /workspace or /tmp"}``.
 
+No symlink is ever followed, as in the native tier's collect of a one-shot run (openat2 with
+``RESOLVE_NO_SYMLINKS``): the path is walked from ``/`` one component at a time with
+``O_NOFOLLOW`` (``open_parent``), and a path that is, or passes through, a symlink (a link
+to a directory such as ``/workspace/link -> /etc`` included) is refused with ``ELOOP`` and
+the message "is or passes through a symlink; not followed". ``read``, ``write`` and ``list``
+refuse a symlink as the last component too; ``delete`` removes such a symlink itself.
+
 Requests
 --------
 ``{"op":"exec","id":N,"kind":"shell","command":S,"shell":"bash"|"sh","timeout_ms":T,
@@ -53,22 +60,24 @@ Requests
     the kernel at once (``signal`` 9) instead of interrupting it.
 
 ``{"op":"write","id":N,"path":P,"b64":D,"mode":M}``
-    Creates the parent directories, then replaces P atomically (temporary file + rename; a
-    symlink at P is replaced, not followed) with the decoded bytes and permission bits M
-    (optional, default 420 = 0o644). Answer ``{"id":N,"event":"ok","size":bytes}``.
+    Creates the parent directories, then replaces P atomically (temporary file + rename) with
+    the decoded bytes and permission bits M (optional, default 420 = 0o644); a symlink at P
+    is refused (ELOOP), as above. Answer ``{"id":N,"event":"ok","size":bytes}``.
 
 ``{"op":"read","id":N,"path":P,"max_bytes":B}``
     Answer ``{"id":N,"event":"file","size":total_size,"truncated":bool,"b64":first_B_bytes}``.
-    A symlink as the last component is refused (ELOOP), a directory (EISDIR) and any other
+    A symlink anywhere in P is refused (ELOOP), a directory (EISDIR) and any other
     non-regular file (EINVAL) too; FIFOs never block.
 
 ``{"op":"delete","id":N,"path":P}``
-    Deletes a file, or a directory recursively. Answer ``{"id":N,"event":"ok"}``.
+    Deletes a file, a symlink (not what it points to), or a directory recursively (symlinks in
+    it are removed, not followed). Answer ``{"id":N,"event":"ok"}``.
 
 ``{"op":"list","id":N,"path":P}``
     Answer ``{"id":N,"event":"entries","entries":[{"name":"a.txt","type":"file"|"dir"|
-    "symlink"|"other","size":N,"mode":420}, ...]}`` sorted by name (symlinks are not
-    followed; ``mode`` is the permission bits; names that are not UTF-8 get U+FFFD).
+    "symlink"|"other","size":N,"mode":420}, ...]}`` sorted by name (entries that are
+    symlinks are listed as such, not followed; P itself must not be or pass through one;
+    ``mode`` is the permission bits; names that are not UTF-8 get U+FFFD).
 
 ``{"op":"ping","id":N}``
     Answer ``{"id":N,"event":"pong","pid":agent_pid,"kernel_pid":pid_or_null}``.
@@ -890,30 +899,108 @@ class Kernel:
 # --- File operations ----------------------------------------------------------------------
 
 
-def write_file(path, data, mode):
-    """Replaces path with data: a temporary file in the same directory, then a rename."""
-    directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
-    temp = os.path.join(directory, f".kennel-write-{os.getpid()}-{next(_TEMP_NAMES)}")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+SYMLINK_REFUSED = "is or passes through a symlink; not followed"
+
+
+def symlink_refused():
+    return OSError(errno.ELOOP, SYMLINK_REFUSED)
+
+
+def open_parent(path, create=False):
+    """(fd of path's directory, path's last component), for an absolute, normalised path.
+
+    The one rule of every file op (and of a pooled run's collect, which reads): the path is
+    walked from / one component at a time with O_NOFOLLOW, so a directory on the way that is
+    a symlink is refused (ELOOP), exactly as the native tier's collect refuses it
+    (openat2 RESOLVE_NO_SYMLINKS). With create, missing directories are made (0o777 less the
+    umask, as os.makedirs). The caller closes the fd.
+    """
+    *dirs, name = path.strip("/").split("/")
+    fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        try:
-            write_all(fd, data)
-            os.fchmod(fd, mode)
-        finally:
+        for part in dirs:
+            inner = open_dir_step(fd, part, create)
             os.close(fd)
-        os.replace(temp, path)
+            fd = inner
     except BaseException:
+        os.close(fd)
+        raise
+    return fd, name
+
+
+def open_dir_step(fd, name, create):
+    """The directory name within fd, never through a symlink (O_PATH: no read permission is
+    needed to pass through, as for path resolution)."""
+    flags = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        inner = os.open(name, flags, dir_fd=fd)
+    except FileNotFoundError:
+        if not create:
+            raise
         try:
-            os.unlink(temp)
-        except OSError:
+            os.mkdir(name, 0o777, dir_fd=fd)
+        except FileExistsError:  # made meanwhile: opened and checked below
             pass
+        inner = os.open(name, flags, dir_fd=fd)
+    mode = os.fstat(inner).st_mode
+    if stat.S_ISDIR(mode):
+        return inner
+    os.close(inner)
+    if stat.S_ISLNK(mode):
+        raise symlink_refused()
+    raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+
+
+def open_last(fd, name, flags):
+    """name within fd, opened with flags and O_NOFOLLOW: a symlink is refused (ELOOP)."""
+    try:
+        return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and is_symlink(fd, name)):
+            raise symlink_refused() from None
         raise
 
 
+def is_symlink(fd, name):
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def write_file(path, data, mode):
+    """Replaces path with data: a temporary file in the same directory, then a rename."""
+    fd, name = open_parent(path, create=True)
+    try:
+        if is_symlink(fd, name):
+            raise symlink_refused()
+        temp = f".kennel-write-{os.getpid()}-{next(_TEMP_NAMES)}"
+        out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=fd)
+        try:
+            try:
+                write_all(out, data)
+                os.fchmod(out, mode)
+            finally:
+                os.close(out)
+            # A symlink put at name meanwhile is replaced by the rename, never followed.
+            os.replace(temp, name, src_dir_fd=fd, dst_dir_fd=fd)
+        except BaseException:
+            try:
+                os.unlink(temp, dir_fd=fd)
+            except OSError:
+                pass
+            raise
+    finally:
+        os.close(fd)
+
+
 def read_file(path, limit):
-    """(total size, first limit bytes, truncated) of a regular file that is not a symlink."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    """(total size, first limit bytes, truncated) of a regular file reached without symlinks."""
+    parent, name = open_parent(path)
+    try:
+        fd = open_last(parent, name, os.O_RDONLY | os.O_NONBLOCK)
+    finally:
+        os.close(parent)
     try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
@@ -939,17 +1026,31 @@ def read_up_to(fd, size):
 
 
 def delete_path(path):
-    if stat.S_ISDIR(os.lstat(path).st_mode):
-        import shutil
+    """Removes path: a file or a symlink itself, or a directory with all in it (shutil's
+    fd-based walk, which removes symlinks without following them)."""
+    fd, name = open_parent(path)
+    try:
+        if stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+            import shutil
 
-        shutil.rmtree(path)
-    else:
-        os.unlink(path)
+            shutil.rmtree(name, dir_fd=fd)
+        else:
+            os.unlink(name, dir_fd=fd)
+    finally:
+        os.close(fd)
 
 
 def list_dir(path):
-    with os.scandir(path) as entries:
-        described = [describe_entry(entry) for entry in entries]
+    parent, name = open_parent(path)
+    try:
+        fd = open_last(parent, name, os.O_RDONLY | os.O_DIRECTORY)
+    finally:
+        os.close(parent)
+    try:
+        with os.scandir(fd) as entries:
+            described = [describe_entry(entry) for entry in entries]
+    finally:
+        os.close(fd)
     return sorted((e for e in described if e is not None), key=lambda e: e["name"])
 
 

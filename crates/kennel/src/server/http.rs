@@ -374,7 +374,7 @@ pub fn router(state: Shared) -> Router {
     api_router(state, Some(crate::mcp::http_service(api)))
 }
 
-fn api_router(state: Shared, mcp: Option<crate::mcp::HttpService>) -> Router {
+fn api_router(state: Shared, mcp: Option<Router>) -> Router {
     let max_body = state.config.max_body.0 as usize;
     let mut routes = Router::new()
         .route("/healthz", get(healthz))

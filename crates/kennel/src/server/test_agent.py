@@ -406,16 +406,58 @@ class AgentTest(unittest.TestCase):
         _, answer = self.agent.call({"op": "list", "path": "/tmp"})
         self.assertIn(os.path.basename(self.dir), [e["name"] for e in answer["entries"]])
 
-    def test_write_replaces_symlink_instead_of_following(self):
+    def test_write_refuses_a_symlink_instead_of_following_it(self):
         target = self.path("target")
         with open(target, "w") as f:
             f.write("keep")
         os.symlink(target, self.path("link"))
-        self.agent.call({"op": "write", "path": self.path("link"), "b64": b64(b"new"), "mode": 0o644})
+        _, answer = self.agent.call({"op": "write", "path": self.path("link"), "b64": b64(b"new"), "mode": 0o644})
+        self.assertEqual((answer["event"], answer["errno"]), ("error", "ELOOP"), answer)
+        self.assertIn("symlink", answer["message"])
         with open(target) as f:
             self.assertEqual(f.read(), "keep")
-        self.assertFalse(os.path.islink(self.path("link")))
+        self.assertTrue(os.path.islink(self.path("link")))
         self.assertEqual(sorted(os.listdir(self.dir)), ["link", "target"])
+
+    def test_no_op_passes_through_a_symlinked_directory(self):
+        # The native tier's collect refuses a path through a symlink (openat2
+        # RESOLVE_NO_SYMLINKS); every file op here does the same, wherever the link points.
+        os.mkdir(self.path("real"))
+        with open(self.path("real", "f"), "w") as f:
+            f.write("inside")
+        os.symlink(self.path("real"), self.path("dlink"))
+        os.symlink("/", self.path("root"))
+        os.symlink("/etc", self.path("etc"))
+        # This runs on the host: writes and deletes go only through the link to our own
+        # directory, never through the links to / and /etc.
+        through = [(self.path("dlink", "f"), True)]
+        through += [(self.path("root", "etc", "hostname"), False), (self.path("etc", "hostname"), False)]
+        for path, writable in through:
+            requests = [{"op": "read", "path": path, "max_bytes": 10}, {"op": "list", "path": os.path.dirname(path)}]
+            if writable:
+                requests += [
+                    {"op": "write", "path": path, "b64": b64(b"x")},
+                    {"op": "write", "path": path + "-new", "b64": b64(b"x")},
+                    {"op": "delete", "path": path},
+                ]
+            for request in requests:
+                _, answer = self.agent.call(request)
+                self.assertEqual((answer["event"], answer["errno"]), ("error", "ELOOP"), (request, answer))
+                self.assertEqual(answer["message"], "is or passes through a symlink; not followed")
+        for name in ("dlink", "root", "etc"):
+            _, answer = self.agent.call({"op": "list", "path": self.path(name)})
+            self.assertEqual(answer["errno"], "ELOOP", (name, answer))
+        with open(self.path("real", "f")) as f:
+            self.assertEqual(f.read(), "inside")
+        self.assertEqual(os.listdir(self.path("real")), ["f"])
+        # A symlink itself can be deleted; what it points to stays.
+        _, answer = self.agent.call({"op": "delete", "path": self.path("dlink")})
+        self.assertEqual(answer["event"], "ok", answer)
+        self.assertFalse(os.path.lexists(self.path("dlink")))
+        self.assertTrue(os.path.isfile(self.path("real", "f")))
+        # A file where a directory is expected is ENOTDIR, not followed or made.
+        _, answer = self.agent.call({"op": "write", "path": self.path("real", "f", "g"), "b64": b64(b"x")})
+        self.assertEqual(answer["errno"], "ENOTDIR", answer)
 
     def test_read_refuses_symlinks_fifos_and_directories(self):
         with open(self.path("real"), "w") as f:

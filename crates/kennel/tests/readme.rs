@@ -1,0 +1,554 @@
+//! Every example in README.md works as written: each fenced code block is found, each command
+//! in it classified below, and each one that can run here (offline, on loopback) is run with
+//! `sh` in a scratch directory, `kennel` resolved to the binary under test, and checked for
+//! what the README says it does. A command or block this file does not know fails the test:
+//! a new example must be classified here (run, or skipped with the reason).
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// How long any one example may take before it is killed (by its PID) and fails.
+const EXAMPLE_LIMIT: Duration = Duration::from_secs(90);
+
+/// The README's port for `kennel serve`, replaced by a free one.
+const README_PORT: &str = "8080";
+
+/// What the test does with one command of a `sh` block.
+#[derive(Clone, Copy)]
+enum How {
+    /// Run it; then check its output.
+    Run(fn(&Output)),
+    /// Start it as the server the `curl` examples talk to.
+    Serve,
+    /// One line of the `curl` script, run in order against the server.
+    Curl,
+    /// Run it with a local HTTP server where the README names `api.test:8080`.
+    LocalHttp(fn(&Output)),
+    /// Not run here, for this reason.
+    Skip(&'static str),
+}
+
+/// Every command of the README's `sh` blocks (continuation lines joined, the trailing
+/// comment dropped), and what to do with it.
+const COMMANDS: &[(&str, How)] = &[
+    (
+        "cargo build --release && ./target/release/kennel run -- python3 -c 'print(6*7)'",
+        How::Skip(
+            "builds a release binary (minutes); its run is the next section's first example",
+        ),
+    ),
+    (
+        "cargo test --workspace --all-targets --no-fail-fast",
+        How::Skip("the whole test suite, of which this test is part"),
+    ),
+    ("kennel run -- python3 -c 'print(6*7)'", How::Run(prints_42)),
+    (
+        "kennel run --lang python --code 'import os; print(os.getpid())'",
+        How::Run(prints_a_pid),
+    ),
+    (
+        "echo 'print(1)' | kennel run -- python3 -",
+        How::Run(prints_1),
+    ),
+    (
+        "kennel run --json --timeout 5s --memory 256M --cpus 1 --pids 32 --file ./job.py \
+         --file ./data.csv:/workspace/data.csv --collect /workspace/out.json -- python3 \
+         /workspace/job.py",
+        How::Run(job_result),
+    ),
+    (
+        "kennel run --policy policy.toml -- ./script.sh",
+        How::Run(script_ran),
+    ),
+    ("kennel doctor", How::Run(doctor_ok)),
+    (
+        "kennel run --allow-net pypi.org --allow-net files.pythonhosted.org:443 -- python3 -m \
+         pip install --target /workspace/lib requests",
+        How::Skip("needs the network (pypi.org)"),
+    ),
+    (
+        "kennel run --allow-net api.test:8080 --resolve api.test:127.0.0.1 -- curl -s \
+         http://api.test:8080/",
+        How::LocalHttp(prints_local_body),
+    ),
+    (
+        "kennel run --runtime runsc -- python3 -c 'print(1)'",
+        How::Run(prints_1),
+    ),
+    (
+        "kennel run --runtime crun -- python3 -c 'print(1)'",
+        How::Run(prints_1),
+    ),
+    (
+        "kennel run --tier oci --runtime runc -- python3 -c 'print(1)'",
+        How::Run(prints_1),
+    ),
+    ("kennel serve --listen 127.0.0.1:8080", How::Serve),
+    (
+        "KENNEL_TOKENS=\"ci:$(openssl rand -hex 16)\" kennel serve --listen 0.0.0.0:8080 \
+         --config serve.toml",
+        How::Skip("listens on every interface, which a test must not open"),
+    ),
+    (
+        "curl -s -XPOST localhost:8080/v1/runs -d '{\"language\":\"python\",\"code\":\"print(6*7)\"}'",
+        How::Curl,
+    ),
+    (
+        "id=$(curl -s -XPOST localhost:8080/v1/sessions -d '{}' | jq -r .id)",
+        How::Curl,
+    ),
+    (
+        "curl -s -XPOST localhost:8080/v1/sessions/$id/exec -d '{\"language\":\"python\",\"code\":\"x = 41\"}'",
+        How::Curl,
+    ),
+    (
+        "curl -s -XPOST \"localhost:8080/v1/sessions/$id/exec?stream=true\" -d \
+         '{\"language\":\"python\",\"code\":\"print(x + 1)\"}'",
+        How::Curl,
+    ),
+];
+
+/// The README's other blocks, by a line that only that block has, and how each is checked.
+const BLOCKS: &[(&str, &str, Block)] = &[
+    ("toml", "[limits]", Block::Policy),
+    ("toml", "[network]", Block::Policy),
+    ("json", "\"exit_code\": 0", Block::ResultSample),
+    ("json", "\"mcpServers\"", Block::McpConfig),
+];
+
+#[derive(Clone, Copy)]
+enum Block {
+    /// A policy file: `kennel run --policy` takes it.
+    Policy,
+    /// A `--json` result as printed: every field it names is in a real result.
+    ResultSample,
+    /// An MCP client's config: the command it names answers an MCP `initialize`.
+    McpConfig,
+}
+
+fn readme() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+/// The fenced blocks: (language, text).
+fn blocks(text: &str) -> Vec<(String, String)> {
+    let mut found = vec![];
+    let mut open: Option<(String, Vec<&str>)> = None;
+    for line in text.lines() {
+        match (&mut open, line.trim_start().strip_prefix("```")) {
+            (None, Some(lang)) => open = Some((lang.trim().to_string(), vec![])),
+            (Some(_), Some(_)) => {
+                let (lang, lines) = open.take().unwrap();
+                found.push((lang, lines.join("\n") + "\n"));
+            }
+            (Some((_, lines)), None) => lines.push(line),
+            (None, None) => {}
+        }
+    }
+    assert!(open.is_none(), "README.md has an unclosed code block");
+    found
+}
+
+/// The commands of a `sh` block: (as written, for `sh`; its key: lines joined, the comment
+/// dropped, spaces collapsed).
+fn commands(block: &str) -> Vec<(String, String)> {
+    let mut out = vec![];
+    let mut current = String::new();
+    for line in block.lines() {
+        current.push_str(line);
+        current.push('\n');
+        if !line.trim_end().ends_with('\\') {
+            let key = key_of(&current);
+            if !key.is_empty() {
+                out.push((current.clone(), key));
+            }
+            current.clear();
+        }
+    }
+    out
+}
+
+fn key_of(command: &str) -> String {
+    let joined = command.replace("\\\n", " ");
+    let code = joined.split("  #").next().unwrap_or_default();
+    code.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// A scratch directory with the files the examples use, and `kennel` on PATH.
+struct Scratch {
+    dir: PathBuf,
+    path_var: String,
+}
+
+impl Scratch {
+    fn new(policy_toml: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("kennel-readme-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let bin = dir.join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        std::os::unix::fs::symlink(common::KENNEL, bin.join("kennel")).unwrap();
+        std::fs::write(dir.join("data.csv"), "name,n\na,1\nb,2\n").unwrap();
+        std::fs::write(
+            dir.join("job.py"),
+            "import csv, json\n\
+             rows = list(csv.DictReader(open('/workspace/data.csv')))\n\
+             json.dump({'rows': len(rows)}, open('/workspace/out.json', 'w'))\n",
+        )
+        .unwrap();
+        let script = dir.join("script.sh");
+        std::fs::write(&script, "#!/bin/sh\necho \"script ran in $(pwd)\"\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::write(dir.join("policy.toml"), policy_toml).unwrap();
+        let path_var = format!(
+            "{}:{}",
+            bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        Scratch { dir, path_var }
+    }
+
+    fn sh(&self, script: &str) -> Command {
+        let mut cmd = Command::new("/bin/sh");
+        cmd.arg("-c")
+            .arg(script)
+            .current_dir(&self.dir)
+            .env("PATH", &self.path_var)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cmd
+    }
+
+    fn run(&self, script: &str) -> Output {
+        bounded(self.sh(script).spawn().expect("sh starts"), script)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Waits for an example, killing it (its own PID) past [`EXAMPLE_LIMIT`].
+fn bounded(mut child: Child, what: &str) -> Output {
+    let started = Instant::now();
+    while child.try_wait().expect("waiting").is_none() {
+        if started.elapsed() > EXAMPLE_LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what}: still running after {EXAMPLE_LIMIT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("output")
+}
+
+fn text(out: &[u8]) -> String {
+    String::from_utf8_lossy(out).into_owned()
+}
+
+fn succeeded(out: &Output) {
+    assert!(
+        out.status.success(),
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        out.status.code(),
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+}
+
+fn prints_42(out: &Output) {
+    succeeded(out);
+    assert_eq!(text(&out.stdout), "42\n");
+}
+
+fn prints_1(out: &Output) {
+    succeeded(out);
+    assert_eq!(text(&out.stdout), "1\n");
+}
+
+fn prints_a_pid(out: &Output) {
+    succeeded(out);
+    let pid = text(&out.stdout);
+    assert!(pid.trim().parse::<u32>().is_ok(), "{pid}");
+}
+
+fn job_result(out: &Output) {
+    succeeded(out);
+    let r: Value = serde_json::from_slice(&out.stdout).expect("a JSON result");
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert_eq!(r["files"][0]["path"], "/workspace/out.json", "{r}");
+    assert_eq!(r["files"][0]["content"]["text"], "{\"rows\": 2}", "{r}");
+    assert_eq!(r["isolation"]["tier"], "native", "{r}");
+}
+
+fn script_ran(out: &Output) {
+    succeeded(out);
+    assert_eq!(text(&out.stdout), "script ran in /workspace\n");
+}
+
+fn doctor_ok(out: &Output) {
+    succeeded(out);
+    assert!(text(&out.stdout).contains("native sandbox"));
+}
+
+/// The body the local HTTP server answers with.
+const LOCAL_BODY: &str = "hello from the host\n";
+
+fn prints_local_body(out: &Output) {
+    succeeded(out);
+    assert_eq!(text(&out.stdout), LOCAL_BODY);
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port()
+}
+
+/// A one-answer-per-connection HTTP server on 127.0.0.1, for the `api.test` example; it
+/// stops with the test process.
+fn local_http() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut conn in listener.incoming().flatten() {
+            let mut buf = [0u8; 4096];
+            let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+            let _ = conn.read(&mut buf);
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{LOCAL_BODY}",
+                LOCAL_BODY.len()
+            );
+        }
+    });
+    port
+}
+
+/// A `kennel serve` started from the README's command, stopped (SIGTERM to its PID) on drop.
+struct Served {
+    child: Child,
+}
+
+impl Served {
+    fn start(scratch: &Scratch, command: &str, port: u16) -> Served {
+        let command = command.replace(README_PORT, &port.to_string());
+        let mut cmd = scratch.sh(&format!("exec {command}"));
+        cmd.stdout(Stdio::null()).stderr(Stdio::null());
+        let mut child = cmd.spawn().expect("kennel serve starts");
+        let started = Instant::now();
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "{command}: the server exited"
+            );
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "{command}: not listening"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Served { child }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child's PID, not yet reaped.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let started = Instant::now();
+        while self.child.try_wait().ok().flatten().is_none() {
+            if started.elapsed() > Duration::from_secs(15) {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// The `curl` script's output: a run printing 42, a session, its exec, and a stream whose
+/// output is 42 again.
+fn check_curl(out: &Output) {
+    succeeded(out);
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("\"stdout\":\"42\\n\""), "{stdout}");
+    let stream = stdout
+        .split_once("event: stdout")
+        .map(|(_, s)| s)
+        .unwrap_or_else(|| panic!("the stream carries stdout: {stdout}"));
+    assert!(
+        stream.contains("\"text\":\"42\\n\""),
+        "x + 1 printed 42 from the session's state: {stdout}"
+    );
+    assert!(
+        stream.contains("event: result"),
+        "the stream ends with a result: {stdout}"
+    );
+}
+
+fn check_policy(scratch: &Scratch, toml: &str, n: usize) {
+    let file = format!("policy-{n}.toml");
+    std::fs::write(scratch.dir.join(&file), toml).unwrap();
+    let out = scratch.run(&format!("kennel run --policy {file} -- /bin/true"));
+    succeeded(&out);
+}
+
+fn check_result_sample(scratch: &Scratch, sample: &str) {
+    let sample: Value = serde_json::from_str(sample).expect("the README's result is JSON");
+    let out = scratch.run("kennel run --json --collect /workspace/out.json -- /bin/true");
+    succeeded(&out);
+    let real: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for (key, inner) in [("", &sample), ("isolation", &sample["isolation"])] {
+        let real = if key.is_empty() { &real } else { &real[key] };
+        for field in inner.as_object().unwrap().keys() {
+            assert!(
+                real.get(field).is_some(),
+                "the README's result names {key}.{field}, which a real one lacks: {real}"
+            );
+        }
+    }
+}
+
+fn check_mcp_config(scratch: &Scratch, config: &str) {
+    let config: Value = serde_json::from_str(config).expect("the README's MCP config is JSON");
+    let server = &config["mcpServers"]["kennel"];
+    let command = server["command"].as_str().unwrap();
+    let args: Vec<&str> = server["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"readme","version":"0"}}}"#;
+    let mut cmd = scratch.sh(&format!("{command} {}", args.join(" ")));
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("the MCP server starts");
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "{init}").unwrap();
+    // Closing stdin is the client going away: the server answers, then exits.
+    drop(stdin);
+    let out = bounded(child, "the README's MCP server");
+    let answer = text(&out.stdout);
+    let first: Value = serde_json::from_str(answer.lines().next().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("no JSON-RPC answer ({e}): {answer}"));
+    assert_eq!(first["result"]["serverInfo"]["name"], "kennel", "{first}");
+}
+
+/// Whether the host has the tools an example names (outside CI a missing one skips the
+/// example with the reason; in CI it fails).
+fn host_has_what_it_needs(key: &str) -> bool {
+    let installed = |tool: &str| {
+        ["/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin"]
+            .iter()
+            .any(|d| Path::new(d).join(tool).exists())
+    };
+    let named = |tool: &str| {
+        key.split_whitespace()
+            .any(|w| w.trim_start_matches("$(") == tool)
+    };
+    ["runsc", "crun", "runc", "curl", "jq"]
+        .into_iter()
+        .filter(|t| named(t))
+        .all(|t| common::require(&format!("{t} (for the README's `{key}`)"), installed(t)))
+}
+
+#[test]
+fn every_readme_example_works_as_written() {
+    // The examples need root: cgroups required by the policy example, the allowlist, the oci
+    // tier.
+    if !common::require("root (the README's examples)", common::is_root()) {
+        return;
+    }
+    let readme = readme();
+    let found = blocks(&readme);
+    let policy = found
+        .iter()
+        .find(|(lang, text)| lang == "toml" && text.starts_with("[limits]"))
+        .map(|(_, t)| t.clone())
+        .expect("the README has a policy example");
+    let scratch = Scratch::new(&policy);
+    let mut seen = vec![];
+    let mut curl = vec![];
+    let mut serve = None;
+    for (n, (lang, block)) in found.iter().enumerate() {
+        if lang == "sh" {
+            for (written, key) in commands(block) {
+                let how = COMMANDS
+                    .iter()
+                    .find(|(k, _)| *k == key)
+                    .map(|(_, how)| *how)
+                    .unwrap_or_else(|| {
+                        panic!("README.md has an example tests/readme.rs does not know: {key}")
+                    });
+                seen.push(key.clone());
+                if !host_has_what_it_needs(&key) {
+                    continue;
+                }
+                match how {
+                    How::Run(check) => {
+                        let out = scratch.run(&written);
+                        println!("ran: {key}");
+                        check(&out);
+                    }
+                    How::LocalHttp(check) => {
+                        let port = local_http().to_string();
+                        let out = scratch.run(&written.replace(README_PORT, &port));
+                        println!("ran with a local server on {port}: {key}");
+                        check(&out);
+                    }
+                    How::Serve => serve = Some(written),
+                    How::Curl => curl.push(written),
+                    How::Skip(why) => println!("skipped ({why}): {key}"),
+                }
+            }
+            continue;
+        }
+        let (_, _, kind) = BLOCKS
+            .iter()
+            .find(|(l, marker, _)| l == lang && block.contains(marker))
+            .unwrap_or_else(|| {
+                panic!("README.md has a ```{lang} block tests/readme.rs does not know:\n{block}")
+            });
+        match kind {
+            Block::Policy => check_policy(&scratch, block, n),
+            Block::ResultSample => check_result_sample(&scratch, block),
+            Block::McpConfig => check_mcp_config(&scratch, block),
+        }
+        println!("checked the ```{lang} block {n}");
+    }
+    for (key, _) in COMMANDS {
+        assert!(
+            seen.iter().any(|s| s == key),
+            "tests/readme.rs lists an example README.md no longer has: {key}"
+        );
+    }
+    let serve = serve.expect("the README shows how to start the server");
+    let port = free_port();
+    let _server = Served::start(&scratch, &serve, port);
+    println!("served: {}", key_of(&serve));
+    let script = curl.concat().replace(
+        &format!("localhost:{README_PORT}"),
+        &format!("localhost:{port}"),
+    );
+    let out = scratch.run(&format!("set -e\n{script}"));
+    println!("ran the curl examples against it");
+    check_curl(&out);
+}
