@@ -17,6 +17,7 @@ use std::sync::Arc;
 use rmcp::ServiceExt as _;
 
 pub use backend::{Backend, Local, Remote};
+use opened::Registry;
 
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
@@ -75,7 +76,7 @@ async fn end_session(
     }
     response
 }
-use opened::Registry;
+
 pub use tools::KennelTools;
 
 /// Why the MCP server could not start or stopped abnormally.
