@@ -65,7 +65,7 @@ pub enum Command {
 
 /// The longest snippet passed on the command line of the interpreter (the kernel's limit on
 /// one argument is 128 KiB).
-const MAX_CODE_BYTES: usize = 120 << 10;
+pub const MAX_CODE_BYTES: usize = 120 << 10;
 
 impl Command {
     /// The argv that runs this command inside the sandbox.
@@ -403,8 +403,34 @@ impl RunSpec {
         self.tier.is_some() || self.runtime.is_some()
     }
 
+    /// Refuses strings a program cannot be given: a NUL ends a C string, so `code` or an
+    /// `argv` item holding one would reach the sandbox cut short, or not at all.
+    fn check_strings(&self) -> Result<(), Error> {
+        let nul = "contains a NUL byte, which a program's arguments cannot hold";
+        if let Some(code) = &self.code {
+            if code.contains('\0') {
+                return Err(Error::request("code", nul));
+            }
+            if code.len() > MAX_CODE_BYTES {
+                return Err(Error::request(
+                    "code",
+                    format!(
+                        "is {} bytes; snippets are limited to 120 KiB, send larger programs \
+                         as a file",
+                        code.len()
+                    ),
+                ));
+            }
+        }
+        match self.argv.iter().flatten().position(|a| a.contains('\0')) {
+            Some(i) => Err(Error::request("argv", format!("item {i} {nul}"))),
+            None => Ok(()),
+        }
+    }
+
     /// The engine request under `base` policy, with limits bounded by `max`.
     pub fn to_request(&self, base: &Policy, max: &Limits) -> Result<RunRequest, Error> {
+        self.check_strings()?;
         let mut policy = base.clone();
         policy.limits = self.limits.apply(&base.limits, max)?;
         policy.env.extend(self.env.clone());
@@ -479,6 +505,20 @@ pub struct ExecSpec {
     /// Per-exec timeout (default: the session's).
     #[schema(value_type = Option<String>)]
     pub timeout: Option<Span>,
+}
+
+impl ExecSpec {
+    /// Refuses code the sandbox cannot take: a shell's code is an argument, where a NUL
+    /// would end it early, and python refuses source with one.
+    pub fn check(&self) -> Result<(), Error> {
+        if self.code.contains('\0') {
+            return Err(Error::request(
+                "code",
+                "contains a NUL byte, which a program's arguments cannot hold",
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// What an exec did.
