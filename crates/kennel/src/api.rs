@@ -283,8 +283,13 @@ pub struct LimitsInfo {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RunSpec {
+    // Absent, not null, when unused: the document's `oneOf` tells a code run from an argv run
+    // by which fields are present.
+    #[serde(default, deserialize_with = "present")]
     pub language: Option<Language>,
+    #[serde(default, deserialize_with = "present")]
     pub code: Option<String>,
+    #[serde(default, deserialize_with = "present")]
     pub argv: Option<Vec<String>>,
     /// Text for the code's stdin.
     pub stdin: Option<String>,
@@ -314,6 +319,29 @@ pub struct RunSpec {
     pub capabilities: Option<crate::policy::Capabilities>,
 }
 
+/// A field that is either absent (`None`, by `#[serde(default)]`) or a value: `null` is refused.
+fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(d).map(Some)
+}
+
+/// A count that JSON may write as `131` or `131.0` (JSON Schema's `integer` takes both).
+fn whole_u32<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    let Some(n) = Option::<f64>::deserialize(d)? else {
+        return Ok(None);
+    };
+    if n.fract() != 0.0 || !(0.0..=f64::from(u32::MAX)).contains(&n) {
+        return Err(serde::de::Error::custom(format!(
+            "{n} is not a whole number from 0 to {}",
+            u32::MAX
+        )));
+    }
+    Ok(Some(n as u32))
+}
+
 /// Limits a request asks for; each missing one takes the server's default, and each above the
 /// server's maximum is refused (never silently clamped).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -326,6 +354,7 @@ pub struct LimitsSpec {
     #[schema(value_type = Option<String>)]
     pub memory: Option<ByteSize>,
     pub cpus: Option<f64>,
+    #[serde(default, deserialize_with = "whole_u32")]
     pub pids: Option<u32>,
     /// Bytes kept per output stream, such as "100K".
     #[schema(value_type = Option<String>)]

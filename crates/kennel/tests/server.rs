@@ -1502,10 +1502,18 @@ fn max_sessions_and_idle_ttl_bound_sessions() {
         .post_json("/v1/sessions", &json!({"idle_ttl": "1s"}))
         .json();
     assert_eq!(short["idle_ttl_s"], 1);
-    let long = c
+    // Above the server's idle_ttl: refused with the bound, never clamped (issue 12).
+    let (_, message) = c
         .post_json("/v1/sessions", &json!({"idle_ttl": "1h"}))
+        .error(400);
+    assert!(
+        message.contains("idle_ttl") && message.contains("30s"),
+        "{message}"
+    );
+    let long = c
+        .post_json("/v1/sessions", &json!({"idle_ttl": "30s"}))
         .json();
-    assert_eq!(long["idle_ttl_s"], 30, "bounded by the server's idle_ttl");
+    assert_eq!(long["idle_ttl_s"], 30);
 
     let r = c.post_json("/v1/sessions", &json!({}));
     assert_eq!(r.header("retry-after"), Some("1"));

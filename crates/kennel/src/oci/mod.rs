@@ -76,6 +76,16 @@ impl Oci {
         let files = input_files(req)?;
         check_host(policy)?;
         let runtime = runtime::locate(policy.oci.runtime)?;
+        if policy.oci.platform == Some(Platform::Kvm)
+            && self.auto_platform(&runtime) != Platform::Kvm
+        {
+            // Named but unusable here, KVM would only hang until the deadline.
+            return Err(Error::request(
+                "platform",
+                "is \"kvm\", which does not work on this host (gVisor's probe container did \
+                 not start under it): use \"ptrace\" or leave it unset",
+            ));
+        }
         let platform = (runtime.runtime == Runtime::Runsc).then(|| {
             policy
                 .oci
@@ -237,6 +247,13 @@ impl Oci {
         let mut cmd = helper_command(&self.launcher, LAUNCHER_ARG, &launcher_end, true);
         let child = cmd.spawn().map_err(|e| setup(Step::SpawnLauncher, e))?;
         Ok((child, ctl))
+    }
+
+    /// Whether gVisor's KVM platform works on this host (probed once, as for the automatic
+    /// choice); `None` without runsc.
+    pub fn kvm_works(&self) -> Option<bool> {
+        let runsc = runtime::locate(Runtime::Runsc).ok()?;
+        Some(self.auto_platform(&runsc) == Platform::Kvm)
     }
 
     /// runsc's platform when the policy names none, probed once with a container of its own.

@@ -361,10 +361,18 @@ async fn metrics(State(state): State<Shared>) -> Response {
 
 /// The document for this server's own config: its maxima, its network and capability rules.
 async fn openapi_json(State(state): State<Shared>) -> Response {
+    // The KVM probe runs once per process (and is cached on disk), but may take seconds.
+    let engine = state.engine.clone();
+    let kvm = tokio::task::spawn_blocking(move || engine.oci.kvm_works())
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(true);
+    let host = openapi::Host { kvm };
     (
         StatusCode::OK,
         [(header::CONTENT_TYPE, "application/json")],
-        Body::from(openapi::document_for(&state.config)),
+        Body::from(openapi::document_for(&state.config, &host)),
     )
         .into_response()
 }

@@ -53,15 +53,30 @@ impl utoipa::Modify for BearerAuth {
 /// The document for the default config: what `kennel openapi` prints and
 /// `docs/openapi.json` holds.
 pub fn document() -> String {
-    document_for(&ServerConfig::default())
+    document_for(&ServerConfig::default(), &Host::default())
 }
 
-/// The document as a server with `config` serves it at `/openapi.json`.
-pub fn document_for(config: &ServerConfig) -> String {
+/// What the host can do, where the document depends on it.
+pub struct Host {
+    /// Whether gVisor's `kvm` platform works here (a request naming it is refused if not).
+    pub kvm: bool,
+}
+
+impl Default for Host {
+    fn default() -> Self {
+        Host { kvm: true }
+    }
+}
+
+/// The document as a server with `config` on `host` serves it at `/openapi.json`.
+pub fn document_for(config: &ServerConfig, host: &Host) -> String {
     let mut doc = ApiDoc::openapi();
     doc.info.version = env!("CARGO_PKG_VERSION").to_string();
     let mut value = serde_json::to_value(&doc).unwrap_or_default();
     constrain(&mut value, config);
+    if !host.kvm {
+        value["components"]["schemas"]["Platform"]["enum"] = json!(["ptrace"]);
+    }
     let mut text =
         serde_json::to_string_pretty(&value).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
     text.push('\n');
@@ -99,9 +114,10 @@ fn constrain(doc: &mut Value, config: &ServerConfig) {
     let schemas = &mut doc["components"]["schemas"];
     schemas["Error"] = error_schema();
     schemas["LimitsSpec"]["properties"] = limits_properties(&bounds);
+    schemas["SessionLimits"] = session_limits(&schemas["LimitsSpec"], &bounds);
     schemas["Network"] = network_schema(config);
     constrain_content(&mut schemas["Content"]);
-    constrain_run_spec(&mut schemas["RunSpec"], config);
+    constrain_run_spec(schemas, config);
     constrain_session_spec(&mut schemas["SessionSpec"], config);
     constrain_exec_spec(&mut schemas["ExecSpec"], &bounds);
     if let Some(paths) = doc["paths"].as_object_mut() {
@@ -247,53 +263,107 @@ fn env_schema() -> Value {
     })
 }
 
-fn constrain_run_spec(spec: &mut Value, config: &ServerConfig) {
-    let props = &mut spec["properties"];
-    props["code"] = json!({
-        "type": ["string", "null"],
+/// A run is a code run or an argv run (`oneOf`), each an object of its own that shares the
+/// other fields, so that generated clients get two plain models.
+fn constrain_run_spec(schemas: &mut Value, config: &ServerConfig) {
+    let spec = &mut schemas["RunSpec"];
+    let mut common = spec["properties"].as_object().cloned().unwrap_or_default();
+    for field in ["language", "code", "argv"] {
+        common.remove(field);
+    }
+    common.insert("files".into(), {
+        let mut files = spec["properties"]["files"].clone();
+        files["propertyNames"] = json!({"type": "string", "pattern": pattern::scratch_path()});
+        files
+    });
+    common.insert("collect".into(), {
+        let mut collect = spec["properties"]["collect"].clone();
+        collect["items"] = json!({"type": "string", "pattern": pattern::scratch_path()});
+        collect
+    });
+    common.insert("env".into(), env_schema());
+    if config.capabilities == Capabilities::None {
+        common.insert(
+            "capabilities".into(),
+            json!({
+                "type": ["string", "null"],
+                "enum": ["none", null],
+                "description": "This server's policy keeps no capabilities: only `none` is taken.",
+            }),
+        );
+    }
+    let code = json!({
+        "type": "string",
         "pattern": pattern::NO_NUL,
         "maxLength": api::MAX_CODE_BYTES,
         "description": "The snippet: at most 120 KiB of UTF-8, without NUL bytes.",
     });
-    props["argv"] = json!({
-        "type": ["array", "null"],
+    let argv = json!({
+        "type": "array",
         "minItems": 1,
         "items": no_nul("One argument."),
-        "description": "The program and its arguments (not with `language`/`code`).",
+        "description": "The program and its arguments.",
     });
-    props["files"]["propertyNames"] = json!({"type": "string", "pattern": pattern::scratch_path()});
-    props["collect"]["items"] = json!({"type": "string", "pattern": pattern::scratch_path()});
-    props["env"] = env_schema();
-    if config.capabilities == Capabilities::None {
-        props["capabilities"] = json!({
-            "type": ["string", "null"],
-            "enum": ["none", null],
-            "description": "This server's policy keeps no capabilities: only `none` is taken.",
-        });
+    let language = json!({"$ref": "#/components/schemas/Language"});
+    schemas["CodeRun"] = run_variant(
+        &common,
+        "A snippet in a language.",
+        &[("language", language), ("code", code)],
+    );
+    schemas["ArgvRun"] = run_variant(&common, "A program and its arguments.", &[("argv", argv)]);
+    schemas["RunSpec"] = json!({
+        "description": "A run: `language` + `code`, or `argv` (exactly one of the two).",
+        "oneOf": [
+            {"$ref": "#/components/schemas/CodeRun"},
+            {"$ref": "#/components/schemas/ArgvRun"},
+        ],
+    });
+}
+
+fn run_variant(common: &Map<String, Value>, description: &str, own: &[(&str, Value)]) -> Value {
+    let mut props = common.clone();
+    let mut required = Vec::new();
+    for (name, schema) in own {
+        props.insert((*name).into(), schema.clone());
+        required.push(*name);
     }
-    // Exactly one of `language` + `code` and `argv`; a null counts as absent.
-    spec["oneOf"] = json!([
-        {"title": "code", "required": ["language", "code"],
-         "properties": {"language": {"type": "string"}, "code": {"type": "string"},
-                        "argv": {"type": "null"}}},
-        {"title": "argv", "required": ["argv"],
-         "properties": {"argv": {"type": "array"}, "language": {"type": "null"},
-                        "code": {"type": "null"}}},
-    ]);
-    // gVisor's platform needs tier `oci` with runtime `runsc`: a runtime of runsc (or none)
-    // with tier oci (or none, when a runtime is named).
-    spec["if"] = json!({"required": ["platform"], "properties": {"platform": {"type": "string"}}});
-    spec["then"] = json!({"anyOf": [
-        {"required": ["tier"], "properties": {"tier": {"const": "oci"},
-            "runtime": {"enum": ["runsc", null]}}},
-        {"required": ["runtime"], "properties": {"runtime": {"const": "runsc"},
-            "tier": {"enum": ["oci", null]}}},
-    ]});
+    json!({
+        "type": "object",
+        "description": description,
+        "required": required,
+        "properties": props,
+        "additionalProperties": false,
+        // gVisor's platform needs tier `oci` with runtime `runsc`: tier oci with runtime
+        // runsc or none, or runtime runsc with tier oci or none.
+        "if": {"required": ["platform"], "properties": {"platform": {"type": "string"}}},
+        "then": {"anyOf": [
+            {"required": ["tier"], "properties": {"tier": {"const": "oci"},
+                "runtime": {"enum": ["runsc", null]}}},
+            {"required": ["runtime"], "properties": {"runtime": {"const": "runsc"},
+                "tier": {"enum": ["oci", null]}}},
+        ]},
+    })
+}
+
+/// A session's limits: a run's, but with the memory its agent needs.
+fn session_limits(limits: &Value, b: &Bounds) -> Value {
+    let mut session = limits.clone();
+    let (lo, hi) = b.memory();
+    session["description"] = json!(
+        "Limits for a session's sandbox; `timeout` is the default \
+                                    per exec."
+    );
+    session["properties"]["memory"] = size_schema(
+        "Memory, such as \"512M\"; a session's agent needs some of it.",
+        (lo.max(super::sessions::MIN_MEMORY), hi),
+    );
+    session
 }
 
 fn constrain_session_spec(spec: &mut Value, config: &ServerConfig) {
     let (lo, hi) = session_ttl_bounds(config);
     let props = &mut spec["properties"];
+    props["limits"] = json!({"$ref": "#/components/schemas/SessionLimits"});
     props["env"] = env_schema();
     props["idle_ttl"] = span_schema(
         "End the session after this long unused (default: this server's idle TTL).",
@@ -379,8 +449,17 @@ fn constrain_query(op: &mut Value) {
     let binary = json!({"type": "string", "format": "binary"});
     if let Some(ok) = content_of(op, &["responses", "200"]) {
         if streams {
-            let events = json!({"schema": {"type": "string",
-                "description": "`stdout`/`stderr` events, then one `result` (or `error`) event."}});
+            let events = json!({"schema": {
+                "type": "object",
+                "description": "`stdout`/`stderr` events (data `{\"text\", \"b64\"}`), then one \
+                                `result` event (data: the result) or `error` event (data: \
+                                `{\"code\", \"message\"}`).",
+                "required": ["data"],
+                "properties": {
+                    "event": {"type": "string", "enum": ["stdout", "stderr", "result", "error"]},
+                    "data": {"type": "string"},
+                },
+            }});
             ok.insert("text/event-stream".into(), events);
         }
         if let Some(raw) = ok.get_mut("application/octet-stream") {

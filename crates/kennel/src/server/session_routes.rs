@@ -76,6 +76,13 @@ pub async fn create(
     };
     let mut policy = config.base_policy();
     policy.limits = spec.limits.apply(&policy.limits, &config.maxima)?;
+    if policy.limits.memory.0 < super::sessions::MIN_MEMORY {
+        return Err(ApiError::bad_request(format!(
+            "`limits.memory` is {}, below the {} a session's agent needs",
+            policy.limits.memory,
+            crate::policy::ByteSize(super::sessions::MIN_MEMORY)
+        )));
+    }
     policy.env.extend(spec.env.clone());
     state.config.check_network(&spec.network)?;
     policy.network = spec.network.clone();
