@@ -404,6 +404,21 @@ fn out_of_range_values_are_refused_with_their_bound_not_clamped() {
     }
     assert_eq!(c.delete(&format!("/v1/sessions/{id}")).status, 204);
 
+    // A file name longer than the kernel's NAME_MAX is the client's mistake, not a 500.
+    let long = format!("/workspace/{}", "a".repeat(256));
+    let body = json!({"argv": ["/bin/true"], "files": {long.clone(): {"text": "x"}}});
+    refused(
+        c.post_json("/v1/runs", &body),
+        "files",
+        "a 256-byte file name",
+    );
+    let body = json!({"argv": ["/bin/true"], "collect": [long]});
+    refused(
+        c.post_json("/v1/runs", &body),
+        "collect",
+        "a 256-byte file name",
+    );
+
     let run = |limits: Value| {
         c.post_json(
             "/v1/runs",

@@ -253,6 +253,11 @@ fn no_nul(description: &str) -> Value {
     json!({"type": "string", "pattern": pattern::NO_NUL, "description": description})
 }
 
+/// A sandbox path: the pattern, and the kernel's PATH_MAX (in bytes; here in characters).
+fn scratch_schema(pattern: String) -> Value {
+    json!({"type": "string", "pattern": pattern, "maxLength": 4095})
+}
+
 fn env_schema() -> Value {
     json!({
         "type": "object",
@@ -273,12 +278,12 @@ fn constrain_run_spec(schemas: &mut Value, config: &ServerConfig) {
     }
     common.insert("files".into(), {
         let mut files = spec["properties"]["files"].clone();
-        files["propertyNames"] = json!({"type": "string", "pattern": pattern::scratch_path()});
+        files["propertyNames"] = scratch_schema(pattern::scratch_path());
         files
     });
     common.insert("collect".into(), {
         let mut collect = spec["properties"]["collect"].clone();
-        collect["items"] = json!({"type": "string", "pattern": pattern::scratch_path()});
+        collect["items"] = scratch_schema(pattern::scratch_path());
         collect
     });
     common.insert("env".into(), env_schema());
@@ -440,7 +445,7 @@ fn constrain_query(op: &mut Value) {
     for param in params.into_iter().flatten() {
         match (param["in"].as_str(), param["name"].as_str()) {
             (Some("query"), Some("path")) => {
-                param["schema"] = json!({"type": "string", "pattern": pattern::scratch_dir()});
+                param["schema"] = scratch_schema(pattern::scratch_dir());
             }
             (Some("query"), Some("stream")) => streams = true,
             _ => {}

@@ -11,8 +11,10 @@ pub const NO_NUL: &str = "^[^\\u0000]*$";
 /// An environment variable name: not empty, no `=` and no NUL.
 pub const ENV_KEY: &str = "^[^=\\u0000]+$";
 
-/// One path segment that is neither `.` nor `..` (see `native::helper::in_scratch`).
-const SEGMENT: &str = "(?:[^/.\\u0000][^/\\u0000]*|\\.[^/.\\u0000][^/\\u0000]*|\\.\\.[^/\\u0000]+)";
+/// One path segment that is neither `.` nor `..`, of at most 255 characters (the kernel's
+/// NAME_MAX counts bytes, which a pattern cannot: see `native::helper::in_scratch`).
+const SEGMENT: &str = "(?:[^/.\\u0000][^/\\u0000]{0,254}|\\.[^/.\\u0000][^/\\u0000]{0,253}\
+                       |\\.\\.[^/\\u0000]{1,253})";
 
 /// A file path under `/workspace/` or `/tmp/`, as `in_scratch` accepts it.
 pub fn scratch_path() -> String {
