@@ -81,6 +81,23 @@ if ! /usr/bin/python3 -c 'import httpx, pytest' 2>/dev/null; then
     /usr/bin/python3 -c 'import httpx, pytest' || die "/usr/bin/python3 still lacks httpx or pytest"
 fi
 
+# The API contract tests (crates/kennel/tests/contract.rs) check /openapi.json with
+# openapi-spec-validator, generate a client from it with openapi-python-client, and fuzz the
+# server against it with schemathesis; each installed for /usr/bin/python3 only when missing.
+for tool in openapi_spec_validator:openapi-spec-validator \
+    openapi_python_client:openapi-python-client schemathesis:schemathesis; do
+    module=${tool%%:*} package=${tool#*:}
+    if ! /usr/bin/python3 -c "import $module" 2>/dev/null; then
+        [[ $(id -u) -eq 0 ]] || die "$package is missing; run this script as root"
+        say "installing $package for /usr/bin/python3 (pip install $package)"
+        /usr/bin/python3 -m pip install --quiet --break-system-packages "$package" \
+            || die "cannot install $package (pip install $package)"
+        /usr/bin/python3 -c "import $module" || die "$package does not import after installing"
+    else
+        say "$package present"
+    fi
+done
+
 # Rust is not installed from here (rustup's servers may be unreachable); it must exist.
 cargo_bin="${CARGO_HOME:-$HOME/.cargo}/bin"
 if command -v cargo >/dev/null; then

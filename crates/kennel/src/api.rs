@@ -65,7 +65,7 @@ pub enum Command {
 
 /// The longest snippet passed on the command line of the interpreter (the kernel's limit on
 /// one argument is 128 KiB).
-const MAX_CODE_BYTES: usize = 120 << 10;
+pub const MAX_CODE_BYTES: usize = 120 << 10;
 
 impl Command {
     /// The argv that runs this command inside the sandbox.
@@ -283,8 +283,13 @@ pub struct LimitsInfo {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RunSpec {
+    // Absent, not null, when unused: the document's `oneOf` tells a code run from an argv run
+    // by which fields are present.
+    #[serde(default, deserialize_with = "present")]
     pub language: Option<Language>,
+    #[serde(default, deserialize_with = "present")]
     pub code: Option<String>,
+    #[serde(default, deserialize_with = "present")]
     pub argv: Option<Vec<String>>,
     /// Text for the code's stdin.
     pub stdin: Option<String>,
@@ -314,6 +319,29 @@ pub struct RunSpec {
     pub capabilities: Option<crate::policy::Capabilities>,
 }
 
+/// A field that is either absent (`None`, by `#[serde(default)]`) or a value: `null` is refused.
+fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(d).map(Some)
+}
+
+/// A count that JSON may write as `131` or `131.0` (JSON Schema's `integer` takes both).
+fn whole_u32<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    let Some(n) = Option::<f64>::deserialize(d)? else {
+        return Ok(None);
+    };
+    if n.fract() != 0.0 || !(0.0..=f64::from(u32::MAX)).contains(&n) {
+        return Err(serde::de::Error::custom(format!(
+            "{n} is not a whole number from 0 to {}",
+            u32::MAX
+        )));
+    }
+    Ok(Some(n as u32))
+}
+
 /// Limits a request asks for; each missing one takes the server's default, and each above the
 /// server's maximum is refused (never silently clamped).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -326,6 +354,7 @@ pub struct LimitsSpec {
     #[schema(value_type = Option<String>)]
     pub memory: Option<ByteSize>,
     pub cpus: Option<f64>,
+    #[serde(default, deserialize_with = "whole_u32")]
     pub pids: Option<u32>,
     /// Bytes kept per output stream, such as "100K".
     #[schema(value_type = Option<String>)]
@@ -403,8 +432,34 @@ impl RunSpec {
         self.tier.is_some() || self.runtime.is_some()
     }
 
+    /// Refuses strings a program cannot be given: a NUL ends a C string, so `code` or an
+    /// `argv` item holding one would reach the sandbox cut short, or not at all.
+    fn check_strings(&self) -> Result<(), Error> {
+        let nul = "contains a NUL byte, which a program's arguments cannot hold";
+        if let Some(code) = &self.code {
+            if code.contains('\0') {
+                return Err(Error::request("code", nul));
+            }
+            if code.len() > MAX_CODE_BYTES {
+                return Err(Error::request(
+                    "code",
+                    format!(
+                        "is {} bytes; snippets are limited to 120 KiB, send larger programs \
+                         as a file",
+                        code.len()
+                    ),
+                ));
+            }
+        }
+        match self.argv.iter().flatten().position(|a| a.contains('\0')) {
+            Some(i) => Err(Error::request("argv", format!("item {i} {nul}"))),
+            None => Ok(()),
+        }
+    }
+
     /// The engine request under `base` policy, with limits bounded by `max`.
     pub fn to_request(&self, base: &Policy, max: &Limits) -> Result<RunRequest, Error> {
+        self.check_strings()?;
         let mut policy = base.clone();
         policy.limits = self.limits.apply(&base.limits, max)?;
         policy.env.extend(self.env.clone());
@@ -479,6 +534,20 @@ pub struct ExecSpec {
     /// Per-exec timeout (default: the session's).
     #[schema(value_type = Option<String>)]
     pub timeout: Option<Span>,
+}
+
+impl ExecSpec {
+    /// Refuses code the sandbox cannot take: a shell's code is an argument, where a NUL
+    /// would end it early, and python refuses source with one.
+    pub fn check(&self) -> Result<(), Error> {
+        if self.code.contains('\0') {
+            return Err(Error::request(
+                "code",
+                "contains a NUL byte, which a program's arguments cannot hold",
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// What an exec did.

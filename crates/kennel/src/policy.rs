@@ -13,7 +13,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::PolicyError;
 
-/// A byte count written as `512M`, `1GiB`, `100K` or a plain number of bytes.
+/// A byte count written as `512M`, `1GiB`, `100K` or a plain number of bytes: digits, then
+/// an optional unit (`b`, `k`, `kb`, `kib`, likewise `m` and `g`, in any case), nothing else.
+/// The grammar is strict (no spaces, no signs) so that the server's OpenAPI pattern can say
+/// exactly which strings it accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct ByteSize(pub u64);
 
@@ -21,12 +24,14 @@ impl FromStr for ByteSize {
     type Err = PolicyError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let t = s.trim();
-        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-        let (num, unit) = t.split_at(split);
         let bad = || PolicyError::BadSize(s.to_string());
+        let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+        let (num, unit) = s.split_at(split);
+        if num.is_empty() {
+            return Err(bad());
+        }
         let n: u64 = num.parse().map_err(|_| bad())?;
-        let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        let mult: u64 = match unit.to_ascii_lowercase().as_str() {
             "" | "b" => 1,
             "k" | "kb" | "kib" => 1 << 10,
             "m" | "mb" | "mib" => 1 << 20,
@@ -49,32 +54,56 @@ impl fmt::Display for ByteSize {
     }
 }
 
-/// A duration written as `30s`, `500ms`, `2m` or a plain number of seconds.
+/// A duration written as `30s`, `500ms`, `2m`, `1h` or a plain number of seconds, at most a
+/// week. Only seconds take a fraction, of up to three digits (`2.5s`, `0.25`): a span is a
+/// whole number of milliseconds, so bounds compare exactly and the server's OpenAPI pattern
+/// can say exactly which strings it accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Span(pub Duration);
+
+/// The longest span any field takes.
+pub const MAX_SPAN_MS: u64 = 7 * 86_400_000;
 
 impl FromStr for Span {
     type Err = PolicyError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let t = s.trim();
         let bad = || PolicyError::BadDuration(s.to_string());
-        let split = t
+        let split = s
             .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(t.len());
-        let (num, unit) = t.split_at(split);
-        let n: f64 = num.parse().map_err(|_| bad())?;
-        let secs = match unit.trim() {
-            "" | "s" => n,
-            "ms" => n / 1000.0,
-            "m" | "min" => n * 60.0,
-            "h" => n * 3600.0,
-            _ => return Err(bad()),
-        };
-        if !(0.0..=86_400.0 * 7.0).contains(&secs) {
+            .unwrap_or(s.len());
+        let (num, unit) = s.split_at(split);
+        let (whole, frac) = num.split_once('.').unwrap_or((num, ""));
+        let digits = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
+        let fraction_ok = !num.contains('.') || (digits(frac) && frac.len() <= 3);
+        if !digits(whole) || !fraction_ok {
             return Err(bad());
         }
-        Ok(Span(Duration::from_secs_f64(secs)))
+        let n: u64 = whole.parse().map_err(|_| bad())?;
+        let ms_per_unit: u64 = match unit {
+            "" | "s" => 1000,
+            "ms" => 1,
+            "m" | "min" => 60_000,
+            "h" => 3_600_000,
+            _ => return Err(bad()),
+        };
+        if !frac.is_empty() && ms_per_unit != 1000 {
+            return Err(bad());
+        }
+        let frac_ms: u64 = format!("{frac:0<3}").parse().map_err(|_| bad())?;
+        let ms = n
+            .checked_mul(ms_per_unit)
+            .and_then(|ms| ms.checked_add(frac_ms))
+            .filter(|&ms| ms <= MAX_SPAN_MS)
+            .ok_or_else(bad)?;
+        Ok(Span(Duration::from_millis(ms)))
+    }
+}
+
+impl Span {
+    /// The span in whole milliseconds (every parsed span is one).
+    pub fn millis(self) -> u64 {
+        self.0.as_millis() as u64
     }
 }
 
@@ -105,9 +134,19 @@ macro_rules! serde_via_str {
                     Float(f64),
                     Text(String),
                 }
+                // A JSON number counts whole units (seconds, bytes); a fraction must be
+                // written out ("2.5s"), so that no float rounding decides a bound.
                 let text = match Raw::deserialize(d)? {
                     Raw::Int(n) => n.to_string(),
-                    Raw::Float(n) => n.to_string(),
+                    Raw::Float(n) if n.fract() == 0.0 && (0.0..1e19).contains(&n) => {
+                        (n as u64).to_string()
+                    }
+                    Raw::Float(n) => {
+                        return Err(serde::de::Error::custom(format!(
+                            "{n} is not a whole number; write a fraction as a string, such \
+                             as \"2.5s\""
+                        )))
+                    }
                     Raw::Text(s) => s,
                 };
                 text.parse()
@@ -473,11 +512,17 @@ pub struct Policy {
     pub env: BTreeMap<String, String>,
 }
 
-/// Upper bounds that keep a policy sane whatever its source.
-const MAX_MEMORY: u64 = 64 << 30;
-const MIN_MEMORY: u64 = 8 << 20;
-const MAX_PIDS: u32 = 1 << 20;
-const MAX_OUTPUT: u64 = 1 << 30;
+/// Bounds that keep a policy sane whatever its source (the server's OpenAPI document states
+/// them too).
+pub const MAX_MEMORY: u64 = 64 << 30;
+pub const MIN_MEMORY: u64 = 8 << 20;
+pub const MIN_PIDS: u32 = 4;
+pub const MAX_PIDS: u32 = 1 << 20;
+pub const MAX_OUTPUT: u64 = 1 << 30;
+pub const MIN_CPUS: f64 = 0.01;
+pub const MAX_CPUS: f64 = 1024.0;
+/// The smallest `/tmp` or `/workspace`.
+pub const MIN_SCRATCH: u64 = 1 << 20;
 
 impl Policy {
     /// The isolation strength this policy asks for.
@@ -508,13 +553,13 @@ impl Policy {
                 format!("must be between 8M and 64G, not {}", l.memory),
             ));
         }
-        if !(l.cpus.is_finite() && l.cpus >= 0.01 && l.cpus <= 1024.0) {
+        if !(l.cpus.is_finite() && (MIN_CPUS..=MAX_CPUS).contains(&l.cpus)) {
             return Err(field(
                 "limits.cpus",
                 format!("must be between 0.01 and 1024, not {}", l.cpus),
             ));
         }
-        if !(4..=MAX_PIDS).contains(&l.pids) {
+        if !(MIN_PIDS..=MAX_PIDS).contains(&l.pids) {
             return Err(field(
                 "limits.pids",
                 format!("must be between 4 and {MAX_PIDS}, not {}", l.pids),
@@ -530,7 +575,7 @@ impl Policy {
             ("limits.tmp_size", l.tmp_size),
             ("limits.workspace_size", l.workspace_size),
         ] {
-            if size.0 < 1 << 20 || size.0 > MAX_MEMORY {
+            if size.0 < MIN_SCRATCH || size.0 > MAX_MEMORY {
                 return Err(field(
                     name,
                     format!("must be between 1M and 64G, not {size}"),
@@ -616,6 +661,23 @@ mod tests {
         assert_eq!("2m".parse::<Span>().unwrap().0, Duration::from_secs(120));
         assert!("-5s".parse::<Span>().is_err());
         assert!("soon".parse::<Span>().is_err());
+    }
+
+    #[test]
+    fn the_grammar_is_strict_so_a_pattern_can_state_it() {
+        assert_eq!("2.5s".parse::<Span>().unwrap().millis(), 2500);
+        assert_eq!("0.25".parse::<Span>().unwrap().millis(), 250);
+        assert_eq!("007ms".parse::<Span>().unwrap().millis(), 7);
+        assert_eq!("1min".parse::<Span>().unwrap().millis(), 60_000);
+        for bad in [
+            "", " 5s", "5s ", "1.5m", "0.0001s", "1.", ".5", "+5", "8d", "169h",
+        ] {
+            assert!(bad.parse::<Span>().is_err(), "{bad:?} parsed");
+        }
+        assert_eq!("64kB".parse::<ByteSize>().unwrap().0, 64 << 10);
+        for bad in ["", "512 M", " 1G", "+1", "1.5G", "M"] {
+            assert!(bad.parse::<ByteSize>().is_err(), "{bad:?} parsed");
+        }
     }
 
     #[test]

@@ -311,17 +311,19 @@ fn unreachable_exit() -> ! {
 
 /// Whether `path` is where a collected or input file may live.
 pub fn in_scratch(path: &str) -> bool {
-    use std::path::Component;
+    // Segment by segment: none empty (no `//`, no trailing `/`), none `.` or `..`, no NUL,
+    // none longer than the kernel's NAME_MAX, the whole within PATH_MAX. The same rule is the
+    // OpenAPI pattern `server::pattern::scratch_path`.
+    const NAME_MAX: usize = 255;
+    const PATH_MAX: usize = 4095;
     let rest = path
         .strip_prefix("/workspace/")
         .or_else(|| path.strip_prefix("/tmp/"));
     rest.is_some_and(|rest| {
-        !rest.is_empty()
-            && !rest.ends_with('/')
-            && !rest.contains("//")
+        path.len() <= PATH_MAX
             && !rest.contains('\0')
-            && Path::new(rest)
-                .components()
-                .all(|c| matches!(c, Component::Normal(_)))
+            && rest
+                .split('/')
+                .all(|seg| !matches!(seg, "" | "." | "..") && seg.len() <= NAME_MAX)
     })
 }

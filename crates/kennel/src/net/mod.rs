@@ -38,16 +38,22 @@ impl Rule {
         };
         let (host, ports) = match text.rsplit_once(':') {
             Some((h, p)) => {
+                // Digits only (u16's parser would also take a `+`): the grammar is the
+                // OpenAPI pattern `server::pattern::host_rule`.
+                let port = |p: &str| {
+                    let digits = !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
+                    digits.then(|| p.parse::<u16>().ok()).flatten()
+                };
                 let ports = p
                     .split(',')
-                    .map(|p| p.trim().parse::<u16>().ok().filter(|&p| p > 0))
+                    .map(|p| port(p).filter(|&p| p > 0))
                     .collect::<Option<Vec<u16>>>()
                     .ok_or_else(|| bad("ports must be numbers from 1 to 65535"))?;
                 (h, ports)
             }
             None => (text, DEFAULT_PORTS.to_vec()),
         };
-        let host = host.trim().to_ascii_lowercase();
+        let host = host.to_ascii_lowercase();
         let (wildcard, domain) = match host.strip_prefix("*.") {
             Some(rest) => (true, rest.to_string()),
             None => (false, host),
@@ -57,7 +63,8 @@ impl Rule {
                 && l.len() <= 63
                 && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
         };
-        if domain.parse::<IpAddr>().is_ok() || domain.contains(['[', ']']) {
+        // All digits and dots reads as an address (and no top-level domain is numeric).
+        if domain.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
             return Err(bad("rules name domains, not addresses"));
         }
         if domain.len() > 253
@@ -107,12 +114,16 @@ pub fn parse_pins(items: &[String]) -> Result<BTreeMap<String, IpAddr>, PolicyEr
                 why: format!("{item:?} is not NAME:IP"),
             };
             let (name, ip) = item.split_once(':').ok_or_else(bad)?;
-            let ip = ip
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-                .parse::<IpAddr>()
-                .map_err(|_| bad())?;
-            Ok((name.trim().to_ascii_lowercase(), ip))
+            let label_ok = |l: &str| {
+                (1..=63).contains(&l.len())
+                    && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            };
+            if !name.split('.').all(label_ok) {
+                return Err(bad());
+            }
+            let bare = ip.strip_prefix('[').and_then(|i| i.strip_suffix(']'));
+            let ip = bare.unwrap_or(ip).parse::<IpAddr>().map_err(|_| bad())?;
+            Ok((name.to_ascii_lowercase(), ip))
         })
         .collect()
 }
@@ -206,6 +217,10 @@ mod tests {
             "*",
             "*.com.",
             "nodots",
+            " pypi.org",
+            "pypi.org:+443",
+            "pypi.org: 443",
+            "01.2.3.4",
         ] {
             assert!(Rule::parse(bad).is_err(), "{bad} should be refused");
         }
@@ -242,6 +257,16 @@ mod tests {
         let pins = parse_pins(&["Pypi.Test:127.0.0.1".into(), "v6.test:[::1]".into()]).unwrap();
         assert_eq!(pins["pypi.test"], "127.0.0.1".parse::<IpAddr>().unwrap());
         assert_eq!(pins["v6.test"], "::1".parse::<IpAddr>().unwrap());
-        assert!(parse_pins(&["nope".into()]).is_err());
+        for bad in [
+            "nope",
+            " a.test:1.2.3.4",
+            "a.test:[[1.2.3.4]",
+            "a.test: 1.2.3.4",
+        ] {
+            assert!(
+                parse_pins(&[bad.into()]).is_err(),
+                "{bad} should be refused"
+            );
+        }
     }
 }

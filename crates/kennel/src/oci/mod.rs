@@ -253,6 +253,13 @@ impl Oci {
         Ok((child, ctl))
     }
 
+    /// Whether gVisor's KVM platform works on this host (probed once, as for the automatic
+    /// choice); `None` without runsc.
+    pub fn kvm_works(&self) -> Option<bool> {
+        let runsc = runtime::locate(Runtime::Runsc).ok()?;
+        Some(self.kvm_usable(&runsc).is_ok())
+    }
+
     /// runsc's platform when the policy names none: KVM where it runs guests, ptrace otherwise.
     fn auto_platform(&self, runsc: &Installed) -> Platform {
         match self.kvm_usable(runsc) {
@@ -266,12 +273,17 @@ impl Oci {
     fn require_kvm(&self, runsc: &Installed) -> Result<Platform, Error> {
         self.kvm_usable(runsc)
             .map(|()| Platform::Kvm)
-            .map_err(|why| Error::Unsupported {
-                layer: "gVisor's kvm platform",
-                why: format!("KVM is not usable here: {why}"),
-                hint: "use --platform ptrace (`[oci] platform = \"ptrace\"`), or name no platform \
-                       and Kennel picks the one that works"
-                    .into(),
+            // A request error, not `Unsupported`: the server's document says whether KVM
+            // works here, so naming it where it does not is the caller's mistake (a 400).
+            .map_err(|why| {
+                Error::request(
+                    "platform",
+                    format!(
+                        "is \"kvm\", but KVM is not usable here: {why}\nhint: use --platform \
+                         ptrace (`[oci] platform = \"ptrace\"`, `\"platform\": \"ptrace\"`), or \
+                         name no platform and Kennel picks the one that works"
+                    ),
+                )
             })
     }
 

@@ -107,6 +107,24 @@ pub struct AgentSandbox {
 }
 
 /// Splits the agent's stdout into lines and its stderr into a short tail for diagnostics.
+/// Why a sandbox ended before its agent answered, as advice on the limits.
+fn too_small(r: &RunResult) -> String {
+    let why = if r.oom_killed {
+        "it ran out of memory; raise `limits.memory`".to_string()
+    } else if r.pids_limit_hit {
+        "it hit its task limit; raise `limits.pids`".to_string()
+    } else if r.timed_out {
+        "it timed out; raise `limits.cpus` or `limits.timeout`".to_string()
+    } else {
+        format!(
+            "it ended with status {} ({}); raise its limits",
+            r.shell_status(),
+            r.stderr.trim()
+        )
+    };
+    format!("left the sandbox's agent unable to start: {why}")
+}
+
 fn sink(lines: mpsc::UnboundedSender<Line>, stderr_tail: Arc<Mutex<Vec<u8>>>) -> OutputSink {
     let pending = Mutex::new(Vec::<u8>::new());
     Arc::new(move |stream, chunk: &[u8]| match stream {
@@ -190,7 +208,11 @@ impl AgentSandbox {
                 let ended = agent.close().await;
                 Err(match ended {
                     Some(Err(setup)) => setup,
-                    _ => Error::Protocol(format!("the session agent did not start: {e}")),
+                    // The sandbox ran and ended: under the limits it was given, the agent
+                    // could not live (python needs more than 8M, say). The limits are at
+                    // fault, so the caller that chose them gets a 400.
+                    Some(Ok(r)) => Error::request("limits", too_small(&r)),
+                    None => Error::Protocol(format!("the session agent did not start: {e}")),
                 })
             }
         }

@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use axum::body::Body;
-use axum::extract::{FromRequest, Request, State};
+use axum::extract::{FromRequest, FromRequestParts, Request, State};
+use axum::http::request::Parts;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -229,9 +230,59 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         // Any content type is read as JSON: `curl -d` users should not need a header.
         let ApiBytes(body) = ApiBytes::from_request(req, state).await?;
-        serde_json::from_slice(&body)
-            .map(ApiJson)
-            .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+        parse_json(&body).map(ApiJson)
+    }
+}
+
+/// Parses a JSON body; the error names the field at fault (`limits.timeout: ...`).
+fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let at = match e.path().to_string() {
+            path if path == "." => String::new(),
+            path => format!("`{path}`: "),
+        };
+        ApiError::bad_request(format!("invalid JSON body: {at}{}", e.inner()))
+    })?;
+    de.end()
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?;
+    Ok(value)
+}
+
+/// A path parameter whose rejections (bad percent-encoding, say) come back as our error shape.
+pub struct ApiPath<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|p| ApiPath(p.0))
+            .map_err(|r| rejected(r.status(), r.body_text()))
+    }
+}
+
+/// A query string whose rejections (`?stream=maybe`) come back as our error shape.
+pub struct ApiQuery<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|q| ApiQuery(q.0))
+            .map_err(|r| rejected(r.status(), r.body_text()))
+    }
+}
+
+/// An extractor's rejection in our shape: the client's fault stays a 400, a bug a 500.
+fn rejected(status: StatusCode, text: String) -> ApiError {
+    if status.is_client_error() {
+        ApiError::bad_request(text.to_lowercase())
+    } else {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", text)
     }
 }
 
@@ -267,7 +318,7 @@ async fn authenticate(State(state): State<Shared>, mut req: Request, next: Next)
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(bearer_token);
     let caller = match (tokens.is_empty(), presented) {
         (true, _) => Some("anonymous".to_string()),
         (false, Some(p)) => tokens
@@ -297,6 +348,14 @@ async fn authenticate(State(state): State<Shared>, mut req: Request, next: Next)
             r
         }
     }
+}
+
+/// The token of an `Authorization: Bearer <token>` header. The scheme is case-insensitive
+/// (RFC 9110, section 11.1): `bearer`, `BEARER` and `Bearer` are one scheme.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    let token = token.trim_start_matches(' ');
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -349,11 +408,20 @@ async fn metrics(State(state): State<Shared>) -> Response {
     r
 }
 
-async fn openapi_json() -> Response {
+/// The document for this server's own config: its maxima, its network and capability rules.
+async fn openapi_json(State(state): State<Shared>) -> Response {
+    // The KVM probe runs once per process (and is cached on disk), but may take seconds.
+    let engine = state.engine.clone();
+    let kvm = tokio::task::spawn_blocking(move || engine.oci.kvm_works())
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(true);
+    let host = openapi::Host { kvm };
     (
         StatusCode::OK,
         [(header::CONTENT_TYPE, "application/json")],
-        Body::from(openapi::document()),
+        Body::from(openapi::document_for(&state.config, &host)),
     )
         .into_response()
 }

@@ -6,6 +6,7 @@ pub mod config;
 pub mod http;
 pub mod metrics;
 pub mod openapi;
+pub mod pattern;
 pub mod pool;
 pub mod runs;
 pub mod session_routes;

@@ -5,7 +5,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 
 use super::agent::{AgentError, AgentSandbox};
 use super::audit::Entry;
-use super::http::{ApiError, ApiJson, Caller, RunSlot, Shared};
+use super::http::{ApiError, ApiJson, ApiQuery, Caller, RunSlot, Shared};
 use super::metrics::inc;
 use crate::api::{CollectedFile, Command, Content, ExecResult, RunRequest, RunResult, RunSpec};
 use crate::native::helper::in_scratch;
@@ -25,6 +25,7 @@ use crate::native::{Canceller, OutputMode, OutputSink, RunIo, StdinSource, Strea
 
 /// `?stream=true` asks for Server-Sent Events (so does `Accept: text/event-stream`).
 #[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct StreamQuery {
     #[serde(default)]
     pub stream: bool,
@@ -96,14 +97,15 @@ where
     post, path = "/v1/runs", request_body = RunSpec, params(StreamQuery),
     responses(
         (status = 200, description = "The run's result (or an SSE stream with ?stream=true)", body = RunResult),
-        (status = 400, description = "A malformed request, or a limit above the server's maximum"),
+        (status = 400, description = "A malformed request, or a limit outside this server's bounds"),
         (status = 429, description = "Too many runs at once; see Retry-After"),
+        (status = 503, description = "This host cannot enforce a layer the request needs"),
     )
 )]
 pub async fn create_run(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
-    Query(q): Query<StreamQuery>,
+    ApiQuery(q): ApiQuery<StreamQuery>,
     headers: HeaderMap,
     ApiJson(spec): ApiJson<RunSpec>,
 ) -> Result<Response, ApiError> {
@@ -161,15 +163,12 @@ pub fn joined<T>(
 }
 
 fn check_paths(req: &RunRequest) -> Result<(), ApiError> {
-    let bad = req
-        .files
-        .iter()
-        .map(|f| &f.path)
-        .chain(&req.collect)
-        .find(|p| !in_scratch(p));
-    match bad {
-        Some(p) => Err(ApiError::bad_request(format!(
-            "path {p:?} must be a file path under /workspace/ or /tmp/"
+    let files = req.files.iter().map(|f| ("files", &f.path));
+    let collect = req.collect.iter().map(|p| ("collect", p));
+    match files.chain(collect).find(|(_, p)| !in_scratch(p)) {
+        Some((field, p)) => Err(ApiError::bad_request(format!(
+            "`{field}`: path {p:?} must be a file path under /workspace/ or /tmp/ (no NUL, \
+             no empty, `.` or `..` segments)"
         ))),
         None => Ok(()),
     }

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use super::agent::{AgentError, AgentSandbox};
 use super::audit::Entry;
-use super::http::{ApiBytes, ApiError, ApiJson, Caller, Shared};
+use super::http::{ApiBytes, ApiError, ApiJson, ApiPath, ApiQuery, Caller, Shared};
 use super::metrics::inc;
 use super::runs::{in_slot, wants_stream, Live, StreamMsg, StreamQuery};
 use super::sessions::{Full, Session, SessionInfo};
@@ -51,7 +51,11 @@ fn missing_is_404(e: AgentError, path: &str, what: &str) -> ApiError {
 }
 
 #[utoipa::path(post, path = "/v1/sessions", request_body = SessionSpec,
-    responses((status = 201, body = SessionInfo), (status = 400), (status = 429)))]
+    responses(
+        (status = 201, description = "The session, started", body = SessionInfo),
+        (status = 400, description = "A malformed request, a limit or `idle_ttl` outside this server's bounds"),
+        (status = 429, description = "The server keeps as many sessions as it may; see Retry-After"),
+    ))]
 pub async fn create(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
@@ -83,13 +87,18 @@ pub async fn create(
     };
     let mut policy = config.base_policy();
     policy.limits = spec.limits.apply(&policy.limits, &config.maxima)?;
+    if policy.limits.memory.0 < super::sessions::MIN_MEMORY {
+        return Err(ApiError::bad_request(format!(
+            "`limits.memory` is {}, below the {} a session's agent needs",
+            policy.limits.memory,
+            crate::policy::ByteSize(super::sessions::MIN_MEMORY)
+        )));
+    }
     policy.env.extend(spec.env.clone());
     state.config.check_network(&caller.0, &spec.network)?;
     policy.network = spec.network.clone();
     policy.validate()?;
-    let idle_ttl = spec.idle_ttl.map_or(config.sessions.idle_ttl.0, |t| {
-        t.0.min(config.sessions.idle_ttl.0)
-    });
+    let idle_ttl = idle_ttl(config, spec.idle_ttl)?;
     let lifetime = config.sessions.max_lifetime.0;
     let limits = policy.limits.clone();
     let agent = AgentSandbox::start(state.engine.clone(), policy, lifetime).await?;
@@ -109,7 +118,32 @@ pub async fn create(
     Ok((StatusCode::CREATED, Json(session.info())).into_response())
 }
 
-#[utoipa::path(get, path = "/v1/sessions", responses((status = 200, body = Vec<SessionInfo>)))]
+/// The idle TTL a session asked for, refused (never clamped) outside this server's bounds.
+fn idle_ttl(
+    config: &super::config::ServerConfig,
+    asked: Option<crate::policy::Span>,
+) -> Result<Duration, ApiError> {
+    let (lo, hi) = super::openapi::session_ttl_bounds(config);
+    let Some(t) = asked else {
+        return Ok(config.sessions.idle_ttl.0);
+    };
+    let bound = |ms| crate::policy::Span(Duration::from_millis(ms));
+    if t.millis() > hi {
+        return Err(ApiError::bad_request(format!(
+            "`idle_ttl` is {t}, above this server's maximum of {}",
+            bound(hi)
+        )));
+    }
+    if t.millis() < lo {
+        return Err(ApiError::bad_request(format!(
+            "`idle_ttl` is {t}, below the minimum of {}",
+            bound(lo)
+        )));
+    }
+    Ok(t.0)
+}
+
+#[utoipa::path(get, path = "/v1/sessions", responses((status = 200, description = "This caller's sessions", body = Vec<SessionInfo>)))]
 pub async fn list(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
@@ -125,20 +159,24 @@ pub async fn list(
     Json(all)
 }
 
-#[utoipa::path(get, path = "/v1/sessions/{id}", responses((status = 200, body = SessionInfo), (status = 404)))]
+#[utoipa::path(get, path = "/v1/sessions/{id}", responses(
+    (status = 200, description = "The session", body = SessionInfo),
+    (status = 404, description = "No such session for this caller")))]
 pub async fn show(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<SessionInfo>, ApiError> {
     Ok(Json(session_for(&state, &caller, &id)?.info()))
 }
 
-#[utoipa::path(delete, path = "/v1/sessions/{id}", responses((status = 204), (status = 404)))]
+#[utoipa::path(delete, path = "/v1/sessions/{id}", responses(
+    (status = 204, description = "The session and its sandbox are gone"),
+    (status = 404, description = "No such session for this caller")))]
 pub async fn remove(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
     let session = session_for(&state, &caller, &id)?;
     state.sessions.remove(&session.id);
@@ -157,15 +195,21 @@ pub async fn end(state: &Shared, session: &Session) {
 }
 
 #[utoipa::path(post, path = "/v1/sessions/{id}/exec", request_body = ExecSpec, params(StreamQuery),
-    responses((status = 200, body = ExecResult), (status = 404), (status = 410, description = "The session's sandbox has ended")))]
+    responses(
+        (status = 200, description = "What the code did (or an SSE stream with ?stream=true)", body = ExecResult),
+        (status = 400, description = "A malformed request, or a timeout outside this server's bounds"),
+        (status = 404, description = "No such session for this caller"),
+        (status = 410, description = "The session's sandbox has ended"),
+    ))]
 pub async fn exec(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
-    Query(q): Query<StreamQuery>,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(q): ApiQuery<StreamQuery>,
     headers: HeaderMap,
     ApiJson(spec): ApiJson<ExecSpec>,
 ) -> Result<Response, ApiError> {
+    spec.check()?;
     let session = session_for(&state, &caller, &id)?;
     let timeout = match spec.timeout {
         Some(t) if t > state.config.maxima.timeout => {
@@ -257,11 +301,17 @@ fn sandbox_path(path: &str) -> Result<String, ApiError> {
 }
 
 #[utoipa::path(put, path = "/v1/sessions/{id}/files/{path}", request_body(content = Vec<u8>, content_type = "application/octet-stream"),
-    responses((status = 204), (status = 400), (status = 404)))]
+    responses(
+        (status = 204, description = "Written"),
+        (status = 400, description = "A path outside /workspace and /tmp, or refused by the sandbox"),
+        (status = 404, description = "No such session for this caller"),
+        (status = 410, description = "The session's sandbox has ended"),
+        (status = 413, description = "Larger than the session's workspace or this server's max_body"),
+    ))]
 pub async fn write_file(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
-    Path((id, path)): Path<(String, String)>,
+    ApiPath((id, path)): ApiPath<(String, String)>,
     ApiBytes(body): ApiBytes,
 ) -> Result<StatusCode, ApiError> {
     let session = session_for(&state, &caller, &id)?;
@@ -283,11 +333,17 @@ pub async fn write_file(
 }
 
 #[utoipa::path(get, path = "/v1/sessions/{id}/files/{path}",
-    responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>), (status = 400), (status = 404)))]
+    responses(
+        (status = 200, description = "The file's bytes", content_type = "application/octet-stream", body = Vec<u8>),
+        (status = 400, description = "A path outside /workspace and /tmp, or not a file"),
+        (status = 404, description = "No such session for this caller, or no such file"),
+        (status = 410, description = "The session's sandbox has ended"),
+        (status = 413, description = "The file is larger than this server returns (max_body)"),
+    ))]
 pub async fn read_file(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
-    Path((id, path)): Path<(String, String)>,
+    ApiPath((id, path)): ApiPath<(String, String)>,
 ) -> Result<Response, ApiError> {
     let session = session_for(&state, &caller, &id)?;
     let path = sandbox_path(&path)?;
@@ -308,11 +364,15 @@ pub async fn read_file(
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response())
 }
 
-#[utoipa::path(delete, path = "/v1/sessions/{id}/files/{path}", responses((status = 204), (status = 404)))]
+#[utoipa::path(delete, path = "/v1/sessions/{id}/files/{path}", responses(
+    (status = 204, description = "Deleted"),
+    (status = 400, description = "A path outside /workspace and /tmp, or refused by the sandbox"),
+    (status = 404, description = "No such session for this caller, or no such file"),
+    (status = 410, description = "The session's sandbox has ended")))]
 pub async fn delete_file(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
-    Path((id, path)): Path<(String, String)>,
+    ApiPath((id, path)): ApiPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     let session = session_for(&state, &caller, &id)?;
     let path = sandbox_path(&path)?;
@@ -327,16 +387,21 @@ pub async fn delete_file(
 
 /// `?path=` for a listing: /workspace by default.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
     pub path: Option<String>,
 }
 
-#[utoipa::path(get, path = "/v1/sessions/{id}/files", params(ListQuery), responses((status = 200, body = Object), (status = 404)))]
+#[utoipa::path(get, path = "/v1/sessions/{id}/files", params(ListQuery), responses(
+    (status = 200, description = "The directory's entries", body = Object),
+    (status = 400, description = "A path outside /workspace and /tmp, or not a directory"),
+    (status = 404, description = "No such session for this caller, or no such directory"),
+    (status = 410, description = "The session's sandbox has ended")))]
 pub async fn list_files(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
-    Query(q): Query<ListQuery>,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(q): ApiQuery<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let session = session_for(&state, &caller, &id)?;
     let path = q.path.unwrap_or_else(|| "/workspace".into());

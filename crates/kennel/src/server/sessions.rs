@@ -11,6 +11,10 @@ use serde::Serialize;
 use super::agent::AgentSandbox;
 use crate::policy::Limits;
 
+/// The least memory a session's sandbox may have: its python agent needs some 16M to start
+/// (measured), and twice that leaves room for the code it runs.
+pub const MIN_MEMORY: u64 = 32 << 20;
+
 pub struct Session {
     pub id: String,
     pub token_id: String,
