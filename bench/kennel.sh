@@ -17,12 +17,12 @@ stale() {
 
 if stale "$kennel"; then
     if [[ $kennel == "$default_kennel" ]]; then
-        say "building kennel (cargo build --release -p kennel)"
+        say "building kennel (cargo build --release -p kennel -p kennel-sandbox)"
         if ! command -v cargo >/dev/null; then
             say "cargo not found; cannot build $kennel"
             exit 2
         fi
-        (cd "$root" && cargo build --release -p kennel >&2)
+        (cd "$root" && cargo build --release -p kennel -p kennel-sandbox >&2)
     elif [[ -e $kennel ]]; then
         say "warning: KENNEL=$kennel is older than the sources; measuring it anyway"
     else

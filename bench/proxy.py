@@ -65,8 +65,8 @@ def kennel_binary(path):
             sys.exit(2)
         return path
     if stale(path):
-        say("building kennel (cargo build --release -p kennel)")
-        r = subprocess.run(["cargo", "build", "--release", "-p", "kennel"], cwd=ROOT,
+        say("building kennel (cargo build --release -p kennel -p kennel-sandbox)")
+        r = subprocess.run(["cargo", "build", "--release", "-p", "kennel", "-p", "kennel-sandbox"], cwd=ROOT,
                            stdout=sys.stderr)
         if r.returncode != 0:
             say("the build failed")

@@ -393,7 +393,7 @@ def main():
     if not os.path.exists("/usr/lib/python3.11/test/test_os.py"):
         sys.exit("libpython3.11-testsuite is missing: run bash compat/setup.sh first")
     if not os.access(args.kennel, os.X_OK):
-        sys.exit(f"{args.kennel} not found: cargo build --release -p kennel")
+        sys.exit(f"{args.kennel} not found: cargo build --release -p kennel -p kennel-sandbox")
     tiers = args.tiers.split(",")
     unknown = set(tiers) - {"native", "crun", "runc", "runsc"}
     if unknown:

@@ -142,7 +142,8 @@ fn rootless_runs_report_their_fallback() {
 /// The library's canceller stops a run from outside, as a timeout would.
 #[test]
 fn a_cancelled_run_ends_at_once() {
-    use kennel::{Canceller, Command as Cmd, Native, RunIo, RunRequest};
+    use kennel_sandbox::{Canceller, Native, RunIo};
+    use kennel_types::{Command as Cmd, RunRequest};
     let native = Native {
         helper: KENNEL.into(),
     };
@@ -170,7 +171,8 @@ fn a_cancelled_run_ends_at_once() {
 /// In raw mode the sink sees every byte and the result keeps none.
 #[test]
 fn raw_output_goes_only_to_the_sink() {
-    use kennel::{Command as Cmd, Native, OutputMode, RunIo, RunRequest};
+    use kennel_sandbox::{Native, OutputMode, RunIo};
+    use kennel_types::{Command as Cmd, RunRequest};
     use std::sync::{Arc, Mutex};
     let native = Native {
         helper: KENNEL.into(),
@@ -179,7 +181,7 @@ fn raw_output_goes_only_to_the_sink() {
     let req = RunRequest::new(Cmd::Argv(vec![PY.into(), "-c".into(), code.into()]));
     let seen = Arc::new(Mutex::new(0usize));
     let counter = seen.clone();
-    let sink: kennel::OutputSink =
+    let sink: kennel_sandbox::OutputSink =
         Arc::new(move |_, chunk: &[u8]| *counter.lock().unwrap() += chunk.len());
     let io = RunIo {
         on_output: Some(sink),

@@ -1,6 +1,7 @@
-//! The `kennel` command: a thin layer over the library.
+//! The `kennel` command: arguments and flags become a policy and a request, handed to the
+//! sandbox engine, the server or the MCP server.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -8,11 +9,16 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context as _};
 use clap::{Args, Parser, Subcommand};
-use kennel::policy::{ByteSize, NetMode, Span, Want};
-use kennel::server::ServerConfig;
-use kennel::{
-    Command, Content, Engine, FileIn, Language, OutputSink, Policy, RunIo, RunRequest, RunResult,
-    StdinSource, Stream,
+use kennel_sandbox::{Engine, OutputSink, RunIo, StdinSource, Stream};
+use kennel_server::ServerConfig;
+use kennel_types::policy::{ByteSize, NetMode, Span, Want};
+use kennel_types::{Command, Content, FileIn, Language, Policy, RunRequest, RunResult};
+
+/// MCP's streamable-HTTP transport, served by `kennel serve` beside the API: its tools call
+/// the API as the caller who presented the token.
+const MCP_OVER_HTTP: kennel_server::http::Mount = kennel_server::http::Mount {
+    path: "/mcp",
+    make: kennel_mcp::http_service,
 };
 
 /// Exit status of a failure of Kennel itself, as `docker run` uses it.
@@ -142,19 +148,19 @@ struct RunArgs {
     /// Capabilities the code keeps inside its user namespace: default (chown, dac_override,
     /// fowner, fsetid, kill, setuid, setgid, net_bind_service) or none.
     #[arg(long, value_name = "SET")]
-    capabilities: Option<kennel::policy::Capabilities>,
+    capabilities: Option<kennel_types::policy::Capabilities>,
     /// Run even where Landlock is unavailable (it is required by default).
     #[arg(long)]
     landlock_best_effort: bool,
     /// The isolation tier: native (the default) or oci.
     #[arg(long, value_name = "TIER")]
-    tier: Option<kennel::policy::Tier>,
+    tier: Option<kennel_types::policy::Tier>,
     /// The OCI runtime: runsc (gVisor), crun or runc. Implies --tier oci.
     #[arg(long, value_name = "RUNTIME")]
-    runtime: Option<kennel::policy::Runtime>,
+    runtime: Option<kennel_types::policy::Runtime>,
     /// gVisor's platform: ptrace or kvm (chosen automatically by default).
     #[arg(long, value_name = "PLATFORM")]
-    platform: Option<kennel::policy::Platform>,
+    platform: Option<kennel_types::policy::Platform>,
     /// Allow a domain through Kennel's proxy: NAME[:PORT[,PORT]] or *.NAME (ports 443 and 80
     /// by default). Repeat for more.
     #[arg(long = "allow-net", value_name = "DOMAIN[:PORTS]")]
@@ -187,7 +193,7 @@ struct RunArgs {
 }
 
 fn main() -> ExitCode {
-    kennel::maybe_run_helper();
+    kennel_sandbox::maybe_run_helper();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return usage(e),
@@ -199,7 +205,7 @@ fn main() -> ExitCode {
         Sub::Mcp(args) => report(mcp(args)),
         Sub::Bundle(args) => report(bundle(*args)),
         Sub::Openapi => {
-            print!("{}", kennel::server::openapi::document());
+            print!("{}", kennel_server::openapi::document());
             ExitCode::SUCCESS
         }
     }
@@ -249,12 +255,12 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(kennel::server::serve(config, engine, None))?;
+    runtime.block_on(kennel_server::serve(config, engine, None, &[MCP_OVER_HTTP]))?;
     Ok(())
 }
 
 fn mcp(args: McpArgs) -> anyhow::Result<()> {
-    use kennel::mcp::{Backend, Local, Remote};
+    use kennel_mcp::{Backend, Local, Remote};
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -283,7 +289,7 @@ fn mcp(args: McpArgs) -> anyhow::Result<()> {
             Backend::Local(std::sync::Arc::new(Local::start(config, engine)?))
         }
     };
-    runtime.block_on(kennel::mcp::serve_stdio(backend))?;
+    runtime.block_on(kennel_mcp::serve_stdio(backend))?;
     // Blocking reads of stdin may still be pending; do not wait for them.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     Ok(())
@@ -291,8 +297,8 @@ fn mcp(args: McpArgs) -> anyhow::Result<()> {
 
 fn bundle(args: BundleArgs) -> anyhow::Result<()> {
     let mut req = request(args.run)?;
-    req.policy.tier = kennel::policy::Tier::Oci;
-    kennel::oci::export_bundle(&req, &args.out)?;
+    req.policy.tier = kennel_types::policy::Tier::Oci;
+    kennel_sandbox::oci::export_bundle(&req, &args.out)?;
     println!("{}", args.out.display());
     Ok(())
 }
@@ -301,7 +307,7 @@ fn run(args: RunArgs) -> ExitCode {
     let json = args.json;
     let outcome = request(args).and_then(|req| {
         let engine = Engine::from_current_exe()?;
-        let stdin = if kennel::sys::is_tty(0) {
+        let stdin = if std::io::stdin().is_terminal() {
             StdinSource::Null
         } else {
             StdinSource::Reader(Box::new(std::io::stdin()))
@@ -417,7 +423,7 @@ fn request(args: RunArgs) -> anyhow::Result<RunRequest> {
         policy.layers.landlock = Some(Want::BestEffort);
     }
     if let Some(runtime) = args.runtime {
-        policy.tier = kennel::policy::Tier::Oci;
+        policy.tier = kennel_types::policy::Tier::Oci;
         policy.oci.runtime = runtime;
     }
     policy.tier = args.tier.unwrap_or(policy.tier);
@@ -536,7 +542,7 @@ fn doctor(json: bool) -> ExitCode {
             return ExitCode::from(KENNEL_FAILED);
         }
     };
-    let checks = kennel::doctor::checks(&engine);
+    let checks = kennel_sandbox::doctor::checks(&engine);
     if json {
         println!(
             "{}",

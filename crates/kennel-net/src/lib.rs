@@ -1,0 +1,12 @@
+//! The egress proxy of the network allowlist: it listens inside the sandbox's network
+//! namespace (which has only loopback) and runs in the supervisor, on the host's network.
+//!
+//! The sandbox has no route out but through it, and names are resolved only by it. The rules it
+//! applies are `kennel_types::net`'s; the sandbox crate binds its listeners in the namespace.
+
+mod http_proxy;
+pub mod proxy;
+mod socks;
+pub mod tls;
+
+pub use proxy::{proxy_env, Proxy, HTTP_PORT, SOCKS_PORT};

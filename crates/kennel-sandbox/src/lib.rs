@@ -1,0 +1,28 @@
+//! Kennel's sandboxes: the native tier (namespaces, seccomp-bpf, Landlock, cgroups, rlimits)
+//! and the OCI tier (crun, runc, gVisor's runsc), behind one [`Engine`], and the helper that
+//! sets a sandbox up from the inside.
+//!
+//! ```no_run
+//! use kennel_sandbox::{Native, RunIo};
+//! use kennel_types::{Command, Language, RunRequest};
+//! kennel_sandbox::maybe_run_helper(); // first thing in main
+//! let native = Native::from_current_exe()?;
+//! let req = RunRequest::new(Command::Code { language: Language::Python, code: "print(6*7)".into() });
+//! let result = native.run(&req, RunIo::none())?;
+//! assert_eq!(result.stdout, "42\n");
+//! # Ok::<(), kennel_sandbox::Error>(())
+//! ```
+
+pub mod doctor;
+mod egress;
+pub mod engine;
+pub mod error;
+pub mod native;
+pub mod oci;
+mod sys;
+
+pub use engine::{Backend, Engine};
+pub use error::{Error, PolicyError};
+pub use native::{
+    maybe_run_helper, Canceller, Native, OutputMode, OutputSink, RunIo, StdinSource, Stream,
+};

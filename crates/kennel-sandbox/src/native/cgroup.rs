@@ -1,0 +1,548 @@
+//! cgroups for one sandbox: v2 where the host delegates the controllers, v1 otherwise (hosts
+//! like ours run v1 with a cgroup2 mount beside it that holds only hugetlb).
+//!
+//! A sandbox's cgroup is always created beneath the supervisor's own cgroup in each hierarchy,
+//! named `kennel-<pid>-<start time>-<n>` so that cgroups left by a supervisor that died can be
+//! told apart from live ones and swept on the next start.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Once;
+use std::time::Duration;
+
+use kennel_types::policy::Limits;
+use crate::sys;
+
+const PREFIX: &str = "kennel-";
+const CPU_PERIOD_US: u64 = 100_000;
+const V1_CONTROLLERS: [&str; 4] = ["memory", "pids", "cpu", "cpuacct"];
+const V2_CONTROLLERS: [&str; 3] = ["memory", "pids", "cpu"];
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Layout {
+    /// One directory per v1 hierarchy that holds a controller we use.
+    V1 {
+        memory: PathBuf,
+        pids: PathBuf,
+        cpu: PathBuf,
+        cpuacct: PathBuf,
+    },
+    V2 {
+        dir: PathBuf,
+    },
+}
+
+/// A sandbox's cgroup; removed by [`Cgroup::destroy`].
+#[derive(Debug)]
+pub struct Cgroup {
+    layout: Layout,
+    name: String,
+    /// The same name in every other hierarchy, where an OCI runtime creates the parents of
+    /// its own cgroup beneath ours; removed with it.
+    others: Vec<PathBuf>,
+}
+
+/// What the kernel counted for the sandbox.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Stats {
+    pub cpu_ns: u64,
+    pub memory_peak: u64,
+    pub oom_kills: u64,
+    pub pids_max_hits: u64,
+}
+
+struct Mount {
+    root: String,
+    point: PathBuf,
+    fstype: String,
+    options: Vec<String>,
+}
+
+fn mounts() -> io::Result<Vec<Mount>> {
+    let text = fs::read_to_string("/proc/self/mountinfo")?;
+    Ok(text
+        .lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let l: Vec<&str> = left.split(' ').collect();
+            let r: Vec<&str> = right.split(' ').collect();
+            Some(Mount {
+                root: l.get(3)?.to_string(),
+                point: PathBuf::from(l.get(4)?),
+                fstype: r.first()?.to_string(),
+                options: r.get(2)?.split(',').map(str::to_string).collect(),
+            })
+        })
+        .collect())
+}
+
+/// `(controllers, path)` for each line of /proc/self/cgroup.
+fn own_cgroups() -> io::Result<Vec<(Vec<String>, String)>> {
+    let text = fs::read_to_string("/proc/self/cgroup")?;
+    Ok(text
+        .lines()
+        .filter_map(|l| {
+            let mut parts = l.splitn(3, ':');
+            let _id = parts.next()?;
+            let ctrls = parts
+                .next()?
+                .split(',')
+                .filter(|c| !c.is_empty())
+                .map(str::to_string);
+            Some((ctrls.collect(), parts.next()?.to_string()))
+        })
+        .collect())
+}
+
+fn join_under(mount: &Mount, path: &str) -> PathBuf {
+    let rel = path
+        .strip_prefix(mount.root.as_str())
+        .unwrap_or(path)
+        .trim_start_matches('/');
+    if rel.is_empty() {
+        mount.point.clone()
+    } else {
+        mount.point.join(rel)
+    }
+}
+
+/// The supervisor's own cgroup directories, by layout, before anything is created.
+/// With it, the supervisor's directory in every hierarchy, from the same reading.
+fn own_layout() -> Result<(Layout, Vec<PathBuf>), String> {
+    let mounts = mounts().map_err(|e| format!("cannot read mountinfo: {e}"))?;
+    let own = own_cgroups().map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
+    let everywhere = own_dirs_in(&mounts, &own);
+    if let Some(dir) = v2_dir(&mounts, &own) {
+        return Ok((Layout::V2 { dir }, everywhere));
+    }
+    let mut found = Vec::new();
+    for ctrl in V1_CONTROLLERS {
+        let mount = mounts
+            .iter()
+            .find(|m| m.fstype == "cgroup" && m.options.iter().any(|o| o == ctrl))
+            .ok_or_else(|| format!("no cgroup v1 hierarchy has the {ctrl} controller and cgroup v2 does not delegate it"))?;
+        let (_, path) = own
+            .iter()
+            .find(|(c, _)| c.iter().any(|c| c == ctrl))
+            .ok_or_else(|| format!("this process is in no {ctrl} cgroup"))?;
+        found.push(join_under(mount, path));
+    }
+    let [memory, pids, cpu, cpuacct] = <[PathBuf; 4]>::try_from(found).expect("four controllers");
+    let layout = Layout::V1 {
+        memory,
+        pids,
+        cpu,
+        cpuacct,
+    };
+    Ok((layout, everywhere))
+}
+
+/// A cgroup2 mount point beside v1 hierarchies (a hybrid host), which crun refuses to run
+/// beside.
+pub fn hybrid_v2_mount() -> Option<String> {
+    let mounts = mounts().ok()?;
+    let v1 = mounts.iter().any(|m| m.fstype == "cgroup");
+    let v2 = mounts.iter().find(|m| m.fstype == "cgroup2")?;
+    v1.then(|| v2.point.display().to_string())
+}
+
+/// The supervisor's own directory in every cgroup hierarchy mounted here.
+fn own_dirs_everywhere() -> Vec<PathBuf> {
+    match (mounts(), own_cgroups()) {
+        (Ok(mounts), Ok(own)) => own_dirs_in(&mounts, &own),
+        _ => vec![],
+    }
+}
+
+fn own_dirs_in(mounts: &[Mount], own: &[(Vec<String>, String)]) -> Vec<PathBuf> {
+    mounts
+        .iter()
+        .filter_map(|m| {
+            let (_, path) = own.iter().find(|(ctrls, _)| match m.fstype.as_str() {
+                "cgroup2" => ctrls.is_empty(),
+                "cgroup" => ctrls.iter().any(|c| m.options.contains(c)),
+                _ => false,
+            })?;
+            Some(join_under(m, path))
+        })
+        .collect()
+}
+
+/// The v2 directory when it delegates every controller we need.
+fn v2_dir(mounts: &[Mount], own: &[(Vec<String>, String)]) -> Option<PathBuf> {
+    let mount = mounts.iter().find(|m| m.fstype == "cgroup2")?;
+    let (_, path) = own.iter().find(|(c, _)| c.is_empty())?;
+    let dir = join_under(mount, path);
+    let available = fs::read_to_string(dir.join("cgroup.controllers")).ok()?;
+    if !V2_CONTROLLERS
+        .iter()
+        .all(|c| available.split_whitespace().any(|a| a == *c))
+    {
+        return None;
+    }
+    let enabled = fs::read_to_string(dir.join("cgroup.subtree_control")).ok()?;
+    let missing: Vec<String> = V2_CONTROLLERS
+        .iter()
+        .filter(|c| !enabled.split_whitespace().any(|e| e == **c))
+        .map(|c| format!("+{c}"))
+        .collect();
+    if !missing.is_empty() {
+        fs::write(dir.join("cgroup.subtree_control"), missing.join(" ")).ok()?;
+    }
+    Some(dir)
+}
+
+fn start_time(pid: &str) -> Option<String> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Field 22 (starttime), counted after the command name, which may contain spaces.
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(19)
+        .map(str::to_string)
+}
+
+fn write(dir: &Path, file: &str, value: &str) -> io::Result<()> {
+    fs::write(dir.join(file), value).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("writing {value:?} to {}: {e}", dir.join(file).display()),
+        )
+    })
+}
+
+fn read_u64(dir: &Path, file: &str) -> u64 {
+    fs::read_to_string(dir.join(file))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The number after `key` in a flat-keyed file such as memory.events or pids.events.
+fn read_key(dir: &Path, file: &str, key: &str) -> u64 {
+    fs::read_to_string(dir.join(file))
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                let (k, v) = l.split_once(' ')?;
+                (k == key).then(|| v.trim().parse().ok()).flatten()
+            })
+        })
+        .unwrap_or(0)
+}
+
+impl Layout {
+    fn dirs(&self) -> Vec<&Path> {
+        match self {
+            Layout::V1 {
+                memory,
+                pids,
+                cpu,
+                cpuacct,
+            } => {
+                // Co-mounted controllers (cpu,cpuacct) share a directory.
+                let mut dirs: Vec<&Path> = vec![memory, pids, cpu, cpuacct];
+                dirs.sort();
+                dirs.dedup();
+                dirs
+            }
+            Layout::V2 { dir } => vec![dir],
+        }
+    }
+
+    fn child(&self, name: &str) -> Layout {
+        match self {
+            Layout::V1 {
+                memory,
+                pids,
+                cpu,
+                cpuacct,
+            } => Layout::V1 {
+                memory: memory.join(name),
+                pids: pids.join(name),
+                cpu: cpu.join(name),
+                cpuacct: cpuacct.join(name),
+            },
+            Layout::V2 { dir } => Layout::V2 {
+                dir: dir.join(name),
+            },
+        }
+    }
+}
+
+static SWEEP: Once = Once::new();
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+impl Cgroup {
+    /// Creates a cgroup for one sandbox with `limits` applied, or says why none can be used.
+    pub fn create(limits: &Limits) -> Result<Cgroup, String> {
+        let (base, everywhere) = own_layout()?;
+        SWEEP.call_once(sweep_stale);
+        let me = sys::getpid().to_string();
+        let started = start_time(&me).unwrap_or_default();
+        let name = format!(
+            "{PREFIX}{me}-{started}-{}",
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
+        let layout = base.child(&name);
+        let ours = layout
+            .dirs()
+            .iter()
+            .map(|d| d.to_path_buf())
+            .collect::<Vec<_>>();
+        let others = everywhere
+            .into_iter()
+            .map(|d| d.join(&name))
+            .filter(|d| !ours.contains(d))
+            .collect();
+        let cg = Cgroup {
+            layout,
+            name,
+            others,
+        };
+        for dir in cg.layout.dirs() {
+            if let Err(e) = fs::create_dir(dir) {
+                cg.destroy();
+                return Err(format!("cannot create {}: {e}", dir.display()));
+            }
+        }
+        if let Err(e) = cg.apply(limits) {
+            cg.destroy();
+            return Err(e.to_string());
+        }
+        Ok(cg)
+    }
+
+    fn apply(&self, limits: &Limits) -> io::Result<()> {
+        let mem = limits.memory.0.to_string();
+        let quota = ((limits.cpus * CPU_PERIOD_US as f64) as u64).max(1000);
+        match &self.layout {
+            Layout::V1 {
+                memory, pids, cpu, ..
+            } => {
+                write(memory, "memory.limit_in_bytes", &mem)?;
+                // Where swap is accounted, the same bound on memory+swap keeps swap out.
+                if memory.join("memory.memsw.limit_in_bytes").exists() {
+                    write(memory, "memory.memsw.limit_in_bytes", &mem)?;
+                }
+                write(pids, "pids.max", &limits.pids.to_string())?;
+                write(cpu, "cpu.cfs_period_us", &CPU_PERIOD_US.to_string())?;
+                write(cpu, "cpu.cfs_quota_us", &quota.to_string())
+            }
+            Layout::V2 { dir } => {
+                write(dir, "memory.max", &mem)?;
+                if dir.join("memory.swap.max").exists() {
+                    write(dir, "memory.swap.max", "0")?;
+                }
+                write(dir, "pids.max", &limits.pids.to_string())?;
+                write(dir, "cpu.max", &format!("{quota} {CPU_PERIOD_US}"))
+            }
+        }
+    }
+
+    /// The directory name, the same in every hierarchy.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn version(&self) -> &'static str {
+        match self.layout {
+            Layout::V1 { .. } => "cgroup-v1",
+            Layout::V2 { .. } => "cgroup-v2",
+        }
+    }
+
+    pub fn paths(&self) -> Vec<String> {
+        self.layout
+            .dirs()
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect()
+    }
+
+    /// The files a process writes "0" into to move itself into the cgroup.
+    ///
+    /// On v1 that is `tasks`: a single-threaded process moving itself there skips the global
+    /// threadgroup lock, whose first writer otherwise waits out an RCU grace period (about
+    /// 10 ms here). v2 has no such file; its `cgroup.procs` takes the lock.
+    pub fn join_files(&self) -> Vec<String> {
+        let file = match self.layout {
+            Layout::V1 { .. } => "tasks",
+            Layout::V2 { .. } => "cgroup.procs",
+        };
+        self.layout
+            .dirs()
+            .iter()
+            .map(|d| d.join(file).display().to_string())
+            .collect()
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.probe().read()
+    }
+
+    /// A handle on the counters of a cgroup created beneath this one (by an OCI runtime).
+    pub fn probe_child(&self, name: &str) -> Probe {
+        Probe(self.layout.child(name))
+    }
+
+    /// A handle that reads the counters while the sandbox runs.
+    pub fn probe(&self) -> Probe {
+        Probe(self.layout.clone())
+    }
+}
+
+/// Reads a sandbox cgroup's counters, at any time while it exists.
+#[derive(Debug, Clone)]
+pub struct Probe(Layout);
+
+impl Probe {
+    pub fn read(&self) -> Stats {
+        match &self.0 {
+            Layout::V1 {
+                memory,
+                pids,
+                cpuacct,
+                ..
+            } => Stats {
+                cpu_ns: read_u64(cpuacct, "cpuacct.usage"),
+                memory_peak: read_u64(memory, "memory.max_usage_in_bytes"),
+                oom_kills: read_key(memory, "memory.oom_control", "oom_kill"),
+                pids_max_hits: read_key(pids, "pids.events", "max"),
+            },
+            Layout::V2 { dir } => Stats {
+                cpu_ns: read_key(dir, "cpu.stat", "usage_usec") * 1000,
+                memory_peak: read_u64(dir, "memory.peak"),
+                oom_kills: read_key(dir, "memory.events", "oom_kill"),
+                pids_max_hits: read_key(dir, "pids.events", "max"),
+            },
+        }
+    }
+}
+
+impl Cgroup {
+    /// Kills every process in the cgroup and beneath it, in every hierarchy, keeping the
+    /// cgroups and their counters.
+    pub fn kill_all(&self) {
+        fn kill_tree(dir: &Path) {
+            kill_members(dir);
+            if let Ok(entries) = fs::read_dir(dir) {
+                for entry in entries.flatten() {
+                    if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                        kill_tree(&entry.path());
+                    }
+                }
+            }
+        }
+        for dir in self
+            .layout
+            .dirs()
+            .into_iter()
+            .chain(self.others.iter().map(|p| p.as_path()))
+        {
+            kill_tree(dir);
+        }
+    }
+
+    /// Kills every process left in the cgroup and removes it, and anything created beneath it,
+    /// in every hierarchy.
+    pub fn destroy(&self) {
+        remove(&self.layout);
+        for dir in &self.others {
+            remove_tree(dir);
+        }
+    }
+}
+
+fn kill_members(dir: &Path) -> bool {
+    if dir.join("cgroup.kill").exists() {
+        let _ = fs::write(dir.join("cgroup.kill"), "1");
+    }
+    let procs = fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+    let mut any = false;
+    for pid in procs.lines().filter_map(|p| p.trim().parse::<i32>().ok()) {
+        any = true;
+        let _ = sys::kill(pid, libc::SIGKILL);
+    }
+    any
+}
+
+fn remove(layout: &Layout) {
+    for dir in layout.dirs() {
+        remove_tree(dir);
+    }
+}
+
+/// Removes `dir` after its sub-cgroups (an OCI runtime's, say), deepest first.
+fn remove_tree(dir: &Path) {
+    if let Ok(entries) = fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_tree(&entry.path());
+            }
+        }
+    }
+    remove_dir(dir);
+}
+
+fn remove_dir(dir: &Path) {
+    for attempt in 0..400 {
+        if !dir.exists() {
+            break;
+        }
+        kill_members(dir);
+        match fs::remove_dir(dir) {
+            Ok(()) => break,
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && attempt < 399 => {
+                std::thread::sleep(Duration::from_millis(5))
+            }
+            Err(_) => break,
+        }
+    }
+}
+
+/// Whether `name` is a run's (`kennel-<pid>-<start time>-<n>`, the name its cgroup, bundle
+/// and container share) whose supervisor is gone: no process with that pid and start time.
+pub fn is_stale(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix(PREFIX) else {
+        return false;
+    };
+    let mut parts = rest.splitn(3, '-');
+    let (Some(pid), Some(started)) = (parts.next(), parts.next()) else {
+        return false;
+    };
+    start_time(pid).as_deref() != Some(started)
+}
+
+/// Removes cgroups left behind by supervisors that are gone (killed with SIGKILL, say), in
+/// every hierarchy.
+fn sweep_stale() {
+    for dir in own_dirs_everywhere() {
+        let Ok(entries) = fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if is_stale(&name) {
+                remove_tree(&dir.join(&name));
+            }
+        }
+    }
+}
+
+/// What `kennel doctor` says about cgroups on this host.
+pub fn describe() -> Result<String, String> {
+    let (layout, _) = own_layout()?;
+    let kind = match layout {
+        Layout::V1 { .. } => "cgroup-v1",
+        Layout::V2 { .. } => "cgroup-v2",
+    };
+    let dirs: Vec<String> = layout
+        .dirs()
+        .iter()
+        .map(|d| d.display().to_string())
+        .collect();
+    Ok(format!("{kind} beneath {}", dirs.join(", ")))
+}

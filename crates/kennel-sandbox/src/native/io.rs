@@ -1,0 +1,178 @@
+//! The live side of a run: where stdin comes from, who watches the output, who may stop it,
+//! and who hears that the code started.
+
+use std::io::{Read, Write};
+use std::process::ChildStdin;
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::{self, JoinHandle};
+
+use super::output::{self, Captured, Stream};
+use super::proto::Msg;
+use kennel_types::api::{Isolation, RunRequest};
+use crate::error::Error;
+
+/// Where the code's stdin comes from when the request carries none.
+pub enum StdinSource {
+    Null,
+    Reader(Box<dyn Read + Send>),
+}
+
+/// Sees each kept chunk of output as the code produces it (never more than the caps): for
+/// live pass-through and streaming.
+pub type OutputSink = Arc<dyn Fn(Stream, &[u8]) + Send + Sync>;
+
+/// The live side of a run: where stdin comes from, who watches the output, who may stop it.
+pub struct RunIo {
+    pub stdin: StdinSource,
+    pub on_output: Option<OutputSink>,
+    /// With `Raw`, the sink sees every byte and the result keeps none: for a program that
+    /// speaks a protocol on its stdout (the session agent), not for untrusted output.
+    pub output: OutputMode,
+    pub cancel: Option<Canceller>,
+    pub on_started: Option<OnStarted>,
+}
+
+impl RunIo {
+    /// No stdin (beyond the request's own) and no live output.
+    pub fn none() -> RunIo {
+        RunIo {
+            stdin: StdinSource::Null,
+            on_output: None,
+            output: OutputMode::Capture,
+            cancel: None,
+            on_started: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputMode {
+    /// Keep the head of each stream up to `limits.output`; the sink sees what is kept.
+    Capture,
+    /// Keep nothing; the sink sees everything.
+    Raw,
+}
+
+/// Stops a run from outside: the sandbox is killed as on a timeout. Cloneable; cancelling
+/// before the run starts makes it end as soon as it does.
+#[derive(Clone, Default)]
+pub struct Canceller(Arc<Mutex<CancelState>>);
+
+#[derive(Default)]
+struct CancelState {
+    cancelled: bool,
+    wake: Option<mpsc::Sender<Event>>,
+}
+
+impl Canceller {
+    pub fn new() -> Canceller {
+        Canceller::default()
+    }
+
+    pub fn cancel(&self) {
+        let mut state = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        state.cancelled = true;
+        if let Some(wake) = &state.wake {
+            let _ = wake.send(Event::Cancel);
+        }
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).cancelled
+    }
+
+    pub(crate) fn attach(&self, wake: mpsc::Sender<Event>) {
+        let mut state = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if state.cancelled {
+            let _ = wake.send(Event::Cancel);
+        }
+        state.wake = Some(wake);
+    }
+}
+
+/// What the supervision loop waits for.
+pub(crate) enum Event {
+    Frame(Msg, Vec<u8>),
+    /// The control socket closed: every helper process is gone.
+    Closed,
+    Cancel,
+}
+
+/// Reads the control socket on a thread of its own: every frame, then `Closed`, arrive on the
+/// returned channel, where a `cancel` also lands.
+pub(crate) fn control_events(
+    ctl: &std::os::unix::net::UnixStream,
+    cancel: Option<&Canceller>,
+) -> Result<mpsc::Receiver<Event>, Error> {
+    let mut reader = ctl
+        .try_clone()
+        .map_err(Error::io("cloning the control socket"))?;
+    let (tx, rx) = mpsc::channel();
+    if let Some(cancel) = cancel {
+        cancel.attach(tx.clone());
+    }
+    thread::spawn(move || {
+        while let Ok(Some((msg, blob))) = super::proto::recv(&mut reader) {
+            if tx.send(Event::Frame(msg, blob)).is_err() {
+                return;
+            }
+        }
+        let _ = tx.send(Event::Closed);
+    });
+    Ok(rx)
+}
+
+/// What a caller learns the moment the code starts: the isolation in force, and (with
+/// cgroups) a probe that reads the usage counters while the sandbox runs.
+pub struct Started {
+    pub isolation: Isolation,
+    pub usage: Option<super::cgroup::Probe>,
+}
+
+/// Called once, when the code starts.
+pub type OnStarted = Box<dyn FnOnce(Started) + Send>;
+
+pub(crate) fn feed_stdin(
+    pipe: Option<ChildStdin>,
+    req: &RunRequest,
+    source: StdinSource,
+) -> Result<Option<JoinHandle<()>>, Error> {
+    let Some(mut pipe) = pipe else {
+        return Ok(None);
+    };
+    let mut source: Box<dyn Read + Send> = match (&req.stdin, source) {
+        (Some(content), _) => Box::new(std::io::Cursor::new(content.to_bytes()?)),
+        (None, StdinSource::Reader(r)) => r,
+        (None, StdinSource::Null) => return Ok(None),
+    };
+    // A code that stops reading gets EPIPE here, which simply ends the copy.
+    Ok(Some(thread::spawn(move || {
+        let _ = std::io::copy(&mut source, &mut pipe);
+        let _ = pipe.flush();
+    })))
+}
+
+pub(crate) fn reader(
+    pipe: Option<impl Read + Send + 'static>,
+    cap: u64,
+    mode: OutputMode,
+    stream: Stream,
+    sink: Option<OutputSink>,
+) -> Option<JoinHandle<Captured>> {
+    let cap = if mode == OutputMode::Raw { 0 } else { cap };
+    pipe.map(|p| {
+        thread::spawn(move || {
+            let on_chunk = |kept: &[u8], all: &[u8]| {
+                let seen = if mode == OutputMode::Raw { all } else { kept };
+                if let (Some(sink), false) = (&sink, seen.is_empty()) {
+                    sink(stream, seen);
+                }
+            };
+            output::drain(p, cap, on_chunk).unwrap_or_default()
+        })
+    })
+}
+
+pub(crate) fn join(handle: Option<JoinHandle<Captured>>) -> Captured {
+    handle.and_then(|h| h.join().ok()).unwrap_or_default()
+}

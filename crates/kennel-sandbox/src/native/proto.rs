@@ -1,0 +1,186 @@
+//! The control channel between the supervisor and the sandbox helper processes.
+//!
+//! A frame is `[u32 json length][u64 blob length][json][blob]`, little-endian. The blob carries
+//! raw file bytes so that files are never inflated into JSON.
+
+use std::io::{self, Read, Write};
+
+use serde::{Deserialize, Serialize};
+
+use kennel_types::policy::Policy;
+
+/// The file descriptor on which a helper finds its control socket.
+pub const CTL_FD: i32 = 3;
+
+const MAX_JSON: u32 = 16 << 20;
+const MAX_BLOB: u64 = 1 << 30;
+
+/// A file for the sandbox; its bytes travel as the blob of the same frame.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FileMeta {
+    pub path: String,
+    pub mode: u32,
+}
+
+/// Files for the sandbox with their bytes, in the order they are sent.
+pub type InputFiles = Vec<(FileMeta, Vec<u8>)>;
+
+/// What the helper needs to build the sandbox, sent once, before anything else.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Plan {
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub policy: Policy,
+    pub collect: Vec<String>,
+    /// How many files follow as `Msg::File` frames.
+    pub files: usize,
+    /// Whether the supervisor maps a full id range (it is privileged) or a single id.
+    pub full_id_range: bool,
+    /// Files the helper writes "0" into to join the sandbox's cgroup; empty when rlimits stand
+    /// in for cgroups.
+    pub cgroup_join: Vec<String>,
+    /// CPUs the sandbox is pinned to.
+    pub cpus: Vec<usize>,
+}
+
+/// What the isolation looked like from inside, just before `execve`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Confinement {
+    pub namespaces: Vec<String>,
+    pub landlock_enforced: bool,
+    pub landlock_abi: Option<u32>,
+    pub no_new_privs: bool,
+    pub seccomp_filter: bool,
+    pub capabilities_as_planned: bool,
+}
+
+/// A file collected after the run; its bytes are the blob.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Collected {
+    pub path: String,
+    pub size: u64,
+    pub truncated: bool,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Msg {
+    // supervisor → helper
+    Plan(Box<Plan>),
+    /// To an OCI launcher instead of a plan.
+    Launch(Box<crate::oci::launcher::LaunchPlan>),
+    File(FileMeta),
+    IdsMapped,
+    /// To an OCI launcher: the allowlist proxy listens in its network namespace.
+    ProxyBound,
+    // helper → supervisor
+    MapIds {
+        pid: i32,
+    },
+    InitPid {
+        pid: i32,
+    },
+    /// From an OCI launcher: its own network namespace (loopback only) is up; bind the proxy.
+    NetnsReady {
+        pid: i32,
+    },
+    Failed {
+        step: String,
+        errno: Option<i32>,
+        detail: String,
+    },
+    Started(Confinement),
+    Exited {
+        code: Option<i32>,
+        signal: Option<i32>,
+    },
+    Collected(Collected),
+    Done,
+}
+
+/// Reads the `count` input files that follow a plan.
+pub fn recv_files(r: &mut impl Read, count: usize) -> Result<InputFiles, String> {
+    let mut files = Vec::with_capacity(count);
+    for _ in 0..count {
+        match recv(r) {
+            Ok(Some((Msg::File(meta), data))) => files.push((meta, data)),
+            other => {
+                return Err(format!(
+                    "expected a file, got {:?}",
+                    other.map(|o| o.map(|m| m.0))
+                ))
+            }
+        }
+    }
+    Ok(files)
+}
+
+pub fn send(w: &mut impl Write, msg: &Msg, blob: &[u8]) -> io::Result<()> {
+    let json = serde_json::to_vec(msg).map_err(io::Error::other)?;
+    let mut head = Vec::with_capacity(12 + json.len());
+    head.extend_from_slice(&(json.len() as u32).to_le_bytes());
+    head.extend_from_slice(&(blob.len() as u64).to_le_bytes());
+    head.extend_from_slice(&json);
+    w.write_all(&head)?;
+    w.write_all(blob)?;
+    w.flush()
+}
+
+/// Reads one frame; `Ok(None)` on a clean end of stream.
+pub fn recv(r: &mut impl Read) -> io::Result<Option<(Msg, Vec<u8>)>> {
+    let mut head = [0u8; 12];
+    match r.read_exact(&mut head) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let json_len = u32::from_le_bytes(head[..4].try_into().expect("4 bytes"));
+    let blob_len = u64::from_le_bytes(head[4..].try_into().expect("8 bytes"));
+    if json_len > MAX_JSON || blob_len > MAX_BLOB {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "control frame too large",
+        ));
+    }
+    let mut json = vec![0u8; json_len as usize];
+    r.read_exact(&mut json)?;
+    let mut blob = vec![0u8; blob_len as usize];
+    r.read_exact(&mut blob)?;
+    let msg =
+        serde_json::from_slice(&json).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    Ok(Some((msg, blob)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_with_blobs() {
+        let mut buf = Vec::new();
+        send(
+            &mut buf,
+            &Msg::File(FileMeta {
+                path: "/workspace/a".into(),
+                mode: 0o600,
+            }),
+            b"hello",
+        )
+        .unwrap();
+        send(&mut buf, &Msg::Done, b"").unwrap();
+        let mut r = &buf[..];
+        let (m, blob) = recv(&mut r).unwrap().unwrap();
+        assert!(matches!(m, Msg::File(ref f) if f.path == "/workspace/a" && f.mode == 0o600));
+        assert_eq!(blob, b"hello");
+        assert!(matches!(recv(&mut r).unwrap().unwrap().0, Msg::Done));
+        assert!(recv(&mut r).unwrap().is_none());
+    }
+
+    #[test]
+    fn oversized_frames_are_refused() {
+        let mut frame = (MAX_JSON + 1).to_le_bytes().to_vec();
+        frame.extend_from_slice(&0u64.to_le_bytes());
+        assert!(recv(&mut &frame[..]).is_err());
+    }
+}

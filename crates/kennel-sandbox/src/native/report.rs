@@ -1,0 +1,177 @@
+//! The result of a run (of any tier), assembled from what the sandbox reported, what the kernel
+//! counted and what was asked.
+
+use std::time::{Duration, Instant};
+
+use super::cgroup::Cgroup;
+use super::output::Captured;
+use super::proto::{Collected, Confinement, Plan};
+use super::{seccomp, HOST_ID_BASE, ID_RANGE};
+use kennel_types::api::{
+    CollectedFile, Content, Isolation, LandlockInfo, LimitsInfo, RunRequest, RunResult, SeccompInfo,
+};
+use kennel_net::{self as proxy, Proxy};
+use kennel_types::policy::NetMode;
+use crate::sys;
+
+/// What holds a run's limits: its cgroup, or (the reason why there is none) rlimits.
+pub(super) type Limiter = Result<Cgroup, String>;
+
+/// What the control channel told the supervisor, in either tier (an OCI launcher reports the
+/// runtime's pid as `init_pid` and no confinement: the runtime applies it).
+#[derive(Default)]
+pub(crate) struct Report {
+    pub(crate) init_pid: Option<i32>,
+    pub(crate) failed: Option<(String, Option<i32>, String)>,
+    pub(crate) confinement: Option<Confinement>,
+    pub(crate) exited: Option<(Option<i32>, Option<i32>)>,
+    pub(crate) ended_at: Option<Instant>,
+    pub(crate) collected: Vec<(Collected, Vec<u8>)>,
+    pub(crate) timed_out: bool,
+    pub(crate) cancelled: bool,
+    pub(crate) proxy: Option<Proxy>,
+}
+
+/// How a run ended, as any tier learned it: the result is made from this and the isolation.
+pub(crate) struct Outcome {
+    pub exited: Option<(Option<i32>, Option<i32>)>,
+    /// Kennel killed the code (a timeout or a cancel): it ended by SIGKILL, whatever it said.
+    pub killed: bool,
+    pub timed_out: bool,
+    /// The cgroup's counters; without a cgroup, `usage` stands in for them.
+    pub stats: Option<super::cgroup::Stats>,
+    pub usage: Option<libc::rusage>,
+    pub collected: Vec<(Collected, Vec<u8>)>,
+    pub stdout: Captured,
+    pub stderr: Captured,
+    pub duration: Duration,
+}
+
+pub(crate) fn build_result(req: &RunRequest, o: Outcome, isolation: Isolation) -> RunResult {
+    let rusage_cpu_ms = o.usage.map_or(0, |u| {
+        let ms = |t: libc::timeval| t.tv_sec as u64 * 1000 + t.tv_usec as u64 / 1000;
+        ms(u.ru_utime) + ms(u.ru_stime)
+    });
+    let (exit_code, signal) = match o.exited {
+        Some(e) if !o.killed => e,
+        _ => (None, Some(libc::SIGKILL)),
+    };
+    RunResult {
+        exit_code,
+        signal,
+        timed_out: o.timed_out,
+        oom_killed: o.stats.is_some_and(|s| s.oom_kills > 0),
+        pids_limit_hit: o.stats.is_some_and(|s| s.pids_max_hits > 0),
+        duration_ms: o.duration.as_millis() as u64,
+        cpu_ms: o.stats.map_or(rusage_cpu_ms, |s| s.cpu_ns / 1_000_000),
+        memory_peak_bytes: o.stats.map_or_else(
+            || o.usage.map_or(0, |u| u.ru_maxrss as u64 * 1024),
+            |s| s.memory_peak,
+        ),
+        stdout_bytes: o.stdout.total,
+        stderr_bytes: o.stderr.total,
+        stdout_truncated: o.stdout.truncated(),
+        stderr_truncated: o.stderr.truncated(),
+        stdout: String::from_utf8_lossy(&o.stdout.head).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr.head).into_owned(),
+        files: collected_files(req, o.collected),
+        isolation,
+        network_log: vec![],
+    }
+}
+
+fn collected_files(req: &RunRequest, collected: Vec<(Collected, Vec<u8>)>) -> Vec<CollectedFile> {
+    let mut files: Vec<CollectedFile> = collected
+        .into_iter()
+        .map(|(meta, data)| CollectedFile {
+            content: meta.error.is_none().then(|| Content::from_bytes(data)),
+            path: meta.path,
+            size: meta.size,
+            truncated: meta.truncated,
+            error: meta.error,
+        })
+        .collect();
+    // A run killed before it could collect still answers for every path asked.
+    for path in &req.collect {
+        if !files.iter().any(|f| &f.path == path) {
+            files.push(CollectedFile {
+                path: path.clone(),
+                size: 0,
+                content: None,
+                truncated: false,
+                error: Some("not collected: the run was killed".into()),
+            });
+        }
+    }
+    files
+}
+
+pub(super) fn isolation(
+    plan: &Plan,
+    limiter: &Limiter,
+    confinement: Option<Confinement>,
+) -> Isolation {
+    let cgroup = limiter.as_ref().ok();
+    let c = confinement.unwrap_or(Confinement {
+        namespaces: vec![],
+        landlock_enforced: false,
+        landlock_abi: None,
+        no_new_privs: false,
+        seccomp_filter: false,
+        capabilities_as_planned: false,
+    });
+    let (host_uid, host_gid, id_range) = if plan.full_id_range {
+        (HOST_ID_BASE, HOST_ID_BASE, ID_RANGE)
+    } else {
+        (sys::getuid(), sys::getgid(), 1)
+    };
+    Isolation {
+        tier: "native".into(),
+        namespaces: c.namespaces,
+        host_uid,
+        host_gid,
+        id_range,
+        seccomp: SeccompInfo {
+            enforced: c.seccomp_filter,
+            profile: seccomp::PROFILE.into(),
+            denied_errno: seccomp::DENIED_ERRNO_NAME.into(),
+            denied_syscalls: seccomp::denied_names(),
+        },
+        landlock: LandlockInfo {
+            enforced: c.landlock_enforced,
+            abi: c.landlock_abi,
+        },
+        limits: LimitsInfo {
+            mechanism: cgroup.map_or("rlimit", Cgroup::version).into(),
+            cgroups: cgroup.map(Cgroup::paths).unwrap_or_default(),
+            fallback_reason: limiter.as_ref().err().map(|why| {
+                format!("{why}; memory as RLIMIT_AS, tasks as RLIMIT_NPROC, cpu time as RLIMIT_CPU")
+            }),
+        },
+        no_new_privs: c.no_new_privs,
+        capabilities: plan.policy.capabilities.names(),
+        filesystem: plan
+            .policy
+            .filesystem
+            .rootfs
+            .as_ref()
+            .map_or("host-system-ro".into(), |r| {
+                format!("rootfs:{}", r.display())
+            }),
+        network: network_summary(&plan.policy.network),
+        runtime: None,
+    }
+}
+
+pub(crate) fn network_summary(network: &kennel_types::policy::Network) -> String {
+    match network.mode {
+        NetMode::None => "none (private namespace, loopback only)".into(),
+        NetMode::Full => "full (the host's network namespace)".into(),
+        NetMode::Allow => format!(
+            "allowlist through Kennel's proxy (HTTP 127.0.0.1:{}, SOCKS5 127.0.0.1:{}): {}",
+            proxy::HTTP_PORT,
+            proxy::SOCKS_PORT,
+            network.allow.join(", ")
+        ),
+    }
+}

@@ -1,0 +1,510 @@
+//! The isolation sequence: one flat, ordered list of named steps per process, each with its
+//! reason. This file is the table of contents of the native tier; `tests` asserts the order.
+//!
+//! Three processes take part. The *helper* starts on the host, creates the namespaces and becomes
+//! root inside them; it forks the *init*, pid 1 of the new pid namespace, which builds the
+//! filesystem view and forks the *program* process, which locks itself down and execs the code.
+
+use std::fmt;
+use std::io;
+
+use serde::{Deserialize, Serialize};
+
+use super::landlock::Outcome;
+use super::mounts::{self, Op};
+use super::ops::Os;
+use super::proto::{Confinement, FileMeta, Msg, Plan};
+use super::seccomp;
+use kennel_types::policy::NetMode;
+
+/// A failure inside a step, with the errno kept.
+#[derive(Debug, Clone)]
+pub struct Fail {
+    pub errno: Option<i32>,
+    pub detail: String,
+}
+
+impl Fail {
+    pub fn new(detail: impl Into<String>) -> Fail {
+        Fail {
+            errno: None,
+            detail: detail.into(),
+        }
+    }
+}
+
+/// Adds what was being done to an `io::Error`, keeping its errno.
+pub trait Context<T> {
+    fn ctx(self, what: impl FnOnce() -> String) -> Result<T, Fail>;
+}
+
+impl<T> Context<T> for io::Result<T> {
+    fn ctx(self, what: impl FnOnce() -> String) -> Result<T, Fail> {
+        self.map_err(|e| Fail {
+            errno: e.raw_os_error(),
+            detail: format!("{}: {e}", what()),
+        })
+    }
+}
+
+macro_rules! steps {
+    ($( $(#[$doc:meta])* $name:ident = $text:literal, $why:literal; )*) => {
+        /// Every step of the sequence, in the supervisor's and the helpers' order.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+        #[serde(rename_all = "snake_case")]
+        pub enum Step { $( $(#[$doc])* $name, )* }
+
+        impl Step {
+            pub const ALL: &'static [Step] = &[$(Step::$name),*];
+
+            pub fn name(self) -> &'static str {
+                match self { $(Step::$name => $text,)* }
+            }
+
+            /// Why the step is there, and why at this point of the sequence.
+            pub fn reason(self) -> &'static str {
+                match self { $(Step::$name => $why,)* }
+            }
+        }
+    };
+}
+
+steps! {
+    // The supervisor, on the host.
+    SpawnHelper = "spawn_helper",
+        "a fresh single-threaded process may fork safely, whatever threads the supervisor runs; it waits for its plan";
+    CreateCgroup = "create_cgroup",
+        "limits must hold before the first sandboxed instruction: the cgroup exists before the plan is sent (and overlaps the helper's exec)";
+    StartProxy = "start_proxy",
+        "with a network allowlist, the proxy's listeners are bound inside the sandbox's network namespace as soon as it exists, before any code can run";
+    // The helper, on the host.
+    JoinCgroup = "join_cgroup",
+        "the helper moves itself into the cgroup before it unshares: the limits hold for all it starts, and the cgroup namespace is rooted there";
+    UnshareNamespaces = "unshare_namespaces",
+        "user, mount, pid, network, ipc, uts, cgroup (and time) namespaces, all owned by the new user namespace";
+    MapIds = "map_ids",
+        "the supervisor, outside, maps sandbox ids onto an unprivileged host range before anything runs as them";
+    BecomeRoot = "become_root",
+        "root inside the namespace holds the capabilities needed for the mounts, and only there";
+    DieWithSupervisor = "die_with_supervisor",
+        "the kernel clears the parent-death signal when credentials change, as they just did: set it again, then make sure the supervisor is still there";
+    // The init, pid 1 of the new pid namespace.
+    DieWithHelper = "die_with_helper",
+        "if the helper dies (say, the supervisor was SIGKILLed), pid 1 dies and takes the whole sandbox with it";
+    HideFromProgram = "hide_from_program",
+        "a non-dumpable init cannot be ptraced or have /proc/1/exe or /proc/1/mem opened by the code";
+    MakeMountsPrivate = "make_mounts_private",
+        "no mount made for the sandbox may propagate back to the host";
+    MountSystemView = "mount_system_view",
+        "the system directories (or the rootfs) read-only, with the secrets under /etc masked";
+    MountScratch = "mount_scratch",
+        "a fresh, size-capped /tmp and /workspace: the only writable places";
+    WriteInputFiles = "write_input_files",
+        "the request's files go into the scratch space before the code starts";
+    MountDev = "mount_dev",
+        "a minimal /dev: null, zero, full, random, urandom, tty, a private devpts and /dev/shm";
+    MountProc = "mount_proc",
+        "/proc is mounted after the pid-namespace fork, so it shows only the sandbox's processes";
+    MaskProc = "mask_proc",
+        "host-sensitive /proc entries are hidden or made read-only";
+    PivotRoot = "pivot_root",
+        "the new root replaces the old, which is detached so that no path leads back to the host";
+    RemountRootReadonly = "remount_root_readonly",
+        "the new root itself is read-only; only the scratch tmpfs mounts accept writes";
+    SetHostname = "set_hostname",
+        "the sandbox's own uts namespace gets a neutral name";
+    BringUpLoopback = "bring_up_loopback",
+        "code that serves and calls itself on 127.0.0.1 must work; nothing else is reachable";
+    PinCpus = "pin_cpus",
+        "nproc and sched_getaffinity agree with the CPU quota, so pools are sized to it";
+    // The program process, pid 2, which becomes the code.
+    NewSession = "new_session",
+        "a new session without a controlling terminal: no TIOCSTI into the caller's terminal";
+    ResetSignals = "reset_signals",
+        "signal dispositions ignored by whoever started Kennel must not reach the code";
+    SetRlimits = "set_rlimits",
+        "no core dumps, a cap on open files, and the rlimit fallback where no cgroup holds the limits";
+    EnterWorkspace = "enter_workspace",
+        "the code starts in /workspace";
+    DropCapabilities = "drop_capabilities",
+        "after the last privileged operation, every capability goes, bounding set included, but the policy's small set, which holds inside the sandbox's user namespace only";
+    SetNoNewPrivs = "set_no_new_privs",
+        "no setuid or file-capability gain on exec; required before Landlock and seccomp";
+    RestrictFilesystem = "restrict_filesystem",
+        "Landlock as a second layer: writes only beneath /tmp, /workspace and /dev";
+    CloseInheritedFds = "close_inherited_fds",
+        "no descriptor beyond stdin, stdout, stderr (and the control socket, closed on exec) reaches the code";
+    InstallSeccomp = "install_seccomp",
+        "the syscall filter goes last, so that nothing Kennel itself still needs is denied";
+    VerifyConfinement = "verify_confinement",
+        "the process checks from inside that NoNewPrivs, seccomp and empty capabilities are in force";
+    Exec = "exec",
+        "the code replaces the program process";
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+pub const HELPER_STEPS: &[Step] = &[
+    Step::JoinCgroup,
+    Step::UnshareNamespaces,
+    Step::MapIds,
+    Step::BecomeRoot,
+    Step::DieWithSupervisor,
+];
+
+pub const INIT_STEPS: &[Step] = &[
+    Step::DieWithHelper,
+    Step::HideFromProgram,
+    Step::MakeMountsPrivate,
+    Step::MountSystemView,
+    Step::MountScratch,
+    Step::WriteInputFiles,
+    Step::MountDev,
+    Step::MountProc,
+    Step::MaskProc,
+    Step::PivotRoot,
+    Step::RemountRootReadonly,
+    Step::SetHostname,
+    Step::BringUpLoopback,
+    Step::PinCpus,
+];
+
+pub const PROGRAM_STEPS: &[Step] = &[
+    Step::NewSession,
+    Step::ResetSignals,
+    Step::SetRlimits,
+    Step::EnterWorkspace,
+    Step::DropCapabilities,
+    Step::SetNoNewPrivs,
+    Step::RestrictFilesystem,
+    Step::CloseInheritedFds,
+    Step::InstallSeccomp,
+    Step::VerifyConfinement,
+    Step::Exec,
+];
+
+/// The mount operations, planned before the init starts mounting.
+#[derive(Debug, Clone, Default)]
+pub struct FsPlan {
+    pub system: Vec<Op>,
+    pub scratch: Vec<Op>,
+    pub dev: Vec<Op>,
+    pub proc_mount: Vec<Op>,
+    pub proc_mask: Vec<Op>,
+}
+
+/// Everything the steps read and the state they hand on to later steps.
+pub struct Ctx<'a> {
+    pub plan: &'a Plan,
+    /// The helper's parent, seen before any credential change.
+    pub supervisor_pid: i32,
+    pub files: &'a [(FileMeta, Vec<u8>)],
+    pub fs: FsPlan,
+    pub namespaces: Vec<String>,
+    pub landlock: Option<Outcome>,
+}
+
+const BASE_NAMESPACES: &[(libc::c_int, &str)] = &[
+    (libc::CLONE_NEWUSER, "user"),
+    (libc::CLONE_NEWNS, "mount"),
+    (libc::CLONE_NEWPID, "pid"),
+    (libc::CLONE_NEWNET, "network"),
+    (libc::CLONE_NEWIPC, "ipc"),
+    (libc::CLONE_NEWUTS, "uts"),
+    (libc::CLONE_NEWCGROUP, "cgroup"),
+];
+const CLONE_NEWTIME: libc::c_int = 0x80;
+pub const HOSTNAME: &str = "kennel";
+const CTL_FD: i32 = super::proto::CTL_FD;
+
+/// Runs `steps` in order; the first failure stops the sequence and names its step.
+pub fn run_steps(steps: &[Step], ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), (Step, Fail)> {
+    for &step in steps {
+        step.run(ctx, os).map_err(|f| (step, f))?;
+    }
+    Ok(())
+}
+
+impl Step {
+    fn run(self, ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), Fail> {
+        match self {
+            Step::CreateCgroup | Step::SpawnHelper | Step::StartProxy => {
+                Err(Fail::new("a supervisor step cannot run inside the sandbox"))
+            }
+            Step::JoinCgroup => join_cgroup(ctx, os),
+            Step::UnshareNamespaces => unshare_namespaces(ctx, os),
+            Step::MapIds => os.request_id_map().ctx(|| "waiting for the id map".into()),
+            Step::BecomeRoot => os
+                .become_root(ctx.plan.full_id_range)
+                .ctx(|| "setresuid(0)".into()),
+            Step::DieWithSupervisor => die_with_supervisor(ctx, os),
+            Step::DieWithHelper => os
+                .set_parent_death_signal()
+                .ctx(|| "PR_SET_PDEATHSIG".into()),
+            Step::HideFromProgram => os.set_dumpable(false).ctx(|| "PR_SET_DUMPABLE".into()),
+            Step::MakeMountsPrivate => os
+                .mount(None, "/", None, libc::MS_REC | libc::MS_PRIVATE, None)
+                .ctx(|| "making / private".into()),
+            Step::MountSystemView => perform(&ctx.fs.system, os),
+            Step::MountScratch => perform(&ctx.fs.scratch, os),
+            Step::WriteInputFiles => write_input_files(ctx, os),
+            Step::MountDev => perform(&ctx.fs.dev, os),
+            Step::MountProc => perform(&ctx.fs.proc_mount, os),
+            Step::MaskProc => perform(&ctx.fs.proc_mask, os),
+            Step::PivotRoot => pivot_root(os),
+            Step::RemountRootReadonly => remount_read_only(os, "/"),
+            Step::SetHostname => os.sethostname(HOSTNAME).ctx(|| "sethostname".into()),
+            Step::BringUpLoopback if ctx.plan.policy.network.mode == NetMode::Full => Ok(()),
+            Step::BringUpLoopback => os.loopback_up().ctx(|| "bringing lo up".into()),
+            Step::PinCpus => os
+                .set_cpu_affinity(&ctx.plan.cpus)
+                .ctx(|| format!("pinning to cpus {:?}", ctx.plan.cpus)),
+            Step::NewSession => os.setsid().ctx(|| "setsid".into()),
+            Step::ResetSignals => os.reset_signals().ctx(|| "resetting signals".into()),
+            Step::SetRlimits => set_rlimits(ctx, os),
+            Step::EnterWorkspace => os.chdir("/workspace").ctx(|| "chdir /workspace".into()),
+            Step::DropCapabilities => os
+                .limit_capabilities(ctx.plan.policy.capabilities.mask())
+                .ctx(|| "dropping capabilities".into()),
+            Step::SetNoNewPrivs => os.set_no_new_privs().ctx(|| "PR_SET_NO_NEW_PRIVS".into()),
+            Step::RestrictFilesystem => restrict_filesystem(ctx, os),
+            Step::CloseInheritedFds => os.close_fds_from(CTL_FD + 1).ctx(|| "close_range".into()),
+            Step::InstallSeccomp => os
+                .install_seccomp(&seccomp::compile(seccomp::RULES))
+                .ctx(|| "PR_SET_SECCOMP".into()),
+            Step::VerifyConfinement => verify_confinement(ctx, os),
+            Step::Exec => Err(exec(ctx, os)),
+        }
+    }
+}
+
+fn join_cgroup(ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), Fail> {
+    for file in &ctx.plan.cgroup_join {
+        os.join_cgroup(file)
+            .ctx(|| format!("writing 0 to {file}"))?;
+    }
+    Ok(())
+}
+
+fn unshare_namespaces(ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), Fail> {
+    // `network.mode = "full"` keeps the host's network: the one namespace left out.
+    let host_net = ctx.plan.policy.network.mode == NetMode::Full;
+    let wanted = BASE_NAMESPACES
+        .iter()
+        .filter(|(flag, _)| !(host_net && *flag == libc::CLONE_NEWNET));
+    let base = wanted.clone().fold(0, |acc, (flag, _)| acc | flag);
+    ctx.namespaces = wanted.map(|(_, n)| n.to_string()).collect();
+    match os.unshare(base | CLONE_NEWTIME) {
+        Ok(()) => {
+            ctx.namespaces.push("time".into());
+            Ok(())
+        }
+        // Kernels before 5.6 have no time namespace: the others still hold.
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            os.unshare(base).ctx(|| "unshare".into())
+        }
+        Err(e) => Err(e).ctx(|| "unshare".into()),
+    }
+}
+
+fn die_with_supervisor(ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), Fail> {
+    os.set_parent_death_signal()
+        .ctx(|| "PR_SET_PDEATHSIG".into())?;
+    if os.parent_pid() != ctx.supervisor_pid {
+        return Err(Fail {
+            errno: Some(libc::ESRCH),
+            detail: "the supervisor is gone".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Performs planned filesystem operations in order.
+pub fn perform(ops: &[Op], os: &mut dyn Os) -> Result<(), Fail> {
+    for op in ops {
+        match op {
+            Op::Mkdir(p) => os.mkdir_all(p).ctx(|| format!("mkdir {p}"))?,
+            Op::Touch(p) => os.touch(p).ctx(|| format!("creating {p}"))?,
+            Op::Symlink { target, link } => {
+                os.symlink(target, link).ctx(|| format!("symlink {link}"))?
+            }
+            Op::Mount {
+                source,
+                target,
+                fstype,
+                flags,
+                data,
+            } => os
+                .mount(
+                    source.as_deref(),
+                    target,
+                    fstype.as_deref(),
+                    *flags,
+                    data.as_deref(),
+                )
+                .ctx(|| format!("mount {} on {target}", source.as_deref().unwrap_or("-")))?,
+            Op::RemountReadOnly(target) => remount_read_only(os, target)?,
+        }
+    }
+    Ok(())
+}
+
+fn remount_read_only(os: &mut dyn Os, target: &str) -> Result<(), Fail> {
+    // Inside a user namespace the flags the host locked (nosuid, nodev, ...) must be repeated.
+    let locked = os
+        .mount_flags_of(target)
+        .ctx(|| format!("statvfs {target}"))?;
+    let flags = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | locked;
+    os.mount(None, target, None, flags, None)
+        .ctx(|| format!("remounting {target} read-only"))
+}
+
+fn write_input_files(ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), Fail> {
+    for (meta, data) in ctx.files {
+        let target = format!("{}{}", mounts::NEW_ROOT, meta.path);
+        if let Some((parent, _)) = target.rsplit_once('/') {
+            os.mkdir_all(parent).ctx(|| format!("mkdir {parent}"))?;
+        }
+        os.write_file(&target, data, meta.mode)
+            .ctx(|| format!("writing {}", meta.path))?;
+    }
+    Ok(())
+}
+
+fn pivot_root(os: &mut dyn Os) -> Result<(), Fail> {
+    // pivot_root(".", ".") stacks the old root under the new one; detaching it leaves no path
+    // back to the host, and no directory is needed to hold it.
+    os.chdir(mounts::NEW_ROOT).ctx(|| "chdir new root".into())?;
+    os.pivot_root(".", ".").ctx(|| "pivot_root".into())?;
+    os.umount_detach(".")
+        .ctx(|| "detaching the old root".into())?;
+    os.chdir("/").ctx(|| "chdir /".into())
+}
+
+fn set_rlimits(ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), Fail> {
+    let l = &ctx.plan.policy.limits;
+    let mut limits = vec![
+        (libc::RLIMIT_CORE, 0, "RLIMIT_CORE"),
+        (
+            libc::RLIMIT_NOFILE,
+            u64::from(l.open_files),
+            "RLIMIT_NOFILE",
+        ),
+    ];
+    if ctx.plan.cgroup_join.is_empty() {
+        // Coarser stand-ins, reported as such: address space for memory, tasks of this uid in
+        // this user namespace for pids, CPU seconds for the timeout.
+        limits.push((libc::RLIMIT_AS, l.memory.0, "RLIMIT_AS"));
+        limits.push((libc::RLIMIT_NPROC, u64::from(l.pids), "RLIMIT_NPROC"));
+        limits.push((libc::RLIMIT_CPU, l.timeout.0.as_secs() + 1, "RLIMIT_CPU"));
+    }
+    for (res, value, name) in limits {
+        os.set_rlimit(res, value)
+            .ctx(|| format!("{name}={value}"))?;
+    }
+    Ok(())
+}
+
+fn restrict_filesystem(ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), Fail> {
+    use kennel_types::policy::Want;
+    let outcome = os
+        .landlock(mounts::LANDLOCK_READ_ONLY, mounts::LANDLOCK_WRITABLE)
+        .ctx(|| "landlock".into())?;
+    if !outcome.enforced && ctx.plan.policy.layers.landlock() == Want::Required {
+        return Err(Fail {
+            errno: Some(libc::EOPNOTSUPP),
+            detail: format!(
+                "Landlock is required but not enforced (kernel ABI: {:?})",
+                outcome.abi
+            ),
+        });
+    }
+    ctx.landlock = Some(outcome);
+    Ok(())
+}
+
+/// The value of `key` in /proc/self/status, such as `NoNewPrivs`.
+fn status_field<'s>(status: &'s str, key: &str) -> Option<&'s str> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':').map(str::trim))
+}
+
+fn verify_confinement(ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), Fail> {
+    let status = os
+        .read_to_string("/proc/self/status")
+        .ctx(|| "reading /proc/self/status".into())?;
+    let confinement = Confinement {
+        namespaces: ctx.namespaces.clone(),
+        landlock_enforced: ctx.landlock.is_some_and(|l| l.enforced),
+        landlock_abi: ctx.landlock.and_then(|l| l.abi),
+        no_new_privs: status_field(&status, "NoNewPrivs") == Some("1"),
+        seccomp_filter: status_field(&status, "Seccomp") == Some("2"),
+        capabilities_as_planned: capabilities_are(&status, ctx.plan.policy.capabilities.mask()),
+    };
+    if !(confinement.no_new_privs
+        && confinement.seccomp_filter
+        && confinement.capabilities_as_planned)
+    {
+        return Err(Fail::new(format!(
+            "the sandbox is not confined as planned: {confinement:?}"
+        )));
+    }
+    os.report(&Msg::Started(confinement))
+        .ctx(|| "reporting to the supervisor".into())
+}
+
+/// Whether the capability sets in /proc/self/status are exactly `keep` (bounding, permitted,
+/// effective) and empty (ambient, inheritable).
+fn capabilities_are(status: &str, keep: u64) -> bool {
+    let set = |key: &str| status_field(status, key).and_then(|v| u64::from_str_radix(v, 16).ok());
+    ["CapBnd", "CapPrm", "CapEff"]
+        .iter()
+        .all(|k| set(k) == Some(keep))
+        && ["CapAmb", "CapInh"].iter().all(|k| set(k) == Some(0))
+}
+
+/// The program's path: as given when it has a slash, else the first executable on PATH.
+pub fn resolve(argv0: &str, path_var: &str) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    if argv0.contains('/') {
+        return Some(argv0.to_string());
+    }
+    path_var
+        .split(':')
+        .filter(|d| !d.is_empty())
+        .map(|d| format!("{d}/{argv0}"))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
+/// Execs the code. Returns only on failure, which the caller turns into exit 126 or 127 with a
+/// message on the program's stderr, as a shell or `docker run` would.
+fn exec(ctx: &mut Ctx, os: &mut dyn Os) -> Fail {
+    let plan = ctx.plan;
+    let path_var = plan
+        .env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map_or("", |(_, v)| v.as_str());
+    let env: Vec<String> = plan.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let Some(path) = resolve(&plan.argv[0], path_var) else {
+        return Fail {
+            errno: Some(libc::ENOENT),
+            detail: format!("{}: command not found", plan.argv[0]),
+        };
+    };
+    let err = os.exec(&path, &plan.argv, &env);
+    Fail {
+        errno: err.raw_os_error(),
+        detail: format!("{}: {err}", plan.argv[0]),
+    }
+}
+
+#[cfg(test)]
+mod tests;

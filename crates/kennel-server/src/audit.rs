@@ -1,0 +1,104 @@
+//! The audit log: one JSON line per run and exec.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::Path;
+use std::sync::Mutex;
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use kennel_types::api::{Isolation, RunResult};
+use kennel_types::policy::Limits;
+
+pub struct Audit {
+    file: Option<Mutex<File>>,
+}
+
+/// One audited event.
+#[derive(Serialize)]
+pub struct Entry<'a> {
+    pub at_unix_ms: u128,
+    pub token_id: &'a str,
+    pub kind: &'a str,
+    pub session: Option<&'a str>,
+    pub language: Option<&'a str>,
+    pub code_sha256: String,
+    pub limits: &'a Limits,
+    pub pooled: bool,
+    pub isolation: Option<&'a Isolation>,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub oom_killed: bool,
+    pub duration_ms: u64,
+    pub error: Option<String>,
+}
+
+pub fn sha256_hex(data: &[u8]) -> String {
+    Sha256::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+pub fn now_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
+}
+
+impl<'a> Entry<'a> {
+    /// An entry for `code` run by `token_id`, with no outcome yet.
+    pub fn new(token_id: &'a str, kind: &'a str, code: &[u8], limits: &'a Limits) -> Entry<'a> {
+        Entry {
+            at_unix_ms: now_ms(),
+            token_id,
+            kind,
+            session: None,
+            language: None,
+            code_sha256: sha256_hex(code),
+            limits,
+            pooled: false,
+            isolation: None,
+            exit_code: None,
+            signal: None,
+            timed_out: false,
+            oom_killed: false,
+            duration_ms: 0,
+            error: None,
+        }
+    }
+
+    /// Copies the outcome of a run into the entry.
+    pub fn with_result(mut self, r: &RunResult) -> Self {
+        self.exit_code = r.exit_code;
+        self.signal = r.signal;
+        self.timed_out = r.timed_out;
+        self.oom_killed = r.oom_killed;
+        self.duration_ms = r.duration_ms;
+        self
+    }
+}
+
+impl Audit {
+    pub fn open(path: Option<&Path>) -> std::io::Result<Audit> {
+        let file = match path {
+            Some(p) => Some(Mutex::new(
+                OpenOptions::new().create(true).append(true).open(p)?,
+            )),
+            None => None,
+        };
+        Ok(Audit { file })
+    }
+
+    pub fn record(&self, entry: &Entry) {
+        let Some(file) = &self.file else { return };
+        let Ok(mut line) = serde_json::to_vec(entry) else {
+            return;
+        };
+        line.push(b'\n');
+        let mut f = file.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = f.write_all(&line);
+    }
+}

@@ -1,0 +1,385 @@
+//! `kennel serve` configuration: TOML with unknown keys rejected, validated once.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+use kennel_sandbox::error::PolicyError;
+use kennel_types::policy::{ByteSize, Limits, Policy, Runtime, Span, Strength, Tier};
+
+/// A bearer token and the name it is audited under.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Token {
+    pub id: String,
+    pub token: String,
+    /// The weakest isolation this token's runs may use (`native`, `container`, `gvisor`);
+    /// a run that names no tier is raised to it, one that names a weaker tier is refused.
+    #[serde(default)]
+    pub min_isolation: Option<Strength>,
+    /// This token's share of the server, over the server-wide `[quota]`.
+    #[serde(default)]
+    pub quota: Quota,
+    /// Addresses this token's runs may pin names to (`network.resolve`), beyond the
+    /// server-wide `allow_pins_to`.
+    #[serde(default)]
+    pub allow_pins_to: Vec<IpNet>,
+}
+
+/// One token's share of the server, so that no tenant can take every session or run slot.
+/// Unset, each is half the server's cap (at least 1).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Quota {
+    /// Sessions one token may have open at once.
+    pub sessions: Option<usize>,
+    /// Runs and execs one token may have under way at once.
+    pub runs: Option<usize>,
+}
+
+/// A token's quota in force.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Share {
+    pub sessions: usize,
+    pub runs: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Sessions {
+    /// A session unused this long is ended.
+    pub idle_ttl: Span,
+    /// No session lives longer than this.
+    pub max_lifetime: Span,
+    /// Sessions open at once.
+    pub max_sessions: usize,
+}
+
+impl Default for Sessions {
+    fn default() -> Self {
+        Sessions {
+            idle_ttl: Span(Duration::from_secs(600)),
+            max_lifetime: Span(Duration::from_secs(3600)),
+            max_sessions: 50,
+        }
+    }
+}
+
+/// Pre-started sandboxes per profile (`python`, `bash`); 0 turns a profile's pool off.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Pool {
+    pub python: usize,
+    pub bash: usize,
+    /// A pooled sandbox older than this is replaced by a fresh one.
+    pub max_age: Span,
+}
+
+impl Default for Pool {
+    fn default() -> Self {
+        Pool {
+            python: 2,
+            bash: 1,
+            max_age: Span(Duration::from_secs(300)),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    /// Bearer tokens; `KENNEL_TOKENS` (comma-separated `id:token` or bare tokens) adds more.
+    pub tokens: Vec<Token>,
+    /// Largest request body accepted.
+    pub max_body: ByteSize,
+    /// Runs and execs at once; past this the server answers 429 with Retry-After.
+    pub max_concurrent: usize,
+    /// JSON-lines audit log; none when unset.
+    pub audit_log: Option<PathBuf>,
+    /// Limits a request gets when it names none.
+    pub defaults: Limits,
+    /// Limits no request may exceed.
+    pub maxima: Limits,
+    pub sessions: Sessions,
+    pub pool: Pool,
+    /// How long running work may take to finish on SIGTERM before it is killed.
+    pub shutdown_grace: Span,
+    /// Extra environment for every sandbox.
+    pub env: BTreeMap<String, String>,
+    /// The capabilities runs keep (`default` or `none`); with `none`, a request cannot ask for
+    /// `default`.
+    pub capabilities: kennel_types::policy::Capabilities,
+    /// Whether requests may ask for `network.mode = "full"` (the host's network).
+    pub allow_full_network: bool,
+    /// The weakest isolation any run may use; tokens may raise it for themselves.
+    pub min_isolation: Option<Strength>,
+    /// Each token's share of sessions and run slots (tokens may have their own).
+    pub quota: Quota,
+    /// Loopback, private, link-local or other internal networks that a run's `network.resolve`
+    /// pins may name (CIDRs). Empty: such pins are refused, so that no caller can point an
+    /// allowed name at the host's own services or a cloud metadata endpoint.
+    pub allow_pins_to: Vec<IpNet>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        let maxima = Limits {
+            timeout: Span(Duration::from_secs(300)),
+            memory: ByteSize(4 << 30),
+            cpus: 2.0,
+            pids: 1024,
+            output: ByteSize(10 << 20),
+            tmp_size: ByteSize(2 << 30),
+            workspace_size: ByteSize(2 << 30),
+            ..Limits::default()
+        };
+        ServerConfig {
+            listen: "127.0.0.1:8080".parse().expect("a valid address"),
+            tokens: vec![],
+            max_body: ByteSize(64 << 20),
+            max_concurrent: 16,
+            audit_log: None,
+            defaults: Limits::default(),
+            maxima,
+            sessions: Sessions::default(),
+            pool: Pool::default(),
+            shutdown_grace: Span(Duration::from_secs(10)),
+            env: BTreeMap::new(),
+            capabilities: Default::default(),
+            allow_full_network: false,
+            min_isolation: None,
+            quota: Quota::default(),
+            allow_pins_to: vec![],
+        }
+    }
+}
+
+impl ServerConfig {
+    /// Parses a config file; call [`ServerConfig::validate`] once tokens from the environment
+    /// are added.
+    pub fn from_toml(text: &str) -> Result<ServerConfig, PolicyError> {
+        toml::from_str(text).map_err(|e| PolicyError::Parse(e.to_string()))
+    }
+
+    /// Adds tokens from `KENNEL_TOKENS`: `id:token` pairs or bare tokens, comma-separated.
+    pub fn add_env_tokens(&mut self, value: &str) {
+        for (i, item) in value
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .enumerate()
+        {
+            let (id, token) = item.split_once(':').unwrap_or(("", item));
+            let id = if id.is_empty() {
+                format!("env-{i}")
+            } else {
+                id.to_string()
+            };
+            self.tokens.push(Token {
+                id,
+                token: token.to_string(),
+                min_isolation: None,
+                quota: Quota::default(),
+                allow_pins_to: vec![],
+            });
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        let bad = |field: &'static str, why: &str| {
+            Err(PolicyError::Invalid {
+                field,
+                why: why.into(),
+            })
+        };
+        let base = Policy {
+            limits: self.defaults.clone(),
+            ..Policy::default()
+        };
+        base.validate()?;
+        Policy {
+            limits: self.maxima.clone(),
+            ..Policy::default()
+        }
+        .validate()?;
+        if self.max_concurrent == 0 {
+            return bad("max_concurrent", "must be at least 1");
+        }
+        if self.tokens.iter().any(|t| t.token.len() < 16) {
+            return bad("tokens", "each token needs at least 16 characters");
+        }
+        for quota in std::iter::once(&self.quota).chain(self.tokens.iter().map(|t| &t.quota)) {
+            self.check_quota(quota)?;
+        }
+        if !self.listen.ip().is_loopback() && self.tokens.is_empty() {
+            return bad(
+                "listen",
+                "a non-loopback address needs at least one token (tokens or KENNEL_TOKENS)",
+            );
+        }
+        Ok(())
+    }
+
+    fn check_quota(&self, quota: &Quota) -> Result<(), PolicyError> {
+        let caps = [
+            (
+                "quota.sessions",
+                quota.sessions,
+                self.sessions.max_sessions,
+                "sessions.max_sessions",
+            ),
+            (
+                "quota.runs",
+                quota.runs,
+                self.max_concurrent,
+                "max_concurrent",
+            ),
+        ];
+        for (field, value, cap, cap_name) in caps {
+            match value {
+                Some(0) => {
+                    return Err(PolicyError::Invalid {
+                        field,
+                        why: "must be at least 1".into(),
+                    })
+                }
+                Some(v) if v > cap => {
+                    return Err(PolicyError::Invalid {
+                        field,
+                        why: format!("is {v}, above the server's {cap_name} of {cap}"),
+                    })
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The share of the server the caller `token_id` may use; `None` when the server has no
+    /// tokens, so its one caller has the whole server.
+    pub fn share(&self, token_id: &str) -> Option<Share> {
+        if self.tokens.is_empty() {
+            return None;
+        }
+        let own = self
+            .tokens
+            .iter()
+            .find(|t| t.id == token_id)
+            .map(|t| &t.quota);
+        let pick = |mine: Option<usize>, server: Option<usize>, cap: usize| {
+            mine.or(server).unwrap_or((cap / 2).max(1))
+        };
+        Some(Share {
+            sessions: pick(
+                own.and_then(|q| q.sessions),
+                self.quota.sessions,
+                self.sessions.max_sessions,
+            ),
+            runs: pick(
+                own.and_then(|q| q.runs),
+                self.quota.runs,
+                self.max_concurrent,
+            ),
+        })
+    }
+
+    /// Refuses a network policy this server does not permit to the caller `token_id`: the
+    /// host's network unless allowed, and pins to internal addresses it does not list.
+    pub fn check_network(
+        &self,
+        token_id: &str,
+        network: &kennel_types::policy::Network,
+    ) -> Result<(), kennel_sandbox::error::Error> {
+        if network.mode == kennel_types::policy::NetMode::Full && !self.allow_full_network {
+            return Err(kennel_sandbox::error::Error::request(
+                "network.mode",
+                "\"full\" is not permitted by this server (allow_full_network = false)",
+            ));
+        }
+        let pins = kennel_types::net::parse_pins(&network.resolve)?;
+        let allowed: Vec<&IpNet> = self
+            .allow_pins_to
+            .iter()
+            .chain(
+                self.tokens
+                    .iter()
+                    .filter(|t| t.id == token_id)
+                    .flat_map(|t| &t.allow_pins_to),
+            )
+            .collect();
+        for (name, ip) in pins {
+            let Some(kind) = kennel_types::net::forbidden(ip) else {
+                continue;
+            };
+            if !allowed.iter().any(|net| net.contains(&ip)) {
+                return Err(kennel_sandbox::error::Error::request(
+                    "network.resolve",
+                    format!(
+                        "pins {name} to {ip}, a {kind} address; this server lets runs reach such \
+                         addresses only where its config lists them (allow_pins_to)"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The weakest isolation the caller `token_id` may use.
+    pub fn min_isolation(&self, token_id: &str) -> Strength {
+        let token = self
+            .tokens
+            .iter()
+            .find(|t| t.id == token_id)
+            .and_then(|t| t.min_isolation);
+        token
+            .into_iter()
+            .chain(self.min_isolation)
+            .max()
+            .unwrap_or(Strength::Native)
+    }
+
+    /// Holds `policy` to the caller's minimum isolation: a run that named no tier (`chosen`
+    /// false) is raised to it; one that named a weaker tier is refused.
+    pub fn enforce_isolation(
+        &self,
+        token_id: &str,
+        policy: &mut Policy,
+        chosen: bool,
+    ) -> Result<(), kennel_sandbox::error::Error> {
+        let min = self.min_isolation(token_id);
+        if policy.strength() >= min {
+            return Ok(());
+        }
+        if chosen {
+            return Err(kennel_sandbox::error::Error::request(
+                "tier",
+                format!(
+                    "asks for {:?} isolation, but this caller must use at least {min:?}: use \
+                     runtime \"runsc\" (gvisor) or omit the tier",
+                    policy.strength()
+                ),
+            ));
+        }
+        policy.tier = Tier::Oci;
+        policy.oci.runtime = match min {
+            Strength::Gvisor => Runtime::Runsc,
+            Strength::Container | Strength::Native => Runtime::Crun,
+        };
+        Ok(())
+    }
+
+    /// The policy every sandbox of this server starts from.
+    pub fn base_policy(&self) -> Policy {
+        Policy {
+            limits: self.defaults.clone(),
+            env: self.env.clone(),
+            capabilities: self.capabilities,
+            ..Policy::default()
+        }
+    }
+}

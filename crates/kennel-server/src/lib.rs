@@ -1,0 +1,175 @@
+//! `kennel serve`: the HTTP API that agents call, with sessions, streaming and a warm pool.
+
+pub mod agent;
+pub mod audit;
+pub mod config;
+pub mod http;
+pub mod metrics;
+pub mod openapi;
+pub mod pattern;
+pub mod pool;
+pub mod runs;
+pub mod session_routes;
+pub mod sessions;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+pub use config::ServerConfig;
+
+use kennel_sandbox::engine::Engine;
+use kennel_types::policy::Strength;
+
+/// Why the server could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Config(#[from] kennel_sandbox::error::PolicyError),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot open the audit log: {0}")]
+    Audit(std::io::Error),
+    #[error("server failed: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// The server's state with its background work (the warm pool's refill, the session reaper),
+/// whether or not it listens on a socket (`kennel mcp` runs it without one).
+pub struct Machinery {
+    pub state: http::Shared,
+    stop: watch::Sender<bool>,
+    tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+impl Machinery {
+    pub fn start(config: ServerConfig, engine: Engine) -> Result<Machinery, ServeError> {
+        config.validate()?;
+        let audit = audit::Audit::open(config.audit_log.as_deref()).map_err(ServeError::Audit)?;
+        let engine = Arc::new(engine);
+        // Every run of a server whose minimum is above the native tier starts cold, so pooled
+        // native sandboxes would only be waste.
+        let native_allowed = config.min_isolation.is_none_or(|m| m == Strength::Native);
+        let (python, bash) = if native_allowed {
+            (config.pool.python, config.pool.bash)
+        } else {
+            (0, 0)
+        };
+        let pool = Arc::new(pool::Pool::new(
+            engine.clone(),
+            config.base_policy(),
+            python,
+            bash,
+            config.pool.max_age.0,
+            config.maxima.timeout.0,
+        ));
+        let state = Arc::new(http::AppState::new(config, engine, audit, pool.clone()));
+        let (stop, stop_rx) = watch::channel(false);
+        let refill = tokio::spawn(pool.refill(stop_rx.clone()));
+        let reaper = tokio::spawn(reap_sessions(state.clone(), stop_rx));
+        Ok(Machinery {
+            state,
+            stop,
+            tasks: std::sync::Mutex::new(vec![refill, reaper]),
+        })
+    }
+
+    /// Refuses new work and stops refilling the pool.
+    pub fn stop_accepting(&self) {
+        self.state.shutting_down.store(true, Ordering::SeqCst);
+        let _ = self.stop.send(true);
+    }
+
+    /// Destroys every session and pooled sandbox and waits for the background work to end.
+    pub async fn shutdown(&self) {
+        self.stop_accepting();
+        for session in self.state.sessions.list() {
+            self.state.sessions.remove(&session.id);
+            session_routes::end(&self.state, &session).await;
+        }
+        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|p| p.into_inner()));
+        for task in tasks {
+            let _ = task.await;
+        }
+    }
+}
+
+/// Serves until SIGTERM or SIGINT, then shuts down gracefully: stop accepting, let running
+/// work finish within the grace period, kill what is left, and destroy every sandbox.
+/// `ready` receives the bound address once the server listens; `mounts` are served beside the
+/// API (see [`http::Mount`]).
+pub async fn serve(
+    config: ServerConfig,
+    engine: Engine,
+    ready: Option<tokio::sync::oneshot::Sender<std::net::SocketAddr>>,
+    mounts: &[http::Mount],
+) -> Result<(), ServeError> {
+    config.validate()?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| ServeError::Listen {
+            addr: config.listen,
+            source,
+        })?;
+    let addr = listener.local_addr()?;
+    let grace = config.shutdown_grace.0;
+    let machinery = Arc::new(Machinery::start(config, engine)?);
+    if let Some(ready) = ready {
+        let _ = ready.send(addr);
+    }
+    eprintln!("kennel serve: listening on http://{addr}");
+    let app = http::router(machinery.state.clone(), mounts);
+    let stopping = machinery.clone();
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            wait_for_signal().await;
+            eprintln!("kennel serve: shutting down; running work has {grace:?} to finish");
+            stopping.stop_accepting();
+            let late = stopping.state.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(grace).await;
+                late.cancel_all();
+                for s in late.sessions.list() {
+                    s.agent.kill();
+                }
+            });
+        })
+        .await?;
+    machinery.shutdown().await;
+    eprintln!("kennel serve: stopped; every sandbox is gone");
+    Ok(())
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+/// Ends sessions past their idle TTL or lifetime, and those whose sandbox died.
+async fn reap_sessions(state: http::Shared, mut stop: watch::Receiver<bool>) {
+    while !*stop.borrow() {
+        for session in state.sessions.take_expired() {
+            metrics::inc(&state.metrics.sessions_expired);
+            session_routes::end(&state, &session).await;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            _ = stop.changed() => {}
+        }
+    }
+}

@@ -1,0 +1,522 @@
+//! The OpenAPI document, generated from the same Rust types the server uses, then held to what
+//! the server enforces: the patterns of its strings and the bounds of its limits, from the
+//! LIVE config (a server with other `[maxima]` serves other maxima), and every error status an
+//! operation can answer.
+
+use serde_json::{json, Map, Value};
+use utoipa::OpenApi;
+
+use super::config::ServerConfig;
+use super::pattern;
+use super::{runs, session_routes, sessions};
+use kennel_types::api;
+use kennel_types::policy::{self, Capabilities, Limits};
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "Kennel", description = "Run untrusted code in disposable sandboxes."),
+    paths(
+        runs::create_run,
+        session_routes::create,
+        session_routes::list,
+        session_routes::show,
+        session_routes::remove,
+        session_routes::exec,
+        session_routes::write_file,
+        session_routes::read_file,
+        session_routes::delete_file,
+        session_routes::list_files,
+    ),
+    components(schemas(
+        api::RunSpec, api::LimitsSpec, api::RunResult, api::CollectedFile, api::Content,
+        api::Isolation, api::SeccompInfo, api::LandlockInfo, api::LimitsInfo, api::Language,
+        api::SessionSpec, api::ExecSpec, api::ExecResult, api::Interpreter, sessions::SessionInfo,
+    )),
+    modifiers(&BearerAuth),
+    security(("bearer" = []))
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// The document for the default config: what `kennel openapi` prints and
+/// `docs/openapi.json` holds.
+pub fn document() -> String {
+    document_for(&ServerConfig::default(), &Host::default())
+}
+
+/// What the host can do, where the document depends on it.
+pub struct Host {
+    /// Whether gVisor's `kvm` platform works here (a request naming it is refused if not).
+    pub kvm: bool,
+}
+
+impl Default for Host {
+    fn default() -> Self {
+        Host { kvm: true }
+    }
+}
+
+/// The document as a server with `config` on `host` serves it at `/openapi.json`.
+pub fn document_for(config: &ServerConfig, host: &Host) -> String {
+    let mut doc = ApiDoc::openapi();
+    doc.info.version = env!("CARGO_PKG_VERSION").to_string();
+    let mut value = serde_json::to_value(&doc).unwrap_or_default();
+    constrain(&mut value, config);
+    if !host.kvm {
+        value["components"]["schemas"]["Platform"]["enum"] = json!(["ptrace"]);
+    }
+    let mut text =
+        serde_json::to_string_pretty(&value).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+    text.push('\n');
+    text
+}
+
+/// The inclusive bounds of each limit a request may name: the policy's own sanity bounds
+/// (`Policy::validate`), capped by this server's `[maxima]`.
+struct Bounds<'a> {
+    max: &'a Limits,
+}
+
+impl Bounds<'_> {
+    fn timeout(&self) -> (u64, u64) {
+        (1, self.max.timeout.millis())
+    }
+    fn memory(&self) -> (u64, u64) {
+        (
+            policy::MIN_MEMORY,
+            self.max.memory.0.min(policy::MAX_MEMORY),
+        )
+    }
+    fn output(&self) -> (u64, u64) {
+        (0, self.max.output.0.min(policy::MAX_OUTPUT))
+    }
+    fn scratch(&self, max: u64) -> (u64, u64) {
+        (policy::MIN_SCRATCH, max.min(policy::MAX_MEMORY))
+    }
+}
+
+fn constrain(doc: &mut Value, config: &ServerConfig) {
+    let bounds = Bounds {
+        max: &config.maxima,
+    };
+    let schemas = &mut doc["components"]["schemas"];
+    schemas["Error"] = error_schema();
+    schemas["LimitsSpec"]["properties"] = limits_properties(&bounds);
+    schemas["SessionLimits"] = session_limits(&schemas["LimitsSpec"], &bounds);
+    schemas["Network"] = network_schema(config);
+    constrain_content(&mut schemas["Content"]);
+    constrain_run_spec(schemas, config);
+    constrain_session_spec(&mut schemas["SessionSpec"], config);
+    constrain_exec_spec(&mut schemas["ExecSpec"], &bounds);
+    if let Some(paths) = doc["paths"].as_object_mut() {
+        for (path, item) in paths.iter_mut() {
+            constrain_path(path, item);
+        }
+    }
+}
+
+fn error_schema() -> Value {
+    json!({
+        "type": "object",
+        "description": "Every error answer: a stable `code` and a message naming the problem.",
+        "required": ["error"],
+        "additionalProperties": false,
+        "properties": {"error": {
+            "type": "object",
+            "required": ["code", "message"],
+            "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
+        }},
+    })
+}
+
+/// A span field: a string (`30s`, `500ms`, `2m`, `1h`, seconds with up to three decimals) or
+/// a whole number of seconds, from `lo` to `hi` milliseconds.
+fn span_schema(description: &str, (lo, hi): (u64, u64)) -> Value {
+    let mut alts = vec![json!({"type": "string", "pattern": pattern::span(lo, hi)})];
+    let (secs_lo, secs_hi) = (lo.div_ceil(1000), hi / 1000);
+    if secs_lo <= secs_hi {
+        alts.push(json!({"type": "integer", "minimum": secs_lo, "maximum": secs_hi}));
+    }
+    alts.push(json!({"type": "null"}));
+    let bounds = format!(
+        "{description} From {} to {} (this server's bounds).",
+        policy::Span(std::time::Duration::from_millis(lo)),
+        policy::Span(std::time::Duration::from_millis(hi))
+    );
+    json!({"description": bounds, "anyOf": alts})
+}
+
+/// A size field: a string (`512M`, `1GiB`, `100K`, bytes) or a whole number of bytes.
+fn size_schema(description: &str, (lo, hi): (u64, u64)) -> Value {
+    json!({
+        "description": format!(
+            "{description} From {} to {} (this server's bounds).",
+            policy::ByteSize(lo),
+            policy::ByteSize(hi)
+        ),
+        "anyOf": [
+            {"type": "string", "pattern": pattern::size(lo, hi)},
+            {"type": "integer", "minimum": lo, "maximum": hi},
+            {"type": "null"},
+        ],
+    })
+}
+
+fn limits_properties(b: &Bounds) -> Value {
+    let max = b.max;
+    json!({
+        "timeout": span_schema("Wall-clock timeout, such as \"30s\".", b.timeout()),
+        "memory": size_schema("Memory, such as \"512M\".", b.memory()),
+        "cpus": {
+            "type": ["number", "null"],
+            "minimum": policy::MIN_CPUS,
+            "maximum": max.cpus.min(policy::MAX_CPUS),
+            "description": "CPU quota in CPUs (this server's bounds).",
+        },
+        "pids": {
+            "type": ["integer", "null"],
+            "minimum": policy::MIN_PIDS,
+            "maximum": max.pids.min(policy::MAX_PIDS),
+            "description": "Tasks: processes and threads together (this server's bounds).",
+        },
+        "output": size_schema("Bytes kept per output stream, such as \"100K\".", b.output()),
+        "tmp_size": size_schema("Size of the /tmp tmpfs.", b.scratch(max.tmp_size.0)),
+        "workspace_size": size_schema(
+            "Size of the /workspace tmpfs.",
+            b.scratch(max.workspace_size.0)
+        ),
+    })
+}
+
+/// `mode` takes `full` only where the server allows it, and an allow list goes with mode
+/// `allow` and no other.
+fn network_schema(config: &ServerConfig) -> Value {
+    let modes: Vec<&str> = ["none", "allow", "full"]
+        .into_iter()
+        .filter(|m| *m != "full" || config.allow_full_network)
+        .collect();
+    json!({
+        "type": "object",
+        "description": "Network access: none by default; `allow` with domains; `full` only \
+                        where the server permits it.",
+        "additionalProperties": false,
+        "properties": {
+            "mode": {"type": "string", "enum": modes, "default": "none"},
+            "allow": {
+                "type": "array",
+                "items": {"type": "string", "pattern": pattern::host_rule()},
+                "description": "Domains (`example.com`, `*.example.com`) with optional ports \
+                                (`:443`, `:80,8080`; 443 and 80 by default).",
+                "default": [],
+            },
+            "resolve": {
+                "type": "array",
+                "items": {"type": "string", "pattern": pattern::pin()},
+                "description": "`NAME:IP` pins for the proxy's resolver (they may name \
+                                private addresses).",
+                "default": [],
+            },
+        },
+        "if": {"required": ["mode"], "properties": {"mode": {"const": "allow"}}},
+        "then": {"required": ["allow"], "properties": {"allow": {"minItems": 1}}},
+        "else": {"properties": {"allow": {"maxItems": 0}}},
+    })
+}
+
+/// Base64 as the server decodes it: standard alphabet, canonical padding and trailing bits.
+const BASE64: &str = "^(?:[A-Za-z0-9+/]{4})*\
+    (?:[A-Za-z0-9+/][AQgw]==|[A-Za-z0-9+/]{2}[AEIMQUYcgkosw048]=)?$";
+
+fn constrain_content(content: &mut Value) {
+    content["oneOf"] = json!([
+        {"type": "object", "required": ["text"], "additionalProperties": false,
+         "properties": {"text": {"type": "string"}}},
+        {"type": "object", "required": ["base64"], "additionalProperties": false,
+         "properties": {"base64": {"type": "string", "pattern": BASE64}}},
+    ]);
+}
+
+/// Strings the sandbox takes as an argv item, an environment entry or a path: no NUL.
+fn no_nul(description: &str) -> Value {
+    json!({"type": "string", "pattern": pattern::NO_NUL, "description": description})
+}
+
+/// A sandbox path: the pattern, and the kernel's PATH_MAX (in bytes; here in characters).
+fn scratch_schema(pattern: String) -> Value {
+    json!({"type": "string", "pattern": pattern, "maxLength": 4095})
+}
+
+fn env_schema() -> Value {
+    json!({
+        "type": "object",
+        "description": "Environment variables for the code, beyond Kennel's clean defaults: \
+                        names without `=`, names and values without NUL.",
+        "propertyNames": {"type": "string", "pattern": pattern::ENV_KEY},
+        "additionalProperties": {"type": "string", "pattern": pattern::NO_NUL},
+    })
+}
+
+/// A run is a code run or an argv run (`oneOf`), each an object of its own that shares the
+/// other fields, so that generated clients get two plain models.
+fn constrain_run_spec(schemas: &mut Value, config: &ServerConfig) {
+    let spec = &mut schemas["RunSpec"];
+    let mut common = spec["properties"].as_object().cloned().unwrap_or_default();
+    for field in ["language", "code", "argv"] {
+        common.remove(field);
+    }
+    common.insert("files".into(), {
+        let mut files = spec["properties"]["files"].clone();
+        files["propertyNames"] = scratch_schema(pattern::scratch_path());
+        files
+    });
+    common.insert("collect".into(), {
+        let mut collect = spec["properties"]["collect"].clone();
+        collect["items"] = scratch_schema(pattern::scratch_path());
+        collect
+    });
+    common.insert("env".into(), env_schema());
+    if config.capabilities == Capabilities::None {
+        common.insert(
+            "capabilities".into(),
+            json!({
+                "type": ["string", "null"],
+                "enum": ["none", null],
+                "description": "This server's policy keeps no capabilities: only `none` is taken.",
+            }),
+        );
+    }
+    let code = json!({
+        "type": "string",
+        "pattern": pattern::NO_NUL,
+        "maxLength": api::MAX_CODE_BYTES,
+        "description": "The snippet: at most 120 KiB of UTF-8, without NUL bytes.",
+    });
+    let argv = json!({
+        "type": "array",
+        "minItems": 1,
+        "items": no_nul("One argument."),
+        "description": "The program and its arguments.",
+    });
+    let language = json!({"$ref": "#/components/schemas/Language"});
+    schemas["CodeRun"] = run_variant(
+        &common,
+        "A snippet in a language.",
+        &[("language", language), ("code", code)],
+    );
+    schemas["ArgvRun"] = run_variant(&common, "A program and its arguments.", &[("argv", argv)]);
+    schemas["RunSpec"] = json!({
+        "description": "A run: `language` + `code`, or `argv` (exactly one of the two).",
+        "oneOf": [
+            {"$ref": "#/components/schemas/CodeRun"},
+            {"$ref": "#/components/schemas/ArgvRun"},
+        ],
+    });
+}
+
+fn run_variant(common: &Map<String, Value>, description: &str, own: &[(&str, Value)]) -> Value {
+    let mut props = common.clone();
+    let mut required = Vec::new();
+    for (name, schema) in own {
+        props.insert((*name).into(), schema.clone());
+        required.push(*name);
+    }
+    json!({
+        "type": "object",
+        "description": description,
+        "required": required,
+        "properties": props,
+        "additionalProperties": false,
+        // gVisor's platform needs tier `oci` with runtime `runsc`: tier oci with runtime
+        // runsc or none, or runtime runsc with tier oci or none.
+        "if": {"required": ["platform"], "properties": {"platform": {"type": "string"}}},
+        "then": {"anyOf": [
+            {"required": ["tier"], "properties": {"tier": {"const": "oci"},
+                "runtime": {"enum": ["runsc", null]}}},
+            {"required": ["runtime"], "properties": {"runtime": {"const": "runsc"},
+                "tier": {"enum": ["oci", null]}}},
+        ]},
+    })
+}
+
+/// A session's limits: a run's, but with the memory its agent needs.
+fn session_limits(limits: &Value, b: &Bounds) -> Value {
+    let mut session = limits.clone();
+    let (lo, hi) = b.memory();
+    session["description"] = json!(
+        "Limits for a session's sandbox; `timeout` is the default \
+                                    per exec."
+    );
+    session["properties"]["memory"] = size_schema(
+        "Memory, such as \"512M\"; a session's agent needs some of it.",
+        (lo.max(super::sessions::MIN_MEMORY), hi),
+    );
+    session
+}
+
+fn constrain_session_spec(spec: &mut Value, config: &ServerConfig) {
+    let (lo, hi) = session_ttl_bounds(config);
+    let props = &mut spec["properties"];
+    props["limits"] = json!({"$ref": "#/components/schemas/SessionLimits"});
+    props["env"] = env_schema();
+    props["idle_ttl"] = span_schema(
+        "End the session after this long unused (default: this server's idle TTL).",
+        (lo, hi),
+    );
+}
+
+/// The idle TTLs a session may ask for: from one second (or the server's own TTL, if
+/// shorter) to the server's TTL.
+pub fn session_ttl_bounds(config: &ServerConfig) -> (u64, u64) {
+    let hi = config.sessions.idle_ttl.millis();
+    (hi.min(1000), hi)
+}
+
+fn constrain_exec_spec(spec: &mut Value, b: &Bounds) {
+    let props = &mut spec["properties"];
+    props["code"] = json!({"type": "string", "pattern": pattern::NO_NUL,
+        "description": "Shell commands or python code, without NUL bytes."});
+    props["timeout"] = span_schema("Per-exec timeout (default: the session's).", b.timeout());
+}
+
+/// Declares the path parameters, and the error answers every operation can give: 401 without
+/// a valid token, 413 for a body over `max_body`, 429 when the server is full.
+fn constrain_path(path: &str, item: &mut Value) {
+    let Some(ops) = item.as_object_mut() else {
+        return;
+    };
+    for (method, op) in ops.iter_mut() {
+        let params = path_params(path);
+        if !params.is_empty() {
+            let list = op["parameters"].as_array().cloned().unwrap_or_default();
+            let kept = list.into_iter().filter(|p| p["in"] != "path");
+            op["parameters"] = Value::Array(params.into_iter().chain(kept).collect());
+        }
+        constrain_query(op);
+        let responses = op["responses"].as_object_mut();
+        let Some(responses) = responses else { continue };
+        add_error(responses, "401", "A valid bearer token is required.");
+        if method == "post" || method == "put" {
+            add_error(
+                responses,
+                "413",
+                "The body is larger than this server takes.",
+            );
+        }
+        let busy = matches!(
+            (method.as_str(), path),
+            (
+                "post",
+                "/v1/runs" | "/v1/sessions" | "/v1/sessions/{id}/exec"
+            )
+        );
+        if busy {
+            add_error(
+                responses,
+                "429",
+                "The server is full; retry after `Retry-After`.",
+            );
+        }
+        for (status, response) in responses.iter_mut() {
+            if status.starts_with('4') && response.get("content").is_none() {
+                response["content"] = json!({"application/json": {
+                    "schema": {"$ref": "#/components/schemas/Error"}}});
+            }
+        }
+    }
+}
+
+/// The query parameters' patterns, and what they change: `?stream=true` answers with
+/// Server-Sent Events. Raw bytes are strings of binary format, not arrays of numbers.
+fn constrain_query(op: &mut Value) {
+    let mut streams = false;
+    let params = op.get_mut("parameters").and_then(Value::as_array_mut);
+    for param in params.into_iter().flatten() {
+        match (param["in"].as_str(), param["name"].as_str()) {
+            (Some("query"), Some("path")) => {
+                param["schema"] = scratch_schema(pattern::scratch_dir());
+            }
+            (Some("query"), Some("stream")) => streams = true,
+            _ => {}
+        }
+    }
+    let binary = json!({"type": "string", "format": "binary"});
+    if let Some(ok) = content_of(op, &["responses", "200"]) {
+        if streams {
+            let events = json!({"schema": {
+                "type": "object",
+                "description": "`stdout`/`stderr` events (data `{\"text\", \"b64\"}`), then one \
+                                `result` event (data: the result) or `error` event (data: \
+                                `{\"code\", \"message\"}`).",
+                "required": ["data"],
+                "properties": {
+                    "event": {"type": "string", "enum": ["stdout", "stderr", "result", "error"]},
+                    "data": {"type": "string"},
+                },
+            }});
+            ok.insert("text/event-stream".into(), events);
+        }
+        if let Some(raw) = ok.get_mut("application/octet-stream") {
+            raw["schema"] = binary.clone();
+        }
+    }
+    if let Some(body) = content_of(op, &["requestBody"]) {
+        if let Some(raw) = body.get_mut("application/octet-stream") {
+            raw["schema"] = binary;
+        }
+    }
+}
+
+/// The `content` map under `keys`, where there is one (indexing would insert nulls).
+fn content_of<'a>(op: &'a mut Value, keys: &[&str]) -> Option<&'a mut Map<String, Value>> {
+    keys.iter()
+        .try_fold(op, |v, k| v.get_mut(*k))?
+        .get_mut("content")?
+        .as_object_mut()
+}
+
+fn add_error(responses: &mut Map<String, Value>, status: &str, description: &str) {
+    responses
+        .entry(status)
+        .or_insert_with(|| json!({"description": description}));
+}
+
+fn path_params(path: &str) -> Vec<Value> {
+    let mut params = Vec::new();
+    if path.contains("{id}") {
+        params.push(json!({"name": "id", "in": "path", "required": true,
+            "description": "The session's id, as `POST /v1/sessions` returned it.",
+            "schema": {"type": "string"}}));
+    }
+    if path.contains("{path}") {
+        params.push(json!({"name": "path", "in": "path", "required": true,
+            "description": "A file under /workspace/ or /tmp/, such as `workspace/notes.txt`.",
+            "schema": {"type": "string", "pattern": pattern::scratch_path_param()}}));
+    }
+    params
+}
+
+#[cfg(test)]
+mod tests {
+    /// The committed document is the one the code generates: regenerate it with
+    /// `kennel openapi > docs/openapi.json` after changing the API.
+    #[test]
+    fn committed_openapi_matches_the_code() {
+        let committed = include_str!("../../../docs/openapi.json");
+        assert!(
+            committed == super::document(),
+            "docs/openapi.json is stale: run `kennel openapi > docs/openapi.json`"
+        );
+    }
+}

@@ -1,0 +1,373 @@
+//! The warm pool: pre-started agent sandboxes per profile, each handed out once.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{watch, Notify};
+
+use super::agent::AgentSandbox;
+use kennel_types::api::{Command, Language, RunRequest};
+use kennel_sandbox::engine::Engine;
+use kennel_types::policy::{Limits, Policy, Tier};
+
+/// What a pooled sandbox has warm: a python interpreter, or (for shell code) just the agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Profile {
+    Python,
+    Shell,
+}
+
+impl Profile {
+    pub fn of(language: Language) -> Profile {
+        match language {
+            Language::Python => Profile::Python,
+            Language::Bash | Language::Sh => Profile::Shell,
+        }
+    }
+}
+
+/// Sandboxes a profile starts at once when refilling.
+const REFILL_BATCH: usize = 4;
+
+/// The tiers whose sandboxes are pre-started: a request for any other tier starts cold.
+pub const POOLED_TIERS: [Tier; 1] = [Tier::Native];
+
+/// The part of a policy that makes the sandbox: the policy with the limits that a pooled
+/// sandbox applies per run (the timeout, the output cap and the collect cap, which the agent
+/// takes with each exec) reset to their defaults. Two policies with the same shape give the
+/// same sandbox.
+///
+/// Both structs are destructured without `..`, so a field added to either one does not compile
+/// until it is sorted here into "shapes the sandbox" or "applied per run".
+pub fn shape(policy: &Policy) -> Policy {
+    let Policy {
+        tier,
+        oci,
+        limits,
+        filesystem,
+        network,
+        layers,
+        capabilities,
+        env,
+    } = policy.clone();
+    let Limits {
+        timeout: _,
+        output: _,
+        collect_size: _,
+        memory,
+        cpus,
+        pids,
+        tmp_size,
+        workspace_size,
+        open_files,
+    } = limits;
+    let per_run = Limits::default();
+    Policy {
+        tier,
+        oci,
+        limits: Limits {
+            memory,
+            cpus,
+            pids,
+            tmp_size,
+            workspace_size,
+            open_files,
+            timeout: per_run.timeout,
+            output: per_run.output,
+            collect_size: per_run.collect_size,
+        },
+        filesystem,
+        network,
+        layers,
+        capabilities,
+        env,
+    }
+}
+
+pub struct Pool {
+    ready: Mutex<HashMap<Profile, VecDeque<AgentSandbox>>>,
+    sizes: HashMap<Profile, usize>,
+    max_age: Duration,
+    /// The longest timeout a run served from the pool may have.
+    longest_run: Duration,
+    engine: Arc<Engine>,
+    policy: Policy,
+    wake: Notify,
+}
+
+impl Pool {
+    /// A pool of sandboxes made under `policy`. `longest_run` is the longest timeout a request
+    /// may ask for: a sandbox is kept alive long enough to serve it. A policy of a tier that is
+    /// not pooled gets no sandboxes.
+    pub fn new(
+        engine: Arc<Engine>,
+        policy: Policy,
+        python: usize,
+        shell: usize,
+        max_age: Duration,
+        longest_run: Duration,
+    ) -> Pool {
+        let (python, shell) = if POOLED_TIERS.contains(&policy.tier) {
+            (python, shell)
+        } else {
+            (0, 0)
+        };
+        Pool {
+            ready: Mutex::new(HashMap::new()),
+            sizes: HashMap::from([(Profile::Python, python), (Profile::Shell, shell)]),
+            max_age,
+            longest_run: longest_run.max(policy.limits.timeout.0),
+            engine,
+            policy,
+            wake: Notify::new(),
+        }
+    }
+
+    /// The profile whose pooled sandboxes are exactly the sandbox `req` would get cold, if
+    /// any: a code run, in a pooled tier, whose whole policy has the pool's [`shape`], with a
+    /// timeout a pooled sandbox lives long enough to serve.
+    pub fn serves(&self, req: &RunRequest) -> Option<Profile> {
+        let Command::Code { language, .. } = &req.command else {
+            return None;
+        };
+        let fits = POOLED_TIERS.contains(&req.policy.tier)
+            && shape(&req.policy) == shape(&self.policy)
+            && req.policy.limits.timeout.0 <= self.longest_run;
+        fits.then(|| Profile::of(*language))
+    }
+
+    /// A ready sandbox, if one is warm; the refill starts another.
+    pub fn take(&self, profile: Profile) -> Option<AgentSandbox> {
+        let mut ready = self.ready.lock().unwrap_or_else(|p| p.into_inner());
+        let queue = ready.entry(profile).or_default();
+        let mut found = None;
+        while let Some(sb) = queue.pop_front() {
+            if !sb.has_ended() && sb.started.elapsed() < self.max_age {
+                found = Some(sb);
+                break;
+            }
+            tokio::spawn(async move { sb.close().await });
+        }
+        drop(ready);
+        self.wake.notify_one();
+        found
+    }
+
+    fn add(&self, profile: Profile, sb: AgentSandbox) {
+        self.ready
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(profile)
+            .or_default()
+            .push_back(sb);
+    }
+
+    pub fn ready_count(&self, profile: Profile) -> usize {
+        self.ready
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&profile)
+            .map_or(0, VecDeque::len)
+    }
+
+    /// Keeps every profile filled until shutdown; old or dead sandboxes are replaced.
+    pub async fn refill(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        // A sandbox must outlive its stay in the pool plus the longest run it may serve.
+        let lifetime = self.max_age + self.longest_run + Duration::from_secs(10);
+        while !*shutdown.borrow() {
+            let mut failed = false;
+            for (&profile, &size) in &self.sizes {
+                self.prune(profile);
+                // Start what is missing side by side: under load the pool drains faster than
+                // one start at a time refills it.
+                let missing = size
+                    .saturating_sub(self.ready_count(profile))
+                    .min(REFILL_BATCH);
+                let starts = (0..missing).map(|_| {
+                    AgentSandbox::start(self.engine.clone(), self.policy.clone(), lifetime)
+                });
+                for started in futures_util::future::join_all(starts).await {
+                    match started {
+                        Ok(sb) => self.add(profile, sb),
+                        Err(e) => {
+                            failed = true;
+                            eprintln!("kennel serve: cannot pre-start a {profile:?} sandbox: {e}");
+                        }
+                    }
+                }
+            }
+            if !failed
+                && self
+                    .sizes
+                    .iter()
+                    .any(|(&p, &size)| self.ready_count(p) < size)
+            {
+                // Still short after a batch: go round again at once.
+                tokio::task::yield_now().await;
+                continue;
+            }
+            tokio::select! {
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = shutdown.changed() => {}
+            }
+        }
+        self.drain().await;
+    }
+
+    fn prune(&self, profile: Profile) {
+        let mut ready = self.ready.lock().unwrap_or_else(|p| p.into_inner());
+        let queue = ready.entry(profile).or_default();
+        let (keep, stale): (VecDeque<_>, VecDeque<_>) = queue
+            .drain(..)
+            .partition(|sb| !sb.has_ended() && sb.started.elapsed() < self.max_age);
+        *queue = keep;
+        for sb in stale {
+            tokio::spawn(async move { sb.close().await });
+        }
+    }
+
+    /// Ends every pooled sandbox.
+    pub async fn drain(&self) {
+        let all: Vec<AgentSandbox> = {
+            let mut ready = self.ready.lock().unwrap_or_else(|p| p.into_inner());
+            ready.values_mut().flat_map(|q| q.drain(..)).collect()
+        };
+        for sb in all {
+            sb.close().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kennel_types::api::RunRequest;
+    use kennel_types::policy::Span;
+    use serde_json::{json, Value};
+
+    /// Every leaf of a serialized policy, with another value and whether it shapes the
+    /// sandbox (`false`: the agent applies it per run). A field added to the policy that is
+    /// missing here fails `every_policy_field_is_considered`.
+    fn changes() -> Vec<(&'static str, Value, bool)> {
+        vec![
+            ("tier", json!("oci"), true),
+            ("oci.runtime", json!("crun"), true),
+            ("oci.platform", json!("ptrace"), true),
+            ("limits.timeout", json!("5s"), false),
+            ("limits.output", json!("1K"), false),
+            ("limits.collect_size", json!("1K"), false),
+            ("limits.memory", json!("256M"), true),
+            ("limits.cpus", json!(0.5), true),
+            ("limits.pids", json!(64), true),
+            ("limits.tmp_size", json!("16M"), true),
+            ("limits.workspace_size", json!("16M"), true),
+            ("limits.open_files", json!(64), true),
+            ("filesystem.rootfs", json!("/srv/root"), true),
+            ("network.mode", json!("full"), true),
+            ("network.allow", json!(["example.com"]), true),
+            ("network.resolve", json!(["example.com:192.0.2.1"]), true),
+            ("layers.landlock", json!("best_effort"), true),
+            ("layers.cgroups", json!("required"), true),
+            ("capabilities", json!("none"), true),
+            ("env", json!({"A": "b"}), true),
+        ]
+    }
+
+    fn leaves(v: &Value, prefix: &str, out: &mut Vec<String>) {
+        match v {
+            Value::Object(m) if !m.is_empty() && prefix != "env" => {
+                for (k, v) in m {
+                    let path = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    leaves(v, &path, out);
+                }
+            }
+            _ => out.push(prefix.to_string()),
+        }
+    }
+
+    fn changed(path: &str, value: &Value) -> Policy {
+        let mut v = serde_json::to_value(Policy::default()).unwrap();
+        let pointer = format!("/{}", path.replace('.', "/"));
+        *v.pointer_mut(&pointer).unwrap() = value.clone();
+        serde_json::from_value(v).unwrap_or_else(|e| panic!("{path} = {value}: {e}"))
+    }
+
+    #[test]
+    fn every_policy_field_is_considered() {
+        let mut found = vec![];
+        leaves(
+            &serde_json::to_value(Policy::default()).unwrap(),
+            "",
+            &mut found,
+        );
+        let mut listed: Vec<String> = changes().iter().map(|c| c.0.to_string()).collect();
+        found.sort();
+        listed.sort();
+        assert_eq!(
+            found, listed,
+            "the policy's fields changed: sort each new one into shape() and changes()"
+        );
+        for (path, value, shapes) in changes() {
+            let policy = changed(path, &value);
+            assert_ne!(
+                policy,
+                Policy::default(),
+                "{path} = {value} changes nothing"
+            );
+            assert_eq!(
+                shape(&policy) != shape(&Policy::default()),
+                shapes,
+                "{path} = {value}: shapes the sandbox is {shapes}"
+            );
+        }
+    }
+
+    fn pool(policy: Policy) -> Pool {
+        let engine = Arc::new(Engine::with_helper("/nonexistent".into()));
+        let hour = Duration::from_secs(3600);
+        Pool::new(engine, policy, 1, 1, Duration::from_secs(60), hour)
+    }
+
+    fn code_run(policy: Policy) -> RunRequest {
+        RunRequest {
+            policy,
+            ..RunRequest::new(Command::Code {
+                language: Language::Python,
+                code: "print(1)".into(),
+            })
+        }
+    }
+
+    #[test]
+    fn only_a_run_whose_sandbox_would_be_the_same_is_served_warm() {
+        let pool = pool(Policy::default());
+        let served = |p: Policy| pool.serves(&code_run(p));
+        assert_eq!(served(Policy::default()), Some(Profile::Python));
+        for (path, value, shapes) in changes() {
+            let expect = if shapes { None } else { Some(Profile::Python) };
+            assert_eq!(served(changed(path, &value)), expect, "{path} = {value}");
+        }
+        let argv = RunRequest::new(Command::Argv(vec!["/bin/true".into()]));
+        assert_eq!(pool.serves(&argv), None, "argv runs are not pooled");
+        let mut long = Policy::default();
+        long.limits.timeout = Span(Duration::from_secs(7200));
+        assert_eq!(served(long), None, "a timeout the sandbox cannot outlive");
+    }
+
+    #[test]
+    fn a_pool_of_a_tier_that_is_not_pooled_starts_nothing() {
+        let oci = Policy {
+            tier: Tier::Oci,
+            ..Policy::default()
+        };
+        let pool = pool(oci.clone());
+        assert!(pool.sizes.values().all(|&n| n == 0));
+        assert_eq!(pool.serves(&code_run(oci)), None);
+    }
+}

@@ -1,0 +1,526 @@
+"""Tests of the session agent (agent.py), driven over its JSON-lines protocol.
+
+Run: cd crates/kennel-server/src && /usr/bin/python3 -m unittest test_agent -v
+
+Outside a sandbox /workspace does not exist, so the tests work under a fresh /tmp directory,
+which is also the agent's cwd (and so the kernel's and the default exec cwd).
+"""
+
+import base64
+import json
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import unittest
+
+AGENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent.py")
+FINAL_EVENTS = {"result", "ok", "file", "entries", "pong", "error"}
+
+
+def b64(data):
+    return base64.b64encode(data).decode("ascii")
+
+
+def process_gone(pid):
+    """Whether pid no longer runs (a zombie waiting for its reaper counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def wait_gone(pid, within=2.0):
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        if process_gone(pid):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+class AgentProcess:
+    """The agent as a subprocess, with a thread turning its stdout into a queue of events."""
+
+    def __init__(self, cwd):
+        self.proc = subprocess.Popen(
+            ["/usr/bin/python3", "-u", AGENT],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            cwd=cwd,
+        )
+        self.events = queue.Queue()
+        self.next_id = 1
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.events.put(line)
+        self.events.put(None)
+
+    def send_raw(self, line):
+        self.proc.stdin.write(line)
+        self.proc.stdin.flush()
+
+    def next_event(self, timeout=10):
+        line = self.events.get(timeout=timeout)
+        if line is None:
+            raise EOFError("the agent closed its stdout")
+        assert line.endswith(b"\n"), line
+        return json.loads(line)
+
+    def call(self, request, timeout=10):
+        """Sends a request; returns (events before the final one, the final event)."""
+        rid = self.next_id
+        self.next_id += 1
+        self.send_raw(json.dumps({**request, "id": rid}).encode() + b"\n")
+        events = []
+        while True:
+            event = self.next_event(timeout)
+            if event["id"] != rid:
+                raise AssertionError(f"unexpected event {event}")
+            if event["event"] in FINAL_EVENTS:
+                return events, event
+            events.append(event)
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stdout.close()
+
+
+class AgentTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="kennel-agent-test-", dir="/tmp")
+        self.agent = AgentProcess(self.dir)
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        self.addCleanup(self.agent.close)
+
+    # --- helpers
+
+    def exec(self, kind, text, timeout_ms=5000, output_limit=1 << 20, **extra):
+        request = {"op": "exec", "kind": kind, "timeout_ms": timeout_ms, "output_limit": output_limit}
+        request.update(extra)
+        if kind == "shell":
+            request.update(command=text, cwd=self.dir)
+        else:
+            request.update(code=text)
+        events, result = self.agent.call(request, timeout=timeout_ms / 1000 + 10)
+        self.assertEqual(result["event"], "result", result)
+        out = b"".join(base64.b64decode(e["b64"]) for e in events if e["event"] == "stdout")
+        err = b"".join(base64.b64decode(e["b64"]) for e in events if e["event"] == "stderr")
+        return result, out, err
+
+    def shell(self, command, **kw):
+        return self.exec("shell", command, **kw)
+
+    def python(self, code, **kw):
+        return self.exec("python", code, **kw)
+
+    def path(self, *parts):
+        return os.path.join(self.dir, *parts)
+
+    def kernel_pid(self):
+        return self.agent.call({"op": "ping"})[1]["kernel_pid"]
+
+    # --- shell
+
+    def test_shell_output_and_exit_code(self):
+        result, out, err = self.shell("echo hello; exit 3")
+        self.assertEqual(out, b"hello\n")
+        self.assertEqual(err, b"")
+        self.assertEqual(result["exit_code"], 3)
+        self.assertIsNone(result["signal"])
+        self.assertFalse(result["timed_out"])
+        self.assertIsNone(result["interpreter"])
+        self.assertEqual(result["stdout_bytes"], 6)
+
+    def test_shell_stdout_stderr_separation(self):
+        result, out, err = self.shell("echo out; echo err >&2; echo out2", shell="sh")
+        self.assertEqual(out, b"out\nout2\n")
+        self.assertEqual(err, b"err\n")
+        self.assertEqual(result["exit_code"], 0)
+
+    def test_shell_env_cwd_and_default_cwd(self):
+        _, out, _ = self.shell('echo "$FOO"; pwd', env={"FOO": "bar baz"})
+        self.assertEqual(out, f"bar baz\n{self.dir}\n".encode())
+        request = {"op": "exec", "kind": "shell", "command": "pwd", "timeout_ms": 5000, "output_limit": 100}
+        events, result = self.agent.call(request)
+        self.assertEqual(base64.b64decode(events[0]["b64"]), f"{self.dir}\n".encode())
+
+    def test_shell_output_limit_exact_counts(self):
+        result, out, err = self.shell("head -c 1000000 /dev/zero; echo -n abc >&2", output_limit=1000)
+        self.assertEqual(out, b"\0" * 1000)
+        self.assertEqual(result["stdout_bytes"], 1000000)
+        self.assertTrue(result["stdout_truncated"])
+        self.assertEqual(err, b"abc")
+        self.assertEqual(result["stderr_bytes"], 3)
+        self.assertFalse(result["stderr_truncated"])
+
+    def test_shell_output_streams_before_the_end(self):
+        self.agent.send_raw(
+            json.dumps(
+                {"op": "exec", "id": 99, "kind": "shell", "command": "echo first; sleep 0.5; echo second",
+                 "timeout_ms": 5000, "output_limit": 100, "cwd": self.dir}
+            ).encode() + b"\n"
+        )
+        first = self.agent.next_event()
+        got_first = time.monotonic()
+        self.assertEqual((first["event"], base64.b64decode(first["b64"])), ("stdout", b"first\n"))
+        while (event := self.agent.next_event())["event"] != "result":
+            pass
+        self.assertGreater(time.monotonic() - got_first, 0.3)
+
+    def test_shell_timeout_kills_background_child(self):
+        pidfile = self.path("bg.pid")
+        start = time.monotonic()
+        result, _, _ = self.shell(f"sleep 30 & echo $! > {pidfile}; sleep 30", timeout_ms=300)
+        self.assertLess(time.monotonic() - start, 2)
+        self.assertTrue(result["timed_out"])
+        self.assertIsNone(result["exit_code"])
+        self.assertEqual(result["signal"], signal.SIGKILL)
+        with open(pidfile) as f:
+            self.assertTrue(wait_gone(int(f.read())))
+
+    def test_shell_background_job_killed_at_exit(self):
+        start = time.monotonic()
+        result, out, _ = self.shell("sleep 30 & echo $!")
+        self.assertLess(time.monotonic() - start, 1)
+        self.assertEqual(result["exit_code"], 0)
+        self.assertTrue(wait_gone(int(out)))
+
+    def test_shell_escaped_descendant_does_not_hang(self):
+        start = time.monotonic()
+        result, out, _ = self.shell("setsid sleep 5 & sleep 0.1; echo $!")
+        elapsed = time.monotonic() - start
+        pid = int(out)
+        try:
+            self.assertEqual(result["exit_code"], 0)
+            self.assertGreaterEqual(elapsed, 0.3)  # waited for EOF the 200 ms grace, no more
+            self.assertLess(elapsed, 1)
+            self.assertFalse(process_gone(pid))  # it left the group, so it was not killed
+        finally:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def test_shell_stdin(self):
+        _, out, _ = self.shell("cat; echo", stdin_b64=b64(b"abc"))
+        self.assertEqual(out, b"abc\n")
+        big = os.urandom(1 << 20)
+        _, out, _ = self.shell("wc -c", stdin_b64=b64(big))
+        self.assertEqual(out.strip(), b"1048576")
+        result, out, _ = self.shell("head -c 3", stdin_b64=b64(big))  # closes stdin early
+        self.assertEqual((result["exit_code"], out), (0, big[:3]))
+        _, out, _ = self.shell("cat")  # no stdin: /dev/null
+        self.assertEqual(out, b"")
+
+    def test_shell_gets_no_extra_fds(self):
+        _, out, _ = self.shell("ls /proc/$$/fd; true")
+        self.assertEqual(out.split(), [b"0", b"1", b"2"])
+
+    def test_shell_spawn_failure(self):
+        request = {"op": "exec", "kind": "shell", "command": "true", "timeout_ms": 1000, "output_limit": 10,
+                   "cwd": self.path("missing")}
+        _, answer = self.agent.call(request)
+        self.assertEqual((answer["event"], answer["errno"]), ("error", "ENOENT"))
+
+    # --- python
+
+    def test_python_state_persists(self):
+        result, out, _ = self.python("x = 1\ndef f(): return x + 1\nimport json")
+        self.assertEqual(result["exit_code"], 0)
+        self.assertEqual(result["interpreter"], {"restarted": False, "crashed": False, "reason": None})
+        result, out, _ = self.python("print(x, f(), json.dumps([1]), __name__)")
+        self.assertEqual(out, b"1 2 [1] __main__\n")
+
+    def test_python_exception(self):
+        result, out, err = self.python("print('before')\ndef g():\n    1/0\ng()")
+        self.assertEqual(result["exit_code"], 1)
+        self.assertEqual(out, b"before\n")
+        text = err.decode()
+        self.assertTrue(text.startswith("Traceback (most recent call last):\n"), text)
+        self.assertIn('File "<session>", line 4, in <module>', text)
+        self.assertIn("ZeroDivisionError: division by zero", text)
+        self.assertNotIn("agent", text)
+        result, _, err = self.python("x = (")
+        self.assertEqual(result["exit_code"], 1)
+        self.assertIn(b"SyntaxError", err)
+
+    def test_python_system_exit(self):
+        result, _, _ = self.python("y = 5\nraise SystemExit(3)")
+        self.assertEqual(result["exit_code"], 3)
+        self.assertFalse(result["interpreter"]["restarted"])
+        result, out, _ = self.python("print(y)")
+        self.assertEqual((result["exit_code"], out), (0, b"5\n"))
+        result, _, err = self.python("import sys; sys.exit('bye')")
+        self.assertEqual((result["exit_code"], err), (1, b"bye\n"))
+        result, _, _ = self.python("exit()")
+        self.assertEqual(result["exit_code"], 0)
+
+    def test_python_timeout_keeps_state(self):
+        self.python("x = 41")
+        start = time.monotonic()
+        result, _, err = self.python("while True: pass", timeout_ms=300)
+        self.assertLess(time.monotonic() - start, 1.5)
+        self.assertTrue(result["timed_out"])
+        self.assertIsNone(result["exit_code"])
+        self.assertIsNone(result["signal"])
+        self.assertFalse(result["interpreter"]["restarted"])
+        self.assertTrue(err.endswith(b"KeyboardInterrupt\n"), err)
+        result, out, _ = self.python("print(x + 1)")
+        self.assertEqual((result["exit_code"], result["timed_out"], out), (0, False, b"42\n"))
+
+    def test_python_crash_restarts(self):
+        self.python("x = 1")
+        old = self.kernel_pid()
+        result, out, _ = self.python("import os\nprint('bye', flush=True)\nos._exit(7)")
+        self.assertEqual(out, b"bye\n")
+        self.assertEqual((result["exit_code"], result["signal"]), (7, None))
+        interp = result["interpreter"]
+        self.assertTrue(interp["crashed"] and interp["restarted"], interp)
+        self.assertIn("exited with code 7", interp["reason"])
+        new = self.kernel_pid()
+        self.assertIsNotNone(new)
+        self.assertNotEqual(new, old)
+        result, out, _ = self.python("print('x' in dir())")
+        self.assertEqual((result["exit_code"], out), (0, b"False\n"))
+        self.assertFalse(result["interpreter"]["restarted"])
+
+    def test_python_segfault(self):
+        result, _, _ = self.python("import ctypes; ctypes.string_at(0)")
+        self.assertEqual(result["signal"], signal.SIGSEGV)
+        self.assertIsNone(result["exit_code"])
+        self.assertTrue(result["interpreter"]["crashed"])
+        result, out, _ = self.python("print(1)")
+        self.assertEqual(out, b"1\n")
+
+    def test_python_kernel_killed_between_execs(self):
+        os.kill(self.kernel_pid(), signal.SIGKILL)
+        time.sleep(0.1)
+        result, out, _ = self.python("print('fresh')")
+        self.assertEqual((result["exit_code"], out), (0, b"fresh\n"))
+        self.assertTrue(result["interpreter"]["restarted"] and result["interpreter"]["crashed"])
+        self.assertIn("between execs", result["interpreter"]["reason"])
+
+    def test_python_ignoring_sigint_is_killed_and_restarted(self):
+        self.python("x = 1")
+        start = time.monotonic()
+        code = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass"
+        result, _, _ = self.python(code, timeout_ms=200)
+        self.assertLess(time.monotonic() - start, 4)
+        self.assertTrue(result["timed_out"])
+        self.assertEqual(result["signal"], signal.SIGKILL)
+        interp = result["interpreter"]
+        self.assertTrue(interp["restarted"])
+        self.assertFalse(interp["crashed"])
+        self.assertIn("SIGINT", interp["reason"])
+        result, out, _ = self.python("print('x' in dir())")
+        self.assertEqual(out, b"False\n")
+
+    def test_python_stdin(self):
+        _, out, _ = self.python("import sys\nprint(sys.stdin.read().upper())", stdin_b64=b64(b"abc"))
+        self.assertEqual(out, b"ABC\n")
+        _, out, _ = self.python("print(repr(sys.stdin.read()))")
+        self.assertEqual(out, b"''\n")
+        _, out, _ = self.python("print(input())", stdin_b64=b64(b"line\nrest"))
+        self.assertEqual(out, b"line\n")
+
+    def test_python_fd_level_output(self):
+        code = "import os, sys, subprocess\nprint('p')\nsys.stderr.write('e\\n')\nos.write(1, b'raw\\n')\n"
+        code += "os.system('echo hi; echo ho >&2')\nsubprocess.run(['echo', 'sub'])\nprint('end', end='')"
+        result, out, err = self.python(code)
+        self.assertEqual(out, b"p\nraw\nhi\nsub\nend")
+        self.assertEqual(err, b"e\nho\n")
+        self.assertEqual(result["stdout_bytes"], len(out))
+
+    def test_python_output_limit(self):
+        result, out, _ = self.python("import sys; sys.stdout.write('x' * 1000000)", output_limit=1000)
+        self.assertEqual(out, b"x" * 1000)
+        self.assertEqual((result["stdout_bytes"], result["stdout_truncated"]), (1000000, True))
+
+    def test_python_survives_closed_stdout(self):
+        self.python("import sys; sys.stdout.close()")
+        _, out, _ = self.python("print('back')")
+        self.assertEqual(out, b"back\n")
+
+    def test_kernel_holds_no_agent_fds(self):
+        self.python("pass")  # the kernel has finished setting itself up
+        pid = self.kernel_pid()
+        agent_fds = {os.readlink(f"/proc/{self.agent.proc.pid}/fd/{n}") for n in (0, 1)}
+        links = {n: os.readlink(f"/proc/{pid}/fd/{n}") for n in os.listdir(f"/proc/{pid}/fd")}
+        self.assertFalse(agent_fds & set(links.values()), links)
+        self.assertEqual({links[n] for n in ("0", "1", "2")}, {"/dev/null"})
+        others = [v for n, v in links.items() if n not in ("0", "1", "2")]
+        self.assertEqual(len(others), 1, links)
+        self.assertTrue(others[0].startswith("socket:"), links)
+        # Code that writes a protocol line to "stdout" only produces output.
+        line = b'{"id":1,"event":"pong"}\n'
+        _, out, _ = self.python(f"import os; os.write(1, {line!r})")
+        self.assertEqual(out, line)
+
+    # --- files
+
+    def test_file_round_trip(self):
+        path = self.path("a", "b.txt")
+        _, answer = self.agent.call({"op": "write", "path": path, "b64": b64(b"hello\n"), "mode": 0o600})
+        self.assertEqual(answer["event"], "ok", answer)
+        self.assertEqual(answer["size"], 6)
+        self.assertEqual(os.stat(path).st_mode & 0o7777, 0o600)
+        _, answer = self.agent.call({"op": "read", "path": path, "max_bytes": 100})
+        self.assertEqual((answer["event"], answer["size"], answer["truncated"]), ("file", 6, False))
+        self.assertEqual(base64.b64decode(answer["b64"]), b"hello\n")
+        _, answer = self.agent.call({"op": "read", "path": path, "max_bytes": 2})
+        self.assertEqual((answer["size"], answer["truncated"]), (6, True))
+        self.assertEqual(base64.b64decode(answer["b64"]), b"he")
+        self.agent.call({"op": "write", "path": self.path("a", "c"), "b64": b64(b"x" * 10), "mode": 0o755})
+        os.symlink("b.txt", self.path("a", "link"))
+        os.mkdir(self.path("a", "sub"))
+        sub = os.stat(self.path("a", "sub"))
+        _, answer = self.agent.call({"op": "list", "path": self.path("a")})
+        self.assertEqual(
+            answer["entries"],
+            [
+                {"name": "b.txt", "type": "file", "size": 6, "mode": 0o600},
+                {"name": "c", "type": "file", "size": 10, "mode": 0o755},
+                {"name": "link", "type": "symlink", "size": 5, "mode": 0o777},
+                {"name": "sub", "type": "dir", "size": sub.st_size, "mode": sub.st_mode & 0o7777},
+            ],
+        )
+        _, answer = self.agent.call({"op": "delete", "path": self.path("a")})
+        self.assertEqual(answer, {"id": answer["id"], "event": "ok"})
+        self.assertFalse(os.path.exists(self.path("a")))
+        _, answer = self.agent.call({"op": "list", "path": self.path("a")})
+        self.assertEqual((answer["event"], answer["errno"]), ("error", "ENOENT"))
+        _, answer = self.agent.call({"op": "list", "path": "/tmp"})
+        self.assertIn(os.path.basename(self.dir), [e["name"] for e in answer["entries"]])
+
+    def test_write_refuses_a_symlink_instead_of_following_it(self):
+        target = self.path("target")
+        with open(target, "w") as f:
+            f.write("keep")
+        os.symlink(target, self.path("link"))
+        _, answer = self.agent.call({"op": "write", "path": self.path("link"), "b64": b64(b"new"), "mode": 0o644})
+        self.assertEqual((answer["event"], answer["errno"]), ("error", "ELOOP"), answer)
+        self.assertIn("symlink", answer["message"])
+        with open(target) as f:
+            self.assertEqual(f.read(), "keep")
+        self.assertTrue(os.path.islink(self.path("link")))
+        self.assertEqual(sorted(os.listdir(self.dir)), ["link", "target"])
+
+    def test_no_op_passes_through_a_symlinked_directory(self):
+        # The native tier's collect refuses a path through a symlink (openat2
+        # RESOLVE_NO_SYMLINKS); every file op here does the same, wherever the link points.
+        os.mkdir(self.path("real"))
+        with open(self.path("real", "f"), "w") as f:
+            f.write("inside")
+        os.symlink(self.path("real"), self.path("dlink"))
+        os.symlink("/", self.path("root"))
+        os.symlink("/etc", self.path("etc"))
+        # This runs on the host: writes and deletes go only through the link to our own
+        # directory, never through the links to / and /etc.
+        through = [(self.path("dlink", "f"), True)]
+        through += [(self.path("root", "etc", "hostname"), False), (self.path("etc", "hostname"), False)]
+        for path, writable in through:
+            requests = [{"op": "read", "path": path, "max_bytes": 10}, {"op": "list", "path": os.path.dirname(path)}]
+            if writable:
+                requests += [
+                    {"op": "write", "path": path, "b64": b64(b"x")},
+                    {"op": "write", "path": path + "-new", "b64": b64(b"x")},
+                    {"op": "delete", "path": path},
+                ]
+            for request in requests:
+                _, answer = self.agent.call(request)
+                self.assertEqual((answer["event"], answer["errno"]), ("error", "ELOOP"), (request, answer))
+                self.assertEqual(answer["message"], "is or passes through a symlink; not followed")
+        for name in ("dlink", "root", "etc"):
+            _, answer = self.agent.call({"op": "list", "path": self.path(name)})
+            self.assertEqual(answer["errno"], "ELOOP", (name, answer))
+        with open(self.path("real", "f")) as f:
+            self.assertEqual(f.read(), "inside")
+        self.assertEqual(os.listdir(self.path("real")), ["f"])
+        # A symlink itself can be deleted; what it points to stays.
+        _, answer = self.agent.call({"op": "delete", "path": self.path("dlink")})
+        self.assertEqual(answer["event"], "ok", answer)
+        self.assertFalse(os.path.lexists(self.path("dlink")))
+        self.assertTrue(os.path.isfile(self.path("real", "f")))
+        # A file where a directory is expected is ENOTDIR, not followed or made.
+        _, answer = self.agent.call({"op": "write", "path": self.path("real", "f", "g"), "b64": b64(b"x")})
+        self.assertEqual(answer["errno"], "ENOTDIR", answer)
+
+    def test_read_refuses_symlinks_fifos_and_directories(self):
+        with open(self.path("real"), "w") as f:
+            f.write("secret")
+        os.symlink(self.path("real"), self.path("link"))
+        os.mkfifo(self.path("fifo"))
+        for name, expected in (("link", "ELOOP"), ("fifo", "EINVAL"), ("", "EISDIR"), ("nope", "ENOENT")):
+            _, answer = self.agent.call({"op": "read", "path": self.path(name), "max_bytes": 10}, timeout=3)
+            self.assertEqual((answer["event"], answer["errno"]), ("error", expected), name)
+
+    def test_paths_outside_roots_refused(self):
+        for path in ("/etc/passwd", "relative/x", "/tmp/../etc/passwd", "/tmp", "/workspacex/a", "//tmp/a"):
+            _, answer = self.agent.call({"op": "read", "path": path, "max_bytes": 10})
+            self.assertEqual(answer["event"], "error", path)
+            self.assertEqual(answer["errno"], "EINVAL", path)
+            self.assertEqual(answer["message"], "path must be under /workspace or /tmp")
+        _, answer = self.agent.call({"op": "list", "path": "/etc"})
+        self.assertEqual(answer["errno"], "EINVAL")
+        _, answer = self.agent.call({"op": "delete", "path": "/tmp"})
+        self.assertEqual(answer["errno"], "EINVAL")
+        _, answer = self.agent.call({"op": "read", "path": "/tmp/a\0b", "max_bytes": 1})
+        self.assertEqual(answer["errno"], "EINVAL")
+
+    # --- protocol
+
+    def test_malformed_lines_answered(self):
+        bad = [
+            (b"not json\n", None),
+            (b"[1, 2]\n", None),
+            (b'{"op": "ping"}\n', None),
+            (b'{"id": "7", "op": "ping"}\n', None),
+            (b'{"id": true, "op": "ping"}\n', None),
+            (b'{"id": 5, "op": "nope"}\n', 5),
+            (b'{"id": 6, "op": ["x"]}\n', 6),
+            (b'{"id": 7, "op": "read", "max_bytes": 1}\n', 7),
+            (b'{"id": 8, "op": "exec", "kind": "shell", "command": 1, "timeout_ms": 1,'
+             b' "output_limit": 1}\n', 8),
+            (b'{"id": 9, "op": "exec", "kind": "shell", "command": "true", "timeout_ms": -1,'
+             b' "output_limit": 1}\n', 9),
+            (b'{"id": 10, "op": "write", "path": "/tmp/x", "b64": "***"}\n', 10),
+            (b'{"id": 11, "op": "exec", "kind": "ruby", "code": ""}\n', 11),
+            (b"\xff\xfe\n", None),
+            (b"[" * 100000 + b"\n", None),
+        ]
+        for line, rid in bad:
+            self.agent.send_raw(line)
+            answer = self.agent.next_event()
+            got = (answer["id"], answer["event"], answer["errno"])
+            self.assertEqual(got, (rid, "error", "EINVAL"), line[:60])
+        self.agent.send_raw(b"\n  \n")  # blank lines are ignored
+        _, answer = self.agent.call({"op": "ping"})
+        self.assertEqual(answer["event"], "pong")
+        self.assertEqual(answer["pid"], self.agent.proc.pid)
+        self.assertIsInstance(answer["kernel_pid"], int)
+
+    def test_stdin_eof_exits_promptly(self):
+        kernel = self.kernel_pid()
+        start = time.monotonic()
+        self.agent.proc.stdin.close()
+        self.assertEqual(self.agent.proc.wait(timeout=1), 0)
+        self.assertLess(time.monotonic() - start, 1)
+        self.assertTrue(wait_gone(kernel, 1))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,17 @@
+//! The session agent's own unit tests (Python's unittest), run bare on the host, so that the
+//! one test command covers them.
+
+use std::process::Command;
+
+#[test]
+fn the_session_agent_passes_its_unit_tests() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
+    let out = Command::new("/usr/bin/python3")
+        .args(["-B", "-m", "unittest", "test_agent"])
+        .current_dir(dir)
+        .output()
+        .expect("/usr/bin/python3 runs");
+    let report = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "agent unit tests failed:\n{report}");
+    assert!(report.contains("OK"), "{report}");
+}

@@ -1,0 +1,609 @@
+//! The one request/result vocabulary that the CLI, the server, MCP and the SDK all speak.
+//!
+//! Wire conventions: snake_case field names, enums as lower-case strings, byte payloads as
+//! `{"text": ...}` or `{"base64": ...}`.
+
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+
+use crate::error::PolicyError;
+use std::collections::BTreeMap;
+
+use crate::policy::{ByteSize, Capabilities, Limits, Policy, Span};
+
+/// A language whose snippets Kennel knows how to start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Language {
+    Python,
+    Bash,
+    Sh,
+}
+
+impl Language {
+    pub fn name(self) -> &'static str {
+        match self {
+            Language::Python => "python",
+            Language::Bash => "bash",
+            Language::Sh => "sh",
+        }
+    }
+
+    /// The interpreter inside the sandbox. `/usr/bin/python3`, not whatever `python3` a shim
+    /// on the host's PATH would pick.
+    pub fn interpreter(self) -> &'static str {
+        match self {
+            Language::Python => "/usr/bin/python3",
+            Language::Bash => "/bin/bash",
+            Language::Sh => "/bin/sh",
+        }
+    }
+}
+
+impl std::str::FromStr for Language {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "python" | "python3" => Ok(Language::Python),
+            "bash" => Ok(Language::Bash),
+            "sh" => Ok(Language::Sh),
+            other => Err(format!(
+                "unknown language {other:?}: use python, bash or sh"
+            )),
+        }
+    }
+}
+
+/// What to run: an argv, or a snippet in a language.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Command {
+    Argv(Vec<String>),
+    Code { language: Language, code: String },
+}
+
+/// The longest snippet passed on the command line of the interpreter (the kernel's limit on
+/// one argument is 128 KiB).
+pub const MAX_CODE_BYTES: usize = 120 << 10;
+
+impl Command {
+    /// The argv that runs this command inside the sandbox.
+    pub fn argv(&self) -> Result<Vec<String>, PolicyError> {
+        match self {
+            Command::Argv(argv) if argv.is_empty() => Err(PolicyError::request("argv", "is empty")),
+            Command::Argv(argv) => Ok(argv.clone()),
+            Command::Code { code, .. } if code.len() > MAX_CODE_BYTES => Err(PolicyError::request(
+                "code",
+                format!(
+                    "is {} bytes; snippets are limited to 120 KiB, send larger programs as a file",
+                    code.len()
+                ),
+            )),
+            Command::Code { language, code } => Ok(vec![
+                language.interpreter().to_string(),
+                "-c".to_string(),
+                code.clone(),
+            ]),
+        }
+    }
+}
+
+/// Bytes on the wire: text where they are UTF-8, base64 otherwise.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Content {
+    Text(String),
+    Base64(String),
+}
+
+impl Content {
+    pub fn from_bytes(bytes: Vec<u8>) -> Content {
+        match String::from_utf8(bytes) {
+            Ok(text) => Content::Text(text),
+            Err(e) => {
+                Content::Base64(base64::engine::general_purpose::STANDARD.encode(e.into_bytes()))
+            }
+        }
+    }
+
+    pub fn to_bytes(&self) -> Result<Vec<u8>, PolicyError> {
+        match self {
+            Content::Text(t) => Ok(t.clone().into_bytes()),
+            Content::Base64(b) => base64::engine::general_purpose::STANDARD
+                .decode(b)
+                .map_err(|e| PolicyError::request("files", format!("holds invalid base64: {e}"))),
+        }
+    }
+}
+
+/// A file placed in the sandbox before the code starts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileIn {
+    /// Where it appears inside the sandbox: under `/workspace` or `/tmp`.
+    pub path: String,
+    pub content: Content,
+    /// Permission bits; 0644 by default.
+    #[serde(default = "default_mode")]
+    pub mode: u32,
+}
+
+fn default_mode() -> u32 {
+    0o644
+}
+
+/// One run: what to run, with what, under which policy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunRequest {
+    pub command: Command,
+    #[serde(default)]
+    pub stdin: Option<Content>,
+    #[serde(default)]
+    pub files: Vec<FileIn>,
+    /// Paths under `/workspace` or `/tmp` to return after the run.
+    #[serde(default)]
+    pub collect: Vec<String>,
+    #[serde(default)]
+    pub policy: Policy,
+}
+
+impl RunRequest {
+    pub fn new(command: Command) -> RunRequest {
+        RunRequest {
+            command,
+            stdin: None,
+            files: vec![],
+            collect: vec![],
+            policy: Policy::default(),
+        }
+    }
+}
+
+/// A file returned from the sandbox.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct CollectedFile {
+    pub path: String,
+    /// Its size inside the sandbox.
+    pub size: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<Content>,
+    /// True when only the first `limits.collect_size` bytes were returned.
+    pub truncated: bool,
+    /// Why the file was not returned (missing, a symlink, not a regular file).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// What the run did and which isolation was in force.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RunResult {
+    /// The program's exit code; `None` when it was killed by a signal.
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub oom_killed: bool,
+    pub pids_limit_hit: bool,
+    pub duration_ms: u64,
+    pub cpu_ms: u64,
+    pub memory_peak_bytes: u64,
+    pub stdout: String,
+    pub stderr: String,
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub files: Vec<CollectedFile>,
+    pub isolation: Isolation,
+    /// Every connection the code asked Kennel's proxy for (network mode `allow`).
+    #[serde(default)]
+    pub network_log: Vec<crate::net::NetEvent>,
+}
+
+impl RunResult {
+    /// The status a shell would show: the code, 128 + the signal, or 124 on timeout.
+    pub fn shell_status(&self) -> i32 {
+        if self.timed_out {
+            return 124;
+        }
+        match (self.exit_code, self.signal) {
+            (Some(c), _) => c,
+            (None, Some(s)) => 128 + s,
+            (None, None) => 125,
+        }
+    }
+}
+
+/// Which isolation was really in force for a run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Isolation {
+    pub tier: String,
+    /// The namespaces the sandbox was given.
+    pub namespaces: Vec<String>,
+    /// The host uid and gid that the sandbox's uid 0 maps to.
+    pub host_uid: u32,
+    pub host_gid: u32,
+    /// How many ids are mapped inside the sandbox (0..id_range).
+    pub id_range: u32,
+    pub seccomp: SeccompInfo,
+    pub landlock: LandlockInfo,
+    pub limits: LimitsInfo,
+    pub no_new_privs: bool,
+    /// Capabilities left to the sandboxed code, inside its own user namespace (policy
+    /// `capabilities`: a small default set, or none).
+    pub capabilities: Vec<String>,
+    /// `host-system-ro` or the rootfs directory.
+    pub filesystem: String,
+    pub network: String,
+    /// The OCI runtime that ran the sandbox (the `oci` tier only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<RuntimeInfo>,
+}
+
+/// Which OCI runtime ran a sandbox, as it reported its version.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RuntimeInfo {
+    pub name: String,
+    pub version: String,
+    /// runsc's platform (`ptrace` or `kvm`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub platform: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct SeccompInfo {
+    pub enforced: bool,
+    pub profile: String,
+    /// The errno every denied syscall returns.
+    pub denied_errno: String,
+    pub denied_syscalls: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct LandlockInfo {
+    pub enforced: bool,
+    /// The Landlock ABI version the kernel offered.
+    pub abi: Option<u32>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct LimitsInfo {
+    /// `cgroup-v1`, `cgroup-v2` or `rlimit`.
+    pub mechanism: String,
+    /// The cgroup directories, removed after the run.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub cgroups: Vec<String>,
+    /// Why cgroups were not used, where they were not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fallback_reason: Option<String>,
+}
+
+/// A run as the HTTP API, MCP and the SDK send it: `language` + `code`, or `argv`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunSpec {
+    // Absent, not null, when unused: the document's `oneOf` tells a code run from an argv run
+    // by which fields are present.
+    #[serde(default, deserialize_with = "present")]
+    pub language: Option<Language>,
+    #[serde(default, deserialize_with = "present")]
+    pub code: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    pub argv: Option<Vec<String>>,
+    /// Text for the code's stdin.
+    pub stdin: Option<String>,
+    /// Files placed before the code starts: sandbox path (under /workspace or /tmp) → content.
+    #[serde(default)]
+    pub files: BTreeMap<String, Content>,
+    /// Paths under /workspace or /tmp returned in the result.
+    #[serde(default)]
+    pub collect: Vec<String>,
+    /// Environment variables for the code, beyond Kennel's clean defaults.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub limits: LimitsSpec,
+    /// Network access: none by default; `allow` with domains; `full` only where the server
+    /// permits it.
+    #[serde(default)]
+    pub network: crate::policy::Network,
+    /// `native` (the default) or `oci`.
+    pub tier: Option<crate::policy::Tier>,
+    /// The OCI runtime: `runsc` (gVisor), `crun` or `runc`; implies tier `oci`.
+    pub runtime: Option<crate::policy::Runtime>,
+    /// gVisor's platform (`ptrace` or `kvm`); chosen automatically when unset.
+    pub platform: Option<crate::policy::Platform>,
+    /// `none` drops every capability; `default` (a small set inside the sandbox's user
+    /// namespace) is what runs get unless the server's policy says `none`.
+    pub capabilities: Option<crate::policy::Capabilities>,
+}
+
+/// A field that is either absent (`None`, by `#[serde(default)]`) or a value: `null` is refused.
+fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(d).map(Some)
+}
+
+/// A count that JSON may write as `131` or `131.0` (JSON Schema's `integer` takes both).
+fn whole_u32<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    let Some(n) = Option::<f64>::deserialize(d)? else {
+        return Ok(None);
+    };
+    if n.fract() != 0.0 || !(0.0..=f64::from(u32::MAX)).contains(&n) {
+        return Err(serde::de::Error::custom(format!(
+            "{n} is not a whole number from 0 to {}",
+            u32::MAX
+        )));
+    }
+    Ok(Some(n as u32))
+}
+
+/// Limits a request asks for; each missing one takes the server's default, and each above the
+/// server's maximum is refused (never silently clamped).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsSpec {
+    /// Wall-clock timeout, such as "30s".
+    #[schema(value_type = Option<String>)]
+    pub timeout: Option<Span>,
+    /// Memory, such as "512M".
+    #[schema(value_type = Option<String>)]
+    pub memory: Option<ByteSize>,
+    pub cpus: Option<f64>,
+    #[serde(default, deserialize_with = "whole_u32")]
+    pub pids: Option<u32>,
+    /// Bytes kept per output stream, such as "100K".
+    #[schema(value_type = Option<String>)]
+    pub output: Option<ByteSize>,
+    #[schema(value_type = Option<String>)]
+    pub tmp_size: Option<ByteSize>,
+    #[schema(value_type = Option<String>)]
+    pub workspace_size: Option<ByteSize>,
+}
+
+impl LimitsSpec {
+    /// `base` with this request's limits applied; a limit above `max` is an error naming it.
+    pub fn apply(&self, base: &Limits, max: &Limits) -> Result<Limits, PolicyError> {
+        fn over<T: PartialOrd + std::fmt::Display>(
+            field: &'static str,
+            v: T,
+            max: T,
+        ) -> Result<T, PolicyError> {
+            if v > max {
+                Err(PolicyError::request(
+                    field,
+                    format!("is {v}, above this server's maximum of {max}"),
+                ))
+            } else {
+                Ok(v)
+            }
+        }
+        let mut l = base.clone();
+        if let Some(v) = self.timeout {
+            l.timeout = over("limits.timeout", v, max.timeout)?;
+        }
+        if let Some(v) = self.memory {
+            l.memory = over("limits.memory", v, max.memory)?;
+        }
+        if let Some(v) = self.cpus {
+            l.cpus = over("limits.cpus", v, max.cpus)?;
+        }
+        if let Some(v) = self.pids {
+            l.pids = over("limits.pids", v, max.pids)?;
+        }
+        if let Some(v) = self.output {
+            l.output = over("limits.output", v, max.output)?;
+        }
+        if let Some(v) = self.tmp_size {
+            l.tmp_size = over("limits.tmp_size", v, max.tmp_size)?;
+        }
+        if let Some(v) = self.workspace_size {
+            l.workspace_size = over("limits.workspace_size", v, max.workspace_size)?;
+        }
+        Ok(l)
+    }
+}
+
+impl RunSpec {
+    /// What to run: exactly one of `language` + `code` and `argv`.
+    pub fn command(&self) -> Result<Command, PolicyError> {
+        match (&self.language, &self.code, &self.argv) {
+            (Some(language), Some(code), None) => Ok(Command::Code {
+                language: *language,
+                code: code.clone(),
+            }),
+            (None, None, Some(argv)) => Ok(Command::Argv(argv.clone())),
+            (None, Some(_), None) => Err(PolicyError::request("language", "is required with `code`")),
+            (Some(_), None, None) => Err(PolicyError::request("code", "is required with `language`")),
+            (None, None, None) => Err(PolicyError::request("code", "or `argv` is required")),
+            _ => Err(PolicyError::request(
+                "argv",
+                "cannot be combined with `language`/`code`",
+            )),
+        }
+    }
+
+    /// Whether the request names its isolation (a tier or a runtime).
+    pub fn names_tier(&self) -> bool {
+        self.tier.is_some() || self.runtime.is_some()
+    }
+
+    /// Refuses strings a program cannot be given: a NUL ends a C string, so `code` or an
+    /// `argv` item holding one would reach the sandbox cut short, or not at all.
+    fn check_strings(&self) -> Result<(), PolicyError> {
+        let nul = "contains a NUL byte, which a program's arguments cannot hold";
+        if let Some(code) = &self.code {
+            if code.contains('\0') {
+                return Err(PolicyError::request("code", nul));
+            }
+            if code.len() > MAX_CODE_BYTES {
+                return Err(PolicyError::request(
+                    "code",
+                    format!(
+                        "is {} bytes; snippets are limited to 120 KiB, send larger programs \
+                         as a file",
+                        code.len()
+                    ),
+                ));
+            }
+        }
+        match self.argv.iter().flatten().position(|a| a.contains('\0')) {
+            Some(i) => Err(PolicyError::request("argv", format!("item {i} {nul}"))),
+            None => Ok(()),
+        }
+    }
+
+    /// The engine request under `base` policy, with limits bounded by `max`.
+    pub fn to_request(&self, base: &Policy, max: &Limits) -> Result<RunRequest, PolicyError> {
+        self.check_strings()?;
+        let mut policy = base.clone();
+        policy.limits = self.limits.apply(&base.limits, max)?;
+        policy.env.extend(self.env.clone());
+        policy.network = self.network.clone();
+        if let Some(runtime) = self.runtime {
+            policy.tier = crate::policy::Tier::Oci;
+            policy.oci.runtime = runtime;
+        }
+        policy.tier = self.tier.unwrap_or(policy.tier);
+        policy.oci.platform = self.platform;
+        match self.capabilities {
+            Some(Capabilities::Default) if base.capabilities == Capabilities::None => {
+                return Err(PolicyError::request(
+                    "capabilities",
+                    "cannot be \"default\": this server's policy keeps none",
+                ))
+            }
+            Some(caps) => policy.capabilities = caps,
+            None => {}
+        }
+        policy.validate()?;
+        let files = self
+            .files
+            .iter()
+            .map(|(path, content)| FileIn {
+                path: path.clone(),
+                content: content.clone(),
+                mode: default_mode(),
+            })
+            .collect();
+        Ok(RunRequest {
+            command: self.command()?,
+            stdin: self.stdin.clone().map(Content::Text),
+            files,
+            collect: self.collect.clone(),
+            policy,
+        })
+    }
+}
+
+/// Interpreter news from a python exec.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Interpreter {
+    pub restarted: bool,
+    pub crashed: bool,
+    pub reason: Option<String>,
+}
+
+/// Creates a session: a sandbox kept between an agent's steps.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionSpec {
+    /// Limits for the session's sandbox; `timeout` is the default per exec.
+    #[serde(default)]
+    pub limits: LimitsSpec,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub network: crate::policy::Network,
+    /// End the session after this long unused (bounded by the server's setting).
+    #[schema(value_type = Option<String>)]
+    pub idle_ttl: Option<Span>,
+}
+
+/// Runs shell commands or code in a session. `python` runs in a persistent interpreter.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecSpec {
+    pub language: Language,
+    pub code: String,
+    pub stdin: Option<String>,
+    /// Per-exec timeout (default: the session's).
+    #[schema(value_type = Option<String>)]
+    pub timeout: Option<Span>,
+}
+
+impl ExecSpec {
+    /// Refuses code the sandbox cannot take: a shell's code is an argument, where a NUL
+    /// would end it early, and python refuses source with one.
+    pub fn check(&self) -> Result<(), PolicyError> {
+        if self.code.contains('\0') {
+            return Err(PolicyError::request(
+                "code",
+                "contains a NUL byte, which a program's arguments cannot hold",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What an exec did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ExecResult {
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub duration_ms: u64,
+    pub stdout: String,
+    pub stderr: String,
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    /// For python: whether the interpreter crashed or was restarted (its state is then lost).
+    pub interpreter: Option<Interpreter>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::Capabilities;
+
+    fn spec(caps: Option<Capabilities>) -> RunSpec {
+        RunSpec {
+            argv: Some(vec!["/bin/true".into()]),
+            capabilities: caps,
+            ..RunSpec::default()
+        }
+    }
+
+    #[test]
+    fn a_request_may_drop_capabilities_but_not_raise_them_above_the_server() {
+        let open = Policy::default();
+        let strict = Policy {
+            capabilities: Capabilities::None,
+            ..Policy::default()
+        };
+        let max = Limits::default();
+        let caps = |base: &Policy, c| {
+            spec(c)
+                .to_request(base, &max)
+                .map(|r| r.policy.capabilities)
+        };
+        assert_eq!(caps(&open, None).unwrap(), Capabilities::Default);
+        assert_eq!(
+            caps(&open, Some(Capabilities::None)).unwrap(),
+            Capabilities::None
+        );
+        assert_eq!(caps(&strict, None).unwrap(), Capabilities::None);
+        assert_eq!(
+            caps(&strict, Some(Capabilities::None)).unwrap(),
+            Capabilities::None
+        );
+        let refused = caps(&strict, Some(Capabilities::Default)).unwrap_err();
+        assert!(refused.to_string().contains("capabilities"), "{refused}");
+    }
+}

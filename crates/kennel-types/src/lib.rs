@@ -1,0 +1,13 @@
+//! Kennel's vocabulary, shared by every crate and surface: the policy (what a sandbox may
+//! do), the run request and result, the network allowlist's rules, and validation errors.
+//!
+//! Nothing here starts a process: the types are data, validated once.
+
+pub mod api;
+pub mod error;
+pub mod net;
+pub mod policy;
+
+pub use api::{CollectedFile, Command, Content, FileIn, Isolation, Language, RunRequest, RunResult};
+pub use error::PolicyError;
+pub use policy::Policy;

@@ -1,6 +1,0 @@
-//! `kennel-sandbox-helper`: what the kennel binary does when it is a sandbox helper, in a
-//! binary small enough to start fast. `kennel` exec's it when it sits beside it.
-
-fn main() {
-    kennel::native::helper::run_helper()
-}
