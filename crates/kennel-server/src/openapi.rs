@@ -223,9 +223,8 @@ fn network_schema(config: &ServerConfig) -> Value {
             },
             "resolve": {
                 "type": "array",
-                "items": {"type": "string", "pattern": pattern::pin()},
-                "description": "`NAME:IP` pins for the proxy's resolver (they may name \
-                                private addresses).",
+                "items": pin_schema(config),
+                "description": "`NAME:IP` pins for the proxy's resolver.",
                 "default": [],
             },
         },
@@ -233,6 +232,22 @@ fn network_schema(config: &ServerConfig) -> Value {
         "then": {"required": ["allow"], "properties": {"allow": {"minItems": 1}}},
         "else": {"properties": {"allow": {"maxItems": 0}}},
     })
+}
+
+/// A pin to a loopback, private, link-local or otherwise internal address is refused unless
+/// the config lists its network (`allow_pins_to`). Networks listed for everyone cannot be
+/// stated by a pattern, so with any the document leaves internal pins to the server; a token's
+/// own list makes the server accept pins the document refuses, never the reverse.
+fn pin_schema(config: &ServerConfig) -> Value {
+    let mut schema = json!({"type": "string", "pattern": pattern::pin()});
+    if config.allow_pins_to.is_empty() {
+        schema["not"] = json!({"pattern": pattern::internal_pin()});
+        schema["description"] = json!(
+            "A pin to a loopback, private, link-local, CGNAT, multicast or reserved address is \
+             refused: this server's config lists no such network (allow_pins_to)."
+        );
+    }
+    schema
 }
 
 /// Base64 as the server decodes it: standard alphabet, canonical padding and trailing bits.

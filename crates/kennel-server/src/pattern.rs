@@ -63,6 +63,35 @@ pub fn pin() -> String {
     format!("^{LABEL}(?:\\.{LABEL})*:(?:{v4}|{v6}|\\[(?:{v4}|{v6})\\])$")
 }
 
+/// A resolver pin whose address the server refuses without `allow_pins_to`: one that
+/// `net::forbidden` calls loopback, private, link-local, CGNAT, unspecified, multicast,
+/// reserved or special-purpose. Matched against a string [`pin`] already accepts, so it only
+/// tells addresses apart; IPv6 forms with leading zero groups are matched as the kernel's
+/// classification reads them (`::1`, `::`, `::ffff:` + an IPv4 address).
+pub fn internal_pin() -> String {
+    let hex = "[0-9a-fA-F]";
+    // The first two octets of an internal IPv4 address, dotted (a prefix is enough: the
+    // whole address is valid already).
+    let v4 = "(?:127|10|0|22[4-9]|2[3-4][0-9]|25[0-5])\\.\
+              |172\\.(?:1[6-9]|2[0-9]|3[01])\\.|192\\.168\\.|169\\.254\\.\
+              |100\\.(?:6[4-9]|[7-9][0-9]|1[01][0-9]|12[0-7])\\.|192\\.0\\.0\\.|198\\.1[89]\\.";
+    // The same, as the two hex groups of a mapped address (`::ffff:7f00:1`).
+    let v4_hex = format!(
+        "(?:(?:7[fF]{hex}{{2}}|0?[aA]{hex}{{2}}|0{{0,2}}{hex}{{1,2}}|[aA][cC]1{hex}|[cC]0[aA]8\
+         |[aA]9[fF][eE]|64[4-7]{hex}|[e-fE-F]{hex}{{3}}|[cC]61[23]):{hex}{{1,4}}\
+         |[cC]0{{3}}:0{{0,2}}{hex}{{1,2}})\\]?$"
+    );
+    // Zero groups and colons only: `::1`, `::`, and the prefix of `::ffff:` + IPv4 (whose two
+    // last groups are anchored, so that `0:0:0:0:ffff:1:2:3` is not taken for one).
+    let zeros = "(?:(?:0{1,4})?:)+";
+    let v6 = format!(
+        "{zeros}0{{0,3}}1\\]?$|{zeros}(?:0{{1,4}})?\\]?$\
+         |{zeros}[fF]{{4}}:(?:{v4}|{v4_hex})\
+         |[fF][cCdD]{hex}{{2}}:|[fF][eE][89a-fA-F]{hex}:|[fF]{{2}}{hex}{{2}}:|0{{0,2}}64:[fF]{{2}}9[bB]:"
+    );
+    format!("^[^:]+:\\[?(?:{v4}|{v6})")
+}
+
 /// A `Span` (see `policy::Span`) from `lo_ms` to `hi_ms` milliseconds, both included.
 pub fn span(lo_ms: u64, hi_ms: u64) -> String {
     let mut alts = Vec::new();

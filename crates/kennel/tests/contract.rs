@@ -488,3 +488,105 @@ fn schemathesis_finds_no_difference_between_the_document_and_the_server() {
     let log = server.log_text();
     assert!(!log.contains("BUG"), "a handler panicked: {log}");
 }
+
+/// Whether Python's `re` (as the document's readers match) accepts `pin` under the served
+/// document's pin schema: its pattern, and not its internal-address pattern.
+fn document_accepts_pins(schema: &Value, pins: &[&str]) -> Vec<bool> {
+    let script = "import json, re, sys\n\
+                  s = json.load(sys.stdin)\n\
+                  ok = lambda p: bool(re.search(s['schema']['pattern'], p)) and not \
+                  ('not' in s['schema'] and re.search(s['schema']['not']['pattern'], p))\n\
+                  print(json.dumps([ok(p) for p in s['pins']]))\n";
+    let mut child = Command::new(PY)
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    let input = json!({"schema": schema, "pins": pins}).to_string();
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), input.as_bytes()).unwrap();
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", describe(&out));
+    serde_json::from_slice(&out.stdout).expect("a JSON list")
+}
+
+/// A pin the document refuses is one the server refuses (its address is internal, and the
+/// config lists no internal network), and the other way round, over addresses written in
+/// every form the server parses.
+#[test]
+fn the_document_states_which_pins_the_server_refuses() {
+    let server = Server::start("contract-pins", NO_POOL);
+    let doc = server.client.get("/openapi.json").json();
+    let schema = &doc["components"]["schemas"]["Network"]["properties"]["resolve"]["items"];
+    assert!(schema["not"]["pattern"].is_string(), "{schema}");
+    let pins = [
+        "a.test:127.0.0.1",
+        "a.test:127.255.0.9",
+        "a.test:10.0.0.1",
+        "a.test:100.64.0.1",
+        "a.test:100.128.0.1",
+        "a.test:100.63.255.255",
+        "a.test:172.15.0.1",
+        "a.test:172.16.0.1",
+        "a.test:172.31.9.9",
+        "a.test:172.32.0.1",
+        "a.test:192.168.1.1",
+        "a.test:192.169.1.1",
+        "a.test:169.254.169.254",
+        "a.test:0.0.0.0",
+        "a.test:1.0.0.1",
+        "a.test:224.0.0.1",
+        "a.test:223.255.255.255",
+        "a.test:255.255.255.255",
+        "a.test:192.0.0.8",
+        "a.test:192.0.2.1",
+        "a.test:198.18.0.1",
+        "a.test:198.20.0.1",
+        "a.test:8.8.8.8",
+        "a.test:[::1]",
+        "a.test:::1",
+        "a.test:0:0:0:0:0:0:0:1",
+        "a.test:::",
+        "a.test:0::0",
+        "a.test:::2",
+        "a.test:::1:2",
+        "a.test:::ffff:127.0.0.1",
+        "a.test:::FFFF:8.8.8.8",
+        "a.test:::ffff:7f00:1",
+        "a.test:::ffff:808:808",
+        "a.test:0:0:0:0:0:ffff:a00:1",
+        "a.test:0:0:0:0:ffff:1:2:3",
+        "a.test:::ffff:c000:8",
+        "a.test:::ffff:c000:208",
+        "a.test:::ffff:c612:1",
+        "a.test:::ffff:0:0",
+        "a.test:fc00::1",
+        "a.test:fd12:3456::1",
+        "a.test:fc::1",
+        "a.test:fe80::1",
+        "a.test:FEC0::1",
+        "a.test:ff02::1",
+        "a.test:fe7f::1",
+        "a.test:64:ff9b::1.2.3.4",
+        "a.test:0064:FF9B::1",
+        "a.test:64:ff9c::1",
+        "a.test:2001:db8::1",
+        "a.test:2606:4700::1111",
+        "a.test:::1.2.3.4",
+    ];
+    let documented = document_accepts_pins(schema, &pins);
+    for (pin, doc_ok) in pins.iter().zip(documented) {
+        let r = server.client.post_json(
+            "/v1/runs",
+            &json!({"argv": ["/bin/true"], "network": {"resolve": [pin]}}),
+        );
+        assert!(r.status == 200 || r.status == 400, "{pin}: {}", r.text());
+        assert_eq!(
+            r.status == 200,
+            doc_ok,
+            "{pin}: the document says {doc_ok}, the server answered {}",
+            r.text()
+        );
+    }
+}
