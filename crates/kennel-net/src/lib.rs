@@ -3,7 +3,13 @@
 //!
 //! The sandbox has no route out but through it, and names are resolved only by it. The rules it
 //! applies are `kennel_types::net`'s; the sandbox crate binds its listeners in the namespace.
+//! `proxy` accepts, `http_proxy` and `socks` read their protocols' requests, and `conn` is the
+//! one path every connection then takes (decide, check the first message, dial, splice, log).
 
+mod conn;
+mod denial;
+mod first;
+mod http_head;
 mod http_proxy;
 pub mod proxy;
 mod socks;

@@ -1,0 +1,373 @@
+//! What every connection through the proxy goes through, whichever protocol asked for it:
+//! the decision (allowlist, resolver, forbidden addresses), the check of a tunnel's first
+//! message, the dial, the splice and the one log entry. HTTP and SOCKS5 only parse their
+//! requests and say how they answer their clients.
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use kennel_types::net::{forbidden, Allowlist, NetEvent};
+
+use crate::denial::Denial;
+use crate::first::first_message;
+
+const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The protocol a connection came in by, as the log names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Protocol {
+    /// Plain HTTP, a request in absolute form.
+    Http,
+    /// An HTTP CONNECT tunnel.
+    Connect,
+    Socks5,
+}
+
+impl Protocol {
+    fn name(self) -> &'static str {
+        match self {
+            Protocol::Http => "http",
+            Protocol::Connect => "connect",
+            Protocol::Socks5 => "socks5",
+        }
+    }
+}
+
+/// Where a client asked to go, as far as its request said.
+pub(crate) struct Target {
+    pub host: String,
+    pub port: u16,
+    pub protocol: Protocol,
+}
+
+impl Target {
+    pub(crate) fn new(host: impl Into<String>, port: u16, protocol: Protocol) -> Target {
+        Target {
+            host: host.into(),
+            port,
+            protocol,
+        }
+    }
+
+    /// The log entry of a refusal: nothing dialled, nothing moved.
+    pub(crate) fn denied(&self, why: Denial) -> NetEvent {
+        self.event("denied", why.to_string())
+    }
+
+    fn allowed(&self, addr: SocketAddr) -> NetEvent {
+        let mut ev = self.event("allowed", "on the allowlist".into());
+        ev.address = Some(addr.to_string());
+        ev
+    }
+
+    fn event(&self, decision: &str, reason: String) -> NetEvent {
+        NetEvent {
+            host: self.host.clone(),
+            port: self.port,
+            protocol: self.protocol.name().into(),
+            decision: decision.into(),
+            reason,
+            address: None,
+            bytes_up: 0,
+            bytes_down: 0,
+        }
+    }
+}
+
+/// How a protocol answers its client.
+pub(crate) trait Answer {
+    /// Tells the client that its request is refused, and why.
+    fn refuse(&self, client: &mut TcpStream, why: &Denial);
+    /// Tells a tunnel's client that the tunnel is open.
+    fn open(&self, client: &mut TcpStream) -> io::Result<()>;
+}
+
+/// What the proxy's threads share: the rules, the log, and the sockets of open connections.
+pub(crate) struct Shared {
+    allow: Allowlist,
+    log: Mutex<Vec<NetEvent>>,
+    open: AtomicUsize,
+    /// The sockets of each open connection, so that stopping can end tunnels whose far side
+    /// would never close.
+    sockets: Mutex<HashMap<u64, Vec<TcpStream>>>,
+    next_id: AtomicU64,
+}
+
+impl Shared {
+    pub(crate) fn new(allow: Allowlist) -> Shared {
+        Shared {
+            allow,
+            log: Mutex::new(vec![]),
+            open: AtomicUsize::new(0),
+            sockets: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(0),
+        }
+    }
+
+    /// Counts a new connection unless `max` are open already.
+    pub(crate) fn try_open(&self, max: usize) -> bool {
+        if self.open.fetch_add(1, Ordering::SeqCst) >= max {
+            self.open.fetch_sub(1, Ordering::SeqCst);
+            return false;
+        }
+        true
+    }
+
+    /// Logs a connection's event (if it has one) and stops counting it.
+    pub(crate) fn close(&self, event: Option<NetEvent>) {
+        if let Some(event) = event {
+            lock(&self.log).push(event);
+        }
+        self.open.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    pub(crate) fn open_count(&self) -> usize {
+        self.open.load(Ordering::SeqCst)
+    }
+
+    /// Ends every open connection's sockets (a far side may never close on its own).
+    pub(crate) fn shut_all(&self) {
+        for s in lock(&self.sockets).values().flatten() {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+
+    pub(crate) fn take_log(&self) -> Vec<NetEvent> {
+        std::mem::take(&mut *lock(&self.log))
+    }
+}
+
+/// A poisoned lock still guards sound data here: every critical section is a push or a take.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One connection's handle on the proxy: it registers the connection's sockets, and closes
+/// them (and forgets them) when the connection is done.
+pub(crate) struct Conn<'a> {
+    shared: &'a Shared,
+    id: u64,
+}
+
+impl Drop for Conn<'_> {
+    fn drop(&mut self) {
+        let gone = lock(&self.shared.sockets).remove(&self.id);
+        for s in gone.into_iter().flatten() {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+impl<'a> Conn<'a> {
+    /// Takes charge of `client`, a connection just accepted.
+    pub(crate) fn new(shared: &'a Shared, client: &TcpStream) -> Conn<'a> {
+        let conn = Conn {
+            shared,
+            id: shared.next_id.fetch_add(1, Ordering::Relaxed),
+        };
+        conn.watch(client);
+        conn
+    }
+
+    fn watch(&self, s: &TcpStream) {
+        if let Ok(clone) = s.try_clone() {
+            lock(&self.shared.sockets)
+                .entry(self.id)
+                .or_default()
+                .push(clone);
+        }
+    }
+
+    /// The address to dial for `target`, or why not, which the client has been told.
+    pub(crate) fn admit(
+        &self,
+        client: &mut TcpStream,
+        target: &Target,
+        answer: &dyn Answer,
+    ) -> Result<SocketAddr, Denial> {
+        decide(&self.shared.allow, &target.host, target.port).inspect_err(|why| {
+            answer.refuse(client, why);
+        })
+    }
+
+    /// A tunnel, by CONNECT or SOCKS5: decide, open, check the client's first message and only
+    /// then dial, so that a denied tunnel never reaches the far side. `rest` is what the client
+    /// sent after its request. One event for the whole tunnel.
+    pub(crate) fn tunnel(
+        &self,
+        mut client: TcpStream,
+        target: &Target,
+        rest: Vec<u8>,
+        answer: &dyn Answer,
+    ) -> NetEvent {
+        let addr = match self.admit(&mut client, target, answer) {
+            Ok(addr) => addr,
+            Err(why) => return target.denied(why),
+        };
+        if answer.open(&mut client).is_err() {
+            return target.denied(Denial::ClientGone);
+        }
+        let first = match first_message(&mut client, &target.host, rest) {
+            Ok(first) => first,
+            Err(why) => {
+                let _ = client.shutdown(Shutdown::Both);
+                return target.denied(why);
+            }
+        };
+        match self.dial(addr) {
+            Ok(upstream) => relay(client, upstream, target, addr, &first),
+            Err(why) => {
+                let _ = client.shutdown(Shutdown::Both);
+                target.denied(why)
+            }
+        }
+    }
+
+    /// Connects to `addr`, watched so that stopping the proxy can end the connection.
+    pub(crate) fn dial(&self, addr: SocketAddr) -> Result<TcpStream, Denial> {
+        let upstream =
+            TcpStream::connect_timeout(&addr, DIAL_TIMEOUT).map_err(|e| Denial::Dial {
+                addr,
+                error: e.to_string(),
+            })?;
+        self.watch(&upstream);
+        Ok(upstream)
+    }
+}
+
+/// Sends `first` upstream, then copies both ways until both sides are done; the allowed event
+/// with what went through.
+pub(crate) fn relay(
+    client: TcpStream,
+    mut upstream: TcpStream,
+    target: &Target,
+    addr: SocketAddr,
+    first: &[u8],
+) -> NetEvent {
+    let mut ev = target.allowed(addr);
+    if upstream.write_all(first).is_err() {
+        return ev;
+    }
+    let (up, down) = splice(client, upstream);
+    ev.bytes_up = up + first.len() as u64;
+    ev.bytes_down = down;
+    ev
+}
+
+/// The address to dial for `host:port`, or why not.
+pub(crate) fn decide(allow: &Allowlist, host: &str, port: u16) -> Result<SocketAddr, Denial> {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    if bare.parse::<IpAddr>().is_ok() {
+        return Err(Denial::AddressLiteral);
+    }
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    if !allow.rules.iter().any(|r| r.matches(&host, port)) {
+        let named = allow.rules.iter().any(|r| r.matches(&host, r.ports[0]));
+        return Err(if named {
+            Denial::Port { host, port }
+        } else {
+            Denial::NotListed(host)
+        });
+    }
+    if let Some(ip) = allow.pins.get(&host) {
+        return Ok(SocketAddr::new(*ip, port));
+    }
+    let addrs: Vec<SocketAddr> = match (host.as_str(), port).to_socket_addrs() {
+        Ok(addrs) => addrs.collect(),
+        Err(e) => {
+            let error = e.to_string();
+            return Err(Denial::Resolve { host, error });
+        }
+    };
+    if let Some(a) = addrs.iter().find(|a| forbidden(a.ip()).is_none()) {
+        return Ok(*a);
+    }
+    Err(match addrs.first() {
+        Some(a) => Denial::Private {
+            host,
+            ip: a.ip(),
+            kind: forbidden(a.ip()).unwrap_or("forbidden"),
+        },
+        None => Denial::NoAddress(host),
+    })
+}
+
+/// Copies both ways until both sides are done; returns (bytes up, bytes down).
+fn splice(client: TcpStream, upstream: TcpStream) -> (u64, u64) {
+    let _ = client.set_read_timeout(None);
+    let (Ok(c2), Ok(u2)) = (client.try_clone(), upstream.try_clone()) else {
+        return (0, 0);
+    };
+    let up = std::thread::spawn(move || copy_then_close(client, u2));
+    let down = copy_then_close(upstream, c2);
+    (up.join().unwrap_or(0), down)
+}
+
+/// Copies until EOF or an error (a reset still counts what went through), then half-closes.
+fn copy_then_close(mut from: TcpStream, mut to: TcpStream) -> u64 {
+    let mut buf = vec![0u8; 64 << 10];
+    let mut total = 0u64;
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        };
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+        total += n as u64;
+    }
+    let _ = to.shutdown(Shutdown::Write);
+    let _ = from.shutdown(Shutdown::Read);
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn allow(rules: &[&str], pins: &[(&str, &str)]) -> Allowlist {
+        Allowlist {
+            rules: rules
+                .iter()
+                .map(|r| kennel_types::net::Rule::parse(r).expect("a valid rule"))
+                .collect(),
+            pins: pins
+                .iter()
+                .map(|(h, ip)| (h.to_string(), ip.parse().expect("an address")))
+                .collect::<BTreeMap<_, _>>(),
+        }
+    }
+
+    #[test]
+    fn decisions() {
+        let a = allow(
+            &["pkg.test:8080", "*.files.test"],
+            &[("pkg.test", "10.0.0.1")],
+        );
+        assert_eq!(decide(&a, "[::1]", 443), Err(Denial::AddressLiteral));
+        assert_eq!(decide(&a, "127.0.0.1", 8080), Err(Denial::AddressLiteral));
+        assert_eq!(
+            decide(&a, "PKG.test.", 22),
+            Err(Denial::Port {
+                host: "pkg.test".into(),
+                port: 22
+            })
+        );
+        assert_eq!(
+            decide(&a, "files.test", 443),
+            Err(Denial::NotListed("files.test".into()))
+        );
+        assert_eq!(
+            decide(&a, "PKG.test.", 8080),
+            Ok("10.0.0.1:8080".parse().unwrap())
+        );
+    }
+}
