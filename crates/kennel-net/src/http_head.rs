@@ -3,7 +3,7 @@
 
 use std::borrow::Cow;
 
-use httparse::{ParserConfig, Request, Status, EMPTY_HEADER};
+use httparse::{Header, ParserConfig, Request, Status, EMPTY_HEADER};
 
 /// Header slots tried first; a head with more is parsed again with room for the most a head
 /// can hold, so that no head under the size cap is refused for its number of headers.
@@ -41,8 +41,8 @@ pub(crate) enum HeadError {
 /// Parses the request head at the start of `buf`, refusing one over `max` bytes.
 pub(crate) fn parse(buf: &[u8], max: usize) -> Result<Parsed, HeadError> {
     let buf = whitespace_as_spaces(buf);
-    let parsed = parse_with(&buf, FEW_HEADERS).or_else(|e| match e {
-        httparse::Error::TooManyHeaders => parse_with(&buf, max / 4),
+    let parsed = parse_with(&buf, &mut [EMPTY_HEADER; FEW_HEADERS]).or_else(|e| match e {
+        httparse::Error::TooManyHeaders => parse_with(&buf, &mut vec![EMPTY_HEADER; max / 4]),
         e => Err(e),
     });
     match parsed.map_err(HeadError::Invalid)? {
@@ -52,9 +52,8 @@ pub(crate) fn parse(buf: &[u8], max: usize) -> Result<Parsed, HeadError> {
     }
 }
 
-fn parse_with(buf: &[u8], slots: usize) -> Result<Parsed, httparse::Error> {
-    let mut headers = vec![EMPTY_HEADER; slots];
-    let mut req = Request::new(&mut headers);
+fn parse_with<'b>(buf: &'b [u8], slots: &mut [Header<'b>]) -> Result<Parsed, httparse::Error> {
+    let mut req = Request::new(slots);
     let status = ParserConfig::default()
         .allow_multiple_spaces_in_request_line_delimiters(true)
         .parse_request(&mut req, buf)?;
