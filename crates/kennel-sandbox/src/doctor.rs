@@ -2,11 +2,12 @@
 
 use serde::Serialize;
 
-use kennel_types::api::{Command, RunRequest};
+use crate::cgroup;
 use crate::engine::Engine;
-use crate::native::{cgroup, RunIo};
-use kennel_types::policy::{Platform, Policy, Runtime, Tier};
+use crate::supervise::io::RunIo;
 use crate::sys;
+use kennel_types::api::{Command, RunRequest};
+use kennel_types::policy::{Platform, Policy, Runtime, Tier};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Check {

@@ -3,10 +3,11 @@
 
 use std::path::PathBuf;
 
-use kennel_types::api::{RunRequest, RunResult};
 use crate::error::Error;
-use crate::native::{Native, RunIo};
+use crate::native::Native;
 use crate::oci::Oci;
+use crate::supervise::io::RunIo;
+use kennel_types::api::{RunRequest, RunResult};
 use kennel_types::policy::Tier;
 
 /// A tier's implementation: a translator from the policy to its isolation mechanism.

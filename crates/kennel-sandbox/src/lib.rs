@@ -13,16 +13,22 @@
 //! # Ok::<(), kennel_sandbox::Error>(())
 //! ```
 
+pub mod cgroup;
+pub mod channel;
 pub mod doctor;
 mod egress;
 pub mod engine;
 pub mod error;
 pub mod native;
 pub mod oci;
+mod request;
+pub mod supervise;
 mod sys;
 
 pub use engine::{Backend, Engine};
-pub use error::{Error, PolicyError};
-pub use native::{
-    maybe_run_helper, Canceller, Native, OutputMode, OutputSink, RunIo, StdinSource, Stream,
+pub use error::{Error, PolicyError, SetupStep};
+pub use native::{maybe_run_helper, Native};
+pub use supervise::io::{
+    Canceller, OnStarted, OutputMode, OutputSink, RunIo, Started, StdinSource,
 };
+pub use supervise::output::Stream;

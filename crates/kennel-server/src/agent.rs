@@ -11,11 +11,13 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, oneshot};
 
-use kennel_types::api::{Command, ExecResult, Interpreter, Isolation, Language, RunRequest, RunResult};
+use kennel_sandbox::cgroup::Stats;
 use kennel_sandbox::engine::Engine;
 use kennel_sandbox::error::Error;
-use kennel_sandbox::native::cgroup::Stats;
-use kennel_sandbox::native::{Canceller, OutputMode, OutputSink, RunIo, Started, StdinSource, Stream};
+use kennel_sandbox::{Canceller, OutputMode, OutputSink, RunIo, Started, StdinSource, Stream};
+use kennel_types::api::{
+    Command, ExecResult, Interpreter, Isolation, Language, RunRequest, RunResult,
+};
 use kennel_types::policy::{Policy, Span};
 
 /// The agent's source, run as `python3 -u -c`; its docstring is the protocol.

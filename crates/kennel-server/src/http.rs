@@ -24,7 +24,7 @@ use super::sessions::Sessions;
 use super::{openapi, runs, session_routes};
 use kennel_sandbox::engine::Engine;
 use kennel_sandbox::error::Error;
-use kennel_sandbox::native::Canceller;
+use kennel_sandbox::Canceller;
 
 /// Everything the handlers share.
 pub struct AppState {

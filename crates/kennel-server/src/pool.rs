@@ -7,8 +7,8 @@ use std::time::Duration;
 use tokio::sync::{watch, Notify};
 
 use super::agent::AgentSandbox;
-use kennel_types::api::{Command, Language, RunRequest};
 use kennel_sandbox::engine::Engine;
+use kennel_types::api::{Command, Language, RunRequest};
 use kennel_types::policy::{Limits, Policy, Tier};
 
 /// What a pooled sandbox has warm: a python interpreter, or (for shell code) just the agent.

@@ -19,9 +19,11 @@ use super::agent::{AgentError, AgentSandbox};
 use super::audit::Entry;
 use super::http::{ApiError, ApiJson, ApiQuery, Caller, RunSlot, Shared};
 use super::metrics::inc;
-use kennel_types::api::{CollectedFile, Command, Content, ExecResult, RunRequest, RunResult, RunSpec};
 use kennel_sandbox::native::helper::in_scratch;
-use kennel_sandbox::native::{Canceller, OutputMode, OutputSink, RunIo, StdinSource, Stream};
+use kennel_sandbox::{Canceller, OutputMode, OutputSink, RunIo, StdinSource, Stream};
+use kennel_types::api::{
+    CollectedFile, Command, Content, ExecResult, RunRequest, RunResult, RunSpec,
+};
 
 /// `?stream=true` asks for Server-Sent Events (so does `Accept: text/event-stream`).
 #[derive(Debug, Default, Deserialize, utoipa::IntoParams)]

@@ -16,9 +16,9 @@ use super::http::{ApiBytes, ApiError, ApiJson, ApiPath, ApiQuery, Caller, Shared
 use super::metrics::inc;
 use super::runs::{in_slot, wants_stream, Live, StreamMsg, StreamQuery};
 use super::sessions::{Full, Session, SessionInfo};
-use kennel_types::api::{ExecResult, ExecSpec, SessionSpec};
 use kennel_sandbox::native::helper::in_scratch;
-use kennel_sandbox::native::Stream;
+use kennel_sandbox::Stream;
+use kennel_types::api::{ExecResult, ExecSpec, SessionSpec};
 
 fn session_for(state: &Shared, caller: &Caller, id: &str) -> Result<Arc<Session>, ApiError> {
     // Another token's session does not exist, as far as this caller can tell.

@@ -417,8 +417,12 @@ impl RunSpec {
                 code: code.clone(),
             }),
             (None, None, Some(argv)) => Ok(Command::Argv(argv.clone())),
-            (None, Some(_), None) => Err(PolicyError::request("language", "is required with `code`")),
-            (Some(_), None, None) => Err(PolicyError::request("code", "is required with `language`")),
+            (None, Some(_), None) => {
+                Err(PolicyError::request("language", "is required with `code`"))
+            }
+            (Some(_), None, None) => {
+                Err(PolicyError::request("code", "is required with `language`"))
+            }
             (None, None, None) => Err(PolicyError::request("code", "or `argv` is required")),
             _ => Err(PolicyError::request(
                 "argv",

@@ -8,6 +8,8 @@ pub mod error;
 pub mod net;
 pub mod policy;
 
-pub use api::{CollectedFile, Command, Content, FileIn, Isolation, Language, RunRequest, RunResult};
+pub use api::{
+    CollectedFile, Command, Content, FileIn, Isolation, Language, RunRequest, RunResult,
+};
 pub use error::PolicyError;
 pub use policy::Policy;

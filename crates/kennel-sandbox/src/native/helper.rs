@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 
 use super::mounts::{self, Kind, View};
 use super::ops::RealOs;
-use super::proto::{self, Collected, InputFiles, Msg, Plan, CTL_FD};
 use super::steps::{self, Ctx, Fail, FsPlan, Step};
+use crate::channel::{self, Collected, InputFiles, Msg, Plan, CTL_FD};
 use crate::sys::{self, Exit, Fork};
 
 use crate::oci::launcher::LAUNCHER_ARG;
@@ -18,23 +18,6 @@ pub const HELPER_ARG: &str = "__kennel-sandbox-helper";
 
 /// Exit status of a helper whose setup failed (the details went to the supervisor).
 const SETUP_FAILED: i32 = 125;
-
-/// A step of either tier's sequence, reported by name.
-pub(crate) trait StepName {
-    fn name(self) -> &'static str;
-}
-
-impl StepName for Step {
-    fn name(self) -> &'static str {
-        Step::name(self)
-    }
-}
-
-impl StepName for crate::oci::steps::Step {
-    fn name(self) -> &'static str {
-        crate::oci::steps::Step::name(self)
-    }
-}
 
 /// Call this first in `main` of any binary that starts native sandboxes: when the process is a
 /// sandbox helper, it never returns.
@@ -125,22 +108,26 @@ fn fs_plan(plan: &Plan) -> FsPlan {
 
 /// Tells the supervisor which step failed and why, and exits; `step` is a native or an OCI
 /// step.
-pub(crate) fn fail_and_exit(ctl: &mut UnixStream, step: impl StepName, fail: Fail) -> ! {
+pub(crate) fn fail_and_exit(
+    ctl: &mut UnixStream,
+    step: impl Into<crate::error::SetupStep>,
+    fail: Fail,
+) -> ! {
     let msg = Msg::Failed {
-        step: step.name().to_string(),
+        step: step.into(),
         errno: fail.errno,
         detail: fail.detail,
     };
-    let _ = proto::send(ctl, &msg, &[]);
+    let _ = channel::send(ctl, &msg, &[]);
     sys::exit_now(SETUP_FAILED)
 }
 
 fn read_plan(ctl: &mut UnixStream) -> Result<(Plan, InputFiles), String> {
-    let plan = match proto::recv(ctl) {
+    let plan = match channel::recv(ctl) {
         Ok(Some((Msg::Plan(plan), _))) => *plan,
         other => return Err(format!("expected a plan, got {other:?}")),
     };
-    let files = proto::recv_files(ctl, plan.files)?;
+    let files = channel::recv_files(ctl, plan.files)?;
     Ok((plan, files))
 }
 
@@ -178,7 +165,7 @@ fn helper_main() -> ! {
     match sys::fork() {
         Ok(Fork::Child) => init_main(ctx, os),
         Ok(Fork::Parent(pid)) => {
-            let _ = proto::send(&mut os.ctl, &Msg::InitPid { pid }, &[]);
+            let _ = channel::send(&mut os.ctl, &Msg::InitPid { pid }, &[]);
             drop(os);
             let _ = sys::stdio_to_null();
             let code = match sys::wait_pid(pid) {
@@ -217,12 +204,12 @@ fn init_main(mut ctx: Ctx, mut os: RealOs) -> ! {
         Exit::Code(c) => (Some(c), None),
         Exit::Signal(s) => (None, Some(s)),
     };
-    let _ = proto::send(&mut os.ctl, &Msg::Exited { code, signal }, &[]);
+    let _ = channel::send(&mut os.ctl, &Msg::Exited { code, signal }, &[]);
     for path in &ctx.plan.collect {
         let (meta, data) = collect(path, Path::new(path), ctx.plan.policy.limits.collect_size.0);
-        let _ = proto::send(&mut os.ctl, &Msg::Collected(meta), &data);
+        let _ = channel::send(&mut os.ctl, &Msg::Collected(meta), &data);
     }
-    let _ = proto::send(&mut os.ctl, &Msg::Done, &[]);
+    let _ = channel::send(&mut os.ctl, &Msg::Done, &[]);
     sys::exit_now(0)
 }
 

@@ -6,7 +6,7 @@ use std::io;
 use std::os::unix::fs::{symlink, DirBuilderExt, OpenOptionsExt};
 
 use super::landlock;
-use super::proto::{self, Msg};
+use crate::channel::{self, Msg};
 use crate::sys;
 
 pub trait Os {
@@ -75,8 +75,8 @@ impl Os for RealOs {
     }
 
     fn request_id_map(&mut self) -> io::Result<()> {
-        proto::send(&mut self.ctl, &Msg::MapIds { pid: sys::getpid() }, &[])?;
-        match proto::recv(&mut self.ctl)? {
+        channel::send(&mut self.ctl, &Msg::MapIds { pid: sys::getpid() }, &[])?;
+        match channel::recv(&mut self.ctl)? {
             Some((Msg::IdsMapped, _)) => Ok(()),
             _ => Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -210,7 +210,7 @@ impl Os for RealOs {
     }
 
     fn report(&mut self, msg: &Msg) -> io::Result<()> {
-        proto::send(&mut self.ctl, msg, &[])
+        channel::send(&mut self.ctl, msg, &[])
     }
 
     fn exec(&mut self, path: &str, argv: &[String], env: &[String]) -> io::Error {

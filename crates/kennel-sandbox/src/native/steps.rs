@@ -13,8 +13,8 @@ use serde::{Deserialize, Serialize};
 use super::landlock::Outcome;
 use super::mounts::{self, Op};
 use super::ops::Os;
-use super::proto::{Confinement, FileMeta, Msg, Plan};
 use super::seccomp;
+use crate::channel::{Confinement, FileMeta, Msg, Plan};
 use kennel_types::policy::NetMode;
 
 /// A failure inside a step, with the errno kept.
@@ -219,7 +219,7 @@ const BASE_NAMESPACES: &[(libc::c_int, &str)] = &[
 ];
 const CLONE_NEWTIME: libc::c_int = 0x80;
 pub const HOSTNAME: &str = "kennel";
-const CTL_FD: i32 = super::proto::CTL_FD;
+const CTL_FD: i32 = crate::channel::CTL_FD;
 
 /// Runs `steps` in order; the first failure stops the sequence and names its step.
 pub fn run_steps(steps: &[Step], ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), (Step, Fail)> {

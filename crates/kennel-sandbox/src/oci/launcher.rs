@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 use super::bundle::SCRATCH;
 use super::runtime::{Start, PID_FILE};
 use super::steps::Step;
+use crate::channel::{self, FileMeta, InputFiles, Msg, CTL_FD};
 use crate::native::helper::{collect, fail_and_exit};
-use crate::native::proto::{self, FileMeta, InputFiles, Msg, CTL_FD};
 use crate::native::steps::{Context, Fail};
 use crate::sys;
 
@@ -99,13 +99,13 @@ pub fn launcher_main() -> ! {
         Some(Waited::Runtime(exit)) => runtime_status(exit),
         None => (None, Some(libc::SIGKILL)),
     };
-    let _ = proto::send(&mut ctl, &Msg::Exited { code, signal }, &[]);
+    let _ = channel::send(&mut ctl, &Msg::Exited { code, signal }, &[]);
     for path in &plan.collect {
         let inside = in_bundle(&plan.bundle, path);
         let (meta, data) = collect(path, &inside, plan.collect_size);
-        let _ = proto::send(&mut ctl, &Msg::Collected(meta), &data);
+        let _ = channel::send(&mut ctl, &Msg::Collected(meta), &data);
     }
-    let _ = proto::send(&mut ctl, &Msg::Done, &[]);
+    let _ = channel::send(&mut ctl, &Msg::Done, &[]);
     sys::exit_now(0)
 }
 
@@ -184,7 +184,7 @@ fn in_bundle(bundle: &Path, path: &str) -> PathBuf {
 }
 
 fn read_plan(ctl: &mut UnixStream) -> Result<(LaunchPlan, InputFiles), String> {
-    let plan = match proto::recv(ctl) {
+    let plan = match channel::recv(ctl) {
         Ok(Some((Msg::Launch(plan), _))) => *plan,
         other => {
             return Err(format!(
@@ -193,7 +193,7 @@ fn read_plan(ctl: &mut UnixStream) -> Result<(LaunchPlan, InputFiles), String> {
             ))
         }
     };
-    let files = proto::recv_files(ctl, plan.files)?;
+    let files = channel::recv_files(ctl, plan.files)?;
     Ok((plan, files))
 }
 
@@ -225,8 +225,8 @@ fn private_network(plan: &LaunchPlan, ctl: &mut UnixStream) -> Result<(), Fail> 
     sys::unshare(libc::CLONE_NEWNET).ctx(|| "unshare(CLONE_NEWNET)".into())?;
     sys::loopback_up().ctx(|| "bringing loopback up".into())?;
     let pid = sys::getpid();
-    proto::send(ctl, &Msg::NetnsReady { pid }, &[]).ctx(|| "asking for the proxy".into())?;
-    match proto::recv(ctl) {
+    channel::send(ctl, &Msg::NetnsReady { pid }, &[]).ctx(|| "asking for the proxy".into())?;
+    match channel::recv(ctl) {
         Ok(Some((Msg::ProxyBound, _))) => Ok(()),
         other => Err(Fail::new(format!(
             "expected the proxy to be bound, got {:?}",
@@ -305,7 +305,7 @@ fn start_container(plan: &LaunchPlan, ctl: &mut UnixStream) -> Result<Waited, Fa
     let pid_file = plan.bundle.join(PID_FILE);
     if !plan.start.detached {
         let pid = spawn(&plan.start.argv)?;
-        let _ = proto::send(ctl, &Msg::InitPid { pid }, &[]);
+        let _ = channel::send(ctl, &Msg::InitPid { pid }, &[]);
         let exit = sys::wait_pid(pid).ok().flatten().map(|(_, e)| e);
         return match exit {
             Some(exit) if pid_file.exists() => Ok(Waited::Runtime(exit)),
@@ -325,7 +325,7 @@ fn start_container(plan: &LaunchPlan, ctl: &mut UnixStream) -> Result<Waited, Fa
         .ok()
         .and_then(|p| p.trim().parse().ok())
         .ok_or_else(|| not_started(started))?;
-    let _ = proto::send(ctl, &Msg::InitPid { pid: init }, &[]);
+    let _ = channel::send(ctl, &Msg::InitPid { pid: init }, &[]);
     loop {
         match sys::wait_pid(-1) {
             Ok(Some((pid, exit))) if pid == init => return Ok(Waited::Code(exit)),

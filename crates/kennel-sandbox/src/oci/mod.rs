@@ -1,41 +1,38 @@
 //! The `oci` tier: the same policy as an OCI bundle, run by `runsc` (gVisor), `crun` or `runc`.
 //!
-//! The supervisor (this module) locates the runtime, creates Kennel's cgroup, writes the bundle
-//! and starts the launcher, which runs the runtime in the foreground. The timeout is enforced
-//! from here: `kill`, then `delete --force`. `steps` lists the sequence in order.
+//! This module is the tier's translation for the one supervision loop (`crate::supervise`): it
+//! locates the runtime, creates Kennel's cgroup, writes the bundle and plans the launcher,
+//! which runs the runtime; it kills with the runtime's `kill` and removes the container, the
+//! bundle and the cgroups afterwards. `steps` lists the sequence in order.
 
 pub mod bundle;
 pub mod launcher;
 pub mod runtime;
 pub mod steps;
-mod watch;
 mod write;
 
-use watch::watch;
 pub use write::export_bundle;
 use write::write_bundle;
 
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::Child;
-
 use std::time::{Duration, Instant};
 
+use kennel_net::Proxy;
 use kennel_types::api::{
     Isolation, LandlockInfo, LimitsInfo, RunRequest, RunResult, RuntimeInfo, SeccompInfo,
 };
-use crate::error::Error;
-use crate::native::cgroup::{self, Cgroup};
-use crate::native::io::{feed_stdin, join, reader, RunIo, Started};
-use crate::native::output::{Captured, Stream};
-use crate::native::proto::{self, InputFiles, Msg};
-use crate::native::report::{build_result, network_summary, Outcome};
-use crate::native::supervisor::{
-    check_rootfs, checked_argv, helper_command, input_files, pick_cpus, sandbox_env,
-};
-use crate::native::{seccomp, HOST_ID_BASE, ID_RANGE};
-use kennel_net::Proxy;
 use kennel_types::policy::{NetMode, Platform, Policy, Runtime, Tier};
+
+use crate::cgroup::{self, Cgroup, Probe};
+use crate::channel::{self, Confinement, InputFiles, Msg};
+use crate::error::{Error, SetupStep};
+use crate::native::{seccomp, HOST_ID_BASE, ID_RANGE};
+use crate::request::{check_rootfs, checked_argv, input_files, pick_cpus, sandbox_env};
+use crate::supervise::io::RunIo;
+use crate::supervise::report::{network_summary, Report};
+use crate::supervise::supervise;
 use crate::sys;
 use launcher::{LaunchPlan, LAUNCHER_ARG};
 use runtime::Installed;
@@ -43,8 +40,6 @@ use steps::Step;
 
 /// Where bundles are written; each is removed after its run.
 pub const BUNDLE_DIR: &str = "/run/kennel/bundles";
-/// How long a killed container may take to report its end before Kennel stops waiting.
-const KILL_GRACE: Duration = Duration::from_secs(10);
 
 /// Runs requests of the `oci` tier.
 #[derive(Debug, Clone)]
@@ -53,15 +48,19 @@ pub struct Oci {
     pub launcher: PathBuf,
 }
 
-/// One run's resources, removed in order by `cleanup` whatever happened.
-struct Run {
+/// One run of the oci tier: the runtime it uses and what it made (its cgroup and bundle),
+/// removed in order by `cleanup` whatever happened.
+struct OciTier {
     runtime: Installed,
     platform: Option<Platform>,
     cgroup: Cgroup,
     bundle: PathBuf,
+    policy: Policy,
+    argv: Vec<String>,
+    collect: Vec<String>,
     /// Set once the code ended by itself and the launcher reaped its init: the container is
     /// stopped and only its state directory is left (see `Installed::remove`).
-    ended_by_itself: std::cell::Cell<bool>,
+    ended_by_itself: bool,
 }
 
 impl Oci {
@@ -95,162 +94,23 @@ impl Oci {
         runtime: Installed,
         platform: Option<Platform>,
     ) -> Result<RunResult, Error> {
-        let policy = &req.policy;
         sweep_stale(&runtime);
-        let cgroup = Cgroup::create(&policy.limits).map_err(|why| Error::Unsupported {
+        let cgroup = Cgroup::create(&req.policy.limits).map_err(|why| Error::Unsupported {
             layer: "cgroups for the oci tier",
             why,
             hint: "run kennel as root on a host with the memory, pids and cpu controllers".into(),
         })?;
-        let run = Run {
+        let mut tier = OciTier {
             bundle: Path::new(BUNDLE_DIR).join(cgroup.name()),
             runtime,
             platform,
             cgroup,
-            ended_by_itself: Default::default(),
-        };
-        let result = self.run_in(&run, req, argv, files, io);
-        run.cleanup();
-        result
-    }
-
-    fn run_in(
-        &self,
-        run: &Run,
-        req: &RunRequest,
-        argv: Vec<String>,
-        files: InputFiles,
-        io: RunIo,
-    ) -> Result<RunResult, Error> {
-        let policy = &req.policy;
-        let id = run.cgroup.name();
-        let cpus = pick_cpus(policy.limits.cpus);
-        let argv0 = argv[0].clone();
-        let path_var = sandbox_env(policy)
-            .into_iter()
-            .find(|(k, _)| k == "PATH")
-            .map(|(_, v)| v)
-            .unwrap_or_default();
-        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o755)
-            .create(BUNDLE_DIR)
-            .and_then(|()| {
-                let rt = run.runtime.runtime;
-                write_bundle(&run.bundle, rt, id, policy, argv, &cpus)
-            })
-            .map_err(|e| setup(Step::WriteBundle, e))?;
-        let host_network = policy.network.mode != NetMode::None;
-        let plan = LaunchPlan {
-            bundle: run.bundle.clone(),
-            cgroup_join: run.cgroup.join_files(),
-            cpus: cpus.clone(),
-            start: run
-                .runtime
-                .start(run.platform, host_network, &run.bundle, id),
-            hide_cgroup2: cgroup::hybrid_v2_mount(),
-            private_network: policy.network.mode == NetMode::Allow,
-            tmp_size: policy.limits.tmp_size.0,
-            workspace_size: policy.limits.workspace_size.0,
-            owner: owner(run.runtime.runtime),
-            program: argv0,
-            path_var,
-            view_root: policy
-                .filesystem
-                .rootfs
-                .clone()
-                .unwrap_or_else(|| PathBuf::from("/")),
-            files: files.len(),
+            policy: req.policy.clone(),
+            argv,
             collect: req.collect.clone(),
-            collect_size: policy.limits.collect_size.0,
+            ended_by_itself: false,
         };
-        // Stdin is always a pipe (closed at once when there is no input): given the host's
-        // /dev/null as their stdin, crun chowns it to the container's root (1000000000) and
-        // runsc to nobody, host-wide, and a sandbox whose root owns /dev/null may chmod it.
-        let (mut child, mut ctl) = self.spawn()?;
-        let started = Instant::now();
-        let stdin_thread = feed_stdin(child.stdin.take(), req, io.stdin)?;
-        let cap = policy.limits.output.0;
-        let out = reader(
-            child.stdout.take(),
-            cap,
-            io.output,
-            Stream::Stdout,
-            io.on_output.clone(),
-        );
-        let err = reader(
-            child.stderr.take(),
-            cap,
-            io.output,
-            Stream::Stderr,
-            io.on_output,
-        );
-        let sent = proto::send(&mut ctl, &Msg::Launch(Box::new(plan)), &[]).and_then(|()| {
-            files
-                .iter()
-                .try_for_each(|(meta, data)| proto::send(&mut ctl, &Msg::File(meta.clone()), data))
-        });
-        if let Err(e) = sent {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(setup(Step::SpawnLauncher, e));
-        }
-        let mut on_started = io.on_started;
-        let probe = run.probe();
-        let mut notify = || {
-            if let Some(f) = on_started.take() {
-                f(Started {
-                    isolation: isolation(run, policy),
-                    usage: Some(probe.clone()),
-                });
-            }
-        };
-        let report = watch(&ctl, run, policy, started, io.cancel.as_ref(), &mut notify);
-        // Whatever is left (a runtime that hung, a process that escaped its pid namespace's
-        // end) is in Kennel's cgroup, and must not keep the output pipes open.
-        let _ = child.kill();
-        let _ = child.wait();
-        run.cgroup.kill_all();
-        let stats = probe.read();
-        let (stdout, stderr) = (join(out), join(err));
-        drop(stdin_thread);
-        let mut report = report?;
-        let network_log = report.proxy.take().map(Proxy::stop).unwrap_or_default();
-        if let Some((step, errno, detail)) = report.failed {
-            let step = Step::ALL
-                .iter()
-                .copied()
-                .find(|s| s.name() == step)
-                .unwrap_or(Step::SpawnLauncher);
-            return Err(Error::Oci {
-                step,
-                reason: step.reason(),
-                errno,
-                detail: with_stderr(detail, &stderr),
-            });
-        }
-        run.ended_by_itself
-            .set(report.exited.is_some() && !report.timed_out && !report.cancelled);
-        let duration = report.ended_at.unwrap_or_else(Instant::now) - started;
-        let outcome = Outcome {
-            exited: report.exited,
-            killed: report.timed_out || report.cancelled,
-            timed_out: report.timed_out,
-            stats: Some(stats),
-            usage: None,
-            collected: report.collected,
-            stdout,
-            stderr,
-            duration,
-        };
-        let mut result = build_result(req, outcome, isolation(run, &req.policy));
-        result.network_log = network_log;
-        Ok(result)
-    }
-
-    fn spawn(&self) -> Result<(Child, UnixStream), Error> {
-        let (ctl, launcher_end) = UnixStream::pair().map_err(|e| setup(Step::SpawnLauncher, e))?;
-        let mut cmd = helper_command(&self.launcher, LAUNCHER_ARG, &launcher_end, true);
-        let child = cmd.spawn().map_err(|e| setup(Step::SpawnLauncher, e))?;
-        Ok((child, ctl))
+        supervise(&mut tier, &self.launcher, req, &files, io)
     }
 
     /// Whether gVisor's KVM platform works on this host (probed once, as for the automatic
@@ -333,20 +193,125 @@ impl Oci {
     }
 }
 
-impl Run {
-    /// The cgroup the code ran in: runc's own beneath Kennel's (the kernel counts OOM kills
-    /// and task-limit hits where the process is), or Kennel's.
-    fn probe(&self) -> crate::native::cgroup::Probe {
-        if runtime::makes_cgroups(self.runtime.runtime) {
-            self.cgroup.probe_child(self.cgroup.name())
-        } else {
-            self.cgroup.probe()
+impl super::supervise::Tier for OciTier {
+    const ROLE: &'static str = LAUNCHER_ARG;
+    const KILL_GRACE: Duration = Duration::from_secs(10);
+    /// The runtime applies the confinement: the sandbox has started once the runtime runs.
+    const REPORTS_CONFINEMENT: bool = false;
+    const SPAWN_STEP: SetupStep = SetupStep::Oci(Step::SpawnLauncher);
+
+    /// Stdin is always a pipe (closed at once when there is no input): given the host's
+    /// /dev/null as their stdin, crun chowns it to the container's root (1000000000) and
+    /// runsc to nobody, host-wide, and a sandbox whose root owns /dev/null may chmod it.
+    fn pipe_stdin_always(&self) -> bool {
+        true
+    }
+
+    /// Writes the bundle while the launcher execs, and plans what the launcher prepares.
+    fn plan(&mut self, files: usize) -> Result<Msg, Error> {
+        let policy = &self.policy;
+        let id = self.cgroup.name();
+        let cpus = pick_cpus(policy.limits.cpus);
+        let path_var = sandbox_env(policy)
+            .into_iter()
+            .find(|(k, _)| k == "PATH")
+            .map(|(_, v)| v)
+            .unwrap_or_default();
+        let rt = self.runtime.runtime;
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o755)
+            .create(BUNDLE_DIR)
+            .and_then(|()| write_bundle(&self.bundle, rt, id, policy, self.argv.clone(), &cpus))
+            .map_err(|e| setup(Step::WriteBundle, e))?;
+        let host_network = policy.network.mode != NetMode::None;
+        Ok(Msg::Launch(Box::new(LaunchPlan {
+            bundle: self.bundle.clone(),
+            cgroup_join: self.cgroup.join_files(),
+            cpus,
+            start: self
+                .runtime
+                .start(self.platform, host_network, &self.bundle, id),
+            hide_cgroup2: cgroup::hybrid_v2_mount(),
+            private_network: policy.network.mode == NetMode::Allow,
+            tmp_size: policy.limits.tmp_size.0,
+            workspace_size: policy.limits.workspace_size.0,
+            owner: owner(rt),
+            program: self.argv[0].clone(),
+            path_var,
+            view_root: policy
+                .filesystem
+                .rootfs
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("/")),
+            files,
+            collect: self.collect.clone(),
+            collect_size: policy.limits.collect_size.0,
+        })))
+    }
+
+    /// Binds the allowlist proxy in the launcher's network namespace (loopback only), which
+    /// the runtime and the code then share, and tells the launcher to go on.
+    fn answer(
+        &mut self,
+        msg: Msg,
+        _helper: i32,
+        ctl: &mut UnixStream,
+    ) -> Result<Option<Proxy>, Error> {
+        let Msg::NetnsReady { pid } = msg else {
+            return Err(Error::Protocol(format!("unexpected message {msg:?}")));
+        };
+        if self.policy.network.mode != NetMode::Allow {
+            return Err(Error::Protocol(format!("unexpected message {msg:?}")));
+        }
+        let failed = |e: std::io::Error| Error::Setup {
+            step: Step::PrivateNetwork.into(),
+            errno: e.raw_os_error(),
+            detail: format!("binding the proxy in the launcher's network namespace: {e}"),
+        };
+        let allow = self.policy.network.allowlist()?;
+        let proxy = crate::egress::start_proxy(pid, allow).map_err(failed)?;
+        channel::send(ctl, &Msg::ProxyBound, &[]).map_err(failed)?;
+        Ok(Some(proxy))
+    }
+
+    fn kill(&self, _helper: i32, init: Option<i32>) {
+        if !self.runtime.kill(self.cgroup.name()) {
+            // No container yet (or a runtime that hangs): stop the runtime itself.
+            if let Some(pid) = init {
+                let _ = sys::kill(pid, libc::SIGKILL);
+            }
         }
     }
 
-    fn cleanup(&self) {
+    /// Whatever is left (a runtime that hung, a process that escaped its pid namespace's end)
+    /// is in Kennel's cgroup, and must not keep the output pipes open.
+    fn reap(&mut self, child: &mut Child, _killed: bool) -> Option<libc::rusage> {
+        let _ = child.kill();
+        let _ = child.wait();
+        self.cgroup.kill_all();
+        None
+    }
+
+    /// The cgroup the code ran in: runc's own beneath Kennel's (the kernel counts OOM kills
+    /// and task-limit hits where the process is), or Kennel's.
+    fn probe(&self) -> Option<Probe> {
+        Some(if runtime::makes_cgroups(self.runtime.runtime) {
+            self.cgroup.probe_child(self.cgroup.name())
+        } else {
+            self.cgroup.probe()
+        })
+    }
+
+    fn isolation(&self, _confinement: Option<Confinement>) -> Isolation {
+        isolation(self)
+    }
+
+    fn ended(&mut self, report: &Report) {
+        self.ended_by_itself = report.exited.is_some() && !report.timed_out && !report.cancelled;
+    }
+
+    fn cleanup(&mut self) {
         let id = self.cgroup.name();
-        self.runtime.remove(id, self.ended_by_itself.get());
+        self.runtime.remove(id, self.ended_by_itself);
         let _ = std::fs::remove_dir_all(&self.bundle);
         self.cgroup.destroy();
     }
@@ -378,20 +343,10 @@ fn sweep_stale(runtime: &Installed) {
 }
 
 fn setup(step: Step, e: std::io::Error) -> Error {
-    Error::Oci {
-        step,
-        reason: step.reason(),
+    Error::Setup {
+        step: step.into(),
         errno: e.raw_os_error(),
         detail: e.to_string(),
-    }
-}
-
-fn with_stderr(detail: String, stderr: &Captured) -> String {
-    let text = String::from_utf8_lossy(&stderr.head);
-    if text.trim().is_empty() {
-        detail
-    } else {
-        format!("{detail}; stderr: {}", text.trim())
     }
 }
 
@@ -434,7 +389,8 @@ const RUNSC_MIN_PIDS: u32 = 128;
 
 /// What the runtime was given: Kennel cannot look inside gVisor's kernel from outside, so this
 /// is the configuration in force, which the tests check from inside.
-fn isolation(run: &Run, policy: &Policy) -> Isolation {
+fn isolation(run: &OciTier) -> Isolation {
+    let policy = &run.policy;
     let rt = run.runtime.runtime;
     let mut namespaces: Vec<String> = ["mount", "pid", "network", "ipc", "uts", "cgroup"]
         .iter()

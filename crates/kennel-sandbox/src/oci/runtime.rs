@@ -254,7 +254,7 @@ impl Installed {
                 let id = name
                     .split_once("_sandbox:")
                     .map_or(name.as_str(), |(id, _)| id);
-                crate::native::cgroup::is_stale(id).then(|| id.to_string())
+                crate::cgroup::is_stale(id).then(|| id.to_string())
             })
             .collect();
         ids.sort();

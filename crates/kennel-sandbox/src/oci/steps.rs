@@ -5,7 +5,8 @@
 //! space, the timeout and the clean-up.
 
 /// A step of an OCI run, in the order they happen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Step {
     // The supervisor, on the host.
     LocateRuntime,

@@ -5,10 +5,10 @@ use std::path::{Path, PathBuf};
 
 use super::bundle::{self, Node};
 use super::owner;
-use kennel_types::api::RunRequest;
 use crate::error::Error;
 use crate::native::helper::Dir;
-use crate::native::supervisor::{check_rootfs, checked_argv, pick_cpus, sandbox_env};
+use crate::request::{check_rootfs, checked_argv, pick_cpus, sandbox_env};
+use kennel_types::api::RunRequest;
 use kennel_types::policy::{Policy, Runtime, Tier};
 
 /// Writes the bundle `req` would run as into `dir` (which must not exist), without running

@@ -3,9 +3,9 @@
 use std::io;
 
 use super::*;
+use crate::channel::Plan;
 use crate::native::landlock::Outcome;
 use crate::native::mounts::View;
-use crate::native::proto::Plan;
 use kennel_types::policy::Policy;
 
 #[derive(Default)]

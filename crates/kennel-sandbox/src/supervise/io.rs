@@ -7,9 +7,9 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread::{self, JoinHandle};
 
 use super::output::{self, Captured, Stream};
-use super::proto::Msg;
-use kennel_types::api::{Isolation, RunRequest};
+use crate::channel::Msg;
 use crate::error::Error;
+use kennel_types::api::{Isolation, RunRequest};
 
 /// Where the code's stdin comes from when the request carries none.
 pub enum StdinSource {
@@ -112,7 +112,7 @@ pub(crate) fn control_events(
         cancel.attach(tx.clone());
     }
     thread::spawn(move || {
-        while let Ok(Some((msg, blob))) = super::proto::recv(&mut reader) {
+        while let Ok(Some((msg, blob))) = crate::channel::recv(&mut reader) {
             if tx.send(Event::Frame(msg, blob)).is_err() {
                 return;
             }
@@ -126,7 +126,7 @@ pub(crate) fn control_events(
 /// cgroups) a probe that reads the usage counters while the sandbox runs.
 pub struct Started {
     pub isolation: Isolation,
-    pub usage: Option<super::cgroup::Probe>,
+    pub usage: Option<crate::cgroup::Probe>,
 }
 
 /// Called once, when the code starts.

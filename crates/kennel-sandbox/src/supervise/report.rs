@@ -3,32 +3,27 @@
 
 use std::time::{Duration, Instant};
 
-use super::cgroup::Cgroup;
 use super::output::Captured;
-use super::proto::{Collected, Confinement, Plan};
-use super::{seccomp, HOST_ID_BASE, ID_RANGE};
-use kennel_types::api::{
-    CollectedFile, Content, Isolation, LandlockInfo, LimitsInfo, RunRequest, RunResult, SeccompInfo,
-};
+use crate::channel::{Collected, Confinement};
+use crate::error::SetupStep;
 use kennel_net::{self as proxy, Proxy};
+use kennel_types::api::{CollectedFile, Content, Isolation, RunRequest, RunResult};
 use kennel_types::policy::NetMode;
-use crate::sys;
-
-/// What holds a run's limits: its cgroup, or (the reason why there is none) rlimits.
-pub(super) type Limiter = Result<Cgroup, String>;
 
 /// What the control channel told the supervisor, in either tier (an OCI launcher reports the
 /// runtime's pid as `init_pid` and no confinement: the runtime applies it).
 #[derive(Default)]
 pub(crate) struct Report {
     pub(crate) init_pid: Option<i32>,
-    pub(crate) failed: Option<(String, Option<i32>, String)>,
+    pub(crate) failed: Option<(SetupStep, Option<i32>, String)>,
     pub(crate) confinement: Option<Confinement>,
     pub(crate) exited: Option<(Option<i32>, Option<i32>)>,
     pub(crate) ended_at: Option<Instant>,
     pub(crate) collected: Vec<(Collected, Vec<u8>)>,
     pub(crate) timed_out: bool,
     pub(crate) cancelled: bool,
+    /// Kennel killed the sandbox (at the deadline, on cancel, or past the grace).
+    pub(crate) killed: bool,
     pub(crate) proxy: Option<Proxy>,
 }
 
@@ -39,7 +34,7 @@ pub(crate) struct Outcome {
     pub killed: bool,
     pub timed_out: bool,
     /// The cgroup's counters; without a cgroup, `usage` stands in for them.
-    pub stats: Option<super::cgroup::Stats>,
+    pub stats: Option<crate::cgroup::Stats>,
     pub usage: Option<libc::rusage>,
     pub collected: Vec<(Collected, Vec<u8>)>,
     pub stdout: Captured,
@@ -104,63 +99,6 @@ fn collected_files(req: &RunRequest, collected: Vec<(Collected, Vec<u8>)>) -> Ve
         }
     }
     files
-}
-
-pub(super) fn isolation(
-    plan: &Plan,
-    limiter: &Limiter,
-    confinement: Option<Confinement>,
-) -> Isolation {
-    let cgroup = limiter.as_ref().ok();
-    let c = confinement.unwrap_or(Confinement {
-        namespaces: vec![],
-        landlock_enforced: false,
-        landlock_abi: None,
-        no_new_privs: false,
-        seccomp_filter: false,
-        capabilities_as_planned: false,
-    });
-    let (host_uid, host_gid, id_range) = if plan.full_id_range {
-        (HOST_ID_BASE, HOST_ID_BASE, ID_RANGE)
-    } else {
-        (sys::getuid(), sys::getgid(), 1)
-    };
-    Isolation {
-        tier: "native".into(),
-        namespaces: c.namespaces,
-        host_uid,
-        host_gid,
-        id_range,
-        seccomp: SeccompInfo {
-            enforced: c.seccomp_filter,
-            profile: seccomp::PROFILE.into(),
-            denied_errno: seccomp::DENIED_ERRNO_NAME.into(),
-            denied_syscalls: seccomp::denied_names(),
-        },
-        landlock: LandlockInfo {
-            enforced: c.landlock_enforced,
-            abi: c.landlock_abi,
-        },
-        limits: LimitsInfo {
-            mechanism: cgroup.map_or("rlimit", Cgroup::version).into(),
-            cgroups: cgroup.map(Cgroup::paths).unwrap_or_default(),
-            fallback_reason: limiter.as_ref().err().map(|why| {
-                format!("{why}; memory as RLIMIT_AS, tasks as RLIMIT_NPROC, cpu time as RLIMIT_CPU")
-            }),
-        },
-        no_new_privs: c.no_new_privs,
-        capabilities: plan.policy.capabilities.names(),
-        filesystem: plan
-            .policy
-            .filesystem
-            .rootfs
-            .as_ref()
-            .map_or("host-system-ro".into(), |r| {
-                format!("rootfs:{}", r.display())
-            }),
-        network: network_summary(&plan.policy.network),
-        runtime: None,
-    }
 }
 
 pub(crate) fn network_summary(network: &kennel_types::policy::Network) -> String {

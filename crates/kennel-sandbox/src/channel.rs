@@ -86,7 +86,7 @@ pub enum Msg {
         pid: i32,
     },
     Failed {
-        step: String,
+        step: crate::error::SetupStep,
         errno: Option<i32>,
         detail: String,
     },

@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Once;
 use std::time::Duration;
 
-use kennel_types::policy::Limits;
 use crate::sys;
+use kennel_types::policy::Limits;
 
 const PREFIX: &str = "kennel-";
 const CPU_PERIOD_US: u64 = 100_000;

@@ -1,0 +1,121 @@
+//! What every tier checks and derives from a request the same way: the argv, the input
+//! files, the rootfs, the code's environment and the CPUs it is pinned to.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use kennel_types::api::RunRequest;
+use kennel_types::policy::{NetMode, Policy};
+
+use crate::channel::{FileMeta, InputFiles};
+use crate::error::Error;
+use crate::native::helper::in_scratch;
+use crate::sys;
+
+const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+static NEXT_CPU: AtomicUsize = AtomicUsize::new(0);
+
+/// A rootfs must be an existing directory, and not under /tmp, which sandboxes mount over.
+pub(crate) fn check_rootfs(policy: &Policy) -> Result<(), Error> {
+    match &policy.filesystem.rootfs {
+        Some(root) if root.starts_with("/tmp") || !root.is_dir() => Err(Error::request(
+            "filesystem.rootfs",
+            format!(
+                "{} must be an existing directory outside /tmp",
+                root.display()
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The argv to run, refused when it cannot be passed to execve.
+pub(crate) fn checked_argv(req: &RunRequest) -> Result<Vec<String>, Error> {
+    let argv = req.command.argv()?;
+    if argv.iter().any(|a| a.contains('\0')) {
+        return Err(Error::request("argv", "contains a NUL byte"));
+    }
+    Ok(argv)
+}
+
+/// The request's input files, checked (paths, modes, total size), and its collect paths.
+pub(crate) fn input_files(req: &RunRequest) -> Result<InputFiles, Error> {
+    let policy = &req.policy;
+    let mut files = Vec::with_capacity(req.files.len());
+    let mut total = 0u64;
+    for f in &req.files {
+        if !in_scratch(&f.path) {
+            return Err(Error::request(
+                "files",
+                format!(
+                    "path {:?} must be a file path under /workspace/ or /tmp/",
+                    f.path
+                ),
+            ));
+        }
+        if f.mode > 0o7777 {
+            return Err(Error::request(
+                "files",
+                format!("mode {:o} of {} is not a permission mode", f.mode, f.path),
+            ));
+        }
+        let data = f.content.to_bytes()?;
+        total += data.len() as u64;
+        files.push((
+            FileMeta {
+                path: f.path.clone(),
+                mode: f.mode & 0o777,
+            },
+            data,
+        ));
+    }
+    if total > policy.limits.workspace_size.0 {
+        return Err(Error::request(
+            "files",
+            format!(
+                "hold {total} bytes, more than limits.workspace_size ({})",
+                policy.limits.workspace_size
+            ),
+        ));
+    }
+    if let Some(bad) = req.collect.iter().find(|p| !in_scratch(p)) {
+        return Err(Error::request(
+            "collect",
+            format!("path {bad:?} must be a file path under /workspace/ or /tmp/"),
+        ));
+    }
+    Ok(files)
+}
+
+/// The code's clean environment: Kennel's defaults, the policy's variables, the proxy's.
+pub(crate) fn sandbox_env(policy: &Policy) -> Vec<(String, String)> {
+    let mut env = vec![
+        ("PATH".to_string(), PATH.to_string()),
+        ("HOME".to_string(), "/workspace".to_string()),
+        ("TMPDIR".to_string(), "/tmp".to_string()),
+        ("LANG".to_string(), "C.UTF-8".to_string()),
+    ];
+    let proxy_env = match policy.network.mode {
+        NetMode::Allow => kennel_net::proxy_env(),
+        NetMode::None | NetMode::Full => vec![],
+    };
+    for (k, v) in policy
+        .env
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .chain(proxy_env)
+    {
+        env.retain(|(ek, _)| *ek != k);
+        env.push((k, v));
+    }
+    env
+}
+
+/// As many CPUs as the quota, taken round-robin so that concurrent sandboxes spread out.
+pub(crate) fn pick_cpus(quota: f64) -> Vec<usize> {
+    let allowed = sys::cpu_affinity().unwrap_or_else(|_| vec![0]);
+    let n = (quota.ceil() as usize).clamp(1, allowed.len().max(1));
+    let start = NEXT_CPU.fetch_add(n, Ordering::Relaxed);
+    (0..n)
+        .map(|i| allowed[(start + i) % allowed.len()])
+        .collect()
+}

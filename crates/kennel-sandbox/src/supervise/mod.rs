@@ -1,0 +1,371 @@
+//! One supervision loop for every tier.
+//!
+//! [`supervise`] owns what every run does the same way: it spawns the helper binary in the
+//! tier's role with its control socket, feeds stdin, reads the output with its caps, sends the
+//! plan and the input files, reads the helper's reports, enforces the wall-clock deadline and
+//! cancellation from outside (with a grace for the kill to land), reaps, reads the usage and
+//! builds the result. A tier only translates, through [`Tier`]: what its plan is, how it
+//! answers the helper's requests, how it kills, what isolation it describes, and what it
+//! removes afterwards. A new tier implements `Tier` and nothing of this loop.
+
+pub mod io;
+pub mod output;
+pub mod report;
+
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use kennel_net::Proxy;
+use kennel_types::api::{Isolation, RunRequest, RunResult};
+
+use crate::cgroup::Probe;
+use crate::channel::{self, Confinement, InputFiles, Msg, CTL_FD};
+use crate::error::{Error, SetupStep};
+use crate::sys;
+use io::{control_events, feed_stdin, join, reader, Event, RunIo, Started};
+use output::{Captured, Stream};
+use report::{build_result, Outcome, Report};
+
+/// What one tier does for one run; everything else is [`supervise`]'s.
+pub(crate) trait Tier {
+    /// The helper binary's role for this tier (its first argument).
+    const ROLE: &'static str;
+    /// How long a killed sandbox may take to report its end before Kennel stops waiting.
+    const KILL_GRACE: Duration;
+    /// Whether the helper reports the confinement it verified from inside (`Msg::Started`);
+    /// otherwise the sandbox counts as started once its init's pid is known.
+    const REPORTS_CONFINEMENT: bool;
+    /// The step a failure to start or talk to the helper is charged to.
+    const SPAWN_STEP: SetupStep;
+
+    /// Whether the helper's stdin is a pipe when the run has no input of its own.
+    fn pipe_stdin_always(&self) -> bool;
+    /// The plan sent to the helper before the `files` input files, made once the helper has
+    /// been spawned (the native tier creates its cgroup while the helper execs).
+    fn plan(&mut self, files: usize) -> Result<Msg, Error>;
+    /// Answers one request of the helper's (ids to map, a network namespace to bind the
+    /// allowlist proxy in); the proxy it started, if any.
+    fn answer(
+        &mut self,
+        msg: Msg,
+        helper: i32,
+        ctl: &mut UnixStream,
+    ) -> Result<Option<Proxy>, Error>;
+    /// Kills the sandbox at its deadline or on cancel.
+    fn kill(&self, helper: i32, init: Option<i32>);
+    /// Reaps the helper once its channel is done (`killed`: Kennel killed the sandbox), with
+    /// the helper's own usage where that is the best measure there is.
+    fn reap(&mut self, child: &mut Child, killed: bool) -> Option<libc::rusage>;
+    /// The usage counters of the cgroup the code runs in, where there is one.
+    fn probe(&self) -> Option<Probe>;
+    /// The isolation in force, from what the helper verified (if it reports that).
+    fn isolation(&self, confinement: Option<Confinement>) -> Isolation;
+    /// How the run ended, before the clean-up.
+    fn ended(&mut self, _report: &Report) {}
+    /// Removes what the run made (cgroups, bundles, containers), whatever happened; called once.
+    fn cleanup(&mut self);
+}
+
+/// Runs `req` under `tier` to its end: a `RunResult` however the code ended, an `Error` when
+/// the run could not happen as asked. The tier is cleaned up on every path.
+pub(crate) fn supervise<T: Tier>(
+    tier: &mut T,
+    helper: &Path,
+    req: &RunRequest,
+    files: &InputFiles,
+    io: RunIo,
+) -> Result<RunResult, Error> {
+    let outcome = run(tier, helper, req, files, io);
+    tier.cleanup();
+    outcome
+}
+
+fn run<T: Tier>(
+    tier: &mut T,
+    helper: &Path,
+    req: &RunRequest,
+    files: &InputFiles,
+    io: RunIo,
+) -> Result<RunResult, Error> {
+    let has_input = req.stdin.is_some() || matches!(io.stdin, io::StdinSource::Reader(_));
+    let (ctl, helper_end) =
+        UnixStream::pair().map_err(|e| setup(T::SPAWN_STEP, e, "creating the control socket"))?;
+    let started = Instant::now();
+    let mut cmd = helper_command(
+        helper,
+        T::ROLE,
+        &helper_end,
+        has_input || tier.pipe_stdin_always(),
+    );
+    let child = cmd
+        .spawn()
+        .map_err(|e| setup(T::SPAWN_STEP, e, &helper.display().to_string()))?;
+    drop(helper_end);
+    let mut running = Running {
+        guard: KillOnDrop {
+            pid: child.id() as i32,
+            armed: true,
+        },
+        child,
+        ctl,
+        started,
+    };
+    let plan = tier.plan(files.len())?;
+    watch(tier, &mut running, req, plan, files, io)
+}
+
+/// The helper, running, with its end of the control socket.
+struct Running {
+    child: Child,
+    ctl: UnixStream,
+    guard: KillOnDrop,
+    started: Instant,
+}
+
+fn watch<T: Tier>(
+    tier: &mut T,
+    running: &mut Running,
+    req: &RunRequest,
+    plan: Msg,
+    files: &InputFiles,
+    io: RunIo,
+) -> Result<RunResult, Error> {
+    let child = &mut running.child;
+    let pid = child.id() as i32;
+    let stdin_thread = feed_stdin(child.stdin.take(), req, io.stdin)?;
+    let (cap, mode) = (req.policy.limits.output.0, io.output);
+    let out = reader(
+        child.stdout.take(),
+        cap,
+        mode,
+        Stream::Stdout,
+        io.on_output.clone(),
+    );
+    let err = reader(child.stderr.take(), cap, mode, Stream::Stderr, io.on_output);
+    send_plan(&mut running.ctl, &plan, files)
+        .map_err(|e| setup(T::SPAWN_STEP, e, "sending the plan"))?;
+    let mut on_started = io.on_started;
+    let mut notify = |tier: &T, c: Option<Confinement>| {
+        if let Some(f) = on_started.take() {
+            f(Started {
+                isolation: tier.isolation(c),
+                usage: tier.probe(),
+            });
+        }
+    };
+    let report = events(
+        tier,
+        &mut running.ctl,
+        pid,
+        running.started,
+        req,
+        io.cancel.as_ref(),
+        &mut notify,
+    );
+    let killed = report.as_ref().map_or(true, |r| r.killed);
+    let usage = tier.reap(child, killed);
+    running.guard.armed = false;
+    let stats = tier.probe().map(|p| p.read());
+    let (stdout, stderr) = (join(out), join(err));
+    drop(stdin_thread);
+    let mut report = report?;
+    let network_log = report.proxy.take().map(Proxy::stop).unwrap_or_default();
+    if let Some((step, errno, detail)) = report.failed.take() {
+        return Err(Error::Setup {
+            step,
+            errno,
+            detail: with_stderr(detail, &stderr),
+        });
+    }
+    let oom = stats.is_some_and(|s| s.oom_kills > 0);
+    if report.exited.is_none() && !report.timed_out && !report.cancelled && !oom {
+        return Err(Error::Protocol(format!(
+            "the sandbox ended without reporting an exit; stderr: {}",
+            String::from_utf8_lossy(&stderr.head)
+        )));
+    }
+    tier.ended(&report);
+    let duration = report.ended_at.unwrap_or_else(Instant::now) - running.started;
+    let isolation = tier.isolation(report.confinement.take());
+    let outcome = Outcome {
+        exited: report.exited,
+        killed: report.timed_out || report.cancelled,
+        timed_out: report.timed_out,
+        stats,
+        usage,
+        collected: std::mem::take(&mut report.collected),
+        stdout,
+        stderr,
+        duration,
+    };
+    let mut result = build_result(req, outcome, isolation);
+    result.network_log = network_log;
+    Ok(result)
+}
+
+/// Reads the control channel until the sandbox ends, enforcing the wall-clock deadline and
+/// cancellation from outside.
+fn events<T: Tier>(
+    tier: &mut T,
+    ctl: &mut UnixStream,
+    helper: i32,
+    started: Instant,
+    req: &RunRequest,
+    cancel: Option<&io::Canceller>,
+    notify: &mut dyn FnMut(&T, Option<Confinement>),
+) -> Result<Report, Error> {
+    let rx = control_events(ctl, cancel)?;
+    let mut report = Report::default();
+    let deadline = started + req.policy.limits.timeout.0;
+    let mut give_up: Option<Instant> = None;
+    loop {
+        let until = give_up.unwrap_or(deadline);
+        let timed_out = match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
+            Ok(Event::Frame(Msg::Done, _))
+            | Ok(Event::Closed)
+            | Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Ok(Event::Frame(msg, blob)) => {
+                on_frame(tier, ctl, helper, msg, blob, &mut report, notify)?;
+                continue;
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) if give_up.is_some() => break,
+            Ok(Event::Cancel) => false,
+            Err(mpsc::RecvTimeoutError::Timeout) => true,
+        };
+        // The code's own end counts; past it, only the collection of files is left, which
+        // gets the grace before it is cut short.
+        if give_up.is_none() {
+            if report.exited.is_none() {
+                report.timed_out = timed_out;
+                report.cancelled = !timed_out;
+                report.ended_at = Some(Instant::now());
+                kill(tier, helper, &mut report);
+            }
+            give_up = Some(Instant::now() + T::KILL_GRACE);
+        }
+    }
+    if give_up.is_some_and(|t| Instant::now() >= t) {
+        kill(tier, helper, &mut report);
+    }
+    Ok(report)
+}
+
+fn kill<T: Tier>(tier: &T, helper: i32, report: &mut Report) {
+    if !report.killed {
+        tier.kill(helper, report.init_pid);
+        report.killed = true;
+    }
+}
+
+fn on_frame<T: Tier>(
+    tier: &mut T,
+    ctl: &mut UnixStream,
+    helper: i32,
+    msg: Msg,
+    blob: Vec<u8>,
+    report: &mut Report,
+    notify: &mut dyn FnMut(&T, Option<Confinement>),
+) -> Result<(), Error> {
+    match msg {
+        Msg::InitPid { pid } => {
+            report.init_pid = Some(pid);
+            if !T::REPORTS_CONFINEMENT {
+                notify(tier, None);
+            }
+        }
+        Msg::Started(c) => {
+            notify(tier, Some(c.clone()));
+            report.confinement = Some(c);
+        }
+        Msg::Failed {
+            step,
+            errno,
+            detail,
+        } => report.failed = Some((step, errno, detail)),
+        Msg::Exited { code, signal } => {
+            report.exited = Some((code, signal));
+            report.ended_at = Some(Instant::now());
+        }
+        Msg::Collected(meta) => report.collected.push((meta, blob)),
+        request @ (Msg::MapIds { .. } | Msg::NetnsReady { .. }) => {
+            if let Some(proxy) = tier.answer(request, helper, ctl)? {
+                report.proxy = Some(proxy);
+            }
+        }
+        other => return Err(Error::Protocol(format!("unexpected message {other:?}"))),
+    }
+    Ok(())
+}
+
+/// A fresh exec of the helper binary in role `arg`: a clean environment, piped output, the
+/// control socket as fd 3, and death with its parent.
+pub(crate) fn helper_command(
+    binary: &Path,
+    arg: &str,
+    ctl_end: &UnixStream,
+    piped_stdin: bool,
+) -> Command {
+    use std::os::fd::AsRawFd;
+    let fd = ctl_end.as_raw_fd();
+    let mut cmd = Command::new(binary);
+    cmd.arg(arg)
+        .env_clear()
+        .stdin(if piped_stdin {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY of the closure: it runs between fork and exec, and calls only prctl and dup2,
+    // which are async-signal-safe; it touches no memory of the parent beyond `fd`.
+    sys::pre_exec_signal_safe(&mut cmd, move || {
+        sys::set_parent_death_signal(libc::SIGKILL)?;
+        sys::dup_to(fd, CTL_FD)
+    });
+    cmd
+}
+
+fn send_plan(ctl: &mut UnixStream, plan: &Msg, files: &InputFiles) -> std::io::Result<()> {
+    channel::send(ctl, plan, &[])?;
+    for (meta, data) in files {
+        channel::send(ctl, &Msg::File(meta.clone()), data)?;
+    }
+    Ok(())
+}
+
+fn setup(step: SetupStep, e: std::io::Error, what: &str) -> Error {
+    Error::Setup {
+        step,
+        errno: e.raw_os_error(),
+        detail: format!("{what}: {e}"),
+    }
+}
+
+/// A setup failure's detail, with what the helper (or the runtime it ran) printed.
+fn with_stderr(detail: String, stderr: &Captured) -> String {
+    let text = String::from_utf8_lossy(&stderr.head);
+    if text.trim().is_empty() {
+        detail
+    } else {
+        format!("{detail}; stderr: {}", text.trim())
+    }
+}
+
+/// Kills and reaps the helper when supervision bails out early, so it never outlives the run.
+struct KillOnDrop {
+    pid: i32,
+    armed: bool,
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = sys::kill(self.pid, libc::SIGKILL);
+            let _ = sys::wait4(self.pid, false);
+        }
+    }
+}
