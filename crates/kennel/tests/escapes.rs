@@ -7,6 +7,9 @@
 //! inside answer is checked, and their arguments are chosen invalid so that even a missing filter
 //! could change nothing.
 
+/// The runtime this target runs the suite under (`None`: the native tier).
+const RUNTIME: Option<&str> = None;
+
 mod common;
 
 include!("suites/escapes.rs");

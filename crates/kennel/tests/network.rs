@@ -11,6 +11,9 @@
 //! The sandbox's own loopback is not the host's: inside, 127.0.0.1 only holds the proxy
 //! (3128 for HTTP and CONNECT, 1080 for SOCKS5).
 
+/// The runtime this target runs the suite under (`None`: the native tier).
+const RUNTIME: Option<&str> = None;
+
 mod common;
 
 include!("suites/network.rs");

@@ -53,46 +53,9 @@ pub fn kennel_output(args: &[&str], stdin: &[u8]) -> Output {
     out
 }
 
-/// The OCI runtime this test binary runs its suite under, from the binary's name
-/// (`escapes_runsc-<hash>` runs the escape suite under runsc); `None` for the native tier.
-pub fn tier() -> Option<&'static str> {
-    static TIER: std::sync::OnceLock<Option<&'static str>> = std::sync::OnceLock::new();
-    *TIER.get_or_init(|| {
-        let exe = std::env::current_exe().ok()?;
-        let name = exe.file_name()?.to_string_lossy().into_owned();
-        let runtime = ["runsc", "crun", "runc"]
-            .into_iter()
-            .find(|rt| name.contains(&format!("_{rt}-")))?;
-        let installed = ["/usr/sbin", "/usr/bin", "/usr/local/bin", "/usr/local/sbin"]
-            .iter()
-            .any(|d| std::path::Path::new(d).join(runtime).is_file());
-        if !require(&format!("the OCI runtime {runtime}"), installed) {
-            // Outside CI a missing runtime skips this whole binary, with the reason printed.
-            std::process::exit(0);
-        }
-        Some(runtime)
-    })
-}
-
-/// The `kennel run` options that select this binary's tier.
-pub fn tier_opts() -> Vec<&'static str> {
-    tier().map_or(vec![], |rt| vec!["--runtime", rt])
-}
-
-/// Whether this suite runs under gVisor (its own kernel answers the code's syscalls).
-pub fn gvisor() -> bool {
-    tier() == Some("runsc")
-}
-
-/// Whether this suite runs in the oci tier.
-pub fn oci() -> bool {
-    tier().is_some()
-}
-
 /// `kennel run --json <opts> -- <argv>`: the parsed result, which must exist.
 pub fn run_json(opts: &[&str], argv: &[&str]) -> Value {
     let mut args = vec!["run", "--json"];
-    args.extend(tier_opts());
     args.extend_from_slice(opts);
     args.push("--");
     args.extend_from_slice(argv);

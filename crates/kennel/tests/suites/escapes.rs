@@ -1,4 +1,5 @@
-// The body of a test suite, included by one test target per tier (see `common::tier`).
+// The body of a test suite, included by one test target per tier, which names it in its
+// `RUNTIME` constant (see `tier.rs`).
 use std::fs;
 use std::io;
 use std::os::fd::AsRawFd;
@@ -10,6 +11,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::*;
 use serde_json::Value;
+
+include!("tier.rs");
 
 /// The host uid (and gid) that sandbox root maps to when Kennel runs as root.
 const HOST_ID_BASE: u64 = 1_000_000_000;

@@ -1,6 +1,9 @@
-// The body of a test suite, included by one test target per tier (see `common::tier`).
+// The body of a test suite, included by one test target per tier, which names it in its
+// `RUNTIME` constant (see `tier.rs`).
 use common::*;
 use std::time::Instant;
+
+include!("tier.rs");
 
 // ---- limits ----------------------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-// The body of a test suite, included by one test target per tier (see `common::tier`).
+// The body of a test suite, included by one test target per tier, which names it in its
+// `RUNTIME` constant (see `tier.rs`).
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
@@ -7,6 +8,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use common::*;
 use serde_json::{json, Value};
+
+include!("tier.rs");
 
 // ---- fixtures --------------------------------------------------------------------------------
 

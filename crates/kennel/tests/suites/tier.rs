@@ -1,0 +1,60 @@
+// The tier a suite runs in, included by each suite body: the test target names it in its
+// `RUNTIME` constant (`None`: the native tier; `Some("runsc")`: the oci tier under gVisor).
+// Not every suite uses every helper, hence the `allow`s.
+
+/// The OCI runtime this binary runs its suite under, once checked installed: outside CI a
+/// missing runtime skips the whole binary, with the reason printed; in CI it fails.
+#[allow(dead_code)]
+fn tier() -> Option<&'static str> {
+    static CHECKED: std::sync::OnceLock<Option<&'static str>> = std::sync::OnceLock::new();
+    *CHECKED.get_or_init(|| {
+        let runtime = RUNTIME?;
+        let installed = ["/usr/sbin", "/usr/bin", "/usr/local/bin", "/usr/local/sbin"]
+            .iter()
+            .any(|d| std::path::Path::new(d).join(runtime).is_file());
+        if !require(&format!("the OCI runtime {runtime}"), installed) {
+            std::process::exit(0);
+        }
+        Some(runtime)
+    })
+}
+
+/// The `kennel run` options that select this binary's tier.
+#[allow(dead_code)]
+fn tier_opts() -> Vec<&'static str> {
+    tier().map_or(vec![], |rt| vec!["--runtime", rt])
+}
+
+/// Whether this suite runs under gVisor (its own kernel answers the code's syscalls).
+#[allow(dead_code)]
+fn gvisor() -> bool {
+    tier() == Some("runsc")
+}
+
+/// Whether this suite runs in the oci tier.
+#[allow(dead_code)]
+fn oci() -> bool {
+    tier().is_some()
+}
+
+/// `kennel run --json` in this binary's tier, with `opts`: the parsed result.
+#[allow(dead_code)]
+fn run_json(opts: &[&str], argv: &[&str]) -> serde_json::Value {
+    let mut all = tier_opts();
+    all.extend_from_slice(opts);
+    common::run_json(&all, argv)
+}
+
+/// Runs Python `code` in this binary's tier (plus `opts`) and returns the result.
+#[allow(dead_code)]
+fn py(opts: &[&str], code: &str) -> serde_json::Value {
+    run_json(opts, &[PY, "-c", code])
+}
+
+/// Runs Python `code` in this binary's tier and returns its stdout, asserting that it exited 0.
+#[allow(dead_code)]
+fn py_ok(opts: &[&str], code: &str) -> String {
+    let r = py(opts, code);
+    assert_eq!(r["exit_code"], 0, "python failed: {}", r["stderr"]);
+    r["stdout"].as_str().unwrap().to_string()
+}
