@@ -7,8 +7,8 @@ use std::time::Duration;
 use tokio::sync::{watch, Notify};
 
 use super::agent::AgentSandbox;
-use kennel_types::api::{Command, Language, RunRequest};
 use kennel_sandbox::engine::Engine;
+use kennel_types::api::{Command, Language, RunRequest};
 use kennel_types::policy::{Limits, Policy, Tier};
 
 /// What a pooled sandbox has warm: a python interpreter, or (for shell code) just the agent.
@@ -192,7 +192,7 @@ impl Pool {
                         Ok(sb) => self.add(profile, sb),
                         Err(e) => {
                             failed = true;
-                            eprintln!("kennel serve: cannot pre-start a {profile:?} sandbox: {e}");
+                            tracing::warn!("cannot pre-start a {profile:?} sandbox: {e}");
                         }
                     }
                 }

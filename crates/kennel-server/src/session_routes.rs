@@ -16,9 +16,9 @@ use super::http::{ApiBytes, ApiError, ApiJson, ApiPath, ApiQuery, Caller, Shared
 use super::metrics::inc;
 use super::runs::{in_slot, wants_stream, Live, StreamMsg, StreamQuery};
 use super::sessions::{Full, Session, SessionInfo};
-use kennel_types::api::{ExecResult, ExecSpec, SessionSpec};
 use kennel_sandbox::native::helper::in_scratch;
 use kennel_sandbox::native::Stream;
+use kennel_types::api::{ExecResult, ExecSpec, SessionSpec};
 
 fn session_for(state: &Shared, caller: &Caller, id: &str) -> Result<Arc<Session>, ApiError> {
     // Another token's session does not exist, as far as this caller can tell.
@@ -111,10 +111,10 @@ pub async fn create(
     ));
     state.sessions.insert(session.clone());
     inc(&state.metrics.sessions_created);
-    state.metrics.active_sessions.store(
-        state.sessions.len() as u64,
-        std::sync::atomic::Ordering::Relaxed,
-    );
+    state
+        .metrics
+        .active_sessions
+        .set(state.sessions.len() as i64);
     Ok((StatusCode::CREATED, Json(session.info())).into_response())
 }
 
@@ -188,10 +188,10 @@ pub async fn remove(
 pub async fn end(state: &Shared, session: &Session) {
     session.agent.kill();
     session.agent.close().await;
-    state.metrics.active_sessions.store(
-        state.sessions.len() as u64,
-        std::sync::atomic::Ordering::Relaxed,
-    );
+    state
+        .metrics
+        .active_sessions
+        .set(state.sessions.len() as i64);
 }
 
 #[utoipa::path(post, path = "/v1/sessions/{id}/exec", request_body = ExecSpec, params(StreamQuery),
