@@ -307,7 +307,8 @@ fn init_logs(program: &'static str) -> anyhow::Result<()> {
     let filter = match std::env::var("KENNEL_LOG") {
         Ok(directives) => builder
             .parse(&directives)
-            .with_context(|| format!("KENNEL_LOG={directives:?}"))?,
+            // Its message already includes its source's: no chain, to say it once.
+            .map_err(|e| anyhow::anyhow!("KENNEL_LOG={directives:?}: {e}"))?,
         Err(_) => builder.parse_lossy("warn,kennel=info"),
     };
     tracing_subscriber::fmt()
