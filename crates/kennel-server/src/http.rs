@@ -21,7 +21,7 @@ use super::config::ServerConfig;
 use super::metrics::{inc, Metrics};
 use super::pool::Pool;
 use super::sessions::Sessions;
-use super::{openapi, runs, session_routes};
+use super::{openapi, request_log, runs, session_routes};
 use kennel_sandbox::engine::Engine;
 use kennel_sandbox::error::Error;
 use kennel_sandbox::Canceller;
@@ -327,14 +327,15 @@ async fn authenticate(State(state): State<Shared>, mut req: Request, next: Next)
             .map(|t| t.id.clone()),
         (false, None) => None,
     };
+    // A public endpoint serves anyone, as "anonymous".
+    let caller = caller.or_else(|| public.then(|| "anonymous".to_string()));
     match caller {
         Some(id) => {
-            req.extensions_mut().insert(Caller(id));
-            next.run(req).await
-        }
-        None if public => {
-            req.extensions_mut().insert(Caller("anonymous".into()));
-            next.run(req).await
+            req.extensions_mut().insert(Caller(id.clone()));
+            let mut response = next.run(req).await;
+            // For the request log, which sees only the response.
+            response.extensions_mut().insert(Caller(id));
+            response
         }
         None => {
             let mut r = ApiError::new(
@@ -381,7 +382,7 @@ fn panic_response(panic: Box<dyn std::any::Any + Send>) -> Response {
         .cloned()
         .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
         .unwrap_or_default();
-    eprintln!("kennel serve: BUG: a handler panicked: {what}");
+    tracing::error!("BUG: a handler panicked: {what}");
     ApiError::new(
         StatusCode::INTERNAL_SERVER_ERROR,
         "internal",
@@ -399,11 +400,13 @@ async fn healthz(State(state): State<Shared>) -> Json<serde_json::Value> {
     }))
 }
 
-async fn metrics(State(state): State<Shared>) -> Response {
-    let mut r = state.metrics.render().into_response();
+async fn metrics(State(state): State<Shared>, headers: axum::http::HeaderMap) -> Response {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let format = super::metrics::Format::negotiate(accept);
+    let mut r = state.metrics.render(format).into_response();
     r.headers_mut().insert(
         header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; version=0.0.4"),
+        HeaderValue::from_static(format.content_type()),
     );
     r
 }
@@ -492,5 +495,6 @@ fn api_router(state: Shared, mounts: Vec<(&'static str, Router)>) -> Router {
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(
             panic_response,
         ))
+        .layer(middleware::from_fn(request_log::log_request))
         .with_state(state)
 }

@@ -8,6 +8,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod pattern;
 pub mod pool;
+pub mod request_log;
 pub mod runs;
 pub mod session_routes;
 pub mod sessions;
@@ -122,13 +123,13 @@ pub async fn serve(
     if let Some(ready) = ready {
         let _ = ready.send(addr);
     }
-    eprintln!("kennel serve: listening on http://{addr}");
+    tracing::info!("listening on http://{addr}");
     let app = http::router(machinery.state.clone(), mounts);
     let stopping = machinery.clone();
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             wait_for_signal().await;
-            eprintln!("kennel serve: shutting down; running work has {grace:?} to finish");
+            tracing::info!("shutting down; running work has {grace:?} to finish");
             stopping.stop_accepting();
             let late = stopping.state.clone();
             tokio::spawn(async move {
@@ -141,7 +142,7 @@ pub async fn serve(
         })
         .await?;
     machinery.shutdown().await;
-    eprintln!("kennel serve: stopped; every sandbox is gone");
+    tracing::info!("stopped; every sandbox is gone");
     Ok(())
 }
 

@@ -192,7 +192,7 @@ impl Pool {
                         Ok(sb) => self.add(profile, sb),
                         Err(e) => {
                             failed = true;
-                            eprintln!("kennel serve: cannot pre-start a {profile:?} sandbox: {e}");
+                            tracing::warn!("cannot pre-start a {profile:?} sandbox: {e}");
                         }
                     }
                 }

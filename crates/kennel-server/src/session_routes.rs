@@ -111,10 +111,10 @@ pub async fn create(
     ));
     state.sessions.insert(session.clone());
     inc(&state.metrics.sessions_created);
-    state.metrics.active_sessions.store(
-        state.sessions.len() as u64,
-        std::sync::atomic::Ordering::Relaxed,
-    );
+    state
+        .metrics
+        .active_sessions
+        .set(state.sessions.len() as i64);
     Ok((StatusCode::CREATED, Json(session.info())).into_response())
 }
 
@@ -188,10 +188,10 @@ pub async fn remove(
 pub async fn end(state: &Shared, session: &Session) {
     session.agent.kill();
     session.agent.close().await;
-    state.metrics.active_sessions.store(
-        state.sessions.len() as u64,
-        std::sync::atomic::Ordering::Relaxed,
-    );
+    state
+        .metrics
+        .active_sessions
+        .set(state.sessions.len() as i64);
 }
 
 #[utoipa::path(post, path = "/v1/sessions/{id}/exec", request_body = ExecSpec, params(StreamQuery),

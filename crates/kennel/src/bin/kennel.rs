@@ -234,6 +234,7 @@ fn report(outcome: anyhow::Result<()>) -> ExitCode {
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    init_logs("kennel serve")?;
     let mut config = match &args.config {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -260,6 +261,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 fn mcp(args: McpArgs) -> anyhow::Result<()> {
+    init_logs("kennel mcp")?;
     use kennel_mcp::{Backend, Local, Remote};
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -293,6 +295,60 @@ fn mcp(args: McpArgs) -> anyhow::Result<()> {
     // Blocking reads of stdin may still be pending; do not wait for them.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     Ok(())
+}
+
+/// Sends the server's log to stderr (stdout is MCP's channel in `kennel mcp`), filtered by
+/// `KENNEL_LOG`, written as `RUST_LOG` is (`debug`, `kennel_server=debug,rmcp=info`). By
+/// default Kennel's own events from `info` up and the libraries' warnings: rmcp would
+/// otherwise log every MCP notification.
+fn init_logs(program: &'static str) -> anyhow::Result<()> {
+    use tracing_subscriber::filter::{EnvFilter, LevelFilter};
+    let builder = EnvFilter::builder().with_default_directive(LevelFilter::INFO.into());
+    let filter = match std::env::var("KENNEL_LOG") {
+        Ok(directives) => builder
+            .parse(&directives)
+            // Its message already includes its source's: no chain, to say it once.
+            .map_err(|e| anyhow::anyhow!("KENNEL_LOG={directives:?}: {e}"))?,
+        Err(_) => builder.parse_lossy("warn,kennel=info"),
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter)
+        .event_format(LogLine(program))
+        .try_init()
+        .map_err(|e| anyhow::anyhow!("cannot install the logger: {e}"))
+}
+
+/// A log line as Kennel has always written them, for people and for `grep`:
+/// `kennel serve: listening on http://127.0.0.1:8080`,
+/// `kennel serve: warning: cannot pre-start ...`, then the event's fields as `key=value`, and
+/// the source in parentheses when it is a library, not Kennel.
+struct LogLine(&'static str);
+
+impl<S, N> tracing_subscriber::fmt::FormatEvent<S, N> for LogLine
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut out: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        let meta = event.metadata();
+        write!(out, "{}: ", self.0)?;
+        match *meta.level() {
+            tracing::Level::INFO => {}
+            tracing::Level::WARN => out.write_str("warning: ")?,
+            level => write!(out, "{}: ", level.as_str().to_ascii_lowercase())?,
+        }
+        ctx.field_format().format_fields(out.by_ref(), event)?;
+        if !meta.target().starts_with("kennel") {
+            write!(out, " ({})", meta.target())?;
+        }
+        writeln!(out)
+    }
 }
 
 fn bundle(args: BundleArgs) -> anyhow::Result<()> {
