@@ -377,6 +377,11 @@ fn session_limits(limits: &Value, b: &Bounds) -> Value {
         "Memory, such as \"512M\"; a session's agent needs some of it.",
         (lo.max(super::sessions::MIN_MEMORY), hi),
     );
+    let pids = &mut session["properties"]["pids"];
+    let lo = pids["minimum"].as_u64().unwrap_or(0);
+    pids["minimum"] = json!(lo.max(u64::from(super::sessions::MIN_PIDS)));
+    pids["description"] =
+        json!("Tasks: processes and threads together; a session's agent and its execs need some.");
     session
 }
 

@@ -94,6 +94,13 @@ pub async fn create(
             kennel_types::policy::ByteSize(super::sessions::MIN_MEMORY)
         )));
     }
+    if policy.limits.pids < super::sessions::MIN_PIDS {
+        return Err(ApiError::bad_request(format!(
+            "`limits.pids` is {}, below the {} a session's agent and its execs need",
+            policy.limits.pids,
+            super::sessions::MIN_PIDS
+        )));
+    }
     policy.env.extend(spec.env.clone());
     state.config.check_network(&caller.0, &spec.network)?;
     policy.network = spec.network.clone();

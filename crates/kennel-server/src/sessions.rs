@@ -15,6 +15,11 @@ use kennel_types::policy::Limits;
 /// (measured), and twice that leaves room for the code it runs.
 pub const MIN_MEMORY: u64 = 32 << 20;
 
+/// The fewest tasks a session's sandbox may have: its agent and its python kernel hold some
+/// (threads included), and a shell exec needs a few more to fork its commands; below this an
+/// exec fails to fork (EAGAIN) whatever its code.
+pub const MIN_PIDS: u32 = 16;
+
 pub struct Session {
     pub id: String,
     pub token_id: String,

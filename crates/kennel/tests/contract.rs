@@ -590,3 +590,27 @@ fn the_document_states_which_pins_the_server_refuses() {
         );
     }
 }
+
+/// A session's sandbox needs a floor of memory and tasks for its agent: the document states
+/// both, and the server refuses below them (a session with 6 tasks used to start and then fail
+/// every shell exec with EAGAIN, answered as the caller's mistake only then).
+#[test]
+fn session_floors_are_documented_and_enforced() {
+    let server = Server::start("contract-session-floors", NO_POOL);
+    let doc = server.client.get("/openapi.json").json();
+    let limits = &doc["components"]["schemas"]["SessionLimits"]["properties"];
+    assert_eq!(limits["pids"]["minimum"], 16, "{limits}");
+    let r = server
+        .client
+        .post_json("/v1/sessions", &json!({"limits": {"pids": 15}}));
+    let (_, message) = r.error(400);
+    assert!(
+        message.contains("limits.pids") && message.contains("16"),
+        "{message}"
+    );
+    let id = server
+        .client
+        .create_session(&json!({"limits": {"pids": 16}}));
+    let r = server.client.exec(&id, "bash", "echo a | cat | cat");
+    assert_eq!(r["stdout"], "a\n", "{r}");
+}
