@@ -87,6 +87,7 @@ pub(crate) trait Answer {
 }
 
 /// What the proxy's threads share: the rules, the log, and the sockets of open connections.
+#[derive(Debug)]
 pub(crate) struct Shared {
     allow: Allowlist,
     log: Mutex<Vec<NetEvent>>,

@@ -39,6 +39,7 @@ pub fn proxy_env() -> Vec<(String, String)> {
 }
 
 /// A running proxy for one sandbox.
+#[derive(Debug)]
 pub struct Proxy {
     listeners: Vec<TcpListener>,
     accept_threads: Vec<JoinHandle<()>>,

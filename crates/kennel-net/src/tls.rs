@@ -123,17 +123,29 @@ mod tests {
         let mut body = vec![3, 3];
         body.extend_from_slice(&[7; 32]);
         body.extend_from_slice(&[0, 0, 2, 0x13, 0x01, 1, 0]);
-        body.extend_from_slice(&(ext.len() as u16).to_be_bytes());
+        body.extend_from_slice(
+            &u16::try_from(ext.len())
+                .expect("a test hello is small")
+                .to_be_bytes(),
+        );
         body.extend_from_slice(ext);
         let mut msg = vec![1];
-        msg.extend_from_slice(&(body.len() as u32).to_be_bytes()[1..]);
+        msg.extend_from_slice(
+            &u32::try_from(body.len())
+                .expect("a test hello is small")
+                .to_be_bytes()[1..],
+        );
         msg.extend_from_slice(&body);
         record(&msg)
     }
 
     fn record(fragment: &[u8]) -> Vec<u8> {
         let mut rec = vec![0x16, 3, 1];
-        rec.extend_from_slice(&(fragment.len() as u16).to_be_bytes());
+        rec.extend_from_slice(
+            &u16::try_from(fragment.len())
+                .expect("a test hello is small")
+                .to_be_bytes(),
+        );
         rec.extend_from_slice(fragment);
         rec
     }
@@ -143,12 +155,24 @@ mod tests {
         let mut list = vec![];
         for name in names {
             list.push(0);
-            list.extend_from_slice(&(name.len() as u16).to_be_bytes());
+            list.extend_from_slice(
+                &u16::try_from(name.len())
+                    .expect("a test hello is small")
+                    .to_be_bytes(),
+            );
             list.extend_from_slice(name.as_bytes());
         }
         let mut ext = vec![0, 0];
-        ext.extend_from_slice(&((list.len() + 2) as u16).to_be_bytes());
-        ext.extend_from_slice(&(list.len() as u16).to_be_bytes());
+        ext.extend_from_slice(
+            &u16::try_from(list.len() + 2)
+                .expect("a test hello is small")
+                .to_be_bytes(),
+        );
+        ext.extend_from_slice(
+            &u16::try_from(list.len())
+                .expect("a test hello is small")
+                .to_be_bytes(),
+        );
         ext.extend_from_slice(&list);
         ext
     }

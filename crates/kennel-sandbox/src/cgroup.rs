@@ -317,6 +317,9 @@ impl Cgroup {
 
     fn apply(&self, limits: &Limits) -> io::Result<()> {
         let mem = limits.memory.0.to_string();
+        // `cpus` is validated between 0.01 and 1024: the product is positive and far below
+        // u64's range, so the float-to-integer cast neither wraps nor loses a sign.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let quota = ((limits.cpus * CPU_PERIOD_US as f64) as u64).max(1000);
         match &self.layout {
             Layout::V1 {

@@ -119,7 +119,8 @@ pub fn recv_files(r: &mut impl Read, count: usize) -> Result<InputFiles, String>
 pub fn send(w: &mut impl Write, msg: &Msg, blob: &[u8]) -> io::Result<()> {
     let json = serde_json::to_vec(msg).map_err(io::Error::other)?;
     let mut head = Vec::with_capacity(12 + json.len());
-    head.extend_from_slice(&(json.len() as u32).to_le_bytes());
+    let json_len = u32::try_from(json.len()).map_err(io::Error::other)?;
+    head.extend_from_slice(&json_len.to_le_bytes());
     head.extend_from_slice(&(blob.len() as u64).to_le_bytes());
     head.extend_from_slice(&json);
     w.write_all(&head)?;
@@ -145,7 +146,7 @@ pub fn recv(r: &mut impl Read) -> io::Result<Option<(Msg, Vec<u8>)>> {
     }
     let mut json = vec![0u8; json_len as usize];
     r.read_exact(&mut json)?;
-    let mut blob = vec![0u8; blob_len as usize];
+    let mut blob = vec![0u8; usize::try_from(blob_len).map_err(io::Error::other)?];
     r.read_exact(&mut blob)?;
     let msg =
         serde_json::from_slice(&json).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;

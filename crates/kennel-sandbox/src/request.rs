@@ -113,6 +113,8 @@ pub(crate) fn sandbox_env(policy: &Policy) -> Vec<(String, String)> {
 /// As many CPUs as the quota, taken round-robin so that concurrent sandboxes spread out.
 pub(crate) fn pick_cpus(quota: f64) -> Vec<usize> {
     let allowed = sys::cpu_affinity().unwrap_or_else(|_| vec![0]);
+    // The quota is validated between 0.01 and 1024: its ceiling is a small positive integer.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let n = (quota.ceil() as usize).clamp(1, allowed.len().max(1));
     let start = NEXT_CPU.fetch_add(n, Ordering::Relaxed);
     (0..n)

@@ -339,6 +339,8 @@ fn whole_u32<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u32>, D::E
             u32::MAX
         )));
     }
+    // Whole and within u32's range, checked just above: the cast is exact.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     Ok(Some(n as u32))
 }
 

@@ -103,7 +103,7 @@ impl FromStr for Span {
 impl Span {
     /// The span in whole milliseconds (every parsed span is one).
     pub fn millis(self) -> u64 {
-        self.0.as_millis() as u64
+        u64::try_from(self.0.as_millis()).unwrap_or(u64::MAX)
     }
 }
 
@@ -138,6 +138,8 @@ macro_rules! serde_via_str {
                 // written out ("2.5s"), so that no float rounding decides a bound.
                 let text = match Raw::deserialize(d)? {
                     Raw::Int(n) => n.to_string(),
+                    // Whole and within u64's range, checked just above: the cast is exact.
+                    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
                     Raw::Float(n) if n.fract() == 0.0 && (0.0..1e19).contains(&n) => {
                         (n as u64).to_string()
                     }

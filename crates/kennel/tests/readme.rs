@@ -368,7 +368,7 @@ impl Drop for Served {
     fn drop(&mut self) {
         // SAFETY: kill(2) on our own child's PID, not yet reaped.
         unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGTERM);
+            libc::kill(self.child.id().cast_signed(), libc::SIGTERM);
         }
         let started = Instant::now();
         while self.child.try_wait().ok().flatten().is_none() {

@@ -988,7 +988,7 @@ fn refused_start(args: &[&str], env: &[(&str, &str)]) -> (std::process::ExitStat
         cmd.env(k, v);
     }
     let mut child = cmd.spawn().unwrap();
-    let pid = child.id() as i32;
+    let pid = child.id().cast_signed();
     let deadline = Instant::now() + Duration::from_secs(20);
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {
@@ -1390,7 +1390,7 @@ fn bad_input_is_refused_with_a_message_naming_the_problem() {
     );
     assert_eq!(c.exec(&id, "python", "print('fine')")["stdout"], "fine\n");
     assert!(
-        c.metric("kennel_rejected_requests_total") >= refused.get() as f64,
+        c.metric("kennel_rejected_requests_total") >= f64::from(refused.get()),
         "{} refusals",
         refused.get()
     );
@@ -1908,7 +1908,7 @@ fn the_pool_serves_default_runs_warm_and_others_cold() {
         assert_eq!(r["stdout"], format!("{i}\n"));
         assert_eq!(
             c.metric("kennel_pool_hits_total"),
-            (i + 1) as f64,
+            f64::from(i + 1),
             "run {i} was warm"
         );
         pooled.push(r);

@@ -54,6 +54,7 @@ pub trait Os {
 }
 
 /// The real kernel.
+#[derive(Debug)]
 pub struct RealOs {
     pub ctl: std::os::unix::net::UnixStream,
 }

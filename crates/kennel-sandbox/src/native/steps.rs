@@ -198,6 +198,7 @@ pub struct FsPlan {
 }
 
 /// Everything the steps read and the state they hand on to later steps.
+#[derive(Debug)]
 pub struct Ctx<'a> {
     pub plan: &'a Plan,
     /// The helper's parent, seen before any credential change.

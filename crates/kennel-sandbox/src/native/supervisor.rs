@@ -242,7 +242,7 @@ fn kill_sandbox(helper: i32, init: Option<i32>) {
 
 /// Reaps the helper. After a kill it gets a few seconds to reap pid 1 and exit on its own.
 fn wait_helper(child: &mut Child, killed: bool) -> Option<libc::rusage> {
-    let pid = child.id() as i32;
+    let pid = child.id().cast_signed();
     if killed {
         let deadline = Instant::now() + NativeTier::KILL_GRACE;
         while Instant::now() < deadline {

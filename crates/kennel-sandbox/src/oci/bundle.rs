@@ -29,6 +29,7 @@ use kennel_types::policy::{NetMode, Policy, Runtime};
 pub const SCRATCH: [(&str, &str); 2] = [("tmp", "/tmp"), ("workspace", "/workspace")];
 
 /// Everything the translation needs.
+#[derive(Debug)]
 pub struct Input<'a> {
     pub policy: &'a Policy,
     pub argv: Vec<String>,
@@ -247,7 +248,7 @@ pub fn seccomp_profile(runtime: Runtime) -> LinuxSeccomp {
             let b = LinuxSyscallBuilder::default()
                 .names(vec![name.to_string()])
                 .action(LinuxSeccompAction::ScmpActErrno)
-                .errno_ret(rule.errno as u32);
+                .errno_ret(rule.errno.cast_unsigned());
             match args {
                 Some(a) => b.args(a),
                 None => b,
@@ -398,6 +399,8 @@ pub fn spec(input: &Input, system_mounts: Vec<Mount>) -> Spec {
             .expect("every id mapping field is set");
         linux = linux.uid_mappings(vec![map]).gid_mappings(vec![map]);
     }
+    // `cpus` is validated between 0.01 and 1024: the product fits an i64 exactly enough.
+    #[allow(clippy::cast_possible_truncation)]
     let quota = ((l.cpus * 100_000.0) as i64).max(1000);
     let cpus = input
         .cpus
@@ -410,8 +413,8 @@ pub fn spec(input: &Input, system_mounts: Vec<Mount>) -> Spec {
             // The same bounds as Kennel's own cgroup, which encloses the runtime's (runc) or
             // is the only one (crun and runsc are told to make none).
             LinuxMemoryBuilder::default()
-                .limit(l.memory.0 as i64)
-                .swap(l.memory.0 as i64)
+                .limit(i64::try_from(l.memory.0).unwrap_or(i64::MAX))
+                .swap(i64::try_from(l.memory.0).unwrap_or(i64::MAX))
                 .build()
                 .expect("memory fields set"),
         )

@@ -347,5 +347,5 @@ fn spawn(argv: &[String]) -> Result<i32, Fail> {
     // makes one prctl call, which is async-signal-safe.
     sys::pre_exec_signal_safe(&mut cmd, || sys::set_parent_death_signal(libc::SIGKILL));
     let child = cmd.spawn().ctx(|| format!("starting {program}"))?;
-    Ok(child.id() as i32)
+    Ok(child.id().cast_signed())
 }

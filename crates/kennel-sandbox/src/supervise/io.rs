@@ -17,11 +17,21 @@ pub enum StdinSource {
     Reader(Box<dyn Read + Send>),
 }
 
+impl std::fmt::Debug for StdinSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            StdinSource::Null => "Null",
+            StdinSource::Reader(_) => "Reader(..)",
+        })
+    }
+}
+
 /// Sees each kept chunk of output as the code produces it (never more than the caps): for
 /// live pass-through and streaming.
 pub type OutputSink = Arc<dyn Fn(Stream, &[u8]) + Send + Sync>;
 
 /// The live side of a run: where stdin comes from, who watches the output, who may stop it.
+#[allow(missing_debug_implementations)] // closures: nothing to show
 pub struct RunIo {
     pub stdin: StdinSource,
     pub on_output: Option<OutputSink>,
@@ -55,10 +65,10 @@ pub enum OutputMode {
 
 /// Stops a run from outside: the sandbox is killed as on a timeout. Cloneable; cancelling
 /// before the run starts makes it end as soon as it does.
-#[derive(Clone, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Canceller(Arc<Mutex<CancelState>>);
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct CancelState {
     cancelled: bool,
     wake: Option<mpsc::Sender<Event>>,
@@ -124,6 +134,7 @@ pub(crate) fn control_events(
 
 /// What a caller learns the moment the code starts: the isolation in force, and (with
 /// cgroups) a probe that reads the usage counters while the sandbox runs.
+#[derive(Debug)]
 pub struct Started {
     pub isolation: Isolation,
     pub usage: Option<crate::cgroup::Probe>,

@@ -106,7 +106,7 @@ fn run<T: Tier>(
     drop(helper_end);
     let mut running = Running {
         guard: KillOnDrop {
-            pid: child.id() as i32,
+            pid: child.id().cast_signed(),
             armed: true,
         },
         child,
@@ -134,7 +134,7 @@ fn watch<T: Tier>(
     io: RunIo,
 ) -> Result<RunResult, Error> {
     let child = &mut running.child;
-    let pid = child.id() as i32;
+    let pid = child.id().cast_signed();
     let stdin_thread = feed_stdin(child.stdin.take(), req, io.stdin)?;
     let (cap, mode) = (req.policy.limits.output.0, io.output);
     let out = reader(

@@ -39,7 +39,7 @@ pub fn drain(
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         };
-        let room = cap.saturating_sub(out.head.len() as u64) as usize;
+        let room = usize::try_from(cap.saturating_sub(out.head.len() as u64)).unwrap_or(usize::MAX);
         let keep = &buf[..n.min(room)];
         out.head.extend_from_slice(keep);
         on_chunk(keep, &buf[..n]);

@@ -44,7 +44,8 @@ pub(crate) struct Outcome {
 
 pub(crate) fn build_result(req: &RunRequest, o: Outcome, isolation: Isolation) -> RunResult {
     let rusage_cpu_ms = o.usage.map_or(0, |u| {
-        let ms = |t: libc::timeval| t.tv_sec as u64 * 1000 + t.tv_usec as u64 / 1000;
+        let ms =
+            |t: libc::timeval| t.tv_sec.cast_unsigned() * 1000 + t.tv_usec.cast_unsigned() / 1000;
         ms(u.ru_utime) + ms(u.ru_stime)
     });
     let (exit_code, signal) = match o.exited {
@@ -57,10 +58,10 @@ pub(crate) fn build_result(req: &RunRequest, o: Outcome, isolation: Isolation) -
         timed_out: o.timed_out,
         oom_killed: o.stats.is_some_and(|s| s.oom_kills > 0),
         pids_limit_hit: o.stats.is_some_and(|s| s.pids_max_hits > 0),
-        duration_ms: o.duration.as_millis() as u64,
+        duration_ms: u64::try_from(o.duration.as_millis()).unwrap_or(u64::MAX),
         cpu_ms: o.stats.map_or(rusage_cpu_ms, |s| s.cpu_ns / 1_000_000),
         memory_peak_bytes: o.stats.map_or_else(
-            || o.usage.map_or(0, |u| u.ru_maxrss as u64 * 1024),
+            || o.usage.map_or(0, |u| u.ru_maxrss.cast_unsigned() * 1024),
             |s| s.memory_peak,
         ),
         stdout_bytes: o.stdout.total,

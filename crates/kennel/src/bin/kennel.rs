@@ -446,7 +446,7 @@ fn pass_through(r: &RunResult) -> ExitCode {
     for n in notes {
         eprintln!("kennel: {n}");
     }
-    ExitCode::from(r.shell_status().clamp(0, 255) as u8)
+    ExitCode::from(u8::try_from(r.shell_status().clamp(0, 255)).unwrap_or(u8::MAX))
 }
 
 fn request(args: RunArgs) -> anyhow::Result<RunRequest> {

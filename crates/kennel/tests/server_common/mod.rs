@@ -513,7 +513,7 @@ impl Server {
         if self.child.is_some() {
             // SAFETY: kill(2) on our own child's PID, which has not been reaped yet.
             unsafe {
-                libc::kill(self.pid as i32, sig);
+                libc::kill(self.pid.cast_signed(), sig);
             }
         }
     }
@@ -525,7 +525,7 @@ impl Server {
         let started = Instant::now();
         // SAFETY: as in `signal`: our own, unreaped child.
         unsafe {
-            libc::kill(self.pid as i32, libc::SIGTERM);
+            libc::kill(self.pid.cast_signed(), libc::SIGTERM);
         }
         loop {
             if let Some(status) = child.try_wait().expect("waiting for the server") {
@@ -534,7 +534,7 @@ impl Server {
             if started.elapsed() > within {
                 // SAFETY: as above.
                 unsafe {
-                    libc::kill(self.pid as i32, libc::SIGKILL);
+                    libc::kill(self.pid.cast_signed(), libc::SIGKILL);
                 }
                 let _ = child.wait();
                 panic!(
@@ -556,7 +556,7 @@ impl Drop for Server {
         if let Some(mut child) = self.child.take() {
             // SAFETY: our own child, not yet reaped.
             unsafe {
-                libc::kill(self.pid as i32, libc::SIGTERM);
+                libc::kill(self.pid.cast_signed(), libc::SIGTERM);
             }
             let deadline = Instant::now() + STOP_WAIT;
             loop {
@@ -565,7 +565,7 @@ impl Drop for Server {
                     Ok(None) if Instant::now() > deadline => {
                         // SAFETY: as above.
                         unsafe {
-                            libc::kill(self.pid as i32, libc::SIGKILL);
+                            libc::kill(self.pid.cast_signed(), libc::SIGKILL);
                         }
                         let _ = child.wait();
                         break;
@@ -789,7 +789,7 @@ pub fn retry_busy(mut f: impl FnMut() -> Resp) -> (Resp, u32) {
         );
         busy += 1;
         assert!(busy < 10_000, "busy forever");
-        std::thread::sleep(Duration::from_millis(10 + (busy as u64 % 5) * 5));
+        std::thread::sleep(Duration::from_millis(10 + (u64::from(busy) % 5) * 5));
     }
 }
 

@@ -616,7 +616,7 @@ fn sandbox_root_is_an_unprivileged_host_uid() {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     // The sleep is our own descendant: end it by its pid so the run finishes now.
     // SAFETY: kill takes plain integers; the pid is the sandboxed sleep found above.
-    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    unsafe { libc::kill(pid.cast_signed(), libc::SIGKILL) };
     let out = child.wait_with_output().unwrap();
     let r: Value = serde_json::from_slice(&out.stdout).unwrap();
     let field = |k: &str| {

@@ -230,7 +230,7 @@ impl Fixture {
 }
 
 fn data_bytes(n: usize) -> Vec<u8> {
-    (0..n).map(|i| (i % 251) as u8).collect()
+    (0..n).map(|i| u8::try_from(i % 251).expect("below 251")).collect()
 }
 
 /// Whether the host has what these tests drive: root (the proxy is bound inside the sandbox's
