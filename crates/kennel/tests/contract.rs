@@ -1,4 +1,4 @@
-//! The API contract (issue 12): `/openapi.json` is a valid OpenAPI document that says what the
+//! The API contract: `/openapi.json` is a valid OpenAPI document that says what the
 //! server enforces, the server answers as it says, and a client generated from it works.
 //!
 //! Python tools judge the document, so that the test is not the code's own opinion of itself:

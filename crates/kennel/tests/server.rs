@@ -1507,7 +1507,7 @@ fn max_sessions_and_idle_ttl_bound_sessions() {
         .post_json("/v1/sessions", &json!({"idle_ttl": "1s"}))
         .json();
     assert_eq!(short["idle_ttl_s"], 1);
-    // Above the server's idle_ttl: refused with the bound, never clamped (issue 12).
+    // Above the server's idle_ttl: refused with the bound, never clamped.
     let (_, message) = c
         .post_json("/v1/sessions", &json!({"idle_ttl": "1h"}))
         .error(400);
