@@ -309,11 +309,21 @@ impl super::supervise::Tier for OciTier {
         self.ended_by_itself = report.exited.is_some() && !report.timed_out && !report.cancelled;
     }
 
+    /// The clean-up steps of the table, in its order; each is best effort, and none stops the
+    /// next (the cgroup goes last, after anything left in it is killed).
     fn cleanup(&mut self) {
-        let id = self.cgroup.name();
-        self.runtime.remove(id, self.ended_by_itself);
-        let _ = std::fs::remove_dir_all(&self.bundle);
-        self.cgroup.destroy();
+        for step in Step::CLEANUP {
+            match step {
+                Step::DeleteContainer => self
+                    .runtime
+                    .remove(self.cgroup.name(), self.ended_by_itself),
+                Step::RemoveBundle => {
+                    let _ = std::fs::remove_dir_all(&self.bundle);
+                }
+                Step::RemoveCgroup => self.cgroup.destroy(),
+                _ => {}
+            }
+        }
     }
 }
 

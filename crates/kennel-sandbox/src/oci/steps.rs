@@ -59,6 +59,13 @@ impl Step {
         Step::StartRuntime,
     ];
 
+    /// The supervisor's clean-up after the runtime ends (or is killed), in order.
+    pub const CLEANUP: [Step; 3] = [
+        Step::DeleteContainer,
+        Step::RemoveBundle,
+        Step::RemoveCgroup,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             Step::LocateRuntime => "locate_runtime",
@@ -123,7 +130,15 @@ mod tests {
         assert!(pos(Step::WriteInputFiles) < pos(Step::StartRuntime));
         // The proxy must listen before the code can run.
         assert!(pos(Step::PrivateNetwork) < pos(Step::StartRuntime));
-        assert!(pos(Step::DeleteContainer) < pos(Step::RemoveCgroup));
+        let cleanup: Vec<usize> = Step::CLEANUP.iter().map(|s| pos(*s)).collect();
+        assert_eq!(
+            cleanup,
+            [
+                Step::ALL.len() - 3,
+                Step::ALL.len() - 2,
+                Step::ALL.len() - 1
+            ]
+        );
         let names: std::collections::HashSet<_> = Step::ALL.iter().map(|s| s.name()).collect();
         assert_eq!(names.len(), Step::ALL.len());
     }
