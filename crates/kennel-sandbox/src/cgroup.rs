@@ -108,11 +108,31 @@ fn join_under(mount: &Mount, path: &str) -> PathBuf {
     }
 }
 
+/// Why no cgroup can hold a run's limits; the run falls back to rlimits where its policy
+/// allows, and the result says why.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("cannot read {what}: {source}")]
+    Read {
+        what: &'static str,
+        source: io::Error,
+    },
+    #[error("no cgroup v1 hierarchy has the {0} controller and cgroup v2 does not delegate it")]
+    NoController(&'static str),
+    #[error("this process is in no {0} cgroup")]
+    NotInCgroup(&'static str),
+    #[error("cannot create {}: {source}", dir.display())]
+    Create { dir: PathBuf, source: io::Error },
+    #[error("cannot set the limits: {0}")]
+    Limit(io::Error),
+}
+
 /// The supervisor's own cgroup directories, by layout, before anything is created.
 /// With it, the supervisor's directory in every hierarchy, from the same reading.
-fn own_layout() -> Result<(Layout, Vec<PathBuf>), String> {
-    let mounts = mounts().map_err(|e| format!("cannot read mountinfo: {e}"))?;
-    let own = own_cgroups().map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
+fn own_layout() -> Result<(Layout, Vec<PathBuf>), CgroupError> {
+    let read = |what| move |source| CgroupError::Read { what, source };
+    let mounts = mounts().map_err(read("mountinfo"))?;
+    let own = own_cgroups().map_err(read("/proc/self/cgroup"))?;
     let everywhere = own_dirs_in(&mounts, &own);
     if let Some(dir) = v2_dir(&mounts, &own) {
         return Ok((Layout::V2 { dir }, everywhere));
@@ -122,11 +142,11 @@ fn own_layout() -> Result<(Layout, Vec<PathBuf>), String> {
         let mount = mounts
             .iter()
             .find(|m| m.fstype == "cgroup" && m.options.iter().any(|o| o == ctrl))
-            .ok_or_else(|| format!("no cgroup v1 hierarchy has the {ctrl} controller and cgroup v2 does not delegate it"))?;
+            .ok_or(CgroupError::NoController(ctrl))?;
         let (_, path) = own
             .iter()
             .find(|(c, _)| c.iter().any(|c| c == ctrl))
-            .ok_or_else(|| format!("this process is in no {ctrl} cgroup"))?;
+            .ok_or(CgroupError::NotInCgroup(ctrl))?;
         found.push(join_under(mount, path));
     }
     let [memory, pids, cpu, cpuacct] = <[PathBuf; 4]>::try_from(found).expect("four controllers");
@@ -277,7 +297,7 @@ static SEQ: AtomicU64 = AtomicU64::new(0);
 
 impl Cgroup {
     /// Creates a cgroup for one sandbox with `limits` applied, or says why none can be used.
-    pub fn create(limits: &Limits) -> Result<Cgroup, String> {
+    pub fn create(limits: &Limits) -> Result<Cgroup, CgroupError> {
         let (base, everywhere) = own_layout()?;
         SWEEP.call_once(sweep_stale);
         let me = sys::getpid().to_string();
@@ -303,14 +323,15 @@ impl Cgroup {
             others,
         };
         for dir in cg.layout.dirs() {
-            if let Err(e) = fs::create_dir(dir) {
+            if let Err(source) = fs::create_dir(dir) {
                 cg.destroy();
-                return Err(format!("cannot create {}: {e}", dir.display()));
+                let dir = dir.to_path_buf();
+                return Err(CgroupError::Create { dir, source });
             }
         }
         if let Err(e) = cg.apply(limits) {
             cg.destroy();
-            return Err(e.to_string());
+            return Err(CgroupError::Limit(e));
         }
         Ok(cg)
     }
@@ -536,7 +557,7 @@ fn sweep_stale() {
 }
 
 /// What `kennel doctor` says about cgroups on this host.
-pub fn describe() -> Result<String, String> {
+pub fn describe() -> Result<String, CgroupError> {
     let (layout, _) = own_layout()?;
     let kind = match layout {
         Layout::V1 { .. } => "cgroup-v1",

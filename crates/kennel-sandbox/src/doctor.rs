@@ -82,9 +82,9 @@ fn seccomp() -> Result<String, (String, String)> {
 fn cgroups() -> Result<String, (String, String)> {
     let fix = "run kennel as root, or from a delegated cgroup v2 subtree (systemd-run --user -p Delegate=yes); \
                without cgroups Kennel falls back to rlimits";
-    let layout = cgroup::describe().map_err(|e| (e, fix.to_string()))?;
-    let probe =
-        cgroup::Cgroup::create(&Policy::default().limits).map_err(|e| (e, fix.to_string()))?;
+    let layout = cgroup::describe().map_err(|e| (e.to_string(), fix.to_string()))?;
+    let probe = cgroup::Cgroup::create(&Policy::default().limits)
+        .map_err(|e| (e.to_string(), fix.to_string()))?;
     probe.destroy();
     Ok(format!("{layout}; a sandbox cgroup can be created"))
 }

@@ -14,7 +14,7 @@ use kennel_types::policy::{NetMode, Policy, Want};
 use super::helper::HELPER_ARG;
 use super::steps::Step;
 use super::{seccomp, HOST_ID_BASE, ID_RANGE};
-use crate::cgroup::{Cgroup, Probe};
+use crate::cgroup::{Cgroup, CgroupError, Probe};
 use crate::channel::{self, Confinement, Msg, Plan};
 use crate::error::{Error, SetupStep};
 use crate::request::{check_rootfs, checked_argv, input_files, pick_cpus, sandbox_env};
@@ -34,7 +34,7 @@ pub struct Native {
 const HELPER_BINARY: &str = "kennel-sandbox-helper";
 
 /// What holds a run's limits: its cgroup, or (the reason why there is none) rlimits.
-type Limiter = Result<Cgroup, String>;
+type Limiter = Result<Cgroup, CgroupError>;
 
 impl Native {
     /// A native runner whose helper is the current executable (which must call
@@ -68,16 +68,22 @@ impl Native {
                 cgroup_join: vec![],
                 cpus: pick_cpus(policy.limits.cpus),
             },
-            limiter: Err(String::new()),
+            limiter: None,
         };
         supervise(&mut tier, &self.helper, req, &files, io)
     }
 }
 
-/// One native run: the helper's plan and what holds the limits.
+/// One native run: the helper's plan and what holds the limits (made with the plan).
 struct NativeTier {
     plan: Plan,
-    limiter: Limiter,
+    limiter: Option<Limiter>,
+}
+
+impl NativeTier {
+    fn cgroup(&self) -> Option<&Cgroup> {
+        self.limiter.as_ref().and_then(|l| l.as_ref().ok())
+    }
 }
 
 impl Tier for NativeTier {
@@ -93,10 +99,11 @@ impl Tier for NativeTier {
     /// The helper is already exec'ing: making the cgroup overlaps with that, and the helper
     /// joins it itself before it unshares anything.
     fn plan(&mut self, _files: usize) -> Result<Msg, Error> {
-        self.limiter = limiter_for(&self.plan.policy)?;
-        if let Ok(cg) = &self.limiter {
+        let limiter = limiter_for(&self.plan.policy)?;
+        if let Ok(cg) = &limiter {
             self.plan.cgroup_join = cg.join_files();
         }
+        self.limiter = Some(limiter);
         Ok(Msg::Plan(Box::new(self.plan.clone())))
     }
 
@@ -142,15 +149,16 @@ impl Tier for NativeTier {
     }
 
     fn probe(&self) -> Option<Probe> {
-        self.limiter.as_ref().ok().map(Cgroup::probe)
+        self.cgroup().map(Cgroup::probe)
     }
 
     fn isolation(&self, confinement: Option<Confinement>) -> Isolation {
-        isolation(&self.plan, &self.limiter, confinement)
+        let fallback = self.limiter.as_ref().and_then(|l| l.as_ref().err());
+        isolation(&self.plan, self.cgroup(), fallback, confinement)
     }
 
     fn cleanup(&mut self) {
-        if let Ok(cg) = &self.limiter {
+        if let Some(cg) = self.cgroup() {
             cg.destroy();
         }
     }
@@ -162,7 +170,7 @@ fn limiter_for(policy: &Policy) -> Result<Limiter, Error> {
         Ok(cg) => Ok(Ok(cg)),
         Err(why) if policy.layers.cgroups == Want::Required => Err(Error::Unsupported {
             layer: "cgroups",
-            why,
+            why: why.to_string(),
             hint: "run kennel as root, or from a cgroup v2 subtree delegated to this user \
                    (systemd-run --user -p Delegate=yes), or set layers.cgroups = \"best_effort\""
                 .into(),
@@ -265,8 +273,12 @@ fn wait_helper(child: &mut Child, killed: bool) -> Option<libc::rusage> {
 }
 
 /// What the helper verified from inside, with the ids, limits and profile planned.
-fn isolation(plan: &Plan, limiter: &Limiter, confinement: Option<Confinement>) -> Isolation {
-    let cgroup = limiter.as_ref().ok();
+fn isolation(
+    plan: &Plan,
+    cgroup: Option<&Cgroup>,
+    fallback: Option<&CgroupError>,
+    confinement: Option<Confinement>,
+) -> Isolation {
     let c = confinement.unwrap_or(Confinement {
         namespaces: vec![],
         landlock_enforced: false,
@@ -299,7 +311,7 @@ fn isolation(plan: &Plan, limiter: &Limiter, confinement: Option<Confinement>) -
         limits: LimitsInfo {
             mechanism: cgroup.map_or("rlimit", Cgroup::version).into(),
             cgroups: cgroup.map(Cgroup::paths).unwrap_or_default(),
-            fallback_reason: limiter.as_ref().err().map(|why| {
+            fallback_reason: fallback.map(|why| {
                 format!("{why}; memory as RLIMIT_AS, tasks as RLIMIT_NPROC, cpu time as RLIMIT_CPU")
             }),
         },

@@ -97,7 +97,7 @@ impl Oci {
         sweep_stale(&runtime);
         let cgroup = Cgroup::create(&req.policy.limits).map_err(|why| Error::Unsupported {
             layer: "cgroups for the oci tier",
-            why,
+            why: why.to_string(),
             hint: "run kennel as root on a host with the memory, pids and cpu controllers".into(),
         })?;
         let mut tier = OciTier {
