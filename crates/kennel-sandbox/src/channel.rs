@@ -99,21 +99,46 @@ pub enum Msg {
     Done,
 }
 
-/// Reads the `count` input files that follow a plan.
-pub fn recv_files(r: &mut impl Read, count: usize) -> Result<InputFiles, String> {
-    let mut files = Vec::with_capacity(count);
-    for _ in 0..count {
-        match recv(r) {
-            Ok(Some((Msg::File(meta), data))) => files.push((meta, data)),
+/// Why a helper could not read what the supervisor sent it.
+#[derive(Debug, thiserror::Error)]
+pub enum ChannelError {
+    #[error("cannot read the control channel: {0}")]
+    Io(#[from] io::Error),
+    #[error("expected {expected}, got {got}")]
+    Unexpected { expected: &'static str, got: String },
+}
+
+/// Reads a helper's plan, which `pick` takes out of its message or gives back (`what` names
+/// it), and the input files that follow it (as many as `count` says the plan announces).
+pub fn recv_plan<P>(
+    r: &mut impl Read,
+    what: &'static str,
+    pick: impl FnOnce(Msg) -> Result<P, Msg>,
+    count: impl FnOnce(&P) -> usize,
+) -> Result<(P, InputFiles), ChannelError> {
+    let unexpected = |got: Option<Msg>| ChannelError::Unexpected {
+        expected: what,
+        got: got.map_or("the end of the channel".into(), |m| format!("{m:?}")),
+    };
+    let msg = recv(r)?.map(|(m, _)| m);
+    let plan = match msg {
+        Some(m) => pick(m).map_err(|other| unexpected(Some(other)))?,
+        None => return Err(unexpected(None)),
+    };
+    let n = count(&plan);
+    let mut files = Vec::with_capacity(n);
+    for _ in 0..n {
+        match recv(r)? {
+            Some((Msg::File(meta), data)) => files.push((meta, data)),
             other => {
-                return Err(format!(
-                    "expected a file, got {:?}",
-                    other.map(|o| o.map(|m| m.0))
-                ))
+                return Err(ChannelError::Unexpected {
+                    expected: "an input file",
+                    got: other.map_or("the end of the channel".into(), |(m, _)| format!("{m:?}")),
+                })
             }
         }
     }
-    Ok(files)
+    Ok((plan, files))
 }
 
 pub fn send(w: &mut impl Write, msg: &Msg, blob: &[u8]) -> io::Result<()> {

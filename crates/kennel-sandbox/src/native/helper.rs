@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use super::mounts::{self, Kind, View};
 use super::ops::RealOs;
 use super::steps::{self, Ctx, Fail, FsPlan, Step};
-use crate::channel::{self, Collected, InputFiles, Msg, Plan, CTL_FD};
+use crate::channel::{self, ChannelError, Collected, InputFiles, Msg, Plan, CTL_FD};
 use crate::sys::{self, Exit, Fork};
 
 use crate::oci::launcher::LAUNCHER_ARG;
@@ -122,13 +122,12 @@ pub(crate) fn fail_and_exit(
     sys::exit_now(SETUP_FAILED)
 }
 
-fn read_plan(ctl: &mut UnixStream) -> Result<(Plan, InputFiles), String> {
-    let plan = match channel::recv(ctl) {
-        Ok(Some((Msg::Plan(plan), _))) => *plan,
-        other => return Err(format!("expected a plan, got {other:?}")),
+fn read_plan(ctl: &mut UnixStream) -> Result<(Plan, InputFiles), ChannelError> {
+    let pick = |m| match m {
+        Msg::Plan(plan) => Ok(*plan),
+        other => Err(other),
     };
-    let files = channel::recv_files(ctl, plan.files)?;
-    Ok((plan, files))
+    channel::recv_plan(ctl, "a plan", pick, |p: &Plan| p.files)
 }
 
 fn helper_main() -> ! {
@@ -149,7 +148,7 @@ fn helper_main() -> ! {
     let mut os = RealOs { ctl };
     let (plan, files) = match read_plan(&mut os.ctl) {
         Ok(p) => p,
-        Err(e) => fail_and_exit(&mut os.ctl, Step::SpawnHelper, Fail::new(e)),
+        Err(e) => fail_and_exit(&mut os.ctl, Step::SpawnHelper, Fail::new(e.to_string())),
     };
     let mut ctx = Ctx {
         plan: &plan,

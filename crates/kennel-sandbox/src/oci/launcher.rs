@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::bundle::SCRATCH;
 use super::runtime::{Start, PID_FILE};
 use super::steps::Step;
-use crate::channel::{self, FileMeta, InputFiles, Msg, CTL_FD};
+use crate::channel::{self, ChannelError, FileMeta, InputFiles, Msg, CTL_FD};
 use crate::native::helper::{collect, fail_and_exit};
 use crate::native::steps::{Context, Fail};
 use crate::sys;
@@ -62,7 +62,7 @@ pub fn launcher_main() -> ! {
     let _ = sys::close_fds_from(CTL_FD + 1);
     let (plan, files) = match read_plan(&mut ctl) {
         Ok(p) => p,
-        Err(detail) => fail_and_exit(&mut ctl, Step::SpawnLauncher, Fail::new(detail)),
+        Err(e) => fail_and_exit(&mut ctl, Step::SpawnLauncher, Fail::new(e.to_string())),
     };
     let mut waited = None;
     for step in Step::LAUNCHER {
@@ -183,18 +183,12 @@ fn in_bundle(bundle: &Path, path: &str) -> PathBuf {
     bundle.join(rel)
 }
 
-fn read_plan(ctl: &mut UnixStream) -> Result<(LaunchPlan, InputFiles), String> {
-    let plan = match channel::recv(ctl) {
-        Ok(Some((Msg::Launch(plan), _))) => *plan,
-        other => {
-            return Err(format!(
-                "expected a launch plan, got {:?}",
-                other.map(|o| o.map(|m| m.0))
-            ))
-        }
+fn read_plan(ctl: &mut UnixStream) -> Result<(LaunchPlan, InputFiles), ChannelError> {
+    let pick = |m| match m {
+        Msg::Launch(plan) => Ok(*plan),
+        other => Err(other),
     };
-    let files = channel::recv_files(ctl, plan.files)?;
-    Ok((plan, files))
+    channel::recv_plan(ctl, "a launch plan", pick, |p: &LaunchPlan| p.files)
 }
 
 fn join_cgroup(plan: &LaunchPlan) -> Result<(), Fail> {
