@@ -148,7 +148,7 @@ impl Oci {
     }
 
     /// Whether gVisor runs guests on KVM here, or why not (see [`runtime::kvm_usable`]).
-    pub fn kvm_usable(&self, runsc: &Installed) -> Result<(), String> {
+    pub fn kvm_usable(&self, runsc: &Installed) -> Result<(), runtime::KvmUnusable> {
         runtime::kvm_usable(runsc, runtime::KVM_PROBE_DEADLINE, |deadline| {
             self.probe_kvm(runsc, deadline)
         })

@@ -310,8 +310,24 @@ fn quiet(argv: &[String], limit: Duration) -> bool {
 /// as a paravirtual KVM inside a VM) never does, and would hold a run until its timeout.
 pub const KVM_PROBE_DEADLINE: Duration = Duration::from_secs(2);
 
-/// Whether gVisor's KVM platform runs guests on this host: `Err` says why not, in words for
-/// "KVM is not usable here: ...".
+/// Why gVisor's KVM platform cannot run guests here, in words for "KVM is not usable here: ...".
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KvmUnusable {
+    /// `/dev/kvm` is missing or refused (the error's text).
+    #[error("/dev/kvm cannot be opened ({0})")]
+    NoDevice(String),
+    /// The probe guest did not run: `why`, with which KVM module explains it, if one does.
+    #[error("{why}{}", flavour.map(|f| format!(" ({f})")).unwrap_or_default())]
+    GuestFailed {
+        why: String,
+        flavour: Option<&'static str>,
+    },
+    /// An earlier probe's answer on this boot, kept with its words.
+    #[error("{0}")]
+    Remembered(String),
+}
+
+/// Whether gVisor's KVM platform runs guests on this host, or why not.
 ///
 /// `/dev/kvm` must open, and `probe` must run a guest within `deadline` (it is given the
 /// deadline and must not take longer). The answer is kept for this boot and this runsc (a
@@ -321,8 +337,8 @@ pub fn kvm_usable(
     runsc: &Installed,
     deadline: Duration,
     probe: impl FnOnce(Duration) -> Result<(), String>,
-) -> Result<(), String> {
-    static ANSWER: OnceLock<Result<(), String>> = OnceLock::new();
+) -> Result<(), KvmUnusable> {
+    static ANSWER: OnceLock<Result<(), KvmUnusable>> = OnceLock::new();
     ANSWER
         .get_or_init(|| {
             let key = format!(
@@ -356,11 +372,11 @@ pub fn kvm_usable(
 fn probe_kvm(
     deadline: Duration,
     probe: impl FnOnce(Duration) -> Result<(), String>,
-) -> Result<(), String> {
+) -> Result<(), KvmUnusable> {
     open_kvm()?;
-    probe(deadline).map_err(|why| match kvm_flavour() {
-        Some(flavour) => format!("{why} ({flavour})"),
-        None => why,
+    probe(deadline).map_err(|why| KvmUnusable::GuestFailed {
+        why,
+        flavour: kvm_flavour(),
     })
 }
 
@@ -372,7 +388,7 @@ fn read_trimmed(path: &str) -> String {
 }
 
 /// The answer kept in `cache` for `key` (this boot and runsc), if any.
-fn cached_kvm_answer(cache: &Path, key: &str) -> Option<Result<(), String>> {
+fn cached_kvm_answer(cache: &Path, key: &str) -> Option<Result<(), KvmUnusable>> {
     let text = std::fs::read_to_string(cache).ok()?;
     let (k, answer) = text.split_once('\n')?;
     if k != key {
@@ -380,19 +396,19 @@ fn cached_kvm_answer(cache: &Path, key: &str) -> Option<Result<(), String>> {
     }
     match answer.split_once(' ') {
         _ if answer == "ok" => Some(Ok(())),
-        Some(("no", why)) => Some(Err(why.to_string())),
+        Some(("no", why)) => Some(Err(KvmUnusable::Remembered(why.to_string()))),
         _ => None,
     }
 }
 
 /// `/dev/kvm` opened for reading and writing, as gVisor opens it.
-fn open_kvm() -> Result<(), String> {
+fn open_kvm() -> Result<(), KvmUnusable> {
     std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open("/dev/kvm")
         .map(drop)
-        .map_err(|e| format!("/dev/kvm cannot be opened ({e})"))
+        .map_err(|e| KvmUnusable::NoDevice(e.to_string()))
 }
 
 /// Which KVM module serves `/dev/kvm`, when that explains a failure: PVM (a KVM for guests
@@ -422,7 +438,7 @@ mod tests {
             given = Some(d);
             Err("the guest did not start".into())
         });
-        let why = answer.expect_err("a failed probe is a refusal");
+        let why = answer.expect_err("a failed probe is a refusal").to_string();
         match given {
             Some(d) => {
                 assert_eq!(d, Duration::from_millis(1500));
@@ -441,7 +457,7 @@ mod tests {
         std::fs::write(&file, "boot1 /usr/bin/runsc v1\nno it hangs (kvm_pvm)").unwrap();
         assert_eq!(
             cached_kvm_answer(&file, "boot1 /usr/bin/runsc v1"),
-            Some(Err("it hangs (kvm_pvm)".into()))
+            Some(Err(KvmUnusable::Remembered("it hangs (kvm_pvm)".into())))
         );
         assert_eq!(cached_kvm_answer(&file, "boot2 /usr/bin/runsc v1"), None);
         std::fs::write(&file, "k\nok").unwrap();
