@@ -15,15 +15,13 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use super::agent::{AgentError, AgentSandbox};
+use super::agent::{AgentError, AgentSandbox, Exec};
 use super::audit::Entry;
 use super::http::{ApiError, ApiJson, ApiQuery, Caller, RunSlot, Shared};
 use super::metrics::inc;
 use kennel_sandbox::native::helper::in_scratch;
 use kennel_sandbox::{Canceller, OutputMode, OutputSink, RunIo, StdinSource, Stream};
-use kennel_types::api::{
-    CollectedFile, Command, Content, ExecResult, RunRequest, RunResult, RunSpec,
-};
+use kennel_types::api::{CollectedFile, Command, Content, RunRequest, RunResult, RunSpec};
 
 /// `?stream=true` asks for Server-Sent Events (so does `Accept: text/event-stream`).
 #[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
@@ -340,17 +338,15 @@ async fn run_pooled(
         }
         seen.push(s, data);
     };
-    let exec = agent
-        .exec(
-            true,
-            *language,
-            code,
-            stdin.as_deref(),
-            limits.timeout.0,
-            limits.output.0,
-            on_output,
-        )
-        .await;
+    let exec = Exec {
+        language: *language,
+        code,
+        stdin: stdin.as_deref(),
+        timeout: limits.timeout.0,
+        output_limit: limits.output.0,
+        one_shot: true,
+    };
+    let exec = agent.exec(exec, on_output).await;
     let mut files = Vec::new();
     if exec.is_ok() {
         for path in &req.collect {
@@ -372,7 +368,7 @@ async fn run_pooled(
             return match exec {
                 Ok(exec) => Ok(RunResult {
                     files,
-                    ..from_exec(exec, sandbox)
+                    ..sandbox.with_outcome(exec.outcome)
                 }),
                 // The whole sandbox died under the code: the code's own output and time, the
                 // sandbox's exit (the OOM killer's or the signal's) and usage.
@@ -408,7 +404,7 @@ async fn run_pooled(
     };
     Ok(RunResult {
         files,
-        ..from_exec(exec, template)
+        ..template.with_outcome(exec.outcome)
     })
 }
 
@@ -429,22 +425,5 @@ async fn collect_pooled(agent: &AgentSandbox, path: &str, max: u64) -> Collected
             content: None,
             error: Some(e.to_string()),
         },
-    }
-}
-
-/// A pooled run's result: what the agent saw of the code, the rest from the sandbox.
-fn from_exec(exec: ExecResult, sandbox: RunResult) -> RunResult {
-    RunResult {
-        exit_code: exec.exit_code,
-        signal: exec.signal,
-        timed_out: exec.timed_out,
-        duration_ms: exec.duration_ms,
-        stdout: exec.stdout,
-        stderr: exec.stderr,
-        stdout_bytes: exec.stdout_bytes,
-        stderr_bytes: exec.stderr_bytes,
-        stdout_truncated: exec.stdout_truncated,
-        stderr_truncated: exec.stderr_truncated,
-        ..sandbox
     }
 }

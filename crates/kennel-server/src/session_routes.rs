@@ -10,7 +10,7 @@ use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::agent::{AgentError, AgentSandbox};
+use super::agent::{AgentError, AgentSandbox, Exec};
 use super::audit::Entry;
 use super::http::{ApiBytes, ApiError, ApiJson, ApiPath, ApiQuery, Caller, Shared};
 use super::metrics::inc;
@@ -254,18 +254,15 @@ async fn run_exec(
             let _ = tx.send(StreamMsg::Chunk(s, data.to_vec()));
         }
     };
-    let outcome = session
-        .agent
-        .exec(
-            false,
-            spec.language,
-            &spec.code,
-            spec.stdin.as_deref(),
-            timeout,
-            session.limits.output.0,
-            on_output,
-        )
-        .await;
+    let exec = Exec {
+        language: spec.language,
+        code: &spec.code,
+        stdin: spec.stdin.as_deref(),
+        timeout,
+        output_limit: session.limits.output.0,
+        one_shot: false,
+    };
+    let outcome = session.agent.exec(exec, on_output).await;
     let entry = Entry {
         session: Some(&session.id),
         language: Some(spec.language.name()),
@@ -283,13 +280,14 @@ async fn run_exec(
         }
     };
     inc(&state.metrics.execs);
+    let o = &result.outcome;
     state
         .metrics
-        .observe(started.elapsed().as_secs_f64(), result.timed_out, false);
+        .observe(started.elapsed().as_secs_f64(), o.timed_out, false);
     state.audit.record(&Entry {
-        exit_code: result.exit_code,
-        signal: result.signal,
-        timed_out: result.timed_out,
+        exit_code: o.exit_code,
+        signal: o.signal,
+        timed_out: o.timed_out,
         ..entry
     });
     Ok(result)
