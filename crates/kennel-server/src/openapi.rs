@@ -7,8 +7,8 @@ use serde_json::{json, Map, Value};
 use utoipa::OpenApi;
 
 use super::config::ServerConfig;
+use super::http::routes;
 use super::pattern;
-use super::{runs, session_routes, sessions};
 use kennel_types::api;
 use kennel_types::policy::{self, Capabilities, Limits};
 
@@ -16,21 +16,21 @@ use kennel_types::policy::{self, Capabilities, Limits};
 #[openapi(
     info(title = "Kennel", description = "Run untrusted code in disposable sandboxes."),
     paths(
-        runs::create_run,
-        session_routes::create,
-        session_routes::list,
-        session_routes::show,
-        session_routes::remove,
-        session_routes::exec,
-        session_routes::write_file,
-        session_routes::read_file,
-        session_routes::delete_file,
-        session_routes::list_files,
+        routes::create_run,
+        routes::create,
+        routes::list,
+        routes::show,
+        routes::remove,
+        routes::exec,
+        routes::write_file,
+        routes::read_file,
+        routes::delete_file,
+        routes::list_files,
     ),
     components(schemas(
         api::RunSpec, api::LimitsSpec, api::RunResult, api::CollectedFile, api::Content,
         api::Isolation, api::SeccompInfo, api::LandlockInfo, api::LimitsInfo, api::Language,
-        api::SessionSpec, api::ExecSpec, api::ExecResult, api::Interpreter, sessions::SessionInfo,
+        api::SessionSpec, api::ExecSpec, api::ExecResult, api::Interpreter, api::SessionInfo,
         api::Outcome,
     )),
     modifiers(&BearerAuth),

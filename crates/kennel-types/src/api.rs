@@ -296,13 +296,25 @@ pub struct LimitsInfo {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RunSpec {
-    // Absent, not null, when unused: the document's `oneOf` tells a code run from an argv run
-    // by which fields are present.
-    #[serde(default, deserialize_with = "present")]
+    // Absent, not null, when unused (both ways): the document's `oneOf` tells a code run from
+    // an argv run by which fields are present.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub language: Option<Language>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub code: Option<String>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub argv: Option<Vec<String>>,
     /// Text for the code's stdin.
     pub stdin: Option<String>,
@@ -541,6 +553,19 @@ pub struct SessionSpec {
     pub idle_ttl: Option<Span>,
 }
 
+/// A session as the API lists it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct SessionInfo {
+    pub id: String,
+    pub created_at_unix_ms: u64,
+    pub idle_ttl_s: u64,
+    pub max_lifetime_s: u64,
+    /// Seconds until the session ends if it stays idle (or reaches its lifetime).
+    pub expires_in_s: u64,
+    #[schema(value_type = Object)]
+    pub limits: Limits,
+}
+
 /// Runs shell commands or code in a session. `python` runs in a persistent interpreter.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -682,6 +707,39 @@ mod tests {
             capabilities: caps,
             ..RunSpec::default()
         }
+    }
+
+    /// What a client (MCP forwarding to `kennel serve`) sends is what the server reads.
+    #[test]
+    fn specs_read_back_as_they_were_written() {
+        let run = RunSpec {
+            language: Some(Language::Sh),
+            code: Some("true".into()),
+            ..spec(None)
+        };
+        let run = RunSpec { argv: None, ..run };
+        let wire = serde_json::to_value(&run).unwrap();
+        assert_eq!(serde_json::from_value::<RunSpec>(wire).unwrap(), run);
+        let argv = spec(Some(Capabilities::None));
+        let wire = serde_json::to_value(&argv).unwrap();
+        assert_eq!(serde_json::from_value::<RunSpec>(wire).unwrap(), argv);
+        let session = SessionSpec {
+            idle_ttl: Some("10m".parse().unwrap()),
+            ..SessionSpec::default()
+        };
+        let wire = serde_json::to_value(&session).unwrap();
+        assert_eq!(
+            serde_json::from_value::<SessionSpec>(wire).unwrap(),
+            session
+        );
+        let exec = ExecSpec {
+            language: Language::Python,
+            code: "1".into(),
+            stdin: None,
+            timeout: Some("1s".parse().unwrap()),
+        };
+        let wire = serde_json::to_value(&exec).unwrap();
+        assert_eq!(serde_json::from_value::<ExecSpec>(wire).unwrap(), exec);
     }
 
     #[test]

@@ -1,172 +1,42 @@
-//! `POST /v1/runs`: one-shot runs, from the warm pool when one fits, cold otherwise, as JSON
-//! or as Server-Sent Events.
+//! One-shot runs: from the warm pool when one fits, cold otherwise.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::extract::State;
-use axum::http::HeaderMap;
-use axum::response::sse::{Event, KeepAlive, Sse};
-use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
-use base64::Engine as _;
-use serde::Deserialize;
-use serde_json::{json, Value};
-use tokio::sync::mpsc;
-
-use super::agent::{AgentError, AgentSandbox, Exec};
-use super::audit::Entry;
-use super::http::{ApiError, ApiJson, ApiQuery, Caller, RunSlot, Shared};
-use super::metrics::inc;
+use super::{in_slot, Caller, Live, Service, ServiceError};
+use crate::agent::{AgentError, AgentSandbox, Exec};
+use crate::audit::Entry;
+use crate::metrics::inc;
 use kennel_sandbox::native::helper::in_scratch;
-use kennel_sandbox::{Canceller, OutputMode, OutputSink, RunIo, StdinSource, Stream};
+use kennel_sandbox::{Canceller, OutputMode, RunIo, StdinSource, Stream};
 use kennel_types::api::{CollectedFile, Command, Content, RunRequest, RunResult, RunSpec};
 
-/// `?stream=true` asks for Server-Sent Events (so does `Accept: text/event-stream`).
-#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
-#[into_params(parameter_in = Query)]
-pub struct StreamQuery {
-    #[serde(default)]
-    pub stream: bool,
-}
-
-/// What a streaming handler sends to its SSE response.
-pub enum StreamMsg {
-    Chunk(Stream, Vec<u8>),
-    Result(Value),
-    Error(Value),
-}
-
-pub type Live = mpsc::UnboundedSender<StreamMsg>;
-
-pub fn wants_stream(q: &StreamQuery, headers: &HeaderMap) -> bool {
-    q.stream
-        || headers
-            .get(axum::http::header::ACCEPT)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.contains("text/event-stream"))
-}
-
-/// The SSE response: `stdout`/`stderr` events with `{"text", "b64"}`, then one `result` (or
-/// `error`) event.
-pub fn sse(rx: mpsc::UnboundedReceiver<StreamMsg>) -> Response {
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        let event = match rx.recv().await? {
-            StreamMsg::Chunk(s, data) => {
-                let name = if s == Stream::Stdout {
-                    "stdout"
-                } else {
-                    "stderr"
-                };
-                let body = json!({
-                    "text": String::from_utf8_lossy(&data),
-                    "b64": base64::engine::general_purpose::STANDARD.encode(&data),
-                });
-                Event::default().event(name).data(body.to_string())
-            }
-            StreamMsg::Result(v) => Event::default().event("result").data(v.to_string()),
-            StreamMsg::Error(v) => Event::default().event("error").data(v.to_string()),
-        };
-        Some((Ok::<_, Infallible>(event), rx))
-    });
-    Sse::new(stream)
-        .keep_alive(KeepAlive::default())
-        .into_response()
-}
-
-/// Runs `work` for a streaming response: its output goes out as it comes, then its outcome.
-pub fn stream_response<F, T>(work: impl FnOnce(Live) -> F + Send + 'static) -> Response
-where
-    F: std::future::Future<Output = Result<T, ApiError>> + Send + 'static,
-    T: serde::Serialize,
-{
-    let (tx, rx) = mpsc::unbounded_channel();
-    let done = tx.clone();
-    tokio::spawn(async move {
-        let last = match work(tx).await {
-            Ok(v) => StreamMsg::Result(serde_json::to_value(v).unwrap_or_default()),
-            Err(e) => StreamMsg::Error(json!({"code": e.code, "message": e.message})),
-        };
-        let _ = done.send(last);
-    });
-    sse(rx)
-}
-
-#[utoipa::path(
-    post, path = "/v1/runs", request_body = RunSpec, params(StreamQuery),
-    responses(
-        (status = 200, description = "The run's result (or an SSE stream with ?stream=true)", body = RunResult),
-        (status = 400, description = "A malformed request, or a limit outside this server's bounds"),
-        (status = 429, description = "Too many runs at once; see Retry-After"),
-        (status = 503, description = "This host cannot enforce a layer the request needs"),
-    )
-)]
-pub async fn create_run(
-    State(state): State<Shared>,
-    Extension(caller): Extension<Caller>,
-    ApiQuery(q): ApiQuery<StreamQuery>,
-    headers: HeaderMap,
-    ApiJson(spec): ApiJson<RunSpec>,
-) -> Result<Response, ApiError> {
-    state.config.check_network(&caller.0, &spec.network)?;
-    let mut req = spec.to_request(&state.config.base_policy(), &state.config.maxima)?;
-    state
-        .config
-        .enforce_isolation(&caller.0, &mut req.policy, spec.names_tier())?;
+/// A run as `caller` asked for it: checked against the server's bounds and the caller's own
+/// rules (network pins, minimum isolation), then run in a slot.
+pub(super) async fn run(
+    service: &Arc<Service>,
+    caller: &Caller,
+    spec: RunSpec,
+    live: Option<Live>,
+) -> Result<RunResult, ServiceError> {
+    let config = &service.config;
+    config.check_network(&caller.0, &spec.network)?;
+    let mut req = spec.to_request(&config.base_policy(), &config.maxima)?;
+    config.enforce_isolation(&caller.0, &mut req.policy, spec.names_tier())?;
     check_paths(&req)?;
-    let stream = wants_stream(&q, &headers);
-    let slot = state.run_slot(&caller)?;
-    in_slot(slot, stream, move |live| async move {
-        execute(&state, &caller, &spec, req, live).await
+    let slot = service.run_slot(caller)?;
+    let (service, caller) = (service.clone(), caller.clone());
+    in_slot(slot, live, |live| async move {
+        execute(&service, &caller, &spec, req, live).await
     })
     .await
 }
 
-/// Runs `work` holding one of the server's run slots, as SSE or as JSON. The work goes on in
-/// a task of its own that holds the slot: a client that disconnects neither frees a slot its
-/// sandbox still uses nor skips the audit.
-pub async fn in_slot<F, Fut, T>(
-    permit: RunSlot,
-    stream: bool,
-    work: F,
-) -> Result<Response, ApiError>
-where
-    F: FnOnce(Option<Live>) -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = Result<T, ApiError>> + Send + 'static,
-    T: serde::Serialize + Send + 'static,
-{
-    if stream {
-        return Ok(stream_response(move |live| async move {
-            let _permit = permit;
-            work(Some(live)).await
-        }));
-    }
-    let task = tokio::spawn(async move {
-        let _permit = permit;
-        work(None).await
-    });
-    Ok(Json(joined(task.await)?).into_response())
-}
-
-/// The outcome of a spawned piece of work.
-pub fn joined<T>(
-    outcome: Result<Result<T, ApiError>, tokio::task::JoinError>,
-) -> Result<T, ApiError> {
-    outcome.map_err(|e| {
-        ApiError::new(
-            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            e.to_string(),
-        )
-    })?
-}
-
-fn check_paths(req: &RunRequest) -> Result<(), ApiError> {
+fn check_paths(req: &RunRequest) -> Result<(), ServiceError> {
     let files = req.files.iter().map(|f| ("files", &f.path));
     let collect = req.collect.iter().map(|p| ("collect", p));
     match files.chain(collect).find(|(_, p)| !in_scratch(p)) {
-        Some((field, p)) => Err(ApiError::bad_request(format!(
+        Some((field, p)) => Err(ServiceError::BadRequest(format!(
             "`{field}`: path {p:?} must be a file path under /workspace/ or /tmp/ (no NUL, \
              no empty, `.` or `..` segments)"
         ))),
@@ -175,12 +45,12 @@ fn check_paths(req: &RunRequest) -> Result<(), ApiError> {
 }
 
 async fn execute(
-    state: &Shared,
+    state: &Arc<Service>,
     caller: &Caller,
     spec: &RunSpec,
     req: RunRequest,
     live: Option<Live>,
-) -> Result<RunResult, ApiError> {
+) -> Result<RunResult, ServiceError> {
     let started = Instant::now();
     let agent = state.pool.serves(&req).and_then(|p| state.pool.take(p));
     inc(if agent.is_some() {
@@ -215,31 +85,23 @@ async fn execute(
             });
         }
         Err(e) => state.audit.record(&Entry {
-            error: Some(e.message.clone()),
+            error: Some(e.to_string()),
             ..entry
         }),
     }
     outcome
 }
 
-fn live_sink(live: Option<Live>) -> Option<OutputSink> {
-    live.map(|tx| {
-        Arc::new(move |s: Stream, b: &[u8]| {
-            let _ = tx.send(StreamMsg::Chunk(s, b.to_vec()));
-        }) as OutputSink
-    })
-}
-
 async fn run_cold(
-    state: &Shared,
+    state: &Arc<Service>,
     req: RunRequest,
     live: Option<Live>,
-) -> Result<RunResult, ApiError> {
+) -> Result<RunResult, ServiceError> {
     let cancel = Canceller::new();
     let _tracked = state.track(cancel.clone());
     let io = RunIo {
         stdin: StdinSource::Null,
-        on_output: live_sink(live),
+        on_output: live.map(|l| l.sink),
         output: OutputMode::Capture,
         cancel: Some(cancel),
         on_started: None,
@@ -247,22 +109,12 @@ async fn run_cold(
     let engine = state.engine.clone();
     tokio::task::spawn_blocking(move || engine.run(&req, io))
         .await
-        .map_err(|e| {
-            ApiError::new(
-                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                e.to_string(),
-            )
-        })?
-        .map_err(ApiError::from)
+        .map_err(|e| ServiceError::Internal(e.to_string()))?
+        .map_err(ServiceError::from)
 }
 
-fn agent_failed(e: AgentError) -> ApiError {
-    ApiError::new(
-        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-        "sandbox_failed",
-        e.to_string(),
-    )
+fn agent_failed(e: AgentError) -> ServiceError {
+    ServiceError::SandboxFailed(e.to_string())
 }
 
 /// The output a pooled run's code produced, as it came, and when its exec began: what the run
@@ -304,15 +156,15 @@ impl Seen {
 /// Serves a run from a pre-started sandbox: files in, the code, files out, then the sandbox
 /// ends and its own result supplies the usage and the isolation.
 async fn run_pooled(
-    state: &Shared,
+    state: &Arc<Service>,
     agent: AgentSandbox,
     req: &RunRequest,
     live: Option<Live>,
-) -> Result<RunResult, ApiError> {
+) -> Result<RunResult, ServiceError> {
     let _tracked = state.track(agent.canceller());
     let Command::Code { language, code } = &req.command else {
-        return Err(ApiError::bad_request(
-            "only code runs are served from the pool",
+        return Err(ServiceError::BadRequest(
+            "only code runs are served from the pool".into(),
         ));
     };
     let limits = &req.policy.limits;
@@ -321,7 +173,7 @@ async fn run_pooled(
         agent
             .write_file(&f.path, &data, f.mode)
             .await
-            .map_err(|e| ApiError::bad_request(format!("file {}: {e}", f.path)))?;
+            .map_err(|e| ServiceError::BadRequest(format!("file {}: {e}", f.path)))?;
     }
     let stdin = match &req.stdin {
         Some(c) => Some(String::from_utf8_lossy(&c.to_bytes()?).into_owned()),
@@ -333,8 +185,8 @@ async fn run_pooled(
         stderr: Vec::new(),
     };
     let on_output = |s: Stream, data: &[u8]| {
-        if let Some(tx) = &live {
-            let _ = tx.send(StreamMsg::Chunk(s, data.to_vec()));
+        if let Some(live) = &live {
+            live.send(s, data);
         }
         seen.push(s, data);
     };
