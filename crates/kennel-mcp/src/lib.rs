@@ -2,13 +2,15 @@
 //! IDEs, agent frameworks) can run code in Kennel's sandboxes.
 //!
 //! The tools (`run_code`, `run_command`, `create_session`, `session_exec`, `close_session`,
-//! `write_file`, `read_file`, `list_files`) are calls to Kennel's HTTP API: served in this
-//! process by default ([`Backend::Local`], no port opened), or by a running `kennel serve`
-//! ([`Backend::Remote`]). Results come back as readable text (exit status, stdout, stderr,
-//! what was truncated or killed) and as structured content.
+//! `write_file`, `read_file`, `list_files`) are typed calls through the [`Api`] trait: to
+//! Kennel's service in this process by default ([`Local`], no port opened), or to a running
+//! `kennel serve` ([`Remote`]). Results come back as readable text (exit status, stdout,
+//! stderr, what was truncated or killed) and as structured content.
 
-pub mod backend;
+pub mod api;
+mod local;
 pub mod opened;
+mod remote;
 pub mod render;
 pub mod tools;
 
@@ -16,7 +18,8 @@ use std::sync::Arc;
 
 use rmcp::ServiceExt as _;
 
-pub use backend::{Backend, Local, Remote};
+pub use api::{Api, ApiError, Local, Remote};
+use kennel_server::service::Service;
 use opened::Registry;
 
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -25,16 +28,16 @@ use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 /// MCP's streamable-HTTP transport, as `kennel serve` mounts it at `/mcp`: rmcp's service
 /// behind [`end_session`].
 ///
-/// The `/mcp` service over `api` (the server's own router). The bearer token each HTTP
-/// request carried goes with the tool's calls into the API. Host checks are left to the
-/// server's own rules (loopback, or a token), not rmcp's localhost-only default.
-pub fn http_service(api: axum::Router) -> axum::Router {
-    let backend = Arc::new(Backend::Mounted(api, None));
+/// The `/mcp` service over `kennel serve`'s own [`Service`]: each tool call acts as the
+/// caller its HTTP request authenticated. Host checks are left to the server's own rules
+/// (loopback, or a token), not rmcp's localhost-only default.
+pub fn http_service(service: Arc<Service>) -> axum::Router {
+    let api: Arc<dyn Api> = Arc::new(Local::mounted(service));
     let registry = Registry::default();
     let sessions = registry.clone();
     let service: StreamableHttpService<KennelTools, LocalSessionManager> =
         StreamableHttpService::new(
-            move || Ok(KennelTools::for_http(backend.clone(), sessions.clone())),
+            move || Ok(KennelTools::for_http(api.clone(), sessions.clone())),
             Arc::new(LocalSessionManager::default()),
             StreamableHttpServerConfig::default().disable_allowed_hosts(),
         );
@@ -89,16 +92,15 @@ pub enum McpError {
 }
 
 /// Serves MCP on stdin/stdout until the client goes away (stdin closes) or SIGTERM/SIGINT,
-/// then ends every sandbox the backend started. Nothing else may write to stdout meanwhile.
-pub async fn serve_stdio(backend: Backend) -> Result<(), McpError> {
-    let backend = Arc::new(backend);
-    let outcome = serve(backend.clone()).await;
-    backend.shutdown().await;
+/// then ends every sandbox the API started. Nothing else may write to stdout meanwhile.
+pub async fn serve_stdio(api: Arc<dyn Api>) -> Result<(), McpError> {
+    let outcome = serve(api.clone()).await;
+    api.shutdown().await;
     outcome
 }
 
-async fn serve(backend: Arc<Backend>) -> Result<(), McpError> {
-    let tools = KennelTools::new(backend);
+async fn serve(api: Arc<dyn Api>) -> Result<(), McpError> {
+    let tools = KennelTools::new(api);
     let opened = tools.opened();
     let outcome = serve_tools(tools).await;
     // The client is gone: so are the sessions it opened (on a `kennel serve` too, where they

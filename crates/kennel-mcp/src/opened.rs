@@ -5,27 +5,18 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use axum::http::{header::HeaderValue, Method};
+use super::api::Api;
 
-use super::backend::Backend;
-
-/// The sessions one MCP session opened, each with the bearer token that opened it (which
-/// the API needs to close it).
+/// The sessions one MCP session opened, each with the API (acting as the caller that opened
+/// it) that can close it.
+#[derive(Default)]
 pub struct Opened {
-    backend: Arc<Backend>,
-    ids: Mutex<Vec<(String, Option<HeaderValue>)>>,
+    ids: Mutex<Vec<(String, Arc<dyn Api>)>>,
 }
 
 impl Opened {
-    pub fn new(backend: Arc<Backend>) -> Opened {
-        Opened {
-            backend,
-            ids: Mutex::new(vec![]),
-        }
-    }
-
-    pub fn add(&self, id: &str, auth: Option<HeaderValue>) {
-        lock(&self.ids).push((id.to_string(), auth));
+    pub fn add(&self, id: &str, api: Arc<dyn Api>) {
+        lock(&self.ids).push((id.to_string(), api));
     }
 
     /// Forgets a session that was closed by a tool call.
@@ -36,17 +27,13 @@ impl Opened {
     /// Closes every session still open; one that already ended (its idle TTL) is no error.
     pub async fn close_all(&self) {
         let ids = std::mem::take(&mut *lock(&self.ids));
-        close(&self.backend, ids).await;
+        close(ids).await;
     }
 }
 
-async fn close(backend: &Backend, ids: Vec<(String, Option<HeaderValue>)>) {
-    for (id, auth) in ids {
-        let path = format!("/v1/sessions/{}", super::tools::encode(&id));
-        let _ = backend
-            .as_caller(auth)
-            .call(Method::DELETE, &path, None)
-            .await;
+async fn close(ids: Vec<(String, Arc<dyn Api>)>) {
+    for (id, api) in ids {
+        let _ = api.end_session(&id).await;
     }
 }
 
@@ -59,8 +46,7 @@ impl Drop for Opened {
             return;
         }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let backend = self.backend.clone();
-            runtime.spawn(async move { close(&backend, ids).await });
+            runtime.spawn(close(ids));
         }
     }
 }

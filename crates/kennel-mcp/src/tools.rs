@@ -1,9 +1,9 @@
-//! The MCP tools: each is one call to Kennel's HTTP API, its answer rendered for a model.
+//! The MCP tools: each is one typed call through the [`Api`], its answer rendered for a
+//! model.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use axum::http::Method;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabilities, ServerConfig};
@@ -13,38 +13,18 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::backend::Backend;
+use super::api::{Api, ApiError};
 use super::opened::{Opened, Registry};
-use super::render;
-use kennel_types::policy::Span;
-
-/// A language Kennel can run snippets in.
-#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum Lang {
-    /// Python 3 (`/usr/bin/python3`, standard library only).
-    Python,
-    /// GNU bash.
-    Bash,
-    /// POSIX sh (dash).
-    Sh,
-}
-
-impl Lang {
-    fn name(self) -> &'static str {
-        match self {
-            Lang::Python => "python",
-            Lang::Bash => "bash",
-            Lang::Sh => "sh",
-        }
-    }
-}
+use super::render::{self, Shown};
+use kennel_server::service::Caller;
+use kennel_types::api::{Content, EntryKind, ExecSpec, Language, LimitsSpec, RunSpec, SessionSpec};
+use kennel_types::policy::{Runtime, Span};
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RunCodeArgs {
     /// The language of `code`: "python", "bash" or "sh".
-    pub language: Lang,
+    pub language: Language,
     /// The program text, run as `python3 -c CODE` or `bash -c CODE` with /workspace as the
     /// working directory. Print what you want to see: only stdout and stderr come back.
     pub code: String,
@@ -96,7 +76,7 @@ pub struct SessionExecArgs {
     /// "python" runs in the session's persistent interpreter: variables, functions and
     /// imports stay from one call to the next. "bash" and "sh" run a fresh shell each time
     /// (files persist, shell variables and `cd` do not).
-    pub language: Lang,
+    pub language: Language,
     /// The code to run. In python the value of a final expression is not echoed: print it.
     pub code: String,
     /// Wall-clock limit for this call, such as "30s" (default: the session's). A python call
@@ -146,14 +126,13 @@ pub struct ListFilesArgs {
 /// The Kennel MCP server: sandboxed code execution over Kennel's API.
 #[derive(Clone)]
 pub struct KennelTools {
-    backend: Arc<Backend>,
+    api: Arc<dyn Api>,
     tool_router: ToolRouter<KennelTools>,
     /// The sessions this MCP session opened, closed when it ends.
     opened: Arc<Opened>,
     /// Over HTTP: where `DELETE /mcp` finds `opened` by the MCP session's id.
     registry: Option<Registry>,
-    /// The current request's bearer token and MCP session id (HTTP only).
-    auth: Option<axum::http::HeaderValue>,
+    /// The current request's MCP session id (HTTP only).
     mcp_session: Option<String>,
 }
 
@@ -174,23 +153,6 @@ fn sandbox_path(p: &str) -> String {
     }
 }
 
-/// Percent-encodes one URL path segment or query value.
-pub(crate) fn encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
-fn encode_path(p: &str) -> String {
-    p.split('/').map(encode).collect::<Vec<_>>().join("/")
-}
-
 /// A bad argument, as the tool's error result (as rmcp answers arguments that do not fit the
 /// schema): the model sees what to fix.
 fn invalid(message: String) -> CallToolResult {
@@ -198,16 +160,24 @@ fn invalid(message: String) -> CallToolResult {
     result(format!("invalid arguments: {message}"), data, true)
 }
 
-/// Checks a duration argument, so a typo comes back naming it.
-fn check_span(field: &str, v: &Option<String>) -> Result<(), CallToolResult> {
+/// Reads a duration argument, so a typo comes back naming it.
+fn span(field: &str, v: &Option<String>) -> Result<Option<Span>, CallToolResult> {
     match v {
-        Some(s) => s.parse::<Span>().map(drop).map_err(|_| {
+        Some(s) => s.parse::<Span>().map(Some).map_err(|_| {
             invalid(format!(
                 "`{field}` is {s:?}: give a duration such as \"30s\", \"500ms\" or \"2m\""
             ))
         }),
-        None => Ok(()),
+        None => Ok(None),
     }
+}
+
+/// Reads the `runtime` argument as the API's runtime, its error naming the choices.
+fn runtime(v: &Option<String>) -> Result<Option<Runtime>, CallToolResult> {
+    v.as_ref()
+        .map(|r| serde_json::from_value(json!(r)))
+        .transpose()
+        .map_err(|e| invalid(format!("`runtime`: {e}")))
 }
 
 fn result(text: String, structured: Value, is_error: bool) -> CallToolResult {
@@ -221,84 +191,54 @@ fn result(text: String, structured: Value, is_error: bool) -> CallToolResult {
     r
 }
 
-/// A failure the caller should see: the API refused or could not be reached.
-fn failure(message: String) -> CallToolResult {
-    let data = json!({"error": {"code": "unavailable", "message": message}});
-    result(format!("error: {message}"), data, true)
+/// A failed call as the tool's error result.
+fn failure(e: &ApiError) -> CallToolResult {
+    let (text, data) = render::api_error(e);
+    result(text, data, true)
 }
 
-/// The API path of a file in a session.
-fn file_url(session_id: &str, path: &str) -> String {
-    format!(
-        "/v1/sessions/{}/files{}",
-        encode(session_id),
-        encode_path(path)
+/// A run's or an exec's result as the tool's answer.
+fn outcome<'a>(
+    r: &'a impl serde::Serialize,
+    shown: Shown<'a>,
+    timeout: Option<&str>,
+) -> CallToolResult {
+    let value = serde_json::to_value(r).unwrap_or_default();
+    result(
+        shown.text(timeout),
+        render::structured(value),
+        shown.failed(),
     )
 }
 
-/// What an API call answered: `Ok` with the body on success, or the tool's error result.
-type Answer = Result<Vec<u8>, CallToolResult>;
-
 impl KennelTools {
-    async fn call(
-        &self,
-        method: Method,
-        path: &str,
-        body: Option<(Vec<u8>, &'static str)>,
-    ) -> Answer {
-        let reply = self
-            .backend
-            .call(method, path, body)
-            .await
-            .map_err(failure)?;
-        if (200..300).contains(&reply.status) {
-            Ok(reply.body)
-        } else {
-            let (text, data) = render::api_error(reply.status, &reply.body);
-            Err(result(text, data, true))
+    async fn run(&self, spec: RunSpec, timeout: Option<String>) -> CallToolResult {
+        match self.api.run(spec).await {
+            Ok(r) => outcome(&r, Shown::from(&r), timeout.as_deref()),
+            Err(e) => failure(&e),
         }
     }
+}
 
-    async fn call_json(
-        &self,
-        method: Method,
-        path: &str,
-        body: Value,
-    ) -> Result<Value, CallToolResult> {
-        let bytes = serde_json::to_vec(&body).expect("JSON serializes");
-        let answer = self
-            .call(method, path, Some((bytes, "application/json")))
-            .await?;
-        serde_json::from_slice(&answer)
-            .map_err(|e| failure(format!("the server's answer is not JSON: {e}")))
-    }
-
-    /// A run or exec result as the tool's answer.
-    fn outcome(value: Value, timeout: Option<&str>) -> CallToolResult {
-        let text = render::outcome_text(&value, timeout);
-        let failed = render::failed(&value);
-        result(text, render::structured(value), failed)
-    }
-
-    async fn run(
-        &self,
-        mut spec: Value,
-        files: BTreeMap<String, String>,
-        timeout: Option<String>,
-    ) -> CallToolResult {
-        let files: serde_json::Map<String, Value> = files
+/// A run's spec from a tool's arguments: the files (relative paths under /workspace), the
+/// timeout and the runtime.
+fn run_spec(
+    files: BTreeMap<String, String>,
+    timeout: &Option<String>,
+    rt: &Option<String>,
+) -> Result<RunSpec, CallToolResult> {
+    Ok(RunSpec {
+        files: files
             .into_iter()
-            .map(|(p, text)| (sandbox_path(&p), json!({ "text": text })))
-            .collect();
-        spec["files"] = Value::Object(files);
-        if let Some(t) = &timeout {
-            spec["limits"] = json!({ "timeout": t });
-        }
-        match self.call_json(Method::POST, "/v1/runs", spec).await {
-            Ok(v) => Self::outcome(v, timeout.as_deref()),
-            Err(e) => e,
-        }
-    }
+            .map(|(p, text)| (sandbox_path(&p), Content::Text(text)))
+            .collect(),
+        limits: LimitsSpec {
+            timeout: span("timeout", timeout)?,
+            ..LimitsSpec::default()
+        },
+        runtime: runtime(rt)?,
+        ..RunSpec::default()
+    })
 }
 
 #[tool_router]
@@ -306,41 +246,36 @@ impl KennelTools {
     /// This handler as the caller of the current request: over MCP's HTTP transport the
     /// caller's own bearer token goes with every call into the API.
     fn for_caller(&self, ctx: &RequestContext<RoleServer>) -> KennelTools {
-        let headers = ctx
-            .extensions
-            .get::<axum::http::request::Parts>()
-            .map(|p| &p.headers);
-        let auth = headers.and_then(|h| h.get(axum::http::header::AUTHORIZATION).cloned());
-        let mcp_session = headers
-            .and_then(|h| h.get("mcp-session-id"))
+        let parts = ctx.extensions.get::<axum::http::request::Parts>();
+        let caller = parts.and_then(|p| p.extensions.get::<Caller>()).cloned();
+        let mcp_session = parts
+            .and_then(|p| p.headers.get("mcp-session-id"))
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
         KennelTools {
-            backend: Arc::new(self.backend.as_caller(auth.clone())),
+            api: caller.map_or_else(|| self.api.clone(), |c| self.api.for_caller(c)),
             tool_router: self.tool_router.clone(),
             opened: self.opened.clone(),
             registry: self.registry.clone(),
-            auth,
             mcp_session,
         }
     }
 
-    pub fn new(backend: Arc<Backend>) -> KennelTools {
+    pub fn new(api: Arc<dyn Api>) -> KennelTools {
         KennelTools {
-            opened: Arc::new(Opened::new(backend.clone())),
-            backend,
+            api,
+            opened: Arc::new(Opened::default()),
             tool_router: Self::tool_router(),
             registry: None,
-            auth: None,
             mcp_session: None,
         }
     }
 
     /// The handler of one MCP session over HTTP, whose sessions `DELETE /mcp` closes.
-    pub fn for_http(backend: Arc<Backend>, registry: Registry) -> KennelTools {
+    pub fn for_http(api: Arc<dyn Api>, registry: Registry) -> KennelTools {
         KennelTools {
             registry: Some(registry),
-            ..KennelTools::new(backend)
+            ..KennelTools::new(api)
         }
     }
 
@@ -351,7 +286,7 @@ impl KennelTools {
 
     /// Keeps a session just created, to close it when the MCP session ends.
     fn remember(&self, id: &str) {
-        self.opened.add(id, self.auth.clone());
+        self.opened.add(id, self.api.clone());
         if let (Some(registry), Some(mcp)) = (&self.registry, &self.mcp_session) {
             registry.insert(mcp, &self.opened);
         }
@@ -371,14 +306,16 @@ non-zero. Nothing persists after the call: use create_session for multi-step wor
     ) -> Result<CallToolResult, ErrorData> {
         let this = self.for_caller(&ctx);
         let a = params.0;
-        if let Err(e) = check_span("timeout", &a.timeout) {
-            return Ok(e);
-        }
-        let mut spec = json!({"language": a.language.name(), "code": a.code});
-        if let Some(rt) = a.runtime {
-            spec["runtime"] = json!(rt);
-        }
-        Ok(this.run(spec, a.files, a.timeout).await)
+        let spec = match run_spec(a.files, &a.timeout, &a.runtime) {
+            Ok(spec) => spec,
+            Err(e) => return Ok(e),
+        };
+        let spec = RunSpec {
+            language: Some(a.language),
+            code: Some(a.code),
+            ..spec
+        };
+        Ok(this.run(spec, a.timeout).await)
     }
 
     #[tool(
@@ -400,14 +337,15 @@ out, is killed or exits non-zero.",
                 "`argv` must name a program, such as [\"ls\", \"-la\"]".into(),
             ));
         }
-        if let Err(e) = check_span("timeout", &a.timeout) {
-            return Ok(e);
-        }
-        let mut spec = json!({"argv": a.argv});
-        if let Some(rt) = a.runtime {
-            spec["runtime"] = json!(rt);
-        }
-        Ok(this.run(spec, a.files, a.timeout).await)
+        let spec = match run_spec(a.files, &a.timeout, &a.runtime) {
+            Ok(spec) => spec,
+            Err(e) => return Ok(e),
+        };
+        let spec = RunSpec {
+            argv: Some(a.argv),
+            ..spec
+        };
+        Ok(this.run(spec, a.timeout).await)
     }
 
     #[tool(
@@ -424,36 +362,33 @@ TTL); end it with close_session when done.",
     ) -> Result<CallToolResult, ErrorData> {
         let this = self.for_caller(&ctx);
         let a = params.0;
-        if let Err(e) = check_span("timeout", &a.timeout) {
-            return Ok(e);
-        }
-        if let Err(e) = check_span("idle_ttl", &a.idle_ttl) {
-            return Ok(e);
-        }
-        let mut spec = json!({});
-        if let Some(t) = &a.timeout {
-            spec["limits"] = json!({ "timeout": t });
-        }
-        if let Some(t) = &a.idle_ttl {
-            spec["idle_ttl"] = json!(t);
-        }
-        Ok(
-            match this.call_json(Method::POST, "/v1/sessions", spec).await {
-                Ok(info) => {
-                    let id = info["id"].as_str().unwrap_or_default().to_string();
-                    this.remember(&id);
-                    let text = format!(
-                        "session_id: {id}\nThe session ends after {}s unused; call close_session \
-                     when done.",
-                        info["idle_ttl_s"].as_u64().unwrap_or(0)
-                    );
-                    let mut data = info.clone();
-                    data["session_id"] = json!(id);
-                    result(text, data, false)
-                }
-                Err(e) => e,
+        let (timeout, idle_ttl) = match (span("timeout", &a.timeout), span("idle_ttl", &a.idle_ttl))
+        {
+            (Ok(t), Ok(i)) => (t, i),
+            (Err(e), _) | (_, Err(e)) => return Ok(e),
+        };
+        let spec = SessionSpec {
+            limits: LimitsSpec {
+                timeout,
+                ..LimitsSpec::default()
             },
-        )
+            idle_ttl,
+            ..SessionSpec::default()
+        };
+        Ok(match this.api.create_session(spec).await {
+            Ok(info) => {
+                this.remember(&info.id);
+                let text = format!(
+                    "session_id: {}\nThe session ends after {}s unused; call close_session \
+                     when done.",
+                    info.id, info.idle_ttl_s
+                );
+                let mut data = serde_json::to_value(&info).unwrap_or_default();
+                data["session_id"] = json!(info.id);
+                result(text, data, false)
+            }
+            Err(e) => failure(&e),
+        })
     }
 
     #[tool(
@@ -471,17 +406,18 @@ exits non-zero.",
     ) -> Result<CallToolResult, ErrorData> {
         let this = self.for_caller(&ctx);
         let a = params.0;
-        if let Err(e) = check_span("timeout", &a.timeout) {
-            return Ok(e);
-        }
-        let mut spec = json!({"language": a.language.name(), "code": a.code});
-        if let Some(t) = &a.timeout {
-            spec["timeout"] = json!(t);
-        }
-        let path = format!("/v1/sessions/{}/exec", encode(&a.session_id));
-        Ok(match this.call_json(Method::POST, &path, spec).await {
-            Ok(v) => Self::outcome(v, a.timeout.as_deref()),
-            Err(e) => e,
+        let spec = ExecSpec {
+            language: a.language,
+            code: a.code,
+            stdin: None,
+            timeout: match span("timeout", &a.timeout) {
+                Ok(t) => t,
+                Err(e) => return Ok(e),
+            },
+        };
+        Ok(match this.api.exec(&a.session_id, spec).await {
+            Ok(r) => outcome(&r, Shown::from(&r), a.timeout.as_deref()),
+            Err(e) => failure(&e),
         })
     }
 
@@ -501,8 +437,7 @@ its files and state.",
     ) -> Result<CallToolResult, ErrorData> {
         let this = self.for_caller(&ctx);
         let id = params.0.session_id;
-        let path = format!("/v1/sessions/{}", encode(&id));
-        let answer = this.call(Method::DELETE, &path, None).await;
+        let answer = this.api.end_session(&id).await;
         this.opened.remove(&id);
         Ok(match answer {
             Ok(_) => result(
@@ -510,7 +445,7 @@ its files and state.",
                 json!({"session_id": id, "closed": true}),
                 false,
             ),
-            Err(e) => e,
+            Err(e) => failure(&e),
         })
     }
 
@@ -528,17 +463,18 @@ Parent directories are created; an existing file is replaced.",
         let this = self.for_caller(&ctx);
         let a = params.0;
         let full = sandbox_path(&a.path);
-        let url = file_url(&a.session_id, &full);
         let size = a.content.len();
-        let body = Some((a.content.into_bytes(), "application/octet-stream"));
-        Ok(match this.call(Method::PUT, &url, body).await {
-            Ok(_) => result(
-                format!("wrote {size} bytes to {full}"),
-                json!({"path": full, "bytes": size}),
-                false,
-            ),
-            Err(e) => e,
-        })
+        let data = a.content.into_bytes();
+        Ok(
+            match this.api.write_file(&a.session_id, &full, data).await {
+                Ok(_) => result(
+                    format!("wrote {size} bytes to {full}"),
+                    json!({"path": full, "bytes": size}),
+                    false,
+                ),
+                Err(e) => failure(&e),
+            },
+        )
     }
 
     #[tool(
@@ -554,8 +490,7 @@ Parent directories are created; an existing file is replaced.",
         let this = self.for_caller(&ctx);
         let a = params.0;
         let full = sandbox_path(&a.path);
-        let url = file_url(&a.session_id, &full);
-        Ok(match this.call(Method::GET, &url, None).await {
+        Ok(match this.api.read_file(&a.session_id, &full).await {
             Ok(bytes) => {
                 let size = bytes.len();
                 match String::from_utf8(bytes) {
@@ -577,7 +512,7 @@ Parent directories are created; an existing file is replaced.",
                     }
                 }
             }
-            Err(e) => e,
+            Err(e) => failure(&e),
         })
     }
 
@@ -597,31 +532,22 @@ Parent directories are created; an existing file is replaced.",
             || "/workspace".to_string(),
             |p| sandbox_path(p).trim_end_matches('/').to_string(),
         );
-        let url = format!(
-            "/v1/sessions/{}/files?path={}",
-            encode(&a.session_id),
-            encode(&dir)
-        );
-        Ok(match this.call(Method::GET, &url, None).await {
-            Ok(bytes) => match serde_json::from_slice::<Value>(&bytes) {
-                Ok(listing) => {
-                    let entries = listing["entries"].as_array().cloned().unwrap_or_default();
-                    let mut lines = vec![format!("{dir}: {} entries", entries.len())];
-                    for e in &entries {
-                        let name = e["name"].as_str().unwrap_or("?");
-                        lines.push(match e["type"].as_str().unwrap_or("other") {
-                            "dir" => format!("dir   {name}/"),
-                            "file" => {
-                                format!("file  {name} ({} bytes)", e["size"].as_u64().unwrap_or(0))
-                            }
-                            other => format!("{other:<5} {name}"),
-                        });
-                    }
-                    result(lines.join("\n"), listing, false)
+        Ok(match this.api.list_files(&a.session_id, &dir).await {
+            Ok(listing) => {
+                let mut lines = vec![format!("{dir}: {} entries", listing.entries.len())];
+                for e in &listing.entries {
+                    let name = &e.name;
+                    lines.push(match e.kind {
+                        EntryKind::Dir => format!("dir   {name}/"),
+                        EntryKind::File => format!("file  {name} ({} bytes)", e.size),
+                        EntryKind::Symlink => format!("{:<5} {name}", "symlink"),
+                        EntryKind::Other => format!("{:<5} {name}", "other"),
+                    });
                 }
-                Err(e) => failure(format!("the server's listing is not JSON: {e}")),
-            },
-            Err(e) => e,
+                let data = serde_json::to_value(&listing).unwrap_or_default();
+                result(lines.join("\n"), data, false)
+            }
+            Err(e) => failure(&e),
         })
     }
 }
@@ -640,15 +566,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn paths_and_encoding() {
+    fn relative_paths_are_under_the_workspace() {
         assert_eq!(sandbox_path("a.txt"), "/workspace/a.txt");
         assert_eq!(sandbox_path("./d/a.txt"), "/workspace/d/a.txt");
         assert_eq!(sandbox_path("/tmp/x"), "/tmp/x");
-        assert_eq!(
-            encode_path("/workspace/a b?.txt"),
-            "/workspace/a%20b%3F.txt"
-        );
-        assert_eq!(encode("/tmp"), "%2Ftmp");
     }
 
     #[test]

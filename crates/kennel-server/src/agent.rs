@@ -7,8 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use serde::Deserialize;
-use serde_json::{json, Map, Value};
+use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 
 use kennel_sandbox::cgroup::Stats;
@@ -16,7 +15,7 @@ use kennel_sandbox::engine::Engine;
 use kennel_sandbox::error::Error;
 use kennel_sandbox::{Canceller, OutputMode, OutputSink, RunIo, Started, StdinSource, Stream};
 use kennel_types::api::{
-    Command, ExecResult, Interpreter, Isolation, Language, RunRequest, RunResult,
+    Command, DirEntry, ExecResult, Isolation, Language, RunRequest, RunResult,
 };
 use kennel_types::policy::{Policy, Span};
 
@@ -26,55 +25,172 @@ pub const AGENT_SRC: &str = include_str!("agent.py");
 /// killed as unresponsive.
 const ANSWER_GRACE: Duration = Duration::from_secs(5);
 const STDERR_TAIL: usize = 4096;
+/// How long a file operation may take before the sandbox is killed as unresponsive.
+const FILE_OP: Duration = Duration::from_secs(60);
 
-/// One line from the agent.
-#[derive(Debug, Clone, Deserialize)]
-pub struct Line {
-    pub id: Option<u64>,
-    pub event: String,
+/// A request to the agent, one JSON line, as `agent.py`'s docstring words it (the `id` is
+/// added by [`AgentSandbox::call`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request<'a> {
+    Exec {
+        #[serde(flatten)]
+        code: Code<'a>,
+        timeout_ms: u64,
+        one_shot: bool,
+        output_limit: u64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        stdin_b64: Option<String>,
+    },
+    Write {
+        path: &'a str,
+        b64: String,
+        mode: u32,
+    },
+    Read {
+        path: &'a str,
+        max_bytes: u64,
+    },
+    Delete {
+        path: &'a str,
+    },
+    List {
+        path: &'a str,
+    },
+    Ping,
+}
+
+/// What an exec runs: python in the persistent interpreter, or a shell command.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Code<'a> {
+    Python {
+        code: &'a str,
+    },
+    Shell {
+        shell: &'static str,
+        command: &'a str,
+    },
+}
+
+impl<'a> Code<'a> {
+    pub fn new(language: Language, code: &'a str) -> Code<'a> {
+        match language {
+            Language::Python => Code::Python { code },
+            Language::Bash => Code::Shell {
+                shell: "bash",
+                command: code,
+            },
+            Language::Sh => Code::Shell {
+                shell: "sh",
+                command: code,
+            },
+        }
+    }
+}
+
+/// A request with its id, as it goes on the wire.
+#[derive(Serialize)]
+struct Numbered<'a> {
+    id: u64,
     #[serde(flatten)]
-    pub rest: Map<String, Value>,
+    request: &'a Request<'a>,
 }
 
-impl Line {
-    /// The bytes of a `stdout`/`stderr`/`file` event.
-    pub fn bytes(&self) -> Vec<u8> {
-        let b64 = self
-            .rest
-            .get("b64")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        base64::engine::general_purpose::STANDARD
-            .decode(b64)
-            .unwrap_or_default()
-    }
-
-    /// An `error` event as a message, or `None` for any other event.
-    pub fn error(&self) -> Option<String> {
-        (self.event == "error").then(|| {
-            let errno = self.rest.get("errno").and_then(Value::as_str).unwrap_or("");
-            let msg = self
-                .rest
-                .get("message")
-                .and_then(Value::as_str)
-                .unwrap_or("");
-            format!("{errno}: {msg}")
-        })
-    }
-}
-
-/// The agent's `result` event for an exec.
+/// One line from the agent: the id of the request it answers (`None` when the agent could
+/// not read one) and the event.
 #[derive(Debug, Clone, Deserialize)]
-pub struct ExecOutcome {
-    pub exit_code: Option<i32>,
-    pub signal: Option<i32>,
-    pub timed_out: bool,
-    pub duration_ms: u64,
-    pub stdout_bytes: u64,
-    pub stderr_bytes: u64,
-    pub stdout_truncated: bool,
-    pub stderr_truncated: bool,
-    pub interpreter: Option<Interpreter>,
+pub struct Answer {
+    pub id: Option<u64>,
+    #[serde(flatten)]
+    pub event: Event,
+}
+
+/// What the agent says, tagged by `event`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    /// Output of an exec, as it comes (only the kept part of each stream).
+    Stdout {
+        b64: String,
+    },
+    Stderr {
+        b64: String,
+    },
+    /// An exec's end; its `stdout` and `stderr` are the output events before it.
+    Result(ExecResult),
+    /// A write (`size` written) or delete done.
+    Ok {
+        #[serde(default)]
+        size: Option<u64>,
+    },
+    /// A read: the file's `size` and its first bytes.
+    File {
+        size: u64,
+        truncated: bool,
+        b64: String,
+    },
+    Entries {
+        entries: Vec<DirEntry>,
+    },
+    Pong {
+        pid: u32,
+        kernel_pid: Option<u32>,
+    },
+    /// A refused request, with the errno's name (`ENOENT`).
+    Error {
+        errno: String,
+        message: String,
+    },
+    /// A line that is not one of the events above (never sent by the agent: made here).
+    #[serde(skip)]
+    Malformed(String),
+}
+
+impl Answer {
+    /// Reads one line; a line whose event cannot be read is [`Event::Malformed`], kept when
+    /// its id can be read, so that the call it answers fails instead of waiting.
+    fn parse(line: &[u8]) -> Option<Answer> {
+        #[derive(Deserialize)]
+        struct Id {
+            id: Option<u64>,
+        }
+        match serde_json::from_slice::<Answer>(line) {
+            Ok(a) => Some(a),
+            Err(e) => serde_json::from_slice::<Id>(line).ok().map(|i| Answer {
+                id: i.id,
+                event: Event::Malformed(e.to_string()),
+            }),
+        }
+    }
+}
+
+fn decode(b64: &str) -> Vec<u8> {
+    base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .unwrap_or_default()
+}
+
+fn encode(data: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(data)
+}
+
+/// An answer that does not fit the request.
+fn unexpected(event: Event) -> AgentError {
+    AgentError::Protocol(format!("unexpected answer {event:?}"))
+}
+
+/// One exec: what to run, and how.
+#[derive(Debug, Clone, Copy)]
+pub struct Exec<'a> {
+    pub language: Language,
+    pub code: &'a str,
+    pub stdin: Option<&'a str>,
+    pub timeout: Duration,
+    pub output_limit: u64,
+    /// A pooled one-shot run: python looks to the code like `python3 -c`, and the sandbox
+    /// ends right after.
+    pub one_shot: bool,
 }
 
 /// Why a call to the agent failed.
@@ -92,7 +208,7 @@ pub enum AgentError {
 
 struct Conversation {
     writer: Option<std::io::PipeWriter>,
-    lines: mpsc::UnboundedReceiver<Line>,
+    lines: mpsc::UnboundedReceiver<Answer>,
     next_id: u64,
 }
 
@@ -127,7 +243,7 @@ fn too_small(r: &RunResult) -> String {
     format!("left the sandbox's agent unable to start: {why}")
 }
 
-fn sink(lines: mpsc::UnboundedSender<Line>, stderr_tail: Arc<Mutex<Vec<u8>>>) -> OutputSink {
+fn sink(lines: mpsc::UnboundedSender<Answer>, stderr_tail: Arc<Mutex<Vec<u8>>>) -> OutputSink {
     let pending = Mutex::new(Vec::<u8>::new());
     Arc::new(move |stream, chunk: &[u8]| match stream {
         Stream::Stdout => {
@@ -135,8 +251,8 @@ fn sink(lines: mpsc::UnboundedSender<Line>, stderr_tail: Arc<Mutex<Vec<u8>>>) ->
             buf.extend_from_slice(chunk);
             while let Some(end) = buf.iter().position(|&b| b == b'\n') {
                 let line: Vec<u8> = buf.drain(..=end).collect();
-                if let Ok(parsed) = serde_json::from_slice::<Line>(&line) {
-                    let _ = lines.send(parsed);
+                if let Some(answer) = Answer::parse(&line) {
+                    let _ = lines.send(answer);
                 }
             }
         }
@@ -202,7 +318,7 @@ impl AgentSandbox {
             started: Instant::now(),
         };
         match agent
-            .call(json!({"op": "ping"}), Duration::from_secs(30), |_| {})
+            .call(&Request::Ping, Duration::from_secs(30), |_, _| {})
             .await
         {
             Ok(_) => Ok(agent),
@@ -229,20 +345,19 @@ impl AgentSandbox {
         }
     }
 
-    /// Sends one request and waits for its final event, passing output events to `on_event`.
-    /// Past `within` the sandbox is killed.
+    /// Sends one request and waits for its final event, passing output events to
+    /// `on_output`. Past `within` the sandbox is killed.
     pub async fn call(
         &self,
-        mut request: Value,
+        request: &Request<'_>,
         within: Duration,
-        mut on_event: impl FnMut(&Line),
-    ) -> Result<Line, AgentError> {
+        mut on_output: impl FnMut(Stream, &[u8]),
+    ) -> Result<Event, AgentError> {
         let mut conv = self.conversation.lock().await;
         let id = conv.next_id;
         conv.next_id += 1;
-        request["id"] = json!(id);
-        let mut line =
-            serde_json::to_vec(&request).map_err(|e| AgentError::Protocol(e.to_string()))?;
+        let mut line = serde_json::to_vec(&Numbered { id, request })
+            .map_err(|e| AgentError::Protocol(e.to_string()))?;
         line.push(b'\n');
         let Some(writer) = conv.writer.as_mut() else {
             return Err(AgentError::Gone(String::new()));
@@ -253,116 +368,101 @@ impl AgentSandbox {
         }
         let deadline = tokio::time::Instant::now() + within;
         loop {
-            match tokio::time::timeout_at(deadline, conv.lines.recv()).await {
-                Ok(Some(l)) if l.id != Some(id) => continue,
-                Ok(Some(l)) if l.event == "stdout" || l.event == "stderr" => on_event(&l),
-                Ok(Some(l)) => return l.error().map_or(Ok(l), |e| Err(AgentError::Refused(e))),
+            let answer = match tokio::time::timeout_at(deadline, conv.lines.recv()).await {
+                Ok(Some(a)) if a.id != Some(id) => continue,
+                Ok(Some(a)) => a,
                 Ok(None) => return Err(AgentError::Gone(self.stderr_tail())),
                 Err(_) => {
                     self.cancel.cancel();
                     return Err(AgentError::Unresponsive);
                 }
+            };
+            match answer.event {
+                Event::Stdout { b64 } => on_output(Stream::Stdout, &decode(&b64)),
+                Event::Stderr { b64 } => on_output(Stream::Stderr, &decode(&b64)),
+                Event::Error { errno, message } => {
+                    return Err(AgentError::Refused(format!("{errno}: {message}")))
+                }
+                Event::Malformed(e) => return Err(AgentError::Protocol(e)),
+                last => return Ok(last),
             }
         }
     }
 
-    /// Runs code or a command; `on_output` sees the kept output as it comes. A `one_shot`
-    /// python exec looks to the code like `python3 -c` (the sandbox ends right after).
-    #[allow(clippy::too_many_arguments)]
+    /// Runs code or a command; `on_output` sees the kept output as it comes.
     pub async fn exec(
         &self,
-        one_shot: bool,
-        language: Language,
-        code: &str,
-        stdin: Option<&str>,
-        timeout: Duration,
-        output_limit: u64,
+        exec: Exec<'_>,
         mut on_output: impl FnMut(Stream, &[u8]),
     ) -> Result<ExecResult, AgentError> {
-        let mut request = match language {
-            Language::Python => json!({"op": "exec", "kind": "python", "code": code}),
-            Language::Bash => {
-                json!({"op": "exec", "kind": "shell", "shell": "bash", "command": code})
-            }
-            Language::Sh => json!({"op": "exec", "kind": "shell", "shell": "sh", "command": code}),
+        let request = Request::Exec {
+            code: Code::new(exec.language, exec.code),
+            timeout_ms: exec.timeout.as_millis() as u64,
+            one_shot: exec.one_shot,
+            output_limit: exec.output_limit,
+            stdin_b64: exec.stdin.map(|s| encode(s.as_bytes())),
         };
-        request["timeout_ms"] = json!(timeout.as_millis() as u64);
-        request["one_shot"] = json!(one_shot);
-        request["output_limit"] = json!(output_limit);
-        if let Some(s) = stdin {
-            request["stdin_b64"] = json!(base64::engine::general_purpose::STANDARD.encode(s));
-        }
         let (mut out, mut err) = (Vec::new(), Vec::new());
         let last = self
-            .call(request, timeout + ANSWER_GRACE, |l| {
-                let data = l.bytes();
-                let (stream, buf) = if l.event == "stdout" {
-                    (Stream::Stdout, &mut out)
-                } else {
-                    (Stream::Stderr, &mut err)
-                };
-                on_output(stream, &data);
-                buf.extend_from_slice(&data);
+            .call(&request, exec.timeout + ANSWER_GRACE, |stream, data| {
+                on_output(stream, data);
+                match stream {
+                    Stream::Stdout => out.extend_from_slice(data),
+                    Stream::Stderr => err.extend_from_slice(data),
+                }
             })
             .await?;
-        let outcome: ExecOutcome = serde_json::from_value(Value::Object(last.rest))
-            .map_err(|e| AgentError::Protocol(format!("bad result: {e}")))?;
-        Ok(ExecResult {
-            exit_code: outcome.exit_code,
-            signal: outcome.signal,
-            timed_out: outcome.timed_out,
-            duration_ms: outcome.duration_ms,
-            stdout: String::from_utf8_lossy(&out).into_owned(),
-            stderr: String::from_utf8_lossy(&err).into_owned(),
-            stdout_bytes: outcome.stdout_bytes,
-            stderr_bytes: outcome.stderr_bytes,
-            stdout_truncated: outcome.stdout_truncated,
-            stderr_truncated: outcome.stderr_truncated,
-            interpreter: outcome.interpreter,
-        })
+        let Event::Result(mut result) = last else {
+            return Err(unexpected(last));
+        };
+        result.outcome.stdout = String::from_utf8_lossy(&out).into_owned();
+        result.outcome.stderr = String::from_utf8_lossy(&err).into_owned();
+        Ok(result)
     }
 
     /// Writes a file inside the sandbox.
     pub async fn write_file(&self, path: &str, data: &[u8], mode: u32) -> Result<(), AgentError> {
-        let b64 = base64::engine::general_purpose::STANDARD.encode(data);
-        let req = json!({"op": "write", "path": path, "b64": b64, "mode": mode});
-        self.call(req, Duration::from_secs(60), |_| {})
-            .await
-            .map(drop)
+        let request = Request::Write {
+            path,
+            b64: encode(data),
+            mode,
+        };
+        match self.call(&request, FILE_OP, |_, _| {}).await? {
+            Event::Ok { .. } => Ok(()),
+            other => Err(unexpected(other)),
+        }
     }
 
     /// Reads a file: (its size, the first `max` bytes).
     pub async fn read_file(&self, path: &str, max: u64) -> Result<(u64, Vec<u8>), AgentError> {
-        let line = self
-            .call(
-                json!({"op": "read", "path": path, "max_bytes": max}),
-                Duration::from_secs(60),
-                |_| {},
-            )
-            .await?;
-        let size = line.rest.get("size").and_then(Value::as_u64).unwrap_or(0);
-        Ok((size, line.bytes()))
+        let request = Request::Read {
+            path,
+            max_bytes: max,
+        };
+        match self.call(&request, FILE_OP, |_, _| {}).await? {
+            Event::File { size, b64, .. } => Ok((size, decode(&b64))),
+            other => Err(unexpected(other)),
+        }
     }
 
     pub async fn delete(&self, path: &str) -> Result<(), AgentError> {
-        self.call(
-            json!({"op": "delete", "path": path}),
-            Duration::from_secs(60),
-            |_| {},
-        )
-        .await
-        .map(drop)
+        match self
+            .call(&Request::Delete { path }, FILE_OP, |_, _| {})
+            .await?
+        {
+            Event::Ok { .. } => Ok(()),
+            other => Err(unexpected(other)),
+        }
     }
 
-    pub async fn list(&self, path: &str) -> Result<Value, AgentError> {
-        let line = self
-            .call(
-                json!({"op": "list", "path": path}),
-                Duration::from_secs(60),
-                |_| {},
-            )
-            .await?;
-        Ok(line.rest.get("entries").cloned().unwrap_or(json!([])))
+    pub async fn list(&self, path: &str) -> Result<Vec<DirEntry>, AgentError> {
+        match self
+            .call(&Request::List { path }, FILE_OP, |_, _| {})
+            .await?
+        {
+            Event::Entries { entries } => Ok(entries),
+            other => Err(unexpected(other)),
+        }
     }
 
     /// Whether the sandbox has ended on its own (the agent died, or its lifetime ran out).
@@ -400,5 +500,121 @@ impl AgentSandbox {
     /// Kills the sandbox at once.
     pub fn kill(&self) {
         self.cancel.cancel();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    fn wire(request: &Request) -> Value {
+        serde_json::to_value(Numbered { id: 7, request }).unwrap()
+    }
+
+    /// The requests as `agent.py`'s docstring spells them.
+    #[test]
+    fn requests_are_the_agents_protocol() {
+        let python = Request::Exec {
+            code: Code::new(Language::Python, "print(1)"),
+            timeout_ms: 1000,
+            one_shot: false,
+            output_limit: 10,
+            stdin_b64: None,
+        };
+        assert_eq!(
+            wire(&python),
+            json!({"op": "exec", "id": 7, "kind": "python", "code": "print(1)",
+                   "timeout_ms": 1000, "one_shot": false, "output_limit": 10})
+        );
+        let shell = Request::Exec {
+            code: Code::new(Language::Sh, "ls"),
+            timeout_ms: 5,
+            one_shot: true,
+            output_limit: 1,
+            stdin_b64: Some("eA==".into()),
+        };
+        assert_eq!(
+            wire(&shell),
+            json!({"op": "exec", "id": 7, "kind": "shell", "shell": "sh", "command": "ls",
+                   "timeout_ms": 5, "one_shot": true, "output_limit": 1, "stdin_b64": "eA=="})
+        );
+        let path = "/workspace/a";
+        let b64 = "eA==".to_string();
+        for (request, want) in [
+            (
+                Request::Write {
+                    path,
+                    b64,
+                    mode: 420,
+                },
+                json!({"op": "write", "id": 7, "path": path, "b64": "eA==", "mode": 420}),
+            ),
+            (
+                Request::Read { path, max_bytes: 9 },
+                json!({"op": "read", "id": 7, "path": path, "max_bytes": 9}),
+            ),
+            (
+                Request::Delete { path },
+                json!({"op": "delete", "id": 7, "path": path}),
+            ),
+            (
+                Request::List { path },
+                json!({"op": "list", "id": 7, "path": path}),
+            ),
+            (Request::Ping, json!({"op": "ping", "id": 7})),
+        ] {
+            assert_eq!(wire(&request), want);
+        }
+    }
+
+    fn parse(line: Value) -> Answer {
+        Answer::parse(line.to_string().as_bytes()).expect("an answer")
+    }
+
+    /// The answers as `agent.py`'s docstring spells them.
+    #[test]
+    fn answers_are_read_as_events() {
+        let result = parse(
+            json!({"id": 3, "event": "result", "exit_code": null, "signal": 9,
+            "timed_out": true, "duration_ms": 12, "stdout_bytes": 4, "stderr_bytes": 0,
+            "stdout_truncated": true, "stderr_truncated": false,
+            "interpreter": {"restarted": true, "crashed": false, "reason": "timeout"}}),
+        );
+        assert_eq!(result.id, Some(3));
+        let Event::Result(r) = result.event else {
+            panic!("{result:?}")
+        };
+        assert_eq!((r.outcome.signal, r.outcome.timed_out), (Some(9), true));
+        assert_eq!(r.outcome.stdout_bytes, 4);
+        assert!(r.interpreter.is_some_and(|i| i.restarted));
+        let listing = parse(json!({"id": 1, "event": "entries", "entries": [
+            {"name": "a", "type": "symlink", "size": 1, "mode": 511}]}));
+        assert!(matches!(&listing.event, Event::Entries { entries }
+            if entries[0].kind == kennel_types::api::EntryKind::Symlink));
+        assert_eq!(
+            parse(json!({"id": null, "event": "error", "errno": "EINVAL", "message": "m"})).event,
+            Event::Error {
+                errno: "EINVAL".into(),
+                message: "m".into()
+            }
+        );
+        assert_eq!(
+            parse(json!({"id": 2, "event": "ok"})).event,
+            Event::Ok { size: None }
+        );
+        let pong = parse(json!({"id": 1, "event": "pong", "pid": 5, "kernel_pid": null}));
+        assert_eq!(
+            pong.event,
+            Event::Pong {
+                pid: 5,
+                kernel_pid: None
+            }
+        );
+        // A broken answer fails its own call instead of leaving it to wait.
+        let broken = parse(json!({"id": 4, "event": "result", "exit_code": "zero"}));
+        assert_eq!(broken.id, Some(4));
+        assert!(matches!(broken.event, Event::Malformed(_)), "{broken:?}");
+        assert!(Answer::parse(b"not json").is_none());
     }
 }

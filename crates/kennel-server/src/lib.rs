@@ -9,11 +9,9 @@ pub mod openapi;
 pub mod pattern;
 pub mod pool;
 pub mod request_log;
-pub mod runs;
-pub mod session_routes;
+pub mod service;
 pub mod sessions;
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,7 +41,7 @@ pub enum ServeError {
 /// The server's state with its background work (the warm pool's refill, the session reaper),
 /// whether or not it listens on a socket (`kennel mcp` runs it without one).
 pub struct Machinery {
-    pub state: http::Shared,
+    pub service: Arc<service::Service>,
     stop: watch::Sender<bool>,
     tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
@@ -69,12 +67,12 @@ impl Machinery {
             config.pool.max_age.0,
             config.maxima.timeout.0,
         ));
-        let state = Arc::new(http::AppState::new(config, engine, audit, pool.clone()));
+        let service = Arc::new(service::Service::new(config, engine, audit, pool.clone()));
         let (stop, stop_rx) = watch::channel(false);
         let refill = tokio::spawn(pool.refill(stop_rx.clone()));
-        let reaper = tokio::spawn(reap_sessions(state.clone(), stop_rx));
+        let reaper = tokio::spawn(reap_sessions(service.clone(), stop_rx));
         Ok(Machinery {
-            state,
+            service,
             stop,
             tasks: std::sync::Mutex::new(vec![refill, reaper]),
         })
@@ -82,16 +80,16 @@ impl Machinery {
 
     /// Refuses new work and stops refilling the pool.
     pub fn stop_accepting(&self) {
-        self.state.shutting_down.store(true, Ordering::SeqCst);
+        self.service.stop_accepting();
         let _ = self.stop.send(true);
     }
 
     /// Destroys every session and pooled sandbox and waits for the background work to end.
     pub async fn shutdown(&self) {
         self.stop_accepting();
-        for session in self.state.sessions.list() {
-            self.state.sessions.remove(&session.id);
-            session_routes::end(&self.state, &session).await;
+        for session in self.service.sessions.list() {
+            self.service.sessions.remove(&session.id);
+            self.service.end_session(&session).await;
         }
         let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|p| p.into_inner()));
         for task in tasks {
@@ -124,14 +122,14 @@ pub async fn serve(
         let _ = ready.send(addr);
     }
     tracing::info!("listening on http://{addr}");
-    let app = http::router(machinery.state.clone(), mounts);
+    let app = http::router(machinery.service.clone(), mounts);
     let stopping = machinery.clone();
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             wait_for_signal().await;
             tracing::info!("shutting down; running work has {grace:?} to finish");
             stopping.stop_accepting();
-            let late = stopping.state.clone();
+            let late = stopping.service.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(grace).await;
                 late.cancel_all();
@@ -162,11 +160,11 @@ pub async fn wait_for_signal() {
 }
 
 /// Ends sessions past their idle TTL or lifetime, and those whose sandbox died.
-async fn reap_sessions(state: http::Shared, mut stop: watch::Receiver<bool>) {
+async fn reap_sessions(service: Arc<service::Service>, mut stop: watch::Receiver<bool>) {
     while !*stop.borrow() {
-        for session in state.sessions.take_expired() {
-            metrics::inc(&state.metrics.sessions_expired);
-            session_routes::end(&state, &session).await;
+        for session in service.sessions.take_expired() {
+            metrics::inc(&service.metrics.sessions_expired);
+            service.end_session(&session).await;
         }
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_millis(500)) => {}

@@ -7,8 +7,8 @@ use serde_json::{json, Map, Value};
 use utoipa::OpenApi;
 
 use super::config::ServerConfig;
+use super::http::routes;
 use super::pattern;
-use super::{runs, session_routes, sessions};
 use kennel_types::api;
 use kennel_types::policy::{self, Capabilities, Limits};
 
@@ -16,21 +16,22 @@ use kennel_types::policy::{self, Capabilities, Limits};
 #[openapi(
     info(title = "Kennel", description = "Run untrusted code in disposable sandboxes."),
     paths(
-        runs::create_run,
-        session_routes::create,
-        session_routes::list,
-        session_routes::show,
-        session_routes::remove,
-        session_routes::exec,
-        session_routes::write_file,
-        session_routes::read_file,
-        session_routes::delete_file,
-        session_routes::list_files,
+        routes::create_run,
+        routes::create,
+        routes::list,
+        routes::show,
+        routes::remove,
+        routes::exec,
+        routes::write_file,
+        routes::read_file,
+        routes::delete_file,
+        routes::list_files,
     ),
     components(schemas(
         api::RunSpec, api::LimitsSpec, api::RunResult, api::CollectedFile, api::Content,
         api::Isolation, api::SeccompInfo, api::LandlockInfo, api::LimitsInfo, api::Language,
-        api::SessionSpec, api::ExecSpec, api::ExecResult, api::Interpreter, sessions::SessionInfo,
+        api::SessionSpec, api::ExecSpec, api::ExecResult, api::Interpreter, api::SessionInfo,
+        api::Outcome,
     )),
     modifiers(&BearerAuth),
     security(("bearer" = []))
@@ -112,6 +113,7 @@ fn constrain(doc: &mut Value, config: &ServerConfig) {
         max: &config.maxima,
     };
     let schemas = &mut doc["components"]["schemas"];
+    inline_flattened(schemas, "ExecResult", "Outcome");
     schemas["Error"] = error_schema();
     schemas["LimitsSpec"]["properties"] = limits_properties(&bounds);
     schemas["SessionLimits"] = session_limits(&schemas["LimitsSpec"], &bounds);
@@ -125,6 +127,35 @@ fn constrain(doc: &mut Value, config: &ServerConfig) {
             constrain_path(path, item);
         }
     }
+}
+
+/// A struct with a `#[serde(flatten)]` field is one JSON object on the wire, but utoipa writes
+/// it as an `allOf` of the flattened part (`part`) and the rest: merged back here into one
+/// object, so that generated clients get one plain model. `part` leaves the document.
+fn inline_flattened(schemas: &mut Value, name: &str, part: &str) {
+    let Some(flat) = schemas.as_object_mut().and_then(|s| s.remove(part)) else {
+        return;
+    };
+    let reference = format!("#/components/schemas/{part}");
+    let schema = &mut schemas[name];
+    let Some(all) = schema.as_object_mut().and_then(|s| s.remove("allOf")) else {
+        return;
+    };
+    let (mut properties, mut required) = (Map::new(), Vec::new());
+    for piece in all.as_array().into_iter().flatten() {
+        let piece = if piece["$ref"] == reference.as_str() {
+            &flat
+        } else {
+            piece
+        };
+        if let Some(p) = piece["properties"].as_object() {
+            properties.extend(p.clone());
+        }
+        required.extend(piece["required"].as_array().cloned().unwrap_or_default());
+    }
+    schema["type"] = json!("object");
+    schema["properties"] = Value::Object(properties);
+    schema["required"] = Value::Array(required);
 }
 
 fn error_schema() -> Value {

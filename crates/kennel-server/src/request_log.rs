@@ -12,7 +12,7 @@ use axum::extract::Request;
 use axum::middleware::Next;
 use axum::response::Response;
 
-use crate::http::Caller;
+use crate::service::Caller;
 
 /// Health checks and scrapes come every few seconds: they are logged at debug level only.
 const QUIET: [&str; 2] = ["/healthz", "/metrics"];

@@ -6,9 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
-
 use super::agent::AgentSandbox;
+use kennel_types::api::SessionInfo;
 use kennel_types::policy::Limits;
 
 /// The least memory a session's sandbox may have: its python agent needs some 16M to start
@@ -32,19 +31,6 @@ pub struct Session {
     busy: AtomicUsize,
     pub idle_ttl: Duration,
     pub max_lifetime: Duration,
-}
-
-/// A session as the API lists it.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct SessionInfo {
-    pub id: String,
-    pub created_at_unix_ms: u64,
-    pub idle_ttl_s: u64,
-    pub max_lifetime_s: u64,
-    /// Seconds until the session ends if it stays idle (or reaches its lifetime).
-    pub expires_in_s: u64,
-    #[schema(value_type = Object)]
-    pub limits: Limits,
 }
 
 /// A random 128-bit id in hex.

@@ -12,11 +12,24 @@ use std::collections::BTreeMap;
 use crate::policy::{ByteSize, Capabilities, Limits, Policy, Span};
 
 /// A language whose snippets Kennel knows how to start.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Language {
+    /// Python 3 (`/usr/bin/python3`, standard library only).
     Python,
+    /// GNU bash.
     Bash,
+    /// POSIX sh (dash).
     Sh,
 }
 
@@ -283,13 +296,25 @@ pub struct LimitsInfo {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RunSpec {
-    // Absent, not null, when unused: the document's `oneOf` tells a code run from an argv run
-    // by which fields are present.
-    #[serde(default, deserialize_with = "present")]
+    // Absent, not null, when unused (both ways): the document's `oneOf` tells a code run from
+    // an argv run by which fields are present.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub language: Option<Language>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub code: Option<String>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub argv: Option<Vec<String>>,
     /// Text for the code's stdin.
     pub stdin: Option<String>,
@@ -530,6 +555,19 @@ pub struct SessionSpec {
     pub idle_ttl: Option<Span>,
 }
 
+/// A session as the API lists it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct SessionInfo {
+    pub id: String,
+    pub created_at_unix_ms: u64,
+    pub idle_ttl_s: u64,
+    pub max_lifetime_s: u64,
+    /// Seconds until the session ends if it stays idle (or reaches its lifetime).
+    pub expires_in_s: u64,
+    #[schema(value_type = Object)]
+    pub limits: Limits,
+}
+
 /// Runs shell commands or code in a session. `python` runs in a persistent interpreter.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -557,20 +595,107 @@ impl ExecSpec {
 }
 
 /// What an exec did.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ExecResult {
+    #[serde(flatten)]
+    pub outcome: Outcome,
+    /// For python: whether the interpreter crashed or was restarted (its state is then lost).
+    pub interpreter: Option<Interpreter>,
+}
+
+/// A directory's entries, as a session's file listing answers them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Listing {
+    pub path: String,
+    pub entries: Vec<DirEntry>,
+}
+
+/// One entry of a [`Listing`]; a symlink is listed as one, never followed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DirEntry {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub kind: EntryKind,
+    #[serde(default)]
+    pub size: u64,
+    /// The permission bits.
+    #[serde(default)]
+    pub mode: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EntryKind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+/// How a program ended and what it wrote: the part that a run's result (`RunResult`), an
+/// exec's (`ExecResult`) and the session agent's answer to an exec share.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Outcome {
+    // Plain comments: a doc comment would become the field's description in the OpenAPI
+    // document. `exit_code` is `None` when the program was killed by a signal.
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,
     pub timed_out: bool,
     pub duration_ms: u64,
+    // The kept head of the output (the agent sends it as events, not in its answer).
+    #[serde(default)]
+    #[schema(required = true)]
     pub stdout: String,
+    #[serde(default)]
+    #[schema(required = true)]
     pub stderr: String,
     pub stdout_bytes: u64,
     pub stderr_bytes: u64,
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
-    /// For python: whether the interpreter crashed or was restarted (its state is then lost).
-    pub interpreter: Option<Interpreter>,
+}
+
+impl Outcome {
+    /// Whether the code went wrong: it timed out, was killed, or exited non-zero.
+    pub fn failed(&self) -> bool {
+        self.timed_out || self.signal.is_some() || self.exit_code != Some(0)
+    }
+}
+
+impl RunResult {
+    /// The part of this result that an exec's shares.
+    pub fn outcome(&self) -> Outcome {
+        Outcome {
+            exit_code: self.exit_code,
+            signal: self.signal,
+            timed_out: self.timed_out,
+            duration_ms: self.duration_ms,
+            stdout: self.stdout.clone(),
+            stderr: self.stderr.clone(),
+            stdout_bytes: self.stdout_bytes,
+            stderr_bytes: self.stderr_bytes,
+            stdout_truncated: self.stdout_truncated,
+            stderr_truncated: self.stderr_truncated,
+        }
+    }
+
+    /// This result with `o` in place of its exit and output (a pooled run: what the agent
+    /// saw of the code; the usage and the isolation stay the sandbox's).
+    pub fn with_outcome(self, o: Outcome) -> RunResult {
+        RunResult {
+            exit_code: o.exit_code,
+            signal: o.signal,
+            timed_out: o.timed_out,
+            duration_ms: o.duration_ms,
+            stdout: o.stdout,
+            stderr: o.stderr,
+            stdout_bytes: o.stdout_bytes,
+            stderr_bytes: o.stderr_bytes,
+            stdout_truncated: o.stdout_truncated,
+            stderr_truncated: o.stderr_truncated,
+            ..self
+        }
+    }
 }
 
 #[cfg(test)]
@@ -584,6 +709,39 @@ mod tests {
             capabilities: caps,
             ..RunSpec::default()
         }
+    }
+
+    /// What a client (MCP forwarding to `kennel serve`) sends is what the server reads.
+    #[test]
+    fn specs_read_back_as_they_were_written() {
+        let run = RunSpec {
+            language: Some(Language::Sh),
+            code: Some("true".into()),
+            ..spec(None)
+        };
+        let run = RunSpec { argv: None, ..run };
+        let wire = serde_json::to_value(&run).unwrap();
+        assert_eq!(serde_json::from_value::<RunSpec>(wire).unwrap(), run);
+        let argv = spec(Some(Capabilities::None));
+        let wire = serde_json::to_value(&argv).unwrap();
+        assert_eq!(serde_json::from_value::<RunSpec>(wire).unwrap(), argv);
+        let session = SessionSpec {
+            idle_ttl: Some("10m".parse().unwrap()),
+            ..SessionSpec::default()
+        };
+        let wire = serde_json::to_value(&session).unwrap();
+        assert_eq!(
+            serde_json::from_value::<SessionSpec>(wire).unwrap(),
+            session
+        );
+        let exec = ExecSpec {
+            language: Language::Python,
+            code: "1".into(),
+            stdin: None,
+            timeout: Some("1s".parse().unwrap()),
+        };
+        let wire = serde_json::to_value(&exec).unwrap();
+        assert_eq!(serde_json::from_value::<ExecSpec>(wire).unwrap(), exec);
     }
 
     #[test]

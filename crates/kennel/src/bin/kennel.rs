@@ -262,12 +262,12 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
 fn mcp(args: McpArgs) -> anyhow::Result<()> {
     init_logs("kennel mcp")?;
-    use kennel_mcp::{Backend, Local, Remote};
+    use kennel_mcp::{Api, Local, Remote};
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let backend = match &args.server {
-        Some(url) => Backend::Remote(Remote::new(url, std::env::var("KENNEL_TOKEN").ok())),
+    let api: std::sync::Arc<dyn Api> = match &args.server {
+        Some(url) => std::sync::Arc::new(Remote::new(url, std::env::var("KENNEL_TOKEN").ok())),
         None => {
             let mut config = match &args.config {
                 Some(path) => {
@@ -288,10 +288,10 @@ fn mcp(args: McpArgs) -> anyhow::Result<()> {
             config.pool.bash = args.pool_bash.unwrap_or(config.pool.bash);
             let engine = Engine::from_current_exe()?;
             let _guard = runtime.enter();
-            Backend::Local(std::sync::Arc::new(Local::start(config, engine)?))
+            std::sync::Arc::new(Local::start(config, engine)?)
         }
     };
-    runtime.block_on(kennel_mcp::serve_stdio(backend))?;
+    runtime.block_on(kennel_mcp::serve_stdio(api))?;
     // Blocking reads of stdin may still be pending; do not wait for them.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     Ok(())

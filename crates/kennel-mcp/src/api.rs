@@ -1,0 +1,55 @@
+//! What the MCP tools call: Kennel's service, in the kennel-types vocabulary. [`Local`] calls
+//! the [`Service`](kennel_server::service::Service) in this process (`kennel mcp`, and
+//! `kennel serve`'s `/mcp`); [`Remote`] speaks HTTP to a `kennel serve` elsewhere
+//! (`kennel mcp --server URL`). Both answer with the same types and the same errors.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use kennel_server::service::{Caller, ServiceError};
+use kennel_types::api::{
+    ExecResult, ExecSpec, Listing, RunResult, RunSpec, SessionInfo, SessionSpec,
+};
+
+pub use crate::local::Local;
+pub use crate::remote::Remote;
+
+/// Why a call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The service refused the call or failed it.
+    #[error("{0}")]
+    Service(#[from] ServiceError),
+    /// A remote server's error answer that is not the service's own (a missing token).
+    #[error("{message}")]
+    Http {
+        status: u16,
+        code: String,
+        message: String,
+    },
+    /// The server could not be reached, or its answer could not be read.
+    #[error("{0}")]
+    Unreachable(String),
+}
+
+/// The calls the MCP tools make.
+#[async_trait]
+pub trait Api: Send + Sync {
+    async fn run(&self, spec: RunSpec) -> Result<RunResult, ApiError>;
+    async fn create_session(&self, spec: SessionSpec) -> Result<SessionInfo, ApiError>;
+    async fn end_session(&self, id: &str) -> Result<(), ApiError>;
+    async fn exec(&self, id: &str, spec: ExecSpec) -> Result<ExecResult, ApiError>;
+    /// `path` is a sandbox path under /workspace or /tmp.
+    async fn write_file(&self, id: &str, path: &str, data: Vec<u8>) -> Result<(), ApiError>;
+    async fn read_file(&self, id: &str, path: &str) -> Result<Vec<u8>, ApiError>;
+    async fn list_files(&self, id: &str, path: &str) -> Result<Listing, ApiError>;
+
+    /// The same API acting for `caller`, whom an HTTP request to `/mcp` authenticated. A
+    /// remote server knows its caller by the token this process sends, so it stays itself.
+    fn for_caller(&self, caller: Caller) -> Arc<dyn Api>;
+
+    /// Ends whatever this API started (the in-process server's sandboxes), once the MCP
+    /// client has gone.
+    async fn shutdown(&self) {}
+}

@@ -1,0 +1,131 @@
+//! The [`Api`] served by the [`Service`] in this process: no HTTP, no port.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use super::api::{Api, ApiError};
+use kennel_sandbox::engine::Engine;
+use kennel_server::service::{Action, Caller, Reply, Service, ServiceError};
+use kennel_server::{Machinery, ServeError, ServerConfig};
+use kennel_types::api::{
+    ExecResult, ExecSpec, Listing, RunResult, RunSpec, SessionInfo, SessionSpec,
+};
+
+/// The service in this process, called as one caller.
+pub struct Local {
+    service: Arc<Service>,
+    /// `None` for `/mcp` before a request named its caller: every call is refused.
+    caller: Option<Caller>,
+    /// The machinery this `Local` started (`kennel mcp`), ended by [`Api::shutdown`].
+    owned: Option<Arc<Machinery>>,
+}
+
+impl Local {
+    /// Starts the server machinery (warm pool, session reaper) without listening anywhere.
+    /// Tokens are dropped: the only caller is whoever started this process.
+    pub fn start(mut config: ServerConfig, engine: Engine) -> Result<Local, ServeError> {
+        config.tokens.clear();
+        let machinery = Arc::new(Machinery::start(config, engine)?);
+        Ok(Local {
+            service: machinery.service.clone(),
+            caller: Some(Caller::anonymous()),
+            owned: Some(machinery),
+        })
+    }
+
+    /// `kennel serve`'s own service, for `/mcp`: each request acts as the caller it
+    /// authenticated ([`Api::for_caller`]).
+    pub fn mounted(service: Arc<Service>) -> Local {
+        Local {
+            service,
+            caller: None,
+            owned: None,
+        }
+    }
+
+    async fn ask(&self, action: Action) -> Result<Reply, ApiError> {
+        let Some(caller) = &self.caller else {
+            let why = "an MCP call over HTTP came without an authenticated caller";
+            return Err(ServiceError::Internal(why.into()).into());
+        };
+        Ok(self.service.handle(caller, action).await?)
+    }
+}
+
+/// A reply of another kind than the action's: a bug.
+fn unexpected(reply: Reply) -> ApiError {
+    ServiceError::Internal(format!("unexpected reply {reply:?}")).into()
+}
+
+#[async_trait]
+impl Api for Local {
+    async fn run(&self, spec: RunSpec) -> Result<RunResult, ApiError> {
+        match self.ask(Action::Run { spec, live: None }).await? {
+            Reply::Run(r) => Ok(*r),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn create_session(&self, spec: SessionSpec) -> Result<SessionInfo, ApiError> {
+        match self.ask(Action::CreateSession { spec }).await? {
+            Reply::SessionCreated(info) => Ok(info),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn end_session(&self, id: &str) -> Result<(), ApiError> {
+        let id = id.to_string();
+        match self.ask(Action::EndSession { id }).await? {
+            Reply::Done => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn exec(&self, id: &str, spec: ExecSpec) -> Result<ExecResult, ApiError> {
+        let (id, live) = (id.to_string(), None);
+        match self.ask(Action::Exec { id, spec, live }).await? {
+            Reply::Exec(r) => Ok(r),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn write_file(&self, id: &str, path: &str, data: Vec<u8>) -> Result<(), ApiError> {
+        let (id, path) = (id.to_string(), path.to_string());
+        match self.ask(Action::WriteFile { id, path, data }).await? {
+            Reply::Done => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn read_file(&self, id: &str, path: &str) -> Result<Vec<u8>, ApiError> {
+        let (id, path) = (id.to_string(), path.to_string());
+        match self.ask(Action::ReadFile { id, path }).await? {
+            Reply::File(data) => Ok(data),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn list_files(&self, id: &str, path: &str) -> Result<Listing, ApiError> {
+        let (id, path) = (id.to_string(), Some(path.to_string()));
+        match self.ask(Action::ListFiles { id, path }).await? {
+            Reply::Listing(l) => Ok(l),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    fn for_caller(&self, caller: Caller) -> Arc<dyn Api> {
+        Arc::new(Local {
+            service: self.service.clone(),
+            caller: Some(caller),
+            owned: None,
+        })
+    }
+
+    async fn shutdown(&self) {
+        if let Some(machinery) = &self.owned {
+            machinery.service.cancel_all();
+            machinery.shutdown().await;
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! The [`Api`] of a `kennel serve` reached over HTTP, with its bearer token.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use ureq::http::{header, Method};
+
+use super::api::{Api, ApiError};
+use kennel_server::service::{Caller, ServiceError};
+use kennel_types::api::{
+    ExecResult, ExecSpec, Listing, RunResult, RunSpec, SessionInfo, SessionSpec,
+};
+
+/// A `kennel serve` reached over HTTP.
+#[derive(Clone)]
+pub struct Remote {
+    base: String,
+    token: Option<String>,
+    agent: ureq::Agent,
+}
+
+/// The largest answer read from a remote server.
+const MAX_REPLY: u64 = 256 << 20;
+
+/// A request body: JSON, or a file's bytes.
+enum Body {
+    None,
+    Json(Vec<u8>),
+    Bytes(Vec<u8>),
+}
+
+impl Remote {
+    /// `base` is the server's URL, such as `http://127.0.0.1:8080`; `token` its bearer token.
+    pub fn new(base: &str, token: Option<String>) -> Remote {
+        let config = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            // Runs last up to the server's maximum timeout; leave room for that.
+            .timeout_global(Some(Duration::from_secs(3600)))
+            .build();
+        Remote {
+            base: base.trim_end_matches('/').to_string(),
+            token: token.filter(|t| !t.is_empty()),
+            agent: config.into(),
+        }
+    }
+
+    /// Sends one request: the body of a success, or the error the server answered.
+    async fn call(&self, method: Method, path: &str, body: Body) -> Result<Vec<u8>, ApiError> {
+        let url = format!("{}{}", self.base, path);
+        let auth = self.token.as_ref().map(|t| format!("Bearer {t}"));
+        let agent = self.agent.clone();
+        let base = self.base.clone();
+        let unreachable = |e: String| ApiError::Unreachable(e);
+        let (status, bytes) = tokio::task::spawn_blocking(move || {
+            let mut builder = ureq::http::Request::builder().method(method).uri(&url);
+            if let Some(a) = &auth {
+                builder = builder.header(header::AUTHORIZATION, a);
+            }
+            let (bytes, content_type) = match body {
+                Body::None => (vec![], None),
+                Body::Json(b) => (b, Some("application/json")),
+                Body::Bytes(b) => (b, Some("application/octet-stream")),
+            };
+            if let Some(t) = content_type {
+                builder = builder.header(header::CONTENT_TYPE, t);
+            }
+            let req = builder.body(bytes).map_err(|e| e.to_string())?;
+            let mut response = agent
+                .run(req)
+                .map_err(|e| format!("cannot reach kennel serve at {base}: {e}"))?;
+            let status = response.status().as_u16();
+            let body = response
+                .body_mut()
+                .with_config()
+                .limit(MAX_REPLY)
+                .read_to_vec()
+                .map_err(|e| format!("reading the answer from {base}: {e}"))?;
+            Ok((status, body))
+        })
+        .await
+        .map_err(|e| unreachable(format!("the request to {path} failed: {e}")))?
+        .map_err(unreachable)?;
+        if (200..300).contains(&status) {
+            Ok(bytes)
+        } else {
+            Err(refusal(status, &bytes))
+        }
+    }
+
+    async fn call_json<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: &impl Serialize,
+    ) -> Result<T, ApiError> {
+        let body = serde_json::to_vec(body).map_err(|e| ApiError::Unreachable(e.to_string()))?;
+        let answer = self.call(method, path, Body::Json(body)).await?;
+        parse(&answer)
+    }
+}
+
+fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::Unreachable(format!("the server's answer is not understood: {e}")))
+}
+
+/// An error answer: the service's own error when it is one, else what the server said.
+fn refusal(status: u16, body: &[u8]) -> ApiError {
+    #[derive(Deserialize)]
+    struct Answer<E> {
+        error: E,
+    }
+    #[derive(Deserialize)]
+    struct Other {
+        code: String,
+        message: String,
+    }
+    if let Ok(a) = serde_json::from_slice::<Answer<ServiceError>>(body) {
+        return ApiError::Service(a.error);
+    }
+    match serde_json::from_slice::<Answer<Other>>(body) {
+        Ok(a) => ApiError::Http {
+            status,
+            code: a.error.code,
+            message: a.error.message,
+        },
+        Err(_) => ApiError::Http {
+            status,
+            code: "http_error".into(),
+            message: String::from_utf8_lossy(body).trim().to_string(),
+        },
+    }
+}
+
+/// Percent-encodes one URL path segment or query value.
+fn encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn encode_path(p: &str) -> String {
+    p.split('/').map(encode).collect::<Vec<_>>().join("/")
+}
+
+fn session_url(id: &str) -> String {
+    format!("/v1/sessions/{}", encode(id))
+}
+
+/// The API path of a file in a session.
+fn file_url(id: &str, path: &str) -> String {
+    let path = format!("/{}", path.trim_start_matches('/'));
+    format!("{}/files{}", session_url(id), encode_path(&path))
+}
+
+#[async_trait]
+impl Api for Remote {
+    async fn run(&self, spec: RunSpec) -> Result<RunResult, ApiError> {
+        self.call_json(Method::POST, "/v1/runs", &spec).await
+    }
+
+    async fn create_session(&self, spec: SessionSpec) -> Result<SessionInfo, ApiError> {
+        self.call_json(Method::POST, "/v1/sessions", &spec).await
+    }
+
+    async fn end_session(&self, id: &str) -> Result<(), ApiError> {
+        let url = session_url(id);
+        self.call(Method::DELETE, &url, Body::None).await.map(drop)
+    }
+
+    async fn exec(&self, id: &str, spec: ExecSpec) -> Result<ExecResult, ApiError> {
+        let url = format!("{}/exec", session_url(id));
+        self.call_json(Method::POST, &url, &spec).await
+    }
+
+    async fn write_file(&self, id: &str, path: &str, data: Vec<u8>) -> Result<(), ApiError> {
+        let url = file_url(id, path);
+        self.call(Method::PUT, &url, Body::Bytes(data))
+            .await
+            .map(drop)
+    }
+
+    async fn read_file(&self, id: &str, path: &str) -> Result<Vec<u8>, ApiError> {
+        self.call(Method::GET, &file_url(id, path), Body::None)
+            .await
+    }
+
+    async fn list_files(&self, id: &str, path: &str) -> Result<Listing, ApiError> {
+        let url = format!("{}/files?path={}", session_url(id), encode(path));
+        parse(&self.call(Method::GET, &url, Body::None).await?)
+    }
+
+    fn for_caller(&self, _caller: Caller) -> Arc<dyn Api> {
+        Arc::new(self.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_and_encoding() {
+        assert_eq!(
+            encode_path("/workspace/a b?.txt"),
+            "/workspace/a%20b%3F.txt"
+        );
+        assert_eq!(encode("/tmp"), "%2Ftmp");
+        assert_eq!(file_url("s", "/tmp/x"), "/v1/sessions/s/files/tmp/x");
+    }
+
+    #[test]
+    fn an_error_answer_is_read_back_as_the_services_error() {
+        let body = br#"{"error":{"code":"not_found","message":"no session \"x\""}}"#;
+        assert!(matches!(
+            refusal(404, body),
+            ApiError::Service(ServiceError::NotFound(m)) if m == "no session \"x\""
+        ));
+        let body = br#"{"error":{"code":"unauthorized","message":"a token"}}"#;
+        assert!(
+            matches!(refusal(401, body), ApiError::Http { status: 401, code, .. }
+            if code == "unauthorized")
+        );
+    }
+}

@@ -1,0 +1,275 @@
+//! The HTTP surface: router, auth, error mapping, health, metrics and the OpenAPI document.
+//! The handlers ([`routes`]) only parse a request into a [`crate::service::Action`] and
+//! render the service's answer.
+
+mod extract;
+pub mod routes;
+mod stream;
+
+pub use crate::service::Caller;
+pub use extract::{ApiBytes, ApiJson, ApiPath, ApiQuery};
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
+
+use super::metrics::inc;
+use super::service::{Service, ServiceError};
+use super::{openapi, request_log};
+
+/// What the handlers share: the service they call.
+pub type Shared = Arc<Service>;
+
+/// An error answer: `{"error": {"code": ..., "message": ...}}`.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
+    pub fn busy(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::TOO_MANY_REQUESTS, "busy", message)
+    }
+
+    /// The caller's own quota is used up (other callers may still be served).
+    pub fn quota(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::TOO_MANY_REQUESTS, "quota_exceeded", message)
+    }
+}
+
+/// The status of each refusal of the service.
+pub fn status(e: &ServiceError) -> StatusCode {
+    match e {
+        ServiceError::BadRequest(_) => StatusCode::BAD_REQUEST,
+        ServiceError::NotFound(_) => StatusCode::NOT_FOUND,
+        ServiceError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+        ServiceError::SessionEnded(_) => StatusCode::GONE,
+        ServiceError::Busy(_) | ServiceError::QuotaExceeded(_) => StatusCode::TOO_MANY_REQUESTS,
+        ServiceError::Unsupported(_) => StatusCode::SERVICE_UNAVAILABLE,
+        ServiceError::SandboxFailed(_) | ServiceError::Internal(_) => {
+            StatusCode::INTERNAL_SERVER_ERROR
+        }
+    }
+}
+
+impl From<ServiceError> for ApiError {
+    fn from(e: ServiceError) -> ApiError {
+        let code = e.code();
+        ApiError::new(status(&e), code, e.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = Json(json!({"error": {"code": self.code, "message": self.message}}));
+        let mut response = (self.status, body).into_response();
+        if self.status == StatusCode::TOO_MANY_REQUESTS {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
+}
+
+async fn authenticate(State(state): State<Shared>, mut req: Request, next: Next) -> Response {
+    let public = matches!(req.uri().path(), "/healthz" | "/openapi.json");
+    let tokens = &state.config.tokens;
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(bearer_token);
+    let caller = match (tokens.is_empty(), presented) {
+        (true, _) => Some(Caller::anonymous().0),
+        (false, Some(p)) => tokens
+            .iter()
+            .find(|t| constant_time_eq(t.token.as_bytes(), p.as_bytes()))
+            .map(|t| t.id.clone()),
+        (false, None) => None,
+    };
+    // A public endpoint serves anyone, as "anonymous".
+    let caller = caller.or_else(|| public.then(|| Caller::anonymous().0));
+    match caller {
+        Some(id) => {
+            req.extensions_mut().insert(Caller(id.clone()));
+            let mut response = next.run(req).await;
+            // For the request log, which sees only the response.
+            response.extensions_mut().insert(Caller(id));
+            response
+        }
+        None => {
+            let mut r = ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "a valid bearer token is required",
+            )
+            .into_response();
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            r
+        }
+    }
+}
+
+/// The token of an `Authorization: Bearer <token>` header. The scheme is case-insensitive
+/// (RFC 9110, section 11.1): `bearer`, `BEARER` and `Bearer` are one scheme.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    let token = token.trim_start_matches(' ');
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Counts refused and failed requests for the metrics.
+async fn count_outcomes(State(state): State<Shared>, req: Request, next: Next) -> Response {
+    let response = next.run(req).await;
+    let status = response.status();
+    if status.is_client_error() {
+        inc(&state.metrics.rejected);
+    } else if status.is_server_error() {
+        inc(&state.metrics.errors);
+    }
+    response
+}
+
+/// A handler panic is a bug: it becomes a logged 500, and the server goes on.
+fn panic_response(panic: Box<dyn std::any::Any + Send>) -> Response {
+    let what = panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default();
+    tracing::error!("BUG: a handler panicked: {what}");
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal",
+        "internal error (logged)",
+    )
+    .into_response()
+}
+
+async fn healthz(State(state): State<Shared>) -> Json<serde_json::Value> {
+    use super::pool::Profile;
+    Json(json!({
+        "status": if state.is_shutting_down() { "shutting_down" } else { "ok" },
+        "sessions": state.sessions.len(),
+        "pool": {"python": state.pool.ready_count(Profile::Python), "shell": state.pool.ready_count(Profile::Shell)},
+    }))
+}
+
+async fn metrics(State(state): State<Shared>, headers: axum::http::HeaderMap) -> Response {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let format = super::metrics::Format::negotiate(accept);
+    let mut r = state.metrics.render(format).into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(format.content_type()),
+    );
+    r
+}
+
+/// The document for this server's own config: its maxima, its network and capability rules.
+async fn openapi_json(State(state): State<Shared>) -> Response {
+    // The KVM probe runs once per process (and is cached on disk), but may take seconds.
+    let engine = state.engine.clone();
+    let kvm = tokio::task::spawn_blocking(move || engine.oci.kvm_works())
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(true);
+    let host = openapi::Host { kvm };
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        Body::from(openapi::document_for(&state.config, &host)),
+    )
+        .into_response()
+}
+
+async fn fallback() -> ApiError {
+    ApiError::not_found("no such endpoint; see /openapi.json")
+}
+
+async fn wrong_method() -> ApiError {
+    let msg = "this endpoint does not take that method; see /openapi.json";
+    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", msg)
+}
+
+/// A service nested beside the API at `path`, made from the [`Service`]: MCP's
+/// streamable-HTTP transport at `/mcp`, whose tools act as the authenticated caller (the
+/// request's [`Caller`] extension). The binary supplies it, so the server does not depend on
+/// what it mounts.
+#[derive(Debug, Clone, Copy)]
+pub struct Mount {
+    pub path: &'static str,
+    pub make: fn(Shared) -> Router,
+}
+
+/// The API, with `mounts` beside it (behind the same authentication and logs).
+pub fn router(state: Shared, mounts: &[Mount]) -> Router {
+    let max_body = state.config.max_body.0 as usize;
+    let mut routes = Router::new()
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi_json))
+        .route("/v1/runs", post(routes::create_run))
+        .route("/v1/sessions", post(routes::create).get(routes::list))
+        .route(
+            "/v1/sessions/{id}",
+            axum::routing::delete(routes::remove).get(routes::show),
+        )
+        .route("/v1/sessions/{id}/exec", post(routes::exec))
+        .route("/v1/sessions/{id}/files", get(routes::list_files))
+        .route(
+            "/v1/sessions/{id}/files/{*path}",
+            get(routes::read_file)
+                .put(routes::write_file)
+                .delete(routes::delete_file),
+        );
+    for mount in mounts {
+        routes = routes.nest_service(mount.path, (mount.make)(state.clone()));
+    }
+    routes
+        .fallback(fallback)
+        .method_not_allowed_fallback(wrong_method)
+        .layer(axum::extract::DefaultBodyLimit::max(max_body))
+        .layer(middleware::from_fn_with_state(state.clone(), authenticate))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            count_outcomes,
+        ))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(
+            panic_response,
+        ))
+        .layer(middleware::from_fn(request_log::log_request))
+        .with_state(state)
+}

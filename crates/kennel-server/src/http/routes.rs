@@ -1,0 +1,191 @@
+//! The API's operations: each parses its request into an [`Action`], hands it to the
+//! service and renders the [`Reply`]. The `#[utoipa::path]` blocks document them; their tags
+//! (`runs`, `session_routes`) are the document's groups, which generated clients name their
+//! modules after, so they stay as they were when they were module names.
+
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use serde::Deserialize;
+
+use super::stream::{answer, StreamQuery};
+use super::{ApiBytes, ApiError, ApiJson, ApiPath, ApiQuery, Shared};
+use crate::service::{Action, Caller, Reply};
+use kennel_types::api::{ExecResult, ExecSpec, RunResult, RunSpec, SessionInfo, SessionSpec};
+
+impl IntoResponse for Reply {
+    fn into_response(self) -> Response {
+        match self {
+            Reply::Run(r) => Json(r).into_response(),
+            Reply::Exec(r) => Json(r).into_response(),
+            Reply::SessionCreated(info) => (StatusCode::CREATED, Json(info)).into_response(),
+            Reply::Session(info) => Json(info).into_response(),
+            Reply::Sessions(all) => Json(all).into_response(),
+            Reply::Listing(listing) => Json(listing).into_response(),
+            Reply::File(data) => {
+                ([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response()
+            }
+            Reply::Done => StatusCode::NO_CONTENT.into_response(),
+        }
+    }
+}
+
+/// Does `action` as `caller`, answering as the reply says.
+async fn handle(state: &Shared, caller: &Caller, action: Action) -> Result<Response, ApiError> {
+    Ok(state.handle(caller, action).await?.into_response())
+}
+
+#[utoipa::path(tag = "runs",
+    post, path = "/v1/runs", request_body = RunSpec, params(StreamQuery),
+    responses(
+        (status = 200, description = "The run's result (or an SSE stream with ?stream=true)", body = RunResult),
+        (status = 400, description = "A malformed request, or a limit outside this server's bounds"),
+        (status = 429, description = "Too many runs at once; see Retry-After"),
+        (status = 503, description = "This host cannot enforce a layer the request needs"),
+    )
+)]
+pub async fn create_run(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    ApiQuery(q): ApiQuery<StreamQuery>,
+    headers: HeaderMap,
+    ApiJson(spec): ApiJson<RunSpec>,
+) -> Result<Response, ApiError> {
+    answer(state, caller, q.wanted(&headers), |live| Action::Run {
+        spec,
+        live,
+    })
+    .await
+}
+
+#[utoipa::path(tag = "session_routes", post, path = "/v1/sessions", request_body = SessionSpec,
+    responses(
+        (status = 201, description = "The session, started", body = SessionInfo),
+        (status = 400, description = "A malformed request, a limit or `idle_ttl` outside this server's bounds"),
+        (status = 429, description = "The server keeps as many sessions as it may; see Retry-After"),
+    ))]
+pub async fn create(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    ApiJson(spec): ApiJson<SessionSpec>,
+) -> Result<Response, ApiError> {
+    handle(&state, &caller, Action::CreateSession { spec }).await
+}
+
+#[utoipa::path(tag = "session_routes", get, path = "/v1/sessions", responses((status = 200, description = "This caller's sessions", body = Vec<SessionInfo>)))]
+pub async fn list(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Response, ApiError> {
+    handle(&state, &caller, Action::ListSessions).await
+}
+
+#[utoipa::path(tag = "session_routes", get, path = "/v1/sessions/{id}", responses(
+    (status = 200, description = "The session", body = SessionInfo),
+    (status = 404, description = "No such session for this caller")))]
+pub async fn show(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Response, ApiError> {
+    handle(&state, &caller, Action::ShowSession { id }).await
+}
+
+#[utoipa::path(tag = "session_routes", delete, path = "/v1/sessions/{id}", responses(
+    (status = 204, description = "The session and its sandbox are gone"),
+    (status = 404, description = "No such session for this caller")))]
+pub async fn remove(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Response, ApiError> {
+    handle(&state, &caller, Action::EndSession { id }).await
+}
+
+#[utoipa::path(tag = "session_routes", post, path = "/v1/sessions/{id}/exec", request_body = ExecSpec, params(StreamQuery),
+    responses(
+        (status = 200, description = "What the code did (or an SSE stream with ?stream=true)", body = ExecResult),
+        (status = 400, description = "A malformed request, or a timeout outside this server's bounds"),
+        (status = 404, description = "No such session for this caller"),
+        (status = 410, description = "The session's sandbox has ended"),
+    ))]
+pub async fn exec(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(q): ApiQuery<StreamQuery>,
+    headers: HeaderMap,
+    ApiJson(spec): ApiJson<ExecSpec>,
+) -> Result<Response, ApiError> {
+    let action = |live| Action::Exec { id, spec, live };
+    answer(state, caller, q.wanted(&headers), action).await
+}
+
+#[utoipa::path(tag = "session_routes", put, path = "/v1/sessions/{id}/files/{path}", request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses(
+        (status = 204, description = "Written"),
+        (status = 400, description = "A path outside /workspace and /tmp, or refused by the sandbox"),
+        (status = 404, description = "No such session for this caller"),
+        (status = 410, description = "The session's sandbox has ended"),
+        (status = 413, description = "Larger than the session's workspace or this server's max_body"),
+    ))]
+pub async fn write_file(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    ApiPath((id, path)): ApiPath<(String, String)>,
+    ApiBytes(body): ApiBytes,
+) -> Result<Response, ApiError> {
+    let data = body.to_vec();
+    handle(&state, &caller, Action::WriteFile { id, path, data }).await
+}
+
+#[utoipa::path(tag = "session_routes", get, path = "/v1/sessions/{id}/files/{path}",
+    responses(
+        (status = 200, description = "The file's bytes", content_type = "application/octet-stream", body = Vec<u8>),
+        (status = 400, description = "A path outside /workspace and /tmp, or not a file"),
+        (status = 404, description = "No such session for this caller, or no such file"),
+        (status = 410, description = "The session's sandbox has ended"),
+        (status = 413, description = "The file is larger than this server returns (max_body)"),
+    ))]
+pub async fn read_file(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    ApiPath((id, path)): ApiPath<(String, String)>,
+) -> Result<Response, ApiError> {
+    handle(&state, &caller, Action::ReadFile { id, path }).await
+}
+
+#[utoipa::path(tag = "session_routes", delete, path = "/v1/sessions/{id}/files/{path}", responses(
+    (status = 204, description = "Deleted"),
+    (status = 400, description = "A path outside /workspace and /tmp, or refused by the sandbox"),
+    (status = 404, description = "No such session for this caller, or no such file"),
+    (status = 410, description = "The session's sandbox has ended")))]
+pub async fn delete_file(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    ApiPath((id, path)): ApiPath<(String, String)>,
+) -> Result<Response, ApiError> {
+    handle(&state, &caller, Action::DeleteFile { id, path }).await
+}
+
+/// `?path=` for a listing: /workspace by default.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    pub path: Option<String>,
+}
+
+#[utoipa::path(tag = "session_routes", get, path = "/v1/sessions/{id}/files", params(ListQuery), responses(
+    (status = 200, description = "The directory's entries", body = Object),
+    (status = 400, description = "A path outside /workspace and /tmp, or not a directory"),
+    (status = 404, description = "No such session for this caller, or no such directory"),
+    (status = 410, description = "The session's sandbox has ended")))]
+pub async fn list_files(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> Result<Response, ApiError> {
+    handle(&state, &caller, Action::ListFiles { id, path: q.path }).await
+}

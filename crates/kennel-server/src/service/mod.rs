@@ -1,0 +1,425 @@
+//! The one way into Kennel's server, after Firecracker's `VmmAction`: every entry (the HTTP
+//! API, MCP in this process, MCP forwarding to a `kennel serve`) turns what it was asked into
+//! an [`Action`] and gets a [`Reply`] or a [`ServiceError`] back from [`Service::handle`].
+//!
+//! The business rules live here and nowhere else: pool choice, quotas and run slots, the
+//! caller's network pins and minimum isolation, session bookkeeping, collection, audit and
+//! metrics. An entry only parses its own input and renders the answer in its own form.
+
+mod run;
+mod session;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::{oneshot, Semaphore};
+
+use super::audit::Audit;
+use super::config::ServerConfig;
+use super::metrics::Metrics;
+use super::pool::Pool;
+use super::sessions::Sessions;
+use kennel_sandbox::engine::Engine;
+use kennel_sandbox::error::Error;
+use kennel_sandbox::{Canceller, OutputSink, Stream};
+use kennel_types::api::{
+    ExecResult, ExecSpec, Listing, RunResult, RunSpec, SessionInfo, SessionSpec,
+};
+
+/// Who asks: the id of the bearer token that authenticated the request ("anonymous" when the
+/// server has no tokens). Every action is done as one caller, who sees only its own sessions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller(pub String);
+
+impl Caller {
+    /// The one caller of a server without tokens.
+    pub fn anonymous() -> Caller {
+        Caller("anonymous".to_string())
+    }
+}
+
+/// Everything a caller can ask of the service. Each variant says when it is refused.
+#[derive(Debug)]
+pub enum Action {
+    /// A one-shot run in a fresh sandbox (from the warm pool when one fits). Refused past the
+    /// caller's run quota or the server's run slots.
+    Run {
+        spec: RunSpec,
+        live: Option<Live>,
+    },
+    /// A sandbox kept between steps. Refused past the session caps, and for a caller whose
+    /// minimum isolation is above the native tier (sessions are native only).
+    CreateSession {
+        spec: SessionSpec,
+    },
+    /// The caller's sessions, oldest first.
+    ListSessions,
+    /// One of the caller's sessions; another caller's does not exist for it.
+    ShowSession {
+        id: String,
+    },
+    /// Ends a session and destroys its sandbox, whatever it is doing.
+    EndSession {
+        id: String,
+    },
+    /// Code in a session; takes a run slot as a run does.
+    Exec {
+        id: String,
+        spec: ExecSpec,
+        live: Option<Live>,
+    },
+    /// Files in and out of a session, confined to /workspace and /tmp; `path` with or
+    /// without its leading `/`.
+    WriteFile {
+        id: String,
+        path: String,
+        data: Vec<u8>,
+    },
+    ReadFile {
+        id: String,
+        path: String,
+    },
+    DeleteFile {
+        id: String,
+        path: String,
+    },
+    /// A directory (/workspace when `path` is `None`).
+    ListFiles {
+        id: String,
+        path: Option<String>,
+    },
+}
+
+/// What an action answered.
+#[derive(Debug)]
+pub enum Reply {
+    /// Boxed: a run's result is many times the size of any other reply.
+    Run(Box<RunResult>),
+    SessionCreated(SessionInfo),
+    Session(SessionInfo),
+    Sessions(Vec<SessionInfo>),
+    Exec(ExecResult),
+    File(Vec<u8>),
+    Listing(Listing),
+    /// Done, with nothing to say (a session ended, a file written or deleted).
+    Done,
+}
+
+/// Why an action was refused or failed. On the wire (`{"code": ..., "message": ...}`, the
+/// inside of the API's error answer) it is this enum itself, so an entry on the far side of
+/// HTTP reads the same variant back.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[serde(tag = "code", content = "message", rename_all = "snake_case")]
+pub enum ServiceError {
+    /// The request is malformed or outside this server's bounds.
+    #[error("{0}")]
+    BadRequest(String),
+    /// No such session for this caller, or no such file.
+    #[error("{0}")]
+    NotFound(String),
+    /// A file larger than the session's workspace or than this server returns.
+    #[error("{0}")]
+    TooLarge(String),
+    /// The session's sandbox has ended.
+    #[error("{0}")]
+    SessionEnded(String),
+    /// The server is full (its run slots or its sessions); retry later.
+    #[error("{0}")]
+    Busy(String),
+    /// The caller's own quota is used up (other callers may still be served).
+    #[error("{0}")]
+    QuotaExceeded(String),
+    /// This host cannot enforce a layer the request needs.
+    #[error("{0}")]
+    Unsupported(String),
+    /// The sandbox could not be set up, or broke.
+    #[error("{0}")]
+    SandboxFailed(String),
+    /// A bug in Kennel.
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ServiceError {
+    /// The stable code of the API's error answer.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ServiceError::BadRequest(_) => "bad_request",
+            ServiceError::NotFound(_) => "not_found",
+            ServiceError::TooLarge(_) => "too_large",
+            ServiceError::SessionEnded(_) => "session_ended",
+            ServiceError::Busy(_) => "busy",
+            ServiceError::QuotaExceeded(_) => "quota_exceeded",
+            ServiceError::Unsupported(_) => "unsupported",
+            ServiceError::SandboxFailed(_) => "sandbox_failed",
+            ServiceError::Internal(_) => "internal",
+        }
+    }
+}
+
+impl From<Error> for ServiceError {
+    fn from(e: Error) -> ServiceError {
+        match e {
+            Error::Policy(_) => ServiceError::BadRequest(e.to_string()),
+            Error::Unsupported { .. } => ServiceError::Unsupported(e.to_string()),
+            _ => ServiceError::SandboxFailed(e.to_string()),
+        }
+    }
+}
+
+impl From<kennel_sandbox::error::PolicyError> for ServiceError {
+    fn from(e: kennel_sandbox::error::PolicyError) -> ServiceError {
+        ServiceError::BadRequest(e.to_string())
+    }
+}
+
+/// A caller that streams a run's or an exec's output: the output goes to its sink as it
+/// comes, and it learns when the work is accepted (its checks passed and it holds a run
+/// slot), so that a refusal can still be answered as a plain error rather than as part of a
+/// stream.
+#[derive(Clone)]
+pub struct Live {
+    sink: OutputSink,
+    accepted: Arc<Mutex<Option<oneshot::Sender<()>>>>,
+}
+
+impl std::fmt::Debug for Live {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Live")
+    }
+}
+
+impl Live {
+    /// A live output to `sink`, and what resolves once the work is accepted (or is dropped
+    /// unresolved when the action is refused first).
+    pub fn new(sink: OutputSink) -> (Live, oneshot::Receiver<()>) {
+        let (tx, rx) = oneshot::channel();
+        let live = Live {
+            sink,
+            accepted: Arc::new(Mutex::new(Some(tx))),
+        };
+        (live, rx)
+    }
+
+    fn accept(&self) {
+        let sender = self
+            .accepted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(tx) = sender {
+            let _ = tx.send(());
+        }
+    }
+
+    fn send(&self, stream: Stream, data: &[u8]) {
+        (self.sink)(stream, data);
+    }
+}
+
+/// The server's state and rules: everything each action needs.
+pub struct Service {
+    pub config: ServerConfig,
+    pub engine: Arc<Engine>,
+    pub metrics: Metrics,
+    pub audit: Audit,
+    pub sessions: Sessions,
+    pub pool: Arc<Pool>,
+    slots: Arc<Semaphore>,
+    /// Each token's run slots, made on its first run (with a quota only: see
+    /// [`ServerConfig::share`]).
+    token_slots: Mutex<HashMap<String, Arc<Semaphore>>>,
+    running: Mutex<HashMap<u64, Canceller>>,
+    next_run: AtomicU64,
+    shutting_down: AtomicBool,
+}
+
+impl Service {
+    pub fn new(
+        config: ServerConfig,
+        engine: Arc<Engine>,
+        audit: Audit,
+        pool: Arc<Pool>,
+    ) -> Service {
+        Service {
+            slots: Arc::new(Semaphore::new(config.max_concurrent)),
+            token_slots: Mutex::new(HashMap::new()),
+            config,
+            engine,
+            metrics: Metrics::default(),
+            audit,
+            sessions: Sessions::default(),
+            pool,
+            running: Mutex::new(HashMap::new()),
+            next_run: AtomicU64::new(0),
+            shutting_down: AtomicBool::new(false),
+        }
+    }
+
+    /// Does what `caller` asked.
+    pub async fn handle(
+        self: &Arc<Self>,
+        caller: &Caller,
+        action: Action,
+    ) -> Result<Reply, ServiceError> {
+        match action {
+            Action::Run { spec, live } => run::run(self, caller, spec, live)
+                .await
+                .map(|r| Reply::Run(Box::new(r))),
+            Action::CreateSession { spec } => session::create(self, caller, &spec)
+                .await
+                .map(Reply::SessionCreated),
+            Action::ListSessions => Ok(Reply::Sessions(session::list(self, caller))),
+            Action::ShowSession { id } => {
+                Ok(Reply::Session(session::owned(self, caller, &id)?.info()))
+            }
+            Action::EndSession { id } => {
+                let s = session::owned(self, caller, &id)?;
+                self.sessions.remove(&s.id);
+                self.end_session(&s).await;
+                Ok(Reply::Done)
+            }
+            Action::Exec { id, spec, live } => session::exec(self, caller, &id, spec, live)
+                .await
+                .map(Reply::Exec),
+            Action::WriteFile { id, path, data } => {
+                session::write_file(self, caller, &id, &path, &data).await?;
+                Ok(Reply::Done)
+            }
+            Action::ReadFile { id, path } => session::read_file(self, caller, &id, &path)
+                .await
+                .map(Reply::File),
+            Action::DeleteFile { id, path } => {
+                session::delete_file(self, caller, &id, &path).await?;
+                Ok(Reply::Done)
+            }
+            Action::ListFiles { id, path } => session::list_files(self, caller, &id, path)
+                .await
+                .map(Reply::Listing),
+        }
+    }
+
+    /// Whether the server has stopped taking new work.
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Relaxed)
+    }
+
+    /// Refuses new work from now on.
+    pub fn stop_accepting(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+    }
+
+    /// Destroys a session's sandbox, whatever it is doing (the session is already out of the
+    /// table).
+    pub async fn end_session(&self, session: &super::sessions::Session) {
+        session.agent.kill();
+        session.agent.close().await;
+        self.metrics.active_sessions.set(self.sessions.len() as i64);
+    }
+
+    /// Registers work that shutdown may have to kill; the guard unregisters it.
+    fn track(self: &Arc<Self>, cancel: Canceller) -> Tracked {
+        let id = self.next_run.fetch_add(1, Ordering::Relaxed);
+        self.running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, cancel);
+        Tracked {
+            service: self.clone(),
+            id,
+        }
+    }
+
+    /// One of the server's run slots and one of the caller's: 429 naming the cap or the quota
+    /// when none is free.
+    fn run_slot(&self, caller: &Caller) -> Result<RunSlot, ServiceError> {
+        let own = match self.config.share(&caller.0) {
+            Some(share) => {
+                let sem = self
+                    .token_slots
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry(caller.0.clone())
+                    .or_insert_with(|| Arc::new(Semaphore::new(share.runs)))
+                    .clone();
+                let permit = sem.try_acquire_owned().map_err(|_| {
+                    ServiceError::QuotaExceeded(format!(
+                        "this token has {} runs under way, its quota (quota.runs); retry when \
+                         one ends",
+                        share.runs
+                    ))
+                })?;
+                Some(permit)
+            }
+            None => None,
+        };
+        let server = self
+            .slots
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| ServiceError::Busy("too many runs at once".into()))?;
+        Ok(RunSlot {
+            _server: server,
+            _own: own,
+        })
+    }
+
+    /// Kills every run still going (the shutdown grace is over).
+    pub fn cancel_all(&self) {
+        for c in self
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+        {
+            c.cancel();
+        }
+    }
+}
+
+/// Runs `work` holding `slot`, once the caller streaming it (if any) knows it is accepted.
+/// The work goes on in a task of its own that holds the slot: a caller that goes away
+/// neither frees a slot its sandbox still uses nor skips the audit.
+async fn in_slot<T, F, W>(slot: RunSlot, live: Option<Live>, work: W) -> Result<T, ServiceError>
+where
+    W: FnOnce(Option<Live>) -> F,
+    F: std::future::Future<Output = Result<T, ServiceError>> + Send + 'static,
+    T: Send + 'static,
+{
+    if let Some(live) = &live {
+        live.accept();
+    }
+    let work = work(live);
+    let task = tokio::spawn(async move {
+        let _slot = slot;
+        work.await
+    });
+    task.await
+        .map_err(|e| ServiceError::Internal(e.to_string()))?
+}
+
+/// A run's hold on a slot of the server's and of its token's quota, freed when dropped.
+struct RunSlot {
+    _server: tokio::sync::OwnedSemaphorePermit,
+    _own: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+struct Tracked {
+    service: Arc<Service>,
+    id: u64,
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.service
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.id);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,281 @@
+//! One-shot runs: from the warm pool when one fits, cold otherwise.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::{in_slot, Caller, Live, Service, ServiceError};
+use crate::agent::{AgentError, AgentSandbox, Exec};
+use crate::audit::Entry;
+use crate::metrics::inc;
+use kennel_sandbox::native::helper::in_scratch;
+use kennel_sandbox::{Canceller, OutputMode, RunIo, StdinSource, Stream};
+use kennel_types::api::{CollectedFile, Command, Content, RunRequest, RunResult, RunSpec};
+
+/// A run as `caller` asked for it: checked against the server's bounds and the caller's own
+/// rules (network pins, minimum isolation), then run in a slot.
+pub(super) async fn run(
+    service: &Arc<Service>,
+    caller: &Caller,
+    spec: RunSpec,
+    live: Option<Live>,
+) -> Result<RunResult, ServiceError> {
+    let config = &service.config;
+    config.check_network(&caller.0, &spec.network)?;
+    let mut req = spec.to_request(&config.base_policy(), &config.maxima)?;
+    config.enforce_isolation(&caller.0, &mut req.policy, spec.names_tier())?;
+    check_paths(&req)?;
+    let slot = service.run_slot(caller)?;
+    let (service, caller) = (service.clone(), caller.clone());
+    in_slot(slot, live, |live| async move {
+        execute(&service, &caller, &spec, req, live).await
+    })
+    .await
+}
+
+fn check_paths(req: &RunRequest) -> Result<(), ServiceError> {
+    let files = req.files.iter().map(|f| ("files", &f.path));
+    let collect = req.collect.iter().map(|p| ("collect", p));
+    match files.chain(collect).find(|(_, p)| !in_scratch(p)) {
+        Some((field, p)) => Err(ServiceError::BadRequest(format!(
+            "`{field}`: path {p:?} must be a file path under /workspace/ or /tmp/ (no NUL, \
+             no empty, `.` or `..` segments)"
+        ))),
+        None => Ok(()),
+    }
+}
+
+async fn execute(
+    state: &Arc<Service>,
+    caller: &Caller,
+    spec: &RunSpec,
+    req: RunRequest,
+    live: Option<Live>,
+) -> Result<RunResult, ServiceError> {
+    let started = Instant::now();
+    let agent = state.pool.serves(&req).and_then(|p| state.pool.take(p));
+    inc(if agent.is_some() {
+        &state.metrics.pool_hits
+    } else {
+        &state.metrics.pool_misses
+    });
+    let pooled = agent.is_some();
+    let outcome = match agent {
+        Some(agent) => run_pooled(state, agent, &req, live).await,
+        None => run_cold(state, req.clone(), live).await,
+    };
+    let code = spec
+        .code
+        .clone()
+        .unwrap_or_else(|| spec.argv.clone().unwrap_or_default().join(" "));
+    let entry = Entry {
+        language: spec.language.map(kennel_types::api::Language::name),
+        pooled,
+        duration_ms: started.elapsed().as_millis() as u64,
+        ..Entry::new(&caller.0, "run", code.as_bytes(), &req.policy.limits)
+    };
+    match &outcome {
+        Ok(r) => {
+            inc(&state.metrics.runs);
+            state
+                .metrics
+                .observe(started.elapsed().as_secs_f64(), r.timed_out, r.oom_killed);
+            state.audit.record(&Entry {
+                isolation: Some(&r.isolation),
+                ..entry.with_result(r)
+            });
+        }
+        Err(e) => state.audit.record(&Entry {
+            error: Some(e.to_string()),
+            ..entry
+        }),
+    }
+    outcome
+}
+
+async fn run_cold(
+    state: &Arc<Service>,
+    req: RunRequest,
+    live: Option<Live>,
+) -> Result<RunResult, ServiceError> {
+    let cancel = Canceller::new();
+    let _tracked = state.track(cancel.clone());
+    let io = RunIo {
+        stdin: StdinSource::Null,
+        on_output: live.map(|l| l.sink),
+        output: OutputMode::Capture,
+        cancel: Some(cancel),
+        on_started: None,
+    };
+    let engine = state.engine.clone();
+    tokio::task::spawn_blocking(move || engine.run(&req, io))
+        .await
+        .map_err(|e| ServiceError::Internal(e.to_string()))?
+        .map_err(ServiceError::from)
+}
+
+fn agent_failed(e: AgentError) -> ServiceError {
+    ServiceError::SandboxFailed(e.to_string())
+}
+
+/// The output a pooled run's code produced, as it came, and when its exec began: what the run
+/// reports if its sandbox dies under it (the code killed the agent, the OOM killer did, or
+/// shutdown did), instead of the sandbox's own output and age.
+struct Seen {
+    began: Instant,
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+}
+
+impl Seen {
+    fn push(&mut self, stream: Stream, data: &[u8]) {
+        match stream {
+            Stream::Stdout => self.stdout.extend_from_slice(data),
+            Stream::Stderr => self.stderr.extend_from_slice(data),
+        }
+    }
+
+    /// The code's part of the result of a sandbox that died under it: its output so far (the
+    /// agent sends only the kept part, so at the cap it may have been cut) and its own
+    /// duration; the exit, the usage and the isolation are the sandbox's.
+    fn into_result(self, limit: u64, timed_out: bool, sandbox: RunResult) -> RunResult {
+        let cut = |b: &[u8]| b.len() as u64 >= limit;
+        RunResult {
+            timed_out: timed_out || sandbox.timed_out,
+            duration_ms: self.began.elapsed().as_millis() as u64,
+            stdout_bytes: self.stdout.len() as u64,
+            stderr_bytes: self.stderr.len() as u64,
+            stdout_truncated: cut(&self.stdout),
+            stderr_truncated: cut(&self.stderr),
+            stdout: String::from_utf8_lossy(&self.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&self.stderr).into_owned(),
+            ..sandbox
+        }
+    }
+}
+
+/// Serves a run from a pre-started sandbox: files in, the code, files out, then the sandbox
+/// ends and its own result supplies the usage and the isolation.
+async fn run_pooled(
+    state: &Arc<Service>,
+    agent: AgentSandbox,
+    req: &RunRequest,
+    live: Option<Live>,
+) -> Result<RunResult, ServiceError> {
+    let _tracked = state.track(agent.canceller());
+    let Command::Code { language, code } = &req.command else {
+        return Err(ServiceError::BadRequest(
+            "only code runs are served from the pool".into(),
+        ));
+    };
+    let limits = &req.policy.limits;
+    for f in &req.files {
+        let data = f.content.to_bytes()?;
+        agent
+            .write_file(&f.path, &data, f.mode)
+            .await
+            .map_err(|e| ServiceError::BadRequest(format!("file {}: {e}", f.path)))?;
+    }
+    let stdin = match &req.stdin {
+        Some(c) => Some(String::from_utf8_lossy(&c.to_bytes()?).into_owned()),
+        None => None,
+    };
+    let mut seen = Seen {
+        began: Instant::now(),
+        stdout: Vec::new(),
+        stderr: Vec::new(),
+    };
+    let on_output = |s: Stream, data: &[u8]| {
+        if let Some(live) = &live {
+            live.send(s, data);
+        }
+        seen.push(s, data);
+    };
+    let exec = Exec {
+        language: *language,
+        code,
+        stdin: stdin.as_deref(),
+        timeout: limits.timeout.0,
+        output_limit: limits.output.0,
+        one_shot: true,
+    };
+    let exec = agent.exec(exec, on_output).await;
+    let mut files = Vec::new();
+    if exec.is_ok() {
+        for path in &req.collect {
+            files.push(collect_pooled(&agent, path, limits.collect_size.0).await);
+        }
+    }
+    // The sandbox has nothing left to do. When the code ran, its usage is read from the
+    // cgroup now and the sandbox is destroyed after the answer: waiting for the teardown
+    // would cost the caller ~10 ms.
+    let (exec, isolation, usage) = match (exec, agent.usage_now()) {
+        (Ok(exec), Some((isolation, stats))) => (exec, isolation, stats.unwrap_or_default()),
+        (exec, _) => {
+            agent.kill();
+            let sandbox = match agent.close().await {
+                Some(r) => r?,
+                None => return Err(agent_failed(AgentError::Gone(String::new()))),
+            };
+            let limit = limits.output.0;
+            return match exec {
+                Ok(exec) => Ok(RunResult {
+                    files,
+                    ..sandbox.with_outcome(exec.outcome)
+                }),
+                // The whole sandbox died under the code: the code's own output and time, the
+                // sandbox's exit (the OOM killer's or the signal's) and usage.
+                Err(AgentError::Gone(_)) => Ok(seen.into_result(limit, false, sandbox)),
+                // The agent did not answer past the code's timeout: the code ran out of time.
+                Err(AgentError::Unresponsive) => Ok(seen.into_result(limit, true, sandbox)),
+                Err(e) => Err(agent_failed(e)),
+            };
+        }
+    };
+    tokio::spawn(async move {
+        agent.kill();
+        agent.close().await;
+    });
+    let template = RunResult {
+        exit_code: None,
+        signal: None,
+        timed_out: false,
+        oom_killed: usage.oom_kills > 0,
+        pids_limit_hit: usage.pids_max_hits > 0,
+        duration_ms: 0,
+        cpu_ms: usage.cpu_ns / 1_000_000,
+        memory_peak_bytes: usage.memory_peak,
+        stdout: String::new(),
+        stderr: String::new(),
+        stdout_bytes: 0,
+        stderr_bytes: 0,
+        stdout_truncated: false,
+        stderr_truncated: false,
+        files: vec![],
+        isolation,
+        network_log: vec![],
+    };
+    Ok(RunResult {
+        files,
+        ..template.with_outcome(exec.outcome)
+    })
+}
+
+/// One collected file of a pooled run, read by the agent.
+async fn collect_pooled(agent: &AgentSandbox, path: &str, max: u64) -> CollectedFile {
+    match agent.read_file(path, max).await {
+        Ok((size, data)) => CollectedFile {
+            path: path.to_string(),
+            size,
+            truncated: size > data.len() as u64,
+            content: Some(Content::from_bytes(data)),
+            error: None,
+        },
+        Err(e) => CollectedFile {
+            path: path.to_string(),
+            size: 0,
+            truncated: false,
+            content: None,
+            error: Some(e.to_string()),
+        },
+    }
+}

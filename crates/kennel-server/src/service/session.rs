@@ -1,0 +1,328 @@
+//! Sessions: create, list, find; exec; files in and out.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::{in_slot, Caller, Live, Service, ServiceError};
+use crate::agent::{AgentError, AgentSandbox, Exec};
+use crate::audit::Entry;
+use crate::config::ServerConfig;
+use crate::metrics::inc;
+use crate::sessions::{Full, Session, MIN_MEMORY, MIN_PIDS};
+use kennel_sandbox::native::helper::in_scratch;
+use kennel_types::api::{ExecResult, ExecSpec, Listing, SessionInfo, SessionSpec};
+use kennel_types::policy::{ByteSize, Span, Strength};
+
+/// The caller's session `id`: another caller's does not exist, as far as this one can tell.
+pub(super) fn owned(
+    service: &Service,
+    caller: &Caller,
+    id: &str,
+) -> Result<Arc<Session>, ServiceError> {
+    match service.sessions.get(id) {
+        Some(s) if s.token_id == caller.0 => Ok(s),
+        _ => Err(ServiceError::NotFound(format!("no session {id:?}"))),
+    }
+}
+
+fn agent_error(e: AgentError) -> ServiceError {
+    match e {
+        AgentError::Refused(m) => ServiceError::BadRequest(m),
+        AgentError::Gone(_) => ServiceError::SessionEnded(e.to_string()),
+        _ => ServiceError::SandboxFailed(e.to_string()),
+    }
+}
+
+/// A file operation's error: a missing `path` is not found, the rest as [`agent_error`].
+fn missing_is_not_found(e: AgentError, path: &str, what: &str) -> ServiceError {
+    match e {
+        AgentError::Refused(m) if m.starts_with("ENOENT") => {
+            ServiceError::NotFound(format!("{path}: no such {what}"))
+        }
+        e => agent_error(e),
+    }
+}
+
+pub(super) async fn create(
+    service: &Service,
+    caller: &Caller,
+    spec: &SessionSpec,
+) -> Result<SessionInfo, ServiceError> {
+    let config = &service.config;
+    if config.min_isolation(&caller.0) > Strength::Native {
+        return Err(ServiceError::BadRequest(
+            "sessions run in the native tier only, and this caller must use a stronger one; \
+             send single runs to /v1/runs instead"
+                .into(),
+        ));
+    }
+    let quota = config.share(&caller.0).map(|s| s.sessions);
+    let _place = match service
+        .sessions
+        .reserve(&caller.0, config.sessions.max_sessions, quota)
+    {
+        Ok(place) => place,
+        Err(Full::Server(max)) => {
+            return Err(ServiceError::Busy(format!(
+                "{max} sessions are open, the most this server keeps"
+            )))
+        }
+        Err(Full::Token(quota)) => {
+            return Err(ServiceError::QuotaExceeded(format!(
+                "this token has {quota} sessions open, its quota (quota.sessions); end one first"
+            )))
+        }
+    };
+    let mut policy = config.base_policy();
+    policy.limits = spec.limits.apply(&policy.limits, &config.maxima)?;
+    if policy.limits.memory.0 < MIN_MEMORY {
+        return Err(ServiceError::BadRequest(format!(
+            "`limits.memory` is {}, below the {} a session's agent needs",
+            policy.limits.memory,
+            ByteSize(MIN_MEMORY)
+        )));
+    }
+    if policy.limits.pids < MIN_PIDS {
+        return Err(ServiceError::BadRequest(format!(
+            "`limits.pids` is {}, below the {MIN_PIDS} a session's agent and its execs need",
+            policy.limits.pids,
+        )));
+    }
+    policy.env.extend(spec.env.clone());
+    config.check_network(&caller.0, &spec.network)?;
+    policy.network = spec.network.clone();
+    policy.validate()?;
+    let idle_ttl = idle_ttl(config, spec.idle_ttl)?;
+    let lifetime = config.sessions.max_lifetime.0;
+    let limits = policy.limits.clone();
+    let agent = AgentSandbox::start(service.engine.clone(), policy, lifetime).await?;
+    let session = Arc::new(Session::new(
+        caller.0.clone(),
+        agent,
+        limits,
+        idle_ttl,
+        lifetime,
+    ));
+    service.sessions.insert(session.clone());
+    inc(&service.metrics.sessions_created);
+    service
+        .metrics
+        .active_sessions
+        .set(service.sessions.len() as i64);
+    Ok(session.info())
+}
+
+/// The idle TTL a session asked for, refused (never clamped) outside this server's bounds.
+fn idle_ttl(config: &ServerConfig, asked: Option<Span>) -> Result<Duration, ServiceError> {
+    let (lo, hi) = crate::openapi::session_ttl_bounds(config);
+    let Some(t) = asked else {
+        return Ok(config.sessions.idle_ttl.0);
+    };
+    let bound = |ms| Span(Duration::from_millis(ms));
+    if t.millis() > hi {
+        return Err(ServiceError::BadRequest(format!(
+            "`idle_ttl` is {t}, above this server's maximum of {}",
+            bound(hi)
+        )));
+    }
+    if t.millis() < lo {
+        return Err(ServiceError::BadRequest(format!(
+            "`idle_ttl` is {t}, below the minimum of {}",
+            bound(lo)
+        )));
+    }
+    Ok(t.0)
+}
+
+pub(super) fn list(service: &Service, caller: &Caller) -> Vec<SessionInfo> {
+    let mut all: Vec<SessionInfo> = service
+        .sessions
+        .list()
+        .iter()
+        .filter(|s| s.token_id == caller.0)
+        .map(|s| s.info())
+        .collect();
+    all.sort_by_key(|s| s.created_at_unix_ms);
+    all
+}
+
+pub(super) async fn exec(
+    service: &Arc<Service>,
+    caller: &Caller,
+    id: &str,
+    spec: ExecSpec,
+    live: Option<Live>,
+) -> Result<ExecResult, ServiceError> {
+    spec.check()?;
+    let session = owned(service, caller, id)?;
+    let max = service.config.maxima.timeout;
+    let timeout = match spec.timeout {
+        Some(t) if t > max => {
+            return Err(ServiceError::BadRequest(format!(
+                "`timeout` is {t}, above this server's maximum of {max}"
+            )))
+        }
+        Some(t) if t.0.is_zero() => {
+            return Err(ServiceError::BadRequest(
+                "`timeout` must be more than zero".into(),
+            ))
+        }
+        Some(t) => t.0,
+        None => session.limits.timeout.0,
+    };
+    let slot = service.run_slot(caller)?;
+    let (service, caller) = (service.clone(), caller.clone());
+    in_slot(slot, live, |live| async move {
+        run_exec(&service, &caller, &session, &spec, timeout, live).await
+    })
+    .await
+}
+
+async fn run_exec(
+    service: &Service,
+    caller: &Caller,
+    session: &Session,
+    spec: &ExecSpec,
+    timeout: Duration,
+    live: Option<Live>,
+) -> Result<ExecResult, ServiceError> {
+    let _busy = session.busy();
+    let started = Instant::now();
+    let exec = Exec {
+        language: spec.language,
+        code: &spec.code,
+        stdin: spec.stdin.as_deref(),
+        timeout,
+        output_limit: session.limits.output.0,
+        one_shot: false,
+    };
+    let on_output = |s, data: &[u8]| {
+        if let Some(live) = &live {
+            live.send(s, data);
+        }
+    };
+    let outcome = session.agent.exec(exec, on_output).await;
+    let entry = Entry {
+        session: Some(&session.id),
+        language: Some(spec.language.name()),
+        duration_ms: started.elapsed().as_millis() as u64,
+        ..Entry::new(&caller.0, "exec", spec.code.as_bytes(), &session.limits)
+    };
+    let result = match outcome {
+        Ok(r) => r,
+        Err(e) => {
+            service.audit.record(&Entry {
+                error: Some(e.to_string()),
+                ..entry
+            });
+            return Err(agent_error(e));
+        }
+    };
+    let o = &result.outcome;
+    inc(&service.metrics.execs);
+    service
+        .metrics
+        .observe(started.elapsed().as_secs_f64(), o.timed_out, false);
+    service.audit.record(&Entry {
+        exit_code: o.exit_code,
+        signal: o.signal,
+        timed_out: o.timed_out,
+        ..entry
+    });
+    Ok(result)
+}
+
+/// A file's sandbox path, with or without its leading `/`: confined to /workspace and /tmp.
+fn sandbox_path(path: &str) -> Result<String, ServiceError> {
+    let full = format!("/{}", path.trim_start_matches('/'));
+    if in_scratch(&full) {
+        Ok(full)
+    } else {
+        Err(ServiceError::BadRequest(format!(
+            "path {full:?} must be a file path under /workspace/ or /tmp/"
+        )))
+    }
+}
+
+pub(super) async fn write_file(
+    service: &Service,
+    caller: &Caller,
+    id: &str,
+    path: &str,
+    data: &[u8],
+) -> Result<(), ServiceError> {
+    let session = owned(service, caller, id)?;
+    let path = sandbox_path(path)?;
+    if data.len() as u64 > session.limits.workspace_size.0 {
+        return Err(ServiceError::TooLarge(
+            "the file is larger than the session's workspace".into(),
+        ));
+    }
+    let _busy = session.busy();
+    session
+        .agent
+        .write_file(&path, data, 0o644)
+        .await
+        .map_err(agent_error)
+}
+
+pub(super) async fn read_file(
+    service: &Service,
+    caller: &Caller,
+    id: &str,
+    path: &str,
+) -> Result<Vec<u8>, ServiceError> {
+    let session = owned(service, caller, id)?;
+    let path = sandbox_path(path)?;
+    let _busy = session.busy();
+    let max = service.config.max_body.0;
+    let (size, data) = session
+        .agent
+        .read_file(&path, max)
+        .await
+        .map_err(|e| missing_is_not_found(e, &path, "file"))?;
+    if size > data.len() as u64 {
+        return Err(ServiceError::TooLarge(format!(
+            "{path} is {size} bytes, more than this server returns"
+        )));
+    }
+    Ok(data)
+}
+
+pub(super) async fn delete_file(
+    service: &Service,
+    caller: &Caller,
+    id: &str,
+    path: &str,
+) -> Result<(), ServiceError> {
+    let session = owned(service, caller, id)?;
+    let path = sandbox_path(path)?;
+    let _busy = session.busy();
+    session
+        .agent
+        .delete(&path)
+        .await
+        .map_err(|e| missing_is_not_found(e, &path, "file"))
+}
+
+pub(super) async fn list_files(
+    service: &Service,
+    caller: &Caller,
+    id: &str,
+    path: Option<String>,
+) -> Result<Listing, ServiceError> {
+    let session = owned(service, caller, id)?;
+    let path = path.unwrap_or_else(|| "/workspace".into());
+    if !(path == "/workspace" || path == "/tmp" || in_scratch(&path)) {
+        return Err(ServiceError::BadRequest(format!(
+            "path {path:?} must be under /workspace or /tmp"
+        )));
+    }
+    let _busy = session.busy();
+    let entries = session
+        .agent
+        .list(&path)
+        .await
+        .map_err(|e| missing_is_not_found(e, &path, "directory"))?;
+    Ok(Listing { path, entries })
+}

@@ -1,0 +1,104 @@
+use super::*;
+use kennel_types::policy::Strength;
+
+#[test]
+fn an_error_is_its_code_and_message_on_the_wire() {
+    let all = [
+        ServiceError::BadRequest("m".into()),
+        ServiceError::NotFound("m".into()),
+        ServiceError::TooLarge("m".into()),
+        ServiceError::SessionEnded("m".into()),
+        ServiceError::Busy("m".into()),
+        ServiceError::QuotaExceeded("m".into()),
+        ServiceError::Unsupported("m".into()),
+        ServiceError::SandboxFailed("m".into()),
+        ServiceError::Internal("m".into()),
+    ];
+    for e in all {
+        let wire = serde_json::to_value(&e).unwrap();
+        assert_eq!(wire, serde_json::json!({"code": e.code(), "message": "m"}));
+        assert_eq!(serde_json::from_value::<ServiceError>(wire).unwrap(), e);
+    }
+}
+
+/// A service whose engine cannot start anything: only the refusals before a sandbox is made
+/// can be asked of it.
+fn service(config: ServerConfig) -> Arc<Service> {
+    let engine = Arc::new(Engine::with_helper("/nonexistent".into()));
+    let policy = config.base_policy();
+    let minute = std::time::Duration::from_secs(60);
+    let pool = Arc::new(Pool::new(engine.clone(), policy, 0, 0, minute, minute));
+    let audit = Audit::open(None).unwrap();
+    Arc::new(Service::new(config, engine, audit, pool))
+}
+
+fn code_run() -> RunSpec {
+    RunSpec {
+        language: Some(kennel_types::api::Language::Python),
+        code: Some("print(1)".into()),
+        ..RunSpec::default()
+    }
+}
+
+#[tokio::test]
+async fn a_streaming_run_refused_before_it_starts_is_never_accepted() {
+    let full = service(ServerConfig {
+        max_concurrent: 0,
+        ..ServerConfig::default()
+    });
+    let (live, accepted) = Live::new(Arc::new(|_, _| {}));
+    let action = Action::Run {
+        spec: code_run(),
+        live: Some(live),
+    };
+    let refused = full.handle(&Caller::anonymous(), action).await.unwrap_err();
+    assert_eq!(refused, ServiceError::Busy("too many runs at once".into()));
+    // An HTTP caller answers it as a plain 429, not as an event of a stream.
+    assert!(accepted.await.is_err());
+}
+
+#[tokio::test]
+async fn the_callers_rules_come_before_any_sandbox() {
+    let strict = service(ServerConfig {
+        min_isolation: Some(Strength::Gvisor),
+        ..ServerConfig::default()
+    });
+    let caller = Caller::anonymous();
+    let session = strict
+        .handle(
+            &caller,
+            Action::CreateSession {
+                spec: SessionSpec::default(),
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(&session, ServiceError::BadRequest(m) if m.contains("native tier only")));
+    let outside = RunSpec {
+        collect: vec!["/etc/passwd".into()],
+        ..code_run()
+    };
+    let run = strict
+        .handle(
+            &caller,
+            Action::Run {
+                spec: outside,
+                live: None,
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&run, ServiceError::BadRequest(m) if m.contains("`collect`")),
+        "{run}"
+    );
+    let missing = Action::ShowSession { id: "x".into() };
+    assert!(matches!(
+        strict.handle(&caller, missing).await,
+        Err(ServiceError::NotFound(_))
+    ));
+    assert!(matches!(
+        strict.handle(&caller, Action::ListSessions).await,
+        Ok(Reply::Sessions(all)) if all.is_empty()
+    ));
+}
