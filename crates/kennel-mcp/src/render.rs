@@ -10,7 +10,7 @@ use kennel_types::api::{CollectedFile, ExecResult, Interpreter, Outcome, RunResu
 /// run adds (its kills, its collected files) or an exec does (its interpreter's news).
 #[derive(Debug)]
 pub struct Shown<'a> {
-    pub outcome: Outcome,
+    pub outcome: &'a Outcome,
     pub oom_killed: bool,
     pub pids_limit_hit: bool,
     pub interpreter: Option<&'a Interpreter>,
@@ -20,7 +20,7 @@ pub struct Shown<'a> {
 impl<'a> From<&'a RunResult> for Shown<'a> {
     fn from(r: &'a RunResult) -> Shown<'a> {
         Shown {
-            outcome: r.outcome(),
+            outcome: &r.outcome,
             oom_killed: r.oom_killed,
             pids_limit_hit: r.pids_limit_hit,
             interpreter: None,
@@ -32,7 +32,7 @@ impl<'a> From<&'a RunResult> for Shown<'a> {
 impl<'a> From<&'a ExecResult> for Shown<'a> {
     fn from(r: &'a ExecResult) -> Shown<'a> {
         Shown {
-            outcome: r.outcome.clone(),
+            outcome: &r.outcome,
             oom_killed: false,
             pids_limit_hit: false,
             interpreter: r.interpreter.as_ref(),

@@ -118,7 +118,7 @@ fn end_to_end(engine: &Engine) -> Result<String, (String, String)> {
     let req = RunRequest::new(Command::Argv(vec!["/bin/true".into()]));
     let start = std::time::Instant::now();
     match engine.run(&req, RunIo::none()) {
-        Ok(r) if r.exit_code == Some(0) => Ok(format!(
+        Ok(r) if r.outcome.exit_code == Some(0) => Ok(format!(
             "/bin/true ran in {:.1} ms with limits via {}, landlock {}, seccomp {}",
             start.elapsed().as_secs_f64() * 1000.0,
             r.isolation.limits.mechanism,
@@ -134,7 +134,10 @@ fn end_to_end(engine: &Engine) -> Result<String, (String, String)> {
             },
         )),
         Ok(r) => Err((
-            format!("/bin/true exited {:?}: {}", r.exit_code, r.stderr),
+            format!(
+                "/bin/true exited {:?}: {}",
+                r.outcome.exit_code, r.outcome.stderr
+            ),
             "see the checks above".into(),
         )),
         Err(e) => Err((e.to_string(), "see the checks above".into())),
@@ -187,12 +190,16 @@ fn oci_runtime(engine: &Engine, runtime: Runtime) -> Result<String, (String, Str
         let label = platform.map_or(String::new(), |p| format!(" on {} ", p.name()));
         let start = std::time::Instant::now();
         match engine.run(&req, RunIo::none()) {
-            Ok(r) if r.exit_code == Some(0) => works.push(format!(
+            Ok(r) if r.outcome.exit_code == Some(0) => works.push(format!(
                 "/bin/true{}in {:.0} ms",
                 if label.is_empty() { " " } else { &label },
                 start.elapsed().as_secs_f64() * 1000.0
             )),
-            Ok(r) => fails.push(format!("{}exits {:?}", label.trim_start(), r.exit_code)),
+            Ok(r) => fails.push(format!(
+                "{}exits {:?}",
+                label.trim_start(),
+                r.outcome.exit_code
+            )),
             Err(e) => fails.push(format!(
                 "{}fails: {}",
                 label.trim_start(),

@@ -231,13 +231,13 @@ fn too_small(r: &RunResult) -> String {
         "it ran out of memory; raise `limits.memory`".to_string()
     } else if r.pids_limit_hit {
         "it hit its task limit; raise `limits.pids`".to_string()
-    } else if r.timed_out {
+    } else if r.outcome.timed_out {
         "it timed out; raise `limits.cpus` or `limits.timeout`".to_string()
     } else {
         format!(
             "it ended with status {} ({}); raise its limits",
             r.shell_status(),
-            r.stderr.trim()
+            r.outcome.stderr.trim()
         )
     };
     format!("left the sandbox's agent unable to start: {why}")

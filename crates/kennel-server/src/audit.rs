@@ -72,11 +72,11 @@ impl<'a> Entry<'a> {
 
     /// Copies the outcome of a run into the entry.
     pub fn with_result(mut self, r: &RunResult) -> Self {
-        self.exit_code = r.exit_code;
-        self.signal = r.signal;
-        self.timed_out = r.timed_out;
+        self.exit_code = r.outcome.exit_code;
+        self.signal = r.outcome.signal;
+        self.timed_out = r.outcome.timed_out;
         self.oom_killed = r.oom_killed;
-        self.duration_ms = r.duration_ms;
+        self.duration_ms = r.outcome.duration_ms;
         self
     }
 }

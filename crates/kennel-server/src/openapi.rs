@@ -113,7 +113,7 @@ fn constrain(doc: &mut Value, config: &ServerConfig) {
         max: &config.maxima,
     };
     let schemas = &mut doc["components"]["schemas"];
-    inline_flattened(schemas, "ExecResult", "Outcome");
+    inline_flattened(schemas, &["RunResult", "ExecResult"], "Outcome");
     schemas["Error"] = error_schema();
     schemas["LimitsSpec"]["properties"] = limits_properties(&bounds);
     schemas["SessionLimits"] = session_limits(&schemas["LimitsSpec"], &bounds);
@@ -131,31 +131,34 @@ fn constrain(doc: &mut Value, config: &ServerConfig) {
 
 /// A struct with a `#[serde(flatten)]` field is one JSON object on the wire, but utoipa writes
 /// it as an `allOf` of the flattened part (`part`) and the rest: merged back here into one
-/// object, so that generated clients get one plain model. `part` leaves the document.
-fn inline_flattened(schemas: &mut Value, name: &str, part: &str) {
+/// object for each of `names`, so that generated clients get one plain model. `part` leaves the
+/// document.
+fn inline_flattened(schemas: &mut Value, names: &[&str], part: &str) {
     let Some(flat) = schemas.as_object_mut().and_then(|s| s.remove(part)) else {
         return;
     };
     let reference = format!("#/components/schemas/{part}");
-    let schema = &mut schemas[name];
-    let Some(all) = schema.as_object_mut().and_then(|s| s.remove("allOf")) else {
-        return;
-    };
-    let (mut properties, mut required) = (Map::new(), Vec::new());
-    for piece in all.as_array().into_iter().flatten() {
-        let piece = if piece["$ref"] == reference.as_str() {
-            &flat
-        } else {
-            piece
+    for name in names {
+        let schema = &mut schemas[*name];
+        let Some(all) = schema.as_object_mut().and_then(|s| s.remove("allOf")) else {
+            continue;
         };
-        if let Some(p) = piece["properties"].as_object() {
-            properties.extend(p.clone());
+        let (mut properties, mut required) = (Map::new(), Vec::new());
+        for piece in all.as_array().into_iter().flatten() {
+            let piece = if piece["$ref"] == reference.as_str() {
+                &flat
+            } else {
+                piece
+            };
+            if let Some(p) = piece["properties"].as_object() {
+                properties.extend(p.clone());
+            }
+            required.extend(piece["required"].as_array().cloned().unwrap_or_default());
         }
-        required.extend(piece["required"].as_array().cloned().unwrap_or_default());
+        schema["type"] = json!("object");
+        schema["properties"] = Value::Object(properties);
+        schema["required"] = Value::Array(required);
     }
-    schema["type"] = json!("object");
-    schema["properties"] = Value::Object(properties);
-    schema["required"] = Value::Array(required);
 }
 
 fn error_schema() -> Value {

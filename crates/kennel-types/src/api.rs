@@ -192,21 +192,13 @@ pub struct CollectedFile {
 /// What the run did and which isolation was in force.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RunResult {
-    /// The program's exit code; `None` when it was killed by a signal.
-    pub exit_code: Option<i32>,
-    pub signal: Option<i32>,
-    pub timed_out: bool,
+    /// The exit and the output, as an exec's result has them.
+    #[serde(flatten)]
+    pub outcome: Outcome,
     pub oom_killed: bool,
     pub pids_limit_hit: bool,
-    pub duration_ms: u64,
     pub cpu_ms: u64,
     pub memory_peak_bytes: u64,
-    pub stdout: String,
-    pub stderr: String,
-    pub stdout_bytes: u64,
-    pub stderr_bytes: u64,
-    pub stdout_truncated: bool,
-    pub stderr_truncated: bool,
     pub files: Vec<CollectedFile>,
     pub isolation: Isolation,
     /// Every connection the code asked Kennel's proxy for (network mode `allow`).
@@ -217,10 +209,11 @@ pub struct RunResult {
 impl RunResult {
     /// The status a shell would show: the code, 128 + the signal, or 124 on timeout.
     pub fn shell_status(&self) -> i32 {
-        if self.timed_out {
+        let o = &self.outcome;
+        if o.timed_out {
             return 124;
         }
-        match (self.exit_code, self.signal) {
+        match (o.exit_code, o.signal) {
             (Some(c), _) => c,
             (None, Some(s)) => 128 + s,
             (None, None) => 125,
@@ -659,42 +652,6 @@ impl Outcome {
     /// Whether the code went wrong: it timed out, was killed, or exited non-zero.
     pub fn failed(&self) -> bool {
         self.timed_out || self.signal.is_some() || self.exit_code != Some(0)
-    }
-}
-
-impl RunResult {
-    /// The part of this result that an exec's shares.
-    pub fn outcome(&self) -> Outcome {
-        Outcome {
-            exit_code: self.exit_code,
-            signal: self.signal,
-            timed_out: self.timed_out,
-            duration_ms: self.duration_ms,
-            stdout: self.stdout.clone(),
-            stderr: self.stderr.clone(),
-            stdout_bytes: self.stdout_bytes,
-            stderr_bytes: self.stderr_bytes,
-            stdout_truncated: self.stdout_truncated,
-            stderr_truncated: self.stderr_truncated,
-        }
-    }
-
-    /// This result with `o` in place of its exit and output (a pooled run: what the agent
-    /// saw of the code; the usage and the isolation stay the sandbox's).
-    pub fn with_outcome(self, o: Outcome) -> RunResult {
-        RunResult {
-            exit_code: o.exit_code,
-            signal: o.signal,
-            timed_out: o.timed_out,
-            duration_ms: o.duration_ms,
-            stdout: o.stdout,
-            stderr: o.stderr,
-            stdout_bytes: o.stdout_bytes,
-            stderr_bytes: o.stderr_bytes,
-            stdout_truncated: o.stdout_truncated,
-            stderr_truncated: o.stderr_truncated,
-            ..self
-        }
     }
 }
 

@@ -165,7 +165,10 @@ fn a_cancelled_run_ends_at_once() {
         "took {:?}",
         start.elapsed()
     );
-    assert_eq!((r.exit_code, r.signal, r.timed_out), (None, Some(9), false));
+    assert_eq!(
+        (r.outcome.exit_code, r.outcome.signal, r.outcome.timed_out),
+        (None, Some(9), false)
+    );
 }
 
 /// In raw mode the sink sees every byte and the result keeps none.
@@ -190,5 +193,8 @@ fn raw_output_goes_only_to_the_sink() {
     };
     let r = native.run(&req, io).unwrap();
     assert_eq!(*seen.lock().unwrap(), 300_000);
-    assert_eq!((r.stdout.len(), r.stdout_bytes), (0, 300_000));
+    assert_eq!(
+        (r.outcome.stdout.len(), r.outcome.stdout_bytes),
+        (0, 300_000)
+    );
 }

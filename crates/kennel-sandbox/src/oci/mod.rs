@@ -178,13 +178,13 @@ impl Oci {
             )
         };
         match outcome {
-            Ok(r) if r.exit_code == Some(0) => Ok(()),
-            Ok(r) if r.timed_out => Err(gave_up()),
+            Ok(r) if r.outcome.exit_code == Some(0) => Ok(()),
+            Ok(r) if r.outcome.timed_out => Err(gave_up()),
             Ok(r) => Err(format!(
                 "/bin/true in a gVisor guest on it exited {:?} (signal {:?}): {}",
-                r.exit_code,
-                r.signal,
-                r.stderr.lines().next().unwrap_or_default()
+                r.outcome.exit_code,
+                r.outcome.signal,
+                r.outcome.stderr.lines().next().unwrap_or_default()
             )),
             // The runtime killed at the deadline reports only a status (137).
             Err(_) if started.elapsed() >= deadline => Err(gave_up()),

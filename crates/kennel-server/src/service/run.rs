@@ -9,7 +9,7 @@ use crate::audit::Entry;
 use crate::metrics::inc;
 use kennel_sandbox::native::helper::in_scratch;
 use kennel_sandbox::{Canceller, OutputMode, RunIo, StdinSource, Stream};
-use kennel_types::api::{CollectedFile, Command, Content, RunRequest, RunResult, RunSpec};
+use kennel_types::api::{CollectedFile, Command, Content, Outcome, RunRequest, RunResult, RunSpec};
 
 /// A run as `caller` asked for it: checked against the server's bounds and the caller's own
 /// rules (network pins, minimum isolation), then run in a slot.
@@ -76,9 +76,11 @@ async fn execute(
     match &outcome {
         Ok(r) => {
             inc(&state.metrics.runs);
-            state
-                .metrics
-                .observe(started.elapsed().as_secs_f64(), r.timed_out, r.oom_killed);
+            state.metrics.observe(
+                started.elapsed().as_secs_f64(),
+                r.outcome.timed_out,
+                r.oom_killed,
+            );
             state.audit.record(&Entry {
                 isolation: Some(&r.isolation),
                 ..entry.with_result(r)
@@ -139,17 +141,18 @@ impl Seen {
     /// duration; the exit, the usage and the isolation are the sandbox's.
     fn into_result(self, limit: u64, timed_out: bool, sandbox: RunResult) -> RunResult {
         let cut = |b: &[u8]| b.len() as u64 >= limit;
-        RunResult {
-            timed_out: timed_out || sandbox.timed_out,
-            duration_ms: self.began.elapsed().as_millis() as u64,
+        let outcome = Outcome {
+            timed_out: timed_out || sandbox.outcome.timed_out,
+            duration_ms: u64::try_from(self.began.elapsed().as_millis()).unwrap_or(u64::MAX),
             stdout_bytes: self.stdout.len() as u64,
             stderr_bytes: self.stderr.len() as u64,
             stdout_truncated: cut(&self.stdout),
             stderr_truncated: cut(&self.stderr),
             stdout: String::from_utf8_lossy(&self.stdout).into_owned(),
             stderr: String::from_utf8_lossy(&self.stderr).into_owned(),
-            ..sandbox
-        }
+            ..sandbox.outcome
+        };
+        RunResult { outcome, ..sandbox }
     }
 }
 
@@ -219,8 +222,9 @@ async fn run_pooled(
             let limit = limits.output.0;
             return match exec {
                 Ok(exec) => Ok(RunResult {
+                    outcome: exec.outcome,
                     files,
-                    ..sandbox.with_outcome(exec.outcome)
+                    ..sandbox
                 }),
                 // The whole sandbox died under the code: the code's own output and time, the
                 // sandbox's exit (the OOM killer's or the signal's) and usage.
@@ -235,28 +239,15 @@ async fn run_pooled(
         agent.kill();
         agent.close().await;
     });
-    let template = RunResult {
-        exit_code: None,
-        signal: None,
-        timed_out: false,
+    Ok(RunResult {
+        outcome: exec.outcome,
         oom_killed: usage.oom_kills > 0,
         pids_limit_hit: usage.pids_max_hits > 0,
-        duration_ms: 0,
         cpu_ms: usage.cpu_ns / 1_000_000,
         memory_peak_bytes: usage.memory_peak,
-        stdout: String::new(),
-        stderr: String::new(),
-        stdout_bytes: 0,
-        stderr_bytes: 0,
-        stdout_truncated: false,
-        stderr_truncated: false,
-        files: vec![],
+        files,
         isolation,
         network_log: vec![],
-    };
-    Ok(RunResult {
-        files,
-        ..template.with_outcome(exec.outcome)
     })
 }
 

@@ -413,22 +413,22 @@ fn live(stream: Stream, chunk: &[u8]) {
 fn pass_through(r: &RunResult) -> ExitCode {
     let _ = std::io::stdout().flush();
     let mut notes = vec![];
-    if r.stdout_truncated {
+    if r.outcome.stdout_truncated {
         notes.push(format!(
             "stdout truncated: kept {} of {} bytes",
-            r.stdout.len(),
-            r.stdout_bytes
+            r.outcome.stdout.len(),
+            r.outcome.stdout_bytes
         ));
     }
-    if r.stderr_truncated {
+    if r.outcome.stderr_truncated {
         notes.push(format!(
             "stderr truncated: kept {} of {} bytes",
-            r.stderr.len(),
-            r.stderr_bytes
+            r.outcome.stderr.len(),
+            r.outcome.stderr_bytes
         ));
     }
-    if r.timed_out {
-        notes.push(format!("timed out after {} ms", r.duration_ms));
+    if r.outcome.timed_out {
+        notes.push(format!("timed out after {} ms", r.outcome.duration_ms));
     }
     if r.oom_killed {
         notes.push("killed: out of memory".into());
