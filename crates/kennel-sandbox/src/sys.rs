@@ -95,13 +95,19 @@ impl Exit {
 
 /// Waits for the child `pid`, or for any child with -1; `None` means no child is left (ECHILD).
 pub fn wait_pid(pid: libc::pid_t) -> io::Result<Option<(libc::pid_t, Exit)>> {
-    let which = match pid {
+    use rustix::process::WaitOptions;
+    // rustix's `waitpid(None)` is waitpid(0), the caller's process group; any child is `wait`.
+    let child = match pid {
         -1 => None,
         p if p > 0 => Pid::from_raw(p),
         _ => return Err(einval()),
     };
     loop {
-        match rustix::process::waitpid(which, rustix::process::WaitOptions::empty()) {
+        let waited = match child {
+            Some(child) => rustix::process::waitpid(Some(child), WaitOptions::empty()),
+            None => rustix::process::wait(WaitOptions::empty()),
+        };
+        match waited {
             Ok(Some((pid, status))) => {
                 return Ok(Some((pid.as_raw_pid(), Exit::from_status(status.as_raw()))))
             }
