@@ -2,11 +2,15 @@
 //!
 //! Everything else in Kennel calls these small, typed wrappers. Each wrapper returns
 //! `io::Result` carrying the real errno, so a failure can be reported as data with the errno
-//! intact. Every `unsafe` block names the invariant that makes it sound.
+//! intact. Where `rustix` offers a safe function for the call, the wrapper uses it; the calls it
+//! does not cover (or covers only as `unsafe`) stay on `libc`, and every such `unsafe` block names
+//! the invariant that makes it sound.
 
 use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use rustix::process::{Pid, Signal};
 
 fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
     if ret == -1 {
@@ -28,6 +32,16 @@ fn cstring(s: &str) -> io::Result<CString> {
     CString::new(s).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
 }
 
+fn einval() -> io::Error {
+    io::Error::from_raw_os_error(libc::EINVAL)
+}
+
+/// A named signal for rustix (Kennel sends only standard signals, never real-time ones).
+fn signal(sig: libc::c_int) -> io::Result<Signal> {
+    Signal::from_named_raw(sig).ok_or_else(einval)
+}
+
+// rustix's `unshare_unsafe` is `unsafe` too (CLONE_FILES can strand descriptors), so libc stays.
 pub fn unshare(flags: libc::c_int) -> io::Result<()> {
     // SAFETY: unshare takes no pointers; it only changes this process's namespace membership.
     check(unsafe { libc::unshare(flags) }).map(drop)
@@ -79,70 +93,82 @@ impl Exit {
     }
 }
 
-/// Waits for `pid` (or any child with -1); `None` means no child is left (ECHILD).
+/// Waits for the child `pid`, or for any child with -1; `None` means no child is left (ECHILD).
 pub fn wait_pid(pid: libc::pid_t) -> io::Result<Option<(libc::pid_t, Exit)>> {
-    let mut status = 0;
+    use rustix::process::WaitOptions;
+    // rustix's `waitpid(None)` is waitpid(0), the caller's process group; any child is `wait`.
+    let child = match pid {
+        -1 => None,
+        p if p > 0 => Pid::from_raw(p),
+        _ => return Err(einval()),
+    };
     loop {
-        // SAFETY: `status` is a valid, writable c_int for the duration of the call.
-        let ret = unsafe { libc::waitpid(pid, &mut status, 0) };
-        if ret >= 0 {
-            return Ok(Some((ret, Exit::from_status(status))));
-        }
-        let err = io::Error::last_os_error();
-        match err.raw_os_error() {
-            Some(libc::EINTR) => continue,
-            Some(libc::ECHILD) => return Ok(None),
-            _ => return Err(err),
+        let waited = match child {
+            Some(child) => rustix::process::waitpid(Some(child), WaitOptions::empty()),
+            None => rustix::process::wait(WaitOptions::empty()),
+        };
+        match waited {
+            Ok(Some((pid, status))) => {
+                return Ok(Some((pid.as_raw_pid(), Exit::from_status(status.as_raw()))))
+            }
+            // Only WNOHANG makes waitpid report no child, and it is not passed.
+            Ok(None) => return Ok(None),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(rustix::io::Errno::CHILD) => return Ok(None),
+            Err(e) => return Err(e.into()),
         }
     }
 }
 
+/// Async-signal-safe (one raw prctl), so usable in `pre_exec`.
 pub fn set_parent_death_signal(sig: libc::c_int) -> io::Result<()> {
-    // SAFETY: PR_SET_PDEATHSIG takes an integer signal number, no pointers.
-    check(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, sig as libc::c_ulong, 0, 0, 0) }).map(drop)
+    let sig = if sig == 0 { None } else { Some(signal(sig)?) };
+    Ok(rustix::process::set_parent_process_death_signal(sig)?)
 }
 
 /// Makes orphaned descendants re-parent to this process, so it can wait for them.
 pub fn set_child_subreaper() -> io::Result<()> {
-    // SAFETY: PR_SET_CHILD_SUBREAPER takes an integer flag, no pointers.
-    check(unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) }).map(drop)
+    // rustix takes the reaper as a pid, but the kernel reads it as a flag: any non-zero value.
+    Ok(rustix::process::set_child_subreaper(Pid::from_raw(1))?)
 }
 
 pub fn set_dumpable(on: bool) -> io::Result<()> {
-    // SAFETY: PR_SET_DUMPABLE takes an integer flag, no pointers.
-    check(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, on as libc::c_ulong, 0, 0, 0) }).map(drop)
+    use rustix::process::DumpableBehavior;
+    let how = match on {
+        true => DumpableBehavior::Dumpable,
+        false => DumpableBehavior::NotDumpable,
+    };
+    Ok(rustix::process::set_dumpable_behavior(how)?)
 }
 
 pub fn set_no_new_privs() -> io::Result<()> {
-    // SAFETY: PR_SET_NO_NEW_PRIVS takes integer arguments only.
-    check(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) }).map(drop)
+    Ok(rustix::thread::set_no_new_privs(true)?)
 }
 
+/// 0 when the parent lies outside this process's pid namespace.
 pub fn getppid() -> libc::pid_t {
-    // SAFETY: getppid has no arguments and cannot fail.
-    unsafe { libc::getppid() }
+    Pid::as_raw(rustix::process::getppid())
 }
 
 pub fn getpid() -> libc::pid_t {
-    // SAFETY: getpid has no arguments and cannot fail.
-    unsafe { libc::getpid() }
+    rustix::process::getpid().as_raw_pid()
 }
 
 pub fn getuid() -> libc::uid_t {
-    // SAFETY: getuid has no arguments and cannot fail.
-    unsafe { libc::getuid() }
+    rustix::process::getuid().as_raw()
 }
 
 pub fn getgid() -> libc::gid_t {
-    // SAFETY: getgid has no arguments and cannot fail.
-    unsafe { libc::getgid() }
+    rustix::process::getgid().as_raw()
 }
 
 pub fn setsid() -> io::Result<()> {
-    // SAFETY: setsid takes no arguments.
-    check(unsafe { libc::setsid() }).map(drop)
+    rustix::process::setsid()?;
+    Ok(())
 }
 
+// libc, not rustix: rustix's set_thread_res_uid and friends change the calling thread only,
+// where glibc's change every thread of the process; credentials must stay process-wide.
 pub fn become_root_in_namespace(set_groups: bool) -> io::Result<()> {
     if set_groups {
         let groups = [0 as libc::gid_t];
@@ -155,6 +181,7 @@ pub fn become_root_in_namespace(set_groups: bool) -> io::Result<()> {
     check(unsafe { libc::setresuid(0, 0, 0) }).map(drop)
 }
 
+// libc, not rustix: rustix has no form of kill(-1), which the init uses to end everything left.
 pub fn kill(pid: libc::pid_t, sig: libc::c_int) -> io::Result<()> {
     // SAFETY: kill takes integers only.
     check(unsafe { libc::kill(pid, sig) }).map(drop)
@@ -167,73 +194,77 @@ pub fn mount(
     flags: libc::c_ulong,
     data: Option<&str>,
 ) -> io::Result<()> {
-    let source = source.map(cstring).transpose()?;
-    let target = cstring(target)?;
-    let fstype = fstype.map(cstring).transpose()?;
+    use rustix::mount::{MountFlags, MountPropagationFlags};
+    // Every MS_* flag fits the 32 bits the kernel reads.
+    let bits = u32::try_from(flags).map_err(|_| einval())?;
     let data = data.map(cstring).transpose()?;
-    let ptr = |c: &Option<CString>| c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
-    // SAFETY: every pointer is either null (allowed by mount(2) for these arguments) or points to
-    // a NUL-terminated CString that lives until the end of this statement.
-    check(unsafe {
-        libc::mount(
-            ptr(&source),
-            target.as_ptr(),
-            ptr(&fstype),
-            flags,
-            ptr(&data).cast(),
-        )
-    })
-    .map(drop)
+    match (source, fstype) {
+        // A remount: the kernel ignores source and type, and rustix passes them as NULL.
+        (None, None) if flags & libc::MS_REMOUNT != 0 => {
+            let flags = MountFlags::from_bits_retain(bits & !(libc::MS_REMOUNT as u32));
+            rustix::mount::mount_remount(target, flags, data.as_deref().unwrap_or(c""))?
+        }
+        // A propagation change (MS_PRIVATE, MS_SLAVE, MS_REC...): NULL source, type and data.
+        (None, None) if data.is_none() => {
+            rustix::mount::mount_change(target, MountPropagationFlags::from_bits_retain(bits))?
+        }
+        // rustix's general form always passes a source and a type; an absent one becomes "",
+        // which mount(2) never reads for the calls that omit it (bind, move, the two above).
+        (source, fstype) => rustix::mount::mount(
+            source.unwrap_or(""),
+            target,
+            fstype.unwrap_or(""),
+            MountFlags::from_bits_retain(bits),
+            data.as_deref(),
+        )?,
+    }
+    Ok(())
 }
 
 pub fn umount_detach(target: &str) -> io::Result<()> {
-    let target = cstring(target)?;
-    // SAFETY: `target` is a valid NUL-terminated string for the duration of the call.
-    check(unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) }).map(drop)
+    Ok(rustix::mount::unmount(
+        target,
+        rustix::mount::UnmountFlags::DETACH,
+    )?)
 }
 
 pub fn pivot_root(new_root: &str, put_old: &str) -> io::Result<()> {
-    let new_root = cstring(new_root)?;
-    let put_old = cstring(put_old)?;
-    // SAFETY: both pointers are valid NUL-terminated strings for the duration of the call.
-    check_long(unsafe { libc::syscall(libc::SYS_pivot_root, new_root.as_ptr(), put_old.as_ptr()) })
-        .map(drop)
+    Ok(rustix::process::pivot_root(new_root, put_old)?)
 }
 
 /// The `MS_*` flags a mount point already has, which a remount inside a user namespace must
 /// keep (the kernel refuses to clear locked flags such as nosuid or nodev).
 pub fn mount_flags_of(path: &str) -> io::Result<libc::c_ulong> {
-    let path = cstring(path)?;
-    // SAFETY: statvfs is plain old data; an all-zero value is a valid initial state.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `path` is NUL-terminated and `st` is a valid, writable statvfs.
-    check(unsafe { libc::statvfs(path.as_ptr(), &mut st) })?;
+    use rustix::fs::StatVfsMountFlags as St;
+    let st = rustix::fs::statvfs(path)?;
     let known = [
-        (libc::ST_NOSUID, libc::MS_NOSUID),
-        (libc::ST_NODEV, libc::MS_NODEV),
-        (libc::ST_NOEXEC, libc::MS_NOEXEC),
-        (libc::ST_NOATIME, libc::MS_NOATIME),
-        (libc::ST_NODIRATIME, libc::MS_NODIRATIME),
-        (libc::ST_RELATIME, libc::MS_RELATIME),
+        (St::NOSUID, libc::MS_NOSUID),
+        (St::NODEV, libc::MS_NODEV),
+        (St::NOEXEC, libc::MS_NOEXEC),
+        (St::NOATIME, libc::MS_NOATIME),
+        (St::NODIRATIME, libc::MS_NODIRATIME),
+        (St::RELATIME, libc::MS_RELATIME),
     ];
     Ok(known
         .iter()
-        .filter(|(st_flag, _)| st.f_flag & st_flag != 0)
+        .filter(|(st_flag, _)| st.f_flag.contains(*st_flag))
         .fold(0, |acc, (_, ms)| acc | ms))
 }
 
 pub fn sethostname(name: &str) -> io::Result<()> {
-    // SAFETY: the pointer and length describe the bytes of `name`, valid for the call.
-    check(unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) }).map(drop)
+    Ok(rustix::system::sethostname(name.as_bytes())?)
 }
 
 /// Brings the loopback interface up in the current network namespace.
 pub fn loopback_up() -> io::Result<()> {
-    // SAFETY: socket takes integers only; the returned fd is owned below.
-    let fd =
-        check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
-    // SAFETY: `fd` was just returned by socket and is owned by nobody else.
-    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    use rustix::net::{AddressFamily, SocketFlags, SocketType};
+    let sock = rustix::net::socket_with(
+        AddressFamily::INET,
+        SocketType::DGRAM,
+        SocketFlags::CLOEXEC,
+        None,
+    )?;
+    // rustix has no safe interface ioctls (SIOCGIFFLAGS/SIOCSIFFLAGS), so these stay on libc.
     // SAFETY: ifreq is plain old data; all-zero is a valid value.
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
     for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
@@ -250,27 +281,21 @@ pub fn loopback_up() -> io::Result<()> {
 
 /// The CPUs this process may run on.
 pub fn cpu_affinity() -> io::Result<Vec<usize>> {
-    // SAFETY: cpu_set_t is plain old data; all-zero is an empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: the size and pointer describe the local `set`.
-    check(unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) })?;
-    // SAFETY: CPU_ISSET only reads the initialised `set`, with an index below CPU_SETSIZE.
-    Ok((0..libc::CPU_SETSIZE as usize)
-        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-        .collect())
+    use rustix::thread::CpuSet;
+    let set = rustix::thread::sched_getaffinity(None)?;
+    Ok((0..CpuSet::MAX_CPU).filter(|&c| set.is_set(c)).collect())
 }
 
 pub fn set_cpu_affinity(cpus: &[usize]) -> io::Result<()> {
-    // SAFETY: cpu_set_t is plain old data; all-zero is an empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    for &c in cpus.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
-        // SAFETY: the index was bounds-checked against CPU_SETSIZE just above.
-        unsafe { libc::CPU_SET(c, &mut set) };
+    use rustix::thread::CpuSet;
+    let mut set = CpuSet::new();
+    for &c in cpus.iter().filter(|&&c| c < CpuSet::MAX_CPU) {
+        set.set(c);
     }
-    // SAFETY: the size and pointer describe the local `set`.
-    check(unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) }).map(drop)
+    Ok(rustix::thread::sched_setaffinity(None, &set)?)
 }
 
+// libc: rustix offers sigaction and sigprocmask only as `unsafe` runtime functions.
 /// Sets every catchable signal back to its default action and unblocks all signals, so that
 /// dispositions ignored by whoever started Kennel do not leak into the sandbox.
 pub fn reset_signals() -> io::Result<()> {
@@ -297,14 +322,36 @@ pub fn reset_signals() -> io::Result<()> {
 }
 
 pub fn set_rlimit(resource: libc::__rlimit_resource_t, soft: u64, hard: u64) -> io::Result<()> {
-    let lim = libc::rlimit {
-        rlim_cur: soft,
-        rlim_max: hard,
+    use rustix::process::{Resource, Rlimit};
+    let resource = match resource {
+        libc::RLIMIT_CPU => Resource::Cpu,
+        libc::RLIMIT_FSIZE => Resource::Fsize,
+        libc::RLIMIT_DATA => Resource::Data,
+        libc::RLIMIT_STACK => Resource::Stack,
+        libc::RLIMIT_CORE => Resource::Core,
+        libc::RLIMIT_RSS => Resource::Rss,
+        libc::RLIMIT_NPROC => Resource::Nproc,
+        libc::RLIMIT_NOFILE => Resource::Nofile,
+        libc::RLIMIT_MEMLOCK => Resource::Memlock,
+        libc::RLIMIT_AS => Resource::As,
+        libc::RLIMIT_LOCKS => Resource::Locks,
+        libc::RLIMIT_SIGPENDING => Resource::Sigpending,
+        libc::RLIMIT_MSGQUEUE => Resource::Msgqueue,
+        libc::RLIMIT_NICE => Resource::Nice,
+        libc::RLIMIT_RTPRIO => Resource::Rtprio,
+        libc::RLIMIT_RTTIME => Resource::Rttime,
+        _ => return Err(einval()),
     };
-    // SAFETY: `lim` is a valid rlimit for the duration of the call.
-    check(unsafe { libc::setrlimit(resource, &lim) }).map(drop)
+    // rustix spells RLIM_INFINITY as `None`.
+    let limit = |v: u64| (v != libc::RLIM_INFINITY).then_some(v);
+    let new = Rlimit {
+        current: limit(soft),
+        maximum: limit(hard),
+    };
+    Ok(rustix::process::setrlimit(resource, new)?)
 }
 
+// libc: rustix's close_range is `unsafe` too (it closes descriptors other objects may own).
 /// Closes every descriptor from `first` upward.
 pub fn close_fds_from(first: RawFd) -> io::Result<()> {
     // SAFETY: close_range takes integers only; it closes descriptors this process owns and no
@@ -313,6 +360,7 @@ pub fn close_fds_from(first: RawFd) -> io::Result<()> {
         .map(drop)
 }
 
+// dup_to and set_cloexec take raw numbers; rustix would need an `unsafe` BorrowedFd::borrow_raw.
 /// Moves `fd` to `target` without CLOEXEC. Used in `pre_exec`, so async-signal-safe only.
 pub fn dup_to(fd: RawFd, target: RawFd) -> io::Result<()> {
     // SAFETY: dup2 takes integers only and is async-signal-safe.
@@ -324,29 +372,7 @@ pub fn set_cloexec(fd: RawFd) -> io::Result<()> {
     check(unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) }).map(drop)
 }
 
-// Linux capability ABI, version 3 (two 32-bit words).
-const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
 const CAP_LAST_CAP_GUESS: libc::c_ulong = 63;
-const SECBIT_NOROOT: libc::c_ulong = 1 << 0;
-const SECBIT_NOROOT_LOCKED: libc::c_ulong = 1 << 1;
-const SECBIT_NO_SETUID_FIXUP: libc::c_ulong = 1 << 2;
-const SECBIT_NO_SETUID_FIXUP_LOCKED: libc::c_ulong = 1 << 3;
-const SECBIT_NO_CAP_AMBIENT_RAISE: libc::c_ulong = 1 << 6;
-const SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED: libc::c_ulong = 1 << 7;
-
-#[repr(C)]
-struct CapHeader {
-    version: u32,
-    pid: libc::c_int,
-}
-
-#[repr(C)]
-#[derive(Default, Clone, Copy)]
-struct CapData {
-    effective: u32,
-    permitted: u32,
-    inheritable: u32,
-}
 
 /// Drops every capability: ambient, bounding, then effective/permitted/inheritable, and locks
 /// the securebits so that uid 0 inside the sandbox regains nothing on `execve`.
@@ -360,16 +386,10 @@ pub fn drop_all_capabilities() -> io::Result<()> {
 /// `setuid` to another id drops it, as on a normal system. With `keep` empty, the securebits
 /// are locked so that uid 0 regains nothing.
 pub fn keep_only_capabilities(keep: u64) -> io::Result<()> {
-    // SAFETY: PR_CAP_AMBIENT_CLEAR_ALL takes integers only.
-    check(unsafe {
-        libc::prctl(
-            libc::PR_CAP_AMBIENT,
-            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
-            0,
-            0,
-            0,
-        )
-    })?;
+    use rustix::thread::{CapabilitiesSecureBits as Secbit, CapabilitySet, CapabilitySets};
+    rustix::thread::clear_ambient_capability_set()?;
+    // libc: rustix drops only the capabilities its enum names, and a newer kernel may know more;
+    // dropping by number up to the kernel's EINVAL leaves none behind.
     for cap in (0..=CAP_LAST_CAP_GUESS).filter(|c| keep & (1 << c) == 0) {
         // SAFETY: PR_CAPBSET_DROP takes an integer; EINVAL past the kernel's last cap is expected.
         let ret = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) };
@@ -382,33 +402,28 @@ pub fn keep_only_capabilities(keep: u64) -> io::Result<()> {
         }
     }
     let bits = if keep == 0 {
-        SECBIT_NOROOT
-            | SECBIT_NOROOT_LOCKED
-            | SECBIT_NO_SETUID_FIXUP
-            | SECBIT_NO_SETUID_FIXUP_LOCKED
-            | SECBIT_NO_CAP_AMBIENT_RAISE
-            | SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED
+        Secbit::NO_ROOT
+            | Secbit::NO_ROOT_LOCKED
+            | Secbit::NO_SETUID_FIXUP
+            | Secbit::NO_SETUID_FIXUP_LOCKED
+            | Secbit::NO_CAP_AMBIENT_RAISE
+            | Secbit::NO_CAP_AMBIENT_RAISE_LOCKED
     } else {
         // Root keeps its usual rules; nothing can raise ambient capabilities.
-        SECBIT_NO_CAP_AMBIENT_RAISE | SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED
+        Secbit::NO_CAP_AMBIENT_RAISE | Secbit::NO_CAP_AMBIENT_RAISE_LOCKED
     };
-    // SAFETY: PR_SET_SECUREBITS takes an integer bit mask.
-    check(unsafe { libc::prctl(libc::PR_SET_SECUREBITS, bits, 0, 0, 0) })?;
-    let header = CapHeader {
-        version: LINUX_CAPABILITY_VERSION_3,
-        pid: 0,
+    rustix::thread::set_capabilities_secure_bits(bits)?;
+    // capset, ABI version 3 (both 32-bit words), on the calling thread.
+    let keep = CapabilitySet::from_bits_retain(keep);
+    let sets = CapabilitySets {
+        effective: keep,
+        permitted: keep,
+        inheritable: CapabilitySet::empty(),
     };
-    let word = |w: u32| CapData {
-        effective: (keep >> (32 * w)) as u32,
-        permitted: (keep >> (32 * w)) as u32,
-        inheritable: 0,
-    };
-    let data = [word(0), word(1)];
-    // SAFETY: `header` and `data` match the kernel's v3 layout (one header, two data words) and
-    // live for the duration of the call.
-    check_long(unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) }).map(drop)
+    Ok(rustix::thread::set_capabilities(None, sets)?)
 }
 
+// libc from here to `seccomp_available`: rustix covers neither seccomp nor Landlock.
 /// Installs a classic BPF seccomp filter on the calling thread.
 pub fn install_seccomp_filter(program: &[libc::sock_filter]) -> io::Result<()> {
     let len =
@@ -453,25 +468,18 @@ pub fn seccomp_available() -> bool {
 /// Opens `path` for reading without following any symlink or crossing out of `/`, and without
 /// blocking on a FIFO. Used to collect files the sandboxed code may have booby-trapped.
 pub fn open_no_symlinks(path: &str) -> io::Result<OwnedFd> {
-    let path = cstring(path)?;
-    // SAFETY: open_how is plain old data; all-zero is a valid value (no flags, no mode).
-    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = (libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC) as u64;
-    how.resolve = libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
-    // SAFETY: `path` is NUL-terminated and `how` is a valid open_how whose size is passed.
-    let fd = check_long(unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            libc::AT_FDCWD,
-            path.as_ptr(),
-            &how,
-            std::mem::size_of::<libc::open_how>(),
-        )
-    })?;
-    // SAFETY: openat2 returned a fresh descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+    use rustix::fs::{Mode, OFlags, ResolveFlags, CWD};
+    Ok(rustix::fs::openat2(
+        CWD,
+        path,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )?)
 }
 
+// libc from here on: rustix's execve and exit_group are `unsafe` runtime functions, it has no
+// wait4 with rusage, and setns and the fd adoption start from raw numbers.
 /// Replaces the process image. Returns only on failure.
 pub fn execve(path: &CStr, argv: &[CString], envp: &[CString]) -> io::Error {
     let mut args: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();

@@ -1,4 +1,5 @@
-//! The seccomp-bpf deny list, as data, and the small compiler that turns it into BPF.
+//! The seccomp-bpf deny list, as data, and the small compiler that turns it into BPF, run by
+//! rustc at build time ([`PROGRAM`]).
 //!
 //! Everything not listed is allowed: the namespaces, Landlock and the dropped capabilities
 //! already confine the ordinary syscalls, and this filter removes the kernel surface that
@@ -313,8 +314,10 @@ const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 const OFFSET_NR: u32 = 0;
 const OFFSET_ARCH: u32 = 4;
 const OFFSET_ARGS: u32 = 16;
+/// The kernel's limit on a classic BPF program (linux/bpf_common.h).
+const BPF_MAXINSNS: usize = 4096;
 
-fn stmt(code: u16, k: u32) -> sock_filter {
+const fn stmt(code: u16, k: u32) -> sock_filter {
     sock_filter {
         code,
         jt: 0,
@@ -323,15 +326,56 @@ fn stmt(code: u16, k: u32) -> sock_filter {
     }
 }
 
-fn jump(code: u16, k: u32, jt: u8, jf: u8) -> sock_filter {
+const fn jump(code: u16, k: u32, jt: u8, jf: u8) -> sock_filter {
     sock_filter { code, jt, jf, k }
 }
 
+const fn deny(errno: i32) -> sock_filter {
+    stmt(BPF_RET_K, SECCOMP_RET_ERRNO | (errno as u32 & 0xffff))
+}
+
+/// A jump distance, which classic BPF holds in a byte; a rule too long for it fails the build.
+const fn hop(n: usize) -> u8 {
+    assert!(
+        n <= u8::MAX as usize,
+        "seccomp rule too long for a BPF jump"
+    );
+    n as u8
+}
+
+/// The filter the sandboxed program gets: [`RULES`] compiled once, by the compiler, into the
+/// binary's read-only data. It depends on nothing but the table (one profile, x86-64 only, the
+/// same for every policy and tier), so no run builds it, allocates for it or can get it wrong.
+pub static PROGRAM: [sock_filter; program_len(RULES)] = compile(RULES);
+
+/// The length of [`compile`]'s output for `rules`.
+pub const fn program_len(rules: &[Rule]) -> usize {
+    let mut len = PRELUDE_LEN + 1;
+    let mut i = 0;
+    while i < rules.len() {
+        len += match rules[i].when {
+            When::Always => 2,
+            When::Args(conds) => 3 * conds.len() + 3,
+            When::ArgAnyBit { .. } => 5,
+        };
+        i += 1;
+    }
+    len
+}
+
+const PRELUDE_LEN: usize = 6;
+
 /// Compiles `rules` into a filter for x86-64: other architectures are killed (no i386 or x32
-/// back door), listed calls get their rule's errno, everything else is allowed.
-pub fn compile(rules: &[Rule]) -> Vec<sock_filter> {
-    let deny = |errno: i32| stmt(BPF_RET_K, SECCOMP_RET_ERRNO | (errno as u32 & 0xffff));
-    let mut p = vec![
+/// back door), listed calls get their rule's errno, everything else is allowed. `N` must be
+/// [`program_len`]`(rules)`; a `const fn`, so that [`PROGRAM`] is built at compile time.
+pub const fn compile<const N: usize>(rules: &[Rule]) -> [sock_filter; N] {
+    assert!(N == program_len(rules), "N must be program_len(rules)");
+    assert!(
+        N <= BPF_MAXINSNS,
+        "seccomp program longer than the kernel accepts"
+    );
+    let mut p = [stmt(0, 0); N];
+    let prelude = [
         stmt(BPF_LD_W_ABS, OFFSET_ARCH),
         jump(BPF_JEQ_K, AUDIT_ARCH_X86_64, 1, 0),
         stmt(BPF_RET_K, SECCOMP_RET_KILL_PROCESS),
@@ -339,40 +383,56 @@ pub fn compile(rules: &[Rule]) -> Vec<sock_filter> {
         jump(BPF_JGE_K, X32_SYSCALL_BIT, 0, 1),
         deny(DENIED_ERRNO),
     ];
-    for rule in rules {
+    let mut at = 0;
+    while at < PRELUDE_LEN {
+        p[at] = prelude[at];
+        at += 1;
+    }
+    let mut r = 0;
+    while r < rules.len() {
+        let rule = &rules[r];
         let nr = rule.nr as u32;
         match rule.when {
             When::Always => {
-                p.push(jump(BPF_JEQ_K, nr, 0, 1));
-                p.push(deny(rule.errno));
+                p[at] = jump(BPF_JEQ_K, nr, 0, 1);
+                p[at + 1] = deny(rule.errno);
+                at += 2;
             }
             When::Args(conds) => {
                 // Three instructions per condition, then the verdict, then A reloaded with nr
                 // for the next rule; a condition that fails jumps to that reload.
                 let n = conds.len();
-                p.push(jump(BPF_JEQ_K, nr, 0, (3 * n + 2) as u8));
-                for (i, c) in conds.iter().enumerate() {
-                    let to_reload = (3 * (n - i) - 2) as u8;
-                    p.push(stmt(BPF_LD_W_ABS, OFFSET_ARGS + 8 * u32::from(c.index)));
-                    p.push(stmt(BPF_AND_K, c.mask));
-                    p.push(match c.equal {
+                p[at] = jump(BPF_JEQ_K, nr, 0, hop(3 * n + 2));
+                at += 1;
+                let mut i = 0;
+                while i < n {
+                    let c = conds[i];
+                    let to_reload = hop(3 * (n - i) - 2);
+                    p[at] = stmt(BPF_LD_W_ABS, OFFSET_ARGS + 8 * c.index as u32);
+                    p[at + 1] = stmt(BPF_AND_K, c.mask);
+                    p[at + 2] = match c.equal {
                         true => jump(BPF_JEQ_K, c.value, 0, to_reload),
                         false => jump(BPF_JEQ_K, c.value, to_reload, 0),
-                    });
+                    };
+                    at += 3;
+                    i += 1;
                 }
-                p.push(deny(rule.errno));
-                p.push(stmt(BPF_LD_W_ABS, OFFSET_NR));
+                p[at] = deny(rule.errno);
+                p[at + 1] = stmt(BPF_LD_W_ABS, OFFSET_NR);
+                at += 2;
             }
             When::ArgAnyBit { index, mask } => {
-                p.push(jump(BPF_JEQ_K, nr, 0, 4));
-                p.push(stmt(BPF_LD_W_ABS, OFFSET_ARGS + 8 * u32::from(index)));
-                p.push(jump(BPF_JSET_K, mask, 0, 1));
-                p.push(deny(rule.errno));
-                p.push(stmt(BPF_LD_W_ABS, OFFSET_NR));
+                p[at] = jump(BPF_JEQ_K, nr, 0, 4);
+                p[at + 1] = stmt(BPF_LD_W_ABS, OFFSET_ARGS + 8 * index as u32);
+                p[at + 2] = jump(BPF_JSET_K, mask, 0, 1);
+                p[at + 3] = deny(rule.errno);
+                p[at + 4] = stmt(BPF_LD_W_ABS, OFFSET_NR);
+                at += 5;
             }
         }
+        r += 1;
     }
-    p.push(stmt(BPF_RET_K, SECCOMP_RET_ALLOW));
+    p[at] = stmt(BPF_RET_K, SECCOMP_RET_ALLOW);
     p
 }
 
@@ -418,7 +478,7 @@ mod tests {
     }
 
     fn verdict(nr: libc::c_long, args: [u64; 6]) -> u32 {
-        run(&compile(RULES), AUDIT_ARCH_X86_64, nr as u32, args)
+        run(&PROGRAM, AUDIT_ARCH_X86_64, nr as u32, args)
     }
 
     const DENY: u32 = SECCOMP_RET_ERRNO | DENIED_ERRNO as u32;
@@ -535,16 +595,68 @@ mod tests {
         }
     }
 
+    fn fields(p: &[sock_filter]) -> Vec<(u16, u8, u8, u32)> {
+        p.iter().map(|i| (i.code, i.jt, i.jf, i.k)).collect()
+    }
+
+    /// The static program is the table compiled; the same compiler run now agrees with rustc.
+    #[test]
+    fn the_static_program_is_the_table_compiled() {
+        let now = compile::<{ program_len(RULES) }>(std::hint::black_box(RULES));
+        assert_eq!(fields(&now), fields(&PROGRAM));
+        assert_eq!(PROGRAM.len(), program_len(RULES));
+    }
+
+    /// Every jump lands inside the program, and the program ends in a verdict.
+    #[test]
+    fn every_jump_lands_inside_the_program() {
+        for (pc, ins) in PROGRAM.iter().enumerate() {
+            if matches!(ins.code, BPF_JEQ_K | BPF_JGE_K | BPF_JSET_K) {
+                let furthest = pc + 1 + usize::from(ins.jt.max(ins.jf));
+                assert!(furthest < PROGRAM.len(), "jump at {pc} leaves the program");
+            }
+        }
+        assert_eq!(PROGRAM.last().map(|i| i.code), Some(BPF_RET_K));
+    }
+
+    /// What building the filter per run cost, against what reading the static one costs now.
+    /// Prints only: timings on a shared machine are no test oracle.
+    #[test]
+    fn build_cost_per_run_is_printed() {
+        let t = std::time::Instant::now();
+        let first = compile::<{ program_len(RULES) }>(std::hint::black_box(RULES));
+        let first_time = t.elapsed();
+        std::hint::black_box(&first);
+        let runs = 2000u32;
+        let t = std::time::Instant::now();
+        for _ in 0..runs {
+            std::hint::black_box(compile::<{ program_len(RULES) }>(std::hint::black_box(
+                RULES,
+            )));
+        }
+        let per_build = t.elapsed() / runs;
+        let t = std::time::Instant::now();
+        for _ in 0..runs {
+            std::hint::black_box(std::hint::black_box(&PROGRAM).as_slice());
+        }
+        let per_read = t.elapsed() / runs;
+        println!(
+            "seccomp program, {} instructions: built per run {first_time:?} (first) and \
+             {per_build:?} (warm); static {per_read:?}",
+            PROGRAM.len()
+        );
+    }
+
     #[test]
     fn foreign_architectures_and_x32_are_shut_out() {
-        let prog = compile(RULES);
+        let prog = &PROGRAM;
         const AUDIT_ARCH_I386: u32 = 0x4000_0003;
         assert_eq!(
-            run(&prog, AUDIT_ARCH_I386, 0, [0; 6]),
+            run(prog, AUDIT_ARCH_I386, 0, [0; 6]),
             SECCOMP_RET_KILL_PROCESS
         );
         let x32_read = X32_SYSCALL_BIT | libc::SYS_read as u32;
-        assert_eq!(run(&prog, AUDIT_ARCH_X86_64, x32_read, [0; 6]), DENY);
+        assert_eq!(run(prog, AUDIT_ARCH_X86_64, x32_read, [0; 6]), DENY);
     }
 
     #[test]

@@ -275,7 +275,7 @@ impl Step {
             Step::RestrictFilesystem => restrict_filesystem(ctx, os),
             Step::CloseInheritedFds => os.close_fds_from(CTL_FD + 1).ctx(|| "close_range".into()),
             Step::InstallSeccomp => os
-                .install_seccomp(&seccomp::compile(seccomp::RULES))
+                .install_seccomp(&seccomp::PROGRAM)
                 .ctx(|| "PR_SET_SECCOMP".into()),
             Step::VerifyConfinement => verify_confinement(ctx, os),
             Step::Exec => Err(exec(ctx, os)),
