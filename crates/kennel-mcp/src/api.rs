@@ -35,7 +35,7 @@ pub enum ApiError {
 
 /// The calls the MCP tools make.
 #[async_trait]
-pub trait Api: Send + Sync {
+pub trait Api: Send + Sync + std::fmt::Debug {
     async fn run(&self, spec: RunSpec) -> Result<RunResult, ApiError>;
     async fn create_session(&self, spec: SessionSpec) -> Result<SessionInfo, ApiError>;
     async fn end_session(&self, id: &str) -> Result<(), ApiError>;

@@ -13,6 +13,7 @@ use kennel_types::api::{
 };
 
 /// The service in this process, called as one caller.
+#[derive(Debug)]
 pub struct Local {
     service: Arc<Service>,
     /// `None` for `/mcp` before a request named its caller: every call is refused.

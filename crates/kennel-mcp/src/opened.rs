@@ -9,7 +9,7 @@ use super::api::Api;
 
 /// The sessions one MCP session opened, each with the API (acting as the caller that opened
 /// it) that can close it.
-#[derive(Default)]
+#[derive(Default, Debug)]
 pub struct Opened {
     ids: Mutex<Vec<(String, Arc<dyn Api>)>>,
 }
@@ -53,7 +53,7 @@ impl Drop for Opened {
 
 /// Each HTTP MCP session's [`Opened`], by its `Mcp-Session-Id`, so that `DELETE /mcp` can
 /// close them before it answers. Weak: the MCP session's handler owns them.
-#[derive(Clone, Default)]
+#[derive(Clone, Default, Debug)]
 pub struct Registry(Arc<Mutex<HashMap<String, Weak<Opened>>>>);
 
 impl Registry {

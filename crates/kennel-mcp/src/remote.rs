@@ -22,6 +22,16 @@ pub struct Remote {
     agent: ureq::Agent,
 }
 
+/// Never the bearer token: only whether there is one.
+impl std::fmt::Debug for Remote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Remote")
+            .field("base", &self.base)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .finish_non_exhaustive()
+    }
+}
+
 /// The largest answer read from a remote server.
 const MAX_REPLY: u64 = 256 << 20;
 

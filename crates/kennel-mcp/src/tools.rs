@@ -124,7 +124,7 @@ pub struct ListFilesArgs {
 }
 
 /// The Kennel MCP server: sandboxed code execution over Kennel's API.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct KennelTools {
     api: Arc<dyn Api>,
     tool_router: ToolRouter<KennelTools>,

@@ -6,6 +6,14 @@
 //! does not cover (or covers only as `unsafe`) stay on `libc`, and every such `unsafe` block names
 //! the invariant that makes it sound.
 
+// The kernel's ABI types (c_char, c_short, c_uint, c_ulong) are what the casts below convert
+// to; each value is a flag, a byte or a descriptor number that fits them.
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
+
 use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -436,7 +444,7 @@ pub fn install_seccomp_filter(program: &[libc::sock_filter]) -> io::Result<()> {
     check(unsafe {
         libc::prctl(
             libc::PR_SET_SECCOMP,
-            libc::SECCOMP_MODE_FILTER as libc::c_ulong,
+            libc::c_ulong::from(libc::SECCOMP_MODE_FILTER),
             &prog,
         )
     })

@@ -206,6 +206,7 @@ pub enum AgentError {
     Protocol(String),
 }
 
+#[derive(Debug)]
 struct Conversation {
     writer: Option<std::io::PipeWriter>,
     lines: mpsc::UnboundedReceiver<Answer>,
@@ -213,6 +214,7 @@ struct Conversation {
 }
 
 /// A running agent sandbox.
+#[derive(Debug)]
 pub struct AgentSandbox {
     conversation: tokio::sync::Mutex<Conversation>,
     cancel: Canceller,
@@ -397,7 +399,7 @@ impl AgentSandbox {
     ) -> Result<ExecResult, AgentError> {
         let request = Request::Exec {
             code: Code::new(exec.language, exec.code),
-            timeout_ms: exec.timeout.as_millis() as u64,
+            timeout_ms: u64::try_from(exec.timeout.as_millis()).unwrap_or(u64::MAX),
             one_shot: exec.one_shot,
             output_limit: exec.output_limit,
             stdin_b64: exec.stdin.map(|s| encode(s.as_bytes())),

@@ -11,12 +11,13 @@ use sha2::{Digest, Sha256};
 use kennel_types::api::{Isolation, RunResult};
 use kennel_types::policy::Limits;
 
+#[derive(Debug)]
 pub struct Audit {
     file: Option<Mutex<File>>,
 }
 
 /// One audited event.
-#[derive(Serialize)]
+#[derive(Serialize, Debug)]
 pub struct Entry<'a> {
     pub at_unix_ms: u128,
     pub token_id: &'a str,

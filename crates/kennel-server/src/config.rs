@@ -12,7 +12,7 @@ use kennel_sandbox::error::PolicyError;
 use kennel_types::policy::{ByteSize, Limits, Policy, Runtime, Span, Strength, Tier};
 
 /// A bearer token and the name it is audited under.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Token {
     pub id: String,
@@ -28,6 +28,19 @@ pub struct Token {
     /// server-wide `allow_pins_to`.
     #[serde(default)]
     pub allow_pins_to: Vec<IpNet>,
+}
+
+/// Never the token itself: a config printed for debugging must not leak it.
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Token")
+            .field("id", &self.id)
+            .field("token", &"<redacted>")
+            .field("min_isolation", &self.min_isolation)
+            .field("quota", &self.quota)
+            .field("allow_pins_to", &self.allow_pins_to)
+            .finish()
+    }
 }
 
 /// One token's share of the server, so that no tenant can take every session or run slot.

@@ -40,6 +40,7 @@ pub enum ServeError {
 
 /// The server's state with its background work (the warm pool's refill, the session reaper),
 /// whether or not it listens on a socket (`kennel mcp` runs it without one).
+#[derive(Debug)]
 pub struct Machinery {
     pub service: Arc<service::Service>,
     stop: watch::Sender<bool>,

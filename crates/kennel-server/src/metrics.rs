@@ -14,6 +14,7 @@ use prometheus_client::registry::Registry;
 /// Upper bounds (seconds) of the run-duration histogram.
 const BUCKETS: [f64; 10] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0];
 
+#[derive(Debug)]
 pub struct Metrics {
     pub runs: Counter,
     pub execs: Counter,

@@ -58,6 +58,7 @@ pub fn document() -> String {
 }
 
 /// What the host can do, where the document depends on it.
+#[derive(Debug)]
 pub struct Host {
     /// Whether gVisor's `kvm` platform works here (a request naming it is refused if not).
     pub kvm: bool,

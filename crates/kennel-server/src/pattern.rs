@@ -174,8 +174,10 @@ pub fn int_range(lo: u64, hi: u64) -> String {
         .filter_map(|width| {
             let floor = if width == 1 { 0 } else { 10u128.pow(width - 1) };
             let ceil = 10u128.pow(width) - 1;
-            let (a, b) = ((lo as u128).max(floor), (hi as u128).min(ceil));
-            (a <= b).then(|| fixed(width, a as u64, b as u64))
+            let (a, b) = (u128::from(lo).max(floor), u128::from(hi).min(ceil));
+            // Both lie between `lo` and `hi`, which are u64s.
+            let narrow = |n: u128| u64::try_from(n).unwrap_or(u64::MAX);
+            (a <= b).then(|| fixed(width, narrow(a), narrow(b)))
         })
         .collect();
     format!("0*(?:{})", alts.join("|"))

@@ -85,6 +85,7 @@ pub fn shape(policy: &Policy) -> Policy {
     }
 }
 
+#[derive(Debug)]
 pub struct Pool {
     ready: Mutex<HashMap<Profile, VecDeque<AgentSandbox>>>,
     sizes: HashMap<Profile, usize>,

@@ -19,6 +19,7 @@ pub const MIN_MEMORY: u64 = 32 << 20;
 /// exec fails to fork (EAGAIN) whatever its code.
 pub const MIN_PIDS: u32 = 16;
 
+#[derive(Debug)]
 pub struct Session {
     pub id: String,
     pub token_id: String,
@@ -92,7 +93,7 @@ impl Session {
     pub fn info(&self) -> SessionInfo {
         SessionInfo {
             id: self.id.clone(),
-            created_at_unix_ms: self.created_unix_ms as u64,
+            created_at_unix_ms: u64::try_from(self.created_unix_ms).unwrap_or(u64::MAX),
             idle_ttl_s: self.idle_ttl.as_secs(),
             max_lifetime_s: self.max_lifetime.as_secs(),
             expires_in_s: self.remaining().as_secs(),
@@ -101,6 +102,7 @@ impl Session {
     }
 }
 
+#[derive(Debug)]
 pub struct Busy<'a>(&'a Session);
 
 impl Drop for Busy<'_> {
@@ -110,7 +112,7 @@ impl Drop for Busy<'_> {
     }
 }
 
-#[derive(Default)]
+#[derive(Default, Debug)]
 pub struct Sessions {
     map: RwLock<HashMap<String, Arc<Session>>>,
     /// Sessions being created, by token: counted against the caps before their sandbox exists.
@@ -118,6 +120,7 @@ pub struct Sessions {
 }
 
 /// A place reserved for a new session of one token.
+#[derive(Debug)]
 pub struct Reservation<'a> {
     sessions: &'a Sessions,
     token_id: String,

@@ -8,6 +8,15 @@
 //! expects before it falls back from `clone3` to `clone`. The clock-setting calls are the
 //! exception: they answer `EPERM`, as the kernel does for callers without `CAP_SYS_TIME`.
 
+// BPF works in 32-bit words, and the compiler is a `const fn` (where `try_from` is not
+// available): syscall numbers, errnos and argument words are narrowed on purpose, and every
+// value in the rule table fits (the tests compare the static program with the table).
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
+
 use libc::sock_filter;
 
 pub const DENIED_ERRNO: i32 = libc::ENOSYS;

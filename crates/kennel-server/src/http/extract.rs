@@ -9,6 +9,7 @@ use super::ApiError;
 
 /// A JSON body whose rejections (malformed JSON, unknown fields, wrong types, too large) come
 /// back as our error shape, with serde's message naming the problem.
+#[derive(Debug)]
 pub struct ApiJson<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
@@ -37,6 +38,7 @@ fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
 }
 
 /// A path parameter whose rejections (bad percent-encoding, say) come back as our error shape.
+#[derive(Debug)]
 pub struct ApiPath<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath<T> {
@@ -51,6 +53,7 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath
 }
 
 /// A query string whose rejections (`?stream=maybe`) come back as our error shape.
+#[derive(Debug)]
 pub struct ApiQuery<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
@@ -74,6 +77,7 @@ fn rejected(status: StatusCode, text: String) -> ApiError {
 }
 
 /// A raw body whose rejections (too large, unreadable) come back as our error shape.
+#[derive(Debug)]
 pub struct ApiBytes(pub axum::body::Bytes);
 
 impl<S: Send + Sync> FromRequest<S> for ApiBytes {

@@ -236,7 +236,7 @@ pub struct Mount {
 
 /// The API, with `mounts` beside it (behind the same authentication and logs).
 pub fn router(state: Shared, mounts: &[Mount]) -> Router {
-    let max_body = state.config.max_body.0 as usize;
+    let max_body = usize::try_from(state.config.max_body.0).unwrap_or(usize::MAX);
     let mut routes = Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))

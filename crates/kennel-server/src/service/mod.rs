@@ -220,6 +220,7 @@ impl Live {
 }
 
 /// The server's state and rules: everything each action needs.
+#[derive(Debug)]
 pub struct Service {
     pub config: ServerConfig,
     pub engine: Arc<Engine>,
@@ -316,7 +317,8 @@ impl Service {
     pub async fn end_session(&self, session: &super::sessions::Session) {
         session.agent.kill();
         session.agent.close().await;
-        self.metrics.active_sessions.set(self.sessions.len() as i64);
+        let open = i64::try_from(self.sessions.len()).unwrap_or(i64::MAX);
+        self.metrics.active_sessions.set(open);
     }
 
     /// Registers work that shutdown may have to kill; the guard unregisters it.

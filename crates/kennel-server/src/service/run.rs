@@ -70,7 +70,7 @@ async fn execute(
     let entry = Entry {
         language: spec.language.map(kennel_types::api::Language::name),
         pooled,
-        duration_ms: started.elapsed().as_millis() as u64,
+        duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
         ..Entry::new(&caller.0, "run", code.as_bytes(), &req.policy.limits)
     };
     match &outcome {

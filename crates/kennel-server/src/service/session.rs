@@ -108,7 +108,7 @@ pub(super) async fn create(
     service
         .metrics
         .active_sessions
-        .set(service.sessions.len() as i64);
+        .set(i64::try_from(service.sessions.len()).unwrap_or(i64::MAX));
     Ok(session.info())
 }
 
@@ -205,7 +205,7 @@ async fn run_exec(
     let entry = Entry {
         session: Some(&session.id),
         language: Some(spec.language.name()),
-        duration_ms: started.elapsed().as_millis() as u64,
+        duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
         ..Entry::new(&caller.0, "exec", spec.code.as_bytes(), &session.limits)
     };
     let result = match outcome {
