@@ -9,7 +9,7 @@
 //! let native = Native::from_current_exe()?;
 //! let req = RunRequest::new(Command::Code { language: Language::Python, code: "print(6*7)".into() });
 //! let result = native.run(&req, RunIo::none())?;
-//! assert_eq!(result.stdout, "42\n");
+//! assert_eq!(result.outcome.stdout, "42\n");
 //! # Ok::<(), kennel_sandbox::Error>(())
 //! ```
 
