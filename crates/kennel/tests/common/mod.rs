@@ -118,28 +118,6 @@ def os_errno(fn, *args):
         return errno.errorcode.get(e.errno, str(e.errno))
 "#;
 
-/// Runs a probe (with [`SYSCALL_PRELUDE`]) inside the sandbox and bare on the host, returning
-/// (inside, bare) stdout. The bare run is the control that tells "blocked by Kennel" from
-/// "failed anyway".
-pub fn probe_both(code: &str) -> (String, String) {
-    let full = format!("{SYSCALL_PRELUDE}\n{code}");
-    let inside = py_ok(&[], &full);
-    let bare = Command::new(PY)
-        .arg("-c")
-        .arg(&full)
-        .output()
-        .expect("bare python runs");
-    assert!(
-        bare.status.success(),
-        "bare probe failed: {}",
-        String::from_utf8_lossy(&bare.stderr)
-    );
-    (
-        inside.trim().to_string(),
-        String::from_utf8_lossy(&bare.stdout).trim().to_string(),
-    )
-}
-
 /// Paths of cgroups that the kennel process `pid` created, anywhere under /sys/fs/cgroup.
 pub fn kennel_cgroups_of(pid: u32) -> Vec<String> {
     let prefix = format!("kennel-{pid}-");
