@@ -151,50 +151,7 @@ mod tests {
 
     #[test]
     fn tls_must_name_the_tunnels_host() {
-        let hello = |sni: &str| {
-            let name = sni.as_bytes();
-            let mut ext = vec![0, 0];
-            ext.extend_from_slice(
-                &u16::try_from(name.len() + 5)
-                    .expect("a test hello is small")
-                    .to_be_bytes(),
-            );
-            ext.extend_from_slice(
-                &u16::try_from(name.len() + 3)
-                    .expect("a test hello is small")
-                    .to_be_bytes(),
-            );
-            ext.push(0);
-            ext.extend_from_slice(
-                &u16::try_from(name.len())
-                    .expect("a test hello is small")
-                    .to_be_bytes(),
-            );
-            ext.extend_from_slice(name);
-            let mut body = vec![3, 3];
-            body.extend_from_slice(&[7; 32]);
-            body.extend_from_slice(&[0, 0, 2, 0x13, 0x01, 1, 0]);
-            body.extend_from_slice(
-                &u16::try_from(ext.len())
-                    .expect("a test hello is small")
-                    .to_be_bytes(),
-            );
-            body.extend_from_slice(&ext);
-            let mut rec = vec![0x16, 3, 1];
-            rec.extend_from_slice(
-                &u16::try_from(body.len() + 4)
-                    .expect("a test hello is small")
-                    .to_be_bytes(),
-            );
-            rec.push(1);
-            rec.extend_from_slice(
-                &u32::try_from(body.len())
-                    .expect("a test hello is small")
-                    .to_be_bytes()[1..],
-            );
-            rec.extend_from_slice(&body);
-            rec
-        };
+        let hello = crate::tls::tests::hello;
         assert_eq!(verdict(&hello("pkg.test.")), Some(Ok(())));
         assert_eq!(
             verdict(&hello("evil.test")),

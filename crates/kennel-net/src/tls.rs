@@ -115,7 +115,7 @@ fn server_name(extensions: &[TlsExtension]) -> Hello {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A handshake record around a ClientHello whose extensions block is `ext`.
@@ -178,7 +178,8 @@ mod tests {
     }
 
     /// A minimal ClientHello carrying `sni`.
-    fn hello(sni: &str) -> Vec<u8> {
+    /// A whole ClientHello record naming `sni` (other modules' tests use it too).
+    pub(crate) fn hello(sni: &str) -> Vec<u8> {
         hello_with_extensions(&sni_extension(&[sni]))
     }
 
