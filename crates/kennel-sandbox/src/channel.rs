@@ -25,9 +25,15 @@ pub struct FileMeta {
 /// Files for the sandbox with their bytes, in the order they are sent.
 pub type InputFiles = Vec<(FileMeta, Vec<u8>)>;
 
+/// This build of the sandbox crate (a hash of its sources): a helper refuses a plan from
+/// another build.
+pub const BUILD: &str = env!("KENNEL_SANDBOX_BUILD");
+
 /// What the helper needs to build the sandbox, sent once, before anything else.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Plan {
+    /// The supervisor's [`BUILD`].
+    pub build: String,
     pub argv: Vec<String>,
     pub env: Vec<(String, String)>,
     pub policy: Policy,
@@ -106,26 +112,62 @@ pub enum ChannelError {
     Io(#[from] io::Error),
     #[error("expected {expected}, got {got}")]
     Unexpected { expected: &'static str, got: String },
+    #[error(
+        "the helper binary was built from other sources than the kennel binary that started it \
+         ({0}); rebuild both: cargo build --workspace"
+    )]
+    OtherBuild(String),
+}
+
+/// A helper's plan: from which build it comes, and how many input files follow it.
+pub trait Planned {
+    fn build(&self) -> &str;
+    fn files(&self) -> usize;
+}
+
+impl Planned for Plan {
+    fn build(&self) -> &str {
+        &self.build
+    }
+    fn files(&self) -> usize {
+        self.files
+    }
 }
 
 /// Reads a helper's plan, which `pick` takes out of its message or gives back (`what` names
-/// it), and the input files that follow it (as many as `count` says the plan announces).
-pub fn recv_plan<P>(
+/// it), and the input files that follow it. A plan from another build is refused.
+pub fn recv_plan<P: Planned>(
     r: &mut impl Read,
     what: &'static str,
     pick: impl FnOnce(Msg) -> Result<P, Msg>,
-    count: impl FnOnce(&P) -> usize,
 ) -> Result<(P, InputFiles), ChannelError> {
     let unexpected = |got: Option<Msg>| ChannelError::Unexpected {
         expected: what,
         got: got.map_or("the end of the channel".into(), |m| format!("{m:?}")),
     };
-    let msg = recv(r)?.map(|(m, _)| m);
+    // A plan this build cannot even read comes from another build too.
+    let msg = recv(r)
+        .map_err(|e| {
+            if e.get_ref()
+                .is_some_and(|inner| inner.is::<serde_json::Error>())
+            {
+                ChannelError::OtherBuild(format!("its plan does not parse here: {e}"))
+            } else {
+                ChannelError::Io(e)
+            }
+        })?
+        .map(|(m, _)| m);
     let plan = match msg {
         Some(m) => pick(m).map_err(|other| unexpected(Some(other)))?,
         None => return Err(unexpected(None)),
     };
-    let n = count(&plan);
+    if plan.build() != BUILD {
+        return Err(ChannelError::OtherBuild(format!(
+            "its build is {BUILD}, the supervisor's {}",
+            plan.build()
+        )));
+    }
+    let n = plan.files();
     let mut files = Vec::with_capacity(n);
     for _ in 0..n {
         match recv(r)? {
@@ -208,5 +250,55 @@ mod tests {
         let mut frame = (MAX_JSON + 1).to_le_bytes().to_vec();
         frame.extend_from_slice(&0u64.to_le_bytes());
         assert!(recv(&mut &frame[..]).is_err());
+    }
+
+    fn plan_from(build: &str) -> Plan {
+        Plan {
+            build: build.into(),
+            argv: vec!["/bin/true".into()],
+            env: vec![],
+            policy: Policy::default(),
+            collect: vec![],
+            files: 1,
+            full_id_range: false,
+            cgroup_join: vec![],
+            cpus: vec![0],
+        }
+    }
+
+    fn pick(m: Msg) -> Result<Plan, Msg> {
+        match m {
+            Msg::Plan(p) => Ok(*p),
+            other => Err(other),
+        }
+    }
+
+    /// A helper left over from another build refuses the plan, whatever the supervisor sent.
+    #[test]
+    fn a_plan_from_another_build_is_refused() {
+        let file = Msg::File(FileMeta {
+            path: "/workspace/a".into(),
+            mode: 0o644,
+        });
+        let mut buf = Vec::new();
+        send(&mut buf, &Msg::Plan(Box::new(plan_from(BUILD))), b"").unwrap();
+        send(&mut buf, &file, b"hi").unwrap();
+        let (plan, files) = recv_plan(&mut &buf[..], "a plan", pick).unwrap();
+        assert_eq!((plan.build.as_str(), files.len()), (BUILD, 1));
+
+        let mut buf = Vec::new();
+        send(&mut buf, &Msg::Plan(Box::new(plan_from("0123"))), b"").unwrap();
+        let err = recv_plan(&mut &buf[..], "a plan", pick).unwrap_err();
+        assert!(matches!(err, ChannelError::OtherBuild(_)), "{err}");
+        assert!(err.to_string().contains("cargo build --workspace"), "{err}");
+
+        // A plan whose shape this build cannot read is another build's too.
+        let mut buf = Vec::new();
+        let junk = br#"{"plan":{"argv":7}}"#;
+        buf.extend_from_slice(&u32::try_from(junk.len()).unwrap().to_le_bytes());
+        buf.extend_from_slice(&0u64.to_le_bytes());
+        buf.extend_from_slice(junk);
+        let err = recv_plan(&mut &buf[..], "a plan", pick).unwrap_err();
+        assert!(matches!(err, ChannelError::OtherBuild(_)), "{err}");
     }
 }

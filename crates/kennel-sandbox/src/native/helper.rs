@@ -127,7 +127,7 @@ fn read_plan(ctl: &mut UnixStream) -> Result<(Plan, InputFiles), ChannelError> {
         Msg::Plan(plan) => Ok(*plan),
         other => Err(other),
     };
-    channel::recv_plan(ctl, "a plan", pick, |p: &Plan| p.files)
+    channel::recv_plan(ctl, "a plan", pick)
 }
 
 fn helper_main() -> ! {

@@ -59,6 +59,7 @@ impl Native {
         check_host(policy)?;
         let mut tier = NativeTier {
             plan: Plan {
+                build: channel::BUILD.to_string(),
                 argv: checked_argv(req)?,
                 env: sandbox_env(policy),
                 policy: policy.clone(),

@@ -24,6 +24,8 @@ const SETUP_FAILED: i32 = 125;
 /// What the launcher needs, sent once before the input files.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LaunchPlan {
+    /// The supervisor's [`channel::BUILD`].
+    pub build: String,
     pub bundle: PathBuf,
     /// Files the launcher writes "0" into to join Kennel's cgroup before the runtime starts.
     pub cgroup_join: Vec<String>,
@@ -47,6 +49,15 @@ pub struct LaunchPlan {
     pub files: usize,
     pub collect: Vec<String>,
     pub collect_size: u64,
+}
+
+impl channel::Planned for LaunchPlan {
+    fn build(&self) -> &str {
+        &self.build
+    }
+    fn files(&self) -> usize {
+        self.files
+    }
 }
 
 pub fn launcher_main() -> ! {
@@ -188,7 +199,7 @@ fn read_plan(ctl: &mut UnixStream) -> Result<(LaunchPlan, InputFiles), ChannelEr
         Msg::Launch(plan) => Ok(*plan),
         other => Err(other),
     };
-    channel::recv_plan(ctl, "a launch plan", pick, |p: &LaunchPlan| p.files)
+    channel::recv_plan(ctl, "a launch plan", pick)
 }
 
 fn join_cgroup(plan: &LaunchPlan) -> Result<(), Fail> {

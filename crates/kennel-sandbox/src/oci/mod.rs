@@ -224,6 +224,7 @@ impl super::supervise::Tier for OciTier {
             .map_err(|e| setup(Step::WriteBundle, e))?;
         let host_network = policy.network.mode != NetMode::None;
         Ok(Msg::Launch(Box::new(LaunchPlan {
+            build: channel::BUILD.to_string(),
             bundle: self.bundle.clone(),
             cgroup_join: self.cgroup.join_files(),
             cpus,

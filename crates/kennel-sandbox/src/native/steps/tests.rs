@@ -181,6 +181,7 @@ impl View for Host {
 
 fn plan() -> Plan {
     Plan {
+        build: crate::channel::BUILD.to_string(),
         argv: vec!["/bin/true".into()],
         env: vec![("PATH".into(), "/bin".into())],
         policy: Policy::default(),
