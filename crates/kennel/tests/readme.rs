@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -317,26 +317,6 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// A one-answer-per-connection HTTP server on 127.0.0.1, for the `api.test` example; it
-/// stops with the test process.
-fn local_http() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for mut conn in listener.incoming().flatten() {
-            let mut buf = [0u8; 4096];
-            let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
-            let _ = conn.read(&mut buf);
-            let _ = write!(
-                conn,
-                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{LOCAL_BODY}",
-                LOCAL_BODY.len()
-            );
-        }
-    });
-    port
-}
-
 /// A `kennel serve` started from the README's command, stopped (SIGTERM to its PID) on drop.
 struct Served {
     child: Child,
@@ -509,7 +489,7 @@ fn every_readme_example_works_as_written() {
                         check(&out);
                     }
                     How::LocalHttp(check) => {
-                        let port = local_http().to_string();
+                        let port = common::http_answering(LOCAL_BODY).to_string();
                         let out = scratch.run(&written.replace(README_PORT, &port));
                         println!("ran with a local server on {port}: {key}");
                         check(&out);

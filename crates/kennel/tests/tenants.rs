@@ -4,10 +4,6 @@
 mod common;
 mod server_common;
 
-use std::io::{Read, Write};
-use std::net::TcpListener;
-use std::time::Duration;
-
 use serde_json::{json, Value};
 use server_common::*;
 
@@ -19,26 +15,6 @@ fn tokens(extra_a: &str) -> String {
     format!(
         "[[tokens]]\nid = \"a\"\ntoken = \"{A}\"\n{extra_a}\n[[tokens]]\nid = \"b\"\ntoken = \"{B}\"\n"
     )
-}
-
-/// A loopback HTTP service that answers every request with `body`, until the test ends.
-fn host_service(body: &'static str) -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("binding a loopback service");
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for conn in listener.incoming().take(16) {
-            let Ok(mut conn) = conn else { continue };
-            let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
-            let mut buf = [0u8; 4096];
-            let _ = conn.read(&mut buf);
-            let _ = write!(
-                conn,
-                "HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
-                body.len()
-            );
-        }
-    });
-    port
 }
 
 /// A run that fetches `http://api.test:PORT/` with `api.test` pinned to `ip`.
@@ -61,7 +37,7 @@ fn pins_to_internal_addresses_are_refused_unless_the_config_lists_them() {
         Some(A),
     );
     let c = &server.client;
-    let port = host_service("host-secret");
+    let port = common::http_answering("host-secret");
     for (ip, kind) in [
         ("127.0.0.1", "loopback"),
         ("127.8.9.10", "loopback"),
@@ -103,7 +79,7 @@ fn pins_to_internal_addresses_are_refused_unless_the_config_lists_them() {
 
 #[test]
 fn the_config_lets_pins_reach_the_networks_it_lists_globally_or_per_token() {
-    let port = host_service("host-service");
+    let port = common::http_answering("host-service");
     // Globally.
     let config = format!("allow_pins_to = [\"127.0.0.0/8\"]\n{NO_POOL}{}", tokens(""));
     let server = Server::start_with("pins-global", &config, &[], Some(A));

@@ -168,3 +168,24 @@ pub fn dash_rootfs(path: &std::path::Path) {
     }
     std::fs::create_dir_all(path.join("etc")).unwrap();
 }
+
+/// A loopback HTTP server on 127.0.0.1 that answers every request with `body`, for a sandbox
+/// to reach through a pin; it stops with the test process. Returns its port.
+pub fn http_answering(body: &'static str) -> u16 {
+    use std::io::Read;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding 127.0.0.1:0");
+    let port = listener.local_addr().expect("a bound address").port();
+    std::thread::spawn(move || {
+        for mut conn in listener.incoming().flatten() {
+            let mut buf = [0u8; 4096];
+            let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+            let _ = conn.read(&mut buf);
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    port
+}
