@@ -94,6 +94,8 @@ pub struct Pool {
     longest_run: Duration,
     engine: Arc<Engine>,
     policy: Policy,
+    /// The pooled sandboxes' [`shape`], which every request is compared with.
+    shape: Policy,
     wake: Notify,
 }
 
@@ -120,6 +122,7 @@ impl Pool {
             max_age,
             longest_run: longest_run.max(policy.limits.timeout.0),
             engine,
+            shape: shape(&policy),
             policy,
             wake: Notify::new(),
         }
@@ -133,7 +136,7 @@ impl Pool {
             return None;
         };
         let fits = POOLED_TIERS.contains(&req.policy.tier)
-            && shape(&req.policy) == shape(&self.policy)
+            && shape(&req.policy) == self.shape
             && req.policy.limits.timeout.0 <= self.longest_run;
         fits.then(|| Profile::of(*language))
     }
