@@ -51,3 +51,6 @@ impl Progress for NoProgress {
 #[cfg(test)]
 #[path = "../tests/support/mod.rs"]
 mod support;
+// The shared test helpers name this crate as the integration tests do.
+#[cfg(test)]
+extern crate self as kennel_image;

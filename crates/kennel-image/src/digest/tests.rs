@@ -58,9 +58,12 @@ fn equal_trees_written_in_different_orders_have_equal_digests() {
     assert_eq!(digest, tree_digest(two.path()).unwrap());
 }
 
+/// A change made to a tree.
+type Change = Box<dyn Fn(&Path)>;
+
 #[test]
 fn any_change_that_a_sandbox_could_see_changes_the_digest() {
-    let changes: Vec<(&str, Box<dyn Fn(&Path)>)> = vec![
+    let changes: Vec<(&str, Change)> = vec![
         ("one mode bit", Box::new(|r| chmod(&r.join("a/f2"), 0o754))),
         ("setuid", Box::new(|r| chmod(&r.join("a/f2"), 0o4755))),
         (

@@ -421,10 +421,13 @@ impl Escape {
     }
 }
 
+/// A hostile layer, made for one sandbox.
+type Hostile = Box<dyn Fn(&Escape) -> Vec<u8>>;
+
 #[test]
 fn nothing_is_ever_written_outside_the_root() {
     let out = |e: &Escape| e.outside.to_str().unwrap().to_owned();
-    let cases: Vec<(&str, Box<dyn Fn(&Escape) -> Vec<u8>>, &str)> = vec![
+    let cases: Vec<(&str, Hostile, &str)> = vec![
         (
             "dot-dot",
             Box::new(|_| Tarball::new().file("../evil", 0o644, b"x").finish()),

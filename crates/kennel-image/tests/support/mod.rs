@@ -2,5 +2,6 @@
 //! built byte by byte, and snapshots of trees to compare.
 #![allow(dead_code)]
 
+pub mod layout;
 pub mod tarball;
 pub mod tree;
