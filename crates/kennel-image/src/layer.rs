@@ -120,7 +120,7 @@ impl Unpacker<'_> {
                     hint: "layers are applied onto an existing directory",
                 })
             }
-            Err(e) => return Err(ImageError::io("open the root", self.root)(e)),
+            Err(e) => return Err(ImageError::io("open the directory", self.root)(e)),
         }
         let allowance = Rc::new(Cell::new(Some(METADATA_ALLOWANCE)));
         let metered = Metered {
@@ -499,7 +499,7 @@ impl<R: Read> Read for Metered<R> {
         }
         let max = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
         let n = self.inner.read(&mut buf[..max])?;
-        self.allowance.set(Some(left - n as u64));
+        self.allowance.set(Some(left.saturating_sub(n as u64)));
         Ok(n)
     }
 }

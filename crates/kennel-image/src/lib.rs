@@ -7,6 +7,8 @@
 //! write, symlinks are created but never followed, and malformed input is an
 //! [`ImageError`], never a panic.
 
+#![forbid(unsafe_code)]
+
 pub mod copy;
 pub mod digest;
 pub mod error;

@@ -602,6 +602,22 @@ fn replacing_a_symlink_never_follows_it() {
 }
 
 #[test]
+fn a_hard_link_to_a_symlink_links_the_symlink_not_its_target() {
+    let escape = Escape::new();
+    let victim = escape.outside.join("victim");
+    let layer = Tarball::new()
+        .symlink("l", victim.to_str().unwrap())
+        .hardlink("h", "l")
+        .finish();
+    apply(&escape.root, &layer).unwrap();
+    let (h, l) = (lstat(&escape.root.join("h")), lstat(&escape.root.join("l")));
+    assert!(h.file_type().is_symlink());
+    assert_eq!(h.ino(), l.ino());
+    assert_eq!(lstat(&victim).nlink(), 1);
+    escape.assert_outside_intact();
+}
+
+#[test]
 fn a_directory_replaced_by_a_symlink_later_in_the_layer_is_not_chmodded_through_it() {
     let escape = Escape::new();
     let out = escape.outside.to_str().unwrap();
