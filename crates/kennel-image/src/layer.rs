@@ -16,6 +16,7 @@ use tar::EntryType;
 use crate::compress::decompress;
 use crate::paths::{check_parents, relative, remove_any, Parents};
 use crate::{ImageError, Progress, Stats};
+use metered::Metered;
 
 const WHITEOUT: &[u8] = b".wh.";
 /// The marker's name once [`WHITEOUT`] is stripped from `.wh..wh..opq`.
@@ -383,68 +384,6 @@ impl Unpacker<'_> {
         Ok(())
     }
 
-    /// `.wh.NAME` hides NAME from lower layers; `.wh..wh..opq` hides everything lower layers
-    /// put in its directory.
-    fn whiteout(
-        &self,
-        rel: &Path,
-        hidden: &[u8],
-        name: &str,
-        applied: &Applied,
-    ) -> Result<(), ImageError> {
-        let dir = rel.parent().unwrap_or(Path::new(""));
-        // The whiteout's own parents must be real directories: a whiteout under a symlink
-        // would delete whatever it points at.
-        if check_parents(self.root, rel, name, false, &mut |_| {})? == Parents::Missing {
-            return Ok(());
-        }
-        if hidden == OPAQUE {
-            return self.hide_children(dir, applied);
-        }
-        if hidden.is_empty() || hidden == b"." || hidden == b".." {
-            return Err(ImageError::Entry {
-                entry: name.to_owned(),
-                why: "its whiteout names no file".into(),
-            });
-        }
-        self.hide(&dir.join(OsStr::from_bytes(hidden)), applied)
-    }
-
-    /// Removes what lower layers put at `rel`, keeping what this layer wrote there.
-    fn hide(&self, rel: &Path, applied: &Applied) -> Result<(), ImageError> {
-        let full = self.root.join(rel);
-        if !applied.written.contains(rel) {
-            return remove_any(&full);
-        }
-        match fs::symlink_metadata(&full) {
-            Ok(meta) if meta.is_dir() => self.hide_children(rel, applied),
-            _ => Ok(()),
-        }
-    }
-
-    fn hide_children(&self, dir: &Path, applied: &Applied) -> Result<(), ImageError> {
-        let mut pending = vec![dir.to_path_buf()];
-        while let Some(dir) = pending.pop() {
-            let full = self.root.join(&dir);
-            // Listed first, removed after: removing while reading a directory may skip
-            // entries.
-            let children = fs::read_dir(&full)
-                .and_then(|list| list.map(|e| e.map(|e| e.file_name())).collect())
-                .map_err(ImageError::io("list the directory", &full));
-            let children: Vec<_> = children?;
-            for child in children {
-                let rel = dir.join(child);
-                let child_full = self.root.join(&rel);
-                if !applied.written.contains(&rel) {
-                    remove_any(&child_full)?;
-                } else if fs::symlink_metadata(&child_full).is_ok_and(|m| m.is_dir()) {
-                    pending.push(rel);
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// Applies the directories' modes, for those still directories: a later entry of the
     /// layer may have replaced one (even with a symlink, which a chmod would follow).
     fn finish_dirs(&self, applied: &Applied) -> Result<(), ImageError> {
@@ -476,33 +415,8 @@ fn make_dir(full: &Path) -> Result<(), ImageError> {
         .map_err(ImageError::io("create the directory", full))
 }
 
-/// A reader that fails once it has given out its allowance (`None`: no limit). The unpacker
-/// sets the allowance before each tar header and lifts it for the entry's data.
-struct Metered<R> {
-    inner: R,
-    allowance: Rc<Cell<Option<u64>>>,
-}
-
-impl<R: Read> Read for Metered<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let Some(left) = self.allowance.get() else {
-            return self.inner.read(buf);
-        };
-        if left == 0 && !buf.is_empty() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!(
-                    "an entry's tar metadata (long name or PAX records) exceeds {} KiB",
-                    METADATA_ALLOWANCE / 1024
-                ),
-            ));
-        }
-        let max = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
-        let n = self.inner.read(&mut buf[..max])?;
-        self.allowance.set(Some(left.saturating_sub(n as u64)));
-        Ok(n)
-    }
-}
+mod metered;
+mod whiteout;
 
 #[cfg(test)]
 mod tests;
