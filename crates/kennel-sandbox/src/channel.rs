@@ -47,6 +47,8 @@ pub struct Plan {
     pub cgroup_join: Vec<String>,
     /// CPUs the sandbox is pinned to.
     pub cpus: Vec<usize>,
+    /// Host directories shown writable (the image builder's pip step only).
+    pub writable: Vec<kennel_types::api::WritableDir>,
 }
 
 /// What the isolation looked like from inside, just before `execve`.
@@ -263,6 +265,7 @@ mod tests {
             full_id_range: false,
             cgroup_join: vec![],
             cpus: vec![0],
+            writable: vec![],
         }
     }
 

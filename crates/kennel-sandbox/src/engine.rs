@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use crate::error::Error;
+use crate::image::Store;
 use crate::native::Native;
 use crate::oci::Oci;
 use crate::supervise::io::RunIo;
@@ -29,11 +30,12 @@ impl Backend for Oci {
     }
 }
 
-/// Every tier, behind one `run`.
+/// Every tier, behind one `run`, and the images they run on.
 #[derive(Debug, Clone)]
 pub struct Engine {
     pub native: Native,
     pub oci: Oci,
+    pub images: Store,
 }
 
 impl Engine {
@@ -50,6 +52,7 @@ impl Engine {
                 launcher: helper.clone(),
             },
             native: Native { helper },
+            images: Store::from_env(),
         }
     }
 
@@ -60,7 +63,22 @@ impl Engine {
         }
     }
 
+    /// Runs `req` on the tier its policy names. A policy's `filesystem.image` is resolved
+    /// here, once, for every tier: the tier sees the image's root as its rootfs, the code gets
+    /// the image's environment under its own, and the result names the image and its digest.
     pub fn run(&self, req: &RunRequest, io: RunIo) -> Result<RunResult, Error> {
-        self.backend(req.policy.tier).run(req, io)
+        let Some(name) = &req.policy.filesystem.image else {
+            return self.backend(req.policy.tier).run(req, io);
+        };
+        let image = self.images.resolve(name)?;
+        let mut on_image = req.clone();
+        let policy = &mut on_image.policy;
+        policy.filesystem.rootfs = Some(image.rootfs.clone());
+        policy.filesystem.image = None;
+        let mut env = image.record.env.clone();
+        env.extend(std::mem::take(&mut policy.env));
+        policy.env = env;
+        on_image.image = Some(image.info);
+        self.backend(req.policy.tier).run(&on_image, io)
     }
 }

@@ -19,6 +19,7 @@ pub mod doctor;
 mod egress;
 pub mod engine;
 pub mod error;
+pub mod image;
 pub mod native;
 pub mod oci;
 mod request;

@@ -160,6 +160,22 @@ pub struct RunRequest {
     pub collect: Vec<String>,
     #[serde(default)]
     pub policy: Policy,
+    /// Host directories shown writable inside (native tier only). Never read from a request:
+    /// only Kennel's own image builder sets them, to let pip write an image's `/usr/local`.
+    #[serde(skip)]
+    pub writable: Vec<WritableDir>,
+    /// The image the engine resolved `policy.filesystem.image` to, for the result to name;
+    /// set by the engine only.
+    #[serde(skip)]
+    pub image: Option<crate::image::ImageInfo>,
+}
+
+/// A host directory bound writable at `target` inside the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WritableDir {
+    pub source: std::path::PathBuf,
+    /// An absolute path inside the sandbox that exists in its root.
+    pub target: String,
 }
 
 impl RunRequest {
@@ -170,6 +186,8 @@ impl RunRequest {
             files: vec![],
             collect: vec![],
             policy: Policy::default(),
+            writable: vec![],
+            image: None,
         }
     }
 }
@@ -239,8 +257,11 @@ pub struct Isolation {
     /// Capabilities left to the sandboxed code, inside its own user namespace (policy
     /// `capabilities`: a small default set, or none).
     pub capabilities: Vec<String>,
-    /// `host-system-ro` or the rootfs directory.
+    /// `host-system-ro`, `rootfs:DIR` or `image:NAME`.
     pub filesystem: String,
+    /// The image the root came from, with its digest (runs with an `image` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<crate::image::ImageInfo>,
     pub network: String,
     /// The OCI runtime that ran the sandbox (the `oci` tier only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -335,6 +356,10 @@ pub struct RunSpec {
     /// `none` drops every capability; `default` (a small set inside the sandbox's user
     /// namespace) is what runs get unless the server's policy says `none`.
     pub capabilities: Option<crate::policy::Capabilities>,
+    /// A Kennel image to run on instead of the host's system (`kennel image ls`); the server
+    /// lists which images each token may use.
+    #[schema(pattern = "^[a-z0-9][a-z0-9._-]{0,63}$")]
+    pub image: Option<String>,
 }
 
 /// A field that is either absent (`None`, by `#[serde(default)]`) or a value: `null` is refused.
@@ -494,6 +519,11 @@ impl RunSpec {
         }
         policy.tier = self.tier.unwrap_or(policy.tier);
         policy.oci.platform = self.platform;
+        if let Some(image) = &self.image {
+            // An image replaces whatever root the server's policy shows by default.
+            policy.filesystem.rootfs = None;
+            policy.filesystem.image = Some(image.clone());
+        }
         match self.capabilities {
             Some(Capabilities::Default) if base.capabilities == Capabilities::None => {
                 return Err(PolicyError::request(
@@ -520,6 +550,8 @@ impl RunSpec {
             files,
             collect: self.collect.clone(),
             policy,
+            writable: vec![],
+            image: None,
         })
     }
 }
@@ -546,6 +578,9 @@ pub struct SessionSpec {
     /// End the session after this long unused (bounded by the server's setting).
     #[schema(value_type = Option<String>)]
     pub idle_ttl: Option<Span>,
+    /// A Kennel image for the session's sandbox, as for runs.
+    #[schema(pattern = "^[a-z0-9][a-z0-9._-]{0,63}$")]
+    pub image: Option<String>,
 }
 
 /// A session as the API lists it.

@@ -5,6 +5,7 @@
 
 pub mod api;
 pub mod error;
+pub mod image;
 pub mod net;
 pub mod policy;
 

@@ -276,6 +276,9 @@ impl Default for Limits {
 pub struct Filesystem {
     /// A directory to use, read-only, as `/` instead of the host's system directories.
     pub rootfs: Option<PathBuf>,
+    /// A Kennel image (built with `kennel image build`) to use, read-only, as `/`; the engine
+    /// resolves the name to the image's root when the run starts.
+    pub image: Option<String>,
 }
 
 /// How much network a sandbox gets.
@@ -605,6 +608,15 @@ impl Policy {
                 ));
             }
             _ => {}
+        }
+        if let Some(name) = &self.filesystem.image {
+            crate::image::check_name(name).map_err(|why| field("filesystem.image", why))?;
+            if self.filesystem.rootfs.is_some() {
+                return Err(field(
+                    "filesystem.image",
+                    "and filesystem.rootfs both name a root; give one".into(),
+                ));
+            }
         }
         if let Some(root) = &self.filesystem.rootfs {
             if !root.is_absolute() {

@@ -92,10 +92,11 @@ impl View for Dir {
 
 fn fs_plan(plan: &Plan) -> FsPlan {
     let host = Dir::new(PathBuf::from("/"));
-    let system = match &plan.policy.filesystem.rootfs {
+    let mut system = match &plan.policy.filesystem.rootfs {
         Some(root) => mounts::system_view(&Dir::new(root.clone()), &root.to_string_lossy(), true),
         None => mounts::system_view(&host, "", false),
     };
+    system.extend(mounts::writable(&plan.writable));
     let (proc_mount, proc_mask) = mounts::proc(&host);
     FsPlan {
         system,

@@ -181,6 +181,18 @@ pub fn system_view(view: &dyn View, source_root: &str, rootfs: bool) -> Vec<Op> 
     ops
 }
 
+/// Host directories shown writable over the read-only view (the image builder's pip step).
+pub fn writable(dirs: &[kennel_types::api::WritableDir]) -> Vec<Op> {
+    dirs.iter()
+        .map(|w| {
+            bind(
+                w.source.display().to_string(),
+                r(w.target.trim_start_matches('/')),
+            )
+        })
+        .collect()
+}
+
 /// The writable scratch space: `/tmp` and `/workspace`, each a size-capped tmpfs.
 pub fn scratch(policy: &Policy) -> Vec<Op> {
     let flags = libc::MS_NOSUID | libc::MS_NODEV;

@@ -412,8 +412,13 @@ fn set_rlimits(ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), Fail> {
 
 fn restrict_filesystem(ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), Fail> {
     use kennel_types::policy::Want;
+    let writable: Vec<&str> = mounts::LANDLOCK_WRITABLE
+        .iter()
+        .copied()
+        .chain(ctx.plan.writable.iter().map(|w| w.target.as_str()))
+        .collect();
     let outcome = os
-        .landlock(mounts::LANDLOCK_READ_ONLY, mounts::LANDLOCK_WRITABLE)
+        .landlock(mounts::LANDLOCK_READ_ONLY, &writable)
         .ctx(|| "landlock".into())?;
     if !outcome.enforced && ctx.plan.policy.layers.landlock() == Want::Required {
         return Err(Fail {

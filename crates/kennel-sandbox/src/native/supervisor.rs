@@ -8,6 +8,7 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 
 use kennel_net::Proxy;
+use kennel_types::api::WritableDir;
 use kennel_types::api::{Isolation, LandlockInfo, LimitsInfo, RunRequest, RunResult, SeccompInfo};
 use kennel_types::policy::{NetMode, Policy, Want};
 
@@ -68,11 +69,44 @@ impl Native {
                 full_id_range: sys::getuid() == 0,
                 cgroup_join: vec![],
                 cpus: pick_cpus(policy.limits.cpus),
+                writable: checked_writable(req)?,
             },
             limiter: None,
         };
         supervise(&mut tier, &self.helper, req, &files, io)
     }
+}
+
+/// The request's writable directories (the image builder's only), each an existing host
+/// directory shown at an absolute path that is a directory of the sandbox's root.
+fn checked_writable(req: &RunRequest) -> Result<Vec<WritableDir>, Error> {
+    let root = req
+        .policy
+        .filesystem
+        .rootfs
+        .clone()
+        .unwrap_or_else(|| "/".into());
+    for w in &req.writable {
+        let inside = w.target.strip_prefix('/').unwrap_or(&w.target);
+        let ok = w.target.starts_with('/')
+            && !w.target.split('/').any(|c| c == "..")
+            && w.source.is_dir()
+            && root
+                .join(inside)
+                .symlink_metadata()
+                .is_ok_and(|m| m.is_dir());
+        if !ok {
+            return Err(Error::request(
+                "writable",
+                format!(
+                    "{} cannot be shown at {}: both must be directories",
+                    w.source.display(),
+                    w.target
+                ),
+            ));
+        }
+    }
+    Ok(req.writable.clone())
 }
 
 /// One native run: the helper's plan and what holds the limits (made with the plan).
@@ -328,5 +362,6 @@ fn isolation(
             }),
         network: network_summary(&plan.policy.network),
         runtime: None,
+        image: None,
     }
 }

@@ -330,21 +330,47 @@ pub fn maps_ids(runtime: Runtime) -> bool {
 }
 
 /// The `config.json` for one run.
+/// The uid and gid the code runs as under runsc on the host's own system view.
+pub const RUNSC_HOST_VIEW_ID: u32 = 65534;
+
+/// Whether the code runs as nobody, without capabilities: under runsc on the host's system
+/// view. gVisor maps no ids, so a root inside would own host root's files as its gofer reports
+/// them and read every root-only file of the view (under /usr as well as /etc). As nobody it
+/// is refused those, as the other tiers' unmapped host uid is, and it keeps every program of
+/// the host view, which an image of Kennel's own as the default root would not. With an
+/// image or a rootfs the code is root of that root as in the other tiers.
+pub fn runs_as_nobody(policy: &Policy) -> bool {
+    policy.oci.runtime == Runtime::Runsc && policy.filesystem.rootfs.is_none()
+}
+
+/// The capabilities the code keeps: the policy's, or none for [`runs_as_nobody`] (a non-root
+/// process keeps none across execve, and none is what it should have).
+pub fn kept_capabilities(policy: &Policy) -> Vec<String> {
+    if runs_as_nobody(policy) {
+        vec![]
+    } else {
+        policy.capabilities.names()
+    }
+}
+
 pub fn spec(input: &Input, system_mounts: Vec<Mount>) -> Spec {
     let l = &input.policy.limits;
+    let nobody = runs_as_nobody(input.policy);
+    let id = if nobody { RUNSC_HOST_VIEW_ID } else { 0 };
     let kept: Capabilities = input
         .policy
         .capabilities
         .kept()
         .iter()
+        .filter(|_| !nobody)
         .filter_map(|(_, name)| oci_capability(name))
         .collect();
     let process = ProcessBuilder::default()
         .terminal(false)
         .user(
             UserBuilder::default()
-                .uid(0u32)
-                .gid(0u32)
+                .uid(id)
+                .gid(id)
                 .build()
                 .expect("uid and gid set"),
         )

@@ -71,6 +71,12 @@ impl Oci {
         if policy.tier != Tier::Oci {
             return Err(Error::request("tier", "is not \"oci\""));
         }
+        if !req.writable.is_empty() {
+            return Err(Error::request(
+                "writable",
+                "directories are shown writable by the native tier only",
+            ));
+        }
         let argv = checked_argv(req)?;
         let files = input_files(req)?;
         check_host(policy)?;
@@ -235,7 +241,7 @@ impl super::supervise::Tier for OciTier {
             private_network: policy.network.mode == NetMode::Allow,
             tmp_size: policy.limits.tmp_size.0,
             workspace_size: policy.limits.workspace_size.0,
-            owner: owner(rt),
+            owner: owner(policy),
             program: self.argv[0].clone(),
             path_var,
             view_root: policy
@@ -361,9 +367,11 @@ fn setup(step: Step, e: std::io::Error) -> Error {
     }
 }
 
-/// The host uid of the sandbox's root, which owns the scratch space.
-fn owner(runtime: Runtime) -> u32 {
-    if bundle::maps_ids(runtime) {
+/// The host uid of the code's user, which owns the scratch space.
+fn owner(policy: &Policy) -> u32 {
+    if bundle::runs_as_nobody(policy) {
+        bundle::RUNSC_HOST_VIEW_ID
+    } else if bundle::maps_ids(policy.oci.runtime) {
         HOST_ID_BASE
     } else {
         0
@@ -443,7 +451,7 @@ fn isolation(run: &OciTier) -> Isolation {
             fallback_reason: None,
         },
         no_new_privs: true,
-        capabilities: policy.capabilities.names(),
+        capabilities: bundle::kept_capabilities(policy),
         filesystem: policy
             .filesystem
             .rootfs
@@ -457,6 +465,7 @@ fn isolation(run: &OciTier) -> Isolation {
             version: run.runtime.version.clone(),
             platform: run.platform.map(|p| p.name().to_string()),
         }),
+        image: None,
     }
 }
 

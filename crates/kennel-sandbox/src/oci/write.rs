@@ -38,7 +38,7 @@ pub fn export_bundle(req: &RunRequest, dir: &Path) -> Result<(), Error> {
     let runtime = policy.oci.runtime;
     let cpus = pick_cpus(policy.limits.cpus);
     write_bundle(dir, runtime, "kennel-bundle", policy, argv, &cpus).map_err(io)?;
-    let owner = Some(owner(runtime));
+    let owner = Some(owner(policy));
     for (scratch, _) in bundle::SCRATCH {
         std::os::unix::fs::chown(dir.join(scratch), owner, owner).map_err(io)?;
     }
@@ -71,7 +71,9 @@ pub(super) fn write_bundle(
     };
     let view = Dir::new(source.clone());
     let (nodes, mut system_mounts) = bundle::system_view(&view, &source, is_rootfs);
-    if runtime == Runtime::Runsc {
+    if runtime == Runtime::Runsc && !bundle::runs_as_nobody(policy) {
+        // The code is root of this rootfs under gVisor, which maps no ids: hide what "other"
+        // may not read, as an unmapped uid would be refused it.
         let private = bundle::private_entries(&source);
         system_mounts.extend(private.iter().map(|(path, dir)| bundle::mask(path, *dir)));
     }

@@ -151,7 +151,7 @@ fn watch<T: Tier>(
     let mut notify = |tier: &T, c: Option<Confinement>| {
         if let Some(f) = on_started.take() {
             f(Started {
-                isolation: tier.isolation(c),
+                isolation: on_image(tier.isolation(c), req),
                 usage: tier.probe(),
             });
         }
@@ -189,7 +189,7 @@ fn watch<T: Tier>(
     }
     tier.ended(&report);
     let duration = report.ended_at.unwrap_or_else(Instant::now) - running.started;
-    let isolation = tier.isolation(report.confinement.take());
+    let isolation = on_image(tier.isolation(report.confinement.take()), req);
     let outcome = Outcome {
         exited: report.exited,
         killed: report.timed_out || report.cancelled,
@@ -368,4 +368,13 @@ impl Drop for KillOnDrop {
             let _ = sys::wait4(self.pid, false);
         }
     }
+}
+
+/// The isolation, naming the image the root came from when the engine resolved one.
+fn on_image(mut isolation: Isolation, req: &RunRequest) -> Isolation {
+    if let Some(image) = &req.image {
+        isolation.filesystem = format!("image:{}", image.name);
+        isolation.image = Some(image.clone());
+    }
+    isolation
 }
