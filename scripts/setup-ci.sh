@@ -21,9 +21,10 @@ die() { echo "setup-ci: error: $*" >&2; exit 1; }
 #   runsc            gVisor, the oci tier's strongest runtime (the limits suite under runsc)
 #   crun, runc       the oci tier's container runtimes (limits and escape suites under each)
 #   jq               the README's curl examples, run as written by tests/readme.rs
-#   umoci            the reference that kennel-image's import is compared with (tests/umoci.rs)
+#   mmdebstrap       `kennel image build`: an image's Debian base (tests/images.rs)
+#   umoci            the reference unpacker the OCI import is compared with (kennel-image tests)
 packages=(bubblewrap python3 coreutils util-linux bash dash gcc libc6-dev ca-certificates jq
-    curl openssl python3-pip runsc crun runc umoci)
+    curl openssl python3-pip runsc crun runc mmdebstrap umoci)
 
 installed() {
     [[ $(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true) == "install ok installed" ]]

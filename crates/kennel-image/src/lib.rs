@@ -1,6 +1,8 @@
-//! The filesystem half of Kennel's images: unpacking layers into a root without ever writing
-//! outside it, importing OCI image layouts and `docker save` tarballs, copying a directory
-//! tree, and a content digest of a tree.
+//! Kennel's images: building them (a Debian base by mmdebstrap, pip requirements installed in
+//! a sandbox, OCI image layouts and `docker save` tarballs imported, directories copied) into
+//! the store of `kennel_sandbox::image`; and the filesystem half beneath: unpacking layers
+//! into a root without ever writing outside it, copying a tree, and a content digest of a
+//! tree.
 //!
 //! Everything here treats its input as hostile: an image comes from whoever built it, and a
 //! tree to copy may have been written by sandboxed code. Paths are checked before every
@@ -9,11 +11,14 @@
 
 #![forbid(unsafe_code)]
 
+pub mod builder;
 pub mod copy;
+pub mod debian;
 pub mod digest;
 pub mod error;
 pub mod layer;
 pub mod oci;
+pub mod pip;
 
 mod blob;
 mod compress;

@@ -14,6 +14,8 @@ use kennel_server::ServerConfig;
 use kennel_types::policy::{ByteSize, NetMode, Span, Want};
 use kennel_types::{Command, Content, FileIn, Language, Policy, RunRequest, RunResult};
 
+mod image;
+
 /// MCP's streamable-HTTP transport, served by `kennel serve` beside the API: its tools call
 /// the API as the caller who presented the token.
 const MCP_OVER_HTTP: kennel_server::http::Mount = kennel_server::http::Mount {
@@ -63,6 +65,10 @@ enum Sub {
     /// By default the sandboxes run in this process; with --server the tools forward to a
     /// running `kennel serve` (its token from KENNEL_TOKEN).
     Mcp(McpArgs),
+    /// Build and manage images: named, immutable roots with preinstalled packages
+    /// (`kennel run --image NAME`).
+    #[command(subcommand)]
+    Image(image::ImageCmd),
 }
 
 #[derive(Args)]
@@ -140,8 +146,11 @@ struct RunArgs {
     #[arg(long)]
     workspace_size: Option<ByteSize>,
     /// A directory to use read-only as / instead of the host's system directories.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "image")]
     rootfs: Option<PathBuf>,
+    /// A Kennel image to use read-only as / (`kennel image ls`).
+    #[arg(long, value_name = "NAME")]
+    image: Option<String>,
     /// Refuse to run unless cgroups hold the limits (instead of falling back to rlimits).
     #[arg(long)]
     require_cgroups: bool,
@@ -204,6 +213,7 @@ fn main() -> ExitCode {
         Sub::Serve(args) => report(serve(args)),
         Sub::Mcp(args) => report(mcp(args)),
         Sub::Bundle(args) => report(bundle(*args)),
+        Sub::Image(cmd) => report(image::main(cmd)),
         Sub::Openapi => {
             print!("{}", kennel_server::openapi::document());
             ExitCode::SUCCESS
@@ -468,6 +478,11 @@ fn request(args: RunArgs) -> anyhow::Result<RunRequest> {
     l.workspace_size = args.workspace_size.unwrap_or(l.workspace_size);
     if args.rootfs.is_some() {
         policy.filesystem.rootfs = args.rootfs.clone();
+        policy.filesystem.image = None;
+    }
+    if args.image.is_some() {
+        policy.filesystem.image = args.image.clone();
+        policy.filesystem.rootfs = None;
     }
     if args.require_cgroups {
         policy.layers.cgroups = Want::Required;
@@ -530,6 +545,8 @@ fn request(args: RunArgs) -> anyhow::Result<RunRequest> {
         files,
         collect: args.collect,
         policy,
+        writable: vec![],
+        image: None,
     })
 }
 
