@@ -39,6 +39,9 @@ pub struct RunCodeArgs {
     /// A stronger isolation than the default process sandbox: "runsc" (gVisor, a user-space
     /// kernel, for hostile code; slower to start), "crun" or "runc" (an OCI container).
     pub runtime: Option<String>,
+    /// A named image with preinstalled packages to run on (such as "python-data"), instead of
+    /// the host's system; the server lists which images may be used.
+    pub image: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -56,6 +59,9 @@ pub struct RunCommandArgs {
     /// A stronger isolation than the default process sandbox: "runsc" (gVisor), "crun" or
     /// "runc".
     pub runtime: Option<String>,
+    /// A named image with preinstalled packages to run on (such as "python-data"), instead of
+    /// the host's system; the server lists which images may be used.
+    pub image: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize, JsonSchema)]
@@ -66,6 +72,9 @@ pub struct CreateSessionArgs {
     /// End the session after it has been unused this long, such as "10m" (default and
     /// maximum: the server's idle TTL).
     pub idle_ttl: Option<String>,
+    /// A named image with preinstalled packages to run on (such as "python-data"), instead of
+    /// the host's system; the server lists which images may be used.
+    pub image: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -226,6 +235,7 @@ fn run_spec(
     files: BTreeMap<String, String>,
     timeout: &Option<String>,
     rt: &Option<String>,
+    image: Option<String>,
 ) -> Result<RunSpec, CallToolResult> {
     Ok(RunSpec {
         files: files
@@ -237,6 +247,7 @@ fn run_spec(
             ..LimitsSpec::default()
         },
         runtime: runtime(rt)?,
+        image,
         ..RunSpec::default()
     })
 }
@@ -306,7 +317,7 @@ non-zero. Nothing persists after the call: use create_session for multi-step wor
     ) -> Result<CallToolResult, ErrorData> {
         let this = self.for_caller(&ctx);
         let a = params.0;
-        let spec = match run_spec(a.files, &a.timeout, &a.runtime) {
+        let spec = match run_spec(a.files, &a.timeout, &a.runtime, a.image) {
             Ok(spec) => spec,
             Err(e) => return Ok(e),
         };
@@ -337,7 +348,7 @@ out, is killed or exits non-zero.",
                 "`argv` must name a program, such as [\"ls\", \"-la\"]".into(),
             ));
         }
-        let spec = match run_spec(a.files, &a.timeout, &a.runtime) {
+        let spec = match run_spec(a.files, &a.timeout, &a.runtime, a.image) {
             Ok(spec) => spec,
             Err(e) => return Ok(e),
         };
@@ -373,6 +384,7 @@ TTL); end it with close_session when done.",
                 ..LimitsSpec::default()
             },
             idle_ttl,
+            image: a.image,
             ..SessionSpec::default()
         };
         Ok(match this.api.create_session(spec).await {

@@ -1,6 +1,10 @@
 """Kennel session agent: the only program of a session sandbox.
 
-Kennel starts it as ``/usr/bin/python3 -u -c <this file>``. It lives as long as the session (or
+Kennel starts it as ``/usr/bin/python3 -u -c <this file> [MODULES]``. ``MODULES`` (a pooled
+sandbox of an image) is the image's ``preload`` list, comma-separated: the agent imports them
+before it answers anything, so every kernel it forks starts with them imported and the first
+run pays nothing for them. A module that fails to import is reported on stderr and skipped
+(the code's own import then fails as it would cold). It lives as long as the session (or
 one pooled run) and talks to the server over its own stdin (requests) and stdout (responses),
 in JSON lines: one compact JSON object per line, UTF-8, newline-terminated. Requests are
 processed one at a time, in order; every response line echoes the request's integer ``id``.
@@ -1283,7 +1287,20 @@ class Agent:
         send({"id": rid, "event": "pong", "pid": os.getpid(), "kernel_pid": pid})
 
 
+def preload(names):
+    """Imports the image's preload modules ahead of the first request."""
+    import importlib
+
+    for name in filter(None, names.split(",")):
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # the code's own import reports it as a cold run would
+            print(f"kennel agent: cannot preload {name}: {exc!r}", file=sys.stderr)
+
+
 def main():
+    if len(sys.argv) > 1:
+        preload(sys.argv[1])
     agent = Agent()
     try:
         agent.serve()

@@ -269,16 +269,21 @@ fn sink(lines: mpsc::UnboundedSender<Answer>, stderr_tail: Arc<Mutex<Vec<u8>>>) 
 
 impl AgentSandbox {
     /// Starts a sandbox under `policy` that lives at most `lifetime`, and waits until its
-    /// agent answers.
+    /// agent answers: after it has imported the `preload` modules, so that the kernels it
+    /// forks start with them.
     pub async fn start(
         engine: Arc<Engine>,
         mut policy: Policy,
         lifetime: Duration,
+        preload: &[String],
     ) -> Result<AgentSandbox, Error> {
         policy.limits.timeout = Span(lifetime);
-        let argv = ["/usr/bin/python3", "-u", "-c", AGENT_SRC]
+        let mut argv = ["/usr/bin/python3", "-u", "-c", AGENT_SRC]
             .map(String::from)
             .to_vec();
+        if !preload.is_empty() {
+            argv.push(preload.join(","));
+        }
         let req = RunRequest {
             policy,
             ..RunRequest::new(Command::Argv(argv))
@@ -485,6 +490,13 @@ impl AgentSandbox {
                 done.await.ok()
             }
         }
+    }
+
+    /// The digest of the image the sandbox runs on, once it has started on one.
+    pub fn image_digest(&self) -> Option<String> {
+        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        live.as_ref()
+            .and_then(|s| s.isolation.image.as_ref().map(|i| i.digest.clone()))
     }
 
     /// The isolation in force and the usage so far, read while the sandbox still runs.

@@ -28,6 +28,10 @@ pub struct Token {
     /// server-wide `allow_pins_to`.
     #[serde(default)]
     pub allow_pins_to: Vec<IpNet>,
+    /// The images this token's runs and sessions may use (`"*"`: every one); the server-wide
+    /// `images` when unset.
+    #[serde(default)]
+    pub images: Option<Vec<String>>,
 }
 
 /// Never the token itself: a config printed for debugging must not leak it.
@@ -39,6 +43,7 @@ impl std::fmt::Debug for Token {
             .field("min_isolation", &self.min_isolation)
             .field("quota", &self.quota)
             .field("allow_pins_to", &self.allow_pins_to)
+            .field("images", &self.images)
             .finish()
     }
 }
@@ -90,6 +95,9 @@ pub struct Pool {
     pub bash: usize,
     /// A pooled sandbox older than this is replaced by a fresh one.
     pub max_age: Span,
+    /// Pre-started python sandboxes per image, with the image's `preload` modules imported:
+    /// `images = { python-data = 2 }`.
+    pub images: BTreeMap<String, usize>,
 }
 
 impl Default for Pool {
@@ -98,6 +106,7 @@ impl Default for Pool {
             python: 2,
             bash: 1,
             max_age: Span(Duration::from_secs(300)),
+            images: BTreeMap::new(),
         }
     }
 }
@@ -137,6 +146,9 @@ pub struct ServerConfig {
     /// pins may name (CIDRs). Empty: such pins are refused, so that no caller can point an
     /// allowed name at the host's own services or a cloud metadata endpoint.
     pub allow_pins_to: Vec<IpNet>,
+    /// The images every token may use (`"*"`: every image in the store); tokens may have their
+    /// own list. A server without tokens has one caller, who may use every image.
+    pub images: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -168,6 +180,7 @@ impl Default for ServerConfig {
             min_isolation: None,
             quota: Quota::default(),
             allow_pins_to: vec![],
+            images: vec![],
         }
     }
 }
@@ -199,6 +212,7 @@ impl ServerConfig {
                 min_isolation: None,
                 quota: Quota::default(),
                 allow_pins_to: vec![],
+                images: None,
             });
         }
     }
@@ -225,6 +239,17 @@ impl ServerConfig {
         }
         if self.tokens.iter().any(|t| t.token.len() < 16) {
             return bad("tokens", "each token needs at least 16 characters");
+        }
+        let lists = std::iter::once(&self.images).chain(self.tokens.iter().flat_map(|t| &t.images));
+        let names = lists.flatten().chain(self.pool.images.keys());
+        if let Some(bad) = names
+            .filter(|n| *n != "*")
+            .find(|n| kennel_types::image::check_name(n).is_err())
+        {
+            return Err(PolicyError::Invalid {
+                field: "images",
+                why: format!("{bad:?} is not an image name"),
+            });
         }
         for quota in std::iter::once(&self.quota).chain(self.tokens.iter().map(|t| &t.quota)) {
             self.check_quota(quota)?;
@@ -299,6 +324,35 @@ impl ServerConfig {
                 self.max_concurrent,
             ),
         })
+    }
+
+    /// Refuses an image the caller `token_id` may not use: the names its token lists, or the
+    /// server's `images`; every image when the server has no tokens.
+    pub fn check_image(
+        &self,
+        token_id: &str,
+        policy: &Policy,
+    ) -> Result<(), kennel_sandbox::error::Error> {
+        let Some(name) = &policy.filesystem.image else {
+            return Ok(());
+        };
+        if self.tokens.is_empty() {
+            return Ok(());
+        }
+        let own = self
+            .tokens
+            .iter()
+            .find(|t| t.id == token_id)
+            .and_then(|t| t.images.as_ref());
+        let list = own.unwrap_or(&self.images);
+        if list.iter().any(|n| n == "*" || n == name) {
+            Ok(())
+        } else {
+            Err(kennel_sandbox::error::Error::request(
+                "image",
+                format!("{name:?} is not an image this token may use (the server's `images` lists them)"),
+            ))
+        }
     }
 
     /// Refuses a network policy this server does not permit to the caller `token_id`: the

@@ -65,6 +65,7 @@ impl Machinery {
             config.base_policy(),
             python,
             bash,
+            &config.pool.images,
             config.pool.max_age.0,
             config.maxima.timeout.0,
         ));

@@ -1,6 +1,6 @@
 //! The warm pool: pre-started agent sandboxes per profile, each handed out once.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -85,69 +85,133 @@ pub fn shape(policy: &Policy) -> Policy {
     }
 }
 
+/// What a pooled sandbox is: its profile, and the image it runs on (the host's system view
+/// when none).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Kind {
+    pub profile: Profile,
+    pub image: Option<String>,
+}
+
+impl Kind {
+    pub fn host(profile: Profile) -> Kind {
+        Kind {
+            profile,
+            image: None,
+        }
+    }
+}
+
+/// The policy of a sandbox on `image` under the server's base `policy`: what a request that
+/// names the image gets cold.
+fn on_image(policy: &Policy, image: Option<&String>) -> Policy {
+    let mut p = policy.clone();
+    if let Some(name) = image {
+        p.filesystem.rootfs = None;
+        p.filesystem.image = Some(name.clone());
+    }
+    p
+}
+
 #[derive(Debug)]
 pub struct Pool {
-    ready: Mutex<HashMap<Profile, VecDeque<AgentSandbox>>>,
-    sizes: HashMap<Profile, usize>,
+    ready: Mutex<HashMap<Kind, VecDeque<AgentSandbox>>>,
+    sizes: HashMap<Kind, usize>,
     max_age: Duration,
     /// The longest timeout a run served from the pool may have.
     longest_run: Duration,
     engine: Arc<Engine>,
     policy: Policy,
-    /// The pooled sandboxes' [`shape`], which every request is compared with.
-    shape: Policy,
+    /// The pooled sandboxes' [`shape`] per image (`None`: the host view), which every request
+    /// is compared with.
+    shapes: HashMap<Option<String>, Policy>,
     wake: Notify,
 }
 
 impl Pool {
-    /// A pool of sandboxes made under `policy`. `longest_run` is the longest timeout a request
-    /// may ask for: a sandbox is kept alive long enough to serve it. A policy of a tier that is
-    /// not pooled gets no sandboxes.
+    /// A pool of sandboxes made under `policy`: `python` and `shell` ones on the host view,
+    /// and `images[name]` python ones on each image, with the image's preloads imported.
+    /// `longest_run` is the longest timeout a request may ask for: a sandbox is kept alive long
+    /// enough to serve it. A policy of a tier that is not pooled gets no sandboxes.
     pub fn new(
         engine: Arc<Engine>,
         policy: Policy,
         python: usize,
         shell: usize,
+        images: &BTreeMap<String, usize>,
         max_age: Duration,
         longest_run: Duration,
     ) -> Pool {
-        let (python, shell) = if POOLED_TIERS.contains(&policy.tier) {
-            (python, shell)
-        } else {
-            (0, 0)
-        };
+        let pooled = POOLED_TIERS.contains(&policy.tier);
+        let mut sizes = HashMap::from([
+            (Kind::host(Profile::Python), python),
+            (Kind::host(Profile::Shell), shell),
+        ]);
+        for (name, &n) in images {
+            sizes.insert(
+                Kind {
+                    profile: Profile::Python,
+                    image: Some(name.clone()),
+                },
+                n,
+            );
+        }
+        if !pooled {
+            sizes.values_mut().for_each(|n| *n = 0);
+        }
+        let shapes = std::iter::once(None)
+            .chain(images.keys().cloned().map(Some))
+            .map(|image| {
+                let shaped = shape(&on_image(&policy, image.as_ref()));
+                (image, shaped)
+            })
+            .collect();
         Pool {
             ready: Mutex::new(HashMap::new()),
-            sizes: HashMap::from([(Profile::Python, python), (Profile::Shell, shell)]),
+            sizes,
             max_age,
             longest_run: longest_run.max(policy.limits.timeout.0),
             engine,
-            shape: shape(&policy),
+            shapes,
             policy,
             wake: Notify::new(),
         }
     }
 
-    /// The profile whose pooled sandboxes are exactly the sandbox `req` would get cold, if
-    /// any: a code run, in a pooled tier, whose whole policy has the pool's [`shape`], with a
-    /// timeout a pooled sandbox lives long enough to serve.
-    pub fn serves(&self, req: &RunRequest) -> Option<Profile> {
+    /// The kind whose pooled sandboxes are exactly the sandbox `req` would get cold, if any: a
+    /// code run, in a pooled tier, whose whole policy (its image included) has the pool's
+    /// [`shape`], with a timeout a pooled sandbox lives long enough to serve. Which image
+    /// digest a name means is checked when a sandbox is taken.
+    pub fn serves(&self, req: &RunRequest) -> Option<Kind> {
         let Command::Code { language, .. } = &req.command else {
             return None;
         };
+        let image = req.policy.filesystem.image.clone();
         let fits = POOLED_TIERS.contains(&req.policy.tier)
-            && shape(&req.policy) == self.shape
+            && self.shapes.get(&image) == Some(&shape(&req.policy))
             && req.policy.limits.timeout.0 <= self.longest_run;
-        fits.then(|| Profile::of(*language))
+        fits.then(|| Kind {
+            profile: Profile::of(*language),
+            image,
+        })
     }
 
-    /// A ready sandbox, if one is warm; the refill starts another.
-    pub fn take(&self, profile: Profile) -> Option<AgentSandbox> {
+    /// A ready sandbox, if one is warm; the refill starts another. A sandbox on an image is
+    /// handed out only while the image's name still means the digest it was started on: a
+    /// rebuilt image makes the older sandboxes stale.
+    pub fn take(&self, kind: &Kind) -> Option<AgentSandbox> {
+        let digest = kind
+            .image
+            .as_ref()
+            .map(|name| self.engine.images.resolve(name).ok().map(|r| r.info.digest));
         let mut ready = self.ready.lock().unwrap_or_else(|p| p.into_inner());
-        let queue = ready.entry(profile).or_default();
+        let queue = ready.entry(kind.clone()).or_default();
         let mut found = None;
         while let Some(sb) = queue.pop_front() {
-            if !sb.has_ended() && sb.started.elapsed() < self.max_age {
+            let current = digest
+                .as_ref()
+                .is_none_or(|d| d.is_some() && sb.image_digest() == *d);
+            if current && !sb.has_ended() && sb.started.elapsed() < self.max_age {
                 found = Some(sb);
                 break;
             }
@@ -158,21 +222,35 @@ impl Pool {
         found
     }
 
-    fn add(&self, profile: Profile, sb: AgentSandbox) {
+    fn add(&self, kind: &Kind, sb: AgentSandbox) {
         self.ready
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .entry(profile)
+            .entry(kind.clone())
             .or_default()
             .push_back(sb);
     }
 
-    pub fn ready_count(&self, profile: Profile) -> usize {
+    pub fn ready_count(&self, kind: &Kind) -> usize {
         self.ready
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get(&profile)
+            .get(kind)
             .map_or(0, VecDeque::len)
+    }
+
+    /// Starts one sandbox of `kind`, its image's preloads imported before it is ready.
+    async fn start(
+        &self,
+        kind: &Kind,
+        lifetime: Duration,
+    ) -> Result<AgentSandbox, kennel_sandbox::Error> {
+        let preload = match &kind.image {
+            Some(name) => self.engine.images.resolve(name)?.record.preload,
+            None => vec![],
+        };
+        let policy = on_image(&self.policy, kind.image.as_ref());
+        AgentSandbox::start(self.engine.clone(), policy, lifetime, &preload).await
     }
 
     /// Keeps every profile filled until shutdown; old or dead sandboxes are replaced.
@@ -181,22 +259,20 @@ impl Pool {
         let lifetime = self.max_age + self.longest_run + Duration::from_secs(10);
         while !*shutdown.borrow() {
             let mut failed = false;
-            for (&profile, &size) in &self.sizes {
-                self.prune(profile);
+            for (kind, &size) in &self.sizes {
+                self.prune(kind);
                 // Start what is missing side by side: under load the pool drains faster than
                 // one start at a time refills it.
                 let missing = size
-                    .saturating_sub(self.ready_count(profile))
+                    .saturating_sub(self.ready_count(kind))
                     .min(REFILL_BATCH);
-                let starts = (0..missing).map(|_| {
-                    AgentSandbox::start(self.engine.clone(), self.policy.clone(), lifetime)
-                });
+                let starts = (0..missing).map(|_| self.start(kind, lifetime));
                 for started in futures_util::future::join_all(starts).await {
                     match started {
-                        Ok(sb) => self.add(profile, sb),
+                        Ok(sb) => self.add(kind, sb),
                         Err(e) => {
                             failed = true;
-                            tracing::warn!("cannot pre-start a {profile:?} sandbox: {e}");
+                            tracing::warn!("cannot pre-start a {kind:?} sandbox: {e}");
                         }
                     }
                 }
@@ -205,7 +281,7 @@ impl Pool {
                 && self
                     .sizes
                     .iter()
-                    .any(|(&p, &size)| self.ready_count(p) < size)
+                    .any(|(k, &size)| self.ready_count(k) < size)
             {
                 // Still short after a batch: go round again at once.
                 tokio::task::yield_now().await;
@@ -220,9 +296,9 @@ impl Pool {
         self.drain().await;
     }
 
-    fn prune(&self, profile: Profile) {
+    fn prune(&self, kind: &Kind) {
         let mut ready = self.ready.lock().unwrap_or_else(|p| p.into_inner());
-        let queue = ready.entry(profile).or_default();
+        let queue = ready.entry(kind.clone()).or_default();
         let (keep, stale): (VecDeque<_>, VecDeque<_>) = queue
             .drain(..)
             .partition(|sb| !sb.has_ended() && sb.started.elapsed() < self.max_age);
@@ -269,6 +345,7 @@ mod tests {
             ("limits.workspace_size", json!("16M"), true),
             ("limits.open_files", json!(64), true),
             ("filesystem.rootfs", json!("/srv/root"), true),
+            ("filesystem.image", json!("python-data"), true),
             ("network.mode", json!("full"), true),
             ("network.allow", json!(["example.com"]), true),
             ("network.resolve", json!(["example.com:192.0.2.1"]), true),
@@ -335,7 +412,50 @@ mod tests {
     fn pool(policy: Policy) -> Pool {
         let engine = Arc::new(Engine::with_helper("/nonexistent".into()));
         let hour = Duration::from_secs(3600);
-        Pool::new(engine, policy, 1, 1, Duration::from_secs(60), hour)
+        Pool::new(
+            engine,
+            policy,
+            1,
+            1,
+            &BTreeMap::new(),
+            Duration::from_secs(60),
+            hour,
+        )
+    }
+
+    #[test]
+    fn an_image_is_served_only_by_its_own_sandboxes() {
+        let engine = Arc::new(Engine::with_helper("/nonexistent".into()));
+        let images = BTreeMap::from([("python-data".to_string(), 1)]);
+        let minute = Duration::from_secs(60);
+        let pool = Pool::new(engine, Policy::default(), 1, 0, &images, minute, minute);
+        let on = |name: &str| {
+            let mut p = Policy::default();
+            p.filesystem.image = Some(name.into());
+            p
+        };
+        let data = Kind {
+            profile: Profile::Python,
+            image: Some("python-data".into()),
+        };
+        assert_eq!(pool.serves(&code_run(on("python-data"))), Some(data));
+        assert_eq!(
+            pool.serves(&code_run(on("other"))),
+            None,
+            "an image not pooled"
+        );
+        let mut bigger = on("python-data");
+        bigger.limits.memory = kennel_types::policy::ByteSize(1 << 30);
+        assert_eq!(
+            pool.serves(&code_run(bigger)),
+            None,
+            "the image, but another shape"
+        );
+        assert_eq!(
+            pool.serves(&code_run(Policy::default())),
+            Some(Kind::host(Profile::Python)),
+            "the host view is still served by its own"
+        );
     }
 
     fn code_run(policy: Policy) -> RunRequest {
@@ -352,9 +472,10 @@ mod tests {
     fn only_a_run_whose_sandbox_would_be_the_same_is_served_warm() {
         let pool = pool(Policy::default());
         let served = |p: Policy| pool.serves(&code_run(p));
-        assert_eq!(served(Policy::default()), Some(Profile::Python));
+        let python = Some(Kind::host(Profile::Python));
+        assert_eq!(served(Policy::default()), python);
         for (path, value, shapes) in changes() {
-            let expect = if shapes { None } else { Some(Profile::Python) };
+            let expect = if shapes { None } else { python.clone() };
             assert_eq!(served(changed(path, &value)), expect, "{path} = {value}");
         }
         let argv = RunRequest::new(Command::Argv(vec!["/bin/true".into()]));

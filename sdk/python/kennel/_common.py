@@ -85,6 +85,7 @@ def run_body(
     env: Optional[Mapping[str, str]] = None,
     limits: Optional[Mapping[str, Any]] = None,
     network: Any = None,
+    image: Optional[str] = None,
 ) -> Dict[str, Any]:
     """A ``RunSpec`` with only the fields given."""
     body: Dict[str, Any] = {}
@@ -109,6 +110,8 @@ def run_body(
     net = network_spec(network)
     if net is not None:
         body["network"] = net
+    if image is not None:
+        body["image"] = image
     return body
 
 
@@ -118,6 +121,7 @@ def session_body(
     env: Optional[Mapping[str, str]] = None,
     network: Any = None,
     idle_ttl: Timeout = None,
+    image: Optional[str] = None,
 ) -> Dict[str, Any]:
     body: Dict[str, Any] = {}
     lim = limits_spec(limits)
@@ -130,6 +134,8 @@ def session_body(
         body["network"] = net
     if idle_ttl is not None:
         body["idle_ttl"] = span(idle_ttl)
+    if image is not None:
+        body["image"] = image
     return body
 
 

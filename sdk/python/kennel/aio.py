@@ -253,20 +253,20 @@ class AsyncClient:
                        collect: Optional[Sequence[str]] = None,
                        env: Optional[Mapping[str, str]] = None,
                        limits: Optional[Mapping[str, Any]] = None,
-                       network: Any = None) -> RunResult:
+                       network: Any = None, image: Optional[str] = None) -> RunResult:
         return await self.run(c.run_body(language=language, code=code, stdin=stdin, files=files,
                                          collect=collect, env=env, limits=limits,
-                                         network=network))
+                                         network=network, image=image))
 
     async def run_command(self, argv: Sequence[str], *, stdin: Optional[str] = None,
                           files: Optional[Mapping[str, c.FileData]] = None,
                           collect: Optional[Sequence[str]] = None,
                           env: Optional[Mapping[str, str]] = None,
                           limits: Optional[Mapping[str, Any]] = None,
-                          network: Any = None) -> RunResult:
+                          network: Any = None, image: Optional[str] = None) -> RunResult:
         return await self.run(c.run_body(argv=list(argv), stdin=stdin, files=files,
                                          collect=collect, env=env, limits=limits,
-                                         network=network))
+                                         network=network, image=image))
 
     async def stream_code(self, code: str, language: str = "python", *,
                           stdin: Optional[str] = None,
@@ -274,9 +274,9 @@ class AsyncClient:
                           collect: Optional[Sequence[str]] = None,
                           env: Optional[Mapping[str, str]] = None,
                           limits: Optional[Mapping[str, Any]] = None,
-                          network: Any = None) -> AsyncStream[RunResult]:
+                          network: Any = None, image: Optional[str] = None) -> AsyncStream[RunResult]:
         body = c.run_body(language=language, code=code, stdin=stdin, files=files,
-                          collect=collect, env=env, limits=limits, network=network)
+                          collect=collect, env=env, limits=limits, network=network, image=image)
         return await self._stream("/v1/runs", body, RunResult.from_dict)
 
     async def stream_command(self, argv: Sequence[str], **opts: Any) -> AsyncStream[RunResult]:
@@ -284,11 +284,11 @@ class AsyncClient:
                                   RunResult.from_dict)
 
     def session(self, *, limits: Optional[Mapping[str, Any]] = None,
-                env: Optional[Mapping[str, str]] = None, network: Any = None,
+                env: Optional[Mapping[str, str]] = None, network: Any = None, image: Optional[str] = None,
                 idle_ttl: c.Timeout = None) -> _SessionStarter:
         """``async with client.session() as s:`` (ended on exit), or
         ``s = await client.session()`` (end it with ``await s.close()``)."""
-        body = c.session_body(limits=limits, env=env, network=network, idle_ttl=idle_ttl)
+        body = c.session_body(limits=limits, env=env, network=network, idle_ttl=idle_ttl, image=image)
 
         async def create() -> AsyncSession:
             r = await self._request("POST", "/v1/sessions", json=body)

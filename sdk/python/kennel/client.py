@@ -252,7 +252,7 @@ class Client:
     def run_code(self, code: str, language: str = "python", *, stdin: Optional[str] = None,
                  files: Optional[Mapping[str, c.FileData]] = None,
                  collect: Optional[Sequence[str]] = None, env: Optional[Mapping[str, str]] = None,
-                 limits: Optional[Mapping[str, Any]] = None, network: Any = None) -> RunResult:
+                 limits: Optional[Mapping[str, Any]] = None, network: Any = None, image: Optional[str] = None) -> RunResult:
         """Runs a snippet in a fresh sandbox.
 
         ``files`` maps sandbox paths (under /workspace or /tmp) to str or bytes; ``collect``
@@ -262,28 +262,28 @@ class Client:
         mode string, or a list of domains to allow.
         """
         return self.run(c.run_body(language=language, code=code, stdin=stdin, files=files,
-                                   collect=collect, env=env, limits=limits, network=network))
+                                   collect=collect, env=env, limits=limits, network=network, image=image))
 
     def run_command(self, argv: Sequence[str], *, stdin: Optional[str] = None,
                     files: Optional[Mapping[str, c.FileData]] = None,
                     collect: Optional[Sequence[str]] = None,
                     env: Optional[Mapping[str, str]] = None,
-                    limits: Optional[Mapping[str, Any]] = None, network: Any = None) -> RunResult:
+                    limits: Optional[Mapping[str, Any]] = None, network: Any = None, image: Optional[str] = None) -> RunResult:
         """Runs an argv (no shell) in a fresh sandbox; options as for :meth:`run_code`."""
         return self.run(c.run_body(argv=list(argv), stdin=stdin, files=files, collect=collect,
-                                   env=env, limits=limits, network=network))
+                                   env=env, limits=limits, network=network, image=image))
 
     def stream_code(self, code: str, language: str = "python", *, stdin: Optional[str] = None,
                     files: Optional[Mapping[str, c.FileData]] = None,
                     collect: Optional[Sequence[str]] = None,
                     env: Optional[Mapping[str, str]] = None,
                     limits: Optional[Mapping[str, Any]] = None,
-                    network: Any = None) -> Stream[RunResult]:
+                    network: Any = None, image: Optional[str] = None) -> Stream[RunResult]:
         """As :meth:`run_code`, streamed: iterate the returned :class:`Stream` for output
         chunks, then read ``stream.result`` (a :class:`RunResult`). A request the server
         refuses raises here, before any iteration."""
         body = c.run_body(language=language, code=code, stdin=stdin, files=files,
-                          collect=collect, env=env, limits=limits, network=network)
+                          collect=collect, env=env, limits=limits, network=network, image=image)
         return self._stream("/v1/runs", body, RunResult.from_dict)
 
     def stream_command(self, argv: Sequence[str], **opts: Any) -> Stream[RunResult]:
@@ -293,10 +293,10 @@ class Client:
     # -- sessions -------------------------------------------------------------------------
 
     def session(self, *, limits: Optional[Mapping[str, Any]] = None,
-                env: Optional[Mapping[str, str]] = None, network: Any = None,
+                env: Optional[Mapping[str, str]] = None, network: Any = None, image: Optional[str] = None,
                 idle_ttl: c.Timeout = None) -> Session:
         """Creates a session; use the result as a context manager to end it on exit."""
-        body = c.session_body(limits=limits, env=env, network=network, idle_ttl=idle_ttl)
+        body = c.session_body(limits=limits, env=env, network=network, idle_ttl=idle_ttl, image=image)
         info = SessionInfo.from_dict(self._request("POST", "/v1/sessions", json=body).json())
         return Session(self, info)
 

@@ -178,11 +178,28 @@ fn panic_response(panic: Box<dyn std::any::Any + Send>) -> Response {
 }
 
 async fn healthz(State(state): State<Shared>) -> Json<serde_json::Value> {
-    use super::pool::Profile;
+    use super::pool::{Kind, Profile};
+    let images: serde_json::Map<String, serde_json::Value> = state
+        .config
+        .pool
+        .images
+        .keys()
+        .map(|name| {
+            let kind = Kind {
+                profile: Profile::Python,
+                image: Some(name.clone()),
+            };
+            (name.clone(), json!(state.pool.ready_count(&kind)))
+        })
+        .collect();
     Json(json!({
         "status": if state.is_shutting_down() { "shutting_down" } else { "ok" },
         "sessions": state.sessions.len(),
-        "pool": {"python": state.pool.ready_count(Profile::Python), "shell": state.pool.ready_count(Profile::Shell)},
+        "pool": {
+            "python": state.pool.ready_count(&Kind::host(Profile::Python)),
+            "shell": state.pool.ready_count(&Kind::host(Profile::Shell)),
+            "images": images,
+        },
     }))
 }
 

@@ -23,6 +23,7 @@ pub(super) async fn run(
     config.check_network(&caller.0, &spec.network)?;
     let mut req = spec.to_request(&config.base_policy(), &config.maxima)?;
     config.enforce_isolation(&caller.0, &mut req.policy, spec.names_tier())?;
+    config.check_image(&caller.0, &req.policy)?;
     check_paths(&req)?;
     let slot = service.run_slot(caller)?;
     let (service, caller) = (service.clone(), caller.clone());
@@ -52,7 +53,7 @@ async fn execute(
     live: Option<Live>,
 ) -> Result<RunResult, ServiceError> {
     let started = Instant::now();
-    let agent = state.pool.serves(&req).and_then(|p| state.pool.take(p));
+    let agent = state.pool.serves(&req).and_then(|k| state.pool.take(&k));
     inc(if agent.is_some() {
         &state.metrics.pool_hits
     } else {

@@ -91,11 +91,16 @@ pub(super) async fn create(
     policy.env.extend(spec.env.clone());
     config.check_network(&caller.0, &spec.network)?;
     policy.network = spec.network.clone();
+    if let Some(image) = &spec.image {
+        policy.filesystem.rootfs = None;
+        policy.filesystem.image = Some(image.clone());
+    }
     policy.validate()?;
+    config.check_image(&caller.0, &policy)?;
     let idle_ttl = idle_ttl(config, spec.idle_ttl)?;
     let lifetime = config.sessions.max_lifetime.0;
     let limits = policy.limits.clone();
-    let agent = AgentSandbox::start(service.engine.clone(), policy, lifetime).await?;
+    let agent = AgentSandbox::start(service.engine.clone(), policy, lifetime, &[]).await?;
     let session = Arc::new(Session::new(
         caller.0.clone(),
         agent,

@@ -27,7 +27,15 @@ fn service(config: ServerConfig) -> Arc<Service> {
     let engine = Arc::new(Engine::with_helper("/nonexistent".into()));
     let policy = config.base_policy();
     let minute = std::time::Duration::from_secs(60);
-    let pool = Arc::new(Pool::new(engine.clone(), policy, 0, 0, minute, minute));
+    let pool = Arc::new(Pool::new(
+        engine.clone(),
+        policy,
+        0,
+        0,
+        &Default::default(),
+        minute,
+        minute,
+    ));
     let audit = Audit::open(None).unwrap();
     Arc::new(Service::new(config, engine, audit, pool))
 }
