@@ -17,6 +17,9 @@ use serde_json::Value;
 /// How long any one example may take before it is killed (by its PID) and fails.
 const EXAMPLE_LIMIT: Duration = Duration::from_secs(90);
 
+/// The store `tests/images.rs` builds `python-data` into, kept between runs on a machine.
+const IMAGE_STATE: &str = "/var/cache/kennel-tests/state";
+
 /// The README's port for `kennel serve`, replaced by a free one.
 const README_PORT: &str = "8080";
 
@@ -90,6 +93,20 @@ const COMMANDS: &[(&str, How)] = &[
         "kennel run --tier oci --runtime runc -- python3 -c 'print(1)'",
         How::Run(prints_1),
     ),
+    (
+        "kennel image build python-data -f images/python-data.toml",
+        How::Run(built_python_data),
+    ),
+    (
+        "kennel run --image python-data -- python3 -c 'import pandas; print(pandas.__version__)'",
+        How::Run(prints_pandas_version),
+    ),
+    (
+        "kennel run --runtime runsc --image python-data -- python3 -c 'import numpy; \
+         print(numpy.pi)'",
+        How::Run(prints_pi),
+    ),
+    ("kennel image ls", How::Run(lists_python_data)),
     ("kennel serve --listen 127.0.0.1:8080", How::Serve),
     (
         "KENNEL_TOKENS=\"ci:$(openssl rand -hex 16)\" kennel serve --listen 0.0.0.0:8080 \
@@ -196,6 +213,9 @@ impl Scratch {
         std::fs::create_dir_all(&bin).unwrap();
         std::os::unix::fs::symlink(common::KENNEL, bin.join("kennel")).unwrap();
         std::fs::write(dir.join("data.csv"), "name,n\na,1\nb,2\n").unwrap();
+        std::fs::create_dir_all(dir.join("images")).unwrap();
+        let spec = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../images/python-data.toml");
+        std::fs::copy(spec, dir.join("images/python-data.toml")).unwrap();
         std::fs::write(
             dir.join("job.py"),
             "import csv, json\n\
@@ -222,6 +242,8 @@ impl Scratch {
             .arg(script)
             .current_dir(&self.dir)
             .env("PATH", &self.path_var)
+            // The images tests' store, where python-data is built once per machine.
+            .env("KENNEL_STATE_DIR", IMAGE_STATE)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -275,6 +297,26 @@ fn prints_42(out: &Output) {
 fn prints_1(out: &Output) {
     succeeded(out);
     assert_eq!(text(&out.stdout), "1\n");
+}
+
+fn built_python_data(out: &Output) {
+    succeeded(out);
+    assert!(text(&out.stdout).starts_with("python-data sha256:"), "{}", text(&out.stdout));
+}
+
+fn prints_pandas_version(out: &Output) {
+    succeeded(out);
+    assert_eq!(text(&out.stdout), "2.2.3\n");
+}
+
+fn prints_pi(out: &Output) {
+    succeeded(out);
+    assert_eq!(text(&out.stdout), "3.141592653589793\n");
+}
+
+fn lists_python_data(out: &Output) {
+    succeeded(out);
+    assert!(text(&out.stdout).lines().any(|l| l.starts_with("python-data ")));
 }
 
 fn prints_a_pid(out: &Output) {
