@@ -27,7 +27,7 @@ impl Profile {
     }
 }
 
-/// Sandboxes a profile starts at once when refilling.
+/// Sandboxes of one kind starting at once, at most.
 const REFILL_BATCH: usize = 4;
 
 /// The tiers whose sandboxes are pre-started: a request for any other tier starts cold.
@@ -257,40 +257,60 @@ impl Pool {
     pub async fn refill(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         // A sandbox must outlive its stay in the pool plus the longest run it may serve.
         let lifetime = self.max_age + self.longest_run + Duration::from_secs(10);
+        // Starts under way, per kind: each replacement starts the moment a sandbox is taken,
+        // not when the starts before it are done (a preloaded start takes a second; waiting
+        // for a batch would cap the refill at one sandbox a second).
+        let mut starting: tokio::task::JoinSet<(
+            Kind,
+            Result<AgentSandbox, kennel_sandbox::Error>,
+        )> = tokio::task::JoinSet::new();
+        let mut in_flight: HashMap<Kind, usize> = HashMap::new();
+        let mut backoff: HashMap<Kind, tokio::time::Instant> = HashMap::new();
         while !*shutdown.borrow() {
-            let mut failed = false;
+            let now = tokio::time::Instant::now();
             for (kind, &size) in &self.sizes {
                 self.prune(kind);
-                // Start what is missing side by side: under load the pool drains faster than
-                // one start at a time refills it.
+                if backoff.get(kind).is_some_and(|until| *until > now) {
+                    continue;
+                }
+                let flying = in_flight.entry(kind.clone()).or_default();
                 let missing = size
-                    .saturating_sub(self.ready_count(kind))
-                    .min(REFILL_BATCH);
-                let starts = (0..missing).map(|_| self.start(kind, lifetime));
-                for started in futures_util::future::join_all(starts).await {
+                    .saturating_sub(self.ready_count(kind) + *flying)
+                    .min(REFILL_BATCH.saturating_sub(*flying));
+                for _ in 0..missing {
+                    *flying += 1;
+                    let (pool, kind) = (self.clone(), kind.clone());
+                    starting.spawn(async move {
+                        let started = pool.start(&kind, lifetime).await;
+                        (kind, started)
+                    });
+                }
+            }
+            tokio::select! {
+                Some(done) = starting.join_next() => {
+                    let Ok((kind, started)) = done else { continue };
+                    if let Some(n) = in_flight.get_mut(&kind) {
+                        *n = n.saturating_sub(1);
+                    }
                     match started {
-                        Ok(sb) => self.add(kind, sb),
+                        Ok(sb) => self.add(&kind, sb),
                         Err(e) => {
-                            failed = true;
+                            // A start that fails (a missing image, limits too small) is tried
+                            // again a second later, not in a busy loop.
                             tracing::warn!("cannot pre-start a {kind:?} sandbox: {e}");
+                            backoff.insert(kind, tokio::time::Instant::now() + Duration::from_secs(1));
                         }
                     }
                 }
-            }
-            if !failed
-                && self
-                    .sizes
-                    .iter()
-                    .any(|(k, &size)| self.ready_count(k) < size)
-            {
-                // Still short after a batch: go round again at once.
-                tokio::task::yield_now().await;
-                continue;
-            }
-            tokio::select! {
                 _ = self.wake.notified() => {}
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
                 _ = shutdown.changed() => {}
+            }
+        }
+        // Starts still under way end as sandboxes that are closed at once.
+        while let Some(done) = starting.join_next().await {
+            if let Ok((_, Ok(sb))) = done {
+                sb.close().await;
             }
         }
         self.drain().await;
