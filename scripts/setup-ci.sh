@@ -23,8 +23,10 @@ die() { echo "setup-ci: error: $*" >&2; exit 1; }
 #   jq               the README's curl examples, run as written by tests/readme.rs
 #   mmdebstrap       `kennel image build`: an image's Debian base (tests/images.rs)
 #   umoci            the reference unpacker the OCI import is compared with (kennel-image tests)
+#   docker.io        dockerd, the Docker Engine the docker runtime is tested against (the tests
+#                    start a private one and stop it; the package's own service is not started)
 packages=(bubblewrap python3 coreutils util-linux bash dash gcc libc6-dev ca-certificates jq
-    curl openssl python3-pip runsc crun runc mmdebstrap umoci)
+    curl openssl python3-pip runsc crun runc mmdebstrap umoci docker.io)
 
 installed() {
     [[ $(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true) == "install ok installed" ]]

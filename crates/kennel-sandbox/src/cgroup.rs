@@ -80,7 +80,12 @@ fn mounts() -> io::Result<Vec<Mount>> {
 
 /// `(controllers, path)` for each line of /proc/self/cgroup.
 fn own_cgroups() -> io::Result<Vec<(Vec<String>, String)>> {
-    let text = fs::read_to_string("/proc/self/cgroup")?;
+    cgroups_in("/proc/self/cgroup")
+}
+
+/// `(controllers, path)` for each line of a `/proc/PID/cgroup` file.
+fn cgroups_in(file: &str) -> io::Result<Vec<(Vec<String>, String)>> {
+    let text = fs::read_to_string(file)?;
     Ok(text
         .lines()
         .filter_map(|l| {
@@ -130,9 +135,14 @@ pub enum CgroupError {
 /// The supervisor's own cgroup directories, by layout, before anything is created.
 /// With it, the supervisor's directory in every hierarchy, from the same reading.
 fn own_layout() -> Result<(Layout, Vec<PathBuf>), CgroupError> {
+    layout_in("/proc/self/cgroup")
+}
+
+/// The cgroup directories of the process whose `/proc/PID/cgroup` is `file`, by layout.
+fn layout_in(file: &str) -> Result<(Layout, Vec<PathBuf>), CgroupError> {
     let read = |what| move |source| CgroupError::Read { what, source };
     let mounts = mounts().map_err(read("mountinfo"))?;
-    let own = own_cgroups().map_err(read("/proc/self/cgroup"))?;
+    let own = cgroups_in(file).map_err(read("/proc/PID/cgroup"))?;
     let everywhere = own_dirs_in(&mounts, &own);
     if let Some(dir) = v2_dir(&mounts, &own) {
         return Ok((Layout::V2 { dir }, everywhere));
@@ -423,6 +433,12 @@ impl Cgroup {
 pub struct Probe(Layout);
 
 impl Probe {
+    /// The counters of the cgroups process `pid` is in: a container that another manager (a
+    /// Docker Engine) made and will remove.
+    pub fn of_process(pid: u32) -> Result<Probe, CgroupError> {
+        layout_in(&format!("/proc/{pid}/cgroup")).map(|(layout, _)| Probe(layout))
+    }
+
     pub fn read(&self) -> Stats {
         match &self.0 {
             Layout::V1 {

@@ -228,19 +228,15 @@ fn oci_runtime(engine: &Engine, runtime: Runtime) -> Result<String, (String, Str
     }
 }
 
-fn docker() -> Result<String, (String, String)> {
-    let socket = std::path::Path::new("/var/run/docker.sock");
-    Err((
-        format!(
-            "not supported by this build (a Docker engine {} reachable here)",
-            if std::os::unix::net::UnixStream::connect(socket).is_ok() {
-                "is"
-            } else {
-                "is not"
-            }
-        ),
-        "use --runtime crun or runc: the same bundle without a daemon".into(),
-    ))
+/// The docker runtime: whether the binary has it, and what its engine says of itself.
+fn docker(engine: &Engine) -> Result<String, (String, String)> {
+    match &engine.docker {
+        Some(backend) => backend.health(),
+        None => Err((
+            "not in this program (the `kennel` binary has it)".into(),
+            "use the `kennel` binary, or --runtime crun or runc".into(),
+        )),
+    }
 }
 
 /// Every check, in the order a user fixes them. The OCI runtimes are tried side by side (each
@@ -265,7 +261,7 @@ pub fn checks(engine: &Engine) -> Vec<Check> {
         check("oci runsc", runsc),
         check("oci crun", crun),
         check("oci runc", runc),
-        check("oci docker", docker()),
+        check("oci docker", docker(engine)),
         tool("bwrap", "bubblewrap"),
     ]
 }

@@ -9,13 +9,19 @@ use crate::native::Native;
 use crate::oci::Oci;
 use crate::supervise::io::RunIo;
 use kennel_types::api::{RunRequest, RunResult};
-use kennel_types::policy::Tier;
+use kennel_types::policy::{Runtime, Tier};
 
 /// A tier's implementation: a translator from the policy to its isolation mechanism.
 pub trait Backend: Send + Sync {
     /// Runs one request to its end. Errors mean the run could not happen as asked; a run that
     /// happened, however it ended, is a `RunResult`.
     fn run(&self, req: &RunRequest, io: RunIo) -> Result<RunResult, Error>;
+
+    /// What `kennel doctor` says of the backend: a detail when it can run here, or why not and
+    /// the fix.
+    fn health(&self) -> Result<String, (String, String)> {
+        Ok("built in".into())
+    }
 }
 
 impl Backend for Native {
@@ -31,11 +37,25 @@ impl Backend for Oci {
 }
 
 /// Every tier, behind one `run`, and the images they run on.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Engine {
     pub native: Native,
     pub oci: Oci,
     pub images: Store,
+    /// The `docker` runtime of the oci tier, when the binary has one (`kennel-docker`, which
+    /// brings an async HTTP client this crate and its helper do without).
+    pub docker: Option<std::sync::Arc<dyn Backend>>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("native", &self.native)
+            .field("oci", &self.oci)
+            .field("images", &self.images)
+            .field("docker", &self.docker.is_some())
+            .finish()
+    }
 }
 
 impl Engine {
@@ -53,13 +73,23 @@ impl Engine {
             },
             native: Native { helper },
             images: Store::from_env(),
+            docker: None,
         }
     }
 
-    pub fn backend(&self, tier: Tier) -> &dyn Backend {
-        match tier {
-            Tier::Native => &self.native,
-            Tier::Oci => &self.oci,
+    /// The backend that runs `policy`: its tier's, and for the oci tier with the `docker`
+    /// runtime the Docker backend; a binary without one refuses such runs.
+    pub fn backend(&self, policy: &kennel_types::Policy) -> Result<&dyn Backend, Error> {
+        match (policy.tier, policy.oci.runtime) {
+            (Tier::Native, _) => Ok(&self.native),
+            (Tier::Oci, Runtime::Docker) => {
+                self.docker.as_deref().ok_or_else(|| Error::Unsupported {
+                    layer: "the oci tier with docker",
+                    why: "this program was built without the docker backend".into(),
+                    hint: "use the `kennel` binary, which has it".into(),
+                })
+            }
+            (Tier::Oci, _) => Ok(&self.oci),
         }
     }
 
@@ -68,7 +98,7 @@ impl Engine {
     /// the image's environment under its own, and the result names the image and its digest.
     pub fn run(&self, req: &RunRequest, io: RunIo) -> Result<RunResult, Error> {
         let Some(name) = &req.policy.filesystem.image else {
-            return self.backend(req.policy.tier).run(req, io);
+            return self.backend(&req.policy)?.run(req, io);
         };
         let image = self.images.resolve(name)?;
         let mut on_image = req.clone();
@@ -79,6 +109,6 @@ impl Engine {
         env.extend(std::mem::take(&mut policy.env));
         policy.env = env;
         on_image.image = Some(image.info);
-        self.backend(req.policy.tier).run(&on_image, io)
+        self.backend(&req.policy)?.run(&on_image, io)
     }
 }

@@ -13,16 +13,17 @@
 //! # Ok::<(), kennel_sandbox::Error>(())
 //! ```
 
+pub mod beneath;
 pub mod cgroup;
 pub mod channel;
 pub mod doctor;
-mod egress;
+pub mod egress;
 pub mod engine;
 pub mod error;
 pub mod image;
 pub mod native;
 pub mod oci;
-mod request;
+pub mod request;
 pub mod supervise;
 mod sys;
 

@@ -15,7 +15,7 @@ const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 static NEXT_CPU: AtomicUsize = AtomicUsize::new(0);
 
 /// A rootfs must be an existing directory, and not under /tmp, which sandboxes mount over.
-pub(crate) fn check_rootfs(policy: &Policy) -> Result<(), Error> {
+pub fn check_rootfs(policy: &Policy) -> Result<(), Error> {
     match &policy.filesystem.rootfs {
         Some(root) if root.starts_with("/tmp") || !root.is_dir() => Err(Error::request(
             "filesystem.rootfs",
@@ -29,7 +29,7 @@ pub(crate) fn check_rootfs(policy: &Policy) -> Result<(), Error> {
 }
 
 /// The argv to run, refused when it cannot be passed to execve.
-pub(crate) fn checked_argv(req: &RunRequest) -> Result<Vec<String>, Error> {
+pub fn checked_argv(req: &RunRequest) -> Result<Vec<String>, Error> {
     let argv = req.command.argv()?;
     if argv.iter().any(|a| a.contains('\0')) {
         return Err(Error::request("argv", "contains a NUL byte"));
@@ -38,7 +38,7 @@ pub(crate) fn checked_argv(req: &RunRequest) -> Result<Vec<String>, Error> {
 }
 
 /// The request's input files, checked (paths, modes, total size), and its collect paths.
-pub(crate) fn input_files(req: &RunRequest) -> Result<InputFiles, Error> {
+pub fn input_files(req: &RunRequest) -> Result<InputFiles, Error> {
     let policy = &req.policy;
     let mut files = Vec::with_capacity(req.files.len());
     let mut total = 0u64;
@@ -87,7 +87,7 @@ pub(crate) fn input_files(req: &RunRequest) -> Result<InputFiles, Error> {
 }
 
 /// The code's clean environment: Kennel's defaults, the policy's variables, the proxy's.
-pub(crate) fn sandbox_env(policy: &Policy) -> Vec<(String, String)> {
+pub fn sandbox_env(policy: &Policy) -> Vec<(String, String)> {
     let mut env = vec![
         ("PATH".to_string(), PATH.to_string()),
         ("HOME".to_string(), "/workspace".to_string()),
@@ -111,7 +111,7 @@ pub(crate) fn sandbox_env(policy: &Policy) -> Vec<(String, String)> {
 }
 
 /// As many CPUs as the quota, taken round-robin so that concurrent sandboxes spread out.
-pub(crate) fn pick_cpus(quota: f64) -> Vec<usize> {
+pub fn pick_cpus(quota: f64) -> Vec<usize> {
     let allowed = sys::cpu_affinity().unwrap_or_else(|_| vec![0]);
     // The quota is validated between 0.01 and 1024: its ceiling is a small positive integer.
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]

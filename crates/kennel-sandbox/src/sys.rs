@@ -486,6 +486,78 @@ pub fn open_no_symlinks(path: &str) -> io::Result<OwnedFd> {
     )?)
 }
 
+/// Opens `rel` beneath the directory `dir` as if `dir` were `/` (absolute links and `..` stay
+/// inside), refusing every symlink on the way: for files in another process's root, reached
+/// through its `/proc/PID/root`, where a plain path would resolve its links against ours.
+pub fn open_in_root(
+    dir: std::os::fd::BorrowedFd<'_>,
+    rel: &str,
+    flags: rustix::fs::OFlags,
+    mode: u32,
+) -> io::Result<OwnedFd> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    Ok(rustix::fs::openat2(
+        dir,
+        rel,
+        flags | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(mode),
+        ResolveFlags::IN_ROOT | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )?)
+}
+
+/// Opens the root directory of process `pid` (`/proc/PID/root`: the magic link is the point).
+pub fn open_process_root(pid: u32) -> io::Result<OwnedFd> {
+    use rustix::fs::{Mode, OFlags};
+    Ok(rustix::fs::open(
+        format!("/proc/{pid}/root").as_str(),
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
+}
+
+/// Sets this thread's filesystem uid and gid (the ids files are created with and checked
+/// against), leaving its other ids and its other threads alone: to write into a filesystem of
+/// another user namespace, which takes only ids it maps.
+pub fn set_thread_fs_ids(uid: u32, gid: u32) -> io::Result<()> {
+    // SAFETY: setfsgid and setfsuid take plain integers and change only the calling thread's
+    // filesystem credentials (the raw syscalls, unlike glibc's setuid, are per thread). They
+    // return the previous id whatever happens, so success is checked by asking again.
+    let (now_gid, now_uid) = unsafe {
+        libc::setfsgid(gid);
+        libc::setfsuid(uid);
+        (libc::setfsgid(u32::MAX), libc::setfsuid(u32::MAX))
+    };
+    if u32::try_from(now_uid).ok() == Some(uid) && u32::try_from(now_gid).ok() == Some(gid) {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(libc::EPERM))
+    }
+}
+
+/// Makes the directory `name` (one component) in the directory `dir`.
+pub fn mkdir_at(dir: std::os::fd::BorrowedFd<'_>, name: &str, mode: u32) -> io::Result<()> {
+    Ok(rustix::fs::mkdirat(
+        dir,
+        name,
+        rustix::fs::Mode::from_raw_mode(mode),
+    )?)
+}
+
+/// Gives the open file `fd` to `uid`:`gid`, and sets its permission bits.
+pub fn own_and_chmod(
+    fd: std::os::fd::BorrowedFd<'_>,
+    uid: u32,
+    gid: u32,
+    mode: u32,
+) -> io::Result<()> {
+    use rustix::fs::{Gid, Uid};
+    rustix::fs::fchown(fd, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)))?;
+    Ok(rustix::fs::fchmod(
+        fd,
+        rustix::fs::Mode::from_raw_mode(mode),
+    )?)
+}
+
 // libc from here on: rustix's execve and exit_group are `unsafe` runtime functions, it has no
 // wait4 with rusage, and setns and the fd adoption start from raw numbers.
 /// Replaces the process image. Returns only on failure.

@@ -406,16 +406,24 @@ pub enum Runtime {
     Runsc,
     Crun,
     Runc,
+    /// A Docker Engine, through its API: a container on the host's kernel.
+    Docker,
 }
 
 impl Runtime {
-    pub const ALL: [Runtime; 3] = [Runtime::Runsc, Runtime::Crun, Runtime::Runc];
+    pub const ALL: [Runtime; 4] = [
+        Runtime::Runsc,
+        Runtime::Crun,
+        Runtime::Runc,
+        Runtime::Docker,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Runtime::Runsc => "runsc",
             Runtime::Crun => "crun",
             Runtime::Runc => "runc",
+            Runtime::Docker => "docker",
         }
     }
 
@@ -424,7 +432,7 @@ impl Runtime {
     pub fn strength(self) -> Strength {
         match self {
             Runtime::Runsc => Strength::Gvisor,
-            Runtime::Crun | Runtime::Runc => Strength::Container,
+            Runtime::Crun | Runtime::Runc | Runtime::Docker => Strength::Container,
         }
     }
 }
@@ -437,9 +445,10 @@ impl FromStr for Runtime {
             "runsc" | "gvisor" => Ok(Runtime::Runsc),
             "crun" => Ok(Runtime::Crun),
             "runc" => Ok(Runtime::Runc),
+            "docker" => Ok(Runtime::Docker),
             other => Err(PolicyError::Invalid {
                 field: "oci.runtime",
-                why: format!("unknown runtime {other:?}: use runsc, crun or runc"),
+                why: format!("unknown runtime {other:?}: use runsc, crun, runc or docker"),
             }),
         }
     }

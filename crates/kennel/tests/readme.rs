@@ -301,7 +301,11 @@ fn prints_1(out: &Output) {
 
 fn built_python_data(out: &Output) {
     succeeded(out);
-    assert!(text(&out.stdout).starts_with("python-data sha256:"), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).starts_with("python-data sha256:"),
+        "{}",
+        text(&out.stdout)
+    );
 }
 
 fn prints_pandas_version(out: &Output) {
@@ -316,7 +320,9 @@ fn prints_pi(out: &Output) {
 
 fn lists_python_data(out: &Output) {
     succeeded(out);
-    assert!(text(&out.stdout).lines().any(|l| l.starts_with("python-data ")));
+    assert!(text(&out.stdout)
+        .lines()
+        .any(|l| l.starts_with("python-data ")));
 }
 
 fn prints_a_pid(out: &Output) {

@@ -37,10 +37,11 @@ pub fn run_helper() -> ! {
 
 /// The host (or a rootfs) as the mount planner sees it, with the mount points it had when the
 /// helper started.
-pub(crate) struct Dir(PathBuf, Vec<String>);
+#[derive(Debug)]
+pub struct Dir(PathBuf, Vec<String>);
 
 impl Dir {
-    pub(crate) fn new(root: PathBuf) -> Dir {
+    pub fn new(root: PathBuf) -> Dir {
         let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
         let points = mountinfo
             .lines()

@@ -29,9 +29,9 @@ pub(crate) const SECRET_DIRS: &[&str] = &["etc/ssh", "etc/ssl/private", "etc/sud
 /// Devices the sandbox gets, bound from the host's /dev.
 pub const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 /// /proc entries that leak host state or change it: made read-only.
-pub(crate) const PROC_READ_ONLY: &[&str] = &["sys", "sysrq-trigger", "irq", "bus", "fs"];
+pub const PROC_READ_ONLY: &[&str] = &["sys", "sysrq-trigger", "irq", "bus", "fs"];
 /// /proc files hidden behind /dev/null (kernel memory, symbol addresses, timers, keys).
-pub(crate) const PROC_MASKED_FILES: &[&str] = &[
+pub const PROC_MASKED_FILES: &[&str] = &[
     "kcore",
     "kallsyms",
     "keys",
@@ -45,7 +45,7 @@ pub(crate) const PROC_MASKED_FILES: &[&str] = &[
     "modules",
 ];
 /// /proc directories hidden behind an empty tmpfs.
-pub(crate) const PROC_MASKED_DIRS: &[&str] = &["acpi", "scsi", "asound", "driver"];
+pub const PROC_MASKED_DIRS: &[&str] = &["acpi", "scsi", "asound", "driver"];
 
 /// What kind of thing a host path is.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -57,6 +57,9 @@ pub fn install_hint(runtime: Runtime) -> String {
         Runtime::Runsc => "install gVisor: `apt-get install runsc` (Debian 12+), or the release \
                            binary from https://gvisor.dev/docs/user_guide/install/"
             .into(),
+        Runtime::Docker => "run a Docker Engine (Debian's `docker.io`) and point DOCKER_HOST at \
+                            its socket (README: the docker runtime)"
+            .into(),
         other => format!("install it: `apt-get install {}`", other.name()),
     }
 }
@@ -74,6 +77,11 @@ pub fn locate(runtime: Runtime) -> Result<Installed, Error> {
         why,
         hint: install_hint(runtime),
     };
+    if runtime == Runtime::Docker {
+        return Err(missing(
+            "a Docker Engine is driven through its API, by the engine's docker backend".into(),
+        ));
+    }
     let path = SEARCH
         .iter()
         .map(|d| Path::new(d).join(runtime.name()))
@@ -140,6 +148,7 @@ fn runtime_layer(runtime: Runtime) -> &'static str {
         Runtime::Runsc => "the oci tier with runsc (gVisor)",
         Runtime::Crun => "the oci tier with crun",
         Runtime::Runc => "the oci tier with runc",
+        Runtime::Docker => "the oci tier with docker",
     }
 }
 
@@ -161,7 +170,8 @@ impl Installed {
             // crun takes a relative cgroupsPath from the root of each v1 hierarchy, not from its
             // own cgroup: it must not make cgroups at all, and runs in Kennel's.
             Runtime::Crun => argv.push("--cgroup-manager=disabled".into()),
-            Runtime::Runc => {}
+            // Never located (see `locate`): a Docker Engine is driven through its API.
+            Runtime::Runc | Runtime::Docker => {}
             Runtime::Runsc => argv.extend([
                 // Its v1 cpuset parents would be empty: it runs in Kennel's cgroup instead.
                 "--ignore-cgroups".into(),

@@ -104,7 +104,7 @@ fn collected_files(req: &RunRequest, collected: Vec<(Collected, Vec<u8>)>) -> Ve
     files
 }
 
-pub(crate) fn network_summary(network: &kennel_types::policy::Network) -> String {
+pub fn network_summary(network: &kennel_types::policy::Network) -> String {
     match network.mode {
         NetMode::None => "none (private namespace, loopback only)".into(),
         NetMode::Full => "full (the host's network namespace)".into(),

@@ -2,6 +2,8 @@
 //! kernel. Nothing here mocks what Kennel isolates with.
 #![allow(dead_code)]
 
+pub mod dockerd;
+
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 

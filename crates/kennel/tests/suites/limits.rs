@@ -236,6 +236,17 @@ fn every_namespace_is_new() {
 fn pid_uts_and_cgroup_views() {
     let out = py_ok(&[], "import os, socket\nprint(os.getpid(), os.getppid(), socket.gethostname())\nprint((open('/proc/self/cgroup').read().strip().splitlines() or ['(empty)'])[-1])\nprint(sorted(p for p in os.listdir('/proc') if p.isdigit()))");
     let lines: Vec<&str> = out.lines().collect();
+    if docker() {
+        // On a Docker Engine the code runs as an exec beside the container's init (pid 1,
+        // the engine's tini) and the process that holds the container (its child): a pid of
+        // its own whose parent is outside the namespace (0).
+        let pid: Vec<&str> = lines[0].split(' ').collect();
+        assert!(pid[0].parse::<u32>().unwrap() > 2, "{out}");
+        assert_eq!(pid[1..], ["0", "kennel"], "{out}");
+        assert!(lines[1].ends_with(":/"), "cgroup path {:?}", lines[1]);
+        assert!(lines[2].starts_with("['1', "), "{out}");
+        return;
+    }
     // In the oci tier the code is pid 1 of its namespace, with no init of Kennel's above it.
     let (ids, pids) = if oci() {
         ("1 0", "['1']")
@@ -273,6 +284,13 @@ fn ids_map_to_an_unprivileged_host_range() {
         // its kernel runs as nobody (the escape suite checks it), and files keep the host's
         // owners, so on the host's view the code runs as nobody (65534) to own none of them.
         assert_eq!(out.trim(), "65534 ['0', '0', '4294967295']");
+    } else if docker() {
+        // The engine's remapped range (`--userns-remap`: the dockremap user's subordinate
+        // ids), which the result reports.
+        let r = py(&[], "pass");
+        let base = &r["isolation"]["host_uid"];
+        assert_ne!(base, 0);
+        assert_eq!(out.trim(), format!("0 ['0', '{base}', '65536']"));
     } else if is_root() {
         assert_eq!(out.trim(), "0 ['0', '1000000000', '65536']");
     } else {
@@ -293,8 +311,10 @@ fn root_holds_only_the_system_view() {
     .filter(|d| std::path::Path::new("/").join(d).symlink_metadata().is_ok())
     .map(|d| d.to_string())
     .chain(["dev", "proc", "tmp", "workspace"].map(String::from))
-    // gVisor mounts a synthetic /sys of its own whatever the spec says.
-    .chain(gvisor().then(|| "sys".to_string()))
+    // gVisor mounts a synthetic /sys of its own whatever the spec says; a Docker Engine
+    // mounts the host's /sys read-only in every container, and adds its /.dockerenv marker.
+    .chain((gvisor() || docker()).then(|| "sys".to_string()))
+    .chain(docker().then(|| ".dockerenv".to_string()))
     .collect();
     expected.sort();
     assert_eq!(out.trim(), expected.join(" "));
@@ -330,9 +350,11 @@ fn environment_is_clean() {
         &["--env", "GREETING=hi"],
         "import os; print(sorted(os.environ.items()))",
     );
+    // A Docker Engine adds HOSTNAME to every container's environment, and an exec's too.
+    let hostname = if docker() { "('HOSTNAME', 'kennel'), " } else { "" };
     assert_eq!(
         out.trim(),
-        "[('GREETING', 'hi'), ('HOME', '/workspace'), ('LANG', 'C.UTF-8'), ('PATH', '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'), ('TMPDIR', '/tmp')]"
+        format!("[('GREETING', 'hi'), ('HOME', '/workspace'), {hostname}('LANG', 'C.UTF-8'), ('PATH', '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'), ('TMPDIR', '/tmp')]")
     );
 }
 
@@ -414,6 +436,22 @@ fn a_rootfs_replaces_the_system_view() {
     dash_rootfs(&root);
     std::fs::write(root.join("etc/marker"), "from the rootfs\n").unwrap();
     let script = "echo /*; read m < /etc/marker; echo $m; echo x > /etc/new 2>/dev/null || echo ro";
+    if docker() {
+        // A Docker Engine mounts its own /etc/resolv.conf, hosts and hostname into every
+        // container, which a directory's read-only /etc without them cannot take: the docker
+        // runtime refuses a plain rootfs, naming the way that works (an image of it, which
+        // tests/images.rs runs under docker).
+        let mut args = vec!["run", "--json"];
+        args.extend(tier_opts());
+        args.extend(["--rootfs", root.to_str().unwrap(), "--", "/bin/sh", "-c", script]);
+        let out = common::kennel_output(&args, b"");
+        let _ = std::fs::remove_dir_all(&root);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let error = v["error"].as_str().unwrap_or_default();
+        assert!(error.contains("`filesystem.rootfs` is not taken by the docker runtime"), "{v}");
+        assert!(error.contains("kennel image build NAME --from-dir DIR"), "{v}");
+        return;
+    }
     let r = run_json(
         &["--rootfs", root.to_str().unwrap()],
         &["/bin/sh", "-c", script],

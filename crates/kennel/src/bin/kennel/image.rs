@@ -9,7 +9,7 @@ use clap::{Args, Subcommand};
 use kennel_image::builder::{Builder, Built};
 use kennel_image::{NoProgress, Progress};
 use kennel_sandbox::image::Store;
-use kennel_sandbox::{Engine, OutputSink, Stream};
+use kennel_sandbox::{OutputSink, Stream};
 use kennel_types::image::{Base, ImageSpec};
 
 #[derive(Subcommand)]
@@ -132,7 +132,7 @@ pub fn main(cmd: ImageCmd) -> anyhow::Result<()> {
 }
 
 fn build(store: &Store, args: BuildArgs) -> anyhow::Result<()> {
-    let engine = Engine::from_current_exe()?;
+    let engine = crate::engine()?;
     let tty = std::io::stderr().is_terminal();
     let terminal = Terminal { tty };
     let progress: &dyn Progress = if args.json && !tty {

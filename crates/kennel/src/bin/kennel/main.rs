@@ -262,7 +262,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if args.audit_log.is_some() {
         config.audit_log = args.audit_log;
     }
-    let engine = Engine::from_current_exe()?;
+    let engine = engine()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -296,7 +296,7 @@ fn mcp(args: McpArgs) -> anyhow::Result<()> {
             };
             config.pool.python = args.pool_python.unwrap_or(config.pool.python);
             config.pool.bash = args.pool_bash.unwrap_or(config.pool.bash);
-            let engine = Engine::from_current_exe()?;
+            let engine = engine()?;
             let _guard = runtime.enter();
             std::sync::Arc::new(Local::start(config, engine)?)
         }
@@ -372,7 +372,7 @@ fn bundle(args: BundleArgs) -> anyhow::Result<()> {
 fn run(args: RunArgs) -> ExitCode {
     let json = args.json;
     let outcome = request(args).and_then(|req| {
-        let engine = Engine::from_current_exe()?;
+        let engine = engine()?;
         let stdin = if std::io::stdin().is_terminal() {
             StdinSource::Null
         } else {
@@ -607,8 +607,15 @@ fn stage_script(
     Ok(argv)
 }
 
+/// The engine of this binary: every tier, the docker runtime included.
+fn engine() -> Result<Engine, kennel_sandbox::Error> {
+    let mut engine = Engine::from_current_exe()?;
+    engine.docker = Some(Arc::new(kennel_docker::Docker));
+    Ok(engine)
+}
+
 fn doctor(json: bool) -> ExitCode {
-    let engine = match Engine::from_current_exe() {
+    let engine = match engine() {
         Ok(n) => n,
         Err(e) => {
             eprintln!("kennel: {e}");

@@ -1,0 +1,96 @@
+//! The isolation a docker run had, as the engine and the container's process show it.
+
+use kennel_sandbox::native::seccomp;
+use kennel_sandbox::oci::bundle;
+use kennel_sandbox::supervise::report::network_summary;
+use kennel_types::api::{
+    Isolation, LandlockInfo, LimitsInfo, RunRequest, RuntimeInfo, SeccompInfo,
+};
+use kennel_types::policy::{Runtime, Tier};
+
+use crate::connect::Facts;
+use crate::spec::Plan;
+
+/// The cgroups process `pid` is in, and their version.
+fn cgroups(pid: u32) -> (String, Vec<String>) {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    let v2_only = text.lines().all(|l| l.starts_with("0::"));
+    let paths = text
+        .lines()
+        .filter_map(|l| {
+            let mut parts = l.splitn(3, ':');
+            let _ = parts.next()?;
+            let ctrl = parts.next()?;
+            let path = parts.next()?;
+            let wanted = ["memory", "pids", "cpu,cpuacct", "cpu", "cpuacct"];
+            (v2_only || ctrl.split(',').any(|c| wanted.contains(&c)))
+                .then(|| format!("{ctrl}:{path}"))
+        })
+        .collect();
+    let version = if v2_only { "cgroup-v2" } else { "cgroup-v1" };
+    (version.into(), paths)
+}
+
+pub fn isolation(
+    facts: &Facts,
+    plan: &Plan,
+    req: &RunRequest,
+    pid: u32,
+    host_id: u32,
+    id_range: u32,
+) -> Isolation {
+    let policy = &req.policy;
+    let mut namespaces: Vec<String> = vec![];
+    if plan.as_root {
+        namespaces.push("user".into());
+    }
+    namespaces.extend(["mount", "pid"].map(String::from));
+    if policy.network.mode != kennel_types::policy::NetMode::Full {
+        namespaces.push("network".into());
+    }
+    namespaces.extend(["ipc", "uts", "cgroup"].map(String::from));
+    let (mechanism, paths) = cgroups(pid);
+    let rt = Runtime::Runc;
+    Isolation {
+        tier: Tier::Oci.name().into(),
+        namespaces,
+        host_uid: host_id,
+        host_gid: host_id,
+        id_range,
+        seccomp: SeccompInfo {
+            enforced: true,
+            profile: format!("{} (oci form)", seccomp::PROFILE),
+            denied_errno: bundle::denied_errno_name(rt).into(),
+            denied_syscalls: seccomp::RULES
+                .iter()
+                .filter(|r| bundle::in_profile(rt, r))
+                .map(|r| r.name.to_string())
+                .collect(),
+        },
+        landlock: LandlockInfo {
+            enforced: false,
+            abi: None,
+        },
+        limits: LimitsInfo {
+            mechanism,
+            cgroups: paths,
+            fallback_reason: None,
+        },
+        no_new_privs: true,
+        capabilities: plan.capabilities(policy),
+        filesystem: req
+            .image
+            .as_ref()
+            .map_or("host-system-ro".into(), |i| format!("image:{}", i.name)),
+        network: network_summary(&policy.network),
+        runtime: Some(RuntimeInfo {
+            name: "docker".into(),
+            version: format!(
+                "Docker Engine version {} (API {})",
+                facts.version, facts.api
+            ),
+            platform: None,
+        }),
+        image: req.image.clone(),
+    }
+}

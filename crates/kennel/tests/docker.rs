@@ -1,0 +1,186 @@
+//! The docker runtime on its own: a private Docker Engine (user namespaces remapped) that this
+//! binary starts and stops; what a run leaves behind (nothing), where its cgroups are, the
+//! engine's absence, and a supervisor killed mid-run. The suites run under it too
+//! (`escapes_docker.rs`, `limits_docker.rs`, `network_docker.rs`).
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{kennel_output, parse_result, KENNEL};
+use serde_json::Value;
+
+fn engine() -> Option<String> {
+    common::dockerd::ensure()
+}
+
+/// The engine's answer to a GET on `path`, through its socket (curl is in setup-ci's list).
+fn engine_get(host: &str, path: &str) -> Value {
+    let socket = host.trim_start_matches("unix://");
+    let out = Command::new("curl")
+        .args([
+            "-s",
+            "--unix-socket",
+            socket,
+            &format!("http://docker{path}"),
+        ])
+        .output()
+        .expect("curl runs");
+    serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+}
+
+/// Kennel's containers on the engine, running or not.
+fn kennel_containers(host: &str) -> Vec<Value> {
+    let filter = "%7B%22label%22%3A%5B%22org.kennel.supervisor%22%5D%7D"; // {"label":["org.kennel.supervisor"]}
+    engine_get(host, &format!("/containers/json?all=1&filters={filter}"))
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_run_leaves_no_container_and_its_cgroups_are_beneath_the_engines() {
+    let Some(host) = engine() else { return };
+    let child = Command::new(KENNEL)
+        .args([
+            "run",
+            "--json",
+            "--runtime",
+            "docker",
+            "--",
+            "/bin/sh",
+            "-c",
+            "echo hi",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let supervisor = child.id().to_string();
+    let out = child.wait_with_output().unwrap();
+    let r = parse_result(&out);
+    assert_eq!(r["stdout"], "hi\n", "{r}");
+    assert_eq!(r["isolation"]["runtime"]["name"], "docker");
+    assert!(r["isolation"]["namespaces"]
+        .as_array()
+        .unwrap()
+        .contains(&"user".into()));
+    // Every cgroup of the container is beneath Kennel's parent, beneath the engine's own
+    // cgroup (this test's), never at the root of a hierarchy.
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    for path in r["isolation"]["limits"]["cgroups"].as_array().unwrap() {
+        let (ctrl, path) = path.as_str().unwrap().split_once(':').unwrap();
+        let mine = own
+            .lines()
+            .find_map(|l| {
+                let mut p = l.splitn(3, ':');
+                let (_, c, p) = (p.next()?, p.next()?, p.next()?);
+                c.split(',').any(|c| c == ctrl).then(|| p.to_string())
+            })
+            .unwrap();
+        let parent = format!("{}/kennel-docker/", mine.trim_end_matches('/'));
+        assert!(
+            path.starts_with(&parent),
+            "{ctrl}: {path} is not beneath {parent}"
+        );
+    }
+    let left: Vec<Value> = kennel_containers(&host)
+        .into_iter()
+        .filter(|c| c["Labels"]["org.kennel.supervisor"] == supervisor.as_str())
+        .collect();
+    assert!(left.is_empty(), "the container was not removed: {left:?}");
+}
+
+#[test]
+fn without_an_engine_the_run_is_refused_with_a_hint() {
+    let out = Command::new(KENNEL)
+        .args(["run", "--runtime", "docker", "--", "/bin/true"])
+        .env("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no Docker Engine at /nonexistent/docker.sock"),
+        "{err}"
+    );
+    assert!(
+        err.contains("hint:") && err.contains("DOCKER_HOST"),
+        "{err}"
+    );
+    let tcp = Command::new(KENNEL)
+        .args(["run", "--runtime", "docker", "--", "/bin/true"])
+        .env("DOCKER_HOST", "tcp://10.0.0.1:2375")
+        .output()
+        .unwrap();
+    assert_eq!(tcp.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&tcp.stderr).contains("is not a unix socket"));
+}
+
+/// A supervisor SIGKILLed mid-run leaves its container running; the next run removes it.
+#[test]
+fn a_killed_supervisors_container_is_removed_by_the_next_run() {
+    let Some(host) = engine() else { return };
+    let mut child = Command::new(KENNEL)
+        .args([
+            "run",
+            "--runtime",
+            "docker",
+            "--timeout",
+            "60s",
+            "--",
+            "/bin/sleep",
+            "50",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id().to_string();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mine = |host: &str| {
+        kennel_containers(host)
+            .into_iter()
+            .filter(|c| c["Labels"]["org.kennel.supervisor"] == pid.as_str())
+            .count()
+    };
+    while mine(&host) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the run's container never appeared"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(
+        mine(&host),
+        1,
+        "the container outlives its supervisor until the next run"
+    );
+    let out = kennel_output(
+        &["run", "--json", "--runtime", "docker", "--", "/bin/true"],
+        b"",
+    );
+    assert_eq!(parse_result(&out)["exit_code"], 0);
+    assert_eq!(mine(&host), 0, "the next run removed the orphan");
+}
+
+#[test]
+fn doctor_reports_the_engine() {
+    if engine().is_none() {
+        return;
+    }
+    let out = Command::new(KENNEL).args(["doctor"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.contains("oci docker")).unwrap();
+    assert!(line.starts_with("ok"), "{line}");
+    assert!(
+        line.contains("Docker Engine 20.10") && line.contains("user namespaces remapped"),
+        "{line}"
+    );
+}
