@@ -184,3 +184,71 @@ fn doctor_reports_the_engine() {
         "{line}"
     );
 }
+
+/// A tarball the engine itself saved (`docker save`, here the host view's skeleton image that
+/// the runs above made) imports as a Kennel image, the same entries in the same shape.
+#[test]
+fn a_docker_save_tarball_imports_as_an_image() {
+    let Some(host) = engine() else { return };
+    let out = kennel_output(&["run", "--json", "--runtime", "docker", "--", "/bin/true"], b"");
+    assert_eq!(parse_result(&out)["exit_code"], 0);
+    let images = engine_get(&host, "/images/json");
+    // The host view's skeleton (its tag is a hash of the host's top-level entries).
+    let tag = images
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|i| i["RepoTags"].as_array().cloned().unwrap_or_default())
+        .filter_map(|t| t.as_str().map(str::to_string))
+        .filter(|t| t.starts_with("kennel-view:"))
+        .max_by_key(|t| {
+            images
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|i| i["RepoTags"].as_array().is_some_and(|r| r.contains(&t.as_str().into())))
+                .map_or(0, |i| i["Created"].as_i64().unwrap_or(0))
+        })
+        .expect("the host view's skeleton image");
+    let dir = std::path::PathBuf::from(format!("/var/tmp/kennel-docker-save-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let tarball = dir.join("saved.tar");
+    let socket = host.trim_start_matches("unix://");
+    let saved = Command::new("curl")
+        .args(["-s", "-f", "--unix-socket", socket, "-o"])
+        .arg(&tarball)
+        .arg(format!("http://docker/images/{tag}/get"))
+        .status()
+        .unwrap();
+    assert!(saved.success(), "the engine saved no tarball");
+    let state = dir.join("state");
+    let kennel = |args: &[&str]| {
+        Command::new(KENNEL)
+            .args(args)
+            .env("KENNEL_STATE_DIR", &state)
+            .output()
+            .unwrap()
+    };
+    let built = kennel(&["image", "build", "saved", "--from-oci", tarball.to_str().unwrap(), "--json"]);
+    assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
+    let v: Value = serde_json::from_slice(&built.stdout).unwrap();
+    assert_eq!(v["record"]["source"]["kind"], "oci", "{v}");
+    assert_eq!(v["record"]["source"]["layers"], 1, "{v}");
+    let inspect: Value = serde_json::from_slice(&kennel(&["image", "inspect", "saved"]).stdout).unwrap();
+    let root = std::path::PathBuf::from(inspect["rootfs"].as_str().unwrap());
+    for top in ["usr", "etc", "proc", "dev", "tmp", "workspace"] {
+        let meta = root.join(top).symlink_metadata();
+        assert!(
+            meta.is_ok_and(|m| m.is_dir()),
+            "{top} missing from the imported skeleton: {:?}",
+            std::fs::read_dir(&root).map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
+        );
+    }
+    for link in ["bin", "lib"] {
+        let host_link = std::fs::read_link(std::path::Path::new("/").join(link)).ok();
+        let imported = std::fs::read_link(root.join(link)).ok();
+        assert_eq!(imported, host_link, "/{link} as the host has it");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -94,6 +94,10 @@ const COMMANDS: &[(&str, How)] = &[
         How::Run(prints_1),
     ),
     (
+        "kennel run --runtime docker -- python3 -c 'print(1)'",
+        How::Run(prints_1),
+    ),
+    (
         "kennel image build python-data -f images/python-data.toml",
         How::Run(built_python_data),
     ),
@@ -138,6 +142,7 @@ const BLOCKS: &[(&str, &str, Block)] = &[
     ("toml", "[network]", Block::Policy),
     ("json", "\"exit_code\": 0", Block::ResultSample),
     ("json", "\"mcpServers\"", Block::McpConfig),
+    ("text", "dockerd --userns-remap", Block::DockerdSetup),
 ];
 
 #[derive(Clone, Copy)]
@@ -148,6 +153,8 @@ enum Block {
     ResultSample,
     /// An MCP client's config: the command it names answers an MCP `initialize`.
     McpConfig,
+    /// How to start a Docker Engine for Kennel: the flags the tests' own engine has.
+    DockerdSetup,
 }
 
 fn readme() -> String {
@@ -492,10 +499,40 @@ fn host_has_what_it_needs(key: &str) -> bool {
         key.split_whitespace()
             .any(|w| w.trim_start_matches("$(") == tool)
     };
+    // The docker example runs against the private engine the tests start.
+    if named("docker") && common::dockerd::ensure().is_none() {
+        return false;
+    }
     ["runsc", "crun", "runc", "curl", "jq"]
         .into_iter()
         .filter(|t| named(t))
         .all(|t| common::require(&format!("{t} (for the README's `{key}`)"), installed(t)))
+}
+
+/// The README's dockerd line has exactly the flags the tests start their engine with.
+fn check_dockerd_setup(block: &str) {
+    let harness = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/common/dockerd.rs"),
+    )
+    .unwrap();
+    for flag in block.split_whitespace().filter(|w| w.starts_with("--")) {
+        let name = flag.split('=').next().unwrap();
+        assert!(
+            harness.contains(&format!("\"{name}")) || harness.contains(&format!("\"{flag}")),
+            "the README's dockerd flag {flag} is not the tests' (tests/common/dockerd.rs)"
+        );
+    }
+    for needed in [
+        "--userns-remap=default",
+        "--iptables=false",
+        "--bridge=none",
+        "--cgroup-parent",
+    ] {
+        assert!(
+            block.contains(needed),
+            "the README's dockerd line lacks {needed}"
+        );
+    }
 }
 
 #[test]
@@ -559,6 +596,7 @@ fn every_readme_example_works_as_written() {
             Block::Policy => check_policy(&scratch, block, n),
             Block::ResultSample => check_result_sample(&scratch, block),
             Block::McpConfig => check_mcp_config(&scratch, block),
+            Block::DockerdSetup => check_dockerd_setup(block),
         }
         println!("checked the ```{lang} block {n}");
     }
