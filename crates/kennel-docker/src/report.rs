@@ -1,11 +1,8 @@
 //! The isolation a docker run had, as the engine and the container's process show it.
 
-use kennel_sandbox::native::seccomp;
 use kennel_sandbox::oci::bundle;
 use kennel_sandbox::supervise::report::network_summary;
-use kennel_types::api::{
-    Isolation, LandlockInfo, LimitsInfo, RunRequest, RuntimeInfo, SeccompInfo,
-};
+use kennel_types::api::{Isolation, LandlockInfo, LimitsInfo, RunRequest, RuntimeInfo};
 use kennel_types::policy::{Runtime, Tier};
 
 use crate::connect::Facts;
@@ -50,23 +47,14 @@ pub fn isolation(
     }
     namespaces.extend(["ipc", "uts", "cgroup"].map(String::from));
     let (mechanism, paths) = cgroups(pid);
-    let rt = Runtime::Runc;
     Isolation {
         tier: Tier::Oci.name().into(),
         namespaces,
         host_uid: host_id,
         host_gid: host_id,
         id_range,
-        seccomp: SeccompInfo {
-            enforced: true,
-            profile: format!("{} (oci form)", seccomp::PROFILE),
-            denied_errno: bundle::denied_errno_name(rt).into(),
-            denied_syscalls: seccomp::RULES
-                .iter()
-                .filter(|r| bundle::in_profile(rt, r))
-                .map(|r| r.name.to_string())
-                .collect(),
-        },
+        // The same profile as runc's.
+        seccomp: bundle::seccomp_info(Runtime::Runc),
         landlock: LandlockInfo {
             enforced: false,
             abi: None,

@@ -15,8 +15,9 @@ use kennel_sandbox::cgroup::Probe;
 use kennel_sandbox::native::helper::Dir;
 use kennel_sandbox::oci::bundle;
 use kennel_sandbox::request::{checked_argv, input_files, pick_cpus, sandbox_env};
+use kennel_sandbox::supervise::report::collected_file;
 use kennel_sandbox::{Error, OutputMode, RunIo, Started, StdinSource, Stream};
-use kennel_types::api::{CollectedFile, Content, Outcome, RunRequest, RunResult};
+use kennel_types::api::{Outcome, RunRequest, RunResult};
 use kennel_types::policy::{NetMode, Runtime, Tier};
 use tokio::io::AsyncWriteExt;
 
@@ -297,16 +298,7 @@ async fn in_container(
     let collected = req
         .collect
         .iter()
-        .map(|path| {
-            let (meta, data) = root.collect(path, policy.limits.collect_size.0);
-            CollectedFile {
-                content: meta.error.is_none().then(|| Content::from_bytes(data)),
-                path: meta.path,
-                size: meta.size,
-                truncated: meta.truncated,
-                error: meta.error,
-            }
-        })
+        .map(|path| collected_file(root.collect(path, policy.limits.collect_size.0)))
         .collect();
     let stats = probe.read();
     let oom = docker

@@ -76,45 +76,51 @@ impl Root {
     /// Reads a file the code left, at most `cap` bytes, refusing a symlink anywhere in its path,
     /// and anything but a regular file.
     pub fn collect(&self, path: &str, cap: u64) -> (Collected, Vec<u8>) {
-        let refused = |error: String| {
-            (
-                Collected {
-                    path: path.to_string(),
-                    size: 0,
-                    truncated: false,
-                    error: Some(error),
-                },
-                vec![],
-            )
-        };
         let rel = path.trim_start_matches('/');
-        let fd = match sys::open_in_root(self.0.as_fd(), rel, OFlags::RDONLY | OFlags::NONBLOCK, 0)
-        {
-            Ok(fd) => fd,
-            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-                return refused("is or passes through a symlink; not followed".into())
-            }
-            Err(e) => return refused(e.to_string()),
-        };
-        let file = std::fs::File::from(fd);
-        let meta = match file.metadata() {
-            Ok(m) if m.is_file() => m,
-            Ok(_) => return refused("is not a regular file".into()),
-            Err(e) => return refused(e.to_string()),
-        };
-        let mut data = Vec::new();
-        if let Err(e) = file.take(cap).read_to_end(&mut data) {
-            return refused(e.to_string());
-        }
-        let size = meta.len();
+        let opened = sys::open_in_root(self.0.as_fd(), rel, OFlags::RDONLY | OFlags::NONBLOCK, 0);
+        collected(path, opened, cap)
+    }
+}
+
+/// A collected file as its `opened` descriptor gives it, at most `cap` bytes: refused (with
+/// the reason) when it could not be opened without a symlink, or is not a regular file. Every
+/// tier's collect ends here.
+pub(crate) fn collected(path: &str, opened: io::Result<OwnedFd>, cap: u64) -> (Collected, Vec<u8>) {
+    let refused = |error: String| {
         (
             Collected {
                 path: path.to_string(),
-                size,
-                truncated: size > data.len() as u64,
-                error: None,
+                size: 0,
+                truncated: false,
+                error: Some(error),
             },
-            data,
+            vec![],
         )
+    };
+    let file = match opened {
+        Ok(fd) => std::fs::File::from(fd),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return refused("is or passes through a symlink; not followed".into())
+        }
+        Err(e) => return refused(e.to_string()),
+    };
+    let meta = match file.metadata() {
+        Ok(m) if m.is_file() => m,
+        Ok(_) => return refused("is not a regular file".into()),
+        Err(e) => return refused(e.to_string()),
+    };
+    let mut data = Vec::new();
+    if let Err(e) = file.take(cap).read_to_end(&mut data) {
+        return refused(e.to_string());
     }
+    let size = meta.len();
+    (
+        Collected {
+            path: path.to_string(),
+            size,
+            truncated: size > data.len() as u64,
+            error: None,
+        },
+        data,
+    )
 }

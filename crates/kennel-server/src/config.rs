@@ -328,11 +328,7 @@ impl ServerConfig {
 
     /// Refuses an image the caller `token_id` may not use: the names its token lists, or the
     /// server's `images`; every image when the server has no tokens.
-    pub fn check_image(
-        &self,
-        token_id: &str,
-        policy: &Policy,
-    ) -> Result<(), kennel_sandbox::error::Error> {
+    pub fn check_image(&self, token_id: &str, policy: &Policy) -> Result<(), String> {
         let Some(name) = &policy.filesystem.image else {
             return Ok(());
         };
@@ -348,9 +344,9 @@ impl ServerConfig {
         if list.iter().any(|n| n == "*" || n == name) {
             Ok(())
         } else {
-            Err(kennel_sandbox::error::Error::request(
-                "image",
-                format!("{name:?} is not an image this token may use (the server's `images` lists them)"),
+            Err(format!(
+                "`image` {name:?} is not an image this token may use (the server's `images` \
+                 lists them)"
             ))
         }
     }

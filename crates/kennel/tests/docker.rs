@@ -190,7 +190,10 @@ fn doctor_reports_the_engine() {
 #[test]
 fn a_docker_save_tarball_imports_as_an_image() {
     let Some(host) = engine() else { return };
-    let out = kennel_output(&["run", "--json", "--runtime", "docker", "--", "/bin/true"], b"");
+    let out = kennel_output(
+        &["run", "--json", "--runtime", "docker", "--", "/bin/true"],
+        b"",
+    );
     assert_eq!(parse_result(&out)["exit_code"], 0);
     let images = engine_get(&host, "/images/json");
     // The host view's skeleton (its tag is a hash of the host's top-level entries).
@@ -206,11 +209,18 @@ fn a_docker_save_tarball_imports_as_an_image() {
                 .as_array()
                 .unwrap()
                 .iter()
-                .find(|i| i["RepoTags"].as_array().is_some_and(|r| r.contains(&t.as_str().into())))
+                .find(|i| {
+                    i["RepoTags"]
+                        .as_array()
+                        .is_some_and(|r| r.contains(&t.as_str().into()))
+                })
                 .map_or(0, |i| i["Created"].as_i64().unwrap_or(0))
         })
         .expect("the host view's skeleton image");
-    let dir = std::path::PathBuf::from(format!("/var/tmp/kennel-docker-save-{}", std::process::id()));
+    let dir = std::path::PathBuf::from(format!(
+        "/var/tmp/kennel-docker-save-{}",
+        std::process::id()
+    ));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let tarball = dir.join("saved.tar");
@@ -230,19 +240,32 @@ fn a_docker_save_tarball_imports_as_an_image() {
             .output()
             .unwrap()
     };
-    let built = kennel(&["image", "build", "saved", "--from-oci", tarball.to_str().unwrap(), "--json"]);
-    assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
+    let built = kennel(&[
+        "image",
+        "build",
+        "saved",
+        "--from-oci",
+        tarball.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
     let v: Value = serde_json::from_slice(&built.stdout).unwrap();
     assert_eq!(v["record"]["source"]["kind"], "oci", "{v}");
     assert_eq!(v["record"]["source"]["layers"], 1, "{v}");
-    let inspect: Value = serde_json::from_slice(&kennel(&["image", "inspect", "saved"]).stdout).unwrap();
+    let inspect: Value =
+        serde_json::from_slice(&kennel(&["image", "inspect", "saved"]).stdout).unwrap();
     let root = std::path::PathBuf::from(inspect["rootfs"].as_str().unwrap());
     for top in ["usr", "etc", "proc", "dev", "tmp", "workspace"] {
         let meta = root.join(top).symlink_metadata();
         assert!(
             meta.is_ok_and(|m| m.is_dir()),
             "{top} missing from the imported skeleton: {:?}",
-            std::fs::read_dir(&root).map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
+            std::fs::read_dir(&root)
+                .map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
         );
     }
     for link in ["bin", "lib"] {

@@ -46,24 +46,31 @@ fn data_image() -> Option<&'static str> {
         return None;
     }
     let digest = DIGEST.get_or_init(|| {
-        let spec = spec_path();
-        let out = kennel(&[
-            "image",
-            "build",
-            "python-data",
-            "-f",
-            spec.to_str().unwrap(),
-            "--json",
-        ]);
-        assert!(
-            out.status.success(),
-            "building python-data failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-        v["record"]["digest"].as_str().unwrap().to_string()
+        build_python_data()["record"]["digest"]
+            .as_str()
+            .unwrap()
+            .to_string()
     });
     Some(digest)
+}
+
+/// `kennel image build python-data -f images/python-data.toml --json`, which must succeed.
+fn build_python_data() -> Value {
+    let spec = spec_path();
+    let out = kennel(&[
+        "image",
+        "build",
+        "python-data",
+        "-f",
+        spec.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "building python-data failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 fn run_json(opts: &[&str], argv: &[&str]) -> Value {
@@ -217,21 +224,7 @@ fn runsc_on_the_host_view_cannot_read_root_only_files() {
 #[test]
 fn building_the_same_spec_again_reuses_the_image() {
     let Some(digest) = data_image() else { return };
-    let spec = spec_path();
-    let out = kennel(&[
-        "image",
-        "build",
-        "python-data",
-        "-f",
-        spec.to_str().unwrap(),
-        "--json",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = build_python_data();
     assert_eq!(v["reused"], true, "{v}");
     assert_eq!(v["record"]["digest"], digest);
     let frozen = v["record"]["pip_frozen"].as_array().unwrap();
@@ -399,7 +392,8 @@ fn pooled_runs_on_an_image_start_with_its_preloads() {
     assert_eq!(r["isolation"]["image"]["digest"], digest, "{r}");
 }
 
-/// Tokens use the images the config lists for them; a session takes an image as runs do.
+/// Tokens use the images the config lists for them (403 otherwise), and of those the ones the
+/// server has (404 otherwise); a session takes an image as runs do.
 #[test]
 fn tokens_use_only_the_images_listed_for_them() {
     if data_image().is_none() {
@@ -407,7 +401,7 @@ fn tokens_use_only_the_images_listed_for_them() {
     }
     let (a, b) = ("token-a-0123456789abcdef", "token-b-0123456789abcdef");
     let config = format!(
-        "[pool]\npython = 0\nbash = 0\n[[tokens]]\nid = \"a\"\ntoken = \"{a}\"\nimages = [\"python-data\"]\n[[tokens]]\nid = \"b\"\ntoken = \"{b}\"\n"
+        "[pool]\npython = 0\nbash = 0\n[[tokens]]\nid = \"a\"\ntoken = \"{a}\"\nimages = [\"python-data\", \"no-such-image\"]\n[[tokens]]\nid = \"b\"\ntoken = \"{b}\"\n"
     );
     let server = image_server("images-tokens", &config, Some(a));
     let spec = serde_json::json!({"language": "python", "code": "import pandas; print(1)", "image": "python-data"});
@@ -415,13 +409,14 @@ fn tokens_use_only_the_images_listed_for_them() {
     assert_eq!(r["stdout"], "1\n", "{r}");
     let other = server.client.with_token(Some(b));
     let resp = other.post_json("/v1/runs", &spec);
-    let (code, message) = resp.error(400);
+    let (code, message) = resp.error(403);
+    assert_eq!(code, "forbidden");
     assert!(
         message.contains("python-data") && message.contains("may use"),
-        "{code}: {message}"
+        "{message}"
     );
     let missing = serde_json::json!({"language": "python", "code": "1", "image": "no-such-image"});
-    let (_, message) = server.client.post_json("/v1/runs", &missing).error(400);
+    let (_, message) = server.client.post_json("/v1/runs", &missing).error(404);
     assert!(message.contains("no-such-image"), "{message}");
     let id = server
         .client
@@ -432,7 +427,7 @@ fn tokens_use_only_the_images_listed_for_them() {
     assert_eq!(e["stdout"], "2.2.3\n", "{e}");
     let (_, message) = other
         .post_json("/v1/sessions", &serde_json::json!({"image": "python-data"}))
-        .error(400);
+        .error(403);
     assert!(message.contains("may use"), "{message}");
 }
 

@@ -1,7 +1,6 @@
 //! The helper, init and program processes. The supervisor starts the helper as a fresh exec of
 //! the kennel binary with [`HELPER_ARG`]; everything after that runs here, single-threaded.
 
-use std::io::Read;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
@@ -235,42 +234,10 @@ fn reap_until_program_exits(program: libc::pid_t) -> Exit {
 /// Reads a file for the result without following symlinks, opening FIFOs or devices.
 /// `path` is the name reported; `open_path` is where it is found from this process.
 pub(crate) fn collect(path: &str, open_path: &Path, cap: u64) -> (Collected, Vec<u8>) {
-    let refused = |error: String| {
-        (
-            Collected {
-                path: path.to_string(),
-                size: 0,
-                truncated: false,
-                error: Some(error),
-            },
-            vec![],
-        )
-    };
-    let file = match sys::open_no_symlinks(&open_path.to_string_lossy()) {
-        Ok(fd) => std::fs::File::from(fd),
-        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-            return refused("is or passes through a symlink; not followed".into())
-        }
-        Err(e) => return refused(e.to_string()),
-    };
-    let meta = match file.metadata() {
-        Ok(m) if m.is_file() => m,
-        Ok(_) => return refused("is not a regular file".into()),
-        Err(e) => return refused(e.to_string()),
-    };
-    let mut data = Vec::new();
-    if let Err(e) = file.take(cap).read_to_end(&mut data) {
-        return refused(e.to_string());
-    }
-    let size = meta.len();
-    (
-        Collected {
-            path: path.to_string(),
-            size,
-            truncated: size > data.len() as u64,
-            error: None,
-        },
-        data,
+    crate::beneath::collected(
+        path,
+        sys::open_no_symlinks(&open_path.to_string_lossy()),
+        cap,
     )
 }
 

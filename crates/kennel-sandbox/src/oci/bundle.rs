@@ -238,6 +238,20 @@ pub fn denied_errno_name(runtime: Runtime) -> &'static str {
     }
 }
 
+/// What the result says of `runtime`'s seccomp profile.
+pub fn seccomp_info(runtime: Runtime) -> kennel_types::api::SeccompInfo {
+    kennel_types::api::SeccompInfo {
+        enforced: true,
+        profile: format!("{} (oci form)", seccomp::PROFILE),
+        denied_errno: denied_errno_name(runtime).into(),
+        denied_syscalls: seccomp::RULES
+            .iter()
+            .filter(|r| in_profile(runtime, r))
+            .map(|r| r.name.to_string())
+            .collect(),
+    }
+}
+
 /// The native tier's deny list in OCI form: the same calls, the same `ENOSYS` (but see
 /// [`in_profile`] and [`denied_errno_name`] for runsc).
 pub fn seccomp_profile(runtime: Runtime) -> LinuxSeccomp {

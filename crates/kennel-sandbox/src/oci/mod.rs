@@ -20,15 +20,13 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 
 use kennel_net::Proxy;
-use kennel_types::api::{
-    Isolation, LandlockInfo, LimitsInfo, RunRequest, RunResult, RuntimeInfo, SeccompInfo,
-};
+use kennel_types::api::{Isolation, LandlockInfo, LimitsInfo, RunRequest, RunResult, RuntimeInfo};
 use kennel_types::policy::{NetMode, Platform, Policy, Runtime, Tier};
 
 use crate::cgroup::{self, Cgroup, Probe};
 use crate::channel::{self, Confinement, InputFiles, Msg};
 use crate::error::{Error, SetupStep};
-use crate::native::{seccomp, HOST_ID_BASE, ID_RANGE};
+use crate::native::{HOST_ID_BASE, ID_RANGE};
 use crate::request::{check_rootfs, checked_argv, input_files, pick_cpus, sandbox_env};
 use crate::supervise::io::RunIo;
 use crate::supervise::report::{network_summary, Report};
@@ -431,16 +429,7 @@ fn isolation(run: &OciTier) -> Isolation {
         host_uid,
         host_gid: host_uid,
         id_range,
-        seccomp: SeccompInfo {
-            enforced: true,
-            profile: format!("{} (oci form)", seccomp::PROFILE),
-            denied_errno: bundle::denied_errno_name(rt).into(),
-            denied_syscalls: seccomp::RULES
-                .iter()
-                .filter(|r| bundle::in_profile(rt, r))
-                .map(|r| r.name.to_string())
-                .collect(),
-        },
+        seccomp: bundle::seccomp_info(rt),
         landlock: LandlockInfo {
             enforced: false,
             abi: None,

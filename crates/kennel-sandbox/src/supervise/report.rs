@@ -78,17 +78,19 @@ pub(crate) fn build_result(req: &RunRequest, o: Outcome, isolation: Isolation) -
     }
 }
 
+/// A collected file as the result shows it.
+pub fn collected_file((meta, data): (Collected, Vec<u8>)) -> CollectedFile {
+    CollectedFile {
+        content: meta.error.is_none().then(|| Content::from_bytes(data)),
+        path: meta.path,
+        size: meta.size,
+        truncated: meta.truncated,
+        error: meta.error,
+    }
+}
+
 fn collected_files(req: &RunRequest, collected: Vec<(Collected, Vec<u8>)>) -> Vec<CollectedFile> {
-    let mut files: Vec<CollectedFile> = collected
-        .into_iter()
-        .map(|(meta, data)| CollectedFile {
-            content: meta.error.is_none().then(|| Content::from_bytes(data)),
-            path: meta.path,
-            size: meta.size,
-            truncated: meta.truncated,
-            error: meta.error,
-        })
-        .collect();
+    let mut files: Vec<CollectedFile> = collected.into_iter().map(collected_file).collect();
     // A run killed before it could collect still answers for every path asked.
     for path in &req.collect {
         if !files.iter().any(|f| &f.path == path) {

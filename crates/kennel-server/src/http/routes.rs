@@ -41,6 +41,8 @@ async fn handle(state: &Shared, caller: &Caller, action: Action) -> Result<Respo
     responses(
         (status = 200, description = "The run's result (or an SSE stream with ?stream=true)", body = RunResult),
         (status = 400, description = "A malformed request, or a limit outside this server's bounds"),
+        (status = 403, description = "An `image` this token may not use"),
+        (status = 404, description = "An `image` this server does not have"),
         (status = 429, description = "Too many runs at once; see Retry-After"),
         (status = 503, description = "This host cannot enforce a layer the request needs"),
     )
@@ -63,6 +65,8 @@ pub async fn create_run(
     responses(
         (status = 201, description = "The session, started", body = SessionInfo),
         (status = 400, description = "A malformed request, a limit or `idle_ttl` outside this server's bounds"),
+        (status = 403, description = "An `image` this token may not use"),
+        (status = 404, description = "An `image` this server does not have"),
         (status = 429, description = "The server keeps as many sessions as it may; see Retry-After"),
     ))]
 pub async fn create(

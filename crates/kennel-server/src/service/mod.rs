@@ -116,9 +116,12 @@ pub enum ServiceError {
     /// The request is malformed or outside this server's bounds.
     #[error("{0}")]
     BadRequest(String),
-    /// No such session for this caller, or no such file.
+    /// No such session for this caller, no such file, or no such image.
     #[error("{0}")]
     NotFound(String),
+    /// Something this caller may not use (an image its token does not list).
+    #[error("{0}")]
+    Forbidden(String),
     /// A file larger than the session's workspace or than this server returns.
     #[error("{0}")]
     TooLarge(String),
@@ -148,6 +151,7 @@ impl ServiceError {
         match self {
             ServiceError::BadRequest(_) => "bad_request",
             ServiceError::NotFound(_) => "not_found",
+            ServiceError::Forbidden(_) => "forbidden",
             ServiceError::TooLarge(_) => "too_large",
             ServiceError::SessionEnded(_) => "session_ended",
             ServiceError::Busy(_) => "busy",
@@ -238,6 +242,26 @@ pub struct Service {
 }
 
 impl Service {
+    /// Refuses an image the caller may not use (403), then one this server does not have
+    /// (404), before any slot or sandbox is taken.
+    pub(crate) fn check_image(
+        &self,
+        caller: &Caller,
+        policy: &kennel_types::Policy,
+    ) -> Result<(), ServiceError> {
+        let Some(name) = &policy.filesystem.image else {
+            return Ok(());
+        };
+        self.config
+            .check_image(&caller.0, policy)
+            .map_err(ServiceError::Forbidden)?;
+        self.engine.images.resolve(name).map(drop).map_err(|_| {
+            ServiceError::NotFound(format!(
+                "`image` {name:?} names no image on this server (`kennel image ls` lists them)"
+            ))
+        })
+    }
+
     pub fn new(
         config: ServerConfig,
         engine: Arc<Engine>,

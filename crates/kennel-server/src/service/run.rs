@@ -23,7 +23,7 @@ pub(super) async fn run(
     config.check_network(&caller.0, &spec.network)?;
     let mut req = spec.to_request(&config.base_policy(), &config.maxima)?;
     config.enforce_isolation(&caller.0, &mut req.policy, spec.names_tier())?;
-    config.check_image(&caller.0, &req.policy)?;
+    service.check_image(caller, &req.policy)?;
     check_paths(&req)?;
     let slot = service.run_slot(caller)?;
     let (service, caller) = (service.clone(), caller.clone());

@@ -96,7 +96,7 @@ pub(super) async fn create(
         policy.filesystem.image = Some(image.clone());
     }
     policy.validate()?;
-    config.check_image(&caller.0, &policy)?;
+    service.check_image(caller, &policy)?;
     let idle_ttl = idle_ttl(config, spec.idle_ttl)?;
     let lifetime = config.sessions.max_lifetime.0;
     let limits = policy.limits.clone();

@@ -6,6 +6,7 @@ fn an_error_is_its_code_and_message_on_the_wire() {
     let all = [
         ServiceError::BadRequest("m".into()),
         ServiceError::NotFound("m".into()),
+        ServiceError::Forbidden("m".into()),
         ServiceError::TooLarge("m".into()),
         ServiceError::SessionEnded("m".into()),
         ServiceError::Busy("m".into()),
