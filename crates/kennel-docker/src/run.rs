@@ -18,6 +18,7 @@ use kennel_sandbox::request::{checked_argv, input_files, pick_cpus, sandbox_env}
 use kennel_sandbox::supervise::report::collected_file;
 use kennel_sandbox::{Error, OutputMode, RunIo, Started, StdinSource, Stream};
 use kennel_types::api::{Outcome, RunRequest, RunResult};
+use kennel_types::image::ImageInfo;
 use kennel_types::policy::{NetMode, Runtime, Tier};
 use tokio::io::AsyncWriteExt;
 
@@ -61,12 +62,32 @@ struct View {
     image: String,
     binds: Vec<String>,
     hidden_dirs: Vec<String>,
+    /// The engine's own image the policy named (`oci.docker_image`), with its id.
+    named: Option<ImageInfo>,
 }
 
 /// A Kennel image is imported whole (by digest) and is the container's root; the host's view
 /// is a skeleton image with the host's directories bound read-only over it, as in the bundle
 /// of the other runtimes.
 async fn view(docker: &Docker, req: &RunRequest) -> Result<View, Error> {
+    if let Some(name) = &req.policy.oci.docker_image {
+        // The engine's own image, whole: its files are its own, with no host secret to mask.
+        let found = docker.inspect_image(name).await.map_err(|_| {
+            Error::request(
+                "oci.docker_image",
+                format!("{name:?} is no image of this engine (Kennel pulls nothing: `docker pull` it first)"),
+            )
+        })?;
+        return Ok(View {
+            image: name.clone(),
+            binds: vec![],
+            hidden_dirs: vec![],
+            named: Some(ImageInfo {
+                name: name.clone(),
+                digest: found.id.unwrap_or_default(),
+            }),
+        });
+    }
     let rootfs = req.policy.filesystem.rootfs.clone();
     let source = rootfs.clone().unwrap_or_else(|| "/".into());
     let dir = Dir::new(source.clone());
@@ -108,6 +129,7 @@ async fn view(docker: &Docker, req: &RunRequest) -> Result<View, Error> {
         image,
         binds,
         hidden_dirs,
+        named: None,
     })
 }
 
@@ -152,7 +174,16 @@ pub async fn run(req: &RunRequest, io: RunIo) -> Result<RunResult, Error> {
         )
         .await
         .map_err(|e| Step::Create.fail(e))?;
-    let result = in_container(&docker, &facts, &name, &plan, req, argv, files, io).await;
+    let named = view.named;
+    let result = in_container(&docker, &facts, &name, &plan, req, argv, files, io)
+        .await
+        .map(|mut r| {
+            if let Some(info) = named {
+                r.isolation.filesystem = format!("docker-image:{}", info.name);
+                r.isolation.image = Some(info);
+            }
+            r
+        });
     remove(&docker, &name).await;
     result
 }

@@ -185,6 +185,7 @@ fn oci_runtime(engine: &Engine, runtime: Runtime) -> Result<String, (String, Str
         req.policy.oci = kennel_types::policy::Oci {
             runtime,
             platform: *platform,
+            docker_image: None,
         };
         req.policy.limits.timeout = kennel_types::policy::Span(std::time::Duration::from_secs(20));
         let label = platform.map_or(String::new(), |p| format!(" on {} ", p.name()));

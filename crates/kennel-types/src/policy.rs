@@ -493,6 +493,37 @@ pub struct Oci {
     pub runtime: Runtime,
     /// runsc only: chosen automatically (KVM where it works, else ptrace) when unset.
     pub platform: Option<Platform>,
+    /// docker only: an image of the engine's own, by its name (`python:3.11-slim`), as the
+    /// container's root. Kennel pulls nothing: the engine must have it.
+    pub docker_image: Option<String>,
+}
+
+/// Whether `name` is a Docker image reference Kennel passes on: a repository (lower case,
+/// `/`-separated), an optional `:tag` and an optional `@sha256:` digest.
+fn docker_reference(name: &str) -> bool {
+    let (rest, digest) = name.split_once('@').unwrap_or((name, ""));
+    let digest_ok = digest.is_empty()
+        || digest
+            .strip_prefix("sha256:")
+            .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()));
+    let (repo, tag) = match rest.rsplit_once(':') {
+        Some((r, t)) if !t.contains('/') => (r, t),
+        _ => (rest, ""),
+    };
+    let repo_ok = !repo.is_empty()
+        && repo
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphanumeric())
+        && repo
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-/:".contains(&b));
+    let tag_ok = tag.is_empty()
+        || (tag.len() <= 128
+            && tag
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)));
+    name.len() <= 255 && repo_ok && tag_ok && digest_ok
 }
 
 /// Isolation strength, weakest first: what a server's `min_isolation` compares.
@@ -617,6 +648,26 @@ impl Policy {
                 ));
             }
             _ => {}
+        }
+        if let Some(name) = &self.oci.docker_image {
+            if self.tier != Tier::Oci || self.oci.runtime != Runtime::Docker {
+                return Err(field(
+                    "oci.docker_image",
+                    "only applies to tier \"oci\" with runtime \"docker\"".into(),
+                ));
+            }
+            if !docker_reference(name) {
+                return Err(field(
+                    "oci.docker_image",
+                    format!("{name:?} is not a Docker image name such as python:3.11-slim"),
+                ));
+            }
+            if self.filesystem.image.is_some() || self.filesystem.rootfs.is_some() {
+                return Err(field(
+                    "oci.docker_image",
+                    "and filesystem.image or filesystem.rootfs both name a root; give one".into(),
+                ));
+            }
         }
         if let Some(name) = &self.filesystem.image {
             crate::image::check_name(name).map_err(|why| field("filesystem.image", why))?;

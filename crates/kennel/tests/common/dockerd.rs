@@ -1,7 +1,8 @@
 //! A private Docker Engine for the tests of the docker runtime: Debian's `dockerd`, started by
-//! the first test that needs it, with user namespaces remapped, no iptables and no bridge (the
-//! host's network is untouched), its own socket, exec root and pid file, and its containers'
-//! cgroups beneath this test process's own. It is stopped (SIGTERM, then SIGKILL, by its PID)
+//! the first test that needs it, in a mount namespace of its own, with user namespaces
+//! remapped, no iptables and no bridge (the host's network and mounts are untouched), its own
+//! socket, exec root and pid file, and its containers' cgroups beneath this test process's
+//! own. It is stopped (SIGTERM, then SIGKILL, by its PID)
 //! when the test binary exits, and the cgroup parents it left are removed. Its data root is
 //! kept between runs under /var/cache, so imported images are imported once per machine.
 
@@ -45,7 +46,11 @@ fn start() -> String {
     std::fs::create_dir_all(DATA_ROOT).expect("creating the engine's data root");
     let socket = run_dir.join("docker.sock");
     let log = std::fs::File::create(run_dir.join("dockerd.log")).expect("the engine's log");
-    let child = Command::new(DOCKERD)
+    // In a mount namespace of its own: the engine's mounts (its overlays, the bind of the
+    // host's network namespace it leaves under its exec root) end with it, and none is made in
+    // the host's. `unshare` execs dockerd, so the child's pid is the engine's.
+    let child = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "--", DOCKERD])
         .arg("--userns-remap=default")
         .arg("--iptables=false")
         .arg("--ip6tables=false")

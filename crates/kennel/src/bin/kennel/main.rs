@@ -151,6 +151,10 @@ struct RunArgs {
     /// A Kennel image to use read-only as / (`kennel image ls`).
     #[arg(long, value_name = "NAME")]
     image: Option<String>,
+    /// An image of the Docker Engine's own (`python:3.11-slim`) as /; implies --runtime
+    /// docker. Kennel pulls nothing: the engine must have it.
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["image", "rootfs"])]
+    docker_image: Option<String>,
     /// Refuse to run unless cgroups hold the limits (instead of falling back to rlimits).
     #[arg(long)]
     require_cgroups: bool,
@@ -496,6 +500,11 @@ fn request(args: RunArgs) -> anyhow::Result<RunRequest> {
     if let Some(runtime) = args.runtime {
         policy.tier = kennel_types::policy::Tier::Oci;
         policy.oci.runtime = runtime;
+    }
+    if args.docker_image.is_some() {
+        policy.tier = kennel_types::policy::Tier::Oci;
+        policy.oci.runtime = kennel_types::policy::Runtime::Docker;
+        policy.oci.docker_image = args.docker_image.clone();
     }
     policy.tier = args.tier.unwrap_or(policy.tier);
     if args.platform.is_some() {
