@@ -57,6 +57,14 @@ impl Backend for Docker {
     }
 }
 
+/// The tag of the skeleton image the host's own view runs on (a hash of its top-level entries).
+pub fn host_view_tag() -> String {
+    let root = std::path::PathBuf::from("/");
+    let dir = kennel_sandbox::native::helper::Dir::new(root.clone());
+    let (nodes, _) = kennel_sandbox::oci::bundle::system_view(&dir, &root, false);
+    image::view_tag(&nodes)
+}
+
 impl Docker {
     /// Whether an engine answers, its version, and whether it remaps user namespaces.
     pub fn describe(&self) -> Result<Facts, Error> {

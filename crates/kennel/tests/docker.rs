@@ -39,6 +39,26 @@ fn kennel_containers(host: &str) -> Vec<Value> {
         .unwrap_or_default()
 }
 
+/// The tags of the engine's images.
+fn engine_tags(host: &str) -> Vec<String> {
+    engine_get(host, "/images/json")
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .flat_map(|i| i["RepoTags"].as_array().cloned().unwrap_or_default())
+        .filter_map(|t| t.as_str().map(str::to_string))
+        .collect()
+}
+
+/// Kennel's containers on the engine that the supervisor `pid` made.
+fn containers_of(host: &str, pid: &str) -> usize {
+    kennel_containers(host)
+        .into_iter()
+        .filter(|c| c["Labels"]["org.kennel.supervisor"] == pid)
+        .count()
+}
+
 #[test]
 fn a_run_leaves_no_container_and_its_cgroups_are_beneath_the_engines() {
     let Some(host) = engine() else { return };
@@ -86,11 +106,11 @@ fn a_run_leaves_no_container_and_its_cgroups_are_beneath_the_engines() {
             "{ctrl}: {path} is not beneath {parent}"
         );
     }
-    let left: Vec<Value> = kennel_containers(&host)
-        .into_iter()
-        .filter(|c| c["Labels"]["org.kennel.supervisor"] == supervisor.as_str())
-        .collect();
-    assert!(left.is_empty(), "the container was not removed: {left:?}");
+    assert_eq!(
+        containers_of(&host, &supervisor),
+        0,
+        "the container was not removed"
+    );
 }
 
 #[test]
@@ -141,12 +161,7 @@ fn a_killed_supervisors_container_is_removed_by_the_next_run() {
         .unwrap();
     let pid = child.id().to_string();
     let deadline = Instant::now() + Duration::from_secs(30);
-    let mine = |host: &str| {
-        kennel_containers(host)
-            .into_iter()
-            .filter(|c| c["Labels"]["org.kennel.supervisor"] == pid.as_str())
-            .count()
-    };
+    let mine = |host: &str| containers_of(host, &pid);
     while mine(&host) == 0 {
         assert!(
             Instant::now() < deadline,
@@ -195,28 +210,12 @@ fn a_docker_save_tarball_imports_as_an_image() {
         b"",
     );
     assert_eq!(parse_result(&out)["exit_code"], 0);
-    let images = engine_get(&host, "/images/json");
     // The host view's skeleton (its tag is a hash of the host's top-level entries).
-    let tag = images
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|i| i["RepoTags"].as_array().cloned().unwrap_or_default())
-        .filter_map(|t| t.as_str().map(str::to_string))
-        .filter(|t| t.starts_with("kennel-view:"))
-        .max_by_key(|t| {
-            images
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|i| {
-                    i["RepoTags"]
-                        .as_array()
-                        .is_some_and(|r| r.contains(&t.as_str().into()))
-                })
-                .map_or(0, |i| i["Created"].as_i64().unwrap_or(0))
-        })
-        .expect("the host view's skeleton image");
+    let tag = kennel_docker::host_view_tag();
+    assert!(
+        engine_tags(&host).contains(&tag),
+        "no image {tag} in the engine"
+    );
     let dir = std::path::PathBuf::from(format!(
         "/var/tmp/kennel-docker-save-{}",
         std::process::id()
@@ -286,19 +285,13 @@ fn an_image_of_the_engine_by_its_own_name() {
         &["run", "--json", "--runtime", "docker", "--", "/bin/true"],
         b"",
     );
-    let images = engine_get(&host, "/images/json");
-    let tag = images
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|i| i["RepoTags"].as_array().cloned().unwrap_or_default())
-        .filter_map(|t| t.as_str().map(str::to_string))
-        .find(|t| t.starts_with("kennel-view:"))
-        .expect("an image of the engine's");
+    let tags = engine_tags(&host);
+    let tag = &kennel_docker::host_view_tag();
+    assert!(tags.contains(tag), "no image {tag} in the engine");
     // The skeleton has no programs: a run on it fails to find /bin/sh for its holder, which
     // the error says; the engine's own python-data image (if the images tests made one) runs.
     let out = kennel_output(
-        &["run", "--json", "--docker-image", &tag, "--", "/bin/true"],
+        &["run", "--json", "--docker-image", tag, "--", "/bin/true"],
         b"",
     );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -308,20 +301,13 @@ fn an_image_of_the_engine_by_its_own_name() {
             .is_some_and(|e| e.contains("docker: start")),
         "{v}"
     );
-    if let Some(data) = images
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|i| i["RepoTags"].as_array().cloned().unwrap_or_default())
-        .filter_map(|t| t.as_str().map(str::to_string))
-        .find(|t| t.starts_with("kennel-image:"))
-    {
+    if let Some(data) = tags.iter().find(|t| t.starts_with("kennel-image:")) {
         let out = kennel_output(
             &[
                 "run",
                 "--json",
                 "--docker-image",
-                &data,
+                data,
                 "--",
                 "python3",
                 "-c",
