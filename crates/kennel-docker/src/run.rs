@@ -234,11 +234,11 @@ async fn kill(docker: &Docker, name: &str) {
         .await;
 }
 
-/// The host id that owns the code's files: the host id of its uid 0 where the engine remaps
-/// user namespaces, nobody otherwise.
-fn owner(pid: u32, plan: &Plan) -> (u32, u32) {
+/// The host id that owns the code's files, and how many ids are mapped: the host id of its
+/// uid 0 where the engine remaps user namespaces, nobody otherwise.
+fn owner(pid: u32, plan: &Plan) -> Result<(u32, u32), Error> {
     if !plan.as_root {
-        return (spec::NOBODY, 0);
+        return Ok((spec::NOBODY, 0));
     }
     let map = std::fs::read_to_string(format!("/proc/{pid}/uid_map")).unwrap_or_default();
     let fields: Vec<u32> = map
@@ -247,8 +247,11 @@ fn owner(pid: u32, plan: &Plan) -> (u32, u32) {
         .filter_map(|f| f.parse().ok())
         .collect();
     match fields[..] {
-        [0, host, range] => (host, range),
-        _ => (0, 0),
+        [0, host, range] if host != 0 => Ok((host, range)),
+        _ => Err(Step::Start.fail(format!(
+            "the container's uid map ({}) does not map its root to an unprivileged range",
+            map.trim()
+        ))),
     }
 }
 
@@ -280,7 +283,7 @@ async fn in_container(
         .filter(|p| *p > 0)
         .ok_or_else(|| Step::Start.fail("the container has no process"))?;
     let probe = Probe::of_process(pid).map_err(|e| Step::Start.fail(e))?;
-    let (host_id, id_range) = owner(pid, plan);
+    let (host_id, id_range) = owner(pid, plan)?;
     let proxy = match policy.network.mode {
         NetMode::Allow => {
             let pid = i32::try_from(pid).map_err(|e| Step::Network.fail(e))?;
@@ -317,15 +320,8 @@ async fn in_container(
     )
     .await;
     let duration = started.elapsed();
-    let ran = match ran {
-        Ok(ran) => ran,
-        Err(e) => {
-            if let Some(p) = proxy {
-                p.stop();
-            }
-            return Err(e);
-        }
-    };
+    // On an error the proxy is dropped, which stops it.
+    let ran = ran?;
     let collected = req
         .collect
         .iter()

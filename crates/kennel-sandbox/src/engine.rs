@@ -101,6 +101,8 @@ impl Engine {
             return self.backend(&req.policy)?.run(req, io);
         };
         let image = self.images.resolve(name)?;
+        // Held until the run ends: no removal deletes the root under the sandbox.
+        let _held = self.images.hold(&image)?;
         let mut on_image = req.clone();
         let policy = &mut on_image.policy;
         policy.filesystem.rootfs = Some(image.rootfs.clone());

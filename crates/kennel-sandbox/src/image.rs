@@ -12,6 +12,10 @@
 //! A name moves to a new digest by an atomic rename of its link, so a run resolves either the
 //! old image or the new one, whole. Builds are keyed by what they were built from, so building
 //! the same spec twice reuses the first result.
+//!
+//! Every run holds a shared lock on its image's record for as long as it runs ([`Store::hold`]):
+//! an image whose last name is removed is deleted only when no run holds it, by that removal or
+//! by a later one or a later build, so a running sandbox never sees its root vanish.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -208,10 +212,18 @@ impl Store {
             std::fs::rename(&staging.dir, &dir).map_err(Error::io("committing an image"))?;
             staging.committed = true;
         }
+        // Held until the name points at it: a sweep by another process deletes no image
+        // between its commit and its naming.
+        let held = std::fs::File::open(dir.join("image.json"))
+            .and_then(|f| f.lock_shared().map(|()| f))
+            .map_err(Error::io("holding an image"))?;
         if let Some(key) = key {
             self.link(&format!("../{dir_name}"), &self.root.join("keys").join(key))?;
         }
-        self.tag(name, &record.digest)
+        self.tag(name, &record.digest)?;
+        drop(held);
+        self.sweep();
+        Ok(())
     }
 
     /// Points `name` at the image with `digest`.
@@ -235,21 +247,53 @@ impl Store {
         std::fs::rename(&tmp, link).map_err(Error::io("naming an image"))
     }
 
-    /// Removes `name`, and its image when no other name points at it. Sandboxes running on
-    /// the image keep their mounts of it until they end.
-    pub fn remove(&self, name: &str) -> Result<ImageInfo, Error> {
+    /// A shared lock on the image for as long as the returned file is open: a run holds it
+    /// while its sandbox runs, so that no removal deletes the root under it.
+    pub fn hold(&self, image: &Resolved) -> Result<std::fs::File, Error> {
+        let record = image.rootfs.with_file_name("image.json");
+        let file = std::fs::File::open(&record).map_err(Error::io("holding an image"))?;
+        file.lock_shared().map_err(Error::io("holding an image"))?;
+        Ok(file)
+    }
+
+    /// Removes `name`. Its image goes too when no other name points at it, unless a run
+    /// still holds it: then it goes at the next removal or build after those runs end.
+    /// Returns whether the image's root was deleted now.
+    pub fn remove(&self, name: &str) -> Result<(ImageInfo, bool), Error> {
         let resolved = self.resolve(name)?;
         std::fs::remove_file(self.name_link(name)).map_err(Error::io("removing an image"))?;
-        let digest = resolved.info.digest.clone();
-        let still_named = self.list().iter().any(|r| r.info.digest == digest);
-        if !still_named {
-            if let Some(dir_name) = digest_dir_name(&digest) {
+        let deleted = self.sweep();
+        let gone = digest_dir_name(&resolved.info.digest).is_some_and(|d| deleted.contains(&d));
+        Ok((resolved.info, gone))
+    }
+
+    /// Deletes every image no name points at and no run holds; returns their directories.
+    pub fn sweep(&self) -> Vec<String> {
+        let named: Vec<String> = self
+            .list()
+            .iter()
+            .filter_map(|r| digest_dir_name(&r.info.digest))
+            .collect();
+        let Ok(entries) = std::fs::read_dir(&self.root) else {
+            return vec![];
+        };
+        let mut deleted = vec![];
+        for e in entries.flatten() {
+            let dir_name = e.file_name().to_string_lossy().into_owned();
+            if !dir_name.starts_with("sha256-") || named.contains(&dir_name) {
+                continue;
+            }
+            // An exclusive lock is had only when no run holds a shared one.
+            let free = std::fs::File::open(e.path().join("image.json"))
+                .is_ok_and(|f| f.try_lock().is_ok());
+            if free {
                 self.drop_links_to(&dir_name);
-                std::fs::remove_dir_all(self.root.join(dir_name))
-                    .map_err(Error::io("removing an image"))?;
+                if std::fs::remove_dir_all(e.path()).is_ok() {
+                    deleted.push(dir_name);
+                }
             }
         }
-        Ok(resolved.info)
+        deleted
     }
 
     fn drop_links_to(&self, dir_name: &str) {

@@ -498,3 +498,65 @@ fn a_renamed_image_is_never_served_by_its_old_sandboxes() {
         let _ = kennel(&["image", "rm", n]);
     }
 }
+
+/// Removing an image while a run uses it: the name goes at once, the root stays until the run
+/// ends (the run reads its files to the end), and the next removal deletes it.
+#[test]
+fn a_removed_image_stays_until_its_runs_end() {
+    if !require("root", is_root()) {
+        return;
+    }
+    let dir = Path::new("/var/tmp").join(unique("kennel-held"));
+    dash_rootfs(&dir);
+    std::fs::copy("/bin/sleep", dir.join("bin/sleep")).unwrap();
+    std::fs::write(dir.join("etc/motd"), "still here\n").unwrap();
+    let name = unique("held");
+    let out = kennel(&[
+        "image",
+        "build",
+        &name,
+        "--from-dir",
+        dir.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let digest = serde_json::from_slice::<Value>(&out.stdout).unwrap()["record"]["digest"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let blob = Path::new(STATE)
+        .join("images")
+        .join(digest.replace(':', "-"));
+    let run = Command::new(KENNEL)
+        .args(["run", "--json", "--image", &name, "--", "/bin/sh", "-c"])
+        .arg("read l < /etc/motd; /bin/sleep 2; read l < /etc/motd; echo $l")
+        .env("KENNEL_STATE_DIR", STATE)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    let rm = kennel(&["image", "rm", &name]);
+    assert!(rm.status.success(), "{}", stderr(&rm));
+    assert!(
+        String::from_utf8_lossy(&rm.stdout).contains("still in use"),
+        "{}",
+        String::from_utf8_lossy(&rm.stdout)
+    );
+    assert!(blob.is_dir(), "the root went while a run used it");
+    let r = common::parse_result(&run.wait_with_output().unwrap());
+    assert_eq!(r["stdout"], "still here\n", "{r}");
+    // The next removal (of another image) deletes the unused root.
+    std::fs::write(dir.join("etc/motd"), "another\n").unwrap();
+    let other = unique("held-other");
+    let out = kennel(&[
+        "image",
+        "build",
+        &other,
+        "--from-dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(kennel(&["image", "rm", &other]).status.success());
+    assert!(!blob.exists(), "the unused root was not deleted");
+}

@@ -124,8 +124,14 @@ pub fn main(cmd: ImageCmd) -> anyhow::Result<()> {
             Ok(())
         }
         ImageCmd::Rm { name } => {
-            let info = store.remove(&name)?;
+            let (info, deleted) = store.remove(&name)?;
             println!("removed {} ({})", info.name, info.digest);
+            if !deleted && !store.list().iter().any(|r| r.info.digest == info.digest) {
+                println!(
+                    "its root is still in use by running sandboxes: it is deleted at the next \
+                     `kennel image rm` or build after they end"
+                );
+            }
             Ok(())
         }
     }
