@@ -703,6 +703,23 @@ mod tests {
         }
     }
 
+    /// The builder's writable directories and the engine's resolved image are never read
+    /// from a request: a request that names them is refused, not obeyed.
+    #[test]
+    fn a_request_cannot_carry_writable_directories_or_a_resolved_image() {
+        for field in [
+            r#""writable": [{"source": "/", "target": "/usr"}]"#,
+            r#""image": {"name": "x", "digest": "sha256:00"}"#,
+        ] {
+            let text = format!(r#"{{"command": {{"argv": ["/bin/true"]}}, {field}}}"#);
+            let err = serde_json::from_str::<RunRequest>(&text).unwrap_err().to_string();
+            assert!(err.contains("unknown field"), "{field}: {err}");
+        }
+        let ok = r#"{"command": {"argv": ["/bin/true"]}}"#;
+        let req: RunRequest = serde_json::from_str(ok).unwrap();
+        assert!(req.writable.is_empty() && req.image.is_none());
+    }
+
     /// What a client (MCP forwarding to `kennel serve`) sends is what the server reads.
     #[test]
     fn specs_read_back_as_they_were_written() {

@@ -343,7 +343,6 @@ pub fn maps_ids(runtime: Runtime) -> bool {
     runtime != Runtime::Runsc
 }
 
-/// The `config.json` for one run.
 /// The uid and gid the code runs as under runsc on the host's own system view.
 pub const RUNSC_HOST_VIEW_ID: u32 = 65534;
 
@@ -367,6 +366,7 @@ pub fn kept_capabilities(policy: &Policy) -> Vec<String> {
     }
 }
 
+/// The `config.json` for one run.
 pub fn spec(input: &Input, system_mounts: Vec<Mount>) -> Spec {
     let l = &input.policy.limits;
     let nobody = runs_as_nobody(input.policy);
