@@ -116,8 +116,8 @@ impl Shown<'_> {
     }
 }
 
-/// The structured result: the API's own, with the bulky isolation report cut to its tier and,
-/// in the oci tier, its runtime's name.
+/// The structured result: the API's own, with the bulky isolation report cut to its tier, in
+/// the oci tier its runtime's name, and on an image the image (name and digest).
 pub fn structured(mut r: Value) -> Value {
     if let Some(obj) = r.as_object_mut() {
         if let Some(iso) = obj.remove("isolation") {
@@ -126,6 +126,9 @@ pub fn structured(mut r: Value) -> Value {
             }
             if let Some(name) = iso.pointer("/runtime/name") {
                 obj.insert("isolation_runtime".into(), name.clone());
+            }
+            if let Some(image) = iso.get("image") {
+                obj.insert("isolation_image".into(), image.clone());
             }
         }
         if obj

@@ -168,9 +168,14 @@ struct Mcp {
 
 impl Mcp {
     fn start(args: &[&str]) -> Mcp {
+        Mcp::start_with(args, &[])
+    }
+
+    fn start_with(args: &[&str], env: &[(&str, &str)]) -> Mcp {
         let mut child = Command::new(KENNEL)
             .arg("mcp")
             .args(args)
+            .envs(env.iter().copied())
             .env_remove("KENNEL_TOKEN")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -295,6 +300,47 @@ fn run_tools_choose_the_runtime() {
             .contains("unknown variant `docker-ish`, expected one of `runsc`, `crun`, `runc`"),
         "{r}"
     );
+}
+
+/// The run tools take an image, as the API does, and the structured result names it; a name
+/// the store lacks is a tool error naming it.
+#[test]
+fn run_tools_take_an_image() {
+    if !common::require("root (to build an image)", common::is_root()) {
+        return;
+    }
+    let dir = std::path::PathBuf::from(format!("/var/tmp/kennel-mcp-image-{}", std::process::id()));
+    common::dash_rootfs(&dir.join("root"));
+    std::fs::write(dir.join("root/etc/motd"), "from the image\n").unwrap();
+    let state = dir.join("state");
+    let env = [("KENNEL_STATE_DIR", state.to_str().unwrap())];
+    let built = Command::new(KENNEL)
+        .args(["image", "build", "motd", "--from-dir"])
+        .arg(dir.join("root"))
+        .envs(env)
+        .output()
+        .unwrap();
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let mut mcp = Mcp::start_with(&["--pool-python", "0"], &env);
+    let r = mcp.call_tool(
+        "run_command",
+        json!({"argv": ["/bin/sh", "-c", "read l < /etc/motd; echo $l"], "image": "motd"}),
+    );
+    let s = &r["structuredContent"];
+    assert_eq!(s["stdout"], "from the image\n", "{r}");
+    assert_eq!(s["isolation_image"]["name"], "motd", "{r}");
+    let missing = mcp.call_tool(
+        "run_command",
+        json!({"argv": ["/bin/true"], "image": "no-such-image"}),
+    );
+    assert_eq!(missing["isError"], true, "{missing}");
+    assert!(missing.to_string().contains("no-such-image"), "{missing}");
+    drop(mcp);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// MCP's run tools go through the server's own path: with its warm pool full, a run that asks
