@@ -19,14 +19,18 @@ import http.client
 import json
 import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
 import urllib.parse
 
-CODE = "import pandas, numpy, matplotlib.pyplot; print(1)"
-EXPECTED_STDOUT = "1\n"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from harness import (Client, busy_fraction, check_argv, check_targets, cpu_ticks, differences, fmt,  # noqa: E402
+                     loadavg, pct, print_overheads, print_targets, run_argv, run_ok, summary,
+                     wait_pool_full)
+
+CODE = "import pandas, numpy, matplotlib.pyplot; print(1)"  # prints harness.EXPECTED_STDOUT
 
 # (name, target, direction): the targets set for a pooled run of the image, sustained.
 TARGETS = [
@@ -53,50 +57,8 @@ def say(*parts):
     print("images:", *parts, file=log, flush=True)
 
 
-def percentile(xs, q):
-    """Linear-interpolated percentile (q in 0..100) of a non-empty list."""
-    s = sorted(xs)
-    if len(s) == 1:
-        return s[0]
-    pos = (len(s) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
-def summary(xs):
-    """p50/p99/min/max/mean of samples in ms (None when there are none)."""
-    if not xs:
-        return None
-    return {
-        "runs": len(xs),
-        "p50_ms": statistics.median(xs),
-        "p99_ms": percentile(xs, 99),
-        "min_ms": min(xs),
-        "max_ms": max(xs),
-        "mean_ms": statistics.fmean(xs),
-    }
-
-
 def median(xs):
     return statistics.median(xs) if xs else None
-
-
-def cpu_ticks():
-    """(busy, total) jiffies of the whole host, from /proc/stat."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return sum(fields) - idle, sum(fields)
-
-
-def busy_fraction(a, b):
-    if a is None or b is None or b[1] == a[1]:
-        return None
-    return (b[0] - a[0]) / (b[1] - a[1])
 
 
 def proc_cpu_s(pid):
@@ -111,96 +73,12 @@ def proc_cpu_s(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def loadavg():
-    try:
-        with open("/proc/loadavg") as f:
-            return [float(x) for x in f.read().split()[:3]]
-    except OSError:
-        return None
-
-
 # --- HTTP ---------------------------------------------------------------------------------
 
 
-class Client:
-    """One keep-alive connection. Requests are not retried: a run must not happen twice."""
-
-    def __init__(self, host, port, timeout=120.0):
-        self.host, self.port, self.timeout = host, port, timeout
-        self.conn = None
-
-    def connect(self):
-        if self.conn is None:
-            self.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
-            self.conn.connect()
-
-    def close(self):
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
-
-    def request(self, method, path, body=None):
-        """(status, body bytes, seconds); raises OSError/HTTPException on a broken connection."""
-        data = None if body is None else json.dumps(body).encode()
-        headers = {"Content-Type": "application/json"} if data is not None else {}
-        self.connect()
-        t0 = time.perf_counter()
-        try:
-            self.conn.request(method, path, body=data, headers=headers)
-            r = self.conn.getresponse()
-            payload = r.read()
-        except (OSError, http.client.HTTPException):
-            self.close()
-            raise
-        dt = time.perf_counter() - t0
-        if (r.getheader("Connection") or "").lower() == "close":
-            self.close()
-        return r.status, payload, dt
-
-    def json(self, method, path, body=None, want=(200,)):
-        status, payload, dt = self.request(method, path, body)
-        if status not in want:
-            raise RuntimeError(f"{method} {path}: HTTP {status}: {payload[:300]!r}")
-        return (json.loads(payload) if payload else None), dt
-
-    def metrics(self):
-        status, payload, _ = self.request("GET", "/metrics")
-        if status != 200:
-            raise RuntimeError(f"GET /metrics: HTTP {status}")
-        out = {}
-        for line in payload.decode().splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                try:
-                    out[name] = float(value)
-                except ValueError:
-                    pass
-        return out
-
-    def pool_ready(self, image):
-        health, _ = self.json("GET", "/healthz")
-        return health["pool"]["images"].get(image, 0)
-
-
-def run_ok(status, payload):
-    """Whether a /v1/runs answer is a successful run of CODE; (ok, parsed result or None)."""
-    if status != 200:
-        return False, None
-    try:
-        result = json.loads(payload)
-    except ValueError:
-        return False, None
-    return result.get("exit_code") == 0 and result.get("stdout") == EXPECTED_STDOUT, result
-
-
-def wait_pool_full(client, image, size, limit=300.0):
-    """Seconds until /healthz shows `size` ready sandboxes of the image (polled every 5 ms)."""
-    t0 = time.perf_counter()
-    while client.pool_ready(image) < size:
-        if time.perf_counter() - t0 > limit:
-            raise RuntimeError(f"the pool of {image} did not reach {size} ready sandboxes in {limit:.0f} s")
-        time.sleep(0.005)
-    return time.perf_counter() - t0
+def pool_full(client, args):
+    """Seconds until the pool of the image is full again (an image's sandbox starts slowly)."""
+    return wait_pool_full(client, args.pool, args.image, limit=300.0)
 
 
 def hits_misses(m):
@@ -217,20 +95,6 @@ def server_mean_ms(m0, m1):
 
 
 # --- Measurements -------------------------------------------------------------------------
-
-
-def run_argv(argv):
-    t0 = time.perf_counter()
-    p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - t0, p.returncode
-
-
-def check_argv(argv):
-    p = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True)
-    if p.returncode != 0 or p.stdout != b"1\n":
-        err = p.stderr.decode(errors="replace").strip()
-        return f"exit status {p.returncode}, stdout {p.stdout[:40]!r}: {err[-300:] or '(no stderr)'}"
-    return None
 
 
 def http_run(client, body):
@@ -382,13 +246,13 @@ def settled(control, args, body):
     failed = 0
     m0 = control.metrics()
     for _ in range(args.n):
-        wait_pool_full(control, args.image, args.pool)
+        pool_full(control, args)
         time.sleep(args.pause)
         h0, _ = hits_misses(control.metrics())
         ok, dt, result = http_run(Client(control.host, control.port), body)
         h1, _ = hits_misses(control.metrics())
         hits += int(h1 - h0 == 1)
-        refill.append(wait_pool_full(control, args.image, args.pool) * 1000.0)
+        refill.append(pool_full(control, args) * 1000.0)
         if ok:
             lat.append(dt * 1000.0)
             code.append(result.get("duration_ms", 0))
@@ -402,7 +266,7 @@ def settled(control, args, body):
 def cold(control, args, body, cli_argv):
     """Cold runs through the server and cold `kennel run`s, round by round (the first variant
     rotating), the pool full and idle, so no refill competes with them."""
-    wait_pool_full(control, args.image, args.pool)
+    pool_full(control, args)
     time.sleep(args.pause)
     m0 = control.metrics()
     h0, x0 = hits_misses(m0)
@@ -465,14 +329,6 @@ def match_audit(path, records):
 # --- Main ---------------------------------------------------------------------------------
 
 
-def fmt(x, spec=".2f"):
-    return "n/a" if x is None else format(x, spec)
-
-
-def pct(x):
-    return None if x is None else x * 100.0
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     env = os.environ.get
@@ -510,9 +366,9 @@ def main():
     # The pool is full before anything is timed; a pooled and a cold run work (and warm the
     # page cache for the image's files); the CLI works, or its anchor is skipped.
     say(f"waiting for {args.pool} warm sandboxes of {args.image}")
-    warm_s = wait_pool_full(control, args.image, args.pool)
+    warm_s = pool_full(control, args)
     for what, body in (("pooled", pooled_body), ("cold", cold_body)):
-        wait_pool_full(control, args.image, args.pool)
+        pool_full(control, args)
         ok, _, result = http_run(Client(host, port), body)
         if not ok:
             say(f"the server cannot run the code {what} on {args.image}: {str(result)[:300]}")
@@ -530,7 +386,7 @@ def main():
         cli_argv = None
     for name, why in skipped.items():
         say(f"skipping {name}: {why}")
-    wait_pool_full(control, args.image, args.pool)
+    pool_full(control, args)
     # One quiet second with the pool full: lets the last refill settle, and shows how busy the
     # host is without us (other tenants of a shared machine).
     cpu0 = cpu_ticks()
@@ -556,7 +412,7 @@ def main():
     gc.disable()
     say(f"refilling the pool, then {args.n} sequential pooled runs on a full, settled pool")
     t0 = time.perf_counter()
-    wait_pool_full(control, args.image, args.pool)
+    pool_full(control, args)
     refill_after_s = time.perf_counter() - t0
     sett = settled(control, args, pooled_body) if args.n else None
     say(f"cold: {args.cold_n} runs through the server" + (f", {args.cli_n} kennel runs" if cli_argv else ""))
@@ -589,14 +445,9 @@ def main():
 
     pool = latency["pool"] or {}
     values = {"pool_p50_ms": pool.get("p50_ms"), "pool_p99_ms": pool.get("p99_ms")}
-    targets = {}
-    for name, target, op in TARGETS:
-        v = values[name]
-        status = "SKIP" if v is None else ("PASS" if (v <= target if op == "<=" else v >= target) else "MISS")
-        targets[name] = {"value": v, "target": target, "direction": op, "status": status}
+    targets = check_targets(TARGETS, values)
     ratios = {name: (p50(a) / p50(b) if p50(a) is not None and p50(b) else None) for name, a, b in RATIOS}
-    overheads = {name: (p50(a) - p50(b) if p50(a) is not None and p50(b) is not None else None)
-                 for name, a, b in OVERHEADS}
+    overheads = differences(OVERHEADS, p50)
 
     # Where the time goes: the client's wait, the server's own mean time per run (its
     # histogram), and the code's time inside the sandbox (the result's duration_ms).
@@ -776,12 +627,10 @@ def main():
           f"the server process {fmt(pct(sus['server_cpu']), '.0f')}%, this client "
           f"{fmt(pct(sus['client_cpu']), '.0f')}% (of all CPUs)")
     print()
-    for name, v in overheads.items():
-        print(f"OVERHEAD {name} {fmt(v)} ms")
+    print_overheads(overheads)
     for name, v in ratios.items():
         print(f"RATIO {name} {fmt(v, '.4f')}")
-    for name, t in targets.items():
-        print(f"TARGET {name} {fmt(t['value'])} {t['target']:g} {t['status']}")
+    print_targets(targets)
     return 0
 
 

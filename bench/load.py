@@ -17,17 +17,21 @@ import http.client
 import json
 import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
 import urllib.parse
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from harness import (Client, busy_fraction, check_argv, check_targets, cpu_ticks, differences, fmt,  # noqa: E402
+                     loadavg, pct, print_overheads, print_targets, run_argv, run_ok, summary,
+                     wait_pool_full)
+
 PY = "/usr/bin/python3"
 RUN = {"language": "python", "code": "print(1)"}
 # Memory differs from the server's default (512M), so the pool cannot serve it: always cold.
 COLD = {"language": "python", "code": "print(1)", "limits": {"memory": "500M"}}
-EXPECTED_STDOUT = "1\n"
 
 # (name, target, numerator, denominator): ratios of p50s, PASS when value <= target.
 RATIOS = [
@@ -56,140 +60,6 @@ log = sys.stderr
 
 def say(*parts):
     print("load:", *parts, file=log, flush=True)
-
-
-def percentile(xs, q):
-    """Linear-interpolated percentile (q in 0..100) of a non-empty list."""
-    s = sorted(xs)
-    if len(s) == 1:
-        return s[0]
-    pos = (len(s) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
-def summary(xs):
-    """p50/p99/min/max/mean of samples in ms (None when there are none)."""
-    if not xs:
-        return None
-    return {
-        "runs": len(xs),
-        "p50_ms": statistics.median(xs),
-        "p99_ms": percentile(xs, 99),
-        "min_ms": min(xs),
-        "max_ms": max(xs),
-        "mean_ms": statistics.fmean(xs),
-    }
-
-
-def cpu_ticks():
-    """(busy, total) jiffies of the whole host, from /proc/stat."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return sum(fields) - idle, sum(fields)
-
-
-def busy_fraction(a, b):
-    if a is None or b is None or b[1] == a[1]:
-        return None
-    return (b[0] - a[0]) / (b[1] - a[1])
-
-
-def loadavg():
-    try:
-        with open("/proc/loadavg") as f:
-            return [float(x) for x in f.read().split()[:3]]
-    except OSError:
-        return None
-
-
-# --- HTTP ---------------------------------------------------------------------------------
-
-
-class Client:
-    """One keep-alive connection. Requests are not retried: a run must not happen twice."""
-
-    def __init__(self, host, port, timeout=120.0):
-        self.host, self.port, self.timeout = host, port, timeout
-        self.conn = None
-
-    def connect(self):
-        if self.conn is None:
-            self.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
-            self.conn.connect()
-
-    def close(self):
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
-
-    def request(self, method, path, body=None):
-        """(status, body bytes, seconds); raises OSError/HTTPException on a broken connection."""
-        data = None if body is None else json.dumps(body).encode()
-        headers = {"Content-Type": "application/json"} if data is not None else {}
-        self.connect()
-        t0 = time.perf_counter()
-        try:
-            self.conn.request(method, path, body=data, headers=headers)
-            r = self.conn.getresponse()
-            payload = r.read()
-        except (OSError, http.client.HTTPException):
-            self.close()
-            raise
-        dt = time.perf_counter() - t0
-        if (r.getheader("Connection") or "").lower() == "close":
-            self.close()
-        return r.status, payload, dt
-
-    def json(self, method, path, body=None, want=(200,)):
-        status, payload, dt = self.request(method, path, body)
-        if status not in want:
-            raise RuntimeError(f"{method} {path}: HTTP {status}: {payload[:300]!r}")
-        return (json.loads(payload) if payload else None), dt
-
-    def metrics(self):
-        status, payload, _ = self.request("GET", "/metrics")
-        if status != 200:
-            raise RuntimeError(f"GET /metrics: HTTP {status}")
-        out = {}
-        for line in payload.decode().splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                try:
-                    out[name] = float(value)
-                except ValueError:
-                    pass
-        return out
-
-    def pool_ready(self):
-        health, _ = self.json("GET", "/healthz")
-        return health["pool"]["python"]
-
-
-def run_ok(status, payload):
-    """Whether a /v1/runs answer is a successful print(1); (ok, parsed result or None)."""
-    if status != 200:
-        return False, None
-    try:
-        result = json.loads(payload)
-    except ValueError:
-        return False, None
-    return result.get("exit_code") == 0 and result.get("stdout") == EXPECTED_STDOUT, result
-
-
-def wait_pool_full(client, size, limit=60.0):
-    """Seconds until /healthz shows `size` ready python sandboxes (polled every 5 ms)."""
-    t0 = time.perf_counter()
-    while client.pool_ready() < size:
-        if time.perf_counter() - t0 > limit:
-            raise RuntimeError(f"the python pool did not reach {size} ready sandboxes in {limit:.0f} s")
-        time.sleep(0.005)
-    return time.perf_counter() - t0
 
 
 # --- Memory -------------------------------------------------------------------------------
@@ -262,20 +132,6 @@ def memory(pid):
 
 
 # --- Measurements -------------------------------------------------------------------------
-
-
-def run_argv(argv):
-    t0 = time.perf_counter()
-    p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - t0, p.returncode
-
-
-def check_argv(argv):
-    p = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True)
-    if p.returncode != 0 or p.stdout != b"1\n":
-        err = p.stderr.decode(errors="replace").strip()
-        return f"exit status {p.returncode}, stdout {p.stdout[:40]!r}: {err[-300:] or '(no stderr)'}"
-    return None
 
 
 def sequential(client, args, kennel_argv):
@@ -461,14 +317,6 @@ def mib(kib):
     return "n/a" if kib is None else f"{kib / 1024:.1f} MiB"
 
 
-def pct(x):
-    return None if x is None else x * 100.0
-
-
-def fmt(x, spec=".2f"):
-    return "n/a" if x is None else format(x, spec)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     env = os.environ.get
@@ -570,16 +418,8 @@ def main():
         "pool_p99_ms": pool.get("p99_ms"),
         "throughput_peak_runs_per_s": peak["runs_per_s"] if peak else None,
     }
-    targets = {}
-    for name, target, op in TARGETS:
-        v = values[name]
-        if v is None:
-            status = "SKIP"
-        else:
-            status = "PASS" if (v <= target if op == "<=" else v >= target) else "MISS"
-        targets[name] = {"value": v, "target": target, "direction": op, "status": status}
-    overheads = {name: (p50(a) - p50(b) if p50(a) is not None and p50(b) is not None else None)
-                 for name, a, b in OVERHEADS}
+    targets = check_targets(TARGETS, values)
+    overheads = differences(OVERHEADS, p50)
 
     # Where a pooled run's time goes: the code itself (the agent's own duration_ms), one
     # request/answer round trip to a warm agent (a session exec minus its duration_ms), and
@@ -697,12 +537,10 @@ def main():
                   f"(agent and kernel start, mostly spent before the request), cold "
                   f"{fmt(breakdown['cold']['sandbox_cpu_ms'], '.0f')} ms; {os.cpu_count()} CPUs")
         print()
-    for name, v in overheads.items():
-        print(f"OVERHEAD {name} {fmt(v)} ms")
+    print_overheads(overheads)
     for name, r in ratios.items():
         print(f"RATIO {name} {fmt(r['value'], '.3f')} {r['target']:.2f} {r['status']}")
-    for name, t in targets.items():
-        print(f"TARGET {name} {fmt(t['value'])} {t['target']:g} {t['status']}")
+    print_targets(targets)
     return 0
 
 

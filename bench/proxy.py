@@ -30,6 +30,10 @@ import sys
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from harness import loadavg  # noqa: E402
+
 PY = "/usr/bin/python3"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_KENNEL = os.path.join(ROOT, "target", "release", "kennel")
@@ -110,14 +114,6 @@ class BulkHandler(socketserver.BaseRequestHandler):
                 pass
         except OSError:
             pass
-
-
-def loadavg():
-    try:
-        with open("/proc/loadavg") as f:
-            return [float(x) for x in f.read().split()[:3]]
-    except OSError:
-        return None
 
 
 def curl_argv(url, tunnel):

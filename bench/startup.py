@@ -15,10 +15,13 @@ import gc
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from harness import loadavg, print_starts, start_stats  # noqa: E402
 
 PY = "/usr/bin/python3"
 
@@ -61,25 +64,6 @@ def run_once(argv, capture=False):
     t1 = time.perf_counter()
     text = p.stderr.decode(errors="replace").strip() if capture else None
     return t1 - t0, p.returncode, text
-
-
-def percentile(xs, q):
-    """Linear-interpolated percentile (q in 0..100) of a non-empty list."""
-    s = sorted(xs)
-    if len(s) == 1:
-        return s[0]
-    pos = (len(s) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
-def loadavg():
-    try:
-        with open("/proc/loadavg") as f:
-            return [float(x) for x in f.read().split()[:3]]
-    except OSError:
-        return None
 
 
 def main():
@@ -140,23 +124,7 @@ def main():
     gc.enable()
     load_after = loadavg()
 
-    stats = {}
-    for name, argv in active:
-        xs = samples[name]
-        if not xs:
-            skipped[name] = f"all {args.n} measured runs failed"
-            continue
-        stats[name] = {
-            "argv": argv,
-            "runs": len(xs),
-            "failed_runs": failures[name],
-            "median_ms": statistics.median(xs),
-            "p90_ms": percentile(xs, 90),
-            "min_ms": min(xs),
-            "mean_ms": statistics.fmean(xs),
-            "stdev_ms": statistics.stdev(xs) if len(xs) > 1 else 0.0,
-            "samples_ms": [round(x, 4) for x in xs],
-        }
+    stats = start_stats(active, samples, failures, skipped, args.n)
 
     ratios = {}
     for name, target, num, den in RATIOS:
@@ -192,17 +160,7 @@ def main():
     print(f"start latency, {args.n} interleaved runs each after {args.warmup} warm-up rounds "
           f"({os.cpu_count()} CPUs, load {load_before[0] if load_before else '?'} -> "
           f"{load_after[0] if load_after else '?'})")
-    print(f"{'variant':<15} {'median ms':>10} {'p90 ms':>9} {'min ms':>9} {'failed':>7}  command")
-    for name, _ in active:
-        if name not in stats:
-            continue
-        s = stats[name]
-        cmd = " ".join(s["argv"])
-        if len(cmd) > 60:
-            cmd = "..." + cmd[-57:]
-        print(f"{name:<15} {s['median_ms']:>10.2f} {s['p90_ms']:>9.2f} {s['min_ms']:>9.2f} {s['failed_runs']:>7}  {cmd}")
-    for name, why in skipped.items():
-        print(f"{name:<15} {'skipped':>10}  {why}")
+    print_starts([name for name, _ in active], stats, skipped, 15)
     print()
     for name, v in overheads.items():
         print(f"OVERHEAD {name} {'n/a' if v is None else f'{v:.2f}'} ms")

@@ -9,26 +9,9 @@
 # Exits 0 whether or not targets are met; non-zero only when it cannot measure.
 set -euo pipefail
 
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(cd "$here/.." && pwd)"
-PY=/usr/bin/python3
-
-json=()
-for arg in "$@"; do
-    case "$arg" in
-        --json) json=(--json) ;;
-        -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) echo "startup.sh: unknown argument: $arg (try --help)" >&2; exit 2 ;;
-    esac
-done
-
-# Everything but the results goes to stderr, so `--json` output stays parseable.
-say() { echo "startup.sh: $*" >&2; }
-
-if [[ ! -x $PY ]]; then
-    say "$PY is missing; it is both the harness and a measured program (apt-get install python3)"
-    exit 2
-fi
+name=startup help=2,9
+# shellcheck source=bench/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh" "$@"
 
 # --- Kennel ------------------------------------------------------------------------------
 # shellcheck source=bench/kennel.sh
