@@ -19,13 +19,13 @@
 
 :class:`AsyncClient` mirrors :class:`Client` with coroutines. Errors from the server raise
 :class:`KennelError` (``status``, ``code``, ``message``), or a subclass: :class:`BadRequest`
-(400), :class:`Unauthorized` (401), :class:`NotFound` (404), :class:`SessionEnded` (410),
+(400), :class:`Unauthorized` (401), :class:`Forbidden` (403), :class:`NotFound` (404), :class:`SessionEnded` (410),
 :class:`Busy` (429, with ``retry_after``).
 """
 
 from .aio import AsyncClient, AsyncSession, AsyncStream
 from .client import Client, Session, Stream
-from .errors import BadRequest, Busy, KennelError, NotFound, SessionEnded, Unauthorized
+from .errors import BadRequest, Busy, Forbidden, KennelError, NotFound, SessionEnded, Unauthorized
 from .results import (CollectedFile, ExecResult, FileEntry, Interpreter, Isolation, NetEvent,
                       OutputChunk, RunResult, SessionInfo)
 
@@ -34,6 +34,6 @@ __version__ = "0.1.0"
 __all__ = [
     "AsyncClient", "AsyncSession", "AsyncStream", "BadRequest", "Busy", "Client",
     "CollectedFile", "ExecResult", "FileEntry", "Interpreter", "Isolation", "KennelError",
-    "NetEvent", "NotFound", "OutputChunk", "RunResult", "Session", "SessionEnded",
+    "Forbidden", "NetEvent", "NotFound", "OutputChunk", "RunResult", "Session", "SessionEnded",
     "SessionInfo", "Stream", "Unauthorized",
 ]

@@ -28,8 +28,12 @@ class Unauthorized(KennelError):
     """401: no valid bearer token."""
 
 
+class Forbidden(KennelError):
+    """403: something this token may not use (an image the server does not list for it)."""
+
+
 class NotFound(KennelError):
-    """404: no such session, file or route."""
+    """404: no such session, file, image or route."""
 
 
 class Busy(KennelError):
@@ -45,7 +49,8 @@ class SessionEnded(KennelError):
     """410: the session's sandbox has ended."""
 
 
-_BY_STATUS = {400: BadRequest, 401: Unauthorized, 404: NotFound, 410: SessionEnded}
+_BY_STATUS = {400: BadRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound,
+              410: SessionEnded}
 
 
 def error_for(status: Optional[int], code: str, message: str,

@@ -69,6 +69,8 @@ class Isolation:
     capabilities: List[str]
     filesystem: str
     network: str
+    #: The image the root came from, ``{"name", "digest"}``, for runs with an ``image``.
+    image: Optional[Dict[str, str]] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -94,6 +96,7 @@ class Isolation:
             capabilities=list(d.get("capabilities", [])),
             filesystem=d.get("filesystem", ""),
             network=d.get("network", ""),
+            image=d.get("image"),
             raw=d,
         )
 

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 import kennel
-from kennel import (AsyncClient, BadRequest, Busy, Client, ExecResult, KennelError, NotFound,
+from kennel import (AsyncClient, BadRequest, Busy, Client, ExecResult, Forbidden, KennelError, NotFound,
                     OutputChunk, RunResult, Unauthorized)
 
 
@@ -227,6 +227,16 @@ def test_bad_limits_raise_with_the_servers_message(client):
     with pytest.raises(BadRequest) as e:
         client.run_code("print(1)", limits={"timeout": 400})  # the server's maximum is 300s
     assert "limits.timeout" in e.value.message and "maximum" in e.value.message
+
+
+def test_an_image_the_token_may_not_use_is_forbidden(client):
+    # The test server lists no images for its token.
+    with pytest.raises(Forbidden) as e:
+        client.run_code("print(1)", image="no-such-image")
+    assert e.value.status == 403 and e.value.code == "forbidden"
+    assert "no-such-image" in e.value.message
+    with pytest.raises(Forbidden):
+        client.create_session(image="no-such-image")
 
 
 def test_unknown_session_is_not_found(client):
