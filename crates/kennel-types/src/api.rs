@@ -712,7 +712,9 @@ mod tests {
             r#""image": {"name": "x", "digest": "sha256:00"}"#,
         ] {
             let text = format!(r#"{{"command": {{"argv": ["/bin/true"]}}, {field}}}"#);
-            let err = serde_json::from_str::<RunRequest>(&text).unwrap_err().to_string();
+            let err = serde_json::from_str::<RunRequest>(&text)
+                .unwrap_err()
+                .to_string();
             assert!(err.contains("unknown field"), "{field}: {err}");
         }
         let ok = r#"{"command": {"argv": ["/bin/true"]}}"#;
