@@ -134,6 +134,15 @@ impl Store {
         })
     }
 
+    /// The digest `name` points at now, from its link alone (no record is read): what the
+    /// pool compares on every hand-out.
+    pub fn digest(&self, name: &str) -> Option<String> {
+        let target = std::fs::read_link(self.name_link(name)).ok()?;
+        let dir = target.file_name()?.to_str()?;
+        let hex = dir.strip_prefix("sha256-")?;
+        digest_dir_name(&format!("sha256:{hex}")).map(|_| format!("sha256:{hex}"))
+    }
+
     /// Every name, sorted, with what it resolves to (names whose image is gone are skipped).
     pub fn list(&self) -> Vec<Resolved> {
         let Ok(entries) = std::fs::read_dir(self.root.join("names")) else {
@@ -306,5 +315,65 @@ impl Store {
                 let _ = std::fs::remove_file(e.path());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kennel_types::image::ImageSource;
+
+    fn record(digest: &str) -> ImageRecord {
+        ImageRecord {
+            digest: digest.into(),
+            source: ImageSource::Dir { path: "/x".into() },
+            created_unix: 0,
+            files: 1,
+            bytes: 1,
+            env: Default::default(),
+            preload: vec![],
+            pip_frozen: vec![],
+            cmd: vec![],
+        }
+    }
+
+    fn build(store: &Store, name: &str, digest: &str, key: Option<&str>) {
+        let staging = store.staging().unwrap();
+        std::fs::write(staging.rootfs().join("marker"), name).unwrap();
+        store.commit(staging, &record(digest), key, name).unwrap();
+    }
+
+    #[test]
+    fn names_point_at_digests_and_unused_images_go() {
+        let dir = std::env::temp_dir().join(format!("kennel-store-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = Store::at(dir.clone());
+        let (a, b) = (
+            format!("sha256:{}", "a".repeat(64)),
+            format!("sha256:{}", "b".repeat(64)),
+        );
+        build(&store, "one", &a, Some("key1"));
+        assert_eq!(store.digest("one"), Some(a.clone()));
+        assert_eq!(store.resolve("one").unwrap().info.digest, a);
+        assert_eq!(store.by_key("key1").unwrap().digest, a);
+        assert!(store.resolve("two").is_err());
+        // Moving a name leaves the old image unnamed; held by a run, it stays.
+        let held = store.hold(&store.resolve("one").unwrap()).unwrap();
+        build(&store, "one", &b, None);
+        assert_eq!(store.digest("one"), Some(b.clone()));
+        let old = dir.join(format!("sha256-{}", "a".repeat(64)));
+        assert!(old.is_dir(), "a held image was swept");
+        drop(held);
+        assert_eq!(store.sweep(), vec![format!("sha256-{}", "a".repeat(64))]);
+        assert!(!old.exists() && store.by_key("key1").is_none());
+        let (info, deleted) = store.remove("one").unwrap();
+        assert!(deleted && info.digest == b);
+        assert!(store.list().is_empty());
+        // A failed build (a staging directory dropped) leaves nothing.
+        let staging = store.staging().unwrap();
+        let path = staging.dir.clone();
+        drop(staging);
+        assert!(!path.exists());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

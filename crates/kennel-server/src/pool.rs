@@ -203,7 +203,7 @@ impl Pool {
         let digest = kind
             .image
             .as_ref()
-            .map(|name| self.engine.images.resolve(name).ok().map(|r| r.info.digest));
+            .map(|name| self.engine.images.digest(name));
         let mut ready = self.ready.lock().unwrap_or_else(|p| p.into_inner());
         let queue = ready.entry(kind.clone()).or_default();
         let mut found = None;
