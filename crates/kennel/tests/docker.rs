@@ -216,12 +216,20 @@ fn a_docker_save_tarball_imports_as_an_image() {
         engine_tags(&host).contains(&tag),
         "no image {tag} in the engine"
     );
-    let dir = std::path::PathBuf::from(format!(
+    /// The test's directory, removed even when the test fails.
+    struct Scratch(std::path::PathBuf);
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let scratch = Scratch(std::path::PathBuf::from(format!(
         "/var/tmp/kennel-docker-save-{}",
         std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    )));
+    let dir = &scratch.0;
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).unwrap();
     let tarball = dir.join("saved.tar");
     let socket = host.trim_start_matches("unix://");
     let saved = Command::new("curl")
@@ -272,7 +280,6 @@ fn a_docker_save_tarball_imports_as_an_image() {
         let imported = std::fs::read_link(root.join(link)).ok();
         assert_eq!(imported, host_link, "/{link} as the host has it");
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `--docker-image NAME` runs on an image of the engine's own (here the one Kennel imported
