@@ -1,5 +1,6 @@
 //! The isolation a docker run had, as the engine and the container's process show it.
 
+use kennel_sandbox::cgroup::Probe;
 use kennel_sandbox::oci::bundle;
 use kennel_sandbox::supervise::report::network_summary;
 use kennel_types::api::{Isolation, LandlockInfo, LimitsInfo, RunRequest, RuntimeInfo};
@@ -8,31 +9,11 @@ use kennel_types::policy::{Runtime, Tier};
 use crate::connect::Facts;
 use crate::spec::Plan;
 
-/// The cgroups process `pid` is in, and their version.
-fn cgroups(pid: u32) -> (String, Vec<String>) {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-    let v2_only = text.lines().all(|l| l.starts_with("0::"));
-    let paths = text
-        .lines()
-        .filter_map(|l| {
-            let mut parts = l.splitn(3, ':');
-            let _ = parts.next()?;
-            let ctrl = parts.next()?;
-            let path = parts.next()?;
-            let wanted = ["memory", "pids", "cpu,cpuacct", "cpu", "cpuacct"];
-            (v2_only || ctrl.split(',').any(|c| wanted.contains(&c)))
-                .then(|| format!("{ctrl}:{path}"))
-        })
-        .collect();
-    let version = if v2_only { "cgroup-v2" } else { "cgroup-v1" };
-    (version.into(), paths)
-}
-
 pub fn isolation(
     facts: &Facts,
     plan: &Plan,
     req: &RunRequest,
-    pid: u32,
+    probe: &Probe,
     host_id: u32,
     id_range: u32,
 ) -> Isolation {
@@ -46,7 +27,6 @@ pub fn isolation(
         namespaces.push("network".into());
     }
     namespaces.extend(["ipc", "uts", "cgroup"].map(String::from));
-    let (mechanism, paths) = cgroups(pid);
     Isolation {
         tier: Tier::Oci.name().into(),
         namespaces,
@@ -60,8 +40,8 @@ pub fn isolation(
             abi: None,
         },
         limits: LimitsInfo {
-            mechanism,
-            cgroups: paths,
+            mechanism: probe.version().into(),
+            cgroups: probe.paths(),
             fallback_reason: None,
         },
         no_new_privs: true,

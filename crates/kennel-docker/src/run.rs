@@ -299,7 +299,7 @@ async fn in_container(
         root.write(meta, data, host_id)
             .map_err(|e| Step::Files.fail(format!("{}: {e}", meta.path)))?;
     }
-    let isolation = report::isolation(facts, plan, req, pid, host_id, id_range);
+    let isolation = report::isolation(facts, plan, req, &probe, host_id, id_range);
     if let Some(f) = io.on_started {
         f(Started {
             isolation: isolation.clone(),

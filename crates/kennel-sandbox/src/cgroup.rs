@@ -264,6 +264,20 @@ fn read_key(dir: &Path, file: &str, key: &str) -> u64 {
 }
 
 impl Layout {
+    fn version(&self) -> &'static str {
+        match self {
+            Layout::V1 { .. } => "cgroup-v1",
+            Layout::V2 { .. } => "cgroup-v2",
+        }
+    }
+
+    fn paths(&self) -> Vec<String> {
+        self.dirs()
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect()
+    }
+
     fn dirs(&self) -> Vec<&Path> {
         match self {
             Layout::V1 {
@@ -382,18 +396,11 @@ impl Cgroup {
     }
 
     pub fn version(&self) -> &'static str {
-        match self.layout {
-            Layout::V1 { .. } => "cgroup-v1",
-            Layout::V2 { .. } => "cgroup-v2",
-        }
+        self.layout.version()
     }
 
     pub fn paths(&self) -> Vec<String> {
-        self.layout
-            .dirs()
-            .iter()
-            .map(|d| d.display().to_string())
-            .collect()
+        self.layout.paths()
     }
 
     /// The files a process writes "0" into to move itself into the cgroup.
@@ -437,6 +444,16 @@ impl Probe {
     /// Docker Engine) made and will remove.
     pub fn of_process(pid: u32) -> Result<Probe, CgroupError> {
         layout_in(&format!("/proc/{pid}/cgroup")).map(|(layout, _)| Probe(layout))
+    }
+
+    /// `cgroup-v1` or `cgroup-v2`, as for [`Cgroup::version`].
+    pub fn version(&self) -> &'static str {
+        self.0.version()
+    }
+
+    /// The cgroup directories it reads, as for [`Cgroup::paths`].
+    pub fn paths(&self) -> Vec<String> {
+        self.0.paths()
     }
 
     pub fn read(&self) -> Stats {

@@ -88,10 +88,15 @@ fn a_run_leaves_no_container_and_its_cgroups_are_beneath_the_engines() {
         .unwrap()
         .contains(&"user".into()));
     // Every cgroup of the container is beneath Kennel's parent, beneath the engine's own
-    // cgroup (this test's), never at the root of a hierarchy.
+    // cgroup (this test's), never at the root of a hierarchy: /sys/fs/cgroup/<controller>
+    // (v1), then this process's path there, then kennel-docker.
     let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
-    for path in r["isolation"]["limits"]["cgroups"].as_array().unwrap() {
-        let (ctrl, path) = path.as_str().unwrap().split_once(':').unwrap();
+    for dir in r["isolation"]["limits"]["cgroups"].as_array().unwrap() {
+        let dir = dir.as_str().unwrap();
+        let ctrl = dir
+            .strip_prefix("/sys/fs/cgroup/")
+            .and_then(|rest| rest.split('/').next())
+            .unwrap_or_else(|| panic!("{dir} is no v1 cgroup directory"));
         let mine = own
             .lines()
             .find_map(|l| {
@@ -100,10 +105,13 @@ fn a_run_leaves_no_container_and_its_cgroups_are_beneath_the_engines() {
                 c.split(',').any(|c| c == ctrl).then(|| p.to_string())
             })
             .unwrap();
-        let parent = format!("{}/kennel-docker/", mine.trim_end_matches('/'));
+        let parent = format!(
+            "/sys/fs/cgroup/{ctrl}{}/kennel-docker/",
+            mine.trim_end_matches('/')
+        );
         assert!(
-            path.starts_with(&parent),
-            "{ctrl}: {path} is not beneath {parent}"
+            dir.starts_with(&parent),
+            "{ctrl}: {dir} is not beneath {parent}"
         );
     }
     assert_eq!(
