@@ -153,6 +153,42 @@ impl Layout {
     }
 }
 
+/// One layer of an image, as both import formats find it.
+pub struct LayerBlob {
+    /// How the layer is named on a progress line and in an error.
+    pub shown: String,
+    pub named: String,
+    /// Its blob in the layout and the hash it must have, or the error finding them.
+    pub blob: Result<(String, Option<Expected>), ImageError>,
+}
+
+impl Layout {
+    /// Applies `layers` onto `root` in order, each hashed as it is read; a failure names the
+    /// layer and its place, and ends the import.
+    pub fn apply_layers(
+        &self,
+        layers: impl ExactSizeIterator<Item = LayerBlob>,
+        root: &Path,
+        progress: &dyn Progress,
+    ) -> Result<Stats, ImageError> {
+        let count = layers.len();
+        let mut stats = Stats::default();
+        for (i, layer) in layers.enumerate() {
+            progress.step(&format!("layer {}/{count} {}", i + 1, layer.shown));
+            let applied = layer.blob.and_then(|(name, want)| {
+                self.apply_layer(&name, want.as_ref(), root, &mut stats, progress)
+            });
+            applied.map_err(|e| ImageError::Layer {
+                index: i + 1,
+                count,
+                layer: layer.named,
+                source: Box::new(e),
+            })?;
+        }
+        Ok(stats)
+    }
+}
+
 fn check(name: &str, expected: &Expected, actual: &[u8; 32], size: u64) -> Result<(), ImageError> {
     let actual = hex::encode(actual);
     if actual != expected.hex {

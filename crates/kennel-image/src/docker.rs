@@ -6,9 +6,9 @@ use std::path::Path;
 use oci_spec::image::ImageConfiguration;
 use serde::Deserialize;
 
-use crate::blob::{Expected, Layout};
+use crate::blob::{Expected, LayerBlob, Layout};
 use crate::oci::{short, ImageConfig, Imported};
-use crate::{ImageError, Progress, Stats};
+use crate::{ImageError, Progress};
 
 /// One image of a `docker save` manifest.json.
 #[derive(Debug, Deserialize)]
@@ -51,22 +51,17 @@ pub(crate) fn import(
     )?;
     let diff_ids = config.rootfs().diff_ids();
     let count = image.layers.len();
-    let mut stats = Stats::default();
-    for (i, layer) in image.layers.iter().enumerate() {
-        progress.step(&format!("layer {}/{count} {layer}", i + 1));
-        let applied = layer_digest(
+    let layers = image.layers.iter().enumerate().map(|(i, layer)| LayerBlob {
+        shown: layer.clone(),
+        named: layer.clone(),
+        blob: layer_digest(
             layout,
             layer,
             diff_ids.get(i).filter(|_| diff_ids.len() == count),
         )
-        .and_then(|want| layout.apply_layer(layer, want.as_ref(), root, &mut stats, progress));
-        applied.map_err(|e| ImageError::Layer {
-            index: i + 1,
-            count,
-            layer: layer.clone(),
-            source: Box::new(e),
-        })?;
-    }
+        .map(|want| (layer.clone(), want)),
+    });
+    let stats = layout.apply_layers(layers, root, progress)?;
     Ok(Imported {
         config: ImageConfig::from(&config),
         layers: count,

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use oci_spec::image::{Arch, Descriptor, ImageConfiguration, ImageIndex, ImageManifest};
 use oci_spec::image::{MediaType, Os};
 
-use crate::blob::{Expected, Layout};
+use crate::blob::{Expected, LayerBlob, Layout};
 use crate::layer::unpack_tarball;
 use crate::{docker, ImageError, Progress, Stats};
 
@@ -142,20 +142,15 @@ fn import_oci(
         "image config",
     )?;
     let count = manifest.layers().len();
-    let mut stats = Stats::default();
-    for (i, layer) in manifest.layers().iter().enumerate() {
+    let layers = manifest.layers().iter().map(|layer| {
         let digest = layer.digest().to_string();
-        progress.step(&format!("layer {}/{count} {}", i + 1, short(&digest)));
-        let applied = expected(layer).and_then(|want| {
-            layout.apply_layer(&blob_name(layer)?, Some(&want), root, &mut stats, progress)
-        });
-        applied.map_err(|e| ImageError::Layer {
-            index: i + 1,
-            count,
-            layer: digest,
-            source: Box::new(e),
-        })?;
-    }
+        LayerBlob {
+            shown: short(&digest),
+            named: digest,
+            blob: expected(layer).and_then(|want| Ok((blob_name(layer)?, Some(want)))),
+        }
+    });
+    let stats = layout.apply_layers(layers, root, progress)?;
     Ok(Imported {
         config: ImageConfig::from(&config),
         layers: count,
