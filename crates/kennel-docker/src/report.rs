@@ -2,6 +2,7 @@
 
 use kennel_sandbox::cgroup::Probe;
 use kennel_sandbox::oci::bundle;
+use kennel_sandbox::supervise::on_image;
 use kennel_sandbox::supervise::report::network_summary;
 use kennel_types::api::{Isolation, LandlockInfo, LimitsInfo, RunRequest, RuntimeInfo};
 use kennel_types::policy::{Runtime, Tier};
@@ -27,7 +28,7 @@ pub fn isolation(
         namespaces.push("network".into());
     }
     namespaces.extend(["ipc", "uts", "cgroup"].map(String::from));
-    Isolation {
+    let isolation = Isolation {
         tier: Tier::Oci.name().into(),
         namespaces,
         host_uid: host_id,
@@ -46,10 +47,7 @@ pub fn isolation(
         },
         no_new_privs: true,
         capabilities: plan.capabilities(policy),
-        filesystem: req
-            .image
-            .as_ref()
-            .map_or("host-system-ro".into(), |i| format!("image:{}", i.name)),
+        filesystem: "host-system-ro".into(),
         network: network_summary(&policy.network),
         runtime: Some(RuntimeInfo {
             name: "docker".into(),
@@ -59,6 +57,7 @@ pub fn isolation(
             ),
             platform: None,
         }),
-        image: req.image.clone(),
-    }
+        image: None,
+    };
+    on_image(isolation, req)
 }
