@@ -15,6 +15,7 @@ use kennel_sandbox::cgroup::Probe;
 use kennel_sandbox::native::helper::Dir;
 use kennel_sandbox::oci::bundle;
 use kennel_sandbox::request::{checked_argv, input_files, pick_cpus, sandbox_env};
+use kennel_sandbox::supervise::output::Captured;
 use kennel_sandbox::supervise::report::collected_file;
 use kennel_sandbox::{Error, OutputMode, RunIo, Started, StdinSource, Stream};
 use kennel_types::api::{Outcome, RunRequest, RunResult};
@@ -364,24 +365,6 @@ async fn in_container(
     })
 }
 
-/// The kept head of one stream and its size.
-#[derive(Default)]
-struct Kept {
-    head: Vec<u8>,
-    total: u64,
-}
-
-impl Kept {
-    fn take<'a>(&mut self, chunk: &'a [u8], cap: u64) -> &'a [u8] {
-        let room =
-            usize::try_from(cap.saturating_sub(self.head.len() as u64)).unwrap_or(usize::MAX);
-        let keep = &chunk[..chunk.len().min(room)];
-        self.head.extend_from_slice(keep);
-        self.total += chunk.len() as u64;
-        keep
-    }
-}
-
 /// Feeds the request's stdin, then the live one, to the code, and closes it.
 fn feed_stdin(
     mut input: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
@@ -460,7 +443,7 @@ async fn exec(
         OutputMode::Capture => req.policy.limits.output.0,
         OutputMode::Raw => 0,
     };
-    let (mut out, mut err) = (Kept::default(), Kept::default());
+    let (mut out, mut err) = (Captured::default(), Captured::default());
     let deadline = tokio::time::Instant::now() + req.policy.limits.timeout.0;
     let mut killed_at: Option<tokio::time::Instant> = None;
     let mut timed_out = false;
@@ -469,11 +452,11 @@ async fn exec(
         tokio::select! {
             item = output.next() => match item {
                 Some(Ok(LogOutput::StdOut { message })) => {
-                    let kept = out.take(&message, cap);
+                    let kept = out.keep(&message, cap);
                     deliver(&sink, Stream::Stdout, kept, &message, mode);
                 }
                 Some(Ok(LogOutput::StdErr { message })) => {
-                    let kept = err.take(&message, cap);
+                    let kept = err.keep(&message, cap);
                     deliver(&sink, Stream::Stderr, kept, &message, mode);
                 }
                 Some(Ok(_)) => {}
@@ -514,8 +497,8 @@ async fn exec(
         stderr: String::from_utf8_lossy(&err.head).into_owned(),
         stdout_bytes: out.total,
         stderr_bytes: err.total,
-        stdout_truncated: out.total > out.head.len() as u64,
-        stderr_truncated: err.total > err.head.len() as u64,
+        stdout_truncated: out.truncated(),
+        stderr_truncated: err.truncated(),
     })
 }
 

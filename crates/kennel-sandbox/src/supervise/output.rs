@@ -21,6 +21,16 @@ impl Captured {
     pub fn truncated(&self) -> bool {
         self.total > self.head.len() as u64
     }
+
+    /// Counts `chunk` and keeps what fits under `cap`; returns the part kept.
+    pub fn keep<'a>(&mut self, chunk: &'a [u8], cap: u64) -> &'a [u8] {
+        let room =
+            usize::try_from(cap.saturating_sub(self.head.len() as u64)).unwrap_or(usize::MAX);
+        let kept = &chunk[..chunk.len().min(room)];
+        self.head.extend_from_slice(kept);
+        self.total += chunk.len() as u64;
+        kept
+    }
 }
 
 /// Reads `source` to its end, keeping at most `cap` bytes. `on_chunk` sees each read as it
@@ -39,11 +49,8 @@ pub fn drain(
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         };
-        let room = usize::try_from(cap.saturating_sub(out.head.len() as u64)).unwrap_or(usize::MAX);
-        let keep = &buf[..n.min(room)];
-        out.head.extend_from_slice(keep);
-        on_chunk(keep, &buf[..n]);
-        out.total += n as u64;
+        let kept = out.keep(&buf[..n], cap);
+        on_chunk(kept, &buf[..n]);
     }
 }
 
