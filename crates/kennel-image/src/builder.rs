@@ -11,6 +11,7 @@ use kennel_types::image::{check_name, ImageRecord, ImageSource, ImageSpec};
 use kennel_types::PolicyError;
 use sha2::{Digest, Sha256};
 
+use crate::walk::walk;
 use crate::{copy, debian, digest, layer, oci, pip, ImageError, Progress, Stats};
 
 /// Why a build failed, with what to do about it.
@@ -262,43 +263,25 @@ impl Builder<'_> {
 
 /// Files and bytes beneath `root`, not following symlinks.
 fn count(root: &Path) -> Result<(u64, u64), BuildError> {
-    let mut files = 0;
-    let mut bytes = 0;
-    let mut pending = vec![root.to_path_buf()];
-    while let Some(dir) = pending.pop() {
-        let entries = std::fs::read_dir(&dir)
-            .map_err(|e| BuildError::io(format!("reading {}", dir.display()), e))?;
-        for e in entries.flatten() {
-            let Ok(meta) = e.path().symlink_metadata() else {
-                continue;
-            };
-            files += 1;
-            if meta.is_dir() {
-                pending.push(e.path());
-            } else if meta.is_file() {
-                bytes += meta.len();
-            }
+    let (mut files, mut bytes) = (0, 0);
+    walk(root, |_, meta| {
+        files += 1;
+        if meta.is_file() {
+            bytes += meta.len();
         }
-    }
+        Ok(())
+    })?;
     Ok((files, bytes))
 }
 
 /// Gives every entry beneath `dir` (and itself) to `uid`, as its group too: to the sandbox's
 /// root before a build step writes there, back to root after.
 pub(crate) fn chown_tree(dir: &Path, uid: u32) -> Result<(), BuildError> {
-    let mut pending = vec![dir.to_path_buf()];
-    while let Some(p) = pending.pop() {
-        let meta = p
-            .symlink_metadata()
-            .map_err(|e| BuildError::io(format!("reading {}", p.display()), e))?;
-        std::os::unix::fs::lchown(&p, Some(uid), Some(uid))
-            .map_err(|e| BuildError::io(format!("chown of {}", p.display()), e))?;
-        if meta.is_dir() {
-            let entries = std::fs::read_dir(&p)
-                .map_err(|e| BuildError::io(format!("reading {}", p.display()), e))?;
-            pending.extend(entries.flatten().map(|e| e.path()));
-        }
-    }
+    let chown = |p: &Path| {
+        std::os::unix::fs::lchown(p, Some(uid), Some(uid)).map_err(ImageError::io("chown", p))
+    };
+    chown(dir)?;
+    walk(dir, |rel, _| chown(&dir.join(rel)))?;
     Ok(())
 }
 
