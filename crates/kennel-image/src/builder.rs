@@ -11,6 +11,7 @@ use kennel_types::image::{check_name, ImageRecord, ImageSource, ImageSpec};
 use kennel_types::PolicyError;
 use sha2::{Digest, Sha256};
 
+use crate::paths;
 use crate::walk::walk;
 use crate::{copy, debian, digest, layer, oci, pip, ImageError, Progress, Stats};
 
@@ -290,29 +291,15 @@ fn place_file(rootfs: &Path, src: &Path, dest: &str, mode: Option<u32>) -> Resul
     use std::os::unix::fs::PermissionsExt;
     let rel = dest.trim_start_matches('/');
     let target = rootfs.join(rel);
-    let mut at = rootfs.to_path_buf();
-    for part in Path::new(rel)
-        .parent()
-        .into_iter()
-        .flat_map(Path::components)
-    {
-        at.push(part);
-        match at.symlink_metadata() {
-            Ok(m) if m.file_type().is_symlink() => {
-                return Err(BuildError::Step {
-                    step: "files",
-                    detail: format!(
-                        "{dest} would be written through the image's symlink {}",
-                        at.display()
-                    ),
-                    hint: "give the destination's real path in the image".into(),
-                })
-            }
-            Ok(_) => {}
-            Err(_) => std::fs::create_dir(&at)
-                .map_err(|e| BuildError::io(format!("creating {}", at.display()), e))?,
-        }
-    }
+    // Missing directories are made; a symlink on the way is refused, as a layer's would be.
+    paths::check_parents(rootfs, Path::new(rel), dest, true, &mut |_| {}).map_err(|e| match e {
+        ImageError::ThroughSymlink { symlink, .. } => BuildError::Step {
+            step: "files",
+            detail: format!("{dest} would be written through the image's symlink /{symlink}"),
+            hint: "give the destination's real path in the image".into(),
+        },
+        other => other.into(),
+    })?;
     if target.symlink_metadata().is_ok_and(|m| m.is_dir()) {
         return Err(BuildError::Step {
             step: "files",
@@ -337,4 +324,35 @@ fn place_file(rootfs: &Path, src: &Path, dest: &str, mode: Option<u32>) -> Resul
         .map_err(|e| BuildError::io(format!("chown of {dest}"), e))?;
     std::fs::set_permissions(&target, std::fs::Permissions::from_mode(mode))
         .map_err(|e| BuildError::io(format!("chmod of {dest}"), e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_spec_file_is_placed_but_never_through_a_symlink() {
+        let work = tempfile::TempDir::new().unwrap();
+        let (root, outside) = (work.path().join("root"), work.path().join("outside"));
+        std::fs::create_dir_all(root.join("etc")).unwrap();
+        std::fs::create_dir(&outside).unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
+        let src = work.path().join("src");
+        std::fs::write(&src, "hello").unwrap();
+        place_file(&root, &src, "/etc/new/file", Some(0o640)).unwrap();
+        let placed = root.join("etc/new/file");
+        assert_eq!(std::fs::read_to_string(&placed).unwrap(), "hello");
+        let meta = std::fs::metadata(&placed).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o640);
+        let err = place_file(&root, &src, "/link/file", None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("through the image's symlink /link"), "{err}");
+        assert_eq!(
+            std::fs::read_dir(&outside).unwrap().count(),
+            0,
+            "nothing written outside"
+        );
+    }
 }
