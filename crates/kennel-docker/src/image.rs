@@ -11,6 +11,7 @@ use std::path::Path;
 use bollard::image::ImportImageOptions;
 use bollard::Docker;
 use futures_util::StreamExt;
+use kennel_sandbox::image::Store;
 use kennel_sandbox::oci::bundle::Node;
 use kennel_sandbox::Error;
 use sha2::{Digest, Sha256};
@@ -75,12 +76,11 @@ pub async fn ensure_view(docker: &Docker, nodes: &[Node]) -> Result<String, Erro
         return Ok(tag);
     }
     let layer = skeleton(nodes).map_err(|e| Step::Image.fail(e))?;
-    let dir = scratch()?;
-    let path = dir.join("layer.tar");
+    // A staging directory of the image store: removed when dropped, and swept after a crash.
+    let staging = Store::from_env().staging()?;
+    let path = staging.scratch().join("layer.tar");
     std::fs::write(&path, &layer).map_err(|e| Step::Image.fail(e))?;
-    let result = load(docker, &tag, &path).await;
-    let _ = std::fs::remove_dir_all(&dir);
-    result.map(|()| tag)
+    load(docker, &tag, &path).await.map(|()| tag)
 }
 
 /// Makes sure the Kennel image whose root is `rootfs` is in the engine; returns its tag.
@@ -89,8 +89,8 @@ pub async fn ensure_image(docker: &Docker, digest: &str, rootfs: &Path) -> Resul
     if has(docker, &tag).await {
         return Ok(tag);
     }
-    let dir = scratch()?;
-    let path = dir.join("layer.tar");
+    let staging = Store::from_env().staging()?;
+    let path = staging.scratch().join("layer.tar");
     let written = (|| -> io::Result<()> {
         let file = std::fs::File::create(&path)?;
         let mut b = tar::Builder::new(io::BufWriter::new(file));
@@ -98,27 +98,10 @@ pub async fn ensure_image(docker: &Docker, digest: &str, rootfs: &Path) -> Resul
         b.append_dir_all(".", rootfs)?;
         b.into_inner()?.flush()
     })();
-    let result = match written {
-        Ok(()) => load(docker, &tag, &path).await,
+    match written {
+        Ok(()) => load(docker, &tag, &path).await.map(|()| tag),
         Err(e) => Err(Step::Image.fail(format!("packing {}: {e}", rootfs.display()))),
-    };
-    let _ = std::fs::remove_dir_all(&dir);
-    result.map(|()| tag)
-}
-
-/// A private directory for one import, under the image store (the same filesystem as images).
-fn scratch() -> Result<std::path::PathBuf, Error> {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let store = kennel_sandbox::image::Store::from_env();
-    let dir = store
-        .root()
-        .join("docker")
-        .join(format!("{}-{n}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| Step::Image.fail(format!("{}: {e}", dir.display())))?;
-    Ok(dir)
+    }
 }
 
 fn sha256_file(path: &Path) -> io::Result<String> {
