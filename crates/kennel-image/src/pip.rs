@@ -103,7 +103,10 @@ pub fn install(
     };
     // The sandbox's root may write only what its own host uid owns: capabilities inside a
     // user namespace do not reach files of unmapped owners such as host root.
-    crate::builder::chown_tree(&rootfs.join("usr/local"), sandbox_root_uid())?;
+    crate::builder::chown_tree(
+        &rootfs.join("usr/local"),
+        kennel_sandbox::native::sandbox_root_host_uid(),
+    )?;
     let result = engine.run(&req, io);
     crate::builder::chown_tree(&rootfs.join("usr/local"), 0)?;
     let result = result?;
@@ -134,23 +137,6 @@ pub fn install(
         })
         .unwrap_or_default();
     Ok(frozen)
-}
-
-/// The host uid that a native sandbox's root is, as the tier maps it: a range from
-/// `HOST_ID_BASE` under a root supervisor, the caller's own uid otherwise.
-fn sandbox_root_uid() -> u32 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let uid = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|v| v.split_whitespace().nth(1))
-        .and_then(|v| v.parse::<u32>().ok())
-        .unwrap_or(0);
-    if uid == 0 {
-        kennel_sandbox::native::HOST_ID_BASE
-    } else {
-        uid
-    }
 }
 
 /// Imports every module of `preload` with the image's Python, offline, so a spec whose

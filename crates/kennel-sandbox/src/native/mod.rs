@@ -20,3 +20,13 @@ pub use supervisor::Native;
 pub const HOST_ID_BASE: u32 = 1_000_000_000;
 /// How many ids a privileged supervisor maps into each sandbox.
 pub const ID_RANGE: u32 = 65536;
+
+/// The host uid a native sandbox's root is: `HOST_ID_BASE` under a root supervisor (which maps
+/// a full range), the supervisor's own uid otherwise. What a host-side step (the image
+/// builder's) gives its files to, for the sandbox to own them.
+pub fn sandbox_root_host_uid() -> u32 {
+    match crate::sys::getuid() {
+        0 => HOST_ID_BASE,
+        uid => uid,
+    }
+}
