@@ -21,6 +21,7 @@ pub mod egress;
 pub mod engine;
 pub mod error;
 pub mod image;
+pub mod microvm;
 pub mod native;
 pub mod oci;
 pub mod request;

@@ -1,0 +1,114 @@
+//! Where the microVM tier's guest artifacts live, as `kennel vm prepare` lays them out and the
+//! tier reads them. Preparing is the `kennel-vm` crate's job; this module only finds, checks
+//! and describes what was prepared.
+//!
+//! ```text
+//! <vm dir>                      $KENNEL_VM_DIR, else <state dir>/vm
+//!   manifest.json               Manifest: what was unpacked, from which Debian packages
+//!   qemu/                       the QEMU packages and their libraries, unpacked (dpkg -x)
+//!   kernel/vmlinux              the guest kernel, uncompressed (booted through PVH)
+//!   kernel/modules/NN-name.ko   the modules the guest loads, in load order (NN = 00, 01, ...)
+//!   initrd/<build>.cpio         the guest's initramfs for one helper build (made on demand)
+//!   roots/<image digest>.erofs  an image's root as a read-only erofs disk (made on demand)
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// The name of the Kennel image a microVM boots when a run names none: a minimal Debian with
+/// Python, built by `kennel vm prepare` (never a copy of the host's `/`).
+pub const BASE_IMAGE: &str = "microvm-base";
+
+/// What `kennel vm prepare` unpacked, written last, so its presence means a complete prepare.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// `qemu-system-x86_64 --version`'s first line.
+    pub qemu_version: String,
+    /// The guest kernel's release (`6.1.0-57-cloud-amd64`).
+    pub kernel_release: String,
+    /// The module file names under `kernel/modules/`, in load order.
+    pub modules: Vec<String>,
+    /// Every Debian package unpacked, as `name=version`.
+    pub packages: Vec<String>,
+}
+
+/// The prepared artifacts of one VM directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmDir {
+    pub root: PathBuf,
+}
+
+impl VmDir {
+    /// `$KENNEL_VM_DIR`, else `vm` under the state directory (`$KENNEL_STATE_DIR`, else
+    /// `/var/lib/kennel`).
+    pub fn from_env() -> VmDir {
+        let root = std::env::var_os("KENNEL_VM_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                std::env::var_os("KENNEL_STATE_DIR")
+                    .map(PathBuf::from)
+                    .unwrap_or_else(|| PathBuf::from(crate::image::DEFAULT_STATE_DIR))
+                    .join("vm")
+            });
+        VmDir { root }
+    }
+
+    pub fn at(root: impl Into<PathBuf>) -> VmDir {
+        VmDir { root: root.into() }
+    }
+
+    pub fn manifest_path(&self) -> PathBuf {
+        self.root.join("manifest.json")
+    }
+    /// The private QEMU prefix (`usr/bin/qemu-system-x86_64`, `usr/share/qemu`, libraries).
+    pub fn qemu_prefix(&self) -> PathBuf {
+        self.root.join("qemu")
+    }
+    pub fn qemu_binary(&self) -> PathBuf {
+        self.qemu_prefix().join("usr/bin/qemu-system-x86_64")
+    }
+    /// Directories QEMU finds its firmware in (`-L`).
+    pub fn qemu_data_dirs(&self) -> [PathBuf; 2] {
+        let p = self.qemu_prefix();
+        [p.join("usr/share/qemu"), p.join("usr/share/seabios")]
+    }
+    /// The private libraries QEMU needs beyond the host's (`LD_LIBRARY_PATH`).
+    pub fn qemu_library_dirs(&self) -> [PathBuf; 2] {
+        let p = self.qemu_prefix();
+        [p.join("usr/lib/x86_64-linux-gnu"), p.join("lib/x86_64-linux-gnu")]
+    }
+    pub fn vmlinux(&self) -> PathBuf {
+        self.root.join("kernel/vmlinux")
+    }
+    pub fn modules_dir(&self) -> PathBuf {
+        self.root.join("kernel/modules")
+    }
+    pub fn initrd_dir(&self) -> PathBuf {
+        self.root.join("initrd")
+    }
+    pub fn roots_dir(&self) -> PathBuf {
+        self.root.join("roots")
+    }
+
+    /// The manifest, when a prepare completed here.
+    pub fn manifest(&self) -> Option<Manifest> {
+        let text = std::fs::read(self.manifest_path()).ok()?;
+        serde_json::from_slice(&text).ok()
+    }
+
+    /// Whether the prepared pieces the tier boots from are all present.
+    pub fn check(&self) -> Result<Manifest, String> {
+        let manifest = self
+            .manifest()
+            .ok_or_else(|| format!("no prepared guest in {}", self.root.display()))?;
+        let missing = |p: &Path| !p.is_file();
+        let mut needed = vec![self.qemu_binary(), self.vmlinux()];
+        needed.extend(manifest.modules.iter().map(|m| self.modules_dir().join(m)));
+        match needed.iter().find(|p| missing(p)) {
+            Some(p) => Err(format!("{} is missing", p.display())),
+            None => Ok(manifest),
+        }
+    }
+}
