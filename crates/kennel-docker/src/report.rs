@@ -58,6 +58,7 @@ pub fn isolation(
             platform: None,
         }),
         image: None,
+        accel: None,
     };
     on_image(isolation, req)
 }

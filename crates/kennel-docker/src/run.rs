@@ -40,7 +40,7 @@ fn check(req: &RunRequest) -> Result<(), Error> {
     if policy.tier != Tier::Oci || policy.oci.runtime != Runtime::Docker {
         return Err(Error::request("oci.runtime", "is not \"docker\""));
     }
-    if !req.writable.is_empty() {
+    if !req.host_dirs.is_empty() {
         return Err(Error::request(
             "writable",
             "directories are shown writable by the native tier only",

@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use kennel_sandbox::{Engine, OutputSink, RunIo};
-use kennel_types::api::{Command, Content, FileIn, RunRequest, WritableDir};
+use kennel_types::api::{Command, Content, FileIn, HostDir, RunRequest};
 use kennel_types::policy::{ByteSize, NetMode, Policy, Span};
 
 use crate::builder::BuildError;
@@ -93,9 +93,10 @@ pub fn install(
     req.policy = policy;
     req.files = files;
     req.collect = vec![FROZEN.into()];
-    req.writable = vec![WritableDir {
+    req.host_dirs = vec![HostDir {
         source: rootfs.join("usr/local"),
         target: "/usr/local".into(),
+        read_only: false,
     }];
     let io = RunIo {
         on_output: live,

@@ -45,7 +45,7 @@ pub struct Cgroup {
 }
 
 /// What the kernel counted for the sandbox.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Stats {
     pub cpu_ns: u64,
     pub memory_peak: u64,

@@ -47,8 +47,9 @@ pub struct Plan {
     pub cgroup_join: Vec<String>,
     /// CPUs the sandbox is pinned to.
     pub cpus: Vec<usize>,
-    /// Host directories shown writable (the image builder's pip step only).
-    pub writable: Vec<kennel_types::api::WritableDir>,
+    /// Host directories shown inside (Kennel's own: the image builder's pip step, the microvm
+    /// tier's QEMU).
+    pub host_dirs: Vec<kennel_types::api::HostDir>,
 }
 
 /// What the isolation looked like from inside, just before `execve`.
@@ -79,6 +80,13 @@ pub enum Msg {
     /// To an OCI launcher instead of a plan.
     Launch(Box<crate::oci::launcher::LaunchPlan>),
     File(FileMeta),
+    /// To a microvm relay instead of a plan.
+    Vm(Box<crate::microvm::plan::VmPlan>),
+    /// From a microvm relay to its guest agent.
+    Guest(Box<crate::microvm::plan::GuestPlan>),
+    /// The code's stdin, to a guest agent: a chunk as the blob, then `StdinEnd`.
+    Stdin,
+    StdinEnd,
     IdsMapped,
     /// To an OCI launcher: the allowlist proxy listens in its network namespace.
     ProxyBound,
@@ -104,6 +112,18 @@ pub enum Msg {
         signal: Option<i32>,
     },
     Collected(Collected),
+    /// From a guest agent: it booted and reads its plan.
+    Hello {
+        build: String,
+    },
+    /// From a guest agent: a chunk of the code's output as the blob.
+    Output {
+        stderr: bool,
+    },
+    /// From a guest agent (through the relay): the isolation its own sandbox verified.
+    GuestStarted(Box<kennel_types::api::Isolation>),
+    /// From a guest agent (through the relay): what the guest counted, after the exit.
+    GuestEnded(crate::microvm::plan::GuestEnd),
     Done,
 }
 
@@ -199,6 +219,16 @@ pub fn send(w: &mut impl Write, msg: &Msg, blob: &[u8]) -> io::Result<()> {
 
 /// Reads one frame; `Ok(None)` on a clean end of stream.
 pub fn recv(r: &mut impl Read) -> io::Result<Option<(Msg, Vec<u8>)>> {
+    recv_bounded(r, MAX_JSON, MAX_BLOB)
+}
+
+/// Reads one frame from a peer that is not trusted (a guest): frames past the bounds, which
+/// the caller sets from what the run may produce, are refused before anything is allocated.
+pub fn recv_bounded(
+    r: &mut impl Read,
+    max_json: u32,
+    max_blob: u64,
+) -> io::Result<Option<(Msg, Vec<u8>)>> {
     let mut head = [0u8; 12];
     match r.read_exact(&mut head) {
         Ok(()) => {}
@@ -207,7 +237,7 @@ pub fn recv(r: &mut impl Read) -> io::Result<Option<(Msg, Vec<u8>)>> {
     }
     let json_len = u32::from_le_bytes(head[..4].try_into().expect("4 bytes"));
     let blob_len = u64::from_le_bytes(head[4..].try_into().expect("8 bytes"));
-    if json_len > MAX_JSON || blob_len > MAX_BLOB {
+    if json_len > max_json || blob_len > max_blob {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             "control frame too large",
@@ -265,7 +295,7 @@ mod tests {
             full_id_range: false,
             cgroup_join: vec![],
             cpus: vec![0],
-            writable: vec![],
+            host_dirs: vec![],
         }
     }
 

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use crate::error::Error;
 use crate::image::Store;
+use crate::microvm::Microvm;
 use crate::native::Native;
 use crate::oci::Oci;
 use crate::supervise::io::RunIo;
@@ -30,6 +31,29 @@ impl Backend for Native {
     }
 }
 
+impl Backend for Microvm {
+    fn run(&self, req: &RunRequest, io: RunIo) -> Result<RunResult, Error> {
+        Microvm::run(self, req, io)
+    }
+
+    fn health(&self) -> Result<String, (String, String)> {
+        let manifest = self
+            .vm
+            .check()
+            .map_err(|why| (why, "run `kennel vm prepare` as root".to_string()))?;
+        let (accel, why) = crate::microvm::vmm::accel(&self.vm);
+        let accel = match accel {
+            crate::microvm::vmm::Accel::Kvm => format!("KVM ({why})"),
+            crate::microvm::vmm::Accel::Tcg => format!("TCG only: {why}"),
+        };
+        Ok(format!(
+            "{}; {accel}; in {}",
+            crate::microvm::tier::describe(&manifest),
+            self.vm.root.display()
+        ))
+    }
+}
+
 impl Backend for Oci {
     fn run(&self, req: &RunRequest, io: RunIo) -> Result<RunResult, Error> {
         Oci::run(self, req, io)
@@ -41,6 +65,7 @@ impl Backend for Oci {
 pub struct Engine {
     pub native: Native,
     pub oci: Oci,
+    pub microvm: Microvm,
     pub images: Store,
     /// The `docker` runtime of the oci tier, when the binary has one (`kennel-docker`, which
     /// brings an async HTTP client this crate and its helper do without).
@@ -52,6 +77,7 @@ impl std::fmt::Debug for Engine {
         f.debug_struct("Engine")
             .field("native", &self.native)
             .field("oci", &self.oci)
+            .field("microvm", &self.microvm)
             .field("images", &self.images)
             .field("docker", &self.docker.is_some())
             .finish()
@@ -71,6 +97,7 @@ impl Engine {
             oci: Oci {
                 launcher: helper.clone(),
             },
+            microvm: Microvm::new(helper.clone()),
             native: Native { helper },
             images: Store::from_env(),
             docker: None,
@@ -90,6 +117,7 @@ impl Engine {
                 })
             }
             (Tier::Oci, _) => Ok(&self.oci),
+            (Tier::Microvm, _) => Ok(&self.microvm),
         }
     }
 
@@ -97,7 +125,16 @@ impl Engine {
     /// here, once, for every tier: the tier sees the image's root as its rootfs, the code gets
     /// the image's environment under its own, and the result names the image and its digest.
     pub fn run(&self, req: &RunRequest, io: RunIo) -> Result<RunResult, Error> {
-        let Some(name) = &req.policy.filesystem.image else {
+        // A microVM boots an image, never the host's /: the base image when none is named.
+        let base = (req.policy.tier == Tier::Microvm && req.policy.filesystem.rootfs.is_none())
+            .then(|| crate::microvm::artifacts::BASE_IMAGE.to_string());
+        let Some(name) = req.policy.filesystem.image.as_ref().or(base.as_ref()) else {
+            if req.policy.tier == Tier::Microvm {
+                return Err(Error::request(
+                    "filesystem.rootfs",
+                    "the microvm tier boots an image: name one with `image`, or none for its base image",
+                ));
+            }
             return self.backend(&req.policy)?.run(req, io);
         };
         let image = self.images.resolve(name)?;

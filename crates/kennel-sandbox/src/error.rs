@@ -8,6 +8,7 @@ pub use kennel_types::error::PolicyError;
 
 use serde::{Deserialize, Serialize};
 
+use crate::microvm::steps::Step as VmStep;
 use crate::native::steps::Step;
 use crate::oci::steps::Step as OciStep;
 
@@ -60,6 +61,7 @@ impl Error {
 pub enum SetupStep {
     Native(Step),
     Oci(OciStep),
+    Microvm(VmStep),
 }
 
 impl SetupStep {
@@ -67,6 +69,7 @@ impl SetupStep {
         match self {
             SetupStep::Native(s) => s.name(),
             SetupStep::Oci(s) => s.name(),
+            SetupStep::Microvm(s) => s.name(),
         }
     }
 
@@ -75,6 +78,7 @@ impl SetupStep {
         match self {
             SetupStep::Native(s) => s.reason(),
             SetupStep::Oci(s) => s.reason(),
+            SetupStep::Microvm(s) => s.reason(),
         }
     }
 
@@ -83,6 +87,7 @@ impl SetupStep {
         match self {
             SetupStep::Native(_) => "sandbox",
             SetupStep::Oci(_) => "oci sandbox",
+            SetupStep::Microvm(_) => "microvm",
         }
     }
 }
@@ -90,6 +95,12 @@ impl SetupStep {
 impl From<Step> for SetupStep {
     fn from(s: Step) -> SetupStep {
         SetupStep::Native(s)
+    }
+}
+
+impl From<VmStep> for SetupStep {
+    fn from(s: VmStep) -> SetupStep {
+        SetupStep::Microvm(s)
     }
 }
 
@@ -134,7 +145,8 @@ mod tests {
         let all = Step::ALL
             .iter()
             .map(|&s| SetupStep::from(s))
-            .chain(OciStep::ALL.iter().map(|&s| SetupStep::from(s)));
+            .chain(OciStep::ALL.iter().map(|&s| SetupStep::from(s)))
+            .chain(VmStep::ALL.iter().map(|&s| SetupStep::from(s)));
         for step in all {
             let wire = serde_json::to_value(step).unwrap();
             assert_eq!(wire["step"], step.name(), "{step:?}");

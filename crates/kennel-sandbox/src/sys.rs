@@ -646,3 +646,60 @@ pub fn pre_exec_signal_safe(
         cmd.pre_exec(f);
     }
 }
+
+/// Loads a kernel module from an open `.ko` file (the guest agent's drivers).
+pub fn finit_module(file: &std::fs::File) -> io::Result<()> {
+    rustix::system::finit_module(file, c"", 0)?;
+    Ok(())
+}
+
+/// Powers the machine off (the guest agent, once the run is reported): QEMU then exits.
+pub fn power_off() -> io::Result<()> {
+    rustix::system::reboot(rustix::system::RebootCommand::PowerOff)?;
+    Ok(())
+}
+
+/// Blocks `sigs` in the calling thread, and so in every thread it starts afterwards, for
+/// [`wait_signal`] to take them synchronously instead of a handler.
+pub fn block_signals(sigs: &[libc::c_int]) -> io::Result<()> {
+    let set = sigset(sigs)?;
+    // SAFETY: `set` is an initialised sigset_t; the old mask is not asked for (null).
+    let ret = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(ret))
+    }
+}
+
+/// Waits for one of `sigs`, which must be blocked in every thread (see [`block_signals`]).
+pub fn wait_signal(sigs: &[libc::c_int]) -> io::Result<libc::c_int> {
+    let set = sigset(sigs)?;
+    let mut got: libc::c_int = 0;
+    // SAFETY: `set` is initialised and `got` is a valid, writable int for the call.
+    let ret = unsafe { libc::sigwait(&set, &mut got) };
+    if ret == 0 {
+        Ok(got)
+    } else {
+        Err(io::Error::from_raw_os_error(ret))
+    }
+}
+
+fn sigset(sigs: &[libc::c_int]) -> io::Result<libc::sigset_t> {
+    // SAFETY: sigset_t is plain old data; sigemptyset initialises it before any other use.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid, writable sigset_t.
+    check(unsafe { libc::sigemptyset(&mut set) })?;
+    for &sig in sigs {
+        // SAFETY: `set` is an initialised sigset_t; an invalid signal number fails with EINVAL.
+        check(unsafe { libc::sigaddset(&mut set, sig) })?;
+    }
+    Ok(set)
+}
+
+/// Creates a FIFO at `path` (the microvm relay's end of the guest's console).
+pub fn mkfifo(path: &std::path::Path, mode: u32) -> io::Result<()> {
+    use rustix::fs::{FileType, Mode, CWD};
+    rustix::fs::mknodat(CWD, path, FileType::Fifo, Mode::from_bits_truncate(mode), 0)?;
+    Ok(())
+}

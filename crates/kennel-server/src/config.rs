@@ -428,10 +428,14 @@ impl ServerConfig {
                 ),
             ));
         }
+        if min == Strength::Microvm {
+            policy.tier = Tier::Microvm;
+            return Ok(());
+        }
         policy.tier = Tier::Oci;
         policy.oci.runtime = match min {
             Strength::Gvisor => Runtime::Runsc,
-            Strength::Container | Strength::Native => Runtime::Crun,
+            Strength::Container | Strength::Native | Strength::Microvm => Runtime::Crun,
         };
         Ok(())
     }

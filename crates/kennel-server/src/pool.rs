@@ -44,6 +44,7 @@ pub fn shape(policy: &Policy) -> Policy {
     let Policy {
         tier,
         oci,
+        microvm,
         limits,
         filesystem,
         network,
@@ -66,6 +67,7 @@ pub fn shape(policy: &Policy) -> Policy {
     Policy {
         tier,
         oci,
+        microvm,
         limits: Limits {
             memory,
             cpus,

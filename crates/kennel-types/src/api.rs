@@ -160,22 +160,25 @@ pub struct RunRequest {
     pub collect: Vec<String>,
     #[serde(default)]
     pub policy: Policy,
-    /// Host directories shown writable inside (native tier only). Never read from a request:
-    /// only Kennel's own image builder sets them, to let pip write an image's `/usr/local`.
+    /// Host directories shown inside (native tier only). Never read from a request: only Kennel
+    /// itself sets them, to let the image builder's pip write an image's `/usr/local` and to
+    /// show the microvm tier's jailed QEMU its guest artifacts.
     #[serde(skip)]
-    pub writable: Vec<WritableDir>,
+    pub host_dirs: Vec<HostDir>,
     /// The image the engine resolved `policy.filesystem.image` to, for the result to name;
     /// set by the engine only.
     #[serde(skip)]
     pub image: Option<crate::image::ImageInfo>,
 }
 
-/// A host directory bound writable at `target` inside the sandbox.
+/// A host directory bound at `target` inside the sandbox: writable (the image builder's pip
+/// step) or read-only (the microvm tier's guest artifacts, shown to its jailed QEMU).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WritableDir {
+pub struct HostDir {
     pub source: std::path::PathBuf,
-    /// An absolute path inside the sandbox that exists in its root.
+    /// An absolute path inside the sandbox: a directory of its root, or a new top-level name.
     pub target: String,
+    pub read_only: bool,
 }
 
 impl RunRequest {
@@ -186,7 +189,7 @@ impl RunRequest {
             files: vec![],
             collect: vec![],
             policy: Policy::default(),
-            writable: vec![],
+            host_dirs: vec![],
             image: None,
         }
     }
@@ -263,6 +266,11 @@ pub struct Isolation {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<crate::image::ImageInfo>,
     pub network: String,
+    /// How the guest's CPU ran (the `microvm` tier only): `kvm`, hardware virtualisation, or
+    /// `tcg`, QEMU's software emulation, which QEMU's security policy gives no isolation
+    /// guarantee.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accel: Option<String>,
     /// The OCI runtime that ran the sandbox (the `oci` tier only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<RuntimeInfo>,
@@ -550,7 +558,7 @@ impl RunSpec {
             files,
             collect: self.collect.clone(),
             policy,
-            writable: vec![],
+            host_dirs: vec![],
             image: None,
         })
     }
@@ -719,7 +727,7 @@ mod tests {
         }
         let ok = r#"{"command": {"argv": ["/bin/true"]}}"#;
         let req: RunRequest = serde_json::from_str(ok).unwrap();
-        assert!(req.writable.is_empty() && req.image.is_none());
+        assert!(req.host_dirs.is_empty() && req.image.is_none());
     }
 
     /// What a client (MCP forwarding to `kennel serve`) sends is what the server reads.

@@ -369,6 +369,8 @@ pub enum Tier {
     Native,
     /// An OCI bundle run by `runtime`: `crun`/`runc` (a container) or `runsc` (gVisor).
     Oci,
+    /// A guest kernel per run under QEMU's `microvm` machine (KVM where it works, else TCG).
+    Microvm,
 }
 
 impl Tier {
@@ -376,6 +378,7 @@ impl Tier {
         match self {
             Tier::Native => "native",
             Tier::Oci => "oci",
+            Tier::Microvm => "microvm",
         }
     }
 }
@@ -387,9 +390,10 @@ impl FromStr for Tier {
         match s {
             "native" => Ok(Tier::Native),
             "oci" => Ok(Tier::Oci),
+            "microvm" => Ok(Tier::Microvm),
             other => Err(PolicyError::Invalid {
                 field: "tier",
-                why: format!("unknown tier {other:?}: use native or oci"),
+                why: format!("unknown tier {other:?}: use native, oci or microvm"),
             }),
         }
     }
@@ -498,6 +502,17 @@ pub struct Oci {
     pub docker_image: Option<String>,
 }
 
+/// Options of the `microvm` tier. The guest's own size (RAM, vCPUs) is the tier's
+/// configuration, not a policy's, so that one guest serves many policies: the run's limits are a
+/// cgroup inside it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct Microvm {
+    /// Refuse to run under TCG (software emulation), which QEMU's security policy gives no
+    /// isolation guarantee: only a hardware-accelerated (KVM) guest counts.
+    pub require_kvm: bool,
+}
+
 /// Whether `name` is a Docker image reference Kennel passes on: a repository (lower case,
 /// `/`-separated), an optional `:tag` and an optional `@sha256:` digest.
 fn docker_reference(name: &str) -> bool {
@@ -538,6 +553,8 @@ pub enum Strength {
     Container,
     /// runsc.
     Gvisor,
+    /// The microvm tier: a guest kernel of its own.
+    Microvm,
 }
 
 /// A complete sandbox policy.
@@ -547,6 +564,7 @@ pub struct Policy {
     /// `native` (the default) or `oci`, with the runtime under `[oci]`.
     pub tier: Tier,
     pub oci: Oci,
+    pub microvm: Microvm,
     pub limits: Limits,
     pub filesystem: Filesystem,
     pub network: Network,
@@ -575,6 +593,7 @@ impl Policy {
         match self.tier {
             Tier::Native => Strength::Native,
             Tier::Oci => self.oci.runtime.strength(),
+            Tier::Microvm => Strength::Microvm,
         }
     }
 

@@ -77,7 +77,10 @@ impl VmDir {
     /// The private libraries QEMU needs beyond the host's (`LD_LIBRARY_PATH`).
     pub fn qemu_library_dirs(&self) -> [PathBuf; 2] {
         let p = self.qemu_prefix();
-        [p.join("usr/lib/x86_64-linux-gnu"), p.join("lib/x86_64-linux-gnu")]
+        [
+            p.join("usr/lib/x86_64-linux-gnu"),
+            p.join("lib/x86_64-linux-gnu"),
+        ]
     }
     pub fn vmlinux(&self) -> PathBuf {
         self.root.join("kernel/vmlinux")

@@ -21,9 +21,13 @@ const SETUP_FAILED: i32 = 125;
 /// Call this first in `main` of any binary that starts native sandboxes: when the process is a
 /// sandbox helper, it never returns.
 pub fn maybe_run_helper() {
+    if crate::microvm::guest::is_guest_init() {
+        crate::microvm::guest::guest_main();
+    }
     match std::env::args_os().nth(1) {
         Some(a) if a == HELPER_ARG => helper_main(),
         Some(a) if a == LAUNCHER_ARG => crate::oci::launcher::launcher_main(),
+        Some(a) if a == crate::microvm::relay::RELAY_ARG => crate::microvm::relay::relay_main(),
         _ => {}
     }
 }
@@ -96,7 +100,7 @@ fn fs_plan(plan: &Plan) -> FsPlan {
         Some(root) => mounts::system_view(&Dir::new(root.clone()), &root.to_string_lossy(), true),
         None => mounts::system_view(&host, "", false),
     };
-    system.extend(mounts::writable(&plan.writable));
+    system.extend(mounts::host_dirs(&plan.host_dirs));
     let (proc_mount, proc_mask) = mounts::proc(&host);
     FsPlan {
         system,

@@ -9,11 +9,11 @@ use kennel_types::policy::Policy;
 pub const NEW_ROOT: &str = "/tmp";
 
 /// Host system directories shown read-only when no rootfs is given.
-const SYSTEM_DIRS: &[&str] = &[
+pub(crate) const SYSTEM_DIRS: &[&str] = &[
     "usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc",
 ];
 /// Entries of a rootfs that Kennel provides itself.
-const PROVIDED: &[&str] = &["proc", "dev", "sys", "tmp", "workspace", "run"];
+pub(crate) const PROVIDED: &[&str] = &["proc", "dev", "sys", "tmp", "workspace", "run"];
 /// Secret files under /etc, hidden behind an empty file.
 pub(crate) const SECRET_FILES: &[&str] = &[
     "etc/shadow",
@@ -181,16 +181,22 @@ pub fn system_view(view: &dyn View, source_root: &str, rootfs: bool) -> Vec<Op> 
     ops
 }
 
-/// Host directories shown writable over the read-only view (the image builder's pip step).
-pub fn writable(dirs: &[kennel_types::api::WritableDir]) -> Vec<Op> {
-    dirs.iter()
-        .map(|w| {
-            bind(
-                w.source.display().to_string(),
-                r(w.target.trim_start_matches('/')),
-            )
-        })
-        .collect()
+/// Host directories shown over the read-only view: writable (the image builder's pip step) or
+/// read-only (the microvm tier's artifacts). A target that is a new top-level name gets its
+/// mount point in the new root, which is still writable then.
+pub fn host_dirs(dirs: &[kennel_types::api::HostDir]) -> Vec<Op> {
+    let mut ops = vec![];
+    for d in dirs {
+        let rel = d.target.trim_start_matches('/');
+        if !rel.contains('/') {
+            ops.push(Op::Mkdir(r(rel)));
+        }
+        ops.push(bind(d.source.display().to_string(), r(rel)));
+        if d.read_only {
+            ops.push(Op::RemountReadOnly(r(rel)));
+        }
+    }
+    ops
 }
 
 /// The writable scratch space: `/tmp` and `/workspace`, each a size-capped tmpfs.

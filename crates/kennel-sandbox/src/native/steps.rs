@@ -415,7 +415,13 @@ fn restrict_filesystem(ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), Fail> {
     let writable: Vec<&str> = mounts::LANDLOCK_WRITABLE
         .iter()
         .copied()
-        .chain(ctx.plan.writable.iter().map(|w| w.target.as_str()))
+        .chain(
+            ctx.plan
+                .host_dirs
+                .iter()
+                .filter(|d| !d.read_only)
+                .map(|d| d.target.as_str()),
+        )
         .collect();
     let outcome = os
         .landlock(mounts::LANDLOCK_READ_ONLY, &writable)

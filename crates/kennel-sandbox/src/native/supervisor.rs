@@ -8,7 +8,7 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 
 use kennel_net::Proxy;
-use kennel_types::api::WritableDir;
+use kennel_types::api::HostDir;
 use kennel_types::api::{Isolation, LandlockInfo, LimitsInfo, RunRequest, RunResult, SeccompInfo};
 use kennel_types::policy::{NetMode, Policy, Want};
 
@@ -69,7 +69,7 @@ impl Native {
                 full_id_range: sys::getuid() == 0,
                 cgroup_join: vec![],
                 cpus: pick_cpus(policy.limits.cpus),
-                writable: checked_writable(req)?,
+                host_dirs: checked_host_dirs(req)?,
             },
             limiter: None,
         };
@@ -77,24 +77,29 @@ impl Native {
     }
 }
 
-/// The request's writable directories (the image builder's only), each an existing host
-/// directory shown at an absolute path that is a directory of the sandbox's root.
-fn checked_writable(req: &RunRequest) -> Result<Vec<WritableDir>, Error> {
+/// The request's host directories (Kennel's own only), each an existing host directory shown
+/// at an absolute path that is a directory of the sandbox's root, or a new top-level name
+/// (`/vm`) that neither the root nor Kennel's own mounts use.
+fn checked_host_dirs(req: &RunRequest) -> Result<Vec<HostDir>, Error> {
     let root = req
         .policy
         .filesystem
         .rootfs
         .clone()
         .unwrap_or_else(|| "/".into());
-    for w in &req.writable {
+    for w in &req.host_dirs {
         let inside = w.target.strip_prefix('/').unwrap_or(&w.target);
+        let shown = root.join(inside).symlink_metadata();
+        let new_top = !inside.is_empty()
+            && !inside.contains('/')
+            && !super::mounts::PROVIDED.contains(&inside)
+            && shown.is_err()
+            && (req.policy.filesystem.rootfs.is_some()
+                || !super::mounts::SYSTEM_DIRS.contains(&inside));
         let ok = w.target.starts_with('/')
-            && !w.target.split('/').any(|c| c == "..")
+            && !w.target.split('/').any(|c| c == ".." || c == ".")
             && w.source.is_dir()
-            && root
-                .join(inside)
-                .symlink_metadata()
-                .is_ok_and(|m| m.is_dir());
+            && (shown.is_ok_and(|m| m.is_dir()) || new_top);
         if !ok {
             return Err(Error::request(
                 "writable",
@@ -106,7 +111,7 @@ fn checked_writable(req: &RunRequest) -> Result<Vec<WritableDir>, Error> {
             ));
         }
     }
-    Ok(req.writable.clone())
+    Ok(req.host_dirs.clone())
 }
 
 /// One native run: the helper's plan and what holds the limits (made with the plan).
@@ -363,5 +368,6 @@ fn isolation(
         network: network_summary(&plan.policy.network),
         runtime: None,
         image: None,
+        accel: None,
     }
 }

@@ -69,7 +69,7 @@ impl Oci {
         if policy.tier != Tier::Oci {
             return Err(Error::request("tier", "is not \"oci\""));
         }
-        if !req.writable.is_empty() {
+        if !req.host_dirs.is_empty() {
             return Err(Error::request(
                 "writable",
                 "directories are shown writable by the native tier only",
@@ -455,6 +455,7 @@ fn isolation(run: &OciTier) -> Isolation {
             platform: run.platform.map(|p| p.name().to_string()),
         }),
         image: None,
+        accel: None,
     }
 }
 

@@ -61,6 +61,13 @@ pub(crate) trait Tier {
     fn reap(&mut self, child: &mut Child, killed: bool) -> Option<libc::rusage>;
     /// The usage counters of the cgroup the code runs in, where there is one.
     fn probe(&self) -> Option<Probe>;
+    /// What the code used, once it ended: the probe's counters, unless the tier learns them
+    /// another way (a guest kernel counts its own).
+    fn stats(&self) -> Option<crate::cgroup::Stats> {
+        self.probe().map(|p| p.read())
+    }
+    /// Corrects the result with what only the tier knows (a guest's true output sizes).
+    fn finish(&self, _result: &mut RunResult) {}
     /// The isolation in force, from what the helper verified (if it reports that).
     fn isolation(&self, confinement: Option<Confinement>) -> Isolation;
     /// How the run ended, before the clean-up.
@@ -168,7 +175,7 @@ fn watch<T: Tier>(
     let killed = report.as_ref().map_or(true, |r| r.killed);
     let usage = tier.reap(child, killed);
     running.guard.armed = false;
-    let stats = tier.probe().map(|p| p.read());
+    let stats = tier.stats();
     let (stdout, stderr) = (join(out), join(err));
     drop(stdin_thread);
     let mut report = report?;
@@ -203,6 +210,7 @@ fn watch<T: Tier>(
     };
     let mut result = build_result(req, outcome, isolation);
     result.network_log = network_log;
+    tier.finish(&mut result);
     Ok(result)
 }
 
@@ -290,7 +298,10 @@ fn on_frame<T: Tier>(
             report.ended_at = Some(Instant::now());
         }
         Msg::Collected(meta) => report.collected.push((meta, blob)),
-        request @ (Msg::MapIds { .. } | Msg::NetnsReady { .. }) => {
+        request @ (Msg::MapIds { .. }
+        | Msg::NetnsReady { .. }
+        | Msg::GuestStarted(_)
+        | Msg::GuestEnded(_)) => {
             if let Some(proxy) = tier.answer(request, helper, ctl)? {
                 report.proxy = Some(proxy);
             }

@@ -190,7 +190,7 @@ fn plan() -> Plan {
         full_id_range: true,
         cgroup_join: vec!["/sys/fs/cgroup/memory/kennel-1/tasks".into()],
         cpus: vec![0],
-        writable: vec![],
+        host_dirs: vec![],
     }
 }
 

@@ -554,7 +554,7 @@ fn request(args: RunArgs) -> anyhow::Result<RunRequest> {
         files,
         collect: args.collect,
         policy,
-        writable: vec![],
+        host_dirs: vec![],
         image: None,
     })
 }

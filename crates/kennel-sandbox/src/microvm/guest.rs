@@ -1,0 +1,337 @@
+//! The guest agent: the helper binary as the guest kernel's `/init`. It brings the guest up
+//! (kernel filesystems, drivers, the agent port, the image's root, cgroups), runs the plan in
+//! the native tier inside the guest, streams the output, reports, and powers off. Whatever
+//! happens, it powers off: PID 1 must never exit.
+
+use std::fs::File;
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kennel_types::api::{Content, FileIn};
+
+use super::initrd::{GUEST_ROOT, MODULE_LIST, SYSROOT};
+use super::plan::{GuestEnd, GuestPlan};
+use super::steps::Step;
+use super::vmm::AGENT_PORT;
+use crate::cgroup::Stats;
+use crate::channel::{self, Collected, InputFiles, Msg};
+use crate::native::steps::{Context, Fail};
+use crate::native::Native;
+use crate::supervise::io::{RunIo, StdinSource};
+use crate::supervise::output::Stream;
+use crate::sys;
+
+/// Whether this process is the guest's init: PID 1, started by the kernel as `/init`.
+pub fn is_guest_init() -> bool {
+    sys::getpid() == 1 && std::env::args_os().next().is_some_and(|a| a == "/init")
+}
+
+/// How long devices may take to appear once their driver is loaded.
+const DEVICE_WAIT: Duration = Duration::from_secs(10);
+
+pub fn guest_main() -> ! {
+    let mut port: Option<File> = None;
+    if let Err((step, fail)) = bring_up_and_run(&mut port) {
+        let msg = Msg::Failed {
+            step: step.into(),
+            errno: fail.errno,
+            detail: format!("in the guest: {}", fail.detail),
+        };
+        match port.as_mut() {
+            Some(p) => {
+                let _ = channel::send(p, &msg, &[]);
+                let _ = channel::send(p, &Msg::Done, &[]);
+            }
+            None => eprintln!("kennel guest: {} failed: {}", step.name(), fail.detail),
+        }
+    }
+    let _ = sys::power_off();
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+type Failed = (Step, Fail);
+
+fn at(step: Step) -> impl FnOnce(Fail) -> Failed {
+    move |f| (step, f)
+}
+
+fn bring_up_and_run(port: &mut Option<File>) -> Result<(), Failed> {
+    leave_rootfs().map_err(at(Step::LeaveRootfs))?;
+    mount_kernel_fs().map_err(at(Step::MountKernelFs))?;
+    load_modules().map_err(at(Step::LoadModules))?;
+    let mut p = open_port().map_err(at(Step::OpenPort))?;
+    *port = Some(
+        p.try_clone()
+            .ctx(|| "the agent port".into())
+            .map_err(at(Step::OpenPort))?,
+    );
+    mount_root().map_err(at(Step::MountRoot))?;
+    guest_cgroups().map_err(at(Step::GuestCgroups))?;
+    let hello = Msg::Hello {
+        build: channel::BUILD.into(),
+    };
+    channel::send(&mut p, &hello, &[])
+        .ctx(|| "saying hello".into())
+        .map_err(at(Step::ReceivePlan))?;
+    let pick = |m| match m {
+        Msg::Guest(plan) => Ok(*plan),
+        other => Err(other),
+    };
+    let (plan, files) = channel::recv_plan(&mut p, "a guest plan", pick)
+        .map_err(|e| (Step::ReceivePlan, Fail::new(e.to_string())))?;
+    run(plan, files, p)
+}
+
+/// Binds the initramfs onto a mount point of its own, moves that onto `/` and enters it: what
+/// `switch_root` does, without copying anything.
+fn leave_rootfs() -> Result<(), Fail> {
+    let new = format!("/{SYSROOT}");
+    sys::mount(Some("/"), &new, None, libc::MS_BIND, None).ctx(|| format!("binding / on {new}"))?;
+    std::env::set_current_dir(&new).ctx(|| format!("chdir {new}"))?;
+    sys::mount(Some("."), "/", None, libc::MS_MOVE, None).ctx(|| "moving it onto /".into())?;
+    std::os::unix::fs::chroot(".").ctx(|| "chroot".into())?;
+    std::env::set_current_dir("/").ctx(|| "chdir /".into())
+}
+
+fn mount_kernel_fs() -> Result<(), Fail> {
+    let flags = libc::MS_NOSUID | libc::MS_NOEXEC;
+    sys::mount(Some("dev"), "/dev", Some("devtmpfs"), libc::MS_NOSUID, None)
+        .ctx(|| "mounting /dev".into())?;
+    sys::mount(
+        Some("proc"),
+        "/proc",
+        Some("proc"),
+        flags | libc::MS_NODEV,
+        None,
+    )
+    .ctx(|| "mounting /proc".into())?;
+    sys::mount(
+        Some("sys"),
+        "/sys",
+        Some("sysfs"),
+        flags | libc::MS_NODEV,
+        None,
+    )
+    .ctx(|| "mounting /sys".into())?;
+    sys::mount(
+        Some("tmp"),
+        "/tmp",
+        Some("tmpfs"),
+        libc::MS_NOSUID | libc::MS_NODEV,
+        Some("mode=1777"),
+    )
+    .ctx(|| "mounting /tmp".into())
+}
+
+fn load_modules() -> Result<(), Fail> {
+    let list = std::fs::read_to_string(format!("/{MODULE_LIST}")).ctx(|| MODULE_LIST.into())?;
+    for name in list.lines().filter(|l| !l.is_empty()) {
+        let path = format!("/lib/modules/{name}");
+        let file = File::open(&path).ctx(|| path.clone())?;
+        match sys::finit_module(&file) {
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
+            other => other.ctx(|| format!("loading {name}"))?,
+        }
+    }
+    // The console is a virtio device too: only now can the agent's own errors reach it.
+    if let Ok(console) = std::fs::OpenOptions::new().write(true).open("/dev/hvc0") {
+        use std::os::fd::AsRawFd;
+        let _ = sys::dup_to(console.as_raw_fd(), 1);
+        let _ = sys::dup_to(console.as_raw_fd(), 2);
+    }
+    Ok(())
+}
+
+/// Waits for `found` to give a value, up to [`DEVICE_WAIT`].
+fn wait_for<T>(what: &str, mut found: impl FnMut() -> Option<T>) -> Result<T, Fail> {
+    let until = Instant::now() + DEVICE_WAIT;
+    loop {
+        if let Some(v) = found() {
+            return Ok(v);
+        }
+        if Instant::now() >= until {
+            return Err(Fail::new(format!("{what} did not appear")));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The agent port, found by its name: no udev names it in /dev.
+fn open_port() -> Result<File, Fail> {
+    let dev = wait_for("the agent port", || {
+        std::fs::read_dir("/sys/class/virtio-ports")
+            .ok()?
+            .flatten()
+            .find(|e| {
+                std::fs::read_to_string(e.path().join("name")).is_ok_and(|n| n.trim() == AGENT_PORT)
+            })
+            .map(|e| format!("/dev/{}", e.file_name().to_string_lossy()))
+    })?;
+    let dev_ready = wait_for("the agent port's device node", || {
+        std::path::Path::new(&dev).exists().then_some(())
+    });
+    dev_ready?;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&dev)
+        .ctx(|| dev.clone())
+}
+
+fn mount_root() -> Result<(), Fail> {
+    wait_for("the root disk", || {
+        std::path::Path::new("/dev/vda").exists().then_some(())
+    })?;
+    sys::mount(
+        Some("/dev/vda"),
+        GUEST_ROOT,
+        Some("erofs"),
+        libc::MS_RDONLY | libc::MS_NODEV,
+        None,
+    )
+    .ctx(|| format!("mounting the root disk on {GUEST_ROOT}"))
+}
+
+/// cgroup v2 with the controllers the native tier's limits need, delegated below the root.
+fn guest_cgroups() -> Result<(), Fail> {
+    let root = "/sys/fs/cgroup";
+    sys::mount(
+        Some("cgroup2"),
+        root,
+        Some("cgroup2"),
+        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+        None,
+    )
+    .ctx(|| format!("mounting cgroup2 on {root}"))?;
+    std::fs::write(
+        format!("{root}/cgroup.subtree_control"),
+        "+cpu +memory +pids",
+    )
+    .ctx(|| "enabling the cpu, memory and pids controllers".into())
+}
+
+/// Runs the plan in the guest's native tier and reports it.
+fn run(plan: GuestPlan, files: InputFiles, port: File) -> Result<(), Failed> {
+    let fail = |e: std::io::Error| (Step::Report, Fail::new(format!("the agent port: {e}")));
+    let writer = Arc::new(Mutex::new(port.try_clone().map_err(fail)?));
+    let mut req = plan.request;
+    req.files = files
+        .into_iter()
+        .map(|(meta, data)| FileIn {
+            path: meta.path,
+            mode: meta.mode,
+            content: Content::from_bytes(data),
+        })
+        .collect();
+    let io = RunIo {
+        stdin: StdinSource::Reader(Box::new(stdin_from(port).map_err(fail)?)),
+        on_output: Some(output_to(writer.clone())),
+        output: crate::supervise::io::OutputMode::Capture,
+        cancel: None,
+        on_started: Some(started_to(writer.clone())),
+    };
+    let native = Native {
+        helper: "/init".into(),
+    };
+    let send = |msg: &Msg, blob: &[u8]| {
+        let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
+        channel::send(&mut *w, msg, blob).map_err(fail)
+    };
+    match native.run(&req, io) {
+        Ok(result) => {
+            let o = &result.outcome;
+            send(
+                &Msg::Exited {
+                    code: o.exit_code,
+                    signal: o.signal,
+                },
+                &[],
+            )?;
+            let end = GuestEnd {
+                stats: Stats {
+                    cpu_ns: result.cpu_ms.saturating_mul(1_000_000),
+                    memory_peak: result.memory_peak_bytes,
+                    oom_kills: u64::from(result.oom_killed),
+                    pids_max_hits: u64::from(result.pids_limit_hit),
+                },
+                stdout_bytes: o.stdout_bytes,
+                stderr_bytes: o.stderr_bytes,
+            };
+            send(&Msg::GuestEnded(end), &[])?;
+            for f in result.files {
+                let data = f.content.as_ref().map(Content::to_bytes).transpose();
+                let data = data.ok().flatten().unwrap_or_default();
+                let meta = Collected {
+                    path: f.path,
+                    size: f.size,
+                    truncated: f.truncated,
+                    error: f.error,
+                };
+                send(&Msg::Collected(meta), &data)?;
+            }
+        }
+        Err(crate::Error::Setup {
+            step,
+            errno,
+            detail,
+        }) => {
+            let detail = format!("in the guest: {detail}");
+            send(
+                &Msg::Failed {
+                    step,
+                    errno,
+                    detail,
+                },
+                &[],
+            )?;
+        }
+        Err(e) => {
+            let detail = format!("in the guest: {e}");
+            let step = Step::RunSandboxed.into();
+            send(
+                &Msg::Failed {
+                    step,
+                    errno: None,
+                    detail,
+                },
+                &[],
+            )?;
+        }
+    }
+    send(&Msg::Done, &[])
+}
+
+fn output_to(writer: Arc<Mutex<File>>) -> crate::OutputSink {
+    Arc::new(move |stream, bytes| {
+        let msg = Msg::Output {
+            stderr: stream == Stream::Stderr,
+        };
+        let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = channel::send(&mut *w, &msg, bytes);
+    })
+}
+
+fn started_to(writer: Arc<Mutex<File>>) -> crate::supervise::io::OnStarted {
+    Box::new(move |started| {
+        let msg = Msg::GuestStarted(Box::new(started.isolation));
+        let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = channel::send(&mut *w, &msg, &[]);
+    })
+}
+
+/// The code's stdin: the host's `Stdin` frames, read on a thread into a pipe.
+fn stdin_from(mut port: File) -> std::io::Result<std::io::PipeReader> {
+    let (reader, mut writer) = std::io::pipe()?;
+    std::thread::spawn(move || {
+        while let Ok(Some((msg, blob))) = channel::recv(&mut port) {
+            match msg {
+                Msg::Stdin if writer.write_all(&blob).is_ok() => {}
+                _ => break,
+            }
+        }
+    });
+    Ok(reader)
+}

@@ -1,0 +1,75 @@
+//! What the microvm tier's processes tell each other: the supervisor's plan for the relay, the
+//! relay's plan for the guest agent, and the guest's account of the run.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use kennel_types::api::RunRequest;
+use kennel_types::policy::Policy;
+
+use crate::cgroup::Stats;
+use crate::channel::Planned;
+
+/// The supervisor's plan for the relay: how to start the VMM in its jail, and the guest's plan.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VmPlan {
+    pub build: String,
+    /// The VMM's command line and environment, with paths as its jail shows them.
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    /// The prepared VM directory, shown read-only to the VMM at [`VM_MOUNT`].
+    pub vm_dir: PathBuf,
+    /// The native policy the VMM runs under (its memory, tasks and deadline).
+    pub jail: Policy,
+    /// How long the guest may take to say hello.
+    pub boot_timeout_ms: u64,
+    /// Bounds on what the guest may send: a frame's JSON, and its blob.
+    pub max_json: u32,
+    pub max_blob: u64,
+    pub guest: GuestPlan,
+}
+
+/// Where the VMM's jail shows the prepared VM directory, and the relay's socket directory.
+pub const VM_MOUNT: &str = "/vm";
+pub const IO_MOUNT: &str = "/io";
+/// The agent socket's name in the relay's directory.
+pub const AGENT_SOCKET: &str = "agent.sock";
+/// The console FIFOs' stem in the relay's directory (`console.in`, `console.out`).
+pub const CONSOLE: &str = "console";
+
+/// The relay's plan for the guest agent: the run as the guest's own native tier takes it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GuestPlan {
+    pub build: String,
+    /// The request, with its root the guest's disk, its files sent as frames after the plan.
+    pub request: RunRequest,
+    pub files: usize,
+}
+
+/// What the guest counted, sent once the code has exited: its cgroup's counters and the
+/// output's true sizes (the guest forwards only what the host keeps, plus one byte).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestEnd {
+    pub stats: Stats,
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+}
+
+impl Planned for VmPlan {
+    fn build(&self) -> &str {
+        &self.build
+    }
+    fn files(&self) -> usize {
+        self.guest.files
+    }
+}
+
+impl Planned for GuestPlan {
+    fn build(&self) -> &str {
+        &self.build
+    }
+    fn files(&self) -> usize {
+        self.files
+    }
+}

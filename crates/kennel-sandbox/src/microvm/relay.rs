@@ -1,0 +1,393 @@
+//! The relay: a fresh exec of the helper binary on the host that owns one VM. It listens on
+//! the agent socket, starts the VMM inside a native sandbox, and passes frames between the
+//! supervisor's control channel and the guest: output to its own stdout and stderr (which the
+//! supervisor caps), everything else as control messages. Nothing the guest sends is trusted:
+//! every frame is bounded, and a frame that is not in the protocol fails the run.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use kennel_types::api::{Command, HostDir, RunRequest, RunResult};
+
+use super::plan::{VmPlan, AGENT_SOCKET, CONSOLE, IO_MOUNT, VM_MOUNT};
+use super::steps::Step;
+use crate::channel::{self, InputFiles, Msg, CTL_FD};
+use crate::error::Error;
+use crate::native::helper::fail_and_exit;
+use crate::native::steps::{Context, Fail};
+use crate::native::Native;
+use crate::supervise::io::{Canceller, RunIo};
+use crate::sys;
+
+/// The first argument that turns the helper binary into a microvm relay.
+pub const RELAY_ARG: &str = "__kennel-vm-relay";
+
+/// Where relays keep their socket directories, one per relay pid.
+pub const RUN_ROOT: &str = "/run/kennel/vm";
+
+/// How long the VMM may take to exit once its guest powered off.
+const EXIT_GRACE: Duration = Duration::from_secs(5);
+/// How much of the guest's console is kept, for the errors of a guest that fails.
+const CONSOLE_KEPT: usize = 8 << 10;
+
+pub fn relay_main() -> ! {
+    let mut ctl = match sys::adopt_inherited_fd(CTL_FD) {
+        Ok(fd) => UnixStream::from(fd),
+        Err(e) => {
+            eprintln!("kennel: {RELAY_ARG} is internal and needs the supervisor's socket: {e}");
+            sys::exit_now(125)
+        }
+    };
+    let _ = sys::set_cloexec(CTL_FD);
+    let _ = sys::close_fds_from(CTL_FD + 1);
+    // SIGTERM is the supervisor's "stop now": taken by a thread, so the VMM's sandbox is
+    // cancelled and cleaned up rather than orphaned.
+    if let Err(e) = sys::block_signals(&[libc::SIGTERM]) {
+        fail_and_exit(
+            &mut ctl,
+            Step::SpawnRelay,
+            Fail::new(format!("sigmask: {e}")),
+        );
+    }
+    let pick = |m| match m {
+        Msg::Vm(plan) => Ok(*plan),
+        other => Err(other),
+    };
+    let (plan, files) = match channel::recv_plan(&mut ctl, "a vm plan", pick) {
+        Ok(p) => p,
+        Err(e) => fail_and_exit(&mut ctl, Step::SpawnRelay, Fail::new(e.to_string())),
+    };
+    let dir = PathBuf::from(RUN_ROOT).join(sys::getpid().to_string());
+    let outcome = relay(&mut ctl, &plan, files, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    match outcome {
+        Ok(()) => {
+            let _ = channel::send(&mut ctl, &Msg::Done, &[]);
+            sys::exit_now(0)
+        }
+        Err((step, fail)) => fail_and_exit(&mut ctl, step, fail),
+    }
+}
+
+type Failed = (Step, Fail);
+
+fn at(step: Step) -> impl FnOnce(Fail) -> Failed {
+    move |f| (step, f)
+}
+
+fn relay(ctl: &mut UnixStream, plan: &VmPlan, files: InputFiles, dir: &Path) -> Result<(), Failed> {
+    let listener = agent_socket(dir).map_err(at(Step::AgentSocket))?;
+    let console = Console::open(dir).map_err(at(Step::AgentSocket))?;
+    let cancel = Canceller::new();
+    let vmm = start_vmm(plan, dir, cancel.clone());
+    let stop = cancel.clone();
+    std::thread::spawn(move || {
+        if sys::wait_signal(&[libc::SIGTERM]).is_ok() {
+            stop.cancel();
+        }
+    });
+    let mut guest = await_guest(&listener, plan, &vmm, &cancel)
+        .map_err(|f| (Step::AwaitGuest, console.add_to(f)))?;
+    send_plan(&mut guest, plan, files).map_err(at(Step::SendPlan))?;
+    let ended = pass_frames(ctl, &mut guest, plan, &cancel);
+    // The guest powers off after its report; the VMM then exits by itself.
+    if vmm.recv_timeout(EXIT_GRACE).is_err() {
+        cancel.cancel();
+        let _ = vmm.recv_timeout(EXIT_GRACE);
+    }
+    ended.map_err(|f| (Step::Report, console.add_to(f)))
+}
+
+/// The guest's console: a FIFO pair QEMU writes to, read on a thread into a bounded tail.
+struct Console(std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<u8>>>);
+
+impl Console {
+    fn open(dir: &Path) -> Result<Console, Fail> {
+        let owner = crate::native::sandbox_root_host_uid();
+        let mut out = None;
+        for end in ["in", "out"] {
+            let path = dir.join(format!("{CONSOLE}.{end}"));
+            sys::mkfifo(&path, 0o600).ctx(|| format!("mkfifo {}", path.display()))?;
+            std::os::unix::fs::chown(&path, Some(owner), Some(owner))
+                .ctx(|| format!("chown {}", path.display()))?;
+            out = Some(path);
+        }
+        // Opened for writing too, so the open does not wait for QEMU and reads never end.
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(out.unwrap_or_default())
+            .ctx(|| "opening the console".into())?;
+        let kept = std::sync::Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new()));
+        let tail = kept.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = file.read(&mut buf) {
+                if n == 0 {
+                    return;
+                }
+                let mut t = tail.lock().unwrap_or_else(|p| p.into_inner());
+                t.extend(&buf[..n]);
+                let over = t.len().saturating_sub(CONSOLE_KEPT);
+                t.drain(..over);
+            }
+        });
+        Ok(Console(kept))
+    }
+
+    fn add_to(&self, fail: Fail) -> Fail {
+        // What QEMU wrote last may still be in the pipe.
+        std::thread::sleep(Duration::from_millis(50));
+        let t = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let text = String::from_utf8_lossy(&t.iter().copied().collect::<Vec<u8>>()).into_owned();
+        if text.trim().is_empty() {
+            return fail;
+        }
+        Fail {
+            errno: fail.errno,
+            detail: format!("{}; guest console: {}", fail.detail, text.trim()),
+        }
+    }
+}
+
+/// The directory the VMM's jail sees at `/io`, owned by the sandbox's root so QEMU can connect,
+/// and the socket the relay listens on in it.
+fn agent_socket(dir: &Path) -> Result<UnixListener, Fail> {
+    std::fs::create_dir_all(RUN_ROOT).ctx(|| format!("creating {RUN_ROOT}"))?;
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir(dir).ctx(|| format!("creating {}", dir.display()))?;
+    let owner = crate::native::sandbox_root_host_uid();
+    std::os::unix::fs::chown(dir, Some(owner), Some(owner))
+        .ctx(|| format!("chown {}", dir.display()))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .ctx(|| format!("chmod {}", dir.display()))?;
+    let path = dir.join(AGENT_SOCKET);
+    let listener = UnixListener::bind(&path).ctx(|| format!("binding {}", path.display()))?;
+    std::os::unix::fs::chown(&path, Some(owner), Some(owner))
+        .ctx(|| format!("chown {}", path.display()))?;
+    listener
+        .set_nonblocking(true)
+        .ctx(|| "a non-blocking listener".into())?;
+    Ok(listener)
+}
+
+/// Starts the VMM in a native sandbox on a thread of its own; its result (with the guest's
+/// console on stderr) arrives on the channel when it exits.
+fn start_vmm(
+    plan: &VmPlan,
+    dir: &Path,
+    cancel: Canceller,
+) -> mpsc::Receiver<Result<RunResult, Error>> {
+    let mut req = RunRequest::new(Command::Argv(plan.argv.clone()));
+    req.policy = plan.jail.clone();
+    req.policy.env.extend(plan.env.iter().cloned());
+    req.host_dirs = vec![
+        HostDir {
+            source: plan.vm_dir.clone(),
+            target: VM_MOUNT.into(),
+            read_only: true,
+        },
+        HostDir {
+            source: dir.to_path_buf(),
+            target: IO_MOUNT.into(),
+            read_only: false,
+        },
+    ];
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let io = RunIo {
+            cancel: Some(cancel),
+            ..RunIo::none()
+        };
+        let result = Native::from_current_exe().and_then(|n| n.run(&req, io));
+        let _ = tx.send(result);
+    });
+    rx
+}
+
+/// Accepts the VMM's connection and reads the guest's hello, both within the boot bound; a VMM
+/// that exits first fails with what it printed.
+fn await_guest(
+    listener: &UnixListener,
+    plan: &VmPlan,
+    vmm: &mpsc::Receiver<Result<RunResult, Error>>,
+    cancel: &Canceller,
+) -> Result<UnixStream, Fail> {
+    let deadline = Instant::now() + Duration::from_millis(plan.boot_timeout_ms);
+    let mut stream = loop {
+        match listener.accept() {
+            Ok((s, _)) => break s,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(Fail::new(format!("accepting the VMM: {e}"))),
+        }
+        if let Ok(result) = vmm.try_recv() {
+            return Err(vmm_ended("before connecting to the agent socket", &result));
+        }
+        if Instant::now() >= deadline || cancel.is_cancelled() {
+            return Err(Fail::new(
+                "the VMM did not connect to the agent socket in time",
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    stream
+        .set_nonblocking(false)
+        .ctx(|| "a blocking agent socket".into())?;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || cancel.is_cancelled() {
+            return Err(Fail::new(format!(
+                "the guest did not boot within {} ms",
+                plan.boot_timeout_ms
+            )));
+        }
+        // Short reads, so a VMM that dies while booting is noticed.
+        let _ = stream.set_read_timeout(Some(left.min(Duration::from_millis(200))));
+        match channel::recv_bounded(&mut stream, 4096, 0) {
+            Ok(Some((Msg::Hello { build }, _))) if build == channel::BUILD => break,
+            Ok(Some((Msg::Hello { build }, _))) => {
+                return Err(Fail::new(format!(
+                    "the guest agent is build {build}, not {}",
+                    channel::BUILD
+                )))
+            }
+            Ok(Some((other, _))) => {
+                return Err(Fail::new(format!("the guest said {other:?} before hello")))
+            }
+            Ok(None) => {
+                let result = vmm.recv_timeout(EXIT_GRACE);
+                return Err(match result {
+                    Ok(r) => vmm_ended("while booting", &r),
+                    Err(_) => Fail::new("the guest closed the agent port while booting"),
+                });
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                if let Ok(result) = vmm.try_recv() {
+                    return Err(vmm_ended("while booting", &result));
+                }
+            }
+            Err(e) => return Err(Fail::new(format!("reading the guest's hello: {e}"))),
+        }
+    }
+    let _ = stream.set_read_timeout(None);
+    Ok(stream)
+}
+
+fn vmm_ended(when: &str, result: &Result<RunResult, Error>) -> Fail {
+    match result {
+        Ok(r) => Fail::new(format!(
+            "the VMM exited {when} (status {:?}, signal {:?}): {}",
+            r.outcome.exit_code,
+            r.outcome.signal,
+            tail(&r.outcome.stderr)
+        )),
+        Err(e) => Fail::new(format!("the VMM could not start {when}: {e}")),
+    }
+}
+
+fn tail(text: &str) -> &str {
+    let text = text.trim();
+    let start = text.len().saturating_sub(2000);
+    let start = (start..text.len())
+        .find(|&i| text.is_char_boundary(i))
+        .unwrap_or(text.len());
+    &text[start..]
+}
+
+/// The guest's plan and files, then the relay's own stdin as frames, on a thread of its own.
+fn send_plan(guest: &mut UnixStream, plan: &VmPlan, files: InputFiles) -> Result<(), Fail> {
+    channel::send(guest, &Msg::Guest(Box::new(plan.guest.clone())), &[])
+        .ctx(|| "sending the guest its plan".into())?;
+    for (meta, data) in &files {
+        channel::send(guest, &Msg::File(meta.clone()), data)
+            .ctx(|| format!("sending {}", meta.path))?;
+    }
+    let mut writer = guest.try_clone().ctx(|| "the agent socket".into())?;
+    std::thread::spawn(move || {
+        let mut stdin = std::io::stdin().lock();
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            match stdin.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if channel::send(&mut writer, &Msg::Stdin, &buf[..n]).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+        let _ = channel::send(&mut writer, &Msg::StdinEnd, &[]);
+    });
+    Ok(())
+}
+
+/// Passes the guest's frames on until its `Done`: output to stdout and stderr, the rest to the
+/// supervisor. A cancel shuts the socket, which ends the loop.
+fn pass_frames(
+    ctl: &mut UnixStream,
+    guest: &mut UnixStream,
+    plan: &VmPlan,
+    cancel: &Canceller,
+) -> Result<(), Fail> {
+    let watcher = guest.try_clone().ctx(|| "the agent socket".into())?;
+    let stop = cancel.clone();
+    std::thread::spawn(move || {
+        while !stop.is_cancelled() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = watcher.shutdown(std::net::Shutdown::Both);
+    });
+    let forward = |ctl: &mut UnixStream, msg: &Msg, blob: &[u8]| {
+        channel::send(ctl, msg, blob).ctx(|| "writing to the supervisor".into())
+    };
+    loop {
+        let frame = channel::recv_bounded(guest, plan.max_json, plan.max_blob);
+        let (msg, blob) = match frame {
+            Ok(Some(f)) => f,
+            Ok(None) if cancel.is_cancelled() => return Ok(()),
+            Ok(None) => return Err(Fail::new("the guest ended without reporting its run")),
+            Err(_) if cancel.is_cancelled() => return Ok(()),
+            Err(e) => return Err(Fail::new(format!("the guest broke protocol: {e}"))),
+        };
+        match msg {
+            Msg::Output { stderr } => {
+                let written = if stderr {
+                    std::io::stderr().write_all(&blob)
+                } else {
+                    std::io::stdout().write_all(&blob)
+                };
+                written.ctx(|| "passing output on".into())?;
+            }
+            Msg::GuestStarted(_) => {
+                forward(ctl, &msg, &[])?;
+                forward(ctl, &Msg::InitPid { pid: sys::getpid() }, &[])?;
+            }
+            Msg::GuestEnded(_) | Msg::Exited { .. } | Msg::Failed { .. } => {
+                forward(ctl, &msg, &[])?
+            }
+            Msg::Collected(_) => forward(ctl, &msg, &blob)?,
+            Msg::Done => return Ok(()),
+            other => {
+                return Err(Fail::new(format!(
+                    "the guest broke protocol: it sent {}",
+                    variant(&other)
+                )))
+            }
+        }
+    }
+}
+
+/// A message's kind, without what a guest may have put in it.
+fn variant(msg: &Msg) -> String {
+    let text = format!("{msg:?}");
+    text.split(['(', ' ', '{']).next().unwrap_or("").to_string()
+}

@@ -1,0 +1,151 @@
+//! The microvm tier's sequence: one flat, ordered list of named steps, each with its reason.
+//!
+//! Three processes take part: the supervisor (Kennel), the relay (a fresh exec of the helper
+//! binary on the host, which starts QEMU in a native sandbox and speaks to the guest), and the
+//! guest agent (the same helper binary, as the guest kernel's `/init`). The guest's own
+//! sandbox is the native tier's, whose steps are `native::steps`.
+
+/// A step of a microvm run, in the order they happen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Step {
+    // The supervisor, on the host.
+    CheckArtifacts,
+    ChooseAccel,
+    GuestRoot,
+    Initramfs,
+    SpawnRelay,
+    // The relay, on the host.
+    AgentSocket,
+    JailVmm,
+    AwaitGuest,
+    SendPlan,
+    // The guest agent, PID 1 of the guest.
+    LeaveRootfs,
+    MountKernelFs,
+    LoadModules,
+    OpenPort,
+    MountRoot,
+    GuestCgroups,
+    ReceivePlan,
+    RunSandboxed,
+    Report,
+    PowerOff,
+    // The supervisor again, after the VM is gone.
+    RemoveRunDir,
+}
+
+impl Step {
+    pub const ALL: [Step; 20] = [
+        Step::CheckArtifacts,
+        Step::ChooseAccel,
+        Step::GuestRoot,
+        Step::Initramfs,
+        Step::SpawnRelay,
+        Step::AgentSocket,
+        Step::JailVmm,
+        Step::AwaitGuest,
+        Step::SendPlan,
+        Step::LeaveRootfs,
+        Step::MountKernelFs,
+        Step::LoadModules,
+        Step::OpenPort,
+        Step::MountRoot,
+        Step::GuestCgroups,
+        Step::ReceivePlan,
+        Step::RunSandboxed,
+        Step::Report,
+        Step::PowerOff,
+        Step::RemoveRunDir,
+    ];
+
+    /// The steps the guest agent performs, in order.
+    pub const GUEST: [Step; 10] = [
+        Step::LeaveRootfs,
+        Step::MountKernelFs,
+        Step::LoadModules,
+        Step::OpenPort,
+        Step::MountRoot,
+        Step::GuestCgroups,
+        Step::ReceivePlan,
+        Step::RunSandboxed,
+        Step::Report,
+        Step::PowerOff,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Step::CheckArtifacts => "check_artifacts",
+            Step::ChooseAccel => "choose_accel",
+            Step::GuestRoot => "guest_root",
+            Step::Initramfs => "initramfs",
+            Step::SpawnRelay => "spawn_relay",
+            Step::AgentSocket => "agent_socket",
+            Step::JailVmm => "jail_vmm",
+            Step::AwaitGuest => "await_guest",
+            Step::SendPlan => "send_plan",
+            Step::LeaveRootfs => "leave_rootfs",
+            Step::MountKernelFs => "mount_kernel_fs",
+            Step::LoadModules => "load_modules",
+            Step::OpenPort => "open_port",
+            Step::MountRoot => "mount_root",
+            Step::GuestCgroups => "guest_cgroups",
+            Step::ReceivePlan => "receive_plan",
+            Step::RunSandboxed => "run_sandboxed",
+            Step::Report => "report",
+            Step::PowerOff => "power_off",
+            Step::RemoveRunDir => "remove_run_dir",
+        }
+    }
+
+    /// Why the step is there, and why at this point of the sequence.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Step::CheckArtifacts => "the QEMU, kernel and modules `kennel vm prepare` unpacked must all be there; a missing piece is refused with that hint before anything starts",
+            Step::ChooseAccel => "KVM only where a probe showed it works (a paravirtual /dev/kvm aborts QEMU); otherwise TCG, which is reported, and refused when the policy requires KVM",
+            Step::GuestRoot => "the guest's root is a read-only erofs disk made from a Kennel image, never the host's /, so the guest's root cannot read the host's root-only files",
+            Step::Initramfs => "the guest's /init is this build's helper binary with its libraries and the virtio modules, so host and guest speak one protocol version",
+            Step::SpawnRelay => "a fresh process on the host owns the VM: the supervisor's loop caps its output and kills it at the deadline like any tier's helper",
+            Step::AgentSocket => "the relay listens before QEMU starts, so the channel exists before the guest runs and a frame sent early waits for it",
+            Step::JailVmm => "QEMU runs inside Kennel's native tier (user, mount, pid and network namespaces, its own cgroup, seccomp, no capabilities) with its own -sandbox: a guest that breaks QEMU lands in a sandbox",
+            Step::AwaitGuest => "the guest's hello is awaited with a bound: a guest that never boots is a failed run, not a hang",
+            Step::SendPlan => "the guest gets the run's request, its files and its stdin only over the agent port; the host bounds every frame it reads back",
+            Step::LeaveRootfs => "the initramfs is the kernel's rootfs, which pivot_root cannot leave; a bind mount of it moved onto / can be, so the guest's own sandboxes pivot as on a host",
+            Step::MountKernelFs => "the guest's /dev, /proc and /sys exist before anything needs them",
+            Step::LoadModules => "every virtio driver of Debian's kernel is a module, loaded in dependency order",
+            Step::OpenPort => "the agent port is found by its name under /sys/class/virtio-ports, with no udev",
+            Step::MountRoot => "the image's erofs disk is mounted read-only: nothing a run writes outlives the VM",
+            Step::GuestCgroups => "the run's memory, CPU and task limits are a cgroup inside the guest, so one guest size serves many policies",
+            Step::ReceivePlan => "the plan must come from the same build as the guest agent",
+            Step::RunSandboxed => "inside the guest the code runs in the native tier too (namespaces, seccomp, Landlock, no capabilities, a non-root uid): defence in depth behind the hypervisor",
+            Step::Report => "output streams as it comes; the exit, the guest's counters and the collected files follow, after the last output",
+            Step::PowerOff => "the guest powers off and QEMU exits; the host kills it at the deadline regardless",
+            Step::RemoveRunDir => "the relay's socket directory goes with the run, and a crashed relay's is swept by the next start",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_steps_run_in_the_documented_order() {
+        let pos = |s: Step| Step::ALL.iter().position(|x| *x == s).unwrap();
+        let guest: Vec<usize> = Step::GUEST.iter().map(|s| pos(*s)).collect();
+        assert!(guest.windows(2).all(|w| w[0] + 1 == w[1]), "{guest:?}");
+        // The guest's root and init exist before any process starts.
+        assert!(pos(Step::GuestRoot) < pos(Step::SpawnRelay));
+        assert!(pos(Step::Initramfs) < pos(Step::SpawnRelay));
+        assert!(pos(Step::ChooseAccel) < pos(Step::JailVmm));
+        // The socket listens before QEMU connects to it.
+        assert!(pos(Step::AgentSocket) < pos(Step::JailVmm));
+        assert!(pos(Step::JailVmm) < pos(Step::LeaveRootfs));
+        // Limits hold before the code runs.
+        assert!(pos(Step::GuestCgroups) < pos(Step::RunSandboxed));
+        assert!(pos(Step::MountRoot) < pos(Step::RunSandboxed));
+        assert_eq!(pos(Step::RemoveRunDir), Step::ALL.len() - 1);
+        let names: std::collections::HashSet<_> = Step::ALL.iter().map(|s| s.name()).collect();
+        assert_eq!(names.len(), Step::ALL.len());
+    }
+}

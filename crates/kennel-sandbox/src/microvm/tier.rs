@@ -1,0 +1,372 @@
+//! The microvm tier's translation for the one supervision loop: the checks before a VM starts,
+//! the relay's plan, how a VM is stopped, what the guest counted and the isolation in force.
+
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use kennel_net::Proxy;
+use kennel_types::api::{Isolation, LimitsInfo, RunRequest, RunResult, RuntimeInfo};
+use kennel_types::policy::{ByteSize, Capabilities, NetMode, Policy, Tier};
+
+use super::artifacts::{Manifest, VmDir};
+use super::plan::{GuestEnd, GuestPlan, VmPlan, AGENT_SOCKET, CONSOLE, IO_MOUNT, VM_MOUNT};
+use super::relay::{RELAY_ARG, RUN_ROOT};
+use super::steps::Step;
+use super::vmm::{self, Accel, Boot, Qemu, Vmm};
+use super::{initrd, root};
+use crate::cgroup::{Probe, Stats};
+use crate::channel::{self, Confinement, Msg};
+use crate::error::{Error, SetupStep};
+use crate::request::input_files;
+use crate::supervise::io::RunIo;
+use crate::supervise::report::network_summary;
+use crate::supervise::{supervise, Tier as SuperviseTier};
+use crate::sys;
+
+/// The guest's fixed size: one guest serves every policy, whose limits are a cgroup inside it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VmConfig {
+    pub memory_mib: u64,
+    pub vcpus: u32,
+    /// How long a guest may take to boot to its agent.
+    pub boot_timeout: Duration,
+}
+
+/// What the guest kernel and the agent keep for themselves: a run's memory limit may use the
+/// rest.
+const GUEST_RESERVE_MIB: u64 = 160;
+/// QEMU's own memory beyond the guest's RAM (its translation cache under TCG is capped at 64 MiB).
+const VMM_OVERHEAD_MIB: u64 = 384;
+
+impl Default for VmConfig {
+    fn default() -> VmConfig {
+        VmConfig {
+            memory_mib: 1024,
+            vcpus: 1,
+            boot_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl VmConfig {
+    /// The defaults, with `KENNEL_VM_MEMORY_MIB` and `KENNEL_VM_VCPUS` where set.
+    pub fn from_env() -> VmConfig {
+        let mut c = VmConfig::default();
+        let num = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
+        if let Some(m) = num("KENNEL_VM_MEMORY_MIB").filter(|m| *m >= 256) {
+            c.memory_mib = m;
+        }
+        if let Some(v) = num("KENNEL_VM_VCPUS").and_then(|v| u32::try_from(v).ok()) {
+            c.vcpus = v.clamp(1, 64);
+        }
+        c
+    }
+}
+
+/// Runs requests in microVMs.
+#[derive(Debug, Clone)]
+pub struct Microvm {
+    /// The helper binary: the relay on the host and the agent in the guest.
+    pub helper: PathBuf,
+    pub vm: VmDir,
+    pub config: VmConfig,
+}
+
+impl Microvm {
+    pub fn new(helper: PathBuf) -> Microvm {
+        Microvm {
+            helper,
+            vm: VmDir::from_env(),
+            config: VmConfig::from_env(),
+        }
+    }
+
+    /// Runs one request in a fresh VM. The engine has resolved its image: `rootfs` is the
+    /// image's root on the host and `req.image` names its digest.
+    pub fn run(&self, req: &RunRequest, io: RunIo) -> Result<RunResult, Error> {
+        let policy = &req.policy;
+        policy.validate()?;
+        self.check_request(req)?;
+        let manifest = self.vm.check().map_err(|why| Error::Unsupported {
+            layer: "the microvm tier",
+            why,
+            hint: "run `kennel vm prepare` (as root) to unpack QEMU and the guest kernel".into(),
+        })?;
+        let (accel, why) = vmm::accel(&self.vm).clone();
+        if accel == Accel::Tcg && policy.microvm.require_kvm {
+            return Err(Error::Unsupported {
+                layer: "a KVM guest",
+                why: format!("KVM is not usable here ({why}), and the policy requires it"),
+                hint: "run on a host with working KVM, or unset microvm.require_kvm to accept TCG, which QEMU gives no isolation guarantee".into(),
+            });
+        }
+        let image = req
+            .image
+            .as_ref()
+            .ok_or_else(|| Error::request("filesystem.image", "the microvm tier boots an image"))?;
+        let rootfs = policy.filesystem.rootfs.clone().unwrap_or_default();
+        let disk = root::ensure(&self.vm, &image.digest, &rootfs)
+            .map_err(|d| setup(Step::GuestRoot, d))?;
+        let initrd = initrd::ensure(&self.vm, &manifest, &self.helper)
+            .map_err(|e| setup(Step::Initramfs, format!("building the initramfs: {e}")))?;
+        sweep_run_dirs();
+        let files = input_files(req)?;
+        let in_vm = |p: &std::path::Path| {
+            let rel = p.strip_prefix(&self.vm.root).unwrap_or(p);
+            format!("{VM_MOUNT}/{}", rel.display())
+        };
+        let boot = Boot {
+            accel,
+            vcpus: self.config.vcpus,
+            memory_mib: self.config.memory_mib,
+            kernel: in_vm(&self.vm.vmlinux()),
+            initrd: in_vm(&initrd),
+            root_disk: in_vm(&disk),
+            agent_socket: format!("{IO_MOUNT}/{AGENT_SOCKET}"),
+            console: format!("{IO_MOUNT}/{CONSOLE}"),
+            prefix: in_vm(&self.vm.qemu_prefix()),
+            tsc_khz: vmm::host_tsc_khz(),
+        };
+        let plan = VmPlan {
+            build: channel::BUILD.into(),
+            argv: Qemu.argv(&boot),
+            env: Qemu.env(&boot),
+            vm_dir: self.vm.root.clone(),
+            jail: self.jail(policy),
+            boot_timeout_ms: u64::try_from(self.config.boot_timeout.as_millis()).unwrap_or(30_000),
+            max_json: 1 << 20,
+            max_blob: policy.limits.collect_size.0.max(1 << 20),
+            guest: GuestPlan {
+                build: channel::BUILD.into(),
+                request: guest_request(req),
+                files: files.len(),
+            },
+        };
+        let mut tier = MicrovmTier {
+            plan: Some(plan),
+            accel,
+            qemu_version: manifest.qemu_version,
+            policy: policy.clone(),
+            guest: None,
+            end: None,
+        };
+        supervise(&mut tier, &self.helper, req, &files, io)
+    }
+
+    /// What this tier cannot do (yet), refused before anything starts.
+    fn check_request(&self, req: &RunRequest) -> Result<(), Error> {
+        let policy = &req.policy;
+        if policy.tier != Tier::Microvm {
+            return Err(Error::request("tier", "is not \"microvm\""));
+        }
+        if policy.network.mode != NetMode::None {
+            return Err(Error::Unsupported {
+                layer: "network access from a microVM",
+                why: "the guest has no network device; its allowlist route is not built yet".into(),
+                hint: "use network mode \"none\" in the microvm tier, or the native, oci or gvisor tier for network access".into(),
+            });
+        }
+        if !req.host_dirs.is_empty() {
+            return Err(Error::request(
+                "host_dirs",
+                "the microvm tier shows no host directory",
+            ));
+        }
+        let most = self.config.memory_mib.saturating_sub(GUEST_RESERVE_MIB) << 20;
+        if policy.limits.memory.0 > most {
+            return Err(Error::request(
+                "limits.memory",
+                format!(
+                    "must be at most {} in the microvm tier: its guest has {} MiB \
+                     (KENNEL_VM_MEMORY_MIB), of which {GUEST_RESERVE_MIB} MiB are the kernel's",
+                    ByteSize(most),
+                    self.config.memory_mib
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The native policy QEMU runs under: no network, no capabilities, its memory the guest's
+    /// plus its own, and a deadline past the run's (the relay stops it first).
+    fn jail(&self, policy: &Policy) -> Policy {
+        let mut jail = Policy::default();
+        let l = &mut jail.limits;
+        l.memory = ByteSize((self.config.memory_mib + VMM_OVERHEAD_MIB) << 20);
+        l.pids = 64;
+        let host_cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cpus = (self.config.vcpus as usize + 1).min(host_cpus);
+        #[allow(clippy::cast_precision_loss)]
+        {
+            l.cpus = cpus as f64;
+        }
+        l.timeout.0 = policy.limits.timeout.0 + self.config.boot_timeout + Duration::from_secs(10);
+        l.output = ByteSize(256 << 10);
+        jail.capabilities = Capabilities::None;
+        jail
+    }
+}
+
+fn setup(step: Step, detail: String) -> Error {
+    Error::Setup {
+        step: SetupStep::Microvm(step),
+        errno: None,
+        detail,
+    }
+}
+
+/// The request as the guest's native tier runs it: its root the guest's disk, its stdin and
+/// files sent as frames, one byte more output than the host keeps (so the host sees the
+/// truncation), and its own deadline a little past the host's, as a second line of defence.
+fn guest_request(req: &RunRequest) -> RunRequest {
+    let mut g = req.clone();
+    g.policy.tier = Tier::Native;
+    g.policy.filesystem.rootfs = Some(initrd::GUEST_ROOT.into());
+    g.policy.filesystem.image = None;
+    g.policy.limits.output = ByteSize(req.policy.limits.output.0.saturating_add(1));
+    g.policy.limits.timeout.0 += Duration::from_secs(5);
+    g.policy.microvm = Default::default();
+    g.stdin = None;
+    g.files = vec![];
+    g
+}
+
+/// Removes the socket directories of relays that are gone (a SIGKILLed supervisor's).
+fn sweep_run_dirs() {
+    let Ok(dir) = std::fs::read_dir(RUN_ROOT) else {
+        return;
+    };
+    for entry in dir.flatten() {
+        let pid = entry.file_name().to_string_lossy().parse::<i32>().ok();
+        if pid.is_some_and(|p| sys::kill(p, 0).is_err()) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// One microvm run.
+struct MicrovmTier {
+    plan: Option<VmPlan>,
+    accel: Accel,
+    qemu_version: String,
+    policy: Policy,
+    /// What the guest's own sandbox verified, as the guest reported it.
+    guest: Option<Isolation>,
+    end: Option<GuestEnd>,
+}
+
+impl SuperviseTier for MicrovmTier {
+    const ROLE: &'static str = RELAY_ARG;
+    const KILL_GRACE: Duration = Duration::from_secs(5);
+    const REPORTS_CONFINEMENT: bool = false;
+    const SPAWN_STEP: SetupStep = SetupStep::Microvm(Step::SpawnRelay);
+
+    fn pipe_stdin_always(&self) -> bool {
+        false
+    }
+
+    fn plan(&mut self, _files: usize) -> Result<Msg, Error> {
+        let plan = self
+            .plan
+            .take()
+            .ok_or_else(|| Error::Protocol("plan sent twice".into()))?;
+        Ok(Msg::Vm(Box::new(plan)))
+    }
+
+    fn answer(
+        &mut self,
+        msg: Msg,
+        _helper: i32,
+        _ctl: &mut UnixStream,
+    ) -> Result<Option<Proxy>, Error> {
+        match msg {
+            Msg::GuestStarted(iso) => self.guest = Some(*iso),
+            Msg::GuestEnded(end) => self.end = Some(end),
+            other => return Err(Error::Protocol(format!("unexpected message {other:?}"))),
+        }
+        Ok(None)
+    }
+
+    /// The relay cancels the VMM's sandbox (which kills QEMU and removes its cgroup) on SIGTERM.
+    fn kill(&self, helper: i32, _init: Option<i32>) {
+        let _ = sys::kill(helper, libc::SIGTERM);
+    }
+
+    fn reap(&mut self, child: &mut Child, _killed: bool) -> Option<libc::rusage> {
+        let until = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < until {
+            if let Ok(Some(_)) = child.try_wait() {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    }
+
+    fn probe(&self) -> Option<Probe> {
+        None
+    }
+
+    fn stats(&self) -> Option<Stats> {
+        self.end.map(|e| e.stats)
+    }
+
+    fn finish(&self, result: &mut RunResult) {
+        if let Some(end) = self.end {
+            let o = &mut result.outcome;
+            o.stdout_bytes = o.stdout_bytes.max(end.stdout_bytes);
+            o.stderr_bytes = o.stderr_bytes.max(end.stderr_bytes);
+        }
+    }
+
+    fn isolation(&self, _confinement: Option<Confinement>) -> Isolation {
+        isolation(self)
+    }
+
+    fn cleanup(&mut self) {}
+}
+
+/// The isolation in force: a guest kernel behind QEMU (jailed on the host), and inside the
+/// guest the native tier's layers as the guest reported them.
+fn isolation(run: &MicrovmTier) -> Isolation {
+    let guest = run.guest.clone().unwrap_or_default();
+    Isolation {
+        tier: Tier::Microvm.name().into(),
+        namespaces: guest.namespaces,
+        host_uid: crate::native::sandbox_root_host_uid(),
+        host_gid: crate::native::sandbox_root_host_uid(),
+        id_range: guest.id_range,
+        seccomp: guest.seccomp,
+        landlock: guest.landlock,
+        limits: LimitsInfo {
+            mechanism: format!("guest {}", guest.limits.mechanism),
+            cgroups: guest.limits.cgroups,
+            fallback_reason: guest.limits.fallback_reason,
+        },
+        no_new_privs: guest.no_new_privs,
+        capabilities: guest.capabilities,
+        filesystem: "image".into(),
+        image: None,
+        network: network_summary(&run.policy.network),
+        accel: Some(run.accel.name().into()),
+        runtime: Some(RuntimeInfo {
+            name: Qemu.name().into(),
+            version: run.qemu_version.clone(),
+            platform: None,
+        }),
+    }
+}
+
+/// Keeps `Manifest` in this module's vocabulary for the doctor.
+pub fn describe(manifest: &Manifest) -> String {
+    format!(
+        "{}, guest kernel {}, {} modules",
+        manifest.qemu_version,
+        manifest.kernel_release,
+        manifest.modules.len()
+    )
+}

@@ -1,0 +1,287 @@
+//! The VMM seam: what boots a guest, behind one trait, and QEMU's `microvm` machine as the one
+//! implementation shipped. Firecracker or Cloud Hypervisor would be further implementations,
+//! each a translator from [`Boot`] to its own command line or API (see ARCHITECTURE.md for
+//! what each would need); none is shipped until a test can run it.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::artifacts::VmDir;
+
+/// How the guest's CPU runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Accel {
+    /// Hardware virtualisation through /dev/kvm.
+    Kvm,
+    /// QEMU's software emulation: works anywhere, and QEMU's security policy gives it no
+    /// isolation guarantee.
+    Tcg,
+}
+
+impl Accel {
+    pub fn name(self) -> &'static str {
+        match self {
+            Accel::Kvm => "kvm",
+            Accel::Tcg => "tcg",
+        }
+    }
+}
+
+/// One guest to boot, with every path as the VMM sees it inside its jail.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Boot {
+    pub accel: Accel,
+    pub vcpus: u32,
+    pub memory_mib: u64,
+    pub kernel: String,
+    pub initrd: String,
+    /// The read-only root disk.
+    pub root_disk: String,
+    /// The unix socket the host listens on for the agent port.
+    pub agent_socket: String,
+    /// A pair of FIFOs (`PATH.in`, `PATH.out`) for the guest's console, which the host reads
+    /// into a bounded buffer: a console written to a file could fill the host's disk.
+    pub console: String,
+    /// The VMM's own directory (QEMU's firmware under `usr/share`).
+    pub prefix: String,
+    /// The host's TSC rate, which a TCG guest cannot calibrate by itself.
+    pub tsc_khz: Option<u64>,
+}
+
+/// A virtual machine monitor: how to start one guest.
+pub trait Vmm: Send + Sync {
+    fn name(&self) -> &'static str;
+    /// The command line that boots `boot` and exits when the guest powers off.
+    fn argv(&self, boot: &Boot) -> Vec<String>;
+    /// Extra environment (libraries of a private install).
+    fn env(&self, boot: &Boot) -> Vec<(String, String)>;
+}
+
+/// QEMU's `microvm` machine: no PCI, no firmware tables beyond ACPI, virtio-mmio devices only.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Qemu;
+
+/// The agent port's name, which the guest looks up under /sys/class/virtio-ports.
+pub const AGENT_PORT: &str = "kennel.agent";
+
+impl Vmm for Qemu {
+    fn name(&self) -> &'static str {
+        "qemu-microvm"
+    }
+
+    fn argv(&self, b: &Boot) -> Vec<String> {
+        let p = &b.prefix;
+        let (accel, cpu) = match b.accel {
+            // The translation cache is 1 GiB by default: 64 MiB keeps QEMU within its cgroup.
+            Accel::Tcg => ("tcg,tb-size=64", "max"),
+            Accel::Kvm => ("kvm", "host"),
+        };
+        let mut cmdline = "console=hvc0 quiet panic=-1 reboot=t".to_string();
+        if let (Accel::Tcg, Some(khz)) = (b.accel, b.tsc_khz) {
+            // Without it, TCG boots hang at TSC calibration about half the time.
+            cmdline.push_str(&format!(" tsc_early_khz={khz} tsc=reliable"));
+        }
+        let args: Vec<String> = vec![
+            format!("{p}/usr/bin/qemu-system-x86_64"),
+            "-L".into(),
+            format!("{p}/usr/share/qemu"),
+            "-L".into(),
+            format!("{p}/usr/share/seabios"),
+            "-M".into(),
+            "microvm,x-option-roms=off,isa-serial=off,rtc=on".into(),
+            "-accel".into(),
+            accel.into(),
+            "-cpu".into(),
+            cpu.into(),
+            "-m".into(),
+            b.memory_mib.to_string(),
+            "-smp".into(),
+            b.vcpus.to_string(),
+            "-nodefaults".into(),
+            "-no-user-config".into(),
+            "-display".into(),
+            "none".into(),
+            "-no-reboot".into(),
+            "-kernel".into(),
+            b.kernel.clone(),
+            "-initrd".into(),
+            b.initrd.clone(),
+            "-append".into(),
+            cmdline,
+            "-device".into(),
+            "virtio-serial-device".into(),
+            "-chardev".into(),
+            format!("pipe,id=con,path={}", b.console),
+            "-device".into(),
+            "virtconsole,chardev=con".into(),
+            "-chardev".into(),
+            format!("socket,id=agent,path={}", b.agent_socket),
+            "-device".into(),
+            format!("virtserialport,chardev=agent,name={AGENT_PORT}"),
+            "-drive".into(),
+            format!(
+                "id=root,file={},format=raw,if=none,readonly=on",
+                b.root_disk
+            ),
+            "-device".into(),
+            "virtio-blk-device,drive=root".into(),
+            "-device".into(),
+            "virtio-rng-device".into(),
+            // QEMU's own seccomp filter, inside Kennel's: no exec, no privilege changes.
+            "-sandbox".into(),
+            "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny".into(),
+        ];
+        args
+    }
+
+    fn env(&self, b: &Boot) -> Vec<(String, String)> {
+        let p = &b.prefix;
+        vec![(
+            "LD_LIBRARY_PATH".into(),
+            format!("{p}/usr/lib/x86_64-linux-gnu:{p}/lib/x86_64-linux-gnu"),
+        )]
+    }
+}
+
+/// The host's TSC rate in kHz, from /proc/cpuinfo's `cpu MHz` (the TSC on the VMs this runs
+/// on; a guest told a wrong rate only keeps time worse).
+pub fn host_tsc_khz() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    let mhz: f64 = text
+        .lines()
+        .find(|l| l.starts_with("cpu MHz"))?
+        .split(':')
+        .nth(1)?
+        .trim()
+        .parse()
+        .ok()?;
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    Some((mhz * 1000.0).round() as u64)
+}
+
+/// Whether KVM works here, and if not, why: probed once per process.
+pub fn accel(vm: &VmDir) -> &'static (Accel, String) {
+    static PROBED: OnceLock<(Accel, String)> = OnceLock::new();
+    PROBED.get_or_init(|| match probe_kvm(vm) {
+        Ok(detail) => (Accel::Kvm, detail),
+        Err(why) => (Accel::Tcg, why),
+    })
+}
+
+/// A KVM guest is usable when /dev/kvm opens and QEMU gets a KVM microvm through its reset
+/// (vCPUs stopped) within a bound. On a paravirtual /dev/kvm (`kvm_pvm`) QEMU aborts there, on
+/// an MSR it cannot set: such a host is told apart from a working one, not assumed either way.
+fn probe_kvm(vm: &VmDir) -> Result<String, String> {
+    let dev = Path::new("/dev/kvm");
+    if !dev.exists() {
+        return Err("no /dev/kvm".into());
+    }
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(dev)
+        .map_err(|e| format!("/dev/kvm does not open: {e}"))?;
+    let prefix = vm.qemu_prefix().display().to_string();
+    let mut child = Command::new(vm.qemu_binary())
+        .args(["-L", &format!("{prefix}/usr/share/qemu")])
+        .args([
+            "-M",
+            "microvm,x-option-roms=off",
+            "-accel",
+            "kvm",
+            "-cpu",
+            "host",
+        ])
+        .args([
+            "-m",
+            "64",
+            "-nodefaults",
+            "-no-user-config",
+            "-display",
+            "none",
+            "-S",
+        ])
+        .envs(Qemu.env(&Boot {
+            prefix: prefix.clone(),
+            ..probe_boot()
+        }))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start QEMU to probe KVM: {e}"))?;
+    let bound = Instant::now() + Duration::from_secs(3);
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                let mut err = String::new();
+                if let Some(mut e) = child.stderr.take() {
+                    let _ = std::io::Read::read_to_string(&mut e, &mut err);
+                }
+                let first = err.lines().next().unwrap_or("").trim().to_string();
+                return Err(format!("QEMU cannot start a KVM guest ({status}): {first}"));
+            }
+            Ok(None) if Instant::now() >= bound => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Ok("a KVM microvm passed its reset".into());
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => return Err(format!("waiting for the KVM probe: {e}")),
+        }
+    }
+}
+
+fn probe_boot() -> Boot {
+    Boot {
+        accel: Accel::Kvm,
+        vcpus: 1,
+        memory_mib: 64,
+        kernel: String::new(),
+        initrd: String::new(),
+        root_disk: String::new(),
+        agent_socket: String::new(),
+        console: String::new(),
+        prefix: String::new(),
+        tsc_khz: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn boot(accel: Accel) -> Boot {
+        Boot {
+            accel,
+            vcpus: 1,
+            memory_mib: 512,
+            kernel: "/vm/kernel/vmlinux".into(),
+            initrd: "/vm/initrd/x.cpio".into(),
+            root_disk: "/vm/roots/d.erofs".into(),
+            agent_socket: "/io/agent.sock".into(),
+            console: "/io/console".into(),
+            prefix: "/vm/qemu".into(),
+            tsc_khz: Some(2_596_000),
+        }
+    }
+
+    #[test]
+    fn qemu_boots_with_its_own_sandbox_and_no_network_device() {
+        let argv = Qemu.argv(&boot(Accel::Tcg)).join(" ");
+        assert!(argv.starts_with("/vm/qemu/usr/bin/qemu-system-x86_64 "));
+        assert!(argv.contains("-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny"));
+        assert!(argv.contains("-accel tcg,tb-size=64 -cpu max"));
+        assert!(argv.contains("tsc_early_khz=2596000 tsc=reliable"));
+        assert!(argv.contains("-nodefaults"));
+        assert!(!argv.contains("netdev") && !argv.contains("-nic"));
+        assert!(argv.contains("readonly=on"));
+        let kvm = Qemu.argv(&boot(Accel::Kvm)).join(" ");
+        assert!(kvm.contains("-accel kvm -cpu host") && !kvm.contains("tsc_early_khz"));
+    }
+}
