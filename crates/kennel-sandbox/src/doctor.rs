@@ -229,6 +229,31 @@ fn oci_runtime(engine: &Engine, runtime: Runtime) -> Result<String, (String, Str
     }
 }
 
+/// The microvm tier: the VMM and the guest `kennel vm prepare` unpacked, whether KVM is usable
+/// (or why only TCG is), and a boot of `/bin/true` with its time.
+fn microvm(engine: &Engine) -> Result<String, (String, String)> {
+    use crate::engine::Backend;
+    let health = engine.microvm.health()?;
+    let mut req = RunRequest::new(Command::Argv(vec!["/bin/true".into()]));
+    req.policy.tier = Tier::Microvm;
+    req.policy.limits.timeout = kennel_types::policy::Span(std::time::Duration::from_secs(60));
+    let start = std::time::Instant::now();
+    match engine.run(&req, RunIo::none()) {
+        Ok(r) if r.outcome.exit_code == Some(0) => Ok(format!(
+            "{health}; /bin/true booted and ran in {:.0} ms",
+            start.elapsed().as_secs_f64() * 1000.0
+        )),
+        Ok(r) => Err((
+            format!("{health}; /bin/true exits {:?}", r.outcome.exit_code),
+            "`kennel run --tier microvm -- /bin/true` shows the output".into(),
+        )),
+        Err(e) => Err((
+            format!("{health}; a boot fails: {}", e.to_string().lines().next().unwrap_or_default()),
+            "`kennel vm prepare` rebuilds the guest; `kennel run --tier microvm -- /bin/true` shows the error in full".into(),
+        )),
+    }
+}
+
 /// The docker runtime: whether the binary has it, and what its engine says of itself.
 fn docker(engine: &Engine) -> Result<String, (String, String)> {
     match &engine.docker {
@@ -244,11 +269,12 @@ fn docker(engine: &Engine) -> Result<String, (String, String)> {
 /// starts a container; runsc may probe KVM, for up to its deadline) so that the whole stays
 /// within a few seconds.
 pub fn checks(engine: &Engine) -> Vec<Check> {
-    let (runsc, crun, runc) = std::thread::scope(|s| {
+    let (runsc, crun, runc, microvm) = std::thread::scope(|s| {
         let runsc = s.spawn(|| oci_runtime(engine, Runtime::Runsc));
         let crun = s.spawn(|| oci_runtime(engine, Runtime::Crun));
+        let vm = s.spawn(|| microvm(engine));
         let runc = oci_runtime(engine, Runtime::Runc);
-        (joined(runsc), joined(crun), runc)
+        (joined(runsc), joined(crun), runc, joined(vm))
     });
     vec![
         check("kernel", Ok(read("/proc/sys/kernel/osrelease"))),
@@ -263,6 +289,7 @@ pub fn checks(engine: &Engine) -> Vec<Check> {
         check("oci crun", crun),
         check("oci runc", runc),
         check("oci docker", docker(engine)),
+        check("microvm", microvm),
         tool("bwrap", "bubblewrap"),
     ]
 }

@@ -140,6 +140,10 @@ pub struct ServerConfig {
     pub allow_full_network: bool,
     /// The weakest isolation any run may use; tokens may raise it for themselves.
     pub min_isolation: Option<Strength>,
+    /// Whether a `microvm` minimum accepts guests under TCG, QEMU's software emulation, which
+    /// QEMU's security policy gives no isolation guarantee. Unset, such a minimum requires KVM
+    /// and a host without it refuses those runs.
+    pub allow_tcg: bool,
     /// Each token's share of sessions and run slots (tokens may have their own).
     pub quota: Quota,
     /// Loopback, private, link-local or other internal networks that a run's `network.resolve`
@@ -178,6 +182,7 @@ impl Default for ServerConfig {
             capabilities: Default::default(),
             allow_full_network: false,
             min_isolation: None,
+            allow_tcg: false,
             quota: Quota::default(),
             allow_pins_to: vec![],
             images: vec![],
@@ -415,6 +420,10 @@ impl ServerConfig {
         chosen: bool,
     ) -> Result<(), kennel_sandbox::error::Error> {
         let min = self.min_isolation(token_id);
+        if min == Strength::Microvm {
+            // TCG is no isolation boundary by QEMU's own account: only the operator may accept it.
+            policy.microvm.require_kvm |= !self.allow_tcg;
+        }
         if policy.strength() >= min {
             return Ok(());
         }
@@ -423,7 +432,8 @@ impl ServerConfig {
                 "tier",
                 format!(
                     "asks for {:?} isolation, but this caller must use at least {min:?}: use \
-                     runtime \"runsc\" (gvisor) or omit the tier",
+                     a tier at least that strong (runtime \"runsc\" is gvisor; tier \"microvm\" \
+                     the strongest) or omit the tier",
                     policy.strength()
                 ),
             ));

@@ -391,3 +391,90 @@ fn variant(msg: &Msg) -> String {
     let text = format!("{msg:?}");
     text.split(['(', ' ', '{']).next().unwrap_or("").to_string()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kennel_types::policy::Policy;
+
+    fn plan() -> VmPlan {
+        VmPlan {
+            build: channel::BUILD.into(),
+            argv: vec![],
+            env: vec![],
+            vm_dir: PathBuf::new(),
+            jail: Policy::default(),
+            boot_timeout_ms: 1000,
+            max_json: 4096,
+            max_blob: 1024,
+            guest: super::super::plan::GuestPlan {
+                build: channel::BUILD.into(),
+                request: RunRequest::new(Command::Argv(vec!["true".into()])),
+                files: 0,
+            },
+        }
+    }
+
+    /// Frames the guest wrote, as `pass_frames` reads them; what reached the supervisor.
+    fn relay_frames(guest_wrote: &[u8]) -> (Result<(), Fail>, Vec<Msg>) {
+        let (mut guest_end, mut relay_end) = UnixStream::pair().unwrap();
+        let (mut ctl, mut supervisor) = UnixStream::pair().unwrap();
+        guest_end.write_all(guest_wrote).unwrap();
+        drop(guest_end);
+        let outcome = pass_frames(&mut ctl, &mut relay_end, &plan(), &Canceller::new());
+        drop(ctl);
+        let mut seen = vec![];
+        while let Ok(Some((m, _))) = channel::recv(&mut supervisor) {
+            seen.push(m);
+        }
+        (outcome, seen)
+    }
+
+    fn frame(msg: &Msg, blob: &[u8]) -> Vec<u8> {
+        let mut out = vec![];
+        channel::send(&mut out, msg, blob).unwrap();
+        out
+    }
+
+    #[test]
+    fn a_well_formed_report_reaches_the_supervisor_in_order() {
+        let mut wrote = frame(&Msg::Exited { code: Some(3), signal: None }, &[]);
+        wrote.extend(frame(&Msg::Done, &[]));
+        let (outcome, seen) = relay_frames(&wrote);
+        assert!(outcome.is_ok());
+        assert!(matches!(seen[..], [Msg::Exited { code: Some(3), .. }]), "{seen:?}");
+    }
+
+    #[test]
+    fn a_frame_past_the_bounds_fails_the_run_before_it_is_read() {
+        // A blob header of 1 GiB: refused from its header, nothing allocated or forwarded.
+        let mut wrote = 10u32.to_le_bytes().to_vec();
+        wrote.extend((1u64 << 30).to_le_bytes());
+        let (outcome, seen) = relay_frames(&wrote);
+        let fail = outcome.unwrap_err();
+        assert!(fail.detail.contains("broke protocol"), "{}", fail.detail);
+        assert!(fail.detail.contains("too large"), "{}", fail.detail);
+        assert!(seen.is_empty());
+    }
+
+    #[test]
+    fn a_message_outside_the_guest_protocol_fails_the_run() {
+        // A guest may not ask the supervisor for id maps, nor speak for the relay.
+        let wrote = frame(&Msg::MapIds { pid: 1 }, &[]);
+        let (outcome, seen) = relay_frames(&wrote);
+        let fail = outcome.unwrap_err();
+        assert_eq!(fail.detail, "the guest broke protocol: it sent MapIds");
+        assert!(seen.is_empty());
+    }
+
+    #[test]
+    fn garbage_and_a_silent_end_are_failures_not_hangs() {
+        let (outcome, _) = relay_frames(b"\x05\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00notjs");
+        assert!(outcome.unwrap_err().detail.contains("broke protocol"));
+        let (outcome, _) = relay_frames(b"");
+        assert_eq!(
+            outcome.unwrap_err().detail,
+            "the guest ended without reporting its run"
+        );
+    }
+}

@@ -165,7 +165,8 @@ struct RunArgs {
     /// Run even where Landlock is unavailable (it is required by default).
     #[arg(long)]
     landlock_best_effort: bool,
-    /// The isolation tier: native (the default) or oci.
+    /// The isolation tier: native (the default), oci, or microvm (a guest kernel per run;
+    /// `kennel vm prepare` first).
     #[arg(long, value_name = "TIER")]
     tier: Option<kennel_types::policy::Tier>,
     /// The OCI runtime: runsc (gVisor), crun or runc. Implies --tier oci.
