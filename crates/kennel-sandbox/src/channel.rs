@@ -124,6 +124,18 @@ pub enum Msg {
     GuestStarted(Box<kennel_types::api::Isolation>),
     /// From a guest agent (through the relay): what the guest counted, after the exit.
     GuestEnded(crate::microvm::plan::GuestEnd),
+    /// Between a guest and its relay: a TCP connection to the proxy's `port` opened by the
+    /// code (guest to host), its bytes as blobs (both ways), and either side's end of it.
+    Conn {
+        id: u32,
+        port: u16,
+    },
+    ConnData {
+        id: u32,
+    },
+    ConnClose {
+        id: u32,
+    },
     Done,
 }
 

@@ -703,3 +703,8 @@ pub fn mkfifo(path: &std::path::Path, mode: u32) -> io::Result<()> {
     rustix::fs::mknodat(CWD, path, FileType::Fifo, Mode::from_bits_truncate(mode), 0)?;
     Ok(())
 }
+
+/// The calling thread's id (its `/proc/TID` names that thread's namespaces).
+pub fn gettid() -> libc::pid_t {
+    rustix::thread::gettid().as_raw_nonzero().get()
+}

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use kennel_types::api::{Content, FileIn};
 
 use super::initrd::{GUEST_ROOT, MODULE_LIST, SYSROOT};
+use super::net::{self, Links, Peer};
 use super::plan::{GuestEnd, GuestPlan};
 use super::steps::Step;
 use super::vmm::AGENT_PORT;
@@ -216,7 +217,8 @@ fn guest_cgroups() -> Result<(), Fail> {
 /// Runs the plan in the guest's native tier and reports it.
 fn run(plan: GuestPlan, files: InputFiles, port: File) -> Result<(), Failed> {
     let fail = |e: std::io::Error| (Step::Report, Fail::new(format!("the agent port: {e}")));
-    let writer = Arc::new(Mutex::new(port.try_clone().map_err(fail)?));
+    let writer: Peer = Arc::new(Mutex::new(Box::new(port.try_clone().map_err(fail)?)));
+    let links = Links::new(writer.clone());
     let mut req = plan.request;
     req.files = files
         .into_iter()
@@ -227,7 +229,7 @@ fn run(plan: GuestPlan, files: InputFiles, port: File) -> Result<(), Failed> {
         })
         .collect();
     let io = RunIo {
-        stdin: StdinSource::Reader(Box::new(stdin_from(port).map_err(fail)?)),
+        stdin: StdinSource::Reader(Box::new(read_port(port, links.clone()).map_err(fail)?)),
         on_output: Some(output_to(writer.clone())),
         output: crate::supervise::io::OutputMode::Capture,
         cancel: None,
@@ -236,11 +238,11 @@ fn run(plan: GuestPlan, files: InputFiles, port: File) -> Result<(), Failed> {
     let native = Native {
         helper: "/init".into(),
     };
-    let send = |msg: &Msg, blob: &[u8]| {
-        let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
-        channel::send(&mut *w, msg, blob).map_err(fail)
-    };
-    match native.run(&req, io) {
+    let send = |msg: &Msg, blob: &[u8]| net::send(&writer, msg, blob).map_err(fail);
+    // The code's proxy listeners hand their connections to the host, the guest's only route.
+    let forward: crate::egress::Forward =
+        Arc::new(move |stream, port| links.outbound(stream, port));
+    match native.run_with(&req, io, Some(forward)) {
         Ok(result) => {
             let o = &result.outcome;
             send(
@@ -304,31 +306,41 @@ fn run(plan: GuestPlan, files: InputFiles, port: File) -> Result<(), Failed> {
     send(&Msg::Done, &[])
 }
 
-fn output_to(writer: Arc<Mutex<File>>) -> crate::OutputSink {
+fn output_to(writer: Peer) -> crate::OutputSink {
     Arc::new(move |stream, bytes| {
         let msg = Msg::Output {
             stderr: stream == Stream::Stderr,
         };
-        let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
-        let _ = channel::send(&mut *w, &msg, bytes);
+        let _ = net::send(&writer, &msg, bytes);
     })
 }
 
-fn started_to(writer: Arc<Mutex<File>>) -> crate::supervise::io::OnStarted {
+fn started_to(writer: Peer) -> crate::supervise::io::OnStarted {
     Box::new(move |started| {
-        let msg = Msg::GuestStarted(Box::new(started.isolation));
-        let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
-        let _ = channel::send(&mut *w, &msg, &[]);
+        let _ = net::send(
+            &writer,
+            &Msg::GuestStarted(Box::new(started.isolation)),
+            &[],
+        );
     })
 }
 
-/// The code's stdin: the host's `Stdin` frames, read on a thread into a pipe.
-fn stdin_from(mut port: File) -> std::io::Result<std::io::PipeReader> {
-    let (reader, mut writer) = std::io::pipe()?;
+/// Reads the host's frames after the plan on a thread: stdin into a pipe (the code's stdin),
+/// and the proxy's side of the code's connections.
+fn read_port(mut port: File, links: Arc<Links>) -> std::io::Result<std::io::PipeReader> {
+    let (reader, writer) = std::io::pipe()?;
     std::thread::spawn(move || {
+        let mut stdin = Some(writer);
         while let Ok(Some((msg, blob))) = channel::recv(&mut port) {
             match msg {
-                Msg::Stdin if writer.write_all(&blob).is_ok() => {}
+                Msg::Stdin => {
+                    if stdin.as_mut().is_some_and(|w| w.write_all(&blob).is_err()) {
+                        stdin = None;
+                    }
+                }
+                Msg::StdinEnd => stdin = None,
+                Msg::ConnData { id } => links.deliver(id, &blob),
+                Msg::ConnClose { id } => links.close(id),
                 _ => break,
             }
         }

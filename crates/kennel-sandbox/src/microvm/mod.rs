@@ -7,6 +7,7 @@
 pub mod artifacts;
 pub mod guest;
 pub mod initrd;
+pub mod net;
 pub mod plan;
 pub mod relay;
 pub mod root;

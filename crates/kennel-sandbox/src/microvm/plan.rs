@@ -27,6 +27,9 @@ pub struct VmPlan {
     /// Bounds on what the guest may send: a frame's JSON, and its blob.
     pub max_json: u32,
     pub max_blob: u64,
+    /// Whether the run has an allowlist: the relay then asks for the proxy (`NetnsReady`)
+    /// before the VM starts.
+    pub proxy: bool,
     pub guest: GuestPlan,
 }
 

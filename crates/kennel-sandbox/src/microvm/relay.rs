@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use kennel_types::api::{Command, HostDir, RunRequest, RunResult};
 
+use super::net::{self, Connector, Links, Peer};
 use super::plan::{VmPlan, AGENT_SOCKET, CONSOLE, IO_MOUNT, VM_MOUNT};
 use super::steps::Step;
 use crate::channel::{self, InputFiles, Msg, CTL_FD};
@@ -82,6 +83,10 @@ fn at(step: Step) -> impl FnOnce(Fail) -> Failed {
 fn relay(ctl: &mut UnixStream, plan: &VmPlan, files: InputFiles, dir: &Path) -> Result<(), Failed> {
     let listener = agent_socket(dir).map_err(at(Step::AgentSocket))?;
     let console = Console::open(dir).map_err(at(Step::AgentSocket))?;
+    let connector = match plan.proxy {
+        true => Some(bind_proxy(ctl).map_err(at(Step::BindProxy))?),
+        false => None,
+    };
     let cancel = Canceller::new();
     let vmm = start_vmm(plan, dir, cancel.clone());
     let stop = cancel.clone();
@@ -92,8 +97,18 @@ fn relay(ctl: &mut UnixStream, plan: &VmPlan, files: InputFiles, dir: &Path) -> 
     });
     let mut guest = await_guest(&listener, plan, &vmm, &cancel)
         .map_err(|f| (Step::AwaitGuest, console.add_to(f)))?;
-    send_plan(&mut guest, plan, files).map_err(at(Step::SendPlan))?;
-    let ended = pass_frames(ctl, &mut guest, plan, &cancel);
+    let peer: Peer = std::sync::Arc::new(std::sync::Mutex::new(Box::new(
+        guest
+            .try_clone()
+            .ctx(|| "the agent socket".into())
+            .map_err(at(Step::SendPlan))?,
+    )));
+    send_plan(&mut guest, plan, files, peer.clone()).map_err(at(Step::SendPlan))?;
+    let route = Route {
+        links: Links::new(peer),
+        connector,
+    };
+    let ended = pass_frames(ctl, &mut guest, plan, &route, &cancel);
     // The guest powers off after its report; the VMM then exits by itself.
     if vmm.recv_timeout(EXIT_GRACE).is_err() {
         cancel.cancel();
@@ -150,6 +165,47 @@ impl Console {
         Fail {
             errno: fail.errno,
             detail: format!("{}; guest console: {}", fail.detail, text.trim()),
+        }
+    }
+}
+
+/// Asks the supervisor to bind the run's proxy in the namespace of a connector thread of ours.
+fn bind_proxy(ctl: &mut UnixStream) -> Result<Connector, Fail> {
+    let connector = Connector::start().ctx(|| "a network namespace for the proxy".into())?;
+    let ready = Msg::NetnsReady { pid: connector.tid };
+    channel::send(ctl, &ready, &[]).ctx(|| "asking for the proxy".into())?;
+    match channel::recv(ctl) {
+        Ok(Some((Msg::ProxyBound, _))) => Ok(connector),
+        other => Err(Fail::new(format!(
+            "expected the proxy to be bound, got {:?}",
+            other.map(|o| o.map(|m| m.0))
+        ))),
+    }
+}
+
+/// The guest's route to the proxy: its open connections, and the way to open more.
+struct Route {
+    links: std::sync::Arc<Links>,
+    connector: Option<Connector>,
+}
+
+impl Route {
+    /// The guest opened connection `id` to the proxy's `port`.
+    fn open(&self, id: u32, port: u16) -> Result<(), Fail> {
+        let Some(connector) = &self.connector else {
+            return Err(Fail::new(
+                "the guest broke protocol: it opened a connection in a run without network",
+            ));
+        };
+        match connector.connect(port) {
+            Ok(stream) => self
+                .links
+                .inbound(id, stream)
+                .map_err(|why| Fail::new(format!("the guest broke protocol: {why}"))),
+            Err(_) => {
+                self.links.refuse(id);
+                Ok(())
+            }
         }
     }
 }
@@ -304,14 +360,18 @@ fn tail(text: &str) -> &str {
 }
 
 /// The guest's plan and files, then the relay's own stdin as frames, on a thread of its own.
-fn send_plan(guest: &mut UnixStream, plan: &VmPlan, files: InputFiles) -> Result<(), Fail> {
+fn send_plan(
+    guest: &mut UnixStream,
+    plan: &VmPlan,
+    files: InputFiles,
+    peer: Peer,
+) -> Result<(), Fail> {
     channel::send(guest, &Msg::Guest(Box::new(plan.guest.clone())), &[])
         .ctx(|| "sending the guest its plan".into())?;
     for (meta, data) in &files {
         channel::send(guest, &Msg::File(meta.clone()), data)
             .ctx(|| format!("sending {}", meta.path))?;
     }
-    let mut writer = guest.try_clone().ctx(|| "the agent socket".into())?;
     std::thread::spawn(move || {
         let mut stdin = std::io::stdin().lock();
         let mut buf = vec![0u8; 64 << 10];
@@ -319,13 +379,13 @@ fn send_plan(guest: &mut UnixStream, plan: &VmPlan, files: InputFiles) -> Result
             match stdin.read(&mut buf) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
-                    if channel::send(&mut writer, &Msg::Stdin, &buf[..n]).is_err() {
+                    if net::send(&peer, &Msg::Stdin, &buf[..n]).is_err() {
                         return;
                     }
                 }
             }
         }
-        let _ = channel::send(&mut writer, &Msg::StdinEnd, &[]);
+        let _ = net::send(&peer, &Msg::StdinEnd, &[]);
     });
     Ok(())
 }
@@ -336,6 +396,7 @@ fn pass_frames(
     ctl: &mut UnixStream,
     guest: &mut UnixStream,
     plan: &VmPlan,
+    route: &Route,
     cancel: &Canceller,
 ) -> Result<(), Fail> {
     let watcher = guest.try_clone().ctx(|| "the agent socket".into())?;
@@ -375,6 +436,9 @@ fn pass_frames(
                 forward(ctl, &msg, &[])?
             }
             Msg::Collected(_) => forward(ctl, &msg, &blob)?,
+            Msg::Conn { id, port } => route.open(id, port)?,
+            Msg::ConnData { id } => route.links.deliver(id, &blob),
+            Msg::ConnClose { id } => route.links.close(id),
             Msg::Done => return Ok(()),
             other => {
                 return Err(Fail::new(format!(
@@ -407,6 +471,7 @@ mod tests {
             boot_timeout_ms: 1000,
             max_json: 4096,
             max_blob: 1024,
+            proxy: false,
             guest: super::super::plan::GuestPlan {
                 build: channel::BUILD.into(),
                 request: RunRequest::new(Command::Argv(vec!["true".into()])),
@@ -421,7 +486,12 @@ mod tests {
         let (mut ctl, mut supervisor) = UnixStream::pair().unwrap();
         guest_end.write_all(guest_wrote).unwrap();
         drop(guest_end);
-        let outcome = pass_frames(&mut ctl, &mut relay_end, &plan(), &Canceller::new());
+        let peer: Peer = std::sync::Arc::new(std::sync::Mutex::new(Box::new(std::io::sink())));
+        let route = Route {
+            links: Links::new(peer),
+            connector: None,
+        };
+        let outcome = pass_frames(&mut ctl, &mut relay_end, &plan(), &route, &Canceller::new());
         drop(ctl);
         let mut seen = vec![];
         while let Ok(Some((m, _))) = channel::recv(&mut supervisor) {
@@ -438,11 +508,20 @@ mod tests {
 
     #[test]
     fn a_well_formed_report_reaches_the_supervisor_in_order() {
-        let mut wrote = frame(&Msg::Exited { code: Some(3), signal: None }, &[]);
+        let mut wrote = frame(
+            &Msg::Exited {
+                code: Some(3),
+                signal: None,
+            },
+            &[],
+        );
         wrote.extend(frame(&Msg::Done, &[]));
         let (outcome, seen) = relay_frames(&wrote);
         assert!(outcome.is_ok());
-        assert!(matches!(seen[..], [Msg::Exited { code: Some(3), .. }]), "{seen:?}");
+        assert!(
+            matches!(seen[..], [Msg::Exited { code: Some(3), .. }]),
+            "{seen:?}"
+        );
     }
 
     #[test]

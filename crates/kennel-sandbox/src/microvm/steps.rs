@@ -17,6 +17,7 @@ pub enum Step {
     SpawnRelay,
     // The relay, on the host.
     AgentSocket,
+    BindProxy,
     JailVmm,
     AwaitGuest,
     SendPlan,
@@ -36,13 +37,14 @@ pub enum Step {
 }
 
 impl Step {
-    pub const ALL: [Step; 20] = [
+    pub const ALL: [Step; 21] = [
         Step::CheckArtifacts,
         Step::ChooseAccel,
         Step::GuestRoot,
         Step::Initramfs,
         Step::SpawnRelay,
         Step::AgentSocket,
+        Step::BindProxy,
         Step::JailVmm,
         Step::AwaitGuest,
         Step::SendPlan,
@@ -81,6 +83,7 @@ impl Step {
             Step::Initramfs => "initramfs",
             Step::SpawnRelay => "spawn_relay",
             Step::AgentSocket => "agent_socket",
+            Step::BindProxy => "bind_proxy",
             Step::JailVmm => "jail_vmm",
             Step::AwaitGuest => "await_guest",
             Step::SendPlan => "send_plan",
@@ -107,6 +110,7 @@ impl Step {
             Step::Initramfs => "the guest's /init is this build's helper binary with its libraries and the virtio modules, so host and guest speak one protocol version",
             Step::SpawnRelay => "a fresh process on the host owns the VM: the supervisor's loop caps its output and kills it at the deadline like any tier's helper",
             Step::AgentSocket => "the relay listens before QEMU starts, so the channel exists before the guest runs and a frame sent early waits for it",
+            Step::BindProxy => "with an allowlist, the supervisor binds the run's proxy in a network namespace only the relay's connector thread is in; the guest, which has no network device, reaches it only as frames on the agent port",
             Step::JailVmm => "QEMU runs inside Kennel's native tier (user, mount, pid and network namespaces, its own cgroup, seccomp, no capabilities) with its own -sandbox: a guest that breaks QEMU lands in a sandbox",
             Step::AwaitGuest => "the guest's hello is awaited with a bound: a guest that never boots is a failed run, not a hang",
             Step::SendPlan => "the guest gets the run's request, its files and its stdin only over the agent port; the host bounds every frame it reads back",
@@ -140,6 +144,8 @@ mod tests {
         assert!(pos(Step::ChooseAccel) < pos(Step::JailVmm));
         // The socket listens before QEMU connects to it.
         assert!(pos(Step::AgentSocket) < pos(Step::JailVmm));
+        // The proxy listens before the guest can connect.
+        assert!(pos(Step::BindProxy) < pos(Step::JailVmm));
         assert!(pos(Step::JailVmm) < pos(Step::LeaveRootfs));
         // Limits hold before the code runs.
         assert!(pos(Step::GuestCgroups) < pos(Step::RunSandboxed));

@@ -138,6 +138,7 @@ impl Microvm {
             boot_timeout_ms: u64::try_from(self.config.boot_timeout.as_millis()).unwrap_or(30_000),
             max_json: 1 << 20,
             max_blob: policy.limits.collect_size.0.max(1 << 20),
+            proxy: policy.network.mode == NetMode::Allow,
             guest: GuestPlan {
                 build: channel::BUILD.into(),
                 request: guest_request(req),
@@ -161,11 +162,11 @@ impl Microvm {
         if policy.tier != Tier::Microvm {
             return Err(Error::request("tier", "is not \"microvm\""));
         }
-        if policy.network.mode != NetMode::None {
+        if policy.network.mode == NetMode::Full {
             return Err(Error::Unsupported {
-                layer: "network access from a microVM",
-                why: "the guest has no network device; its allowlist route is not built yet".into(),
-                hint: "use network mode \"none\" in the microvm tier, or the native, oci or gvisor tier for network access".into(),
+                layer: "the host's network in a microVM",
+                why: "a guest has no network device; its only route is the allowlist proxy".into(),
+                hint: "list the domains the code needs (network mode \"allow\"), or use the native tier for the host's network".into(),
             });
         }
         if !req.host_dirs.is_empty() {
@@ -278,12 +279,13 @@ impl SuperviseTier for MicrovmTier {
     fn answer(
         &mut self,
         msg: Msg,
-        _helper: i32,
-        _ctl: &mut UnixStream,
+        helper: i32,
+        ctl: &mut UnixStream,
     ) -> Result<Option<Proxy>, Error> {
         match msg {
             Msg::GuestStarted(iso) => self.guest = Some(*iso),
             Msg::GuestEnded(end) => self.end = Some(end),
+            Msg::NetnsReady { pid } => return self.bind_proxy(pid, helper, ctl).map(Some),
             other => return Err(Error::Protocol(format!("unexpected message {other:?}"))),
         }
         Ok(None)
@@ -328,6 +330,31 @@ impl SuperviseTier for MicrovmTier {
     }
 
     fn cleanup(&mut self) {}
+}
+
+impl MicrovmTier {
+    /// Serves the allowlist proxy on listeners bound in the namespace of the relay's connector
+    /// thread, `tid`, which must be a thread of the relay's.
+    fn bind_proxy(&self, tid: i32, relay: i32, ctl: &mut UnixStream) -> Result<Proxy, Error> {
+        let failed = |detail: String, errno: Option<i32>| Error::Setup {
+            step: SetupStep::Microvm(Step::BindProxy),
+            errno,
+            detail,
+        };
+        if self.policy.network.mode != NetMode::Allow
+            || !std::path::Path::new(&format!("/proc/{relay}/task/{tid}")).exists()
+        {
+            return Err(failed(
+                format!("thread {tid} is not the relay's connector"),
+                None,
+            ));
+        }
+        let allow = self.policy.network.allowlist()?;
+        let proxy = crate::egress::start_proxy(tid, allow)
+            .map_err(|e| failed(format!("binding the proxy: {e}"), e.raw_os_error()))?;
+        channel::send(ctl, &Msg::ProxyBound, &[]).map_err(Error::io("answering the relay"))?;
+        Ok(proxy)
+    }
 }
 
 /// The isolation in force: a guest kernel behind QEMU (jailed on the host), and inside the

@@ -53,6 +53,18 @@ impl Native {
     /// Runs one request to its end. Errors mean the run could not happen as asked; a run that
     /// happened, however it ended, is a `RunResult`.
     pub fn run(&self, req: &RunRequest, io: RunIo) -> Result<RunResult, Error> {
+        self.run_with(req, io, None)
+    }
+
+    /// As [`Native::run`]; with `forward`, an allowlisted run's proxy listeners hand their
+    /// connections to it instead of a proxy of this process's (a microVM guest's, which has no
+    /// network of its own).
+    pub fn run_with(
+        &self,
+        req: &RunRequest,
+        io: RunIo,
+        forward: Option<crate::egress::Forward>,
+    ) -> Result<RunResult, Error> {
         let policy = &req.policy;
         policy.validate()?;
         check_rootfs(policy)?;
@@ -72,6 +84,7 @@ impl Native {
                 host_dirs: checked_host_dirs(req)?,
             },
             limiter: None,
+            forward,
         };
         supervise(&mut tier, &self.helper, req, &files, io)
     }
@@ -118,6 +131,7 @@ fn checked_host_dirs(req: &RunRequest) -> Result<Vec<HostDir>, Error> {
 struct NativeTier {
     plan: Plan,
     limiter: Option<Limiter>,
+    forward: Option<crate::egress::Forward>,
 }
 
 impl NativeTier {
@@ -168,13 +182,18 @@ impl Tier for NativeTier {
         })?;
         let mut proxy = None;
         if self.plan.policy.network.mode == NetMode::Allow {
-            let allow = self.plan.policy.network.allowlist()?;
-            let started = crate::egress::start_proxy(pid, allow).map_err(|e| Error::Setup {
+            let failed = |e: std::io::Error| Error::Setup {
                 step: Step::StartProxy.into(),
                 errno: e.raw_os_error(),
                 detail: format!("binding the proxy in the sandbox: {e}"),
-            })?;
-            proxy = Some(started);
+            };
+            match &self.forward {
+                Some(f) => crate::egress::start_forwarder(pid, f.clone()).map_err(failed)?,
+                None => {
+                    let allow = self.plan.policy.network.allowlist()?;
+                    proxy = Some(crate::egress::start_proxy(pid, allow).map_err(failed)?);
+                }
+            }
         }
         channel::send(ctl, &Msg::IdsMapped, &[]).map_err(Error::io("answering the helper"))?;
         Ok(proxy)

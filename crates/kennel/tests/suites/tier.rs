@@ -9,6 +9,15 @@ fn tier() -> Option<&'static str> {
     static CHECKED: std::sync::OnceLock<Option<&'static str>> = std::sync::OnceLock::new();
     *CHECKED.get_or_init(|| {
         let runtime = RUNTIME?;
+        if runtime == "microvm" {
+            // The guest `kennel vm prepare` makes once per machine, in the tests' own state.
+            if common::vm::prepared_vm().is_none() {
+                std::process::exit(0);
+            }
+            // Set before any run of this binary: every other thread waits on this lock.
+            std::env::set_var("KENNEL_STATE_DIR", common::vm::STATE);
+            return Some(runtime);
+        }
         if runtime == "docker" {
             // A private engine this binary starts, and stops when it exits.
             if common::dockerd::ensure().is_none() {
@@ -29,7 +38,17 @@ fn tier() -> Option<&'static str> {
 /// The `kennel run` options that select this binary's tier.
 #[allow(dead_code)]
 fn tier_opts() -> Vec<&'static str> {
-    tier().map_or(vec![], |rt| vec!["--runtime", rt])
+    match tier() {
+        Some("microvm") => vec!["--tier", "microvm"],
+        other => other.map_or(vec![], |rt| vec!["--runtime", rt]),
+    }
+}
+
+/// Whether this suite runs in a microVM (a guest kernel of its own answers the code's
+/// syscalls, and its root is the base image, not the host's system directories).
+#[allow(dead_code)]
+fn microvm() -> bool {
+    tier() == Some("microvm")
 }
 
 /// Whether this suite runs under gVisor (its own kernel answers the code's syscalls).
@@ -47,7 +66,7 @@ fn docker() -> bool {
 /// Whether this suite runs in the oci tier.
 #[allow(dead_code)]
 fn oci() -> bool {
-    tier().is_some()
+    tier().is_some() && !microvm()
 }
 
 /// `kennel run --json` in this binary's tier, with `opts`: the parsed result.

@@ -1,0 +1,437 @@
+//! The microvm tier's own behaviour: a guest kernel per run, the accelerator reported and
+//! refused when KVM is required, what it cannot do yet refused up front, data across the VM
+//! boundary byte for byte, and nothing left behind when the supervisor dies. The escape and
+//! limits suites run in this tier too (escapes_microvm.rs, limits_microvm.rs).
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{parse_result, require, vm, KENNEL, PY};
+use serde_json::Value;
+
+/// A directory of this test's own, removed when dropped (even when the test fails).
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let path =
+            std::env::temp_dir().join(format!("kennel-microvm-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).unwrap();
+        TempDir(path)
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `kennel` with the tests' state (the prepared guest and its base image); `None` to skip.
+fn kennel() -> Option<Command> {
+    vm::prepared_vm()?;
+    let mut cmd = Command::new(KENNEL);
+    cmd.env("KENNEL_STATE_DIR", vm::STATE)
+        .env_remove("KENNEL_VM_DIR")
+        .stdin(Stdio::null());
+    Some(cmd)
+}
+
+fn output(args: &[&str]) -> Option<Output> {
+    Some(kennel()?.args(args).output().expect("kennel starts"))
+}
+
+/// `kennel run --tier microvm --json OPTS -- ARGV`, which must print a result.
+fn run(opts: &[&str], argv: &[&str]) -> Option<Value> {
+    let mut args = vec!["run", "--tier", "microvm", "--json"];
+    args.extend_from_slice(opts);
+    args.push("--");
+    args.extend_from_slice(argv);
+    Some(parse_result(&output(&args)?))
+}
+
+/// The error a refused `kennel run --tier microvm` printed (exit 125).
+fn refused(opts: &[&str], argv: &[&str]) -> Option<String> {
+    let mut args = vec!["run", "--tier", "microvm"];
+    args.extend_from_slice(opts);
+    args.push("--");
+    args.extend_from_slice(argv);
+    let out = output(&args)?;
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    Some(String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Why KVM cannot run guests here, judged from the host alone (not from Kennel's probe, which
+/// this checks): no /dev/kvm, or a paravirtual one (`kvm_pvm`) on a CPU without vmx/svm.
+fn kvm_unusable() -> Option<&'static str> {
+    if std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+        .is_err()
+    {
+        return Some("/dev/kvm cannot be opened");
+    }
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let virt = cpuinfo
+        .lines()
+        .filter(|l| l.starts_with("flags"))
+        .any(|l| l.split_whitespace().any(|f| f == "vmx" || f == "svm"));
+    if Path::new("/sys/module/kvm_pvm").exists() || !virt {
+        return Some("/dev/kvm is kvm_pvm, or the CPU has no vmx/svm");
+    }
+    None
+}
+
+#[test]
+fn a_run_says_it_was_a_guest_kernel_and_how_its_cpu_ran() {
+    let Some(r) = run(&[], &[PY, "-c", "print(6*7)"]) else {
+        return;
+    };
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert_eq!(r["stdout"], "42\n");
+    let iso = &r["isolation"];
+    assert_eq!(iso["tier"], "microvm");
+    let expected = if kvm_unusable().is_some() {
+        "tcg"
+    } else {
+        "kvm"
+    };
+    assert_eq!(iso["accel"], expected, "{iso}");
+    assert_eq!(iso["runtime"]["name"], "qemu-microvm");
+    assert!(
+        iso["runtime"]["version"]
+            .as_str()
+            .unwrap()
+            .starts_with("QEMU emulator version 7.2"),
+        "{iso}"
+    );
+    assert_eq!(iso["filesystem"], "image:microvm-base");
+    assert_eq!(iso["image"]["name"], "microvm-base");
+    // Inside the guest, the native tier's layers: reported by the guest, checked below by
+    // what the code sees.
+    assert_eq!(iso["seccomp"]["enforced"], true);
+    assert_eq!(iso["landlock"]["enforced"], true);
+    assert_eq!(iso["no_new_privs"], true);
+    assert_eq!(iso["limits"]["mechanism"], "guest cgroup-v2");
+}
+
+#[test]
+fn the_code_runs_under_the_guest_kernel_not_the_hosts() {
+    let Some(r) = run(
+        &[],
+        &[
+            "/bin/sh",
+            "-c",
+            "uname -r; cat /proc/sys/kernel/random/boot_id",
+        ],
+    ) else {
+        return;
+    };
+    assert_eq!(r["exit_code"], 0, "{r}");
+    let out = r["stdout"].as_str().unwrap();
+    let mut lines = out.lines();
+    let release = lines.next().unwrap();
+    let manifest = vm::vm_dir().manifest().expect("prepared");
+    assert_eq!(release, manifest.kernel_release);
+    let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    assert_ne!(release, host.trim());
+    let host_boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    assert_ne!(
+        lines.next().unwrap(),
+        host_boot.trim(),
+        "a guest boots a kernel of its own"
+    );
+    // Each run is a fresh boot: a second run has another boot id.
+    let again = run(&[], &["/bin/cat", "/proc/sys/kernel/random/boot_id"]).unwrap();
+    assert_ne!(
+        again["stdout"].as_str().unwrap().trim(),
+        out.lines().nth(1).unwrap()
+    );
+}
+
+#[test]
+fn a_policy_that_requires_kvm_is_refused_under_tcg_and_runs_under_kvm() {
+    let dir = TempDir::new("policy");
+    let policy = dir.path().join("kvm.toml");
+    std::fs::write(
+        &policy,
+        "tier = \"microvm\"\n[microvm]\nrequire_kvm = true\n",
+    )
+    .unwrap();
+    let policy = policy.to_str().unwrap();
+    match kvm_unusable() {
+        Some(_) => {
+            let Some(err) = refused(&["--policy", policy], &["/bin/true"]) else {
+                return;
+            };
+            assert!(err.contains("cannot enforce a KVM guest"), "{err}");
+            assert!(err.contains("QEMU cannot start a KVM guest"), "{err}");
+        }
+        None => {
+            let Some(r) = run(&["--policy", policy], &["/bin/true"]) else {
+                return;
+            };
+            assert_eq!(r["isolation"]["accel"], "kvm");
+        }
+    }
+}
+
+/// The KVM path itself: skipped, with its reason, where KVM cannot run guests (CI included,
+/// since no CI host here has it); where it can, a guest must boot on it.
+#[test]
+fn a_guest_boots_on_kvm_where_kvm_works() {
+    if let Some(why) = kvm_unusable() {
+        eprintln!("SKIPPED: KVM cannot run guests here ({why}); the TCG path is tested instead");
+        return;
+    }
+    let Some(r) = run(&[], &[PY, "-c", "print(1)"]) else {
+        return;
+    };
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert_eq!(r["isolation"]["accel"], "kvm");
+}
+
+#[test]
+fn network_access_and_oversized_limits_are_refused_before_a_guest_boots() {
+    let started = Instant::now();
+    let Some(err) = refused(&["--allow-net", "example.com"], &["/bin/true"]) else {
+        return;
+    };
+    assert!(err.contains("network access from a microVM"), "{err}");
+    let err = refused(&["--memory", "8G"], &["/bin/true"]).unwrap();
+    assert!(err.contains("limits.memory"), "{err}");
+    assert!(err.contains("KENNEL_VM_MEMORY_MIB"), "{err}");
+    // Refusals are checks, not boots.
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn files_stdin_and_collected_bytes_cross_the_vm_exactly() {
+    let dir = TempDir::new("files");
+    let input: Vec<u8> = (0..=255u8).cycle().take(300_000).collect();
+    let src = dir.path().join("in.bin");
+    std::fs::write(&src, &input).unwrap();
+    let code = "import sys, hashlib; d = open('/workspace/in.bin','rb').read(); \
+                s = sys.stdin.read(); open('/workspace/out.bin','wb').write(d[::-1]); \
+                print(len(d), hashlib.sha256(d).hexdigest(), s.strip())";
+    let file_arg = format!("{}:/workspace/in.bin", src.display());
+    let mut args = vec![
+        "run",
+        "--tier",
+        "microvm",
+        "--json",
+        "--file",
+        file_arg.as_str(),
+        "--collect",
+        "/workspace/out.bin",
+        "--",
+        PY,
+        "-c",
+        code,
+    ];
+    let Some(mut cmd) = kennel() else {
+        return;
+    };
+    let mut child = cmd
+        .args(args.drain(..))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"from stdin\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let r = parse_result(&out);
+    assert_eq!(r["exit_code"], 0, "{r}");
+    let digest = sha256_hex(&input);
+    assert_eq!(r["stdout"], format!("300000 {digest} from stdin\n"));
+    let file = &r["files"][0];
+    assert_eq!(file["path"], "/workspace/out.bin");
+    assert_eq!(file["size"], 300_000);
+    let back = content_bytes(&file["content"]);
+    let mut reversed = input.clone();
+    reversed.reverse();
+    assert!(back == reversed, "the collected bytes differ");
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    let out = Command::new(PY)
+        .args([
+            "-c",
+            "import sys,hashlib; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(data)?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// A collected file's bytes, from the result's `{"text"}` or `{"base64"}` content.
+fn content_bytes(content: &Value) -> Vec<u8> {
+    if let Some(t) = content.get("text").and_then(Value::as_str) {
+        return t.as_bytes().to_vec();
+    }
+    let b64 = content["base64"].as_str().expect("text or base64 content");
+    let out = Command::new(PY)
+        .args([
+            "-c",
+            "import sys,base64; sys.stdout.buffer.write(base64.b64decode(sys.stdin.read()))",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(b64.as_bytes())?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    out.stdout
+}
+
+#[test]
+fn an_output_flood_is_cut_at_the_cap_and_counted_in_full() {
+    let code = "import sys\nfor _ in range(400): sys.stdout.write('y' * 65536)\n";
+    let Some(r) = run(&["--output-limit", "10K"], &[PY, "-c", code]) else {
+        return;
+    };
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert_eq!(r["stdout"].as_str().unwrap().len(), 10 * 1024);
+    assert_eq!(r["stdout_truncated"], true);
+    assert_eq!(r["stdout_bytes"], 400 * 65536);
+}
+
+#[test]
+fn a_guest_that_cannot_boot_is_a_failed_run_that_names_the_step() {
+    let Some(_) = vm::prepared_vm() else {
+        return;
+    };
+    // A VM directory like the prepared one, but whose kernel is not a kernel.
+    let real = vm::vm_dir();
+    let dir = TempDir::new("vmdir");
+    let root = dir.path();
+    std::fs::create_dir_all(root.join("kernel")).unwrap();
+    std::os::unix::fs::symlink(real.qemu_prefix(), root.join("qemu")).unwrap();
+    std::os::unix::fs::symlink(real.modules_dir(), root.join("kernel/modules")).unwrap();
+    std::os::unix::fs::symlink(real.roots_dir(), root.join("roots")).unwrap();
+    std::fs::write(root.join("kernel/vmlinux"), b"not a kernel").unwrap();
+    std::fs::copy(real.manifest_path(), root.join("manifest.json")).unwrap();
+    let out = Command::new(KENNEL)
+        .args(["run", "--tier", "microvm", "--", "/bin/true"])
+        .env("KENNEL_STATE_DIR", vm::STATE)
+        .env("KENNEL_VM_DIR", root)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("step `await_guest`"), "{err}");
+    assert!(err.contains("the VMM exited"), "{err}");
+}
+
+/// The pids of `pid`'s descendants, read from /proc.
+fn descendants(pid: u32) -> Vec<u32> {
+    let mut found = vec![];
+    let mut queue = vec![pid];
+    while let Some(p) = queue.pop() {
+        for task in std::fs::read_dir(format!("/proc/{p}/task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let children =
+                std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            for c in children.split_whitespace().filter_map(|c| c.parse().ok()) {
+                found.push(c);
+                queue.push(c);
+            }
+        }
+    }
+    found
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        !s.rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z')
+    })
+}
+
+#[test]
+fn a_supervisor_killed_mid_run_leaves_no_vm_behind() {
+    if !require(
+        "root (the relay's run directory is under /run)",
+        common::is_root(),
+    ) {
+        return;
+    }
+    let Some(mut cmd) = kennel() else {
+        return;
+    };
+    let mut child = cmd
+        .args(["run", "--tier", "microvm", "--", "/bin/sleep", "60"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Until the VM runs: QEMU is a descendant of the relay.
+    let until = Instant::now() + Duration::from_secs(60);
+    let family = loop {
+        let family = descendants(child.id());
+        let qemu = family.iter().any(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| c.contains("qemu-system-x86_64"))
+        });
+        if qemu {
+            break family;
+        }
+        assert!(Instant::now() < until, "no QEMU started");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    while family.iter().any(|p| alive(*p)) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let left: Vec<_> = family.iter().filter(|p| alive(**p)).collect();
+    assert!(
+        left.is_empty(),
+        "processes outlived the supervisor: {left:?}"
+    );
+    // The next start sweeps what a killed relay could not remove itself.
+    let r = run(&[], &["/bin/true"]).unwrap();
+    assert_eq!(r["exit_code"], 0);
+    for p in &family {
+        let dir = Path::new("/run/kennel/vm").join(p.to_string());
+        assert!(!dir.exists(), "{} was left behind", dir.display());
+        let cgroups = common::kennel_cgroups_of(*p);
+        assert!(cgroups.is_empty(), "cgroups left behind: {cgroups:?}");
+    }
+}
