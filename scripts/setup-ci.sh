@@ -25,8 +25,11 @@ die() { echo "setup-ci: error: $*" >&2; exit 1; }
 #   umoci            the reference unpacker the OCI import is compared with (kennel-image tests)
 #   docker.io        dockerd, the Docker Engine the docker runtime is tested against (the tests
 #                    start a private one and stop it; the package's own service is not started)
+#   kmod             depmod and modprobe: `kennel vm prepare` resolves the guest kernel's module
+#                    order with them, against the unpacked kernel (tests/vm_prepare.rs)
+#   erofs-utils      mkfs.erofs: the microVM tier's read-only root disks, made from images
 packages=(bubblewrap python3 coreutils util-linux bash dash gcc libc6-dev ca-certificates jq
-    curl openssl python3-pip runsc crun runc mmdebstrap umoci docker.io)
+    curl openssl python3-pip runsc crun runc mmdebstrap umoci docker.io kmod erofs-utils)
 
 installed() {
     [[ $(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true) == "install ok installed" ]]

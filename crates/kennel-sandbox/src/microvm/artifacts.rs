@@ -10,7 +10,13 @@
 //!   kernel/modules/NN-name.ko   the modules the guest loads, in load order (NN = 00, 01, ...)
 //!   initrd/<build>.cpio         the guest's initramfs for one helper build (made on demand)
 //!   roots/<image digest>.erofs  an image's root as a read-only erofs disk (made on demand)
+//!   .lock                       held (flock, exclusive) by a prepare while it runs
+//!   .staging-<pid>/             a prepare in progress; removed when it ends
 //! ```
+//!
+//! A prepare clears `initrd/` and `roots/` (caches made for one kernel) when the kernel
+//! package or the module list it installs differs from the last; it leaves them alone
+//! otherwise.
 
 use std::path::{Path, PathBuf};
 

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod dockerd;
+pub mod vm;
 
 use std::io::Write;
 use std::process::{Command, Output, Stdio};

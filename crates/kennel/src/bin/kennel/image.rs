@@ -61,19 +61,23 @@ pub struct BuildArgs {
 }
 
 /// Progress on stderr: one line per step, and a byte count that rewrites itself on a terminal.
-struct Terminal {
-    tty: bool,
+pub(crate) struct Terminal {
+    pub tty: bool,
+    /// What each line starts with (`kennel image`).
+    pub prefix: &'static str,
 }
 
+// A closed stderr (`2>&1 | head`) must not end a build halfway: eprintln! would panic.
 impl Progress for Terminal {
     fn step(&self, what: &str) {
         let clear = if self.tty { "\r\x1b[K" } else { "" };
-        eprintln!("{clear}kennel image: {what}");
+        let _ = writeln!(std::io::stderr(), "{clear}{}: {what}", self.prefix);
     }
     fn bytes(&self, total: u64) {
         if self.tty {
-            eprint!("\r\x1b[K  {} MiB written", total >> 20);
-            let _ = std::io::stderr().flush();
+            let mut err = std::io::stderr();
+            let _ = write!(err, "\r\x1b[K  {} MiB written", total >> 20);
+            let _ = err.flush();
         }
     }
 }
@@ -140,7 +144,10 @@ pub fn main(cmd: ImageCmd) -> anyhow::Result<()> {
 fn build(store: &Store, args: BuildArgs) -> anyhow::Result<()> {
     let engine = crate::engine()?;
     let tty = std::io::stderr().is_terminal();
-    let terminal = Terminal { tty };
+    let terminal = Terminal {
+        tty,
+        prefix: "kennel image",
+    };
     let progress: &dyn Progress = if args.json && !tty {
         &NoProgress
     } else {

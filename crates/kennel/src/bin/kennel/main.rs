@@ -15,6 +15,7 @@ use kennel_types::policy::{ByteSize, NetMode, Span, Want};
 use kennel_types::{Command, Content, FileIn, Language, Policy, RunRequest, RunResult};
 
 mod image;
+mod vm;
 
 /// MCP's streamable-HTTP transport, served by `kennel serve` beside the API: its tools call
 /// the API as the caller who presented the token.
@@ -69,6 +70,10 @@ enum Sub {
     /// (`kennel run --image NAME`).
     #[command(subcommand)]
     Image(image::ImageCmd),
+    /// The microVM tier's guest: `kennel vm prepare` downloads and unpacks QEMU, the kernel
+    /// and its modules, and builds the base image.
+    #[command(subcommand)]
+    Vm(vm::VmCmd),
 }
 
 #[derive(Args)]
@@ -219,6 +224,7 @@ fn main() -> ExitCode {
         Sub::Mcp(args) => report(mcp(args)),
         Sub::Bundle(args) => report(bundle(*args)),
         Sub::Image(cmd) => report(image::main(cmd)),
+        Sub::Vm(cmd) => report(vm::main(cmd)),
         Sub::Openapi => {
             print!("{}", kennel_server::openapi::document());
             ExitCode::SUCCESS

@@ -1,0 +1,130 @@
+//! `kennel vm`: the microVM tier's guest (`kennel vm prepare`).
+
+use std::io::IsTerminal;
+
+use clap::Subcommand;
+use kennel_image::builder::Builder;
+use kennel_image::{NoProgress, Progress};
+use kennel_sandbox::image::Store;
+use kennel_sandbox::microvm::artifacts::VmDir;
+use kennel_vm::{Options, Prepared};
+
+use crate::image::Terminal;
+
+#[derive(Subcommand)]
+pub enum VmCmd {
+    /// Download and unpack what a microVM boots: QEMU and the Debian cloud kernel (from the
+    /// host's apt, not installed), the kernel's modules, and the base image microvm-base.
+    ///
+    /// Into $KENNEL_VM_DIR, else <state dir>/vm. Does nothing when it is up to date.
+    Prepare {
+        /// Print what was prepared as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub fn main(cmd: VmCmd) -> anyhow::Result<()> {
+    match cmd {
+        VmCmd::Prepare { json } => prepare(json),
+    }
+}
+
+fn prepare(json: bool) -> anyhow::Result<()> {
+    let engine = crate::engine()?;
+    let store = Store::from_env();
+    let vm = VmDir::from_env();
+    let tty = std::io::stderr().is_terminal();
+    let terminal = Terminal {
+        tty,
+        prefix: "kennel vm",
+    };
+    let progress: &dyn Progress = if json && !tty { &NoProgress } else { &terminal };
+    let builder = Builder {
+        store: &store,
+        engine: &engine,
+        progress,
+        live: None,
+    };
+    let prepared = kennel_vm::prepare(
+        &vm,
+        &Options {
+            builder: &builder,
+            progress,
+        },
+    )?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&prepared)?);
+    } else {
+        print!("{}", human(&vm, &prepared));
+    }
+    Ok(())
+}
+
+/// Where each piece is and what it cost.
+fn human(vm: &VmDir, p: &Prepared) -> String {
+    let secs = |ms: u64| format!("{:.1} s", ms as f64 / 1000.0);
+    let mib = |bytes: u64| format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20));
+    let mut out = if p.warning.is_some() {
+        format!(
+            "kept the microVM guest in {} as it is ({})\n",
+            p.dir.display(),
+            secs(p.elapsed_ms)
+        )
+    } else if p.up_to_date {
+        format!(
+            "the microVM guest in {} is up to date ({})\n",
+            p.dir.display(),
+            secs(p.elapsed_ms)
+        )
+    } else {
+        format!(
+            "prepared the microVM guest in {} in {} (packages {}, base image {})\n",
+            p.dir.display(),
+            secs(p.elapsed_ms),
+            secs(p.artifacts_ms),
+            secs(p.base_image_ms)
+        )
+    };
+    let m = &p.manifest;
+    let rows = [
+        (
+            "qemu",
+            vm.qemu_binary().display().to_string(),
+            m.qemu_version.clone(),
+            mib(p.sizes.qemu_bytes),
+        ),
+        (
+            "kernel",
+            vm.vmlinux().display().to_string(),
+            m.kernel_release.clone(),
+            mib(p.sizes.vmlinux_bytes),
+        ),
+        (
+            "modules",
+            vm.modules_dir().display().to_string(),
+            format!("{} in load order", m.modules.len()),
+            mib(p.sizes.modules_bytes),
+        ),
+        (
+            "image",
+            p.base_image.name.clone(),
+            format!(
+                "{}{}",
+                p.base_image.digest,
+                if p.base_image.reused { " (reused)" } else { "" }
+            ),
+            mib(p.base_image.bytes),
+        ),
+    ];
+    for (what, place, detail, size) in rows {
+        out.push_str(&format!(
+            "  {what:<8} {place}\n  {:<8} {detail}, {size}\n",
+            ""
+        ));
+    }
+    if let Some(w) = &p.warning {
+        out.push_str(&format!("warning: {w}\n"));
+    }
+    out
+}
