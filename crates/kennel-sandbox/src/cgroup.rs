@@ -224,14 +224,21 @@ fn v2_dir(mounts: &[Mount], own: &[(Vec<String>, String)]) -> Option<PathBuf> {
     Some(dir)
 }
 
+/// When process `pid` started, while it runs: a zombie has ended (its parent, the init of a
+/// killed supervisor's orphans, may take its time to reap it) and counts as gone.
 fn start_time(pid: &str) -> Option<String> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Field 22 (starttime), counted after the command name, which may contain spaces.
-    stat.rsplit_once(')')?
-        .1
-        .split_whitespace()
-        .nth(19)
-        .map(str::to_string)
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
+    if fields.next()? == "Z" {
+        return None;
+    }
+    fields.nth(18).map(str::to_string)
+}
+
+/// Whether process `pid` has ended (or was never there): gone, or a zombie.
+pub fn ended(pid: i32) -> bool {
+    start_time(&pid.to_string()).is_none()
 }
 
 fn write(dir: &Path, file: &str, value: &str) -> io::Result<()> {

@@ -169,6 +169,15 @@ impl Microvm {
                 hint: "list the domains the code needs (network mode \"allow\"), or use the native tier for the host's network".into(),
             });
         }
+        if self.vm.root.starts_with("/tmp") {
+            return Err(Error::request(
+                "KENNEL_VM_DIR",
+                format!(
+                    "{} is under /tmp, which QEMU's sandbox hides: prepare the guest elsewhere",
+                    self.vm.root.display()
+                ),
+            ));
+        }
         if !req.host_dirs.is_empty() {
             return Err(Error::request(
                 "host_dirs",
@@ -241,7 +250,7 @@ fn sweep_run_dirs() {
     };
     for entry in dir.flatten() {
         let pid = entry.file_name().to_string_lossy().parse::<i32>().ok();
-        if pid.is_some_and(|p| sys::kill(p, 0).is_err()) {
+        if pid.is_some_and(crate::cgroup::ended) {
             let _ = std::fs::remove_dir_all(entry.path());
         }
     }

@@ -102,6 +102,13 @@ fn checked_host_dirs(req: &RunRequest) -> Result<Vec<HostDir>, Error> {
         .unwrap_or_else(|| "/".into());
     for w in &req.host_dirs {
         let inside = w.target.strip_prefix('/').unwrap_or(&w.target);
+        // The sandbox's new root is assembled on /tmp, which hides whatever is beneath it.
+        if w.source.starts_with("/tmp") {
+            return Err(Error::request(
+                "host_dirs",
+                format!("{} is under /tmp, which the sandbox's root hides", w.source.display()),
+            ));
+        }
         let shown = root.join(inside).symlink_metadata();
         let new_top = !inside.is_empty()
             && !inside.contains('/')
