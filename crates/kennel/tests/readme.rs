@@ -111,6 +111,22 @@ const COMMANDS: &[(&str, How)] = &[
         How::Run(prints_pi),
     ),
     ("kennel image ls", How::Run(lists_python_data)),
+    ("kennel vm prepare", How::Run(prepared_vm)),
+    (
+        "kennel run --tier microvm -- python3 -c 'print(1)'",
+        How::Run(prints_1),
+    ),
+    (
+        "kennel run --tier microvm --memory 256M --cpus 1 -- python3 -c 'import os; \
+         print(os.cpu_count())'",
+        How::Run(prints_1),
+    ),
+    (
+        "kennel run --tier microvm --allow-net api.test:8080 --resolve api.test:127.0.0.1 -- \
+         python3 -c \"import urllib.request as u; \
+         print(u.urlopen('http://api.test:8080/').read().decode(), end='')\"",
+        How::LocalHttp(prints_local_body),
+    ),
     ("kennel serve --listen 127.0.0.1:8080", How::Serve),
     (
         "KENNEL_TOKENS=\"ci:$(openssl rand -hex 16)\" kennel serve --listen 0.0.0.0:8080 \
@@ -359,6 +375,13 @@ fn doctor_ok(out: &Output) {
 
 /// The body the local HTTP server answers with.
 const LOCAL_BODY: &str = "hello from the host\n";
+
+/// `kennel vm prepare` made (or found) the guest in the tests' state.
+fn prepared_vm(out: &Output) {
+    succeeded(out);
+    let manifest = Path::new(IMAGE_STATE).join("vm/manifest.json");
+    assert!(manifest.is_file(), "no {}", manifest.display());
+}
 
 fn prints_local_body(out: &Output) {
     succeeded(out);

@@ -142,6 +142,33 @@ fn inherit_as_fd7(cmd: &mut Command, file: &fs::File) {
 
 // ---- filesystem ------------------------------------------------------------------------------
 
+/// In a microVM, / is the image's tree (none of the host's): the image's own top-level entries
+/// but those Kennel provides, plus Kennel's four; /run and /sys are not shown at all.
+fn guest_root_is_the_image(out: &str) {
+    let image = fs::canonicalize(
+        Path::new(common::vm::STATE).join("images/names/microvm-base"),
+    )
+    .unwrap()
+    .join("rootfs");
+    let has = |p: &str| image.join(p.trim_start_matches('/')).symlink_metadata().is_ok();
+    let stat: Vec<&str> = ["/home", "/root", "/run", "/var", "/sys", "/boot", "/mnt", "/srv", "/opt", "/media"]
+        .into_iter()
+        .map(|p| if has(p) && p != "/run" && p != "/sys" { "OK" } else { "ENOENT" })
+        .collect();
+    let mut lines = out.lines();
+    assert_eq!(lines.next().unwrap(), stat.join(" "));
+    let provided = ["proc", "dev", "sys", "tmp", "workspace", "run"];
+    let mut expected: Vec<String> = fs::read_dir(&image)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !provided.contains(&n.as_str()))
+        .chain(["dev", "proc", "tmp", "workspace"].map(String::from))
+        .collect();
+    expected.sort_unstable();
+    assert_eq!(lines.next().unwrap(), expected.join(" "));
+}
+
 /// A 0600 secret in the host's /root: the sandbox has no /root at all, so the exact answer is
 /// ENOENT (not EACCES, which would mean the file is there and merely guarded).
 #[test]
@@ -157,6 +184,13 @@ fn host_secret_under_root_is_absent() {
         &[],
         &format!("{SYSCALL_PRELUDE}\nprint(os_errno(open, {path:?}), os_errno(os.stat, '/root'))"),
     );
+    if microvm() {
+        // The guest has no host filesystem at all: its / is the image's disk, whose /root is
+        // the image's own (0700, its root's, who is not the sandbox's root): the host's file
+        // cannot be there, and the image's directory is guarded like any root-only one.
+        assert_eq!(out.trim(), "EACCES OK");
+        return;
+    }
     assert_eq!(out.trim(), "ENOENT ENOENT");
 }
 
@@ -250,6 +284,13 @@ fn overwriting_a_host_system_file_is_refused() {
         assert_eq!(out, "EACCES EPERM EACCES");
         return;
     }
+    if microvm() {
+        // The guest's root is erofs, a read-only filesystem, which the kernel checks before
+        // the file's owner: the open meets EROFS first (on the host's view, a read-only bind
+        // mount is checked after the owner, hence EACCES there).
+        assert_eq!(out, "EROFS EROFS EROFS");
+        return;
+    }
     assert_eq!(out, "EACCES EROFS EROFS");
 }
 
@@ -264,6 +305,9 @@ fn root_only_host_files_are_unreadable() {
     }
     if docker() {
         return root_only_host_files_under_docker();
+    }
+    if microvm() {
+        return root_only_image_files_in_a_guest();
     }
     use std::os::unix::fs::PermissionsExt;
     let root = Path::new("/var/tmp").join(unique("rootfs"));
@@ -329,6 +373,29 @@ fn root_only_host_files_under_docker() {
     assert_eq!(r["exit_code"], 2, "{r}");
 }
 
+/// A guest's root is its image, never the host's: what the image's root alone may read (here
+/// Debian's /root, 0700) is refused to the sandbox's root, which is not the image's, while a
+/// world-readable file beside it reads.
+fn root_only_image_files_in_a_guest() {
+    let r = run_json(
+        &[],
+        &[
+            "/bin/sh",
+            "-c",
+            "read v < /etc/debian_version && echo ok && read s < /root/.bashrc && echo $s",
+        ],
+    );
+    assert_eq!(r["stdout"], "ok\n", "{r}");
+    assert!(
+        r["stderr"]
+            .as_str()
+            .unwrap()
+            .ends_with("cannot open /root/.bashrc: Permission denied\n"),
+        "{r}"
+    );
+    assert_eq!(r["exit_code"], 2, "{r}");
+}
+
 /// /home, /root, /run, /var, /sys and the rest of the host's tree are not in the view (ENOENT),
 /// and / lists exactly the system directories the host has plus Kennel's own four.
 #[test]
@@ -338,6 +405,9 @@ print(*[os_errno(os.stat, p) for p in ["/home", "/root", "/run", "/var", "/sys",
 print(" ".join(sorted(os.listdir("/"))))
 "#;
     let out = py_ok(&[], &format!("{SYSCALL_PRELUDE}\n{code}"));
+    if microvm() {
+        return guest_root_is_the_image(&out);
+    }
     let mut lines = out.lines();
     let mut absent = ["ENOENT"; 10];
     // gVisor mounts a /sys of its own whatever the spec says (checked below to be its own); a
@@ -645,6 +715,9 @@ fn sandbox_root_is_an_unprivileged_host_uid() {
     if gvisor() {
         return sandbox_root_under_gvisor();
     }
+    if microvm() {
+        return sandbox_root_under_microvm();
+    }
     let token = unique("uid");
     let (head, tail) = token.split_at(7);
     let code = format!("import os; os.execv('/bin/sleep', ['{head}' + '{tail}', '30'])");
@@ -711,6 +784,68 @@ fn sandbox_root_is_an_unprivileged_host_uid() {
 /// Their one pair of capabilities, CAP_SYS_ADMIN and CAP_SYS_CHROOT (0x240000), holds over
 /// that user namespace only (gVisor builds its empty root with them). The gofer, which serves
 /// the files, is host root with the six file capabilities (0x4001f) and its own filter.
+/// In a microVM the code has no host process at all: the only one is QEMU, which runs as the
+/// native tier's unprivileged sandbox root (HOST_ID_BASE), with no capabilities.
+fn sandbox_root_under_microvm() {
+    let token = unique("uid");
+    let (head, tail) = token.split_at(7);
+    let code = format!("import os; os.execv('/bin/sleep', ['{head}' + '{tail}', '4'])");
+    let mut child = py_cmd(&["--timeout", "60s"], &code)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let qemu = loop {
+        // The run's VM, which boots with its agent socket (not Kennel's KVM probe, a QEMU
+        // with no guest that ends at once).
+        let found: Vec<u32> = host_pids_with("/io/agent.sock")
+            .into_iter()
+            .filter(|p| {
+                let mut up = *p;
+                // A QEMU of this run: the kennel child is among its ancestors.
+                for _ in 0..8 {
+                    let status = fs::read_to_string(format!("/proc/{up}/status")).unwrap_or_default();
+                    up = status
+                        .lines()
+                        .find_map(|l| l.strip_prefix("PPid:"))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    if up == child.id() {
+                        return true;
+                    }
+                }
+                false
+            })
+            .collect();
+        if let [pid] = found[..] {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "the run's QEMU never appeared");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let status = fs::read_to_string(format!("/proc/{qemu}/status")).unwrap();
+    let field = |k: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(k))
+            .unwrap()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let id = HOST_ID_BASE.to_string();
+    assert_eq!(field("Uid:"), [id.as_str(); 4].join(" "));
+    assert_eq!(field("Gid:"), [id.as_str(); 4].join(" "));
+    assert_eq!(field("CapEff:"), "0000000000000000");
+    // While the code runs in the guest, no host process carries its name.
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(host_pids_with(&token), Vec::<u32>::new());
+    let out = child.wait().unwrap();
+    assert!(out.success());
+}
+
 fn sandbox_root_under_gvisor() {
     let token = unique("uid");
     let (head, tail) = token.split_at(7);
@@ -1421,7 +1556,8 @@ fn only_loopback_exists() {
 #[test]
 fn proc_kcore_is_masked() {
     // gVisor's /proc is its own and has no kcore, whatever the host's has.
-    let expected = if !gvisor() && Path::new("/proc/kcore").exists() {
+    // Debian's guest kernel has one, which the guest's sandbox masks.
+    let expected = if microvm() || (!gvisor() && Path::new("/proc/kcore").exists()) {
         "(1, 3) 0"
     } else {
         "ENOENT"
@@ -1529,7 +1665,8 @@ else:
     print(os_errno(os.open, p, os.O_WRONLY))
 "#;
     // gVisor's /proc is its own and has no sysrq-trigger, whatever the host's has.
-    let expected = if !gvisor() && Path::new("/proc/sysrq-trigger").exists() {
+    // Debian's guest kernel has it, and the guest's sandbox guards it as the host's would be.
+    let expected = if microvm() || (!gvisor() && Path::new("/proc/sysrq-trigger").exists()) {
         "EACCES EROFS"
     } else {
         "ENOENT"
