@@ -132,12 +132,22 @@ impl Engine {
             if req.policy.tier == Tier::Microvm {
                 return Err(Error::request(
                     "filesystem.rootfs",
-                    "the microvm tier boots an image: name one with `image`, or none for its base image",
+                    "the microvm tier boots an image: name one with `image` (a directory becomes \
+                     one with `kennel image build NAME --from-dir DIR`), or none for its base image",
                 ));
             }
             return self.backend(&req.policy)?.run(req, io);
         };
-        let image = self.images.resolve(name)?;
+        let image = match self.images.resolve(name) {
+            Err(_) if base.as_ref() == Some(name) => {
+                return Err(Error::Unsupported {
+                    layer: "the microvm tier",
+                    why: format!("its base image {name} is not built here"),
+                    hint: "run `kennel vm prepare` (as root), which builds it".into(),
+                })
+            }
+            other => other?,
+        };
         // Held until the run ends: no removal deletes the root under the sandbox.
         let _held = self.images.hold(&image)?;
         let mut on_image = req.clone();

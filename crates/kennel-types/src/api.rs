@@ -355,7 +355,7 @@ pub struct RunSpec {
     /// permits it.
     #[serde(default)]
     pub network: crate::policy::Network,
-    /// `native` (the default) or `oci`.
+    /// `native` (the default), `oci` or `microvm` (a guest kernel per run).
     pub tier: Option<crate::policy::Tier>,
     /// The OCI runtime: `runsc` (gVisor), `crun` or `runc`; implies tier `oci`.
     pub runtime: Option<crate::policy::Runtime>,

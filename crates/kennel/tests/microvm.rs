@@ -337,8 +337,16 @@ fn a_guest_that_cannot_boot_is_a_failed_run_that_names_the_step() {
     let root = dir.path();
     std::fs::create_dir_all(root.join("kernel")).unwrap();
     // Copies: QEMU's sandbox shows this directory alone, where a symlink out leads nowhere.
-    for (from, to) in [(real.qemu_prefix(), "qemu"), (real.modules_dir(), "kernel/modules")] {
-        let ok = Command::new("cp").arg("-a").arg(&from).arg(root.join(to)).status().unwrap();
+    for (from, to) in [
+        (real.qemu_prefix(), "qemu"),
+        (real.modules_dir(), "kernel/modules"),
+    ] {
+        let ok = Command::new("cp")
+            .arg("-a")
+            .arg(&from)
+            .arg(root.join(to))
+            .status()
+            .unwrap();
         assert!(ok.success());
     }
     std::fs::write(root.join("kernel/vmlinux"), b"not a kernel").unwrap();
@@ -454,16 +462,19 @@ fn an_allowlisted_name_is_reached_through_the_proxy_and_others_are_denied() {
          try:\n    u.urlopen('http://other.test:{port}/', timeout=20)\nexcept Exception as e:\n    print('denied', getattr(e, 'code', e))\n"
     );
     let r = run(
-        &["--allow-net", &allow, "--resolve", "api.test:127.0.0.1", "--resolve", "other.test:127.0.0.1"],
+        &[
+            "--allow-net",
+            &allow,
+            "--resolve",
+            "api.test:127.0.0.1",
+            "--resolve",
+            "other.test:127.0.0.1",
+        ],
         &[PY, "-c", &code],
     )
     .unwrap();
     assert_eq!(r["exit_code"], 0, "{r}");
-    assert_eq!(
-        r["stdout"],
-        "hello from the host\ndenied 403\n",
-        "{r}"
-    );
+    assert_eq!(r["stdout"], "hello from the host\ndenied 403\n", "{r}");
     let log = r["network_log"].as_array().unwrap();
     let verdicts: Vec<(&str, &str)> = log
         .iter()

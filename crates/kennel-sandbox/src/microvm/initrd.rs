@@ -207,7 +207,7 @@ impl<W: Write> Cpio<W> {
 }
 
 fn pad(buf: &mut Vec<u8>) {
-    while buf.len() % 4 != 0 {
+    while !buf.len().is_multiple_of(4) {
         buf.push(0);
     }
 }

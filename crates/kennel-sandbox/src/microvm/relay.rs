@@ -95,8 +95,20 @@ fn relay(ctl: &mut UnixStream, plan: &VmPlan, files: InputFiles, dir: &Path) -> 
             stop.cancel();
         }
     });
-    let mut guest = await_guest(&listener, plan, &vmm, &cancel)
-        .map_err(|f| (Step::AwaitGuest, console.add_to(f)))?;
+    let mut guest = match await_guest(&listener, plan, &vmm, &cancel) {
+        Ok(g) => g,
+        Err(f) => {
+            // Stopped while booting (a deadline or a cancel) is the supervisor's to report,
+            // not a failure to boot; either way the VMM's sandbox is stopped and removed.
+            let stopped = cancel.is_cancelled();
+            cancel.cancel();
+            let _ = vmm.recv_timeout(EXIT_GRACE);
+            return match stopped {
+                true => Ok(()),
+                false => Err((Step::AwaitGuest, console.add_to(f))),
+            };
+        }
+    };
     let peer: Peer = std::sync::Arc::new(std::sync::Mutex::new(Box::new(
         guest
             .try_clone()
@@ -109,8 +121,8 @@ fn relay(ctl: &mut UnixStream, plan: &VmPlan, files: InputFiles, dir: &Path) -> 
         connector,
     };
     let ended = pass_frames(ctl, &mut guest, plan, &route, &cancel);
-    // The guest powers off after its report; the VMM then exits by itself.
-    if vmm.recv_timeout(EXIT_GRACE).is_err() {
+    // The guest powers off after its report; the VMM then exits by itself (unless stopped).
+    if cancel.is_cancelled() || vmm.recv_timeout(EXIT_GRACE).is_err() {
         cancel.cancel();
         let _ = vmm.recv_timeout(EXIT_GRACE);
     }

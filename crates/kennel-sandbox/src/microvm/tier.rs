@@ -184,6 +184,17 @@ impl Microvm {
                 "the microvm tier shows no host directory",
             ));
         }
+        #[allow(clippy::cast_precision_loss)]
+        let vcpus = self.config.vcpus as f64;
+        if policy.limits.cpus > vcpus {
+            return Err(Error::request(
+                "limits.cpus",
+                format!(
+                    "must be at most {vcpus} in the microvm tier: its guest has {vcpus} vCPU(s) \
+                     (KENNEL_VM_VCPUS)"
+                ),
+            ));
+        }
         let most = self.config.memory_mib.saturating_sub(GUEST_RESERVE_MIB) << 20;
         if policy.limits.memory.0 > most {
             return Err(Error::request(
@@ -272,6 +283,9 @@ impl SuperviseTier for MicrovmTier {
     const KILL_GRACE: Duration = Duration::from_secs(5);
     const REPORTS_CONFINEMENT: bool = false;
     const SPAWN_STEP: SetupStep = SetupStep::Microvm(Step::SpawnRelay);
+    /// A boot under TCG takes seconds: the run's timeout is the code's, from its start in the
+    /// guest, and the boot has a bound of its own (the relay's, with this as the backstop).
+    const SETUP_ALLOWANCE: Duration = Duration::from_secs(45);
 
     fn pipe_stdin_always(&self) -> bool {
         false

@@ -106,7 +106,10 @@ fn checked_host_dirs(req: &RunRequest) -> Result<Vec<HostDir>, Error> {
         if w.source.starts_with("/tmp") {
             return Err(Error::request(
                 "host_dirs",
-                format!("{} is under /tmp, which the sandbox's root hides", w.source.display()),
+                format!(
+                    "{} is under /tmp, which the sandbox's root hides",
+                    w.source.display()
+                ),
             ));
         }
         let shown = root.join(inside).symlink_metadata();

@@ -40,6 +40,10 @@ pub(crate) trait Tier {
     const REPORTS_CONFINEMENT: bool;
     /// The step a failure to start or talk to the helper is charged to.
     const SPAWN_STEP: SetupStep;
+    /// How long the sandbox may take to start before the code's own clock runs, when that is
+    /// long enough to matter (a VM's boot): the timeout then counts from the code's start (its
+    /// `InitPid`), and the result's duration too. Zero: both count from the spawn.
+    const SETUP_ALLOWANCE: Duration = Duration::ZERO;
 
     /// Whether the helper's stdin is a pipe when the run has no input of its own.
     fn pipe_stdin_always(&self) -> bool;
@@ -195,7 +199,14 @@ fn watch<T: Tier>(
         )));
     }
     tier.ended(&report);
-    let duration = report.ended_at.unwrap_or_else(Instant::now) - running.started;
+    let from = match report.code_started {
+        Some(at) if !T::SETUP_ALLOWANCE.is_zero() => at,
+        _ => running.started,
+    };
+    let duration = report
+        .ended_at
+        .unwrap_or_else(Instant::now)
+        .saturating_duration_since(from);
     let isolation = on_image(tier.isolation(report.confinement.take()), req);
     let outcome = Outcome {
         exited: report.exited,
@@ -227,9 +238,13 @@ fn events<T: Tier>(
 ) -> Result<Report, Error> {
     let rx = control_events(ctl, cancel)?;
     let mut report = Report::default();
-    let deadline = started + req.policy.limits.timeout.0;
+    let timeout = req.policy.limits.timeout.0;
     let mut give_up: Option<Instant> = None;
     loop {
+        let deadline = match report.code_started {
+            Some(at) if !T::SETUP_ALLOWANCE.is_zero() => at + timeout,
+            _ => started + T::SETUP_ALLOWANCE + timeout,
+        };
         let until = give_up.unwrap_or(deadline);
         let timed_out = match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
             Ok(Event::Frame(Msg::Done, _))
@@ -280,6 +295,7 @@ fn on_frame<T: Tier>(
     match msg {
         Msg::InitPid { pid } => {
             report.init_pid = Some(pid);
+            report.code_started.get_or_insert_with(Instant::now);
             if !T::REPORTS_CONFINEMENT {
                 notify(tier, None);
             }

@@ -15,6 +15,9 @@ use kennel_types::policy::NetMode;
 #[derive(Default)]
 pub(crate) struct Report {
     pub(crate) init_pid: Option<i32>,
+    /// When the code started (its `InitPid`): where a tier's timeout counts from when its
+    /// setup may take long (see `Tier::SETUP_ALLOWANCE`).
+    pub(crate) code_started: Option<Instant>,
     pub(crate) failed: Option<(SetupStep, Option<i32>, String)>,
     pub(crate) confinement: Option<Confinement>,
     pub(crate) exited: Option<(Option<i32>, Option<i32>)>,

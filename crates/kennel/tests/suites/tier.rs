@@ -57,6 +57,27 @@ fn gvisor() -> bool {
     tier() == Some("runsc")
 }
 
+/// The top-level names of the microVM's base image, as a guest's `/` shows them: all but those
+/// Kennel provides itself, plus Kennel's four.
+#[allow(dead_code)]
+fn guest_root_names() -> Vec<String> {
+    let image = std::fs::canonicalize(
+        std::path::Path::new(common::vm::STATE).join("images/names/microvm-base"),
+    )
+    .unwrap()
+    .join("rootfs");
+    let provided = ["proc", "dev", "sys", "tmp", "workspace", "run"];
+    let mut names: Vec<String> = std::fs::read_dir(&image)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !provided.contains(&n.as_str()))
+        .chain(["dev", "proc", "tmp", "workspace"].map(String::from))
+        .collect();
+    names.sort_unstable();
+    names
+}
+
 /// Whether this suite runs on a Docker Engine.
 #[allow(dead_code)]
 fn docker() -> bool {
