@@ -117,7 +117,9 @@ impl Shown<'_> {
 }
 
 /// The structured result: the API's own, with the bulky isolation report cut to its tier, in
-/// the oci tier its runtime's name, and on an image the image (name and digest).
+/// the oci tier its runtime's name, in the microvm tier how the guest's CPU ran (`kvm` or
+/// `tcg`, which has no isolation guarantee: a model should be able to see which), and on an
+/// image the image (name and digest).
 pub fn structured(mut r: Value) -> Value {
     if let Some(obj) = r.as_object_mut() {
         if let Some(iso) = obj.remove("isolation") {
@@ -129,6 +131,9 @@ pub fn structured(mut r: Value) -> Value {
             }
             if let Some(image) = iso.get("image") {
                 obj.insert("isolation_image".into(), image.clone());
+            }
+            if let Some(accel) = iso.get("accel") {
+                obj.insert("isolation_accel".into(), accel.clone());
             }
         }
         if obj
@@ -175,6 +180,7 @@ pub fn api_error(e: &ApiError) -> (String, Value) {
 mod tests {
     use super::*;
     use kennel_server::service::ServiceError;
+    use kennel_types::api::Isolation;
 
     fn outcome() -> Outcome {
         Outcome {
@@ -220,6 +226,31 @@ mod tests {
         assert!(shown
             .text(None)
             .starts_with("exit status 0 (5 ms)\nstdout:\nhi\n"));
+    }
+
+    #[test]
+    fn structured_results_name_the_microvm_accel() {
+        let r = RunResult {
+            outcome: outcome(),
+            oom_killed: false,
+            pids_limit_hit: false,
+            cpu_ms: 1,
+            memory_peak_bytes: 0,
+            files: Vec::new(),
+            isolation: Isolation {
+                tier: "microvm".into(),
+                accel: Some("tcg".into()),
+                ..Isolation::default()
+            },
+            network_log: Vec::new(),
+        };
+        let s = structured(serde_json::to_value(&r).unwrap());
+        assert_eq!(s["isolation_tier"], "microvm");
+        assert_eq!(s["isolation_accel"], "tcg");
+        assert!(s.get("isolation").is_none() && s.get("isolation_runtime").is_none());
+        // Other tiers have no accel, and say none.
+        let native = structured(json!({"isolation": {"tier": "native"}}));
+        assert_eq!(native, json!({"isolation_tier": "native"}));
     }
 
     #[test]

@@ -18,7 +18,8 @@ use super::opened::{Opened, Registry};
 use super::render::{self, Shown};
 use kennel_server::service::Caller;
 use kennel_types::api::{Content, EntryKind, ExecSpec, Language, LimitsSpec, RunSpec, SessionSpec};
-use kennel_types::policy::{Runtime, Span};
+use kennel_types::error::PolicyError;
+use kennel_types::policy::{Runtime, Span, Tier};
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -36,6 +37,11 @@ pub struct RunCodeArgs {
     /// Wall-clock limit such as "30s", "500ms" or "2m" (default 30s). The code is killed when
     /// it runs out.
     pub timeout: Option<String>,
+    /// The isolation tier: "native" (the default process sandbox), "oci" (an OCI runtime:
+    /// the server's, unless `runtime` names one) or "microvm" (a guest kernel of its own, the
+    /// strongest isolation; seconds to start under emulation). For gVisor or a container,
+    /// give `runtime` instead.
+    pub tier: Option<String>,
     /// A stronger isolation than the default process sandbox: "runsc" (gVisor, a user-space
     /// kernel, for hostile code; slower to start), "crun" or "runc" (an OCI container).
     pub runtime: Option<String>,
@@ -56,6 +62,11 @@ pub struct RunCommandArgs {
     pub files: BTreeMap<String, String>,
     /// Wall-clock limit such as "30s", "500ms" or "2m" (default 30s).
     pub timeout: Option<String>,
+    /// The isolation tier: "native" (the default process sandbox), "oci" (an OCI runtime:
+    /// the server's, unless `runtime` names one) or "microvm" (a guest kernel of its own, the
+    /// strongest isolation; seconds to start under emulation). For gVisor or a container,
+    /// give `runtime` instead.
+    pub tier: Option<String>,
     /// A stronger isolation than the default process sandbox: "runsc" (gVisor), "crun" or
     /// "runc".
     pub runtime: Option<String>,
@@ -189,6 +200,18 @@ fn runtime(v: &Option<String>) -> Result<Option<Runtime>, CallToolResult> {
         .map_err(|e| invalid(format!("`runtime`: {e}")))
 }
 
+/// Reads the `tier` argument as the API's tier, its error naming the choices.
+fn tier(v: &Option<String>) -> Result<Option<Tier>, CallToolResult> {
+    v.as_deref()
+        .map(str::parse::<Tier>)
+        .transpose()
+        .map_err(|e| match e {
+            // Its `why` already names the tier and the choices; the field is said once.
+            PolicyError::Invalid { why, .. } => invalid(format!("`tier`: {why}")),
+            other => invalid(format!("`tier`: {other}")),
+        })
+}
+
 fn result(text: String, structured: Value, is_error: bool) -> CallToolResult {
     let content = vec![ContentBlock::text(text)];
     let mut r = if is_error {
@@ -230,10 +253,11 @@ impl KennelTools {
 }
 
 /// A run's spec from a tool's arguments: the files (relative paths under /workspace), the
-/// timeout and the runtime.
+/// timeout, the tier and the runtime.
 fn run_spec(
     files: BTreeMap<String, String>,
     timeout: &Option<String>,
+    tr: &Option<String>,
     rt: &Option<String>,
     image: Option<String>,
 ) -> Result<RunSpec, CallToolResult> {
@@ -246,6 +270,7 @@ fn run_spec(
             timeout: span("timeout", timeout)?,
             ..LimitsSpec::default()
         },
+        tier: tier(tr)?,
         runtime: runtime(rt)?,
         image,
         ..RunSpec::default()
@@ -317,7 +342,7 @@ non-zero. Nothing persists after the call: use create_session for multi-step wor
     ) -> Result<CallToolResult, ErrorData> {
         let this = self.for_caller(&ctx);
         let a = params.0;
-        let spec = match run_spec(a.files, &a.timeout, &a.runtime, a.image) {
+        let spec = match run_spec(a.files, &a.timeout, &a.tier, &a.runtime, a.image) {
             Ok(spec) => spec,
             Err(e) => return Ok(e),
         };
@@ -348,7 +373,7 @@ out, is killed or exits non-zero.",
                 "`argv` must name a program, such as [\"ls\", \"-la\"]".into(),
             ));
         }
-        let spec = match run_spec(a.files, &a.timeout, &a.runtime, a.image) {
+        let spec = match run_spec(a.files, &a.timeout, &a.tier, &a.runtime, a.image) {
             Ok(spec) => spec,
             Err(e) => return Ok(e),
         };
@@ -582,6 +607,47 @@ mod tests {
         assert_eq!(sandbox_path("a.txt"), "/workspace/a.txt");
         assert_eq!(sandbox_path("./d/a.txt"), "/workspace/d/a.txt");
         assert_eq!(sandbox_path("/tmp/x"), "/tmp/x");
+    }
+
+    #[test]
+    fn the_tier_is_passed_on_with_the_runtime() {
+        let none = run_spec(BTreeMap::new(), &None, &None, &None, None).unwrap();
+        assert_eq!((none.tier, none.runtime), (None, None));
+        let vm = run_spec(BTreeMap::new(), &None, &Some("microvm".into()), &None, None).unwrap();
+        assert_eq!(vm.tier, Some(Tier::Microvm));
+        let both = Some("oci".into());
+        let oci = run_spec(BTreeMap::new(), &None, &both, &Some("crun".into()), None).unwrap();
+        assert_eq!(
+            (oci.tier, oci.runtime),
+            (Some(Tier::Oci), Some(Runtime::Crun))
+        );
+    }
+
+    #[test]
+    fn an_unknown_tier_is_invalid_arguments_naming_the_choices() {
+        let e = run_spec(BTreeMap::new(), &None, &Some("vm".into()), &None, None).unwrap_err();
+        assert_eq!(e.is_error, Some(true));
+        let data = e.structured_content.unwrap();
+        assert_eq!(data["error"]["code"], "invalid_arguments");
+        assert_eq!(
+            data["error"]["message"],
+            "`tier`: unknown tier \"vm\": use native, oci or microvm"
+        );
+        // The same kind of answer as an unknown runtime's.
+        let e = run_spec(BTreeMap::new(), &None, &None, &Some("vm".into()), None).unwrap_err();
+        let data = e.structured_content.unwrap();
+        assert_eq!(data["error"]["code"], "invalid_arguments");
+    }
+
+    #[test]
+    fn the_run_tools_take_a_tier() {
+        let tools = KennelTools::tool_router().list_all();
+        for name in ["run_code", "run_command"] {
+            let t = tools.iter().find(|t| t.name == name).unwrap();
+            let tier = &t.input_schema["properties"]["tier"];
+            let doc = tier["description"].as_str().unwrap_or_default();
+            assert!(doc.contains("microvm"), "{name}: {tier}");
+        }
     }
 
     #[test]

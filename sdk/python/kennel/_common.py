@@ -86,8 +86,11 @@ def run_body(
     limits: Optional[Mapping[str, Any]] = None,
     network: Any = None,
     image: Optional[str] = None,
+    tier: Optional[str] = None,
+    runtime: Optional[str] = None,
 ) -> Dict[str, Any]:
-    """A ``RunSpec`` with only the fields given."""
+    """A ``RunSpec`` with only the fields given. ``tier`` and ``runtime`` go as they are: the
+    server knows which ones it has, and answers 400 for the others."""
     body: Dict[str, Any] = {}
     if argv is not None:
         if isinstance(argv, str):
@@ -112,7 +115,19 @@ def run_body(
         body["network"] = net
     if image is not None:
         body["image"] = image
+    if tier is not None:
+        body["tier"] = _text("tier", tier)
+    if runtime is not None:
+        body["runtime"] = _text("runtime", runtime)
     return body
+
+
+def _text(name: str, value: Any) -> str:
+    """A string argument, checked for its type only: a wrong type is the caller's bug, a wrong
+    value is the server's to refuse."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a string, not {value!r}")
+    return value
 
 
 def session_body(

@@ -253,20 +253,24 @@ class AsyncClient:
                        collect: Optional[Sequence[str]] = None,
                        env: Optional[Mapping[str, str]] = None,
                        limits: Optional[Mapping[str, Any]] = None,
-                       network: Any = None, image: Optional[str] = None) -> RunResult:
+                       network: Any = None, image: Optional[str] = None,
+                       tier: Optional[str] = None, runtime: Optional[str] = None) -> RunResult:
         return await self.run(c.run_body(language=language, code=code, stdin=stdin, files=files,
                                          collect=collect, env=env, limits=limits,
-                                         network=network, image=image))
+                                         network=network, image=image, tier=tier,
+                                         runtime=runtime))
 
     async def run_command(self, argv: Sequence[str], *, stdin: Optional[str] = None,
                           files: Optional[Mapping[str, c.FileData]] = None,
                           collect: Optional[Sequence[str]] = None,
                           env: Optional[Mapping[str, str]] = None,
                           limits: Optional[Mapping[str, Any]] = None,
-                          network: Any = None, image: Optional[str] = None) -> RunResult:
+                          network: Any = None, image: Optional[str] = None,
+                          tier: Optional[str] = None, runtime: Optional[str] = None) -> RunResult:
         return await self.run(c.run_body(argv=list(argv), stdin=stdin, files=files,
                                          collect=collect, env=env, limits=limits,
-                                         network=network, image=image))
+                                         network=network, image=image, tier=tier,
+                                         runtime=runtime))
 
     async def stream_code(self, code: str, language: str = "python", *,
                           stdin: Optional[str] = None,
@@ -274,9 +278,12 @@ class AsyncClient:
                           collect: Optional[Sequence[str]] = None,
                           env: Optional[Mapping[str, str]] = None,
                           limits: Optional[Mapping[str, Any]] = None,
-                          network: Any = None, image: Optional[str] = None) -> AsyncStream[RunResult]:
+                          network: Any = None, image: Optional[str] = None,
+                          tier: Optional[str] = None,
+                          runtime: Optional[str] = None) -> AsyncStream[RunResult]:
         body = c.run_body(language=language, code=code, stdin=stdin, files=files,
-                          collect=collect, env=env, limits=limits, network=network, image=image)
+                          collect=collect, env=env, limits=limits, network=network, image=image,
+                          tier=tier, runtime=runtime)
         return await self._stream("/v1/runs", body, RunResult.from_dict)
 
     async def stream_command(self, argv: Sequence[str], **opts: Any) -> AsyncStream[RunResult]:

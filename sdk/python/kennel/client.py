@@ -252,38 +252,47 @@ class Client:
     def run_code(self, code: str, language: str = "python", *, stdin: Optional[str] = None,
                  files: Optional[Mapping[str, c.FileData]] = None,
                  collect: Optional[Sequence[str]] = None, env: Optional[Mapping[str, str]] = None,
-                 limits: Optional[Mapping[str, Any]] = None, network: Any = None, image: Optional[str] = None) -> RunResult:
+                 limits: Optional[Mapping[str, Any]] = None, network: Any = None, image: Optional[str] = None,
+                 tier: Optional[str] = None, runtime: Optional[str] = None) -> RunResult:
         """Runs a snippet in a fresh sandbox.
 
         ``files`` maps sandbox paths (under /workspace or /tmp) to str or bytes; ``collect``
         lists paths whose contents come back in ``result.files`` (``.data`` is bytes);
         ``limits`` is a dict such as ``{"timeout": "5s", "memory": "256M"}`` (a number for
         ``timeout`` is seconds); ``network`` a dict (``{"mode": "allow", "allow": [...]}``), a
-        mode string, or a list of domains to allow.
+        mode string, or a list of domains to allow. ``tier`` is the isolation: ``"native"``
+        (the server's default), ``"oci"`` or ``"microvm"`` (a guest kernel of its own, the
+        strongest); ``runtime`` the oci tier's runtime (``"runsc"``, ``"crun"``, ``"runc"``),
+        which implies ``tier="oci"``. ``result.isolation`` says what was in force.
         """
         return self.run(c.run_body(language=language, code=code, stdin=stdin, files=files,
-                                   collect=collect, env=env, limits=limits, network=network, image=image))
+                                   collect=collect, env=env, limits=limits, network=network, image=image,
+                                   tier=tier, runtime=runtime))
 
     def run_command(self, argv: Sequence[str], *, stdin: Optional[str] = None,
                     files: Optional[Mapping[str, c.FileData]] = None,
                     collect: Optional[Sequence[str]] = None,
                     env: Optional[Mapping[str, str]] = None,
-                    limits: Optional[Mapping[str, Any]] = None, network: Any = None, image: Optional[str] = None) -> RunResult:
+                    limits: Optional[Mapping[str, Any]] = None, network: Any = None, image: Optional[str] = None,
+                    tier: Optional[str] = None, runtime: Optional[str] = None) -> RunResult:
         """Runs an argv (no shell) in a fresh sandbox; options as for :meth:`run_code`."""
         return self.run(c.run_body(argv=list(argv), stdin=stdin, files=files, collect=collect,
-                                   env=env, limits=limits, network=network, image=image))
+                                   env=env, limits=limits, network=network, image=image,
+                                   tier=tier, runtime=runtime))
 
     def stream_code(self, code: str, language: str = "python", *, stdin: Optional[str] = None,
                     files: Optional[Mapping[str, c.FileData]] = None,
                     collect: Optional[Sequence[str]] = None,
                     env: Optional[Mapping[str, str]] = None,
                     limits: Optional[Mapping[str, Any]] = None,
-                    network: Any = None, image: Optional[str] = None) -> Stream[RunResult]:
+                    network: Any = None, image: Optional[str] = None,
+                    tier: Optional[str] = None, runtime: Optional[str] = None) -> Stream[RunResult]:
         """As :meth:`run_code`, streamed: iterate the returned :class:`Stream` for output
         chunks, then read ``stream.result`` (a :class:`RunResult`). A request the server
         refuses raises here, before any iteration."""
         body = c.run_body(language=language, code=code, stdin=stdin, files=files,
-                          collect=collect, env=env, limits=limits, network=network, image=image)
+                          collect=collect, env=env, limits=limits, network=network, image=image,
+                          tier=tier, runtime=runtime)
         return self._stream("/v1/runs", body, RunResult.from_dict)
 
     def stream_command(self, argv: Sequence[str], **opts: Any) -> Stream[RunResult]:

@@ -71,6 +71,11 @@ class Isolation:
     network: str
     #: The image the root came from, ``{"name", "digest"}``, for runs with an ``image``.
     image: Optional[Dict[str, str]] = None
+    #: How a microvm guest's CPU ran: ``"kvm"`` (hardware virtualisation) or ``"tcg"``
+    #: (QEMU's emulation, which QEMU gives no isolation guarantee); ``None`` in other tiers.
+    accel: Optional[str] = None
+    #: The oci tier's runtime, ``{"name", "version"}`` (and ``"platform"`` for runsc).
+    runtime: Optional[Dict[str, Any]] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -97,6 +102,8 @@ class Isolation:
             filesystem=d.get("filesystem", ""),
             network=d.get("network", ""),
             image=d.get("image"),
+            accel=d.get("accel"),
+            runtime=d.get("runtime"),
             raw=d,
         )
 

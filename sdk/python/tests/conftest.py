@@ -60,8 +60,11 @@ def _start(workdir: Path) -> Server:
     config = workdir / "config.toml"
     config.write_text(CONFIG)
     log = workdir / "server.log"
-    env = dict(os.environ, KENNEL_TOKENS=f"sdk:{TOKEN}")
+    # A state directory of its own: the server sees no image and no prepared VM, whatever
+    # the host has, so what a microvm run answers is the same on every host.
+    env = dict(os.environ, KENNEL_TOKENS=f"sdk:{TOKEN}", KENNEL_STATE_DIR=str(workdir / "state"))
     env.pop("KENNEL_TOKEN", None)
+    env.pop("KENNEL_VM_DIR", None)
     last = ""
     for _attempt in range(5):
         port = _free_port()

@@ -239,6 +239,31 @@ def test_an_image_the_token_may_not_use_is_forbidden(client):
         client.create_session(image="no-such-image")
 
 
+MISSING_MICROVM_BASE = (
+    'invalid request: `image` names no image "microvm-base" on this host: '
+    "`kennel image ls` lists the images, `kennel image build microvm-base -f SPEC.toml` makes one")
+
+
+def test_a_microvm_run_without_its_base_image_is_a_bad_request(client):
+    # The test server's state directory is its own (conftest.py): no image, no prepared VM.
+    # The tier reaches the server, which names what is missing.
+    with pytest.raises(BadRequest) as e:
+        client.run_code("print(1)", tier="microvm")
+    assert e.value.status == 400 and e.value.code == "bad_request"
+    assert e.value.message == MISSING_MICROVM_BASE
+    # Streamed, the run is accepted first: the refusal is the stream's error event.
+    stream = client.stream_command(["/bin/true"], tier="microvm")
+    with pytest.raises(KennelError) as e:
+        stream.wait()
+    assert e.value.status is None and e.value.code == "bad_request"
+    assert e.value.message == MISSING_MICROVM_BASE
+    with pytest.raises(BadRequest) as e:
+        client.run_code("print(1)", tier="vm")  # checked by the server, not the SDK
+    assert e.value.message.startswith(
+        "invalid JSON body: `tier`: unknown variant `vm`, expected one of `native`, `oci`, "
+        "`microvm`")
+
+
 def test_unknown_session_is_not_found(client):
     with pytest.raises(NotFound) as e:
         client.get_session("0" * 32)
@@ -404,3 +429,50 @@ def test_leaving_a_stream_early_frees_it(client):
     with pytest.raises(KennelError):
         stream.result  # closed before the result came
     assert client.run_code("print('still fine')").stdout == "still fine\n"
+
+
+def test_tier_and_runtime_go_into_the_body_only_when_given():
+    bodies = []
+
+    def handler(request):
+        import json
+        bodies.append(json.loads(request.content))
+        if request.url.params.get("stream") == "true":
+            return httpx.Response(200, headers={"content-type": "text/event-stream"},
+                                  content=b"event: result\ndata: {\"exit_code\": 0}\n\n")
+        return httpx.Response(200, json={"exit_code": 0})
+
+    client = _mock_client(handler)
+    client.run_code("x", tier="microvm")
+    client.run_command(["/bin/true"], runtime="runsc")
+    client.stream_code("x", tier="oci", runtime="crun").wait()
+    client.stream_command(["/bin/true"], tier="native").wait()
+    client.run_code("x")
+    assert [(b.get("tier"), b.get("runtime")) for b in bodies] == [
+        ("microvm", None), (None, "runsc"), ("oci", "crun"), ("native", None), (None, None)]
+    assert "tier" not in bodies[-1] and "runtime" not in bodies[-1]
+    with pytest.raises(TypeError):
+        client.run_code("x", tier=3)
+
+    async def main():
+        transport = httpx.MockTransport(handler)
+        async with AsyncClient("http://kennel.test", token="t" * 16,
+                               http_client=httpx.AsyncClient(base_url="http://kennel.test",
+                                                             transport=transport)) as aclient:
+            await aclient.run_code("x", tier="microvm")
+            await aclient.run_command(["/bin/true"], tier="oci", runtime="runc")
+            await (await aclient.stream_code("x", tier="microvm")).wait()
+
+    del bodies[:]
+    asyncio.run(main())
+    assert [(b.get("tier"), b.get("runtime")) for b in bodies] == [
+        ("microvm", None), ("oci", "runc"), ("microvm", None)]
+
+
+def test_isolation_reads_the_microvm_accel_and_the_oci_runtime():
+    iso = kennel.Isolation.from_dict({"tier": "microvm", "accel": "tcg", "network": "none"})
+    assert iso.tier == "microvm" and iso.accel == "tcg" and iso.runtime is None
+    iso = kennel.Isolation.from_dict({"tier": "oci", "runtime": {"name": "crun", "version": "1.8"}})
+    assert iso.accel is None and iso.runtime == {"name": "crun", "version": "1.8"}
+    r = RunResult.from_dict({"exit_code": 0, "isolation": {"tier": "microvm", "accel": "kvm"}})
+    assert r.isolation.accel == "kvm"
