@@ -240,22 +240,22 @@ def test_an_image_the_token_may_not_use_is_forbidden(client):
 
 
 MISSING_MICROVM_BASE = (
-    'invalid request: `image` names no image "microvm-base" on this host: '
-    "`kennel image ls` lists the images, `kennel image build microvm-base -f SPEC.toml` makes one")
+    "this host cannot enforce the microvm tier: its base image microvm-base is not built here\n"
+    "hint: run `kennel vm prepare` (as root), which builds it")
 
 
-def test_a_microvm_run_without_its_base_image_is_a_bad_request(client):
+def test_a_microvm_run_on_a_server_without_its_guest_is_unsupported(client):
     # The test server's state directory is its own (conftest.py): no image, no prepared VM.
-    # The tier reaches the server, which names what is missing.
-    with pytest.raises(BadRequest) as e:
+    # The tier reaches the server, which says what the host lacks (503) and how to fix it.
+    with pytest.raises(KennelError) as e:
         client.run_code("print(1)", tier="microvm")
-    assert e.value.status == 400 and e.value.code == "bad_request"
+    assert e.value.status == 503 and e.value.code == "unsupported"
     assert e.value.message == MISSING_MICROVM_BASE
     # Streamed, the run is accepted first: the refusal is the stream's error event.
     stream = client.stream_command(["/bin/true"], tier="microvm")
     with pytest.raises(KennelError) as e:
         stream.wait()
-    assert e.value.status is None and e.value.code == "bad_request"
+    assert e.value.status is None and e.value.code == "unsupported"
     assert e.value.message == MISSING_MICROVM_BASE
     with pytest.raises(BadRequest) as e:
         client.run_code("print(1)", tier="vm")  # checked by the server, not the SDK
