@@ -184,8 +184,7 @@ impl Microvm {
                 "the microvm tier shows no host directory",
             ));
         }
-        #[allow(clippy::cast_precision_loss)]
-        let vcpus = self.config.vcpus as f64;
+        let vcpus = f64::from(self.config.vcpus);
         if policy.limits.cpus > vcpus {
             return Err(Error::request(
                 "limits.cpus",
