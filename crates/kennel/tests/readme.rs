@@ -127,6 +127,11 @@ const COMMANDS: &[(&str, How)] = &[
          print(u.urlopen('http://api.test:8080/').read().decode(), end='')\"",
         How::LocalHttp(prints_local_body),
     ),
+    (
+        "kennel run --tier microvm --memory 256M --allow-net pypi.org --allow-net \
+         files.pythonhosted.org:443 -- python3 -m pip download --dest /workspace requests",
+        How::Skip("needs the network (pypi.org); tests/network_microvm.rs installs from a local index"),
+    ),
     ("kennel serve --listen 127.0.0.1:8080", How::Serve),
     (
         "KENNEL_TOKENS=\"ci:$(openssl rand -hex 16)\" kennel serve --listen 0.0.0.0:8080 \
