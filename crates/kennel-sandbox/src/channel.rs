@@ -50,6 +50,8 @@ pub struct Plan {
     /// Host directories shown inside (Kennel's own: the image builder's pip step, the microvm
     /// tier's QEMU).
     pub host_dirs: Vec<kennel_types::api::HostDir>,
+    /// Host devices shown in /dev beyond the usual few (the microvm tier's /dev/kvm).
+    pub devices: Vec<String>,
 }
 
 /// What the isolation looked like from inside, just before `execve`.
@@ -308,6 +310,7 @@ mod tests {
             cgroup_join: vec![],
             cpus: vec![0],
             host_dirs: vec![],
+            devices: vec![],
         }
     }
 

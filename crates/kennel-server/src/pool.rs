@@ -358,6 +358,7 @@ mod tests {
             ("oci.runtime", json!("crun"), true),
             ("oci.platform", json!("ptrace"), true),
             ("oci.docker_image", json!("python:3.11"), true),
+            ("microvm.require_kvm", json!(true), true),
             ("limits.timeout", json!("5s"), false),
             ("limits.output", json!("1K"), false),
             ("limits.collect_size", json!("1K"), false),

@@ -165,6 +165,11 @@ pub struct RunRequest {
     /// show the microvm tier's jailed QEMU its guest artifacts.
     #[serde(skip)]
     pub host_dirs: Vec<HostDir>,
+    /// Host devices shown in the sandbox's /dev beyond the usual few (native tier only), by
+    /// name: Kennel's own, for the microvm tier's jailed QEMU to reach /dev/kvm. Never read
+    /// from a request.
+    #[serde(skip)]
+    pub devices: Vec<String>,
     /// The image the engine resolved `policy.filesystem.image` to, for the result to name;
     /// set by the engine only.
     #[serde(skip)]
@@ -190,6 +195,7 @@ impl RunRequest {
             collect: vec![],
             policy: Policy::default(),
             host_dirs: vec![],
+            devices: vec![],
             image: None,
         }
     }
@@ -559,6 +565,7 @@ impl RunSpec {
             collect: self.collect.clone(),
             policy,
             host_dirs: vec![],
+            devices: vec![],
             image: None,
         })
     }

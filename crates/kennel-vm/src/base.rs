@@ -40,7 +40,10 @@ mod tests {
         let spec = spec().unwrap();
         assert_eq!(spec.base.suite, "bookworm");
         assert_eq!(spec.base.variant.name(), "apt");
-        assert_eq!(spec.apt, ["python3", "python3-pip", "curl", "ca-certificates"]);
+        assert_eq!(
+            spec.apt,
+            ["python3", "python3-pip", "curl", "ca-certificates"]
+        );
         assert!(spec.pip.is_empty() && spec.files.is_empty() && spec.preload.is_empty());
     }
 }

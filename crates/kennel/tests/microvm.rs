@@ -273,22 +273,25 @@ fn files_stdin_and_collected_bytes_cross_the_vm_exactly() {
     assert!(back == reversed, "the collected bytes differ");
 }
 
-fn sha256_hex(data: &[u8]) -> String {
-    let out = Command::new(PY)
-        .args([
-            "-c",
-            "import sys,hashlib; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())",
-        ])
+/// What `/usr/bin/python3 -c code` writes for `input` on its stdin.
+fn python_filter(code: &str, input: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut child = Command::new(PY)
+        .args(["-c", code])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
-        .and_then(|mut c| {
-            use std::io::Write;
-            c.stdin.take().unwrap().write_all(data)?;
-            c.wait_with_output()
-        })
         .unwrap();
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    child.wait_with_output().unwrap().stdout
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    let code = "import sys,hashlib; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())";
+    String::from_utf8(python_filter(code, data))
+        .unwrap()
+        .trim()
+        .to_string()
 }
 
 /// A collected file's bytes, from the result's `{"text"}` or `{"base64"}` content.
@@ -297,21 +300,8 @@ fn content_bytes(content: &Value) -> Vec<u8> {
         return t.as_bytes().to_vec();
     }
     let b64 = content["base64"].as_str().expect("text or base64 content");
-    let out = Command::new(PY)
-        .args([
-            "-c",
-            "import sys,base64; sys.stdout.buffer.write(base64.b64decode(sys.stdin.read()))",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .and_then(|mut c| {
-            use std::io::Write;
-            c.stdin.take().unwrap().write_all(b64.as_bytes())?;
-            c.wait_with_output()
-        })
-        .unwrap();
-    out.stdout
+    let code = "import sys,base64; sys.stdout.buffer.write(base64.b64decode(sys.stdin.read()))";
+    python_filter(code, b64.as_bytes())
 }
 
 #[test]

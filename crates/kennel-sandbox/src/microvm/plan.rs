@@ -22,6 +22,8 @@ pub struct VmPlan {
     pub vm_dir: PathBuf,
     /// The native policy the VMM runs under (its memory, tasks and deadline).
     pub jail: Policy,
+    /// Host devices the VMM's sandbox shows (`kvm` for a KVM guest).
+    pub devices: Vec<String>,
     /// How long the guest may take to say hello.
     pub boot_timeout_ms: u64,
     /// Bounds on what the guest may send: a frame's JSON, and its blob.

@@ -95,38 +95,45 @@ fn relay(ctl: &mut UnixStream, plan: &VmPlan, files: InputFiles, dir: &Path) -> 
             stop.cancel();
         }
     });
-    let mut guest = match await_guest(&listener, plan, &vmm, &cancel) {
-        Ok(g) => g,
-        Err(f) => {
-            // Stopped while booting (a deadline or a cancel) is the supervisor's to report,
-            // not a failure to boot; either way the VMM's sandbox is stopped and removed.
-            let stopped = cancel.is_cancelled();
-            cancel.cancel();
-            let _ = vmm.recv_timeout(EXIT_GRACE);
-            return match stopped {
-                true => Ok(()),
-                false => Err((Step::AwaitGuest, console.add_to(f))),
-            };
-        }
-    };
+    let ended = talk(ctl, plan, files, &listener, &vmm, connector, &cancel);
+    // The guest powers off after its report, and the VMM then exits by itself; on any other
+    // path (a failure, a deadline, a cancel) its sandbox is stopped and removed.
+    let stopped = cancel.is_cancelled();
+    if stopped || ended.is_err() || vmm.recv_timeout(EXIT_GRACE).is_err() {
+        cancel.cancel();
+        let _ = vmm.recv_timeout(EXIT_GRACE);
+    }
+    match ended {
+        // Stopped by the supervisor: the deadline or the cancel is its to report, not a
+        // failure of the VM's.
+        Err(_) if stopped => Ok(()),
+        Err((step, f)) => Err((step, console.add_to(f))),
+        Ok(()) => Ok(()),
+    }
+}
+
+/// The VM's life from the relay's side: the guest's hello, its plan, then its frames until
+/// it is done.
+fn talk(
+    ctl: &mut UnixStream,
+    plan: &VmPlan,
+    files: InputFiles,
+    listener: &UnixListener,
+    vmm: &mpsc::Receiver<Result<RunResult, Error>>,
+    connector: Option<Connector>,
+    cancel: &Canceller,
+) -> Result<(), Failed> {
+    let mut guest = await_guest(listener, plan, vmm, cancel).map_err(at(Step::AwaitGuest))?;
+    let writer = guest.try_clone().ctx(|| "the agent socket".into());
     let peer: Peer = std::sync::Arc::new(std::sync::Mutex::new(Box::new(
-        guest
-            .try_clone()
-            .ctx(|| "the agent socket".into())
-            .map_err(at(Step::SendPlan))?,
+        writer.map_err(at(Step::SendPlan))?,
     )));
     send_plan(&mut guest, plan, files, peer.clone()).map_err(at(Step::SendPlan))?;
     let route = Route {
         links: Links::new(peer),
         connector,
     };
-    let ended = pass_frames(ctl, &mut guest, plan, &route, &cancel);
-    // The guest powers off after its report; the VMM then exits by itself (unless stopped).
-    if cancel.is_cancelled() || vmm.recv_timeout(EXIT_GRACE).is_err() {
-        cancel.cancel();
-        let _ = vmm.recv_timeout(EXIT_GRACE);
-    }
-    ended.map_err(|f| (Step::Report, console.add_to(f)))
+    pass_frames(ctl, &mut guest, plan, &route, cancel).map_err(at(Step::Report))
 }
 
 /// The guest's console: a FIFO pair QEMU writes to, read on a thread into a bounded tail.
@@ -253,6 +260,7 @@ fn start_vmm(
     let mut req = RunRequest::new(Command::Argv(plan.argv.clone()));
     req.policy = plan.jail.clone();
     req.policy.env.extend(plan.env.iter().cloned());
+    req.devices = plan.devices.clone();
     req.host_dirs = vec![
         HostDir {
             source: plan.vm_dir.clone(),
@@ -480,6 +488,7 @@ mod tests {
             env: vec![],
             vm_dir: PathBuf::new(),
             jail: Policy::default(),
+            devices: vec![],
             boot_timeout_ms: 1000,
             max_json: 4096,
             max_blob: 1024,

@@ -135,6 +135,10 @@ impl Microvm {
             env: Qemu.env(&boot),
             vm_dir: self.vm.root.clone(),
             jail: self.jail(policy),
+            devices: match accel {
+                Accel::Kvm => vec!["kvm".into()],
+                Accel::Tcg => vec![],
+            },
             boot_timeout_ms: u64::try_from(self.config.boot_timeout.as_millis()).unwrap_or(30_000),
             max_json: 1 << 20,
             max_blob: policy.limits.collect_size.0.max(1 << 20),

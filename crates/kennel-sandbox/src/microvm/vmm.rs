@@ -229,11 +229,30 @@ fn probe_kvm(vm: &VmDir) -> Result<String, String> {
             Ok(None) if Instant::now() >= bound => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Ok("a KVM microvm passed its reset".into());
+                return open_to_the_jail(dev).map(|()| "a KVM microvm passed its reset".into());
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(20)),
             Err(e) => return Err(format!("waiting for the KVM probe: {e}")),
         }
+    }
+}
+
+/// QEMU runs as an unprivileged, unmapped uid in its sandbox: only a /dev/kvm that everyone
+/// may read and write is one it can open there (Debian's udev rule gives it 0666).
+fn open_to_the_jail(dev: &Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(dev)
+        .map_err(|e| format!("/dev/kvm: {e}"))?
+        .permissions()
+        .mode();
+    if mode & 0o006 == 0o006 {
+        Ok(())
+    } else {
+        Err(format!(
+            "/dev/kvm (mode {:o}) is not open to the unprivileged uid QEMU runs as in its sandbox; \
+             a udev rule KERNEL==\"kvm\", MODE=\"0666\" makes it usable",
+            mode & 0o777
+        ))
     }
 }
 

@@ -105,7 +105,7 @@ fn fs_plan(plan: &Plan) -> FsPlan {
     FsPlan {
         system,
         scratch: mounts::scratch(&plan.policy),
-        dev: mounts::dev(&plan.policy),
+        dev: mounts::dev(&plan.policy, &plan.devices),
         proc_mount,
         proc_mask,
     }

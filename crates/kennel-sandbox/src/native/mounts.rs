@@ -216,7 +216,7 @@ pub fn scratch(policy: &Policy) -> Vec<Op> {
 }
 
 /// A minimal `/dev`: a few harmless devices, a private devpts, `/dev/shm`, and the fd links.
-pub fn dev(policy: &Policy) -> Vec<Op> {
+pub fn dev(policy: &Policy, extra: &[String]) -> Vec<Op> {
     let mut ops = vec![
         Op::Mkdir(r("dev")),
         tmpfs(
@@ -225,7 +225,11 @@ pub fn dev(policy: &Policy) -> Vec<Op> {
             "size=64k,mode=0755".into(),
         ),
     ];
-    for d in DEVICES {
+    for d in DEVICES
+        .iter()
+        .copied()
+        .chain(extra.iter().map(String::as_str))
+    {
         ops.push(Op::Touch(r(&format!("dev/{d}"))));
         ops.push(bind(format!("/dev/{d}"), r(&format!("dev/{d}"))));
     }

@@ -82,6 +82,7 @@ impl Native {
                 cgroup_join: vec![],
                 cpus: pick_cpus(policy.limits.cpus),
                 host_dirs: checked_host_dirs(req)?,
+                devices: checked_devices(req)?,
             },
             limiter: None,
             forward,
@@ -135,6 +136,23 @@ fn checked_host_dirs(req: &RunRequest) -> Result<Vec<HostDir>, Error> {
         }
     }
     Ok(req.host_dirs.clone())
+}
+
+/// The request's extra devices (Kennel's own only): character devices directly under /dev.
+fn checked_devices(req: &RunRequest) -> Result<Vec<String>, Error> {
+    use std::os::unix::fs::FileTypeExt;
+    for d in &req.devices {
+        let plain = !d.is_empty() && d.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+        let char_device =
+            std::fs::metadata(format!("/dev/{d}")).is_ok_and(|m| m.file_type().is_char_device());
+        if !plain || !char_device {
+            return Err(Error::request(
+                "devices",
+                format!("{d:?} is not a character device directly under /dev"),
+            ));
+        }
+    }
+    Ok(req.devices.clone())
 }
 
 /// One native run: the helper's plan and what holds the limits (made with the plan).

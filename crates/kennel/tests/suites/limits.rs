@@ -158,14 +158,9 @@ fn two_cpus_are_two_cpus() {
     if microvm() && vcpus.unwrap_or(1) < 2 {
         // The guest's size is the tier's, one vCPU by default: two CPUs cannot be given, and
         // the run is refused rather than handed one.
-        let mut args = vec!["run", "--json"];
-        args.extend(tier_opts());
-        args.extend(["--cpus", "2", "--", "/bin/true"]);
-        let out = common::kennel_output(&args, b"");
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        let error = v["error"].as_str().unwrap_or_default();
-        assert!(error.contains("`limits.cpus` must be at most 1 in the microvm tier"), "{v}");
-        assert!(error.contains("KENNEL_VM_VCPUS"), "{v}");
+        let error = refused_json(&["--cpus", "2"], &["/bin/true"]);
+        assert!(error.contains("`limits.cpus` must be at most 1 in the microvm tier"), "{error}");
+        assert!(error.contains("KENNEL_VM_VCPUS"), "{error}");
         return;
     }
     let out = py_ok(
@@ -465,34 +460,20 @@ fn a_rootfs_replaces_the_system_view() {
     dash_rootfs(&root);
     std::fs::write(root.join("etc/marker"), "from the rootfs\n").unwrap();
     let script = "echo /*; read m < /etc/marker; echo $m; echo x > /etc/new 2>/dev/null || echo ro";
-    if microvm() {
-        // A guest boots an image's erofs disk, made once per image digest: a bare directory
-        // has no digest, and is refused with the way that works (an image of it).
-        let mut args = vec!["run", "--json"];
-        args.extend(tier_opts());
-        args.extend(["--rootfs", root.to_str().unwrap(), "--", "/bin/sh", "-c", script]);
-        let out = common::kennel_output(&args, b"");
+    // A guest boots an image's erofs disk, made once per image digest: a bare directory has
+    // none. A Docker Engine mounts its own /etc/resolv.conf, hosts and hostname into every
+    // container, which a directory's read-only /etc without them cannot take. Both refuse a
+    // plain rootfs, naming the way that works (an image of it; tests/images.rs runs one).
+    let refusal = match (microvm(), docker()) {
+        (true, _) => Some("the microvm tier boots an image"),
+        (_, true) => Some("`filesystem.rootfs` is not taken by the docker runtime"),
+        _ => None,
+    };
+    if let Some(why) = refusal {
+        let error = refused_json(&["--rootfs", root.to_str().unwrap()], &["/bin/sh", "-c", script]);
         let _ = std::fs::remove_dir_all(&root);
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        let error = v["error"].as_str().unwrap_or_default();
-        assert!(error.contains("the microvm tier boots an image"), "{v}");
-        assert!(error.contains("kennel image build NAME --from-dir DIR"), "{v}");
-        return;
-    }
-    if docker() {
-        // A Docker Engine mounts its own /etc/resolv.conf, hosts and hostname into every
-        // container, which a directory's read-only /etc without them cannot take: the docker
-        // runtime refuses a plain rootfs, naming the way that works (an image of it, which
-        // tests/images.rs runs under docker).
-        let mut args = vec!["run", "--json"];
-        args.extend(tier_opts());
-        args.extend(["--rootfs", root.to_str().unwrap(), "--", "/bin/sh", "-c", script]);
-        let out = common::kennel_output(&args, b"");
-        let _ = std::fs::remove_dir_all(&root);
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        let error = v["error"].as_str().unwrap_or_default();
-        assert!(error.contains("`filesystem.rootfs` is not taken by the docker runtime"), "{v}");
-        assert!(error.contains("kennel image build NAME --from-dir DIR"), "{v}");
+        assert!(error.contains(why), "{error}");
+        assert!(error.contains("kennel image build NAME --from-dir DIR"), "{error}");
         return;
     }
     let r = run_json(

@@ -98,6 +98,22 @@ fn run_json(opts: &[&str], argv: &[&str]) -> serde_json::Value {
     common::run_json(&all, argv)
 }
 
+/// `kennel run --json` in this binary's tier, with `opts`, which must be refused: the error.
+#[allow(dead_code)]
+fn refused_json(opts: &[&str], argv: &[&str]) -> String {
+    let mut args = vec!["run", "--json"];
+    args.extend(tier_opts());
+    args.extend_from_slice(opts);
+    args.push("--");
+    args.extend_from_slice(argv);
+    let out = common::kennel_output(&args, b"");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    match v["error"].as_str() {
+        Some(e) => e.to_string(),
+        None => panic!("the run was not refused: {v}"),
+    }
+}
+
 /// Runs Python `code` in this binary's tier (plus `opts`) and returns the result.
 #[allow(dead_code)]
 fn py(opts: &[&str], code: &str) -> serde_json::Value {

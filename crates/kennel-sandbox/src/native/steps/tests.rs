@@ -191,6 +191,7 @@ fn plan() -> Plan {
         cgroup_join: vec!["/sys/fs/cgroup/memory/kennel-1/tasks".into()],
         cpus: vec![0],
         host_dirs: vec![],
+        devices: vec![],
     }
 }
 
@@ -208,7 +209,7 @@ fn record() -> Recorder {
     let fs = FsPlan {
         system: mounts::system_view(&Host, "", false),
         scratch: mounts::scratch(&plan.policy),
-        dev: mounts::dev(&plan.policy),
+        dev: mounts::dev(&plan.policy, &plan.devices),
         proc_mount,
         proc_mask,
     };

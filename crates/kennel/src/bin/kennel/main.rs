@@ -562,6 +562,7 @@ fn request(args: RunArgs) -> anyhow::Result<RunRequest> {
         collect: args.collect,
         policy,
         host_dirs: vec![],
+        devices: vec![],
         image: None,
     })
 }
