@@ -474,3 +474,13 @@ fn an_allowlisted_name_is_reached_through_the_proxy_and_others_are_denied() {
     assert!(verdicts.contains(&("api.test", "allowed")), "{log:?}");
     assert!(verdicts.contains(&("other.test", "denied")), "{log:?}");
 }
+
+/// Output that ends without a newline arrives whole: the relay holds nothing back.
+#[test]
+fn output_without_a_final_newline_arrives_whole() {
+    let Some(r) = run(&[], &["/bin/sh", "-c", "printf out; printf err >&2"]) else {
+        return;
+    };
+    assert_eq!(r["stdout"], "out", "{r}");
+    assert_eq!(r["stderr"], "err", "{r}");
+}

@@ -441,10 +441,13 @@ fn pass_frames(
         };
         match msg {
             Msg::Output { stderr } => {
+                // Flushed at once: std's stdout holds a line back, and the relay ends with
+                // _exit, which would drop output that ends without a newline.
                 let written = if stderr {
                     std::io::stderr().write_all(&blob)
                 } else {
-                    std::io::stdout().write_all(&blob)
+                    let mut out = std::io::stdout().lock();
+                    out.write_all(&blob).and_then(|()| out.flush())
                 };
                 written.ctx(|| "passing output on".into())?;
             }
