@@ -24,9 +24,11 @@ WARMUP = int(os.environ.get("BENCH_WARMUP", "1"))
 def timed(argv, first_output=False, **kw):
     """(ms to exit, ms to the first byte of stdout or None) of one run, which must exit 0."""
     t = time.perf_counter()
+    # stdin is an empty pipe, never the host's /dev/null (see tiers.py).
     p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, **kw)
     p.stdin.close()
+    p.stdin = None
     first = None
     if first_output:
         p.stdout.read(1)
