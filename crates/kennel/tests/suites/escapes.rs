@@ -302,6 +302,7 @@ fn root_only_host_files_are_unreadable() {
     }
     use std::os::unix::fs::PermissionsExt;
     let root = Path::new("/var/tmp").join(unique("rootfs"));
+    let _cleanup = RemoveTree(root.clone());
     dash_rootfs(&root);
     fs::write(root.join("etc/public"), "public\n").unwrap();
     fs::write(root.join("etc/secret"), "hunter2\n").unwrap();
@@ -314,7 +315,6 @@ fn root_only_host_files_are_unreadable() {
             "read p < /etc/public && echo $p && read s < /etc/secret && echo $s",
         ],
     );
-    let _ = fs::remove_dir_all(&root);
     if gvisor() {
         // gVisor maps no ids: the code's uid 0 would be the owner of host root's files as the
         // gofer reports them. Kennel masks every entry under /etc that "other" may not read

@@ -457,6 +457,7 @@ fn processes_with(token: &str) -> Vec<String> {
 #[test]
 fn a_rootfs_replaces_the_system_view() {
     let root = std::path::PathBuf::from(format!("/var/tmp/kennel-rootfs-{}", std::process::id()));
+    let _cleanup = RemoveTree(root.clone());
     dash_rootfs(&root);
     std::fs::write(root.join("etc/marker"), "from the rootfs\n").unwrap();
     let script = "echo /*; read m < /etc/marker; echo $m; echo x > /etc/new 2>/dev/null || echo ro";
@@ -471,7 +472,6 @@ fn a_rootfs_replaces_the_system_view() {
     };
     if let Some(why) = refusal {
         let error = refused_json(&["--rootfs", root.to_str().unwrap()], &["/bin/sh", "-c", script]);
-        let _ = std::fs::remove_dir_all(&root);
         assert!(error.contains(why), "{error}");
         assert!(error.contains("kennel image build NAME --from-dir DIR"), "{error}");
         return;
@@ -480,7 +480,6 @@ fn a_rootfs_replaces_the_system_view() {
         &["--rootfs", root.to_str().unwrap()],
         &["/bin/sh", "-c", script],
     );
-    let _ = std::fs::remove_dir_all(&root);
     assert_eq!(r["exit_code"], 0, "{}", r["stderr"]);
     // gVisor mounts a synthetic /sys of its own whatever the spec says.
     let sys = if gvisor() { " /sys" } else { "" };

@@ -78,6 +78,16 @@ fn guest_root_names() -> Vec<String> {
     names
 }
 
+/// A directory tree a test made, removed when the test ends, however it ends.
+#[allow(dead_code)]
+struct RemoveTree(std::path::PathBuf);
+
+impl Drop for RemoveTree {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// Whether this suite runs on a Docker Engine.
 #[allow(dead_code)]
 fn docker() -> bool {
