@@ -113,6 +113,29 @@ impl Microvm {
             .map_err(|e| setup(Step::Initramfs, format!("building the initramfs: {e}")))?;
         sweep_run_dirs();
         let files = input_files(req)?;
+        let plan = self.plan(req, accel, &disk, &initrd, files.len());
+        let mut tier = MicrovmTier {
+            plan: Some(plan),
+            accel,
+            qemu_version: manifest.qemu_version,
+            policy: policy.clone(),
+            guest: None,
+            end: None,
+        };
+        supervise(&mut tier, &self.helper, req, &files, io)
+    }
+
+    /// The relay's plan: QEMU's command line with every path as its jail shows it, the jail's
+    /// policy, the bounds on what the guest may send, and the guest's own plan.
+    fn plan(
+        &self,
+        req: &RunRequest,
+        accel: Accel,
+        disk: &std::path::Path,
+        initrd: &std::path::Path,
+        files: usize,
+    ) -> VmPlan {
+        let policy = &req.policy;
         let in_vm = |p: &std::path::Path| {
             let rel = p.strip_prefix(&self.vm.root).unwrap_or(p);
             format!("{VM_MOUNT}/{}", rel.display())
@@ -122,14 +145,14 @@ impl Microvm {
             vcpus: self.config.vcpus,
             memory_mib: self.config.memory_mib,
             kernel: in_vm(&self.vm.vmlinux()),
-            initrd: in_vm(&initrd),
-            root_disk: in_vm(&disk),
+            initrd: in_vm(initrd),
+            root_disk: in_vm(disk),
             agent_socket: format!("{IO_MOUNT}/{AGENT_SOCKET}"),
             console: format!("{IO_MOUNT}/{CONSOLE}"),
             prefix: in_vm(&self.vm.qemu_prefix()),
             tsc_khz: vmm::host_tsc_khz(),
         };
-        let plan = VmPlan {
+        VmPlan {
             build: channel::BUILD.into(),
             argv: Qemu.argv(&boot),
             env: Qemu.env(&boot),
@@ -146,18 +169,9 @@ impl Microvm {
             guest: GuestPlan {
                 build: channel::BUILD.into(),
                 request: guest_request(req),
-                files: files.len(),
+                files,
             },
-        };
-        let mut tier = MicrovmTier {
-            plan: Some(plan),
-            accel,
-            qemu_version: manifest.qemu_version,
-            policy: policy.clone(),
-            guest: None,
-            end: None,
-        };
-        supervise(&mut tier, &self.helper, req, &files, io)
+        }
     }
 
     /// What this tier cannot do (yet), refused before anything starts.
