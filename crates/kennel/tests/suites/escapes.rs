@@ -768,13 +768,13 @@ fn sandbox_root_is_an_unprivileged_host_uid() {
     assert_signal(&r, 9);
 }
 
-/// Under gVisor the code's processes are tasks of gVisor's kernel, not host processes: no host
-/// process carries the code's name while it runs. Its instructions run in the ptrace platform's
-/// stub processes, children of gVisor's kernel (the sentry); both run as nobody (65534 in all
-/// four slots) in a user namespace of their own, with no_new_privs and a seccomp filter.
-/// Their one pair of capabilities, CAP_SYS_ADMIN and CAP_SYS_CHROOT (0x240000), holds over
-/// that user namespace only (gVisor builds its empty root with them). The gofer, which serves
-/// the files, is host root with the six file capabilities (0x4001f) and its own filter.
+/// A field of /proc/PID/status, its words joined by single spaces ("" when absent).
+fn status_field(pid: u32, key: &str) -> String {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let v = status.lines().find_map(|l| l.strip_prefix(key)).unwrap_or("");
+    v.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
 /// In a microVM the code has no host process at all: the only one is QEMU, which runs as the
 /// native tier's unprivileged sandbox root (HOST_ID_BASE), with no capabilities.
 fn sandbox_root_under_microvm() {
@@ -794,20 +794,12 @@ fn sandbox_root_under_microvm() {
         let found: Vec<u32> = host_pids_with("/io/agent.sock")
             .into_iter()
             .filter(|p| {
-                let mut up = *p;
                 // A QEMU of this run: the kennel child is among its ancestors.
-                for _ in 0..8 {
-                    let status = fs::read_to_string(format!("/proc/{up}/status")).unwrap_or_default();
-                    up = status
-                        .lines()
-                        .find_map(|l| l.strip_prefix("PPid:"))
-                        .and_then(|v| v.trim().parse().ok())
-                        .unwrap_or(0);
-                    if up == child.id() {
-                        return true;
-                    }
-                }
-                false
+                let mut up = *p;
+                (0..8).any(|_| {
+                    up = status_field(up, "PPid:").parse().unwrap_or(0);
+                    up == child.id()
+                })
             })
             .collect();
         if let [pid] = found[..] {
@@ -816,16 +808,7 @@ fn sandbox_root_under_microvm() {
         assert!(Instant::now() < deadline, "the run's QEMU never appeared");
         std::thread::sleep(Duration::from_millis(20));
     };
-    let status = fs::read_to_string(format!("/proc/{qemu}/status")).unwrap();
-    let field = |k: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(k))
-            .unwrap()
-            .split_whitespace()
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
+    let field = |k: &str| status_field(qemu, k);
     let id = HOST_ID_BASE.to_string();
     assert_eq!(field("Uid:"), [id.as_str(); 4].join(" "));
     assert_eq!(field("Gid:"), [id.as_str(); 4].join(" "));
@@ -837,6 +820,13 @@ fn sandbox_root_under_microvm() {
     assert!(out.success());
 }
 
+/// Under gVisor the code's processes are tasks of gVisor's kernel, not host processes: no host
+/// process carries the code's name while it runs. Its instructions run in the ptrace platform's
+/// stub processes, children of gVisor's kernel (the sentry); both run as nobody (65534 in all
+/// four slots) in a user namespace of their own, with no_new_privs and a seccomp filter.
+/// Their one pair of capabilities, CAP_SYS_ADMIN and CAP_SYS_CHROOT (0x240000), holds over
+/// that user namespace only (gVisor builds its empty root with them). The gofer, which serves
+/// the files, is host root with the six file capabilities (0x4001f) and its own filter.
 fn sandbox_root_under_gvisor() {
     let token = unique("uid");
     let (head, tail) = token.split_at(7);
