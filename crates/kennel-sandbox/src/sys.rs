@@ -708,3 +708,61 @@ pub fn mkfifo(path: &std::path::Path, mode: u32) -> io::Result<()> {
 pub fn gettid() -> libc::pid_t {
     rustix::thread::gettid().as_raw_nonzero().get()
 }
+
+/// Sends `data` on a unix socket with `fd` attached (SCM_RIGHTS): how QMP's `getfd` receives a
+/// descriptor.
+pub fn send_with_fd(
+    socket: &std::os::unix::net::UnixStream,
+    data: &[u8],
+    fd: std::os::fd::BorrowedFd<'_>,
+) -> io::Result<()> {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    use std::mem::MaybeUninit;
+    let fds = [fd];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(einval());
+    }
+    let sent = rustix::net::sendmsg(socket, &[io::IoSlice::new(data)], &mut control, SendFlags::empty())?;
+    if sent == data.len() {
+        Ok(())
+    } else {
+        Err(io::Error::new(io::ErrorKind::WriteZero, "a short sendmsg"))
+    }
+}
+
+/// `RNDADDENTROPY` and `RNDRESEEDCRNG` (linux/random.h): credits `seed` to the kernel's input
+/// pool and reseeds the CRNG from it at once. A restored guest's pool is its snapshot's: every
+/// clone would draw the same bytes without this.
+pub fn reseed_kernel_random(seed: &[u8]) -> io::Result<()> {
+    const RNDADDENTROPY: libc::c_ulong = 0x4008_5203;
+    const RNDRESEEDCRNG: libc::c_ulong = 0x5207;
+    let words = seed.len().div_ceil(4);
+    // struct rand_pool_info { int entropy_count; int buf_size; __u32 buf[]; }
+    let mut info = vec![0u32; 2 + words];
+    info[0] = u32::try_from(seed.len() * 8).map_err(|_| einval())?;
+    info[1] = u32::try_from(seed.len()).map_err(|_| einval())?;
+    for (i, chunk) in seed.chunks(4).enumerate() {
+        let mut w = [0u8; 4];
+        w[..chunk.len()].copy_from_slice(chunk);
+        info[2 + i] = u32::from_ne_bytes(w);
+    }
+    let random = std::fs::OpenOptions::new().write(true).open("/dev/urandom")?;
+    // SAFETY: `info` is a live, writable buffer laid out as struct rand_pool_info, whose
+    // buf_size (info[1]) does not exceed the words that follow; the kernel only reads it.
+    check(unsafe { libc::ioctl(random.as_raw_fd(), RNDADDENTROPY as _, info.as_ptr()) })?;
+    // SAFETY: RNDRESEEDCRNG takes no argument.
+    check(unsafe { libc::ioctl(random.as_raw_fd(), RNDRESEEDCRNG as _) })?;
+    Ok(())
+}
+
+/// Sets the wall clock (a restored guest's stopped when its snapshot was taken).
+pub fn set_wall_clock(secs: i64, nanos: u32) -> io::Result<()> {
+    let ts = libc::timespec {
+        tv_sec: secs,
+        tv_nsec: i64::from(nanos),
+    };
+    // SAFETY: `ts` is a valid timespec for the duration of the call.
+    check(unsafe { libc::clock_settime(libc::CLOCK_REALTIME, &ts) }).map(drop)
+}

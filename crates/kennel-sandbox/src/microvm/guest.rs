@@ -219,7 +219,7 @@ fn run(plan: GuestPlan, files: InputFiles, port: File) -> Result<(), Failed> {
     let fail = |e: std::io::Error| (Step::Report, Fail::new(format!("the agent port: {e}")));
     let writer: Peer = Arc::new(Mutex::new(Box::new(port.try_clone().map_err(fail)?)));
     let links = Links::new(writer.clone());
-    let mut req = plan.request;
+    let mut req = plan.request.clone();
     req.files = files
         .into_iter()
         .map(|(meta, data)| FileIn {
@@ -239,6 +239,17 @@ fn run(plan: GuestPlan, files: InputFiles, port: File) -> Result<(), Failed> {
         helper: "/init".into(),
     };
     let send = |msg: &Msg, blob: &[u8]| net::send(&writer, msg, blob).map_err(fail);
+    // Before anything runs: a guest restored from a snapshot has its snapshot's entropy pool
+    // and clock, the same in every clone.
+    if let Some(f) = &plan.fresh {
+        let fresh = sys::reseed_kernel_random(&f.seed)
+            .ctx(|| "reseeding the kernel's random pool".into())
+            .and_then(|()| {
+                sys::set_wall_clock(f.unix_secs, f.unix_nanos)
+                    .ctx(|| "setting the clock".into())
+            });
+        fresh.map_err(|f| (Step::ReceivePlan, f))?;
+    }
     // The code's proxy listeners hand their connections to the host, the guest's only route.
     let forward: crate::egress::Forward =
         Arc::new(move |stream, port| links.outbound(stream, port));

@@ -9,9 +9,12 @@ pub mod guest;
 pub mod initrd;
 pub mod net;
 pub mod plan;
+pub mod qmp;
 pub mod relay;
 pub mod root;
+pub mod snapshot;
 pub mod steps;
+mod take;
 pub mod tier;
 pub mod vmm;
 

@@ -32,7 +32,22 @@ pub struct VmPlan {
     /// Whether the run has an allowlist: the relay then asks for the proxy (`NetnsReady`)
     /// before the VM starts.
     pub proxy: bool,
+    pub mode: VmMode,
     pub guest: GuestPlan,
+}
+
+/// How the guest comes to be: booted, booted and saved, or restored from a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VmMode {
+    /// A cold boot, to the agent's hello, then the plan.
+    Boot,
+    /// A boot to the agent's hello, then a snapshot of the stopped guest into `state` (the
+    /// migration stream, written by the relay; QEMU never sees the file), then QEMU quits.
+    Snapshot { state: PathBuf },
+    /// QEMU started with `-incoming defer`, fed `state` through a pipe, then continued: the
+    /// agent waits for its plan, as it did when the snapshot was taken.
+    Restore { state: PathBuf },
 }
 
 /// Where the VMM's jail shows the prepared VM directory, and the relay's socket directory.
@@ -40,6 +55,8 @@ pub const VM_MOUNT: &str = "/vm";
 pub const IO_MOUNT: &str = "/io";
 /// The agent socket's name in the relay's directory.
 pub const AGENT_SOCKET: &str = "agent.sock";
+/// QEMU's QMP socket's name in the relay's directory.
+pub const QMP_SOCKET: &str = "qmp.sock";
 /// The console FIFOs' stem in the relay's directory (`console.in`, `console.out`).
 pub const CONSOLE: &str = "console";
 
@@ -50,6 +67,17 @@ pub struct GuestPlan {
     /// The request, with its root the guest's disk, its files sent as frames after the plan.
     pub request: RunRequest,
     pub files: usize,
+    /// What every guest must not share with its snapshot's other clones, given at hand-out:
+    /// entropy for the kernel's pool and the wall clock. Filled by the relay as it sends the plan.
+    pub fresh: Option<Fresh>,
+}
+
+/// A guest's own entropy and the time, from the host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fresh {
+    pub seed: Vec<u8>,
+    pub unix_secs: i64,
+    pub unix_nanos: u32,
 }
 
 /// What the guest counted, sent once the code has exited: its cgroup's counters and the

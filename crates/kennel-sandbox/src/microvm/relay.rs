@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use kennel_types::api::{Command, HostDir, RunRequest, RunResult};
 
 use super::net::{self, Connector, Links, Peer};
-use super::plan::{VmPlan, AGENT_SOCKET, CONSOLE, IO_MOUNT, VM_MOUNT};
+use super::plan::{Fresh, VmMode, VmPlan, AGENT_SOCKET, CONSOLE, IO_MOUNT, QMP_SOCKET, VM_MOUNT};
+use super::snapshot;
 use super::steps::Step;
 use crate::channel::{self, InputFiles, Msg, CTL_FD};
 use crate::error::Error;
@@ -95,7 +96,7 @@ fn relay(ctl: &mut UnixStream, plan: &VmPlan, files: InputFiles, dir: &Path) -> 
             stop.cancel();
         }
     });
-    let ended = talk(ctl, plan, files, &listener, &vmm, connector, &cancel);
+    let ended = talk(ctl, plan, files, dir, &listener, &vmm, connector, &cancel);
     // The guest powers off after its report, and the VMM then exits by itself; on any other
     // path (a failure, a deadline, a cancel) its sandbox is stopped and removed.
     let stopped = cancel.is_cancelled();
@@ -112,18 +113,36 @@ fn relay(ctl: &mut UnixStream, plan: &VmPlan, files: InputFiles, dir: &Path) -> 
     }
 }
 
-/// The VM's life from the relay's side: the guest's hello, its plan, then its frames until
-/// it is done.
+/// The VM's life from the relay's side: the guest booted (to its hello) or restored, then
+/// either saved as a snapshot or given its plan and relayed until it is done.
+#[allow(clippy::too_many_arguments)]
 fn talk(
     ctl: &mut UnixStream,
     plan: &VmPlan,
     files: InputFiles,
+    dir: &Path,
     listener: &UnixListener,
-    vmm: &mpsc::Receiver<Result<RunResult, Error>>,
+    vmm: &Vmm,
     connector: Option<Connector>,
     cancel: &Canceller,
 ) -> Result<(), Failed> {
-    let mut guest = await_guest(listener, plan, vmm, cancel).map_err(at(Step::AwaitGuest))?;
+    let deadline = Instant::now() + Duration::from_millis(plan.boot_timeout_ms);
+    let qmp = dir.join(QMP_SOCKET);
+    let mut guest = match &plan.mode {
+        VmMode::Restore { state } => {
+            let left = deadline.saturating_duration_since(Instant::now());
+            snapshot::restore(&qmp, state, left).map_err(at(Step::AwaitGuest))?;
+            accept_vmm(listener, deadline, vmm, cancel).map_err(at(Step::AwaitGuest))?
+        }
+        VmMode::Boot | VmMode::Snapshot { .. } => {
+            let mut g = accept_vmm(listener, deadline, vmm, cancel).map_err(at(Step::AwaitGuest))?;
+            await_hello(&mut g, deadline, vmm, cancel).map_err(at(Step::AwaitGuest))?;
+            g
+        }
+    };
+    if let VmMode::Snapshot { state } = &plan.mode {
+        return snapshot::save(&qmp, state).map_err(at(Step::SaveSnapshot));
+    }
     let writer = guest.try_clone().ctx(|| "the agent socket".into());
     let peer: Peer = std::sync::Arc::new(std::sync::Mutex::new(Box::new(
         writer.map_err(at(Step::SendPlan))?,
@@ -252,12 +271,15 @@ fn agent_socket(dir: &Path) -> Result<UnixListener, Fail> {
 
 /// Starts the VMM in a native sandbox on a thread of its own; its result (with the guest's
 /// console on stderr) arrives on the channel when it exits.
-fn start_vmm(
-    plan: &VmPlan,
-    dir: &Path,
-    cancel: Canceller,
-) -> mpsc::Receiver<Result<RunResult, Error>> {
-    let mut req = RunRequest::new(Command::Argv(plan.argv.clone()));
+/// The VMM's sandbox, running: its result arrives here when QEMU exits.
+pub(super) type Vmm = mpsc::Receiver<Result<RunResult, Error>>;
+
+fn start_vmm(plan: &VmPlan, dir: &Path, cancel: Canceller) -> Vmm {
+    let mut argv = plan.argv.clone();
+    if matches!(plan.mode, VmMode::Restore { .. }) {
+        argv.extend(["-incoming".into(), "defer".into()]);
+    }
+    let mut req = RunRequest::new(Command::Argv(argv));
     req.policy = plan.jail.clone();
     req.policy.env.extend(plan.env.iter().cloned());
     req.devices = plan.devices.clone();
@@ -287,14 +309,14 @@ fn start_vmm(
 
 /// Accepts the VMM's connection and reads the guest's hello, both within the boot bound; a VMM
 /// that exits first fails with what it printed.
-fn await_guest(
+/// The VMM's connection to the agent socket, made as QEMU starts, within the boot bound.
+fn accept_vmm(
     listener: &UnixListener,
-    plan: &VmPlan,
-    vmm: &mpsc::Receiver<Result<RunResult, Error>>,
+    deadline: Instant,
+    vmm: &Vmm,
     cancel: &Canceller,
 ) -> Result<UnixStream, Fail> {
-    let deadline = Instant::now() + Duration::from_millis(plan.boot_timeout_ms);
-    let mut stream = loop {
+    let stream = loop {
         match listener.accept() {
             Ok((s, _)) => break s,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
@@ -313,17 +335,25 @@ fn await_guest(
     stream
         .set_nonblocking(false)
         .ctx(|| "a blocking agent socket".into())?;
+    Ok(stream)
+}
+
+/// The guest agent's hello, read within the boot bound; a VMM that exits first fails with what
+/// it printed.
+fn await_hello(
+    stream: &mut UnixStream,
+    deadline: Instant,
+    vmm: &Vmm,
+    cancel: &Canceller,
+) -> Result<(), Fail> {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() || cancel.is_cancelled() {
-            return Err(Fail::new(format!(
-                "the guest did not boot within {} ms",
-                plan.boot_timeout_ms
-            )));
+            return Err(Fail::new("the guest did not boot in time"));
         }
         // Short reads, so a VMM that dies while booting is noticed.
         let _ = stream.set_read_timeout(Some(left.min(Duration::from_millis(200))));
-        match channel::recv_bounded(&mut stream, 4096, 0) {
+        match channel::recv_bounded(stream, 4096, 0) {
             Ok(Some((Msg::Hello { build }, _))) if build == channel::BUILD => break,
             Ok(Some((Msg::Hello { build }, _))) => {
                 return Err(Fail::new(format!(
@@ -355,7 +385,7 @@ fn await_guest(
         }
     }
     let _ = stream.set_read_timeout(None);
-    Ok(stream)
+    Ok(())
 }
 
 fn vmm_ended(when: &str, result: &Result<RunResult, Error>) -> Fail {
@@ -386,7 +416,10 @@ fn send_plan(
     files: InputFiles,
     peer: Peer,
 ) -> Result<(), Fail> {
-    channel::send(guest, &Msg::Guest(Box::new(plan.guest.clone())), &[])
+    // Taken now, at hand-out: a restored guest's pool and clock are its snapshot's.
+    let mut guest_plan = plan.guest.clone();
+    guest_plan.fresh = Some(fresh().ctx(|| "entropy for the guest".into())?);
+    channel::send(guest, &Msg::Guest(Box::new(guest_plan)), &[])
         .ctx(|| "sending the guest its plan".into())?;
     for (meta, data) in &files {
         channel::send(guest, &Msg::File(meta.clone()), data)
@@ -408,6 +441,20 @@ fn send_plan(
         let _ = net::send(&peer, &Msg::StdinEnd, &[]);
     });
     Ok(())
+}
+
+/// 64 bytes of the host's entropy and its wall clock, for one guest.
+fn fresh() -> std::io::Result<Fresh> {
+    let mut seed = vec![0u8; 64];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut seed)?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_err(std::io::Error::other)?;
+    Ok(Fresh {
+        seed,
+        unix_secs: i64::try_from(now.as_secs()).map_err(std::io::Error::other)?,
+        unix_nanos: now.subsec_nanos(),
+    })
 }
 
 /// Passes the guest's frames on until its `Done`: output to stdout and stderr, the rest to the
@@ -496,10 +543,12 @@ mod tests {
             max_json: 4096,
             max_blob: 1024,
             proxy: false,
+            mode: VmMode::Boot,
             guest: super::super::plan::GuestPlan {
                 build: channel::BUILD.into(),
                 request: RunRequest::new(Command::Argv(vec!["true".into()])),
                 files: 0,
+                fresh: None,
             },
         }
     }

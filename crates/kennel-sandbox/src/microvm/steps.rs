@@ -20,6 +20,7 @@ pub enum Step {
     BindProxy,
     JailVmm,
     AwaitGuest,
+    SaveSnapshot,
     SendPlan,
     // The guest agent, PID 1 of the guest.
     LeaveRootfs,
@@ -37,7 +38,7 @@ pub enum Step {
 }
 
 impl Step {
-    pub const ALL: [Step; 21] = [
+    pub const ALL: [Step; 22] = [
         Step::CheckArtifacts,
         Step::ChooseAccel,
         Step::GuestRoot,
@@ -47,6 +48,7 @@ impl Step {
         Step::BindProxy,
         Step::JailVmm,
         Step::AwaitGuest,
+        Step::SaveSnapshot,
         Step::SendPlan,
         Step::LeaveRootfs,
         Step::MountKernelFs,
@@ -86,6 +88,7 @@ impl Step {
             Step::BindProxy => "bind_proxy",
             Step::JailVmm => "jail_vmm",
             Step::AwaitGuest => "await_guest",
+            Step::SaveSnapshot => "save_snapshot",
             Step::SendPlan => "send_plan",
             Step::LeaveRootfs => "leave_rootfs",
             Step::MountKernelFs => "mount_kernel_fs",
@@ -112,7 +115,8 @@ impl Step {
             Step::AgentSocket => "the relay listens before QEMU starts, so the channel exists before the guest runs and a frame sent early waits for it",
             Step::BindProxy => "with an allowlist, the supervisor binds the run's proxy in a network namespace only the relay's connector thread is in; the guest, which has no network device, reaches it only as frames on the agent port",
             Step::JailVmm => "QEMU runs inside Kennel's native tier (user, mount, pid and network namespaces, its own cgroup, seccomp, no capabilities) with its own -sandbox: a guest that breaks QEMU lands in a sandbox",
-            Step::AwaitGuest => "the guest's hello is awaited with a bound: a guest that never boots is a failed run, not a hang",
+            Step::AwaitGuest => "the guest's hello (or, restored from a snapshot, the end of its incoming migration) is awaited with a bound: a guest that never comes up is a failed run, not a hang",
+            Step::SaveSnapshot => "a snapshot is the stopped guest's state, streamed through a pipe into a file only the relay writes and reads (QEMU 7.2 has no file: migration, and exec: would need a shell its sandbox forbids)",
             Step::SendPlan => "the guest gets the run's request, its files and its stdin only over the agent port; the host bounds every frame it reads back",
             Step::LeaveRootfs => "the initramfs is the kernel's rootfs, which pivot_root cannot leave; a bind mount of it moved onto / can be, so the guest's own sandboxes pivot as on a host",
             Step::MountKernelFs => "the guest's /dev, /proc and /sys exist before anything needs them",

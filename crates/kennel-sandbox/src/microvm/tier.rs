@@ -11,7 +11,10 @@ use kennel_types::api::{Isolation, LimitsInfo, RunRequest, RunResult, RuntimeInf
 use kennel_types::policy::{ByteSize, Capabilities, NetMode, Policy, Tier};
 
 use super::artifacts::{Manifest, VmDir};
-use super::plan::{GuestEnd, GuestPlan, VmPlan, AGENT_SOCKET, CONSOLE, IO_MOUNT, VM_MOUNT};
+use super::plan::{
+    GuestEnd, GuestPlan, VmMode, VmPlan, AGENT_SOCKET, CONSOLE, IO_MOUNT, QMP_SOCKET, VM_MOUNT,
+};
+use super::snapshot;
 use super::relay::{RELAY_ARG, RUN_ROOT};
 use super::steps::Step;
 use super::vmm::{self, Accel, Boot, Qemu, Vmm};
@@ -32,6 +35,8 @@ pub struct VmConfig {
     pub vcpus: u32,
     /// How long a guest may take to boot to its agent.
     pub boot_timeout: Duration,
+    /// Whether runs restore a snapshot of a booted guest instead of booting one.
+    pub snapshots: bool,
 }
 
 /// What the guest kernel and the agent keep for themselves: a run's memory limit may use the
@@ -46,6 +51,7 @@ impl Default for VmConfig {
             memory_mib: 1024,
             vcpus: 1,
             boot_timeout: Duration::from_secs(30),
+            snapshots: true,
         }
     }
 }
@@ -60,6 +66,9 @@ impl VmConfig {
         }
         if let Some(v) = num("KENNEL_VM_VCPUS").and_then(|v| u32::try_from(v).ok()) {
             c.vcpus = v.clamp(1, 64);
+        }
+        if std::env::var("KENNEL_VM_SNAPSHOTS").is_ok_and(|v| v == "0") {
+            c.snapshots = false;
         }
         c
     }
@@ -113,7 +122,18 @@ impl Microvm {
             .map_err(|e| setup(Step::Initramfs, format!("building the initramfs: {e}")))?;
         sweep_run_dirs();
         let files = input_files(req)?;
-        let plan = self.plan(req, accel, &disk, &initrd, files.len());
+        let mut plan = self.plan(req, accel, &disk, &initrd, files.len());
+        if self.config.snapshots {
+            let files = [self.vm.vmlinux(), initrd.clone(), disk.clone()];
+            let manifest = snapshot::Manifest {
+                qemu_version: manifest.qemu_version.clone(),
+                kernel_release: manifest.kernel_release.clone(),
+                argv: plan.argv.clone(),
+                files: snapshot::file_ids(&files.iter().map(PathBuf::as_path).collect::<Vec<_>>()),
+            };
+            let state = self.snapshot(&plan, &manifest)?;
+            plan.mode = VmMode::Restore { state };
+        }
         let mut tier = MicrovmTier {
             plan: Some(plan),
             accel,
@@ -148,6 +168,7 @@ impl Microvm {
             initrd: in_vm(initrd),
             root_disk: in_vm(disk),
             agent_socket: format!("{IO_MOUNT}/{AGENT_SOCKET}"),
+            qmp: format!("{IO_MOUNT}/{QMP_SOCKET}"),
             console: format!("{IO_MOUNT}/{CONSOLE}"),
             prefix: in_vm(&self.vm.qemu_prefix()),
             tsc_khz: vmm::host_tsc_khz(),
@@ -166,12 +187,41 @@ impl Microvm {
             max_json: 1 << 20,
             max_blob: policy.limits.collect_size.0.max(1 << 20),
             proxy: policy.network.mode == NetMode::Allow,
+            mode: VmMode::Boot,
             guest: GuestPlan {
                 build: channel::BUILD.into(),
                 request: guest_request(req),
                 files,
+                fresh: None,
             },
         }
+    }
+
+    /// The state of the snapshot `manifest` describes: found, or taken now (one at a time per
+    /// snapshot, under a lock; a snapshot whose manifest differs is never used).
+    fn snapshot(&self, plan: &VmPlan, manifest: &snapshot::Manifest) -> Result<PathBuf, Error> {
+        let dir = snapshot::dir_for(&self.vm, manifest);
+        if let Some(state) = snapshot::find(&dir, manifest) {
+            return Ok(state);
+        }
+        let failed = |e: std::io::Error| setup(Step::SaveSnapshot, format!("{}: {e}", dir.display()));
+        std::fs::create_dir_all(&dir).map_err(failed)?;
+        let lock = std::fs::File::create(dir.join(".lock")).map_err(failed)?;
+        lock.lock().map_err(failed)?;
+        if let Some(state) = snapshot::find(&dir, manifest) {
+            return Ok(state);
+        }
+        let tmp = dir.join(format!(".state.{}", std::process::id()));
+        let mut saving = plan.clone();
+        saving.mode = VmMode::Snapshot { state: tmp.clone() };
+        saving.proxy = false;
+        saving.guest.files = 0;
+        let taken = super::take::take(&self.helper, saving);
+        let committed = taken.and_then(|()| snapshot::commit(&dir, &tmp, manifest).map_err(failed));
+        if committed.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        committed
     }
 
     /// What this tier cannot do (yet), refused before anything starts.

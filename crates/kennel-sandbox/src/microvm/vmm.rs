@@ -44,6 +44,8 @@ pub struct Boot {
     pub root_disk: String,
     /// The unix socket the host listens on for the agent port.
     pub agent_socket: String,
+    /// QEMU's QMP socket, a server in the relay's private directory.
+    pub qmp: String,
     /// A pair of FIFOs (`PATH.in`, `PATH.out`) for the guest's console, which the host reads
     /// into a bounded buffer: a console written to a file could fill the host's disk.
     pub console: String,
@@ -139,6 +141,8 @@ impl Vmm for Qemu {
             "virtio-blk-device,drive=root".into(),
             "-device".into(),
             "virtio-rng-device".into(),
+            "-qmp".into(),
+            format!("unix:{},server=on,wait=off", b.qmp),
             // QEMU's own seccomp filter, inside Kennel's: no exec, no privilege changes.
             "-sandbox".into(),
             "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny".into(),
@@ -272,6 +276,7 @@ fn probe_boot() -> Boot {
         initrd: String::new(),
         root_disk: String::new(),
         agent_socket: String::new(),
+        qmp: String::new(),
         console: String::new(),
         prefix: String::new(),
         tsc_khz: None,
@@ -291,6 +296,7 @@ mod tests {
             initrd: "/vm/initrd/x.cpio".into(),
             root_disk: "/vm/roots/d.erofs".into(),
             agent_socket: "/io/agent.sock".into(),
+            qmp: "/io/qmp.sock".into(),
             console: "/io/console".into(),
             prefix: "/vm/qemu".into(),
             tsc_khz: Some(2_596_000),

@@ -1,0 +1,183 @@
+//! Snapshots: a guest booted once to where its agent waits for a plan, saved, and restored for
+//! each run instead of booted.
+//!
+//! A snapshot is QEMU's migration stream of the stopped guest, RAM included: QEMU 7.2 has no
+//! `file:` migration, `exec:` needs a shell that `-sandbox spawn=deny` forbids, and a private
+//! copy-on-write mapping of a shared RAM file needs it writable to QEMU (7.2 has no `rom=`),
+//! which would let one clone reach the next through it. So the relay streams the state through
+//! a pipe (`getfd`, `fd:` migration) into a file only it reads and writes; QEMU never sees the
+//! file, and nothing of one run reaches another.
+//!
+//! A snapshot is valid only for what it was taken with: its manifest holds QEMU's version, the
+//! kernel, the initramfs, the root disk, the whole command line and the accelerator, and one
+//! that does not match is taken again.
+
+use std::io::{Read, Write};
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::artifacts::VmDir;
+use super::qmp::Qmp;
+use crate::native::steps::{Context, Fail};
+
+/// How long saving may take (a 1 GiB guest streams ~100 MB under TCG in about half a second).
+const SAVE_BOUND: Duration = Duration::from_secs(60);
+
+/// The relay, in a snapshot VM: stops the guest (its agent has said hello and waits for a plan),
+/// streams its state into `state`, and quits QEMU.
+pub fn save(qmp_socket: &Path, state: &Path) -> Result<(), Fail> {
+    let mut qmp = Qmp::connect(qmp_socket, Duration::from_secs(10)).ctx(|| "QMP".into())?;
+    qmp.execute("stop", None).ctx(|| "stopping the guest".into())?;
+    let (mut from, to) = std::io::pipe().ctx(|| "a pipe".into())?;
+    let mut out = std::fs::File::create(state).ctx(|| format!("creating {}", state.display()))?;
+    let copier = std::thread::spawn(move || std::io::copy(&mut from, &mut out).map(|_| out));
+    qmp.pass_fd("snapshot", to.as_fd()).ctx(|| "getfd".into())?;
+    // QEMU holds its own copy now: ours must close for the copy to see the stream's end.
+    drop(to);
+    let args = serde_json::json!({ "uri": "fd:snapshot" });
+    qmp.execute("migrate", Some(args)).ctx(|| "migrate".into())?;
+    qmp.await_migration(SAVE_BOUND).ctx(|| "saving the guest".into())?;
+    let _ = qmp.execute("quit", None);
+    let file = copier
+        .join()
+        .map_err(|_| Fail::new("the state copier panicked"))?
+        .ctx(|| format!("writing {}", state.display()))?;
+    file.sync_all().ctx(|| format!("syncing {}", state.display()))
+}
+
+/// The relay, in a restored VM (QEMU started with `-incoming defer`): feeds it `state` and
+/// continues the guest, within `bound`.
+pub fn restore(qmp_socket: &Path, state: &Path, bound: Duration) -> Result<(), Fail> {
+    let mut qmp = Qmp::connect(qmp_socket, bound).ctx(|| "QMP".into())?;
+    let mut input = std::fs::File::open(state).ctx(|| format!("opening {}", state.display()))?;
+    let (from, mut to) = std::io::pipe().ctx(|| "a pipe".into())?;
+    qmp.pass_fd("snapshot", from.as_fd()).ctx(|| "getfd".into())?;
+    drop(from);
+    let args = serde_json::json!({ "uri": "fd:snapshot" });
+    qmp.execute("migrate-incoming", Some(args))
+        .ctx(|| "migrate-incoming".into())?;
+    // A feeder of its own: QEMU reads the stream while this thread polls its progress.
+    let feeder = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            match input.read(&mut buf) {
+                Ok(0) => return Ok(()),
+                Ok(n) => to.write_all(&buf[..n])?,
+                Err(e) => return Err(e),
+            }
+        }
+    });
+    qmp.await_migration(bound).ctx(|| "restoring the guest".into())?;
+    feeder
+        .join()
+        .map_err(|_| Fail::new("the state feeder panicked"))?
+        .ctx(|| format!("reading {}", state.display()))?;
+    qmp.execute("cont", None).ctx(|| "continuing the guest".into())?;
+    Ok(())
+}
+
+/// What a snapshot was taken with; it serves only a VM that would be booted exactly so.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    pub qemu_version: String,
+    pub kernel_release: String,
+    /// The VMM's command line (every path as its jail shows it: the initramfs's and the root
+    /// disk's names carry the build and the image digest), the accelerator and CPU included.
+    pub argv: Vec<String>,
+    /// The kernel's and the initramfs's sizes and modification times, and the root disk's.
+    pub files: Vec<(String, u64, i64)>,
+}
+
+/// Where the snapshot for `manifest` lives: `<vm>/snapshots/<key>/{state,manifest.json}`, the
+/// key a hash of the manifest (its contents are compared in full on every use).
+pub fn dir_for(vm: &VmDir, manifest: &Manifest) -> PathBuf {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    manifest.hash(&mut h);
+    vm.root.join("snapshots").join(format!("{:016x}", h.finish()))
+}
+
+impl std::hash::Hash for Manifest {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.qemu_version.hash(state);
+        self.kernel_release.hash(state);
+        self.argv.hash(state);
+        self.files.hash(state);
+    }
+}
+
+/// The identity of the files a guest boots from, as the manifest records them.
+pub fn file_ids(paths: &[&Path]) -> Vec<(String, u64, i64)> {
+    use std::os::unix::fs::MetadataExt;
+    paths
+        .iter()
+        .map(|p| {
+            let m = std::fs::metadata(p).ok();
+            (
+                p.display().to_string(),
+                m.as_ref().map_or(0, |m| m.len()),
+                m.as_ref().map_or(0, |m| m.mtime()),
+            )
+        })
+        .collect()
+}
+
+/// The state file of a snapshot whose manifest is exactly `manifest`, if one was taken.
+pub fn find(dir: &Path, manifest: &Manifest) -> Option<PathBuf> {
+    let text = std::fs::read(dir.join("manifest.json")).ok()?;
+    let found: Manifest = serde_json::from_slice(&text).ok()?;
+    let state = dir.join("state");
+    (found == *manifest && state.is_file()).then_some(state)
+}
+
+/// Records a snapshot just taken into `tmp` under `dir`: the state first, the manifest last,
+/// each renamed into place, so a half-written snapshot is never found.
+pub fn commit(dir: &Path, tmp_state: &Path, manifest: &Manifest) -> std::io::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let _ = std::fs::remove_file(dir.join("manifest.json"));
+    let state = dir.join("state");
+    std::fs::rename(tmp_state, &state)?;
+    let tmp = dir.join(format!(".manifest.{}", std::process::id()));
+    std::fs::write(&tmp, serde_json::to_vec_pretty(manifest).map_err(std::io::Error::other)?)?;
+    std::fs::rename(&tmp, dir.join("manifest.json"))?;
+    Ok(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest(argv: &str) -> Manifest {
+        Manifest {
+            qemu_version: "QEMU emulator version 7.2.22".into(),
+            kernel_release: "6.1.0-57-cloud-amd64".into(),
+            argv: vec![argv.into()],
+            files: vec![("/vm/kernel/vmlinux".into(), 10, 20)],
+        }
+    }
+
+    #[test]
+    fn a_snapshot_serves_only_the_manifest_it_was_taken_with() {
+        let dir = std::env::temp_dir().join(format!("kennel-snap-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = dir.join("tmp-state");
+        std::fs::write(&tmp, b"state").unwrap();
+        let taken = manifest("-cpu max");
+        let state = commit(&dir.join("s"), &tmp, &taken).unwrap();
+        assert_eq!(find(&dir.join("s"), &taken), Some(state));
+        assert_eq!(find(&dir.join("s"), &manifest("-cpu host")), None);
+        // A manifest that does not parse (or was tampered with) serves nothing.
+        std::fs::write(dir.join("s/manifest.json"), b"{").unwrap();
+        assert_eq!(find(&dir.join("s"), &taken), None);
+        assert_ne!(
+            dir_for(&VmDir::at("/v"), &taken),
+            dir_for(&VmDir::at("/v"), &manifest("-cpu host"))
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

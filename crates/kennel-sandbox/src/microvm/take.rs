@@ -1,0 +1,84 @@
+//! Taking a snapshot: a relay in snapshot mode boots the guest to its agent's hello, saves it
+//! and quits. No code runs, so there is no output to cap and no result to build: the relay's
+//! control channel says `Done` or why it failed, within a bound.
+
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use super::plan::VmPlan;
+use super::relay::RELAY_ARG;
+use super::steps::Step;
+use crate::channel::{self, Msg};
+use crate::error::{Error, SetupStep};
+use crate::supervise::helper_command;
+use crate::sys;
+
+/// How long a snapshot may take beyond the boot bound (saving streams ~100 MB under TCG).
+const SAVE_ALLOWANCE: Duration = Duration::from_secs(60);
+
+/// Runs a relay on `plan` (its mode `Snapshot`) to its end.
+pub fn take(helper: &Path, plan: VmPlan) -> Result<(), Error> {
+    let failed = |detail: String| Error::Setup {
+        step: SetupStep::Microvm(Step::SaveSnapshot),
+        errno: None,
+        detail,
+    };
+    let (mut ctl, relay_end) =
+        UnixStream::pair().map_err(|e| failed(format!("a control socket: {e}")))?;
+    let mut child = helper_command(helper, RELAY_ARG, &relay_end, false)
+        .spawn()
+        .map_err(|e| failed(format!("{}: {e}", helper.display())))?;
+    drop(relay_end);
+    let bound = Instant::now() + Duration::from_millis(plan.boot_timeout_ms) + SAVE_ALLOWANCE;
+    let outcome = channel::send(&mut ctl, &Msg::Vm(Box::new(plan)), &[])
+        .map_err(|e| failed(format!("sending the plan: {e}")))
+        .and_then(|()| until_done(&mut ctl, bound));
+    if outcome.is_err() {
+        // SIGTERM first: the relay stops QEMU's sandbox and removes it.
+        let _ = sys::kill(child.id().cast_signed(), libc::SIGTERM);
+    }
+    let reaped = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < reaped && child.try_wait().ok().flatten().is_none() {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    outcome
+}
+
+fn until_done(ctl: &mut UnixStream, bound: Instant) -> Result<(), Error> {
+    loop {
+        let left = bound.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(timeout());
+        }
+        let _ = ctl.set_read_timeout(Some(left));
+        match channel::recv(ctl) {
+            Ok(Some((Msg::Done, _))) => return Ok(()),
+            Ok(Some((Msg::Failed { step, errno, detail }, _))) => {
+                return Err(Error::Setup { step, errno, detail })
+            }
+            Ok(Some((other, _))) => {
+                return Err(Error::Protocol(format!("a snapshot relay sent {other:?}")))
+            }
+            Ok(None) => {
+                return Err(Error::Protocol(
+                    "the snapshot relay ended without a word".into(),
+                ))
+            }
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                return Err(timeout())
+            }
+            Err(e) => return Err(Error::Protocol(format!("the snapshot relay: {e}"))),
+        }
+    }
+}
+
+fn timeout() -> Error {
+    Error::Setup {
+        step: SetupStep::Microvm(Step::SaveSnapshot),
+        errno: None,
+        detail: "the guest was not booted and saved in time".into(),
+    }
+}
