@@ -125,6 +125,25 @@ impl Engine {
     /// here, once, for every tier: the tier sees the image's root as its rootfs, the code gets
     /// the image's environment under its own, and the result names the image and its digest.
     pub fn run(&self, req: &RunRequest, io: RunIo) -> Result<RunResult, Error> {
+        self.on_image(req, |req| self.backend(&req.policy)?.run(req, io))
+    }
+
+    /// Prepares what a microvm run on `image` (the base image when `None`) boots from, its
+    /// snapshot included, without running anything.
+    pub fn warm_microvm(&self, image: Option<&str>) -> Result<(), Error> {
+        let mut req = RunRequest::new(kennel_types::api::Command::Argv(vec!["/bin/true".into()]));
+        req.policy.tier = Tier::Microvm;
+        req.policy.filesystem.image = image.map(str::to_string);
+        self.on_image(&req, |req| self.microvm.warm(req))
+    }
+
+    /// Calls `f` with `req` as its tier takes it: with the image (or a microVM's base image)
+    /// resolved to its root, held until `f` returns.
+    fn on_image<T>(
+        &self,
+        req: &RunRequest,
+        f: impl FnOnce(&RunRequest) -> Result<T, Error>,
+    ) -> Result<T, Error> {
         // A microVM boots an image, never the host's /: the base image when none is named.
         let base = (req.policy.tier == Tier::Microvm && req.policy.filesystem.rootfs.is_none())
             .then(|| crate::microvm::artifacts::BASE_IMAGE.to_string());
@@ -136,7 +155,7 @@ impl Engine {
                      one with `kennel image build NAME --from-dir DIR`), or none for its base image",
                 ));
             }
-            return self.backend(&req.policy)?.run(req, io);
+            return f(req);
         };
         let image = match self.images.resolve(name) {
             Err(_) if base.as_ref() == Some(name) => {
@@ -158,6 +177,6 @@ impl Engine {
         env.extend(std::mem::take(&mut policy.env));
         policy.env = env;
         on_image.image = Some(image.info);
-        self.backend(&req.policy)?.run(&on_image, io)
+        f(&on_image)
     }
 }

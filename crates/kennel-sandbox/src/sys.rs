@@ -724,7 +724,12 @@ pub fn send_with_fd(
     if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
         return Err(einval());
     }
-    let sent = rustix::net::sendmsg(socket, &[io::IoSlice::new(data)], &mut control, SendFlags::empty())?;
+    let sent = rustix::net::sendmsg(
+        socket,
+        &[io::IoSlice::new(data)],
+        &mut control,
+        SendFlags::empty(),
+    )?;
     if sent == data.len() {
         Ok(())
     } else {
@@ -748,7 +753,9 @@ pub fn reseed_kernel_random(seed: &[u8]) -> io::Result<()> {
         w[..chunk.len()].copy_from_slice(chunk);
         info[2 + i] = u32::from_ne_bytes(w);
     }
-    let random = std::fs::OpenOptions::new().write(true).open("/dev/urandom")?;
+    let random = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/urandom")?;
     // SAFETY: `info` is a live, writable buffer laid out as struct rand_pool_info, whose
     // buf_size (info[1]) does not exceed the words that follow; the kernel only reads it.
     check(unsafe { libc::ioctl(random.as_raw_fd(), RNDADDENTROPY as _, info.as_ptr()) })?;

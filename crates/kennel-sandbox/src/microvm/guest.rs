@@ -245,8 +245,7 @@ fn run(plan: GuestPlan, files: InputFiles, port: File) -> Result<(), Failed> {
         let fresh = sys::reseed_kernel_random(&f.seed)
             .ctx(|| "reseeding the kernel's random pool".into())
             .and_then(|()| {
-                sys::set_wall_clock(f.unix_secs, f.unix_nanos)
-                    .ctx(|| "setting the clock".into())
+                sys::set_wall_clock(f.unix_secs, f.unix_nanos).ctx(|| "setting the clock".into())
             });
         fresh.map_err(|f| (Step::ReceivePlan, f))?;
     }

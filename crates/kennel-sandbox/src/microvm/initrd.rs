@@ -56,7 +56,28 @@ pub fn ensure(vm: &VmDir, manifest: &Manifest, helper: &Path) -> io::Result<Path
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
+    keep_newest(&vm.initrd_dir(), KEPT);
     written.map(|()| path)
+}
+
+/// Initramfs builds kept: each new build of Kennel makes one, and the snapshots taken with an
+/// older one are swept with it.
+const KEPT: usize = 3;
+
+/// Removes all but the `keep` newest initramfs files (and stale temporary ones) in `dir`.
+fn keep_newest(dir: &Path, keep: usize) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut files: Vec<(std::time::SystemTime, PathBuf)> = entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".cpio"))
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .collect();
+    files.sort_by(|a, b| b.0.cmp(&a.0));
+    for (_, old) in files.into_iter().skip(keep) {
+        let _ = std::fs::remove_file(old);
+    }
 }
 
 fn write(out: &Path, vm: &VmDir, manifest: &Manifest, helper: &Path) -> io::Result<()> {

@@ -139,8 +139,14 @@ mod tests {
     use std::os::unix::net::UnixListener;
 
     /// A fake QEMU on a socket: the greeting, then `answers` to the commands in order.
-    fn qemu(answers: &'static [&'static str]) -> (std::path::PathBuf, std::thread::JoinHandle<Vec<String>>) {
-        let dir = std::env::temp_dir().join(format!("kennel-qmp-{}-{}", std::process::id(), answers.len()));
+    fn qemu(
+        answers: &'static [&'static str],
+    ) -> (std::path::PathBuf, std::thread::JoinHandle<Vec<String>>) {
+        let dir = std::env::temp_dir().join(format!(
+            "kennel-qmp-{}-{}",
+            std::process::id(),
+            answers.len()
+        ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("qmp.sock");
@@ -149,7 +155,8 @@ mod tests {
             let (s, _) = listener.accept().unwrap();
             let mut w = s.try_clone().unwrap();
             let mut r = BufReader::new(s);
-            w.write_all(b"{\"QMP\": {\"version\": {}, \"capabilities\": []}}\r\n").unwrap();
+            w.write_all(b"{\"QMP\": {\"version\": {}, \"capabilities\": []}}\r\n")
+                .unwrap();
             let mut got = vec![];
             for a in answers {
                 let mut line = String::new();

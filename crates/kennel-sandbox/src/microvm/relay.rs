@@ -135,7 +135,8 @@ fn talk(
             accept_vmm(listener, deadline, vmm, cancel).map_err(at(Step::AwaitGuest))?
         }
         VmMode::Boot | VmMode::Snapshot { .. } => {
-            let mut g = accept_vmm(listener, deadline, vmm, cancel).map_err(at(Step::AwaitGuest))?;
+            let mut g =
+                accept_vmm(listener, deadline, vmm, cancel).map_err(at(Step::AwaitGuest))?;
             await_hello(&mut g, deadline, vmm, cancel).map_err(at(Step::AwaitGuest))?;
             g
         }

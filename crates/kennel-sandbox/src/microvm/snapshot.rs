@@ -30,7 +30,8 @@ const SAVE_BOUND: Duration = Duration::from_secs(60);
 /// streams its state into `state`, and quits QEMU.
 pub fn save(qmp_socket: &Path, state: &Path) -> Result<(), Fail> {
     let mut qmp = Qmp::connect(qmp_socket, Duration::from_secs(10)).ctx(|| "QMP".into())?;
-    qmp.execute("stop", None).ctx(|| "stopping the guest".into())?;
+    qmp.execute("stop", None)
+        .ctx(|| "stopping the guest".into())?;
     let (mut from, to) = std::io::pipe().ctx(|| "a pipe".into())?;
     let mut out = std::fs::File::create(state).ctx(|| format!("creating {}", state.display()))?;
     let copier = std::thread::spawn(move || std::io::copy(&mut from, &mut out).map(|_| out));
@@ -38,14 +39,17 @@ pub fn save(qmp_socket: &Path, state: &Path) -> Result<(), Fail> {
     // QEMU holds its own copy now: ours must close for the copy to see the stream's end.
     drop(to);
     let args = serde_json::json!({ "uri": "fd:snapshot" });
-    qmp.execute("migrate", Some(args)).ctx(|| "migrate".into())?;
-    qmp.await_migration(SAVE_BOUND).ctx(|| "saving the guest".into())?;
+    qmp.execute("migrate", Some(args))
+        .ctx(|| "migrate".into())?;
+    qmp.await_migration(SAVE_BOUND)
+        .ctx(|| "saving the guest".into())?;
     let _ = qmp.execute("quit", None);
     let file = copier
         .join()
         .map_err(|_| Fail::new("the state copier panicked"))?
         .ctx(|| format!("writing {}", state.display()))?;
-    file.sync_all().ctx(|| format!("syncing {}", state.display()))
+    file.sync_all()
+        .ctx(|| format!("syncing {}", state.display()))
 }
 
 /// The relay, in a restored VM (QEMU started with `-incoming defer`): feeds it `state` and
@@ -54,7 +58,8 @@ pub fn restore(qmp_socket: &Path, state: &Path, bound: Duration) -> Result<(), F
     let mut qmp = Qmp::connect(qmp_socket, bound).ctx(|| "QMP".into())?;
     let mut input = std::fs::File::open(state).ctx(|| format!("opening {}", state.display()))?;
     let (from, mut to) = std::io::pipe().ctx(|| "a pipe".into())?;
-    qmp.pass_fd("snapshot", from.as_fd()).ctx(|| "getfd".into())?;
+    qmp.pass_fd("snapshot", from.as_fd())
+        .ctx(|| "getfd".into())?;
     drop(from);
     let args = serde_json::json!({ "uri": "fd:snapshot" });
     qmp.execute("migrate-incoming", Some(args))
@@ -70,12 +75,14 @@ pub fn restore(qmp_socket: &Path, state: &Path, bound: Duration) -> Result<(), F
             }
         }
     });
-    qmp.await_migration(bound).ctx(|| "restoring the guest".into())?;
+    qmp.await_migration(bound)
+        .ctx(|| "restoring the guest".into())?;
     feeder
         .join()
         .map_err(|_| Fail::new("the state feeder panicked"))?
         .ctx(|| format!("reading {}", state.display()))?;
-    qmp.execute("cont", None).ctx(|| "continuing the guest".into())?;
+    qmp.execute("cont", None)
+        .ctx(|| "continuing the guest".into())?;
     Ok(())
 }
 
@@ -98,7 +105,9 @@ pub fn dir_for(vm: &VmDir, manifest: &Manifest) -> PathBuf {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     manifest.hash(&mut h);
-    vm.root.join("snapshots").join(format!("{:016x}", h.finish()))
+    vm.root
+        .join("snapshots")
+        .join(format!("{:016x}", h.finish()))
 }
 
 impl std::hash::Hash for Manifest {
@@ -142,9 +151,41 @@ pub fn commit(dir: &Path, tmp_state: &Path, manifest: &Manifest) -> std::io::Res
     let state = dir.join("state");
     std::fs::rename(tmp_state, &state)?;
     let tmp = dir.join(format!(".manifest.{}", std::process::id()));
-    std::fs::write(&tmp, serde_json::to_vec_pretty(manifest).map_err(std::io::Error::other)?)?;
+    std::fs::write(
+        &tmp,
+        serde_json::to_vec_pretty(manifest).map_err(std::io::Error::other)?,
+    )?;
     std::fs::rename(&tmp, dir.join("manifest.json"))?;
     Ok(state)
+}
+
+/// Removes what is left of snapshots that cannot serve any run any more: a state a killed
+/// taker left half-written (`.state.PID`, its process gone), and whole snapshots whose kernel,
+/// initramfs or disk is gone (an older build's, an image removed). A snapshot being restored
+/// keeps its open file whatever happens to its name.
+pub fn sweep(vm: &VmDir) {
+    let Ok(dirs) = std::fs::read_dir(vm.root.join("snapshots")) else {
+        return;
+    };
+    for dir in dirs.flatten().map(|e| e.path()) {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let pid = name
+                .strip_prefix(".state.")
+                .and_then(|p| p.parse::<i32>().ok());
+            if pid.is_some_and(crate::cgroup::ended) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+        let manifest: Option<Manifest> = std::fs::read(dir.join("manifest.json"))
+            .ok()
+            .and_then(|t| serde_json::from_slice(&t).ok());
+        let inputs_gone =
+            manifest.is_some_and(|m| m.files.iter().any(|(path, ..)| !Path::new(path).exists()));
+        if inputs_gone {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -56,8 +56,19 @@ fn until_done(ctl: &mut UnixStream, bound: Instant) -> Result<(), Error> {
         let _ = ctl.set_read_timeout(Some(left));
         match channel::recv(ctl) {
             Ok(Some((Msg::Done, _))) => return Ok(()),
-            Ok(Some((Msg::Failed { step, errno, detail }, _))) => {
-                return Err(Error::Setup { step, errno, detail })
+            Ok(Some((
+                Msg::Failed {
+                    step,
+                    errno,
+                    detail,
+                },
+                _,
+            ))) => {
+                return Err(Error::Setup {
+                    step,
+                    errno,
+                    detail,
+                })
             }
             Ok(Some((other, _))) => {
                 return Err(Error::Protocol(format!("a snapshot relay sent {other:?}")))
@@ -67,7 +78,12 @@ fn until_done(ctl: &mut UnixStream, bound: Instant) -> Result<(), Error> {
                     "the snapshot relay ended without a word".into(),
                 ))
             }
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
                 return Err(timeout())
             }
             Err(e) => return Err(Error::Protocol(format!("the snapshot relay: {e}"))),

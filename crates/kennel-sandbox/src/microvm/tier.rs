@@ -14,8 +14,8 @@ use super::artifacts::{Manifest, VmDir};
 use super::plan::{
     GuestEnd, GuestPlan, VmMode, VmPlan, AGENT_SOCKET, CONSOLE, IO_MOUNT, QMP_SOCKET, VM_MOUNT,
 };
-use super::snapshot;
 use super::relay::{RELAY_ARG, RUN_ROOT};
+use super::snapshot;
 use super::steps::Step;
 use super::vmm::{self, Accel, Boot, Qemu, Vmm};
 use super::{initrd, root};
@@ -95,6 +95,28 @@ impl Microvm {
     /// Runs one request in a fresh VM. The engine has resolved its image: `rootfs` is the
     /// image's root on the host and `req.image` names its digest.
     pub fn run(&self, req: &RunRequest, io: RunIo) -> Result<RunResult, Error> {
+        let files = input_files(req)?;
+        let (plan, accel, qemu_version) = self.prepare(req, files.len())?;
+        let mut tier = MicrovmTier {
+            plan: Some(plan),
+            accel,
+            qemu_version,
+            policy: req.policy.clone(),
+            guest: None,
+            end: None,
+        };
+        supervise(&mut tier, &self.helper, req, &files, io)
+    }
+
+    /// Makes sure what a run of `req` boots from exists (the image's disk, the initramfs and,
+    /// with snapshots on, the snapshot), without running anything: `kennel vm prepare --image`.
+    pub fn warm(&self, req: &RunRequest) -> Result<(), Error> {
+        self.prepare(req, 0).map(drop)
+    }
+
+    /// Everything before the relay starts: the checks, the accelerator, the guest's disk and
+    /// initramfs, the plan, and the snapshot it restores (taken now when missing).
+    fn prepare(&self, req: &RunRequest, files: usize) -> Result<(VmPlan, Accel, String), Error> {
         let policy = &req.policy;
         policy.validate()?;
         self.check_request(req)?;
@@ -121,28 +143,19 @@ impl Microvm {
         let initrd = initrd::ensure(&self.vm, &manifest, &self.helper)
             .map_err(|e| setup(Step::Initramfs, format!("building the initramfs: {e}")))?;
         sweep_run_dirs();
-        let files = input_files(req)?;
-        let mut plan = self.plan(req, accel, &disk, &initrd, files.len());
+        let mut plan = self.plan(req, accel, &disk, &initrd, files);
         if self.config.snapshots {
-            let files = [self.vm.vmlinux(), initrd.clone(), disk.clone()];
-            let manifest = snapshot::Manifest {
+            let inputs = [self.vm.vmlinux(), initrd, disk];
+            let taken_with = snapshot::Manifest {
                 qemu_version: manifest.qemu_version.clone(),
                 kernel_release: manifest.kernel_release.clone(),
                 argv: plan.argv.clone(),
-                files: snapshot::file_ids(&files.iter().map(PathBuf::as_path).collect::<Vec<_>>()),
+                files: snapshot::file_ids(&inputs.iter().map(PathBuf::as_path).collect::<Vec<_>>()),
             };
-            let state = self.snapshot(&plan, &manifest)?;
+            let state = self.snapshot(&plan, &taken_with)?;
             plan.mode = VmMode::Restore { state };
         }
-        let mut tier = MicrovmTier {
-            plan: Some(plan),
-            accel,
-            qemu_version: manifest.qemu_version,
-            policy: policy.clone(),
-            guest: None,
-            end: None,
-        };
-        supervise(&mut tier, &self.helper, req, &files, io)
+        Ok((plan, accel, manifest.qemu_version))
     }
 
     /// The relay's plan: QEMU's command line with every path as its jail shows it, the jail's
@@ -204,7 +217,9 @@ impl Microvm {
         if let Some(state) = snapshot::find(&dir, manifest) {
             return Ok(state);
         }
-        let failed = |e: std::io::Error| setup(Step::SaveSnapshot, format!("{}: {e}", dir.display()));
+        snapshot::sweep(&self.vm);
+        let failed =
+            |e: std::io::Error| setup(Step::SaveSnapshot, format!("{}: {e}", dir.display()));
         std::fs::create_dir_all(&dir).map_err(failed)?;
         let lock = std::fs::File::create(dir.join(".lock")).map_err(failed)?;
         lock.lock().map_err(failed)?;
