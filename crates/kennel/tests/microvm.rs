@@ -484,3 +484,154 @@ fn output_without_a_final_newline_arrives_whole() {
     assert_eq!(r["stdout"], "out", "{r}");
     assert_eq!(r["stderr"], "err", "{r}");
 }
+
+// ---- snapshots -------------------------------------------------------------------------------
+
+/// The snapshot directories and their manifests, as `kennel vm prepare` and runs left them.
+fn snapshots() -> Vec<std::path::PathBuf> {
+    let dir = vm::vm_dir().root.join("snapshots");
+    let mut found: Vec<_> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("manifest.json").is_file())
+        .collect();
+    found.sort();
+    found
+}
+
+fn sha256_of(path: &Path) -> String {
+    sha256_hex(&std::fs::read(path).unwrap())
+}
+
+/// Clones of one snapshot share nothing a run could tell apart: every restored guest gets the
+/// host's entropy and clock at hand-out, so its boot id, its kernel's random bytes and Python's
+/// seeds differ from every other's, and its clock is the host's; no run sees another's files;
+/// and the snapshot itself is never written.
+#[test]
+fn clones_of_one_snapshot_are_told_apart_and_share_nothing() {
+    let Some(_) = run(&[], &["/bin/true"]) else {
+        return;
+    };
+    let states: Vec<_> = snapshots().iter().map(|d| d.join("state")).collect();
+    assert!(!states.is_empty(), "no snapshot was taken");
+    let before: Vec<String> = states.iter().map(|s| sha256_of(s)).collect();
+    let code = "import os, random, time, subprocess\n\
+                seen = sorted(os.listdir('/tmp')) + sorted(os.listdir('/workspace'))\n\
+                secret = os.urandom(16).hex()\n\
+                open('/tmp/secret', 'w').write(secret); kept = bytearray(secret * 1000, 'ascii')\n\
+                boot = open('/proc/sys/kernel/random/boot_id').read().strip()\n\
+                dev = open('/dev/urandom', 'rb').read(16).hex()\n\
+                print(boot, dev, secret, random.random(), time.time(), seen)\n";
+    let runs: Vec<Vec<String>> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..2)
+            .map(|_| {
+                s.spawn(|| {
+                    (0..10)
+                        .map(|_| {
+                            let before = now();
+                            let r = run(&[], &[PY, "-c", code]).unwrap();
+                            let after = now();
+                            assert_eq!(r["exit_code"], 0, "{r}");
+                            let line = r["stdout"].as_str().unwrap().trim().to_string();
+                            let f: Vec<String> = line.splitn(6, ' ').map(String::from).collect();
+                            let t: f64 = f[4].parse().unwrap();
+                            assert!(
+                                t > before - 1.0 && t < after + 1.0,
+                                "clock {t} not in {before}..{after}"
+                            );
+                            assert_eq!(f[5], "[]", "a run found files in its scratch: {line}");
+                            f
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap())
+            .collect()
+    });
+    assert_eq!(runs.len(), 20);
+    for field in 0..4 {
+        let mut values: Vec<&String> = runs.iter().map(|f| &f[field]).collect();
+        values.sort();
+        values.dedup();
+        assert_eq!(
+            values.len(),
+            20,
+            "field {field} repeats across clones: {runs:?}"
+        );
+    }
+    let after: Vec<String> = states.iter().map(|s| sha256_of(s)).collect();
+    assert_eq!(before, after, "a snapshot changed under its runs");
+}
+
+fn now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// A snapshot whose manifest does not say exactly what a run would boot is never restored:
+/// it is taken again, and the run is what a cold boot gives.
+#[test]
+fn a_snapshot_whose_manifest_does_not_match_is_taken_again() {
+    let Some(_) = run(&[], &["/bin/true"]) else {
+        return;
+    };
+    let dirs = snapshots();
+    for d in &dirs {
+        let path = d.join("manifest.json");
+        let mut m: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        m["qemu_version"] = "QEMU emulator version 0.0 (tampered)".into();
+        std::fs::write(&path, serde_json::to_vec(&m).unwrap()).unwrap();
+    }
+    let r = run(&[], &["/bin/echo", "retaken"]).unwrap();
+    assert_eq!(r["stdout"], "retaken\n", "{r}");
+    let retaken = dirs.iter().any(|d| {
+        let m: Value =
+            serde_json::from_slice(&std::fs::read(d.join("manifest.json")).unwrap()).unwrap();
+        m["qemu_version"]
+            .as_str()
+            .unwrap()
+            .starts_with("QEMU emulator version 7.2")
+    });
+    assert!(retaken, "no snapshot was taken again");
+}
+
+/// The fast path changes nothing a request gets: a restored guest and a cold-booted one give
+/// the same result for the same run.
+#[test]
+fn a_restored_guest_gives_what_a_cold_boot_gives() {
+    let code = "import os, sys; print(sorted(os.environ), os.getuid(), os.listdir('/'), \
+                open('/proc/self/status').read().count('Cap'), sys.version_info[:2])";
+    let Some(warm) = run(&[], &[PY, "-c", code]) else {
+        return;
+    };
+    let mut cold_cmd = kennel().unwrap();
+    let out = cold_cmd
+        .env("KENNEL_VM_SNAPSHOTS", "0")
+        .args(["run", "--tier", "microvm", "--json", "--", PY, "-c", code])
+        .output()
+        .unwrap();
+    let mut cold = parse_result(&out);
+    let mut warm = warm;
+    // The guest's cgroup is named after its init's start tick, which differs from boot to
+    // boot, cold or not.
+    for r in [&mut warm, &mut cold] {
+        r["isolation"]["limits"]["cgroups"] = Value::Null;
+    }
+    for key in [
+        "exit_code",
+        "stdout",
+        "stderr",
+        "isolation",
+        "files",
+        "network_log",
+    ] {
+        assert_eq!(warm[key], cold[key], "{key} differs");
+    }
+}
