@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Cold start of the microvm tier, next to gVisor's `runsc run` of the same command.
+"""Start of the microvm tier, restored from a snapshot and booted cold, next to gVisor's
+`runsc run` of the same command.
 
 Interleaved rounds, as ratios, because these machines are shared and noisy:
   - `kennel run --tier microvm -- /bin/echo hi`: spawn to the first byte of output (the guest
     booted, its agent ran the code) and to the exit;
   - `kennel run --tier microvm -- /bin/true` and `-- /usr/bin/python3 -c pass`;
+  - the same three booted cold (`KENNEL_VM_SNAPSHOTS=0`);
   - `runsc run` by hand of a minimal bundle with the same two commands (tiers.py's), the anchor;
   - bare `/usr/bin/python3 -c pass`, the floor.
 The accelerator (kvm or tcg) is read from a run's result and printed with the figures.
@@ -56,10 +58,15 @@ def main():
     os.makedirs(bundle)
     cfg = hand_bundle(bundle)
     state = os.path.join(tmp, "runsc-state")
+    # Restored from the snapshot `kennel vm prepare` took, and booted cold (snapshots off).
+    cold = ["env", "KENNEL_VM_SNAPSHOTS=0"] + vm
     variants = {
         "vm_echo": (vm + ["/bin/echo", "hi"], True),
         "vm_true": (vm + ["/bin/true"], False),
         "vm_python": (vm + [PY, "-c", "pass"], False),
+        "cold_echo": (cold + ["/bin/echo", "hi"], True),
+        "cold_true": (cold + ["/bin/true"], False),
+        "cold_python": (cold + [PY, "-c", "pass"], False),
         "bare_python": ([PY, "-c", "pass"], False),
     }
     if runsc:
@@ -67,7 +74,7 @@ def main():
         variants["runsc_true"] = (hand_argv("runsc", state, bundle, "id"), False)
         variants["runsc_python"] = (hand_argv("runsc", state, bundle, "id"), False)
     samples = {k: [] for k in variants}
-    firsts = []
+    firsts = {k: [] for k, (_, first) in variants.items() if first}
     load_before = loadavg()
     try:
         names = list(variants)
@@ -82,16 +89,20 @@ def main():
                 if rnd >= WARMUP:
                     samples[name].append(dt)
                     if first is not None:
-                        firsts.append(first)
+                        firsts[name].append(first)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     stats = {k: summary(v) for k, v in samples.items()}
-    stats["vm_first_output"] = summary(firsts)
+    for name, xs in firsts.items():
+        stats[name.replace("echo", "first_output")] = summary(xs)
     p50 = {k: (s or {}).get("p50_ms") for k, s in stats.items()}
     ratio = lambda a, b: None if p50.get(a) is None or p50.get(b) is None else p50[a] / p50[b]
     ratios = {
         "vm_true_vs_runsc_true": ratio("vm_true", "runsc_true"),
         "vm_python_vs_runsc_python": ratio("vm_python", "runsc_python"),
+        "vm_true_vs_cold_true": ratio("vm_true", "cold_true"),
+        "vm_python_vs_cold_python": ratio("vm_python", "cold_python"),
+        "cold_true_vs_runsc_true": ratio("cold_true", "runsc_true"),
         "vm_python_vs_bare_python": ratio("vm_python", "bare_python"),
     }
     if as_json:
