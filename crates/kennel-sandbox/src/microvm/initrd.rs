@@ -74,7 +74,7 @@ fn keep_newest(dir: &Path, keep: usize) {
         .filter(|e| e.file_name().to_string_lossy().ends_with(".cpio"))
         .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
         .collect();
-    files.sort_by(|a, b| b.0.cmp(&a.0));
+    files.sort_by_key(|f| std::cmp::Reverse(f.0));
     for (_, old) in files.into_iter().skip(keep) {
         let _ = std::fs::remove_file(old);
     }

@@ -47,47 +47,40 @@ pub fn take(helper: &Path, plan: VmPlan) -> Result<(), Error> {
     outcome
 }
 
+/// The relay's one answer: `Done`, or why it failed, within the bound.
 fn until_done(ctl: &mut UnixStream, bound: Instant) -> Result<(), Error> {
-    loop {
-        let left = bound.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(timeout());
+    let left = bound.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(timeout());
+    }
+    let _ = ctl.set_read_timeout(Some(left));
+    match channel::recv(ctl) {
+        Ok(Some((Msg::Done, _))) => Ok(()),
+        Ok(Some((
+            Msg::Failed {
+                step,
+                errno,
+                detail,
+            },
+            _,
+        ))) => Err(Error::Setup {
+            step,
+            errno,
+            detail,
+        }),
+        Ok(Some((other, _))) => Err(Error::Protocol(format!("a snapshot relay sent {other:?}"))),
+        Ok(None) => Err(Error::Protocol(
+            "the snapshot relay ended without a word".into(),
+        )),
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
+            Err(timeout())
         }
-        let _ = ctl.set_read_timeout(Some(left));
-        match channel::recv(ctl) {
-            Ok(Some((Msg::Done, _))) => return Ok(()),
-            Ok(Some((
-                Msg::Failed {
-                    step,
-                    errno,
-                    detail,
-                },
-                _,
-            ))) => {
-                return Err(Error::Setup {
-                    step,
-                    errno,
-                    detail,
-                })
-            }
-            Ok(Some((other, _))) => {
-                return Err(Error::Protocol(format!("a snapshot relay sent {other:?}")))
-            }
-            Ok(None) => {
-                return Err(Error::Protocol(
-                    "the snapshot relay ended without a word".into(),
-                ))
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                return Err(timeout())
-            }
-            Err(e) => return Err(Error::Protocol(format!("the snapshot relay: {e}"))),
-        }
+        Err(e) => Err(Error::Protocol(format!("the snapshot relay: {e}"))),
     }
 }
 
