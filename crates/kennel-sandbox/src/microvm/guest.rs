@@ -71,19 +71,28 @@ fn bring_up_and_run(port: &mut Option<File>) -> Result<(), Failed> {
     );
     mount_root().map_err(at(Step::MountRoot))?;
     guest_cgroups().map_err(at(Step::GuestCgroups))?;
-    let hello = Msg::Hello {
-        build: channel::BUILD.into(),
-    };
-    channel::send(&mut p, &hello, &[])
-        .ctx(|| "saying hello".into())
-        .map_err(at(Step::ReceivePlan))?;
-    let pick = |m| match m {
-        Msg::Guest(plan) => Ok(*plan),
-        other => Err(other),
-    };
-    let (plan, files) = channel::recv_plan(&mut p, "a guest plan", pick)
-        .map_err(|e| (Step::ReceivePlan, Fail::new(e.to_string())))?;
-    run(plan, files, p)
+    loop {
+        let hello = Msg::Hello {
+            build: channel::BUILD.into(),
+        };
+        channel::send(&mut p, &hello, &[])
+            .ctx(|| "saying hello".into())
+            .map_err(at(Step::ReceivePlan))?;
+        let pick = |m| match m {
+            Msg::Guest(plan) => Ok(*plan),
+            other => Err(other),
+        };
+        let (plan, files) = channel::recv_plan(&mut p, "a guest plan", pick)
+            .map_err(|e| (Step::ReceivePlan, Fail::new(e.to_string())))?;
+        let again = plan.then_wait;
+        let port = p.try_clone().ctx(|| "the agent port".into());
+        let reader = run(plan, files, port.map_err(at(Step::Report))?)?;
+        if !again {
+            return Ok(());
+        }
+        // The host's `Done` ends the reader; only then may the next plan be read here.
+        let _ = reader.join();
+    }
 }
 
 /// Binds the initramfs onto a mount point of its own, moves that onto `/` and enters it: what
@@ -214,11 +223,17 @@ fn guest_cgroups() -> Result<(), Fail> {
     .ctx(|| "enabling the cpu, memory and pids controllers".into())
 }
 
-/// Runs the plan in the guest's native tier and reports it.
-fn run(plan: GuestPlan, files: InputFiles, port: File) -> Result<(), Failed> {
+/// Runs the plan in the guest's native tier and reports it; the thread that reads the host's
+/// frames during the run ends at the host's `Done`.
+fn run(
+    plan: GuestPlan,
+    files: InputFiles,
+    port: File,
+) -> Result<std::thread::JoinHandle<()>, Failed> {
     let fail = |e: std::io::Error| (Step::Report, Fail::new(format!("the agent port: {e}")));
     let writer: Peer = Arc::new(Mutex::new(Box::new(port.try_clone().map_err(fail)?)));
     let links = Links::new(writer.clone());
+    let (stdin, reader) = read_port(port, links.clone()).map_err(fail)?;
     let mut req = plan.request.clone();
     req.files = files
         .into_iter()
@@ -229,7 +244,7 @@ fn run(plan: GuestPlan, files: InputFiles, port: File) -> Result<(), Failed> {
         })
         .collect();
     let io = RunIo {
-        stdin: StdinSource::Reader(Box::new(read_port(port, links.clone()).map_err(fail)?)),
+        stdin: StdinSource::Reader(Box::new(stdin)),
         on_output: Some(output_to(writer.clone())),
         output: crate::supervise::io::OutputMode::Capture,
         cancel: None,
@@ -313,7 +328,8 @@ fn run(plan: GuestPlan, files: InputFiles, port: File) -> Result<(), Failed> {
             )?;
         }
     }
-    send(&Msg::Done, &[])
+    send(&Msg::Done, &[])?;
+    Ok(reader)
 }
 
 fn output_to(writer: Peer) -> crate::OutputSink {
@@ -337,9 +353,12 @@ fn started_to(writer: Peer) -> crate::supervise::io::OnStarted {
 
 /// Reads the host's frames after the plan on a thread: stdin into a pipe (the code's stdin),
 /// and the proxy's side of the code's connections.
-fn read_port(mut port: File, links: Arc<Links>) -> std::io::Result<std::io::PipeReader> {
+fn read_port(
+    mut port: File,
+    links: Arc<Links>,
+) -> std::io::Result<(std::io::PipeReader, std::thread::JoinHandle<()>)> {
     let (reader, writer) = std::io::pipe()?;
-    std::thread::spawn(move || {
+    let thread = std::thread::spawn(move || {
         let mut stdin = Some(writer);
         while let Ok(Some((msg, blob))) = channel::recv(&mut port) {
             match msg {
@@ -355,5 +374,5 @@ fn read_port(mut port: File, links: Arc<Links>) -> std::io::Result<std::io::Pipe
             }
         }
     });
-    Ok(reader)
+    Ok((reader, thread))
 }

@@ -37,14 +37,18 @@ pub struct VmPlan {
 }
 
 /// How the guest comes to be: booted, booted and saved, or restored from a snapshot.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum VmMode {
     /// A cold boot, to the agent's hello, then the plan.
     Boot,
-    /// A boot to the agent's hello, then a snapshot of the stopped guest into `state` (the
+    /// A boot to the agent's hello, a warm-up run (Kennel's own, so that the guest's caches
+    /// hold what runs read first), then a snapshot of the stopped guest into `state` (the
     /// migration stream, written by the relay; QEMU never sees the file), then QEMU quits.
-    Snapshot { state: PathBuf },
+    Snapshot {
+        state: PathBuf,
+        warm_up: Option<Box<GuestPlan>>,
+    },
     /// QEMU started with `-incoming defer`, fed `state` through a pipe, then continued: the
     /// agent waits for its plan, as it did when the snapshot was taken.
     Restore { state: PathBuf },
@@ -70,6 +74,10 @@ pub struct GuestPlan {
     /// What every guest must not share with its snapshot's other clones, given at hand-out:
     /// entropy for the kernel's pool and the wall clock. Filled by the relay as it sends the plan.
     pub fresh: Option<Fresh>,
+    /// After reporting, wait for another plan (the host's `Done` ends this one, and a new
+    /// hello says the agent waits) instead of powering off: a snapshot's warm-up run.
+    #[serde(default)]
+    pub then_wait: bool,
 }
 
 /// A guest's own entropy and the time, from the host.

@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 use kennel_types::api::{Command, HostDir, RunRequest, RunResult};
 
 use super::net::{self, Connector, Links, Peer};
-use super::plan::{Fresh, VmMode, VmPlan, AGENT_SOCKET, CONSOLE, IO_MOUNT, QMP_SOCKET, VM_MOUNT};
+use super::plan::{
+    Fresh, GuestPlan, VmMode, VmPlan, AGENT_SOCKET, CONSOLE, IO_MOUNT, QMP_SOCKET, VM_MOUNT,
+};
 use super::snapshot;
 use super::steps::Step;
 use crate::channel::{self, InputFiles, Msg, CTL_FD};
@@ -141,7 +143,10 @@ fn talk(
             g
         }
     };
-    if let VmMode::Snapshot { state } = &plan.mode {
+    if let VmMode::Snapshot { state, warm_up } = &plan.mode {
+        if let Some(w) = warm_up {
+            warm(&mut guest, w, deadline, vmm, cancel).map_err(at(Step::SaveSnapshot))?;
+        }
         return snapshot::save(&qmp, state).map_err(at(Step::SaveSnapshot));
     }
     let writer = guest.try_clone().ctx(|| "the agent socket".into());
@@ -154,6 +159,36 @@ fn talk(
         connector,
     };
     pass_frames(ctl, &mut guest, plan, &route, cancel).map_err(at(Step::Report))
+}
+
+/// A snapshot's warm-up: Kennel's own run in the guest, its report discarded, then the host's
+/// `Done` and the agent's new hello, after which it waits for a plan again.
+fn warm(
+    guest: &mut UnixStream,
+    plan: &GuestPlan,
+    deadline: Instant,
+    vmm: &Vmm,
+    cancel: &Canceller,
+) -> Result<(), Fail> {
+    let mut plan = plan.clone();
+    plan.fresh = Some(fresh().ctx(|| "entropy for the guest".into())?);
+    channel::send(guest, &Msg::Guest(Box::new(plan)), &[]).ctx(|| "the warm-up plan".into())?;
+    channel::send(guest, &Msg::StdinEnd, &[]).ctx(|| "the warm-up's stdin".into())?;
+    let _ = guest.set_read_timeout(Some(deadline.saturating_duration_since(Instant::now())));
+    loop {
+        match channel::recv_bounded(guest, 1 << 20, 1 << 20) {
+            Ok(Some((Msg::Done, _))) => break,
+            Ok(Some((Msg::Failed { detail, .. }, _))) => {
+                return Err(Fail::new(format!("the warm-up run failed: {detail}")))
+            }
+            Ok(Some(_)) => {}
+            Ok(None) => return Err(Fail::new("the guest ended during its warm-up")),
+            Err(e) => return Err(Fail::new(format!("the warm-up: {e}"))),
+        }
+    }
+    let _ = guest.set_read_timeout(None);
+    channel::send(guest, &Msg::Done, &[]).ctx(|| "ending the warm-up".into())?;
+    await_hello(guest, deadline, vmm, cancel)
 }
 
 /// The guest's console: a FIFO pair QEMU writes to, read on a thread into a bounded tail.
@@ -550,6 +585,7 @@ mod tests {
                 request: RunRequest::new(Command::Argv(vec!["true".into()])),
                 files: 0,
                 fresh: None,
+                then_wait: false,
             },
         }
     }

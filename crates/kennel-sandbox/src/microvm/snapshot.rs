@@ -97,6 +97,8 @@ pub struct Manifest {
     pub argv: Vec<String>,
     /// The kernel's and the initramfs's sizes and modification times, and the root disk's.
     pub files: Vec<(String, u64, i64)>,
+    /// The warm-up run the guest made before it was saved.
+    pub warm_up: Vec<String>,
 }
 
 /// Where the snapshot for `manifest` lives: `<vm>/snapshots/<key>/{state,manifest.json}`, the
@@ -116,6 +118,7 @@ impl std::hash::Hash for Manifest {
         self.kernel_release.hash(state);
         self.argv.hash(state);
         self.files.hash(state);
+        self.warm_up.hash(state);
     }
 }
 
@@ -198,6 +201,7 @@ mod tests {
             kernel_release: "6.1.0-57-cloud-amd64".into(),
             argv: vec![argv.into()],
             files: vec![("/vm/kernel/vmlinux".into(), 10, 20)],
+            warm_up: vec!["/bin/true".into()],
         }
     }
 

@@ -151,6 +151,7 @@ impl Microvm {
                 kernel_release: manifest.kernel_release.clone(),
                 argv: plan.argv.clone(),
                 files: snapshot::file_ids(&inputs.iter().map(PathBuf::as_path).collect::<Vec<_>>()),
+                warm_up: warm_up_argv(&rootfs),
             };
             let state = self.snapshot(&plan, &taken_with)?;
             plan.mode = VmMode::Restore { state };
@@ -206,6 +207,7 @@ impl Microvm {
                 request: guest_request(req),
                 files,
                 fresh: None,
+                then_wait: false,
             },
         }
     }
@@ -228,7 +230,10 @@ impl Microvm {
         }
         let tmp = dir.join(format!(".state.{}", std::process::id()));
         let mut saving = plan.clone();
-        saving.mode = VmMode::Snapshot { state: tmp.clone() };
+        saving.mode = VmMode::Snapshot {
+            state: tmp.clone(),
+            warm_up: Some(Box::new(warm_up(&plan.guest.request, manifest))),
+        };
         saving.proxy = false;
         saving.guest.files = 0;
         let taken = super::take::take(&self.helper, saving);
@@ -309,6 +314,36 @@ impl Microvm {
         l.output = ByteSize(256 << 10);
         jail.capabilities = Capabilities::None;
         jail
+    }
+}
+
+/// A snapshot's warm-up run: what the image's runs read first (Python, when the image has it;
+/// its standard library's first modules) is then in the guest's caches in every clone. Kennel's
+/// own command under the default limits, in the sandbox a run would get.
+fn warm_up(run: &RunRequest, manifest: &snapshot::Manifest) -> GuestPlan {
+    let argv = kennel_types::api::Command::Argv(manifest.warm_up.clone());
+    let mut req = RunRequest::new(argv);
+    req.policy.filesystem = run.policy.filesystem.clone();
+    req.policy.env = run.policy.env.clone();
+    GuestPlan {
+        build: channel::BUILD.into(),
+        request: guest_request(&req),
+        files: 0,
+        fresh: None,
+        then_wait: true,
+    }
+}
+
+/// The warm-up command for an image whose root (on the host) is `rootfs`.
+pub fn warm_up_argv(rootfs: &std::path::Path) -> Vec<String> {
+    if rootfs.join("usr/bin/python3").exists() {
+        vec![
+            "/usr/bin/python3".into(),
+            "-c".into(),
+            "import os, sys, json, re, subprocess".into(),
+        ]
+    } else {
+        vec!["/bin/true".into()]
     }
 }
 
