@@ -4,6 +4,7 @@
 //! limits suites run in this tier too (escapes_microvm.rs, limits_microvm.rs).
 
 mod common;
+mod server_common;
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -634,4 +635,56 @@ fn a_restored_guest_gives_what_a_cold_boot_gives() {
     ] {
         assert_eq!(warm[key], cold[key], "{key} differs");
     }
+}
+
+// ---- the server -------------------------------------------------------------------------------
+
+fn vm_server(name: &str, config: &str) -> server_common::Server {
+    server_common::Server::start_with(name, config, &[("KENNEL_STATE_DIR", vm::STATE)], None)
+}
+
+/// A server whose minimum is the microvm tier raises untiered runs to it and refuses weaker
+/// tiers; unless its operator accepts TCG (`allow_tcg`), a host whose KVM cannot run guests
+/// refuses those runs (503, with why) instead of giving them emulation that QEMU itself calls
+/// no isolation boundary.
+#[test]
+fn a_server_minimum_of_microvm_requires_kvm_unless_tcg_is_allowed() {
+    if vm::prepared_vm().is_none() {
+        return;
+    }
+    let spec = serde_json::json!({"language": "python", "code": "print(6*7)"});
+    let strict = vm_server("microvm-min", "min_isolation = \"microvm\"\n");
+    let weaker = serde_json::json!({"language": "python", "code": "print(1)", "tier": "native"});
+    let r = strict.client.post_json("/v1/runs", &weaker);
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("at least Microvm"), "{}", r.text());
+    let r = strict.client.post_json("/v1/runs", &spec);
+    match kvm_unusable() {
+        Some(_) => {
+            assert_eq!(r.status, 503, "{}", r.text());
+            assert!(
+                r.text().contains("cannot enforce a KVM guest"),
+                "{}",
+                r.text()
+            );
+        }
+        None => {
+            assert_eq!(r.status, 200, "{}", r.text());
+            assert_eq!(r.json()["isolation"]["accel"], "kvm");
+        }
+    }
+    drop(strict);
+    let lenient = vm_server(
+        "microvm-tcg",
+        "min_isolation = \"microvm\"\nallow_tcg = true\n",
+    );
+    let r = lenient.client.run(&spec);
+    assert_eq!(r["stdout"], "42\n", "{r}");
+    assert_eq!(r["isolation"]["tier"], "microvm");
+    let expected = if kvm_unusable().is_some() {
+        "tcg"
+    } else {
+        "kvm"
+    };
+    assert_eq!(r["isolation"]["accel"], expected);
 }
