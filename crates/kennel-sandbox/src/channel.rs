@@ -219,6 +219,22 @@ pub fn recv_plan<P: Planned>(
     Ok((plan, files))
 }
 
+/// A helper's half of binding the allowlist proxy: tells the supervisor that the network
+/// namespace of `pid` (a process, or a thread) is ready, and waits until the proxy listens in it.
+pub fn ask_for_proxy(ctl: &mut (impl Read + Write), pid: i32) -> io::Result<()> {
+    send(ctl, &Msg::NetnsReady { pid }, &[])?;
+    match recv(ctl)? {
+        Some((Msg::ProxyBound, _)) => Ok(()),
+        other => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "expected the proxy to be bound, got {:?}",
+                other.map(|m| m.0)
+            ),
+        )),
+    }
+}
+
 pub fn send(w: &mut impl Write, msg: &Msg, blob: &[u8]) -> io::Result<()> {
     let json = serde_json::to_vec(msg).map_err(io::Error::other)?;
     let mut head = Vec::with_capacity(12 + json.len());

@@ -26,6 +26,11 @@ use serde::{Deserialize, Serialize};
 /// Python, built by `kennel vm prepare` (never a copy of the host's `/`).
 pub const BASE_IMAGE: &str = "microvm-base";
 
+/// Where the unpacked QEMU keeps its firmware (`-L`) and the libraries it needs beyond the
+/// host's (`LD_LIBRARY_PATH`), relative to its prefix: the layout of Debian's packages.
+pub const QEMU_DATA: [&str; 2] = ["usr/share/qemu", "usr/share/seabios"];
+pub const QEMU_LIBRARIES: [&str; 2] = ["usr/lib/x86_64-linux-gnu", "lib/x86_64-linux-gnu"];
+
 /// What `kennel vm prepare` unpacked, written last, so its presence means a complete prepare.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -77,16 +82,11 @@ impl VmDir {
     }
     /// Directories QEMU finds its firmware in (`-L`).
     pub fn qemu_data_dirs(&self) -> [PathBuf; 2] {
-        let p = self.qemu_prefix();
-        [p.join("usr/share/qemu"), p.join("usr/share/seabios")]
+        QEMU_DATA.map(|d| self.qemu_prefix().join(d))
     }
     /// The private libraries QEMU needs beyond the host's (`LD_LIBRARY_PATH`).
     pub fn qemu_library_dirs(&self) -> [PathBuf; 2] {
-        let p = self.qemu_prefix();
-        [
-            p.join("usr/lib/x86_64-linux-gnu"),
-            p.join("lib/x86_64-linux-gnu"),
-        ]
+        QEMU_LIBRARIES.map(|d| self.qemu_prefix().join(d))
     }
     pub fn vmlinux(&self) -> PathBuf {
         self.root.join("kernel/vmlinux")

@@ -13,7 +13,7 @@ use kennel_types::api::{Content, FileIn};
 use super::initrd::{GUEST_ROOT, MODULE_LIST, SYSROOT};
 use super::net::{self, Links, Peer};
 use super::plan::{GuestEnd, GuestPlan};
-use super::steps::Step;
+use super::steps::{at, Failed, Step};
 use super::vmm::AGENT_PORT;
 use crate::cgroup::Stats;
 use crate::channel::{self, Collected, InputFiles, Msg};
@@ -51,12 +51,6 @@ pub fn guest_main() -> ! {
     loop {
         std::thread::sleep(Duration::from_secs(1));
     }
-}
-
-type Failed = (Step, Fail);
-
-fn at(step: Step) -> impl FnOnce(Fail) -> Failed {
-    move |f| (step, f)
 }
 
 fn bring_up_and_run(port: &mut Option<File>) -> Result<(), Failed> {

@@ -18,7 +18,7 @@ use super::plan::{
     Fresh, GuestPlan, VmMode, VmPlan, AGENT_SOCKET, CONSOLE, IO_MOUNT, QMP_SOCKET, VM_MOUNT,
 };
 use super::snapshot;
-use super::steps::Step;
+use super::steps::{at, Failed, Step};
 use crate::channel::{self, InputFiles, Msg, CTL_FD};
 use crate::error::Error;
 use crate::native::helper::fail_and_exit;
@@ -75,12 +75,6 @@ pub fn relay_main() -> ! {
         }
         Err((step, fail)) => fail_and_exit(&mut ctl, step, fail),
     }
-}
-
-type Failed = (Step, Fail);
-
-fn at(step: Step) -> impl FnOnce(Fail) -> Failed {
-    move |f| (step, f)
 }
 
 fn relay(ctl: &mut UnixStream, plan: &VmPlan, files: InputFiles, dir: &Path) -> Result<(), Failed> {
@@ -246,15 +240,8 @@ impl Console {
 /// Asks the supervisor to bind the run's proxy in the namespace of a connector thread of ours.
 fn bind_proxy(ctl: &mut UnixStream) -> Result<Connector, Fail> {
     let connector = Connector::start().ctx(|| "a network namespace for the proxy".into())?;
-    let ready = Msg::NetnsReady { pid: connector.tid };
-    channel::send(ctl, &ready, &[]).ctx(|| "asking for the proxy".into())?;
-    match channel::recv(ctl) {
-        Ok(Some((Msg::ProxyBound, _))) => Ok(connector),
-        other => Err(Fail::new(format!(
-            "expected the proxy to be bound, got {:?}",
-            other.map(|o| o.map(|m| m.0))
-        ))),
-    }
+    channel::ask_for_proxy(ctl, connector.tid).ctx(|| "asking for the proxy".into())?;
+    Ok(connector)
 }
 
 /// The guest's route to the proxy: its open connections, and the way to open more.

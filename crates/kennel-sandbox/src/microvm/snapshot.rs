@@ -87,7 +87,7 @@ pub fn restore(qmp_socket: &Path, state: &Path, bound: Duration) -> Result<(), F
 }
 
 /// What a snapshot was taken with; it serves only a VM that would be booted exactly so.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Manifest {
     pub qemu_version: String,
@@ -110,16 +110,6 @@ pub fn dir_for(vm: &VmDir, manifest: &Manifest) -> PathBuf {
     vm.root
         .join("snapshots")
         .join(format!("{:016x}", h.finish()))
-}
-
-impl std::hash::Hash for Manifest {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.qemu_version.hash(state);
-        self.kernel_release.hash(state);
-        self.argv.hash(state);
-        self.files.hash(state);
-        self.warm_up.hash(state);
-    }
 }
 
 /// The identity of the files a guest boots from, as the manifest records them.

@@ -37,6 +37,15 @@ pub enum Step {
     RemoveRunDir,
 }
 
+/// A failed step of the relay's or the guest agent's, with why: what each reports as
+/// `Msg::Failed`.
+pub(super) type Failed = (Step, crate::native::steps::Fail);
+
+/// Charges a failure to `step`.
+pub(super) fn at(step: Step) -> impl FnOnce(crate::native::steps::Fail) -> Failed {
+    move |f| (step, f)
+}
+
 impl Step {
     pub const ALL: [Step; 22] = [
         Step::CheckArtifacts,

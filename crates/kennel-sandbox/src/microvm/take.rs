@@ -38,12 +38,7 @@ pub fn take(helper: &Path, plan: VmPlan) -> Result<(), Error> {
         // SIGTERM first: the relay stops QEMU's sandbox and removes it.
         let _ = sys::kill(child.id().cast_signed(), libc::SIGTERM);
     }
-    let reaped = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < reaped && child.try_wait().ok().flatten().is_none() {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
+    super::tier::reap_relay(&mut child);
     outcome
 }
 

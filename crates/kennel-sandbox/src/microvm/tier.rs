@@ -371,6 +371,17 @@ fn guest_request(req: &RunRequest) -> RunRequest {
     g
 }
 
+/// Reaps a relay, which stops QEMU's sandbox and removes it on its own way out: given the time
+/// for that, then killed.
+pub(super) fn reap_relay(child: &mut Child) {
+    let until = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < until && child.try_wait().ok().flatten().is_none() {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 /// Removes the socket directories of relays that are gone (a SIGKILLed supervisor's).
 fn sweep_run_dirs() {
     let Ok(dir) = std::fs::read_dir(RUN_ROOT) else {
@@ -437,15 +448,7 @@ impl SuperviseTier for MicrovmTier {
     }
 
     fn reap(&mut self, child: &mut Child, _killed: bool) -> Option<libc::rusage> {
-        let until = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < until {
-            if let Ok(Some(_)) = child.try_wait() {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
+        reap_relay(child);
         None
     }
 

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::artifacts::VmDir;
+use super::artifacts::{VmDir, QEMU_DATA, QEMU_LIBRARIES};
 
 /// How the guest's CPU runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -98,9 +98,9 @@ impl Vmm for Qemu {
         let args: Vec<String> = vec![
             format!("{p}/usr/bin/qemu-system-x86_64"),
             "-L".into(),
-            format!("{p}/usr/share/qemu"),
+            format!("{p}/{}", QEMU_DATA[0]),
             "-L".into(),
-            format!("{p}/usr/share/seabios"),
+            format!("{p}/{}", QEMU_DATA[1]),
             "-M".into(),
             "microvm,x-option-roms=off,isa-serial=off,rtc=on".into(),
             "-accel".into(),
@@ -151,11 +151,8 @@ impl Vmm for Qemu {
     }
 
     fn env(&self, b: &Boot) -> Vec<(String, String)> {
-        let p = &b.prefix;
-        vec![(
-            "LD_LIBRARY_PATH".into(),
-            format!("{p}/usr/lib/x86_64-linux-gnu:{p}/lib/x86_64-linux-gnu"),
-        )]
+        let dirs = QEMU_LIBRARIES.map(|d| format!("{}/{d}", b.prefix));
+        vec![("LD_LIBRARY_PATH".into(), dirs.join(":"))]
     }
 }
 
@@ -197,9 +194,11 @@ fn probe_kvm(vm: &VmDir) -> Result<String, String> {
         .write(true)
         .open(dev)
         .map_err(|e| format!("/dev/kvm does not open: {e}"))?;
-    let prefix = vm.qemu_prefix().display().to_string();
+    let libraries = std::env::join_paths(vm.qemu_library_dirs())
+        .map_err(|e| format!("QEMU's library path: {e}"))?;
     let mut child = Command::new(vm.qemu_binary())
-        .args(["-L", &format!("{prefix}/usr/share/qemu")])
+        .arg("-L")
+        .arg(&vm.qemu_data_dirs()[0])
         .args([
             "-M",
             "microvm,x-option-roms=off",
@@ -217,10 +216,7 @@ fn probe_kvm(vm: &VmDir) -> Result<String, String> {
             "none",
             "-S",
         ])
-        .envs(Qemu.env(&Boot {
-            prefix: prefix.clone(),
-            ..probe_boot()
-        }))
+        .env("LD_LIBRARY_PATH", libraries)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -264,22 +260,6 @@ fn open_to_the_jail(dev: &Path) -> Result<(), String> {
              a udev rule KERNEL==\"kvm\", MODE=\"0666\" makes it usable",
             mode & 0o777
         ))
-    }
-}
-
-fn probe_boot() -> Boot {
-    Boot {
-        accel: Accel::Kvm,
-        vcpus: 1,
-        memory_mib: 64,
-        kernel: String::new(),
-        initrd: String::new(),
-        root_disk: String::new(),
-        agent_socket: String::new(),
-        qmp: String::new(),
-        console: String::new(),
-        prefix: String::new(),
-        tsc_khz: None,
     }
 }
 

@@ -229,15 +229,7 @@ fn private_network(plan: &LaunchPlan, ctl: &mut UnixStream) -> Result<(), Fail> 
     }
     sys::unshare(libc::CLONE_NEWNET).ctx(|| "unshare(CLONE_NEWNET)".into())?;
     sys::loopback_up().ctx(|| "bringing loopback up".into())?;
-    let pid = sys::getpid();
-    channel::send(ctl, &Msg::NetnsReady { pid }, &[]).ctx(|| "asking for the proxy".into())?;
-    match channel::recv(ctl) {
-        Ok(Some((Msg::ProxyBound, _))) => Ok(()),
-        other => Err(Fail::new(format!(
-            "expected the proxy to be bound, got {:?}",
-            other.map(|o| o.map(|m| m.0))
-        ))),
-    }
+    channel::ask_for_proxy(ctl, sys::getpid()).ctx(|| "asking for the proxy".into())
 }
 
 fn mount_scratch(plan: &LaunchPlan) -> Result<(), Fail> {
