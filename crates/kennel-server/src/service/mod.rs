@@ -341,10 +341,12 @@ impl Service {
     /// Destroys a session's sandbox, whatever it is doing (the session is already out of the
     /// table).
     pub async fn end_session(&self, session: &super::sessions::Session) {
-        session.agent.kill();
-        session.agent.close().await;
+        // The gauge follows the table, which the session has left already: set before the
+        // sandbox's end is awaited, or a reader sees a session that answers 404 still counted.
         let open = i64::try_from(self.sessions.len()).unwrap_or(i64::MAX);
         self.metrics.active_sessions.set(open);
+        session.agent.kill();
+        session.agent.close().await;
     }
 
     /// Registers work that shutdown may have to kill; the guard unregisters it.
