@@ -96,7 +96,9 @@ rest is counted and discarded, and the pipes keep being drained. Then exactly on
 "duration_ms":int,"stdout_bytes":int,"stderr_bytes":int,"stdout_truncated":bool,
 "stderr_truncated":bool,"interpreter":{"restarted":bool,"crashed":bool,"reason":str|null}}``
 where ``*_bytes`` count everything produced, ``signal`` is set when the process (the kernel,
-for python) was killed by a signal, and ``interpreter`` is null for shell execs.
+for python) was killed by a signal, and ``interpreter`` is null for shell execs. A python
+exec's result also has ``"usage":{"cpu_ns":int,"max_rss_bytes":int}|null``: the kernel's CPU
+time over the exec and its peak resident size, by its own account (null when it died first).
 ``exit_code`` is null whenever ``timed_out`` is true or ``signal`` is set.
 
 Errors
@@ -116,6 +118,7 @@ import io
 import itertools
 import json
 import os
+import resource
 import select
 import signal
 import socket
@@ -541,6 +544,7 @@ class PythonRun:
         self.interrupted = False
         self.killed = False  # killed by us for not stopping after SIGINT
         self.status = None  # the exit status the kernel reported
+        kernel.usage = None  # and what the exec used, reported with it
         self.dead = None  # wait status of a kernel that died (or was killed) during the exec
         self.ended = None
         if not submitted:
@@ -604,6 +608,7 @@ class PythonRun:
             "signal": sig,
             "timed_out": self.timed_out,
             "duration_ms": int((self.ended - self.start) * 1000),
+            "usage": self.kernel.usage if self.status is not None else None,
         }
 
 
@@ -670,8 +675,32 @@ def kernel_loop(sock):
         if request is None:
             return
         code, fds, one_shot = request
+        before = cpu_ns()
         status = run_exec(sock, state, code, fds, one_shot)
-        sock.sendall(b"exit %d\n" % status)
+        peak = max(resource.getrusage(who).ru_maxrss for who in RUSAGE_BOTH) * 1024
+        sock.sendall(b"exit %d %d %d\n" % (status, cpu_ns() - before, peak))
+
+
+RUSAGE_BOTH = (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+
+
+def cpu_ns():
+    """CPU time of this process and its reaped children: an exec's is the difference."""
+    return sum(
+        int((r.ru_utime + r.ru_stime) * 1e9) for r in map(resource.getrusage, RUSAGE_BOTH)
+    )
+
+
+def exit_line(line):
+    """(b"exit", status, usage or None) of "exit S [CPU_NS PEAK_BYTES]"; status None if bad."""
+    word, *numbers = line.split(b" ")
+    if len(numbers) not in (1, 3) or not all(n.lstrip(b"-").isdigit() for n in numbers):
+        return word, None, None
+    values = [int(n) for n in numbers]
+    usage = None
+    if len(values) == 3:
+        usage = {"cpu_ns": max(values[1], 0), "max_rss_bytes": max(values[2], 0)}
+    return word, values[0], usage
 
 
 def receive_exec(sock):
@@ -817,6 +846,7 @@ class Kernel:
         self.alive = True
         self.wait_status = None
         self.killed_running = False
+        self.usage = None  # what the last exec used, by the kernel's own account
 
     @classmethod
     def start(cls, cwd):
@@ -860,14 +890,14 @@ class Kernel:
         *lines, self.buffer = (self.buffer + data).split(b"\n")
         return [self.parse(line) for line in lines]
 
-    @staticmethod
-    def parse(line):
+    def parse(self, line):
         if line == b"started":
             return "started"
-        word, _, number = line.partition(b" ")
-        if word != b"exit" or not number.lstrip(b"-").isdigit():
+        word, status, usage = exit_line(line)
+        if word != b"exit" or status is None:
             raise KernelLost(f"unexpected message {line[:80]!r}")
-        return int(number)
+        self.usage = usage
+        return status
 
     def interrupt(self):
         try:

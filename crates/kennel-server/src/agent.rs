@@ -17,7 +17,7 @@ use kennel_sandbox::{Canceller, OutputMode, OutputSink, RunIo, Started, StdinSou
 use kennel_types::api::{
     Command, DirEntry, ExecResult, Isolation, Language, RunRequest, RunResult,
 };
-use kennel_types::policy::{Policy, Span};
+use kennel_types::policy::{Policy, Span, Tier};
 
 /// The agent's source, run as `python3 -u -c`; its docstring is the protocol.
 pub const AGENT_SRC: &str = include_str!("agent.py");
@@ -118,7 +118,7 @@ pub enum Event {
         b64: String,
     },
     /// An exec's end; its `stdout` and `stderr` are the output events before it.
-    Result(ExecResult),
+    Result(Ran),
     /// A write (`size` written) or delete done.
     Ok {
         #[serde(default)]
@@ -145,6 +145,25 @@ pub enum Event {
     /// A line that is not one of the events above (never sent by the agent: made here).
     #[serde(skip)]
     Malformed(String),
+}
+
+/// An exec's result as the agent gives it.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Ran {
+    #[serde(flatten)]
+    pub exec: ExecResult,
+    /// What a python exec's kernel used, by its own account; for a sandbox whose usage the
+    /// host cannot read while it runs (a microVM's counters are the guest's).
+    #[serde(default)]
+    pub usage: Option<KernelUsage>,
+}
+
+/// The kernel's CPU time over the exec, and its peak resident size (the preloaded modules it
+/// inherited included, as a cgroup's peak includes the agent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub struct KernelUsage {
+    pub cpu_ns: u64,
+    pub max_rss_bytes: u64,
 }
 
 impl Answer {
@@ -278,6 +297,7 @@ impl AgentSandbox {
         preload: &[String],
     ) -> Result<AgentSandbox, Error> {
         policy.limits.timeout = Span(lifetime);
+        let req_tier = policy.tier;
         let mut argv = ["/usr/bin/python3", "-u", "-c", AGENT_SRC]
             .map(String::from)
             .to_vec();
@@ -324,10 +344,14 @@ impl AgentSandbox {
             ended,
             started: Instant::now(),
         };
-        match agent
-            .call(&Request::Ping, Duration::from_secs(30), |_, _| {})
-            .await
-        {
+        // A microVM's agent starts in a guest restored from a snapshot; under TCG (software
+        // emulation) an image's preloads take tens of seconds to import (pandas and its
+        // friends: about 47 s of CPU here), where a native sandbox takes one or two.
+        let ready_within = match req_tier {
+            Tier::Microvm => Duration::from_secs(300),
+            _ => Duration::from_secs(30),
+        };
+        match agent.call(&Request::Ping, ready_within, |_, _| {}).await {
             Ok(_) => Ok(agent),
             Err(e) => {
                 let ended = agent.close().await;
@@ -401,7 +425,7 @@ impl AgentSandbox {
         &self,
         exec: Exec<'_>,
         mut on_output: impl FnMut(Stream, &[u8]),
-    ) -> Result<ExecResult, AgentError> {
+    ) -> Result<Ran, AgentError> {
         let request = Request::Exec {
             code: Code::new(exec.language, exec.code),
             timeout_ms: u64::try_from(exec.timeout.as_millis()).unwrap_or(u64::MAX),
@@ -422,8 +446,8 @@ impl AgentSandbox {
         let Event::Result(mut result) = last else {
             return Err(unexpected(last));
         };
-        result.outcome.stdout = String::from_utf8_lossy(&out).into_owned();
-        result.outcome.stderr = String::from_utf8_lossy(&err).into_owned();
+        result.exec.outcome.stdout = String::from_utf8_lossy(&out).into_owned();
+        result.exec.outcome.stderr = String::from_utf8_lossy(&err).into_owned();
         Ok(result)
     }
 
@@ -593,12 +617,21 @@ mod tests {
             json!({"id": 3, "event": "result", "exit_code": null, "signal": 9,
             "timed_out": true, "duration_ms": 12, "stdout_bytes": 4, "stderr_bytes": 0,
             "stdout_truncated": true, "stderr_truncated": false,
-            "interpreter": {"restarted": true, "crashed": false, "reason": "timeout"}}),
+            "interpreter": {"restarted": true, "crashed": false, "reason": "timeout"},
+            "usage": {"cpu_ns": 5000000, "max_rss_bytes": 8192}}),
         );
         assert_eq!(result.id, Some(3));
         let Event::Result(r) = result.event else {
             panic!("{result:?}")
         };
+        assert_eq!(
+            r.usage,
+            Some(KernelUsage {
+                cpu_ns: 5_000_000,
+                max_rss_bytes: 8192
+            })
+        );
+        let r = r.exec;
         assert_eq!((r.outcome.signal, r.outcome.timed_out), (Some(9), true));
         assert_eq!(r.outcome.stdout_bytes, 4);
         assert!(r.interpreter.is_some_and(|i| i.restarted));

@@ -98,6 +98,10 @@ pub struct Pool {
     /// Pre-started python sandboxes per image, with the image's `preload` modules imported:
     /// `images = { python-data = 2 }`.
     pub images: BTreeMap<String, usize>,
+    /// MicroVM clones kept waiting per image: guests restored from the image's snapshot, each
+    /// with python started and the image's `preload` modules imported. They serve code runs of
+    /// the microvm tier on that image (`microvm-base`: the runs that name none).
+    pub microvm: BTreeMap<String, usize>,
 }
 
 impl Default for Pool {
@@ -107,6 +111,7 @@ impl Default for Pool {
             bash: 1,
             max_age: Span(Duration::from_secs(300)),
             images: BTreeMap::new(),
+            microvm: BTreeMap::new(),
         }
     }
 }
@@ -246,7 +251,8 @@ impl ServerConfig {
             return bad("tokens", "each token needs at least 16 characters");
         }
         let lists = std::iter::once(&self.images).chain(self.tokens.iter().flat_map(|t| &t.images));
-        let names = lists.flatten().chain(self.pool.images.keys());
+        let pooled = self.pool.images.keys().chain(self.pool.microvm.keys());
+        let names = lists.flatten().chain(pooled);
         if let Some(bad) = names
             .filter(|n| *n != "*")
             .find(|n| kennel_types::image::check_name(n).is_err())

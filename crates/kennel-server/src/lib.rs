@@ -55,17 +55,26 @@ impl Machinery {
         // Every run of a server whose minimum is above the native tier starts cold, so pooled
         // native sandboxes would only be waste.
         let native_allowed = config.min_isolation.is_none_or(|m| m == Strength::Native);
-        let (python, bash) = if native_allowed {
-            (config.pool.python, config.pool.bash)
-        } else {
-            (0, 0)
+        let mut sizes = pool::Sizes {
+            python: config.pool.python,
+            shell: config.pool.bash,
+            images: config.pool.images.clone(),
+            microvm: config.pool.microvm.clone(),
         };
+        if !native_allowed {
+            (sizes.python, sizes.shell) = (0, 0);
+            sizes.images.clear();
+        }
+        // Clones are made as the server's own minimum would raise a run: with that minimum at
+        // microvm, only KVM guests unless the operator accepts TCG.
+        let mut policy = config.base_policy();
+        if config.min_isolation == Some(Strength::Microvm) {
+            policy.microvm.require_kvm = !config.allow_tcg;
+        }
         let pool = Arc::new(pool::Pool::new(
             engine.clone(),
-            config.base_policy(),
-            python,
-            bash,
-            &config.pool.images,
+            policy,
+            &sizes,
             config.pool.max_age.0,
             config.maxima.timeout.0,
         ));

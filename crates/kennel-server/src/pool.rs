@@ -1,4 +1,6 @@
-//! The warm pool: pre-started agent sandboxes per profile, each handed out once.
+//! The warm pool: pre-started agent sandboxes per profile, each handed out once. Native ones
+//! on the host view and on images, and microVM clones per image: a guest restored from the
+//! image's snapshot, its agent started with the image's preloads imported.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -8,6 +10,7 @@ use tokio::sync::{watch, Notify};
 
 use super::agent::AgentSandbox;
 use kennel_sandbox::engine::Engine;
+use kennel_sandbox::microvm::artifacts::BASE_IMAGE;
 use kennel_types::api::{Command, Language, RunRequest};
 use kennel_types::policy::{Limits, Policy, Tier};
 
@@ -31,7 +34,7 @@ impl Profile {
 const REFILL_BATCH: usize = 4;
 
 /// The tiers whose sandboxes are pre-started: a request for any other tier starts cold.
-pub const POOLED_TIERS: [Tier; 1] = [Tier::Native];
+pub const POOLED_TIERS: [Tier; 2] = [Tier::Native, Tier::Microvm];
 
 /// The part of a policy that makes the sandbox: the policy with the limits that a pooled
 /// sandbox applies per run (the timeout, the output cap and the collect cap, which the agent
@@ -87,10 +90,11 @@ pub fn shape(policy: &Policy) -> Policy {
     }
 }
 
-/// What a pooled sandbox is: its profile, and the image it runs on (the host's system view
-/// when none).
+/// What a pooled sandbox is: its tier, its profile, and the image it runs on (the host's
+/// system view when none; a microVM always boots one).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Kind {
+    pub tier: Tier,
     pub profile: Profile,
     pub image: Option<String>,
 }
@@ -98,21 +102,59 @@ pub struct Kind {
 impl Kind {
     pub fn host(profile: Profile) -> Kind {
         Kind {
+            tier: Tier::Native,
             profile,
             image: None,
         }
     }
+    /// A native python sandbox on `image`.
+    pub fn image(name: &str) -> Kind {
+        Kind {
+            tier: Tier::Native,
+            profile: Profile::Python,
+            image: Some(name.into()),
+        }
+    }
+    /// A microVM clone of `image`, running python.
+    pub fn clone_of(name: &str) -> Kind {
+        Kind {
+            tier: Tier::Microvm,
+            ..Kind::image(name)
+        }
+    }
 }
 
-/// The policy of a sandbox on `image` under the server's base `policy`: what a request that
-/// names the image gets cold.
-fn on_image(policy: &Policy, image: Option<&String>) -> Policy {
+/// How many sandboxes of each kind the pool keeps ready.
+#[derive(Debug, Clone, Default)]
+pub struct Sizes {
+    pub python: usize,
+    pub shell: usize,
+    /// Native python sandboxes per image.
+    pub images: BTreeMap<String, usize>,
+    /// MicroVM clones per image.
+    pub microvm: BTreeMap<String, usize>,
+}
+
+/// The policy of a sandbox of `kind` under the server's base `policy`: what a request of that
+/// tier that names the image gets cold.
+fn policy_of(policy: &Policy, kind: &Kind) -> Policy {
     let mut p = policy.clone();
-    if let Some(name) = image {
+    p.tier = kind.tier;
+    if let Some(name) = &kind.image {
         p.filesystem.rootfs = None;
         p.filesystem.image = Some(name.clone());
     }
     p
+}
+
+/// The image a request's sandbox boots, as the engine resolves it: a microVM run that names
+/// neither an image nor a root boots the tier's base image.
+fn image_of(policy: &Policy) -> Option<String> {
+    let fs = &policy.filesystem;
+    match (policy.tier, &fs.image, &fs.rootfs) {
+        (Tier::Microvm, None, None) => Some(BASE_IMAGE.into()),
+        _ => fs.image.clone(),
+    }
 }
 
 #[derive(Debug)]
@@ -124,53 +166,40 @@ pub struct Pool {
     longest_run: Duration,
     engine: Arc<Engine>,
     policy: Policy,
-    /// The pooled sandboxes' [`shape`] per image (`None`: the host view), which every request
-    /// is compared with.
-    shapes: HashMap<Option<String>, Policy>,
+    /// The pooled sandboxes' [`shape`] per tier and image (`None`: the host view), which
+    /// every request is compared with.
+    shapes: HashMap<(Tier, Option<String>), Policy>,
     wake: Notify,
 }
 
 impl Pool {
     /// A pool of sandboxes made under `policy`: `python` and `shell` ones on the host view,
-    /// and `images[name]` python ones on each image, with the image's preloads imported.
-    /// `longest_run` is the longest timeout a request may ask for: a sandbox is kept alive long
-    /// enough to serve it. A policy of a tier that is not pooled gets no sandboxes.
+    /// `images[name]` python ones on each image and `microvm[name]` clones of each image, with
+    /// the image's preloads imported. `longest_run` is the longest timeout a request may ask
+    /// for: a sandbox is kept alive long enough to serve it. Native sandboxes are made only
+    /// when `policy` is of the native tier.
     pub fn new(
         engine: Arc<Engine>,
         policy: Policy,
-        python: usize,
-        shell: usize,
-        images: &BTreeMap<String, usize>,
+        sizes: &Sizes,
         max_age: Duration,
         longest_run: Duration,
     ) -> Pool {
-        let pooled = POOLED_TIERS.contains(&policy.tier);
-        let mut sizes = HashMap::from([
-            (Kind::host(Profile::Python), python),
-            (Kind::host(Profile::Shell), shell),
+        let native = policy.tier == Tier::Native;
+        let mut counts = HashMap::from([
+            (Kind::host(Profile::Python), sizes.python),
+            (Kind::host(Profile::Shell), sizes.shell),
         ]);
-        for (name, &n) in images {
-            sizes.insert(
-                Kind {
-                    profile: Profile::Python,
-                    image: Some(name.clone()),
-                },
-                n,
-            );
-        }
-        if !pooled {
-            sizes.values_mut().for_each(|n| *n = 0);
-        }
-        let shapes = std::iter::once(None)
-            .chain(images.keys().cloned().map(Some))
-            .map(|image| {
-                let shaped = shape(&on_image(&policy, image.as_ref()));
-                (image, shaped)
-            })
+        counts.extend(sizes.images.iter().map(|(n, &c)| (Kind::image(n), c)));
+        counts.retain(|_, _| native);
+        counts.extend(sizes.microvm.iter().map(|(n, &c)| (Kind::clone_of(n), c)));
+        let shapes = counts
+            .keys()
+            .map(|k| ((k.tier, k.image.clone()), shape(&policy_of(&policy, k))))
             .collect();
         Pool {
             ready: Mutex::new(HashMap::new()),
-            sizes,
+            sizes: counts,
             max_age,
             longest_run: longest_run.max(policy.limits.timeout.0),
             engine,
@@ -188,11 +217,15 @@ impl Pool {
         let Command::Code { language, .. } = &req.command else {
             return None;
         };
-        let image = req.policy.filesystem.image.clone();
-        let fits = POOLED_TIERS.contains(&req.policy.tier)
-            && self.shapes.get(&image) == Some(&shape(&req.policy))
+        let tier = req.policy.tier;
+        let image = image_of(&req.policy);
+        let mut policy = req.policy.clone();
+        policy.filesystem.image.clone_from(&image);
+        let fits = POOLED_TIERS.contains(&tier)
+            && self.shapes.get(&(tier, image.clone())) == Some(&shape(&policy))
             && req.policy.limits.timeout.0 <= self.longest_run;
         fits.then(|| Kind {
+            tier,
             profile: Profile::of(*language),
             image,
         })
@@ -251,7 +284,7 @@ impl Pool {
             Some(name) => self.engine.images.resolve(name)?.record.preload,
             None => vec![],
         };
-        let policy = on_image(&self.policy, kind.image.as_ref());
+        let policy = policy_of(&self.policy, kind);
         AgentSandbox::start(self.engine.clone(), policy, lifetime, &preload).await
     }
 
@@ -436,33 +469,34 @@ mod tests {
     fn pool(policy: Policy) -> Pool {
         let engine = Arc::new(Engine::with_helper("/nonexistent".into()));
         let hour = Duration::from_secs(3600);
-        Pool::new(
-            engine,
-            policy,
-            1,
-            1,
-            &BTreeMap::new(),
-            Duration::from_secs(60),
-            hour,
-        )
+        let sizes = Sizes {
+            python: 1,
+            shell: 1,
+            ..Sizes::default()
+        };
+        Pool::new(engine, policy, &sizes, Duration::from_secs(60), hour)
     }
 
     #[test]
     fn an_image_is_served_only_by_its_own_sandboxes() {
         let engine = Arc::new(Engine::with_helper("/nonexistent".into()));
-        let images = BTreeMap::from([("python-data".to_string(), 1)]);
+        let sizes = Sizes {
+            python: 1,
+            images: BTreeMap::from([("python-data".to_string(), 1)]),
+            microvm: BTreeMap::from([("python-data".to_string(), 1), (BASE_IMAGE.to_string(), 1)]),
+            ..Sizes::default()
+        };
         let minute = Duration::from_secs(60);
-        let pool = Pool::new(engine, Policy::default(), 1, 0, &images, minute, minute);
+        let pool = Pool::new(engine, Policy::default(), &sizes, minute, minute);
         let on = |name: &str| {
             let mut p = Policy::default();
             p.filesystem.image = Some(name.into());
             p
         };
-        let data = Kind {
-            profile: Profile::Python,
-            image: Some("python-data".into()),
-        };
-        assert_eq!(pool.serves(&code_run(on("python-data"))), Some(data));
+        assert_eq!(
+            pool.serves(&code_run(on("python-data"))),
+            Some(Kind::image("python-data"))
+        );
         assert_eq!(
             pool.serves(&code_run(on("other"))),
             None,
@@ -480,6 +514,53 @@ mod tests {
             Some(Kind::host(Profile::Python)),
             "the host view is still served by its own"
         );
+        // The tier is part of the kind: a microVM run of an image is served by its clones,
+        // and one naming no image by the base image's, which is what it would boot cold.
+        let vm = |p: Policy| Policy {
+            tier: Tier::Microvm,
+            ..p
+        };
+        assert_eq!(
+            pool.serves(&code_run(vm(on("python-data")))),
+            Some(Kind::clone_of("python-data"))
+        );
+        assert_eq!(
+            pool.serves(&code_run(vm(Policy::default()))),
+            Some(Kind::clone_of(BASE_IMAGE))
+        );
+        let mut kvm = vm(on("python-data"));
+        kvm.microvm.require_kvm = true;
+        assert_eq!(
+            pool.serves(&code_run(kvm)),
+            None,
+            "a guest that must be KVM"
+        );
+        let mut rooted = vm(Policy::default());
+        rooted.filesystem.rootfs = Some("/srv/root".into());
+        assert_eq!(
+            pool.serves(&code_run(rooted)),
+            None,
+            "a microVM of another root"
+        );
+    }
+
+    #[test]
+    fn a_pool_of_a_tier_above_native_starts_only_its_clones() {
+        let engine = Arc::new(Engine::with_helper("/nonexistent".into()));
+        let oci = Policy {
+            tier: Tier::Oci,
+            ..Policy::default()
+        };
+        let sizes = Sizes {
+            python: 2,
+            images: BTreeMap::from([("python-data".to_string(), 1)]),
+            microvm: BTreeMap::from([("python-data".to_string(), 3)]),
+            ..Sizes::default()
+        };
+        let minute = Duration::from_secs(60);
+        let pool = Pool::new(engine, oci, &sizes, minute, minute);
+        let started: Vec<_> = pool.sizes.iter().filter(|(_, &n)| n > 0).collect();
+        assert_eq!(started, [(&Kind::clone_of("python-data"), &3)]);
     }
 
     fn code_run(policy: Policy) -> RunRequest {

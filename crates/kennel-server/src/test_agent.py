@@ -245,6 +245,21 @@ class AgentTest(unittest.TestCase):
         result, out, _ = self.python("print(x, f(), json.dumps([1]), __name__)")
         self.assertEqual(out, b"1 2 [1] __main__\n")
 
+    def test_python_exec_reports_its_own_usage(self):
+        # The kernel's CPU over this exec alone (a busy 0.3 s, the exec before it idle) and a
+        # peak that covers the 64 MiB the code held; none for a kernel that died first.
+        self.python("import time")
+        busy = "b = bytearray(64 << 20)\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass"
+        result, _, _ = self.python(busy)
+        usage = result["usage"]
+        self.assertGreaterEqual(usage["cpu_ns"], 300_000_000, usage)
+        self.assertLess(usage["cpu_ns"], 3_000_000_000, usage)
+        self.assertGreaterEqual(usage["max_rss_bytes"], 64 << 20, usage)
+        result, _, _ = self.python("pass")
+        self.assertLess(result["usage"]["cpu_ns"], 300_000_000, result)
+        result, _, _ = self.python("import os\nos._exit(7)")
+        self.assertIsNone(result["usage"], result)
+
     def test_python_exception(self):
         result, out, err = self.python("print('before')\ndef g():\n    1/0\ng()")
         self.assertEqual(result["exit_code"], 1)

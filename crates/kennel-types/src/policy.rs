@@ -358,6 +358,7 @@ impl Layers {
     Eq,
     PartialOrd,
     Ord,
+    Hash,
     Serialize,
     Deserialize,
     utoipa::ToSchema,

@@ -1,20 +1,20 @@
-//! The Debian packages of the guest, through the host's apt: which versions are candidates,
-//! downloading them, unpacking them with `dpkg -x`. Nothing is installed on the host: the
-//! bookworm `qemu-system-x86` would replace the host's backported qemu-utils.
+//! The Debian packages of the guest, through apt with the host's sources plus backports
+//! ([`Sources`]): which versions are candidates, downloading them, unpacking them with
+//! `dpkg -x`. Nothing is installed on the host.
 
 use std::path::Path;
 
 use crate::run::{command, run};
+use crate::sources::Sources;
 use crate::PrepareError;
 
-/// QEMU for `-M microvm` (the emulator, its data and firmware) and the shared libraries it
-/// links that a Debian host may lack, unpacked beside it and found through `LD_LIBRARY_PATH`
+/// QEMU for `-M microvm` (the emulator, its data and firmware), from backports where it has
+/// them, and the shared libraries it links that a Debian host may lack, unpacked beside it and found through `LD_LIBRARY_PATH`
 /// (`VmDir::qemu_library_dirs`). The rest it links are the host's own.
 pub const QEMU_PACKAGES: &[&str] = &[
     "qemu-system-x86",
     "qemu-system-common",
     "qemu-system-data",
-    "seabios",
     "libcapstone4",
     "libdaxctl1",
     "libfdt1",
@@ -38,7 +38,7 @@ pub const KERNEL_METAPACKAGE: &str = "linux-image-cloud-amd64";
 const KERNEL_PREFIX: &str = "linux-image-";
 
 const SOURCES_HINT: &str = "the host's apt sources must serve Debian bookworm main (with \
-                            bookworm-security); run `apt-get update` and try again";
+                            bookworm-security), and its backports must be reachable";
 
 /// One package at the version apt would fetch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,12 +74,15 @@ impl Wanted {
     }
 }
 
-/// Asks the host's apt (its lists, not the network) for the kernel package and every
-/// candidate version.
-pub fn candidates() -> Result<Wanted, PrepareError> {
+/// Asks apt (the private lists, refreshed first when stale) for the kernel package (the
+/// release's own, not a backport) and every candidate version, backports preferred.
+pub fn candidates(sources: &Sources) -> Result<Wanted, PrepareError> {
+    sources.refresh()?;
     let out = run(
         "resolving the kernel package",
-        command("apt-cache").args(["depends", KERNEL_METAPACKAGE]),
+        command("apt-cache")
+            .args(sources.options())
+            .args(["depends", KERNEL_METAPACKAGE]),
         SOURCES_HINT,
     )?;
     let depends = String::from_utf8_lossy(&out.stdout);
@@ -97,7 +100,8 @@ pub fn candidates() -> Result<Wanted, PrepareError> {
     let out = run(
         "asking apt for the candidate versions",
         command("apt-cache")
-            .args(["show", "--no-all-versions"])
+            .args(sources.options())
+            .args(["-t", &sources.backports(), "show", "--no-all-versions"])
             .args(&names),
         SOURCES_HINT,
     )?;
@@ -140,12 +144,11 @@ pub fn same_packages(prepared: &[String], wanted: &[String]) -> bool {
 
 /// Downloads every wanted package, at its pinned version, into `debs`. apt checks each
 /// against the signed index, so what is unpacked is what Debian published.
-pub fn download(wanted: &Wanted, debs: &Path) -> Result<(), PrepareError> {
-    // As root, apt warns that its `_apt` user cannot write `debs` and downloads as root: the
-    // directory is Kennel's own, so that is harmless.
+pub fn download(sources: &Sources, wanted: &Wanted, debs: &Path) -> Result<(), PrepareError> {
     run(
         "downloading the guest's packages",
         command("apt-get")
+            .args(sources.options())
             .args(["download", "-q"])
             .args(wanted.packages())
             .current_dir(debs),

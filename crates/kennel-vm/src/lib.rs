@@ -18,6 +18,7 @@ pub mod base;
 mod dir;
 pub mod error;
 pub mod modules;
+pub mod sources;
 pub mod vmlinux;
 
 mod run;
@@ -159,8 +160,10 @@ impl Artifacts {
 fn artifacts(vm: &VmDir, progress: &dyn Progress) -> Result<Artifacts, PrepareError> {
     let complete = vm.check().ok();
     progress.step("asking apt for the candidate versions");
-    let wanted = match (apt::candidates(), &complete) {
-        (Ok(wanted), _) => wanted,
+    let sources = sources::Sources::at(&vm.root);
+    let found = sources.and_then(|s| apt::candidates(&s).map(|w| (s, w)));
+    let (sources, wanted) = match (found, &complete) {
+        (Ok(found), _) => found,
         // No apt lists (or no apt) on a machine prepared before: what is there still boots.
         (Err(e), Some(current)) => {
             let why = format!("kept the prepared guest: apt could not be asked ({e})");
@@ -181,7 +184,7 @@ fn artifacts(vm: &VmDir, progress: &dyn Progress) -> Result<Artifacts, PrepareEr
         wanted.qemu.first().map_or("?", |c| c.version.as_str()),
         wanted.release
     ));
-    if let Err(e) = apt::download(&wanted, &staging.debs()) {
+    if let Err(e) = apt::download(&sources, &wanted, &staging.debs()) {
         // Newer versions that cannot be fetched (no mirror) leave a complete prepare usable.
         return match complete {
             Some(current) => Ok(Artifacts::kept(

@@ -27,10 +27,6 @@ fn kennel(args: &[&str]) -> Output {
         .expect("kennel starts")
 }
 
-fn spec_path() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../images/python-data.toml")
-}
-
 fn can_build() -> bool {
     require("root (an image build runs mmdebstrap as root)", is_root())
         && require(
@@ -46,31 +42,12 @@ fn data_image() -> Option<&'static str> {
         return None;
     }
     let digest = DIGEST.get_or_init(|| {
-        build_python_data()["record"]["digest"]
+        common::vm::build_python_data()["record"]["digest"]
             .as_str()
             .unwrap()
             .to_string()
     });
     Some(digest)
-}
-
-/// `kennel image build python-data -f images/python-data.toml --json`, which must succeed.
-fn build_python_data() -> Value {
-    let spec = spec_path();
-    let out = kennel(&[
-        "image",
-        "build",
-        "python-data",
-        "-f",
-        spec.to_str().unwrap(),
-        "--json",
-    ]);
-    assert!(
-        out.status.success(),
-        "building python-data failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 fn run_json(opts: &[&str], argv: &[&str]) -> Value {
@@ -224,7 +201,7 @@ fn runsc_on_the_host_view_cannot_read_root_only_files() {
 #[test]
 fn building_the_same_spec_again_reuses_the_image() {
     let Some(digest) = data_image() else { return };
-    let v = build_python_data();
+    let v = common::vm::build_python_data();
     assert_eq!(v["reused"], true, "{v}");
     assert_eq!(v["record"]["digest"], digest);
     let frozen = v["record"]["pip_frozen"].as_array().unwrap();

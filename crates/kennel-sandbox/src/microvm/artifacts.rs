@@ -26,9 +26,12 @@ use serde::{Deserialize, Serialize};
 /// Python, built by `kennel vm prepare` (never a copy of the host's `/`).
 pub const BASE_IMAGE: &str = "microvm-base";
 
-/// Where the unpacked QEMU keeps its firmware (`-L`) and the libraries it needs beyond the
-/// host's (`LD_LIBRARY_PATH`), relative to its prefix: the layout of Debian's packages.
-pub const QEMU_DATA: [&str; 2] = ["usr/share/qemu", "usr/share/seabios"];
+/// Where the unpacked QEMU keeps its data (`-L`), the microvm firmware it boots (qboot, from
+/// QEMU's own data package: backports' SeaBIOS `bios-microvm.bin` never reaches the kernel
+/// under QEMU 10), and the libraries it needs beyond the host's (`LD_LIBRARY_PATH`), relative
+/// to its prefix: the layout of Debian's packages.
+pub const QEMU_DATA: &str = "usr/share/qemu";
+pub const MICROVM_FIRMWARE: &str = "usr/share/qemu/qboot.rom";
 pub const QEMU_LIBRARIES: [&str; 2] = ["usr/lib/x86_64-linux-gnu", "lib/x86_64-linux-gnu"];
 
 /// What `kennel vm prepare` unpacked, written last, so its presence means a complete prepare.
@@ -80,9 +83,13 @@ impl VmDir {
     pub fn qemu_binary(&self) -> PathBuf {
         self.qemu_prefix().join("usr/bin/qemu-system-x86_64")
     }
-    /// Directories QEMU finds its firmware in (`-L`).
-    pub fn qemu_data_dirs(&self) -> [PathBuf; 2] {
-        QEMU_DATA.map(|d| self.qemu_prefix().join(d))
+    /// The directory QEMU finds its data in (`-L`).
+    pub fn qemu_data_dir(&self) -> PathBuf {
+        self.qemu_prefix().join(QEMU_DATA)
+    }
+    /// The firmware of a microvm (`-bios`).
+    pub fn microvm_firmware(&self) -> PathBuf {
+        self.qemu_prefix().join(MICROVM_FIRMWARE)
     }
     /// The private libraries QEMU needs beyond the host's (`LD_LIBRARY_PATH`).
     pub fn qemu_library_dirs(&self) -> [PathBuf; 2] {
@@ -113,7 +120,7 @@ impl VmDir {
             .manifest()
             .ok_or_else(|| format!("no prepared guest in {}", self.root.display()))?;
         let missing = |p: &Path| !p.is_file();
-        let mut needed = vec![self.qemu_binary(), self.vmlinux()];
+        let mut needed = vec![self.qemu_binary(), self.microvm_firmware(), self.vmlinux()];
         needed.extend(manifest.modules.iter().map(|m| self.modules_dir().join(m)));
         match needed.iter().find(|p| missing(p)) {
             Some(p) => Err(format!("{} is missing", p.display())),

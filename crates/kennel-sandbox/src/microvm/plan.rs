@@ -43,16 +43,24 @@ pub enum VmMode {
     /// A cold boot, to the agent's hello, then the plan.
     Boot,
     /// A boot to the agent's hello, a warm-up run (Kennel's own, so that the guest's caches
-    /// hold what runs read first), then a snapshot of the stopped guest into `state` (the
-    /// migration stream, written by the relay; QEMU never sees the file), then QEMU quits.
+    /// hold what runs read first), then a snapshot of the stopped guest into `dir` (on the
+    /// host; [`SNAP_MOUNT`] in the VMM's jail): its RAM file `ram`, which QEMU writes through,
+    /// and the device state `state`, which the relay writes from a pipe. Then QEMU quits.
     Snapshot {
-        state: PathBuf,
+        dir: PathBuf,
         warm_up: Option<Box<GuestPlan>>,
     },
-    /// QEMU started with `-incoming defer`, fed `state` through a pipe, then continued: the
-    /// agent waits for its plan, as it did when the snapshot was taken.
-    Restore { state: PathBuf },
+    /// QEMU started with the snapshot's RAM file mapped private and `-incoming defer`, fed the
+    /// snapshot's `state` (in `dir`, on the host) through a pipe, then continued: the agent
+    /// waits for its plan, as it did when the snapshot was taken.
+    Restore { dir: PathBuf },
 }
+
+/// Where a snapshot being taken is, in the VMM's jail.
+pub const SNAP_MOUNT: &str = "/snap";
+/// A snapshot's RAM file and device state, in its directory.
+pub const RAM_FILE: &str = "ram";
+pub const STATE_FILE: &str = "state";
 
 /// Where the VMM's jail shows the prepared VM directory, and the relay's socket directory.
 pub const VM_MOUNT: &str = "/vm";

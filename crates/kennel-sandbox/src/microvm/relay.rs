@@ -15,7 +15,8 @@ use kennel_types::api::{Command, HostDir, RunRequest, RunResult};
 
 use super::net::{self, Connector, Links, Peer};
 use super::plan::{
-    Fresh, GuestPlan, VmMode, VmPlan, AGENT_SOCKET, CONSOLE, IO_MOUNT, QMP_SOCKET, VM_MOUNT,
+    Fresh, GuestPlan, VmMode, VmPlan, AGENT_SOCKET, CONSOLE, IO_MOUNT, QMP_SOCKET, SNAP_MOUNT,
+    VM_MOUNT,
 };
 use super::snapshot;
 use super::steps::{at, Failed, Step};
@@ -84,6 +85,9 @@ fn relay(ctl: &mut UnixStream, plan: &VmPlan, files: InputFiles, dir: &Path) -> 
         true => Some(bind_proxy(ctl).map_err(at(Step::BindProxy))?),
         false => None,
     };
+    if let VmMode::Snapshot { dir: snap, .. } = &plan.mode {
+        snapshot::ram_for_vmm(snap).map_err(at(Step::SaveSnapshot))?;
+    }
     let cancel = Canceller::new();
     let vmm = start_vmm(plan, dir, cancel.clone());
     let stop = cancel.clone();
@@ -125,9 +129,9 @@ fn talk(
     let deadline = Instant::now() + Duration::from_millis(plan.boot_timeout_ms);
     let qmp = dir.join(QMP_SOCKET);
     let mut guest = match &plan.mode {
-        VmMode::Restore { state } => {
+        VmMode::Restore { dir: snap } => {
             let left = deadline.saturating_duration_since(Instant::now());
-            snapshot::restore(&qmp, state, left).map_err(at(Step::AwaitGuest))?;
+            snapshot::restore(&qmp, snap, left).map_err(at(Step::AwaitGuest))?;
             accept_vmm(listener, deadline, vmm, cancel).map_err(at(Step::AwaitGuest))?
         }
         VmMode::Boot | VmMode::Snapshot { .. } => {
@@ -137,11 +141,14 @@ fn talk(
             g
         }
     };
-    if let VmMode::Snapshot { state, warm_up } = &plan.mode {
+    if let VmMode::Snapshot { dir: snap, warm_up } = &plan.mode {
         if let Some(w) = warm_up {
             warm(&mut guest, w, deadline, vmm, cancel).map_err(at(Step::SaveSnapshot))?;
         }
-        return snapshot::save(&qmp, state).map_err(at(Step::SaveSnapshot));
+        snapshot::save(&qmp, snap).map_err(at(Step::SaveSnapshot))?;
+        // QEMU must be gone before the RAM file is sealed: it holds it open for writing.
+        let _ = vmm.recv_timeout(EXIT_GRACE);
+        return snapshot::seal(snap).map_err(at(Step::SaveSnapshot));
     }
     let writer = guest.try_clone().ctx(|| "the agent socket".into());
     let peer: Peer = std::sync::Arc::new(std::sync::Mutex::new(Box::new(
@@ -298,11 +305,7 @@ fn agent_socket(dir: &Path) -> Result<UnixListener, Fail> {
 pub(super) type Vmm = mpsc::Receiver<Result<RunResult, Error>>;
 
 fn start_vmm(plan: &VmPlan, dir: &Path, cancel: Canceller) -> Vmm {
-    let mut argv = plan.argv.clone();
-    if matches!(plan.mode, VmMode::Restore { .. }) {
-        argv.extend(["-incoming".into(), "defer".into()]);
-    }
-    let mut req = RunRequest::new(Command::Argv(argv));
+    let mut req = RunRequest::new(Command::Argv(plan.argv.clone()));
     req.policy = plan.jail.clone();
     req.policy.env.extend(plan.env.iter().cloned());
     req.devices = plan.devices.clone();
@@ -318,6 +321,13 @@ fn start_vmm(plan: &VmPlan, dir: &Path, cancel: Canceller) -> Vmm {
             read_only: false,
         },
     ];
+    if let VmMode::Snapshot { dir: snap, .. } = &plan.mode {
+        req.host_dirs.push(HostDir {
+            source: snap.clone(),
+            target: SNAP_MOUNT.into(),
+            read_only: false,
+        });
+    }
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let io = RunIo {

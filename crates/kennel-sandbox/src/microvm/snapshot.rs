@@ -1,12 +1,14 @@
 //! Snapshots: a guest booted once to where its agent waits for a plan, saved, and restored for
 //! each run instead of booted.
 //!
-//! A snapshot is QEMU's migration stream of the stopped guest, RAM included: QEMU 7.2 has no
-//! `file:` migration, `exec:` needs a shell that `-sandbox spawn=deny` forbids, and a private
-//! copy-on-write mapping of a shared RAM file needs it writable to QEMU (7.2 has no `rom=`),
-//! which would let one clone reach the next through it. So the relay streams the state through
-//! a pipe (`getfd`, `fd:` migration) into a file only it reads and writes; QEMU never sees the
-//! file, and nothing of one run reaches another.
+//! A snapshot is two files. `ram` is the guest's memory: while the snapshot is taken QEMU's RAM
+//! is that file, written through, so stopping the guest leaves its memory there. `state` is
+//! QEMU's migration stream of everything else (devices, CPUs; tens of KB), saved with
+//! `x-ignore-shared` so the RAM is not streamed twice, through a pipe (`getfd`, `fd:`):
+//! `exec:` needs a shell that `-sandbox spawn=deny` forbids. Every restore maps `ram`
+//! read-only and private (copy-on-write): clones share its unwritten pages, what one writes
+//! stays its own, and the file, sealed root-owned and read-only on a read-only mount, never
+//! changes.
 //!
 //! A snapshot is valid only for what it was taken with: its manifest holds QEMU's version, the
 //! kernel, the initramfs, the root disk, the whole command line and the accelerator, and one
@@ -14,26 +16,65 @@
 
 use std::io::{Read, Write};
 use std::os::fd::AsFd;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use super::artifacts::VmDir;
+use super::plan::{RAM_FILE, STATE_FILE};
 use super::qmp::Qmp;
 use crate::native::steps::{Context, Fail};
 
-/// How long saving may take (a 1 GiB guest streams ~100 MB under TCG in about half a second).
+/// How long saving may take (the device state is small; the bound is for a stuck QEMU).
 const SAVE_BOUND: Duration = Duration::from_secs(60);
 
+/// The relay, before a snapshot VM starts: the RAM file QEMU will write through, the one file
+/// in `dir` the sandbox's root may write.
+pub fn ram_for_vmm(dir: &Path) -> Result<(), Fail> {
+    let ram = dir.join(RAM_FILE);
+    let _ = std::fs::remove_file(&ram);
+    std::fs::File::create(&ram).ctx(|| format!("creating {}", ram.display()))?;
+    let owner = crate::native::sandbox_root_host_uid();
+    std::os::unix::fs::chown(&ram, Some(owner), Some(owner))
+        .ctx(|| format!("chown {}", ram.display()))?;
+    std::fs::set_permissions(&ram, std::fs::Permissions::from_mode(0o600))
+        .ctx(|| format!("chmod {}", ram.display()))
+}
+
+/// The relay, once the snapshot VM's QEMU is gone: the RAM file on disk, then root's and
+/// read-only, so no later VMM (whose uid is the sandbox's root) can open it for writing.
+pub fn seal(dir: &Path) -> Result<(), Fail> {
+    let ram = dir.join(RAM_FILE);
+    std::fs::File::open(&ram)
+        .and_then(|f| f.sync_all())
+        .ctx(|| format!("syncing {}", ram.display()))?;
+    std::os::unix::fs::chown(&ram, Some(0), Some(0)).ctx(|| format!("chown {}", ram.display()))?;
+    std::fs::set_permissions(&ram, std::fs::Permissions::from_mode(0o444))
+        .ctx(|| format!("chmod {}", ram.display()))
+}
+
+/// Both ends of a migration must agree that the file-backed RAM is not in the stream.
+fn ignore_shared(qmp: &mut Qmp) -> Result<(), Fail> {
+    let caps = serde_json::json!({
+        "capabilities": [{ "capability": "x-ignore-shared", "state": true }]
+    });
+    qmp.execute("migrate-set-capabilities", Some(caps))
+        .ctx(|| "migrate-set-capabilities x-ignore-shared".into())
+        .map(drop)
+}
+
 /// The relay, in a snapshot VM: stops the guest (its agent has said hello and waits for a plan),
-/// streams its state into `state`, and quits QEMU.
-pub fn save(qmp_socket: &Path, state: &Path) -> Result<(), Fail> {
+/// streams its device state into `dir/state`, and quits QEMU.
+pub fn save(qmp_socket: &Path, dir: &Path) -> Result<(), Fail> {
+    let state = dir.join(STATE_FILE);
     let mut qmp = Qmp::connect(qmp_socket, Duration::from_secs(10)).ctx(|| "QMP".into())?;
     qmp.execute("stop", None)
         .ctx(|| "stopping the guest".into())?;
+    ignore_shared(&mut qmp)?;
     let (mut from, to) = std::io::pipe().ctx(|| "a pipe".into())?;
-    let mut out = std::fs::File::create(state).ctx(|| format!("creating {}", state.display()))?;
+    let mut out = std::fs::File::create(&state).ctx(|| format!("creating {}", state.display()))?;
     let copier = std::thread::spawn(move || std::io::copy(&mut from, &mut out).map(|_| out));
     qmp.pass_fd("snapshot", to.as_fd()).ctx(|| "getfd".into())?;
     // QEMU holds its own copy now: ours must close for the copy to see the stream's end.
@@ -52,11 +93,13 @@ pub fn save(qmp_socket: &Path, state: &Path) -> Result<(), Fail> {
         .ctx(|| format!("syncing {}", state.display()))
 }
 
-/// The relay, in a restored VM (QEMU started with `-incoming defer`): feeds it `state` and
-/// continues the guest, within `bound`.
-pub fn restore(qmp_socket: &Path, state: &Path, bound: Duration) -> Result<(), Fail> {
+/// The relay, in a restored VM (QEMU started with the snapshot's RAM and `-incoming defer`):
+/// feeds it `dir/state` and continues the guest, within `bound`.
+pub fn restore(qmp_socket: &Path, dir: &Path, bound: Duration) -> Result<(), Fail> {
+    let state = dir.join(STATE_FILE);
     let mut qmp = Qmp::connect(qmp_socket, bound).ctx(|| "QMP".into())?;
-    let mut input = std::fs::File::open(state).ctx(|| format!("opening {}", state.display()))?;
+    let mut input = std::fs::File::open(&state).ctx(|| format!("opening {}", state.display()))?;
+    ignore_shared(&mut qmp)?;
     let (from, mut to) = std::io::pipe().ctx(|| "a pipe".into())?;
     qmp.pass_fd("snapshot", from.as_fd())
         .ctx(|| "getfd".into())?;
@@ -101,7 +144,7 @@ pub struct Manifest {
     pub warm_up: Vec<String>,
 }
 
-/// Where the snapshot for `manifest` lives: `<vm>/snapshots/<key>/{state,manifest.json}`, the
+/// Where the snapshot for `manifest` lives: `<vm>/snapshots/<key>/{ram,state,manifest.json}`, the
 /// key a hash of the manifest (its contents are compared in full on every use).
 pub fn dir_for(vm: &VmDir, manifest: &Manifest) -> PathBuf {
     use std::hash::{Hash, Hasher};
@@ -128,34 +171,43 @@ pub fn file_ids(paths: &[&Path]) -> Vec<(String, u64, i64)> {
         .collect()
 }
 
-/// The state file of a snapshot whose manifest is exactly `manifest`, if one was taken.
+/// `dir`, when it holds a snapshot whose manifest is exactly `manifest`.
 pub fn find(dir: &Path, manifest: &Manifest) -> Option<PathBuf> {
     let text = std::fs::read(dir.join("manifest.json")).ok()?;
     let found: Manifest = serde_json::from_slice(&text).ok()?;
-    let state = dir.join("state");
-    (found == *manifest && state.is_file()).then_some(state)
+    let whole = [RAM_FILE, STATE_FILE].iter().all(|f| dir.join(f).is_file());
+    (found == *manifest && whole).then(|| dir.to_path_buf())
 }
 
-/// Records a snapshot just taken into `tmp` under `dir`: the state first, the manifest last,
-/// each renamed into place, so a half-written snapshot is never found.
-pub fn commit(dir: &Path, tmp_state: &Path, manifest: &Manifest) -> std::io::Result<PathBuf> {
+/// Where a snapshot of `dir` is taken by this process: `dir/.take.PID`, swept once the
+/// process is gone.
+pub fn staging(dir: &Path) -> PathBuf {
+    dir.join(format!(".take.{}", std::process::id()))
+}
+
+/// Records a snapshot just taken into `tmp` under `dir`: the RAM and the state first, the
+/// manifest last, each renamed into place, so a half-written snapshot is never found.
+pub fn commit(dir: &Path, tmp: &Path, manifest: &Manifest) -> std::io::Result<PathBuf> {
     std::fs::create_dir_all(dir)?;
     let _ = std::fs::remove_file(dir.join("manifest.json"));
-    let state = dir.join("state");
-    std::fs::rename(tmp_state, &state)?;
+    for f in [RAM_FILE, STATE_FILE] {
+        std::fs::rename(tmp.join(f), dir.join(f))?;
+    }
+    let _ = std::fs::remove_dir_all(tmp);
     let tmp = dir.join(format!(".manifest.{}", std::process::id()));
     std::fs::write(
         &tmp,
         serde_json::to_vec_pretty(manifest).map_err(std::io::Error::other)?,
     )?;
     std::fs::rename(&tmp, dir.join("manifest.json"))?;
-    Ok(state)
+    Ok(dir.to_path_buf())
 }
 
-/// Removes what is left of snapshots that cannot serve any run any more: a state a killed
-/// taker left half-written (`.state.PID`, its process gone), and whole snapshots whose kernel,
-/// initramfs or disk is gone (an older build's, an image removed). A snapshot being restored
-/// keeps its open file whatever happens to its name.
+/// Removes what cannot serve any run any more: what a killed taker left half-written
+/// (`.take.PID`, its process gone); whole snapshots whose QEMU, firmware, kernel, initramfs or
+/// disk is gone or is another file now (an older build's, an image removed, a new prepare);
+/// and a directory whose only taker failed, when no taker holds its lock. A snapshot being
+/// restored keeps its open files whatever happens to their names.
 pub fn sweep(vm: &VmDir) {
     let Ok(dirs) = std::fs::read_dir(vm.root.join("snapshots")) else {
         return;
@@ -164,18 +216,23 @@ pub fn sweep(vm: &VmDir) {
         for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             let pid = name
-                .strip_prefix(".state.")
+                .strip_prefix(".take.")
                 .and_then(|p| p.parse::<i32>().ok());
             if pid.is_some_and(crate::cgroup::ended) {
-                let _ = std::fs::remove_file(entry.path());
+                let _ = std::fs::remove_dir_all(entry.path());
             }
         }
         let manifest: Option<Manifest> = std::fs::read(dir.join("manifest.json"))
             .ok()
             .and_then(|t| serde_json::from_slice(&t).ok());
-        let inputs_gone =
-            manifest.is_some_and(|m| m.files.iter().any(|(path, ..)| !Path::new(path).exists()));
-        if inputs_gone {
+        let stale = match manifest {
+            Some(m) => {
+                let paths: Vec<&Path> = m.files.iter().map(|(p, ..)| Path::new(p)).collect();
+                file_ids(&paths) != m.files
+            }
+            None => std::fs::File::open(dir.join(".lock")).is_ok_and(|l| l.try_lock().is_ok()),
+        };
+        if stale {
             let _ = std::fs::remove_dir_all(&dir);
         }
     }
@@ -200,11 +257,18 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("kennel-snap-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let tmp = dir.join("tmp-state");
-        std::fs::write(&tmp, b"state").unwrap();
+        let tmp = dir.join("tmp");
+        std::fs::create_dir_all(&tmp).unwrap();
+        std::fs::write(tmp.join(RAM_FILE), b"ram").unwrap();
+        std::fs::write(tmp.join(STATE_FILE), b"state").unwrap();
         let taken = manifest("-cpu max");
-        let state = commit(&dir.join("s"), &tmp, &taken).unwrap();
-        assert_eq!(find(&dir.join("s"), &taken), Some(state));
+        let snap = commit(&dir.join("s"), &tmp, &taken).unwrap();
+        assert_eq!(find(&dir.join("s"), &taken), Some(snap.clone()));
+        assert!(!tmp.exists());
+        // A snapshot missing its RAM serves nothing.
+        std::fs::rename(snap.join(RAM_FILE), dir.join("away")).unwrap();
+        assert_eq!(find(&snap, &taken), None);
+        std::fs::rename(dir.join("away"), snap.join(RAM_FILE)).unwrap();
         assert_eq!(find(&dir.join("s"), &manifest("-cpu host")), None);
         // A manifest that does not parse (or was tampered with) serves nothing.
         std::fs::write(dir.join("s/manifest.json"), b"{").unwrap();

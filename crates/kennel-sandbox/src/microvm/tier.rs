@@ -12,12 +12,13 @@ use kennel_types::policy::{ByteSize, Capabilities, NetMode, Policy, Tier};
 
 use super::artifacts::{Manifest, VmDir};
 use super::plan::{
-    GuestEnd, GuestPlan, VmMode, VmPlan, AGENT_SOCKET, CONSOLE, IO_MOUNT, QMP_SOCKET, VM_MOUNT,
+    GuestEnd, GuestPlan, VmMode, VmPlan, AGENT_SOCKET, CONSOLE, IO_MOUNT, QMP_SOCKET, RAM_FILE,
+    SNAP_MOUNT, VM_MOUNT,
 };
 use super::relay::{RELAY_ARG, RUN_ROOT};
 use super::snapshot;
 use super::steps::Step;
-use super::vmm::{self, Accel, Boot, Qemu, Vmm};
+use super::vmm::{self, Accel, Boot, Qemu, Ram, Vmm};
 use super::{initrd, root};
 use crate::cgroup::{Probe, Stats};
 use crate::channel::{self, Confinement, Msg};
@@ -145,7 +146,13 @@ impl Microvm {
         sweep_run_dirs();
         let mut plan = self.plan(req, accel, &disk, &initrd, files);
         if self.config.snapshots {
-            let inputs = [self.vm.vmlinux(), initrd, disk];
+            let inputs = [
+                self.vm.qemu_binary(),
+                self.vm.microvm_firmware(),
+                self.vm.vmlinux(),
+                initrd,
+                disk,
+            ];
             let taken_with = snapshot::Manifest {
                 qemu_version: manifest.qemu_version.clone(),
                 kernel_release: manifest.kernel_release.clone(),
@@ -153,8 +160,12 @@ impl Microvm {
                 files: snapshot::file_ids(&inputs.iter().map(PathBuf::as_path).collect::<Vec<_>>()),
                 warm_up: warm_up_argv(&rootfs),
             };
-            let state = self.snapshot(&plan, &taken_with)?;
-            plan.mode = VmMode::Restore { state };
+            let snap = self.snapshot(&plan, &taken_with)?;
+            let ram = self.in_vm(&snap.join(RAM_FILE));
+            let ram = Ram::Restore { file: &ram };
+            plan.argv
+                .extend(Qemu.snapshot_args(self.config.memory_mib, ram));
+            plan.mode = VmMode::Restore { dir: snap };
         }
         Ok((plan, accel, manifest.qemu_version))
     }
@@ -170,10 +181,7 @@ impl Microvm {
         files: usize,
     ) -> VmPlan {
         let policy = &req.policy;
-        let in_vm = |p: &std::path::Path| {
-            let rel = p.strip_prefix(&self.vm.root).unwrap_or(p);
-            format!("{VM_MOUNT}/{}", rel.display())
-        };
+        let in_vm = |p: &std::path::Path| self.in_vm(p);
         let boot = Boot {
             accel,
             vcpus: self.config.vcpus,
@@ -212,12 +220,18 @@ impl Microvm {
         }
     }
 
-    /// The state of the snapshot `manifest` describes: found, or taken now (one at a time per
-    /// snapshot, under a lock; a snapshot whose manifest differs is never used).
+    /// Where the VMM's jail shows `p`, a path under the VM directory.
+    fn in_vm(&self, p: &std::path::Path) -> String {
+        let rel = p.strip_prefix(&self.vm.root).unwrap_or(p);
+        format!("{VM_MOUNT}/{}", rel.display())
+    }
+
+    /// The directory of the snapshot `manifest` describes: found, or taken now (one at a time
+    /// per snapshot, under a lock; a snapshot whose manifest differs is never used).
     fn snapshot(&self, plan: &VmPlan, manifest: &snapshot::Manifest) -> Result<PathBuf, Error> {
         let dir = snapshot::dir_for(&self.vm, manifest);
-        if let Some(state) = snapshot::find(&dir, manifest) {
-            return Ok(state);
+        if let Some(found) = snapshot::find(&dir, manifest) {
+            return Ok(found);
         }
         snapshot::sweep(&self.vm);
         let failed =
@@ -225,13 +239,21 @@ impl Microvm {
         std::fs::create_dir_all(&dir).map_err(failed)?;
         let lock = std::fs::File::create(dir.join(".lock")).map_err(failed)?;
         lock.lock().map_err(failed)?;
-        if let Some(state) = snapshot::find(&dir, manifest) {
-            return Ok(state);
+        if let Some(found) = snapshot::find(&dir, manifest) {
+            return Ok(found);
         }
-        let tmp = dir.join(format!(".state.{}", std::process::id()));
+        let tmp = snapshot::staging(&dir);
+        let _ = std::fs::remove_dir_all(&tmp);
+        // `_all`: a sweep may have removed a directory with a free lock just before ours.
+        std::fs::create_dir_all(&tmp).map_err(failed)?;
         let mut saving = plan.clone();
+        let ram = format!("{SNAP_MOUNT}/{RAM_FILE}");
+        let ram = Ram::Save { file: &ram };
+        saving
+            .argv
+            .extend(Qemu.snapshot_args(self.config.memory_mib, ram));
         saving.mode = VmMode::Snapshot {
-            state: tmp.clone(),
+            dir: tmp.clone(),
             warm_up: Some(Box::new(warm_up(&plan.guest.request, manifest))),
         };
         saving.proxy = false;
@@ -239,7 +261,7 @@ impl Microvm {
         let taken = super::take::take(&self.helper, saving);
         let committed = taken.and_then(|()| snapshot::commit(&dir, &tmp, manifest).map_err(failed));
         if committed.is_err() {
-            let _ = std::fs::remove_file(&tmp);
+            let _ = std::fs::remove_dir_all(&tmp);
         }
         committed
     }

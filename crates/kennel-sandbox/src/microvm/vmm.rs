@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::artifacts::{VmDir, QEMU_DATA, QEMU_LIBRARIES};
+use super::artifacts::{VmDir, MICROVM_FIRMWARE, QEMU_DATA, QEMU_LIBRARIES};
 
 /// How the guest's CPU runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -55,11 +55,25 @@ pub struct Boot {
     pub tsc_khz: Option<u64>,
 }
 
+/// How a guest's RAM is backed around a snapshot (paths as the VMM's jail shows them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ram<'a> {
+    /// Taking one: RAM is `file`, written through, so that stopping the guest leaves its memory
+    /// there and the saved state needs only the devices.
+    Save { file: &'a str },
+    /// Restoring one: RAM is `file` opened read-only and mapped private, copy-on-write, so
+    /// every clone shares its unwritten pages and none can change it; the VMM then waits for
+    /// the device state.
+    Restore { file: &'a str },
+}
+
 /// A virtual machine monitor: how to start one guest.
 pub trait Vmm: Send + Sync {
     fn name(&self) -> &'static str;
     /// The command line that boots `boot` and exits when the guest powers off.
     fn argv(&self, boot: &Boot) -> Vec<String>;
+    /// What `argv` gains to save or restore a guest of `memory_mib` with its RAM in a file.
+    fn snapshot_args(&self, memory_mib: u64, ram: Ram<'_>) -> Vec<String>;
     /// Extra environment (libraries of a private install).
     fn env(&self, boot: &Boot) -> Vec<(String, String)>;
 }
@@ -98,9 +112,9 @@ impl Vmm for Qemu {
         let args: Vec<String> = vec![
             format!("{p}/usr/bin/qemu-system-x86_64"),
             "-L".into(),
-            format!("{p}/{}", QEMU_DATA[0]),
-            "-L".into(),
-            format!("{p}/{}", QEMU_DATA[1]),
+            format!("{p}/{QEMU_DATA}"),
+            "-bios".into(),
+            format!("{p}/{MICROVM_FIRMWARE}"),
             "-M".into(),
             "microvm,x-option-roms=off,isa-serial=off,rtc=on".into(),
             "-accel".into(),
@@ -147,6 +161,26 @@ impl Vmm for Qemu {
             "-sandbox".into(),
             "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny".into(),
         ];
+        args
+    }
+
+    fn snapshot_args(&self, memory_mib: u64, ram: Ram<'_>) -> Vec<String> {
+        // `readonly=on,rom=off` (QEMU 8.2) opens the file O_RDONLY and maps it MAP_PRIVATE:
+        // guest RAM that is writable to the guest, never to the file. Saving migrates with
+        // `x-ignore-shared` (set over QMP), so the shared RAM is not streamed again.
+        let (file, how) = match ram {
+            Ram::Save { file } => (file, "share=on"),
+            Ram::Restore { file } => (file, "share=off,readonly=on,rom=off"),
+        };
+        let mut args: Vec<String> = vec![
+            "-object".into(),
+            format!("memory-backend-file,id=ram,size={memory_mib}M,mem-path={file},{how}"),
+            "-machine".into(),
+            "memory-backend=ram".into(),
+        ];
+        if let Ram::Restore { .. } = ram {
+            args.extend(["-incoming".into(), "defer".into()]);
+        }
         args
     }
 
@@ -198,7 +232,9 @@ fn probe_kvm(vm: &VmDir) -> Result<String, String> {
         .map_err(|e| format!("QEMU's library path: {e}"))?;
     let mut child = Command::new(vm.qemu_binary())
         .arg("-L")
-        .arg(&vm.qemu_data_dirs()[0])
+        .arg(vm.qemu_data_dir())
+        .arg("-bios")
+        .arg(vm.microvm_firmware())
         .args([
             "-M",
             "microvm,x-option-roms=off",
@@ -295,5 +331,22 @@ mod tests {
         assert!(argv.contains("readonly=on"));
         let kvm = Qemu.argv(&boot(Accel::Kvm)).join(" ");
         assert!(kvm.contains("-accel kvm -cpu host") && !kvm.contains("tsc_early_khz"));
+    }
+
+    #[test]
+    fn a_restored_guest_maps_its_ram_file_read_only_and_private() {
+        let save = Qemu
+            .snapshot_args(512, Ram::Save { file: "/snap/ram" })
+            .join(" ");
+        assert_eq!(
+            save,
+            "-object memory-backend-file,id=ram,size=512M,mem-path=/snap/ram,share=on \
+             -machine memory-backend=ram"
+        );
+        let restore = Qemu
+            .snapshot_args(512, Ram::Restore { file: "/vm/s/ram" })
+            .join(" ");
+        assert!(restore.contains("mem-path=/vm/s/ram,share=off,readonly=on,rom=off"));
+        assert!(restore.ends_with("-incoming defer"));
     }
 }

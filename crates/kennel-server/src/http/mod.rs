@@ -180,19 +180,14 @@ fn panic_response(panic: Box<dyn std::any::Any + Send>) -> Response {
 
 async fn healthz(State(state): State<Shared>) -> Json<serde_json::Value> {
     use super::pool::{Kind, Profile};
-    let images: serde_json::Map<String, serde_json::Value> = state
-        .config
-        .pool
-        .images
-        .keys()
-        .map(|name| {
-            let kind = Kind {
-                profile: Profile::Python,
-                image: Some(name.clone()),
-            };
-            (name.clone(), json!(state.pool.ready_count(&kind)))
-        })
-        .collect();
+    let ready = |names: &std::collections::BTreeMap<String, usize>, kind: fn(&str) -> Kind| {
+        names
+            .keys()
+            .map(|name| (name.clone(), json!(state.pool.ready_count(&kind(name)))))
+            .collect::<serde_json::Map<String, serde_json::Value>>()
+    };
+    let images = ready(&state.config.pool.images, Kind::image);
+    let microvm = ready(&state.config.pool.microvm, Kind::clone_of);
     Json(json!({
         "status": if state.is_shutting_down() { "shutting_down" } else { "ok" },
         "sessions": state.sessions.len(),
@@ -200,6 +195,7 @@ async fn healthz(State(state): State<Shared>) -> Json<serde_json::Value> {
             "python": state.pool.ready_count(&Kind::host(Profile::Python)),
             "shell": state.pool.ready_count(&Kind::host(Profile::Shell)),
             "images": images,
+            "microvm": microvm,
         },
     }))
 }

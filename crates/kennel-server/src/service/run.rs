@@ -4,9 +4,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::{in_slot, Caller, Live, Service, ServiceError};
-use crate::agent::{AgentError, AgentSandbox, Exec};
+use crate::agent::{AgentError, AgentSandbox, Exec, KernelUsage};
 use crate::audit::Entry;
 use crate::metrics::inc;
+use kennel_sandbox::cgroup::Stats;
 use kennel_sandbox::native::helper::in_scratch;
 use kennel_sandbox::{Canceller, OutputMode, RunIo, StdinSource, Stream};
 use kennel_types::api::{CollectedFile, Command, Content, Outcome, RunRequest, RunResult, RunSpec};
@@ -210,10 +211,14 @@ async fn run_pooled(
         }
     }
     // The sandbox has nothing left to do. When the code ran, its usage is read from the
-    // cgroup now and the sandbox is destroyed after the answer: waiting for the teardown
-    // would cost the caller ~10 ms.
+    // cgroup now (or, where the host cannot read it while the sandbox runs, as a microVM's,
+    // taken from the kernel's own account) and the sandbox is destroyed after the answer:
+    // waiting for the teardown would cost the caller ~10 ms (seconds for a microVM).
     let (exec, isolation, usage) = match (exec, agent.usage_now()) {
-        (Ok(exec), Some((isolation, stats))) => (exec, isolation, stats.unwrap_or_default()),
+        (Ok(ran), Some((isolation, probed))) if probed.is_some() || ran.usage.is_some() => {
+            let usage = probed.unwrap_or_else(|| kernel_stats(ran.usage));
+            (ran.exec, isolation, usage)
+        }
         (exec, _) => {
             agent.kill();
             let sandbox = match agent.close().await {
@@ -222,8 +227,8 @@ async fn run_pooled(
             };
             let limit = limits.output.0;
             return match exec {
-                Ok(exec) => Ok(RunResult {
-                    outcome: exec.outcome,
+                Ok(ran) => Ok(RunResult {
+                    outcome: ran.exec.outcome,
                     files,
                     ..sandbox
                 }),
@@ -250,6 +255,20 @@ async fn run_pooled(
         isolation,
         network_log: vec![],
     })
+}
+
+/// The kernel's own account as the usage a cgroup would give: its CPU time and peak; the
+/// OOM and pids counters stay 0, as a kernel that hit either would not have answered.
+fn kernel_stats(usage: Option<KernelUsage>) -> Stats {
+    let u = usage.unwrap_or(KernelUsage {
+        cpu_ns: 0,
+        max_rss_bytes: 0,
+    });
+    Stats {
+        cpu_ns: u.cpu_ns,
+        memory_peak: u.max_rss_bytes,
+        ..Stats::default()
+    }
 }
 
 /// One collected file of a pooled run, read by the agent.

@@ -206,7 +206,7 @@ async fn run_exec(
             live.send(s, data);
         }
     };
-    let outcome = session.agent.exec(exec, on_output).await;
+    let outcome = session.agent.exec(exec, on_output).await.map(|r| r.exec);
     let entry = Entry {
         session: Some(&session.id),
         language: Some(spec.language.name()),

@@ -31,8 +31,6 @@ fn service(config: ServerConfig) -> Arc<Service> {
     let pool = Arc::new(Pool::new(
         engine.clone(),
         policy,
-        0,
-        0,
         &Default::default(),
         minute,
         minute,

@@ -78,3 +78,34 @@ pub fn prepared_vm() -> Option<VmDir> {
     });
     Some(vm_dir())
 }
+
+/// Whether `--version` output names a QEMU that maps a RAM file read-only and private
+/// (`rom=`, QEMU 8.2 and later), which snapshots need: backports' QEMU 10, not bookworm's 7.2.
+pub fn snapshot_capable_qemu(version: &str) -> bool {
+    let Some(rest) = version.trim().strip_prefix("QEMU emulator version ") else {
+        return false;
+    };
+    let mut parts = rest.split(|c: char| !c.is_ascii_digit());
+    let major: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    let minor: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    (major, minor) >= (8, 2)
+}
+
+/// `kennel image build python-data -f images/python-data.toml --json` into [`STATE`], which
+/// must succeed (a spec built before is found again in about a second).
+pub fn build_python_data() -> Value {
+    let spec = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../images/python-data.toml");
+    let out = Command::new(super::KENNEL)
+        .args(["image", "build", "python-data", "-f"])
+        .arg(&spec)
+        .arg("--json")
+        .env("KENNEL_STATE_DIR", STATE)
+        .output()
+        .expect("kennel starts");
+    assert!(
+        out.status.success(),
+        "building python-data failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
