@@ -86,6 +86,9 @@ pub enum Msg {
     Vm(Box<crate::microvm::plan::VmPlan>),
     /// From a microvm relay to its guest agent.
     Guest(Box<crate::microvm::plan::GuestPlan>),
+    /// To a guest resumed mid-run from a snapshot, before anything else: its own entropy and
+    /// the clock (what a started guest gets with its plan); it answers `GuestStarted` again.
+    Fresh(crate::microvm::plan::Fresh),
     /// The code's stdin, to a guest agent: a chunk as the blob, then `StdinEnd`.
     Stdin,
     StdinEnd,

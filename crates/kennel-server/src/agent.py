@@ -732,12 +732,25 @@ def run_exec(sock, state, code, fds, one_shot=False):
     filename = "<string>" if one_shot else "<session>"
     if one_shot:
         sys.argv = ["-c"]
+        reseed_generators()
     status = run_code(code, state, lambda: sock.sendall(b"started\n"), filename)
     flush_std_streams()
     if os.getpid() != state.pid:  # a fork made by the code ends with the code, as in python3 -c
         os._exit(status & 0xFF)
     stdio_to_devnull()
     return status
+
+
+def reseed_generators():
+    """Seeds Python's and numpy's global generators from the kernel's pool, as a fresh
+    ``python3 -c`` would be: a microVM clone's kernel was started before its snapshot, and
+    every clone of it would otherwise draw the same numbers."""
+    import random
+
+    random.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
 
 
 def run_code(code, state, announce, filename="<session>"):

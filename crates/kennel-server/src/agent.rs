@@ -15,7 +15,7 @@ use kennel_sandbox::engine::Engine;
 use kennel_sandbox::error::Error;
 use kennel_sandbox::{Canceller, OutputMode, OutputSink, RunIo, Started, StdinSource, Stream};
 use kennel_types::api::{
-    Command, DirEntry, ExecResult, Isolation, Language, RunRequest, RunResult,
+    Command, DirEntry, ExecResult, Isolation, Language, ResumeAt, RunRequest, RunResult,
 };
 use kennel_types::policy::{Policy, Span, Tier};
 
@@ -304,8 +304,15 @@ impl AgentSandbox {
         if !preload.is_empty() {
             argv.push(preload.join(","));
         }
+        // A microVM clone is the agent's guest saved once it has answered a first ping (its
+        // preloads imported) and restored for each clone: its ping (id 0) is the snapshot's.
+        let resume_at = (policy.tier == Tier::Microvm).then(|| ResumeAt {
+            stdin: b"{\"op\":\"ping\",\"id\":0}\n".to_vec(),
+            ready: b"{\"id\":0,\"event\":\"pong\"".to_vec(),
+        });
         let req = RunRequest {
             policy,
+            resume_at,
             ..RunRequest::new(Command::Argv(argv))
         };
         let (reader, writer) = std::io::pipe().map_err(Error::io("creating the agent's stdin"))?;

@@ -260,6 +260,16 @@ class AgentTest(unittest.TestCase):
         result, _, _ = self.python("import os\nos._exit(7)")
         self.assertIsNone(result["usage"], result)
 
+    def test_a_one_shot_exec_gets_freshly_seeded_generators(self):
+        # A microVM clone's kernel was started before its snapshot: its generators are the
+        # snapshot's until a one-shot exec seeds them again. A session exec keeps them.
+        self.python("import random\nrandom.seed(5)")
+        _, kept, _ = self.python("print(random.random())")
+        self.python("random.seed(5)")
+        _, fresh, _ = self.python("import random\nprint(random.random())", one_shot=True)
+        self.assertEqual(float(kept), __import__("random").Random(5).random())
+        self.assertNotEqual(float(fresh), float(kept))
+
     def test_python_exception(self):
         result, out, err = self.python("print('before')\ndef g():\n    1/0\ng()")
         self.assertEqual(result["exit_code"], 1)

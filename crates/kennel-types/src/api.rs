@@ -174,6 +174,19 @@ pub struct RunRequest {
     /// set by the engine only.
     #[serde(skip)]
     pub image: Option<crate::image::ImageInfo>,
+    /// Where a microvm run may be resumed instead of started: the tier saves a guest whose
+    /// code has read `stdin` and written a line starting `ready`, and restores later runs of
+    /// exactly this request there (the server's pool of microvm clones: the session agent
+    /// with the image's preloads imported). Never read from a request.
+    #[serde(skip)]
+    pub resume_at: Option<ResumeAt>,
+}
+
+/// The point a run is saved at, and resumed from: see [`RunRequest::resume_at`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ResumeAt {
+    pub stdin: Vec<u8>,
+    pub ready: Vec<u8>,
 }
 
 /// A host directory bound at `target` inside the sandbox: writable (the image builder's pip
@@ -197,6 +210,7 @@ impl RunRequest {
             host_dirs: vec![],
             devices: vec![],
             image: None,
+            resume_at: None,
         }
     }
 }
@@ -559,14 +573,11 @@ impl RunSpec {
             })
             .collect();
         Ok(RunRequest {
-            command: self.command()?,
             stdin: self.stdin.clone().map(Content::Text),
             files,
             collect: self.collect.clone(),
             policy,
-            host_dirs: vec![],
-            devices: vec![],
-            image: None,
+            ..RunRequest::new(self.command()?)
         })
     }
 }

@@ -50,7 +50,8 @@ fn healthz_metrics_and_openapi() {
         .starts_with("application/json"));
     assert_eq!(
         h.json(),
-        json!({"status": "ok", "sessions": 0, "pool": {"python": 0, "shell": 0, "images": {}}})
+        json!({"status": "ok", "sessions": 0,
+               "pool": {"python": 0, "shell": 0, "images": {}, "microvm": {}}})
     );
 
     let m = c.get("/metrics");

@@ -12,7 +12,7 @@ use kennel_types::api::{Content, FileIn};
 
 use super::initrd::{GUEST_ROOT, MODULE_LIST, SYSROOT};
 use super::net::{self, Links, Peer};
-use super::plan::{GuestEnd, GuestPlan};
+use super::plan::{Fresh, GuestEnd, GuestPlan};
 use super::steps::{at, Failed, Step};
 use super::vmm::AGENT_PORT;
 use crate::cgroup::Stats;
@@ -227,7 +227,9 @@ fn run(
     let fail = |e: std::io::Error| (Step::Report, Fail::new(format!("the agent port: {e}")));
     let writer: Peer = Arc::new(Mutex::new(Box::new(port.try_clone().map_err(fail)?)));
     let links = Links::new(writer.clone());
-    let (stdin, reader) = read_port(port, links.clone()).map_err(fail)?;
+    let started: Started = Arc::new(Mutex::new(None));
+    let (stdin, reader) =
+        read_port(port, links.clone(), started.clone(), writer.clone()).map_err(fail)?;
     let mut req = plan.request.clone();
     req.files = files
         .into_iter()
@@ -242,7 +244,7 @@ fn run(
         on_output: Some(output_to(writer.clone())),
         output: crate::supervise::io::OutputMode::Capture,
         cancel: None,
-        on_started: Some(started_to(writer.clone())),
+        on_started: Some(started_to(writer.clone(), started)),
     };
     let native = Native {
         helper: "/init".into(),
@@ -251,12 +253,7 @@ fn run(
     // Before anything runs: a guest restored from a snapshot has its snapshot's entropy pool
     // and clock, the same in every clone.
     if let Some(f) = &plan.fresh {
-        let fresh = sys::reseed_kernel_random(&f.seed)
-            .ctx(|| "reseeding the kernel's random pool".into())
-            .and_then(|()| {
-                sys::set_wall_clock(f.unix_secs, f.unix_nanos).ctx(|| "setting the clock".into())
-            });
-        fresh.map_err(|f| (Step::ReceivePlan, f))?;
+        freshen(f).map_err(|f| (Step::ReceivePlan, f))?;
     }
     // The code's proxy listeners hand their connections to the host, the guest's only route.
     let forward: crate::egress::Forward =
@@ -335,8 +332,22 @@ fn output_to(writer: Peer) -> crate::OutputSink {
     })
 }
 
-fn started_to(writer: Peer) -> crate::supervise::io::OnStarted {
+/// The guest's own entropy (credited to the kernel's pool, then a reseed) and the clock.
+fn freshen(f: &Fresh) -> Result<(), Fail> {
+    sys::reseed_kernel_random(&f.seed)
+        .ctx(|| "reseeding the kernel's random pool".into())
+        .and_then(|()| {
+            sys::set_wall_clock(f.unix_secs, f.unix_nanos).ctx(|| "setting the clock".into())
+        })
+}
+
+/// The isolation the run's sandbox reported, kept to be told again to a host that resumes
+/// the run from a snapshot.
+type Started = Arc<Mutex<Option<kennel_types::api::Isolation>>>;
+
+fn started_to(writer: Peer, kept: Started) -> crate::supervise::io::OnStarted {
     Box::new(move |started| {
+        *kept.lock().unwrap_or_else(|p| p.into_inner()) = Some(started.isolation.clone());
         let _ = net::send(
             &writer,
             &Msg::GuestStarted(Box::new(started.isolation)),
@@ -346,16 +357,38 @@ fn started_to(writer: Peer) -> crate::supervise::io::OnStarted {
 }
 
 /// Reads the host's frames after the plan on a thread: stdin into a pipe (the code's stdin),
-/// and the proxy's side of the code's connections.
+/// the proxy's side of the code's connections, and, in a guest resumed from a snapshot, its
+/// entropy and clock, which it takes before it says again that the run has started.
 fn read_port(
     mut port: File,
     links: Arc<Links>,
+    started: Started,
+    peer: Peer,
 ) -> std::io::Result<(std::io::PipeReader, std::thread::JoinHandle<()>)> {
     let (reader, writer) = std::io::pipe()?;
     let thread = std::thread::spawn(move || {
         let mut stdin = Some(writer);
         while let Ok(Some((msg, blob))) = channel::recv(&mut port) {
             match msg {
+                Msg::Fresh(f) => {
+                    let kept = started.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                    let answer = match (freshen(&f), kept) {
+                        (Ok(()), Some(iso)) => Msg::GuestStarted(Box::new(iso)),
+                        (Ok(()), None) => Msg::Failed {
+                            step: Step::ReceivePlan.into(),
+                            errno: None,
+                            detail: "in the guest: resumed before its run had started".into(),
+                        },
+                        (Err(e), _) => Msg::Failed {
+                            step: Step::ReceivePlan.into(),
+                            errno: e.errno,
+                            detail: format!("in the guest: {}", e.detail),
+                        },
+                    };
+                    if net::send(&peer, &answer, &[]).is_err() {
+                        break;
+                    }
+                }
                 Msg::Stdin => {
                     if stdin.as_mut().is_some_and(|w| w.write_all(&blob).is_err()) {
                         stdin = None;

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use kennel_types::api::RunRequest;
+use kennel_types::api::{ResumeAt, RunRequest};
 use kennel_types::policy::Policy;
 
 use crate::cgroup::Stats;
@@ -49,11 +49,16 @@ pub enum VmMode {
     Snapshot {
         dir: PathBuf,
         warm_up: Option<Box<GuestPlan>>,
+        /// Instead of waiting for a plan: the guest runs its own plan, is given `stdin`, and is
+        /// saved once its code has written the `ready` line (a run saved mid-way, resumed by
+        /// every restore).
+        resume: Option<ResumeAt>,
     },
     /// QEMU started with the snapshot's RAM file mapped private and `-incoming defer`, fed the
     /// snapshot's `state` (in `dir`, on the host) through a pipe, then continued: the agent
-    /// waits for its plan, as it did when the snapshot was taken.
-    Restore { dir: PathBuf },
+    /// waits for its plan, as it did when the snapshot was taken; or, `resumed`, its run goes
+    /// on from where it was saved, once it has its own entropy and clock.
+    Restore { dir: PathBuf, resumed: bool },
 }
 
 /// Where a snapshot being taken is, in the VMM's jail.

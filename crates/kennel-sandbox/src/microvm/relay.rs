@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use kennel_types::api::{Command, HostDir, RunRequest, RunResult};
+use kennel_types::api::{Command, HostDir, ResumeAt, RunRequest, RunResult};
 
 use super::net::{self, Connector, Links, Peer};
 use super::plan::{
@@ -129,7 +129,7 @@ fn talk(
     let deadline = Instant::now() + Duration::from_millis(plan.boot_timeout_ms);
     let qmp = dir.join(QMP_SOCKET);
     let mut guest = match &plan.mode {
-        VmMode::Restore { dir: snap } => {
+        VmMode::Restore { dir: snap, .. } => {
             let left = deadline.saturating_duration_since(Instant::now());
             snapshot::restore(&qmp, snap, left).map_err(at(Step::AwaitGuest))?;
             accept_vmm(listener, deadline, vmm, cancel).map_err(at(Step::AwaitGuest))?
@@ -141,9 +141,19 @@ fn talk(
             g
         }
     };
-    if let VmMode::Snapshot { dir: snap, warm_up } = &plan.mode {
+    if let VmMode::Snapshot {
+        dir: snap,
+        warm_up,
+        resume,
+    } = &plan.mode
+    {
         if let Some(w) = warm_up {
             warm(&mut guest, w, deadline, vmm, cancel).map_err(at(Step::SaveSnapshot))?;
+        }
+        if let Some(r) = resume {
+            // The run may take its whole timeout to be ready (an image's preloads under TCG).
+            let until = Instant::now() + plan.guest.request.policy.limits.timeout.0;
+            run_to(&mut guest, &plan.guest, r, until).map_err(at(Step::SaveSnapshot))?;
         }
         snapshot::save(&qmp, snap).map_err(at(Step::SaveSnapshot))?;
         // QEMU must be gone before the RAM file is sealed: it holds it open for writing.
@@ -154,12 +164,61 @@ fn talk(
     let peer: Peer = std::sync::Arc::new(std::sync::Mutex::new(Box::new(
         writer.map_err(at(Step::SendPlan))?,
     )));
-    send_plan(&mut guest, plan, files, peer.clone()).map_err(at(Step::SendPlan))?;
+    if let VmMode::Restore { resumed: true, .. } = &plan.mode {
+        // Its run goes on: only its own entropy and clock, before anything else reaches it.
+        let fresh = fresh().ctx(|| "entropy for the guest".into());
+        net::send(&peer, &Msg::Fresh(fresh.map_err(at(Step::SendPlan))?), &[])
+            .ctx(|| "freshening the resumed guest".into())
+            .map_err(at(Step::SendPlan))?;
+        forward_stdin(peer.clone());
+    } else {
+        send_plan(&mut guest, plan, files, peer.clone()).map_err(at(Step::SendPlan))?;
+    }
     let route = Route {
         links: Links::new(peer),
         connector,
     };
     pass_frames(ctl, &mut guest, plan, &route, cancel).map_err(at(Step::Report))
+}
+
+/// A run saved mid-way: the guest gets its plan (with entropy that only the snapshot keeps:
+/// every restore is given its own) and `at.stdin`, and runs until its code writes the
+/// `at.ready` line; whatever else it sends before that is Kennel's own start-up, dropped.
+fn run_to(
+    guest: &mut UnixStream,
+    plan: &GuestPlan,
+    at: &ResumeAt,
+    deadline: Instant,
+) -> Result<(), Fail> {
+    let mut plan = plan.clone();
+    plan.fresh = Some(fresh().ctx(|| "entropy for the guest".into())?);
+    channel::send(guest, &Msg::Guest(Box::new(plan)), &[]).ctx(|| "the run's plan".into())?;
+    channel::send(guest, &Msg::Stdin, &at.stdin).ctx(|| "the run's stdin".into())?;
+    let _ = guest.set_read_timeout(Some(deadline.saturating_duration_since(Instant::now())));
+    let mut line = Vec::new();
+    loop {
+        match channel::recv_bounded(guest, 1 << 20, 1 << 20) {
+            Ok(Some((Msg::Output { stderr: false }, blob))) => {
+                line.extend_from_slice(&blob);
+                while let Some(end) = line.iter().position(|&b| b == b'\n') {
+                    if line.starts_with(&at.ready) {
+                        let _ = guest.set_read_timeout(None);
+                        return Ok(());
+                    }
+                    line.drain(..=end);
+                }
+            }
+            Ok(Some((Msg::Failed { detail, .. }, _))) => {
+                return Err(Fail::new(format!("the run to be saved failed: {detail}")))
+            }
+            Ok(Some((Msg::Exited { .. } | Msg::Done, _))) => {
+                return Err(Fail::new("the run to be saved ended before it was ready"))
+            }
+            Ok(Some(_)) => {}
+            Ok(None) => return Err(Fail::new("the guest ended before its run was ready")),
+            Err(e) => return Err(Fail::new(format!("the run to be saved: {e}"))),
+        }
+    }
 }
 
 /// A snapshot's warm-up: Kennel's own run in the guest, its report discarded, then the host's
@@ -458,6 +517,12 @@ fn send_plan(
         channel::send(guest, &Msg::File(meta.clone()), data)
             .ctx(|| format!("sending {}", meta.path))?;
     }
+    forward_stdin(peer);
+    Ok(())
+}
+
+/// The relay's own stdin, passed to the guest as frames on a thread of its own.
+fn forward_stdin(peer: Peer) {
     std::thread::spawn(move || {
         let mut stdin = std::io::stdin().lock();
         let mut buf = vec![0u8; 64 << 10];
@@ -473,7 +538,6 @@ fn send_plan(
         }
         let _ = net::send(&peer, &Msg::StdinEnd, &[]);
     });
-    Ok(())
 }
 
 /// 64 bytes of the host's entropy and its wall clock, for one guest.

@@ -6,7 +6,7 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use super::plan::VmPlan;
+use super::plan::{VmMode, VmPlan};
 use super::relay::RELAY_ARG;
 use super::steps::Step;
 use crate::channel::{self, Msg};
@@ -30,7 +30,13 @@ pub fn take(helper: &Path, plan: VmPlan) -> Result<(), Error> {
         .spawn()
         .map_err(|e| failed(format!("{}: {e}", helper.display())))?;
     drop(relay_end);
-    let bound = Instant::now() + Duration::from_millis(plan.boot_timeout_ms) + SAVE_ALLOWANCE;
+    let mut bound = Instant::now() + Duration::from_millis(plan.boot_timeout_ms) + SAVE_ALLOWANCE;
+    if let VmMode::Snapshot {
+        resume: Some(_), ..
+    } = &plan.mode
+    {
+        bound += plan.guest.request.policy.limits.timeout.0;
+    }
     let outcome = channel::send(&mut ctl, &Msg::Vm(Box::new(plan)), &[])
         .map_err(|e| failed(format!("sending the plan: {e}")))
         .and_then(|()| until_done(&mut ctl, bound));

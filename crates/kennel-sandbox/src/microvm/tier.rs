@@ -7,7 +7,7 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 
 use kennel_net::Proxy;
-use kennel_types::api::{Isolation, LimitsInfo, RunRequest, RunResult, RuntimeInfo};
+use kennel_types::api::{Isolation, LimitsInfo, ResumeAt, RunRequest, RunResult, RuntimeInfo};
 use kennel_types::policy::{ByteSize, Capabilities, NetMode, Policy, Tier};
 
 use super::artifacts::{Manifest, VmDir};
@@ -153,19 +153,32 @@ impl Microvm {
                 initrd,
                 disk,
             ];
+            // A run that may be resumed (nothing of its own to send first, and no proxy, which
+            // is each relay's own) is saved mid-way,
+            // keyed by all of it; any other restores the image's guest waiting for a plan.
+            let resume = (files == 0 && req.stdin.is_none() && !plan.proxy)
+                .then(|| req.resume_at.clone())
+                .flatten();
+            let warm_up = match &resume {
+                Some(at) => resume_key(&plan.guest.request, at)?,
+                None => warm_up_argv(&rootfs),
+            };
             let taken_with = snapshot::Manifest {
                 qemu_version: manifest.qemu_version.clone(),
                 kernel_release: manifest.kernel_release.clone(),
                 argv: plan.argv.clone(),
                 files: snapshot::file_ids(&inputs.iter().map(PathBuf::as_path).collect::<Vec<_>>()),
-                warm_up: warm_up_argv(&rootfs),
+                warm_up,
             };
-            let snap = self.snapshot(&plan, &taken_with)?;
+            let snap = self.snapshot(&plan, &taken_with, resume.as_ref())?;
             let ram = self.in_vm(&snap.join(RAM_FILE));
             let ram = Ram::Restore { file: &ram };
             plan.argv
                 .extend(Qemu.snapshot_args(self.config.memory_mib, ram));
-            plan.mode = VmMode::Restore { dir: snap };
+            plan.mode = VmMode::Restore {
+                dir: snap,
+                resumed: resume.is_some(),
+            };
         }
         Ok((plan, accel, manifest.qemu_version))
     }
@@ -228,7 +241,12 @@ impl Microvm {
 
     /// The directory of the snapshot `manifest` describes: found, or taken now (one at a time
     /// per snapshot, under a lock; a snapshot whose manifest differs is never used).
-    fn snapshot(&self, plan: &VmPlan, manifest: &snapshot::Manifest) -> Result<PathBuf, Error> {
+    fn snapshot(
+        &self,
+        plan: &VmPlan,
+        manifest: &snapshot::Manifest,
+        resume: Option<&ResumeAt>,
+    ) -> Result<PathBuf, Error> {
         let dir = snapshot::dir_for(&self.vm, manifest);
         if let Some(found) = snapshot::find(&dir, manifest) {
             return Ok(found);
@@ -254,7 +272,11 @@ impl Microvm {
             .extend(Qemu.snapshot_args(self.config.memory_mib, ram));
         saving.mode = VmMode::Snapshot {
             dir: tmp.clone(),
-            warm_up: Some(Box::new(warm_up(&plan.guest.request, manifest))),
+            warm_up: match resume {
+                Some(_) => None,
+                None => Some(Box::new(warm_up(&plan.guest.request, manifest))),
+            },
+            resume: resume.cloned(),
         };
         saving.proxy = false;
         saving.guest.files = 0;
@@ -354,6 +376,14 @@ fn warm_up(run: &RunRequest, manifest: &snapshot::Manifest) -> GuestPlan {
         fresh: None,
         then_wait: true,
     }
+}
+
+/// What a snapshot of a run saved mid-way is taken with: the guest's whole request and the
+/// point it is saved at, so it serves only exactly that run.
+fn resume_key(request: &RunRequest, at: &ResumeAt) -> Result<Vec<String>, Error> {
+    let key = serde_json::to_string(&(request, at))
+        .map_err(|e| setup(Step::SaveSnapshot, format!("describing the run: {e}")))?;
+    Ok(vec!["resume".into(), key])
 }
 
 /// The warm-up command for an image whose root (on the host) is `rootfs`.

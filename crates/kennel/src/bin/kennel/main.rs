@@ -556,14 +556,10 @@ fn request(args: RunArgs) -> anyhow::Result<RunRequest> {
         )?),
     };
     Ok(RunRequest {
-        command,
-        stdin: None,
         files,
         collect: args.collect,
         policy,
-        host_dirs: vec![],
-        devices: vec![],
-        image: None,
+        ..RunRequest::new(command)
     })
 }
 
