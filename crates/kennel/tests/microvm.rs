@@ -835,3 +835,43 @@ fn clones_of_an_image_wait_with_its_preloads_imported() {
     }
     assert_ne!(outs[0], outs[1], "numpy's generator repeats across clones");
 }
+
+/// Clones waiting in a server's pool go with the server: a SIGKILLed server leaves no QEMU or
+/// relay running, and the next start sweeps the socket directories and cgroups they left.
+#[test]
+fn a_killed_server_leaves_no_clone_behind() {
+    if vm::prepared_vm().is_none()
+        || !require("root (the relays' run directories)", common::is_root())
+    {
+        return;
+    }
+    let server = vm_server(
+        "microvm-pool-kill",
+        "[pool]\npython = 0\nbash = 0\nmicrovm = { microvm-base = 2 }\n",
+    );
+    wait_clones(&server, BASE_IMAGE, 2, Duration::from_secs(300));
+    let family = descendants(server.pid);
+    let qemus = family
+        .iter()
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| c.contains("qemu-system-x86_64"))
+        })
+        .count();
+    assert_eq!(qemus, 2, "two clones, each a QEMU under the server");
+    server.signal(libc::SIGKILL);
+    let until = Instant::now() + Duration::from_secs(10);
+    while family.iter().any(|p| alive(*p)) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let left: Vec<_> = family.iter().filter(|p| alive(**p)).collect();
+    assert!(left.is_empty(), "processes outlived the server: {left:?}");
+    let r = run(&[], &["/bin/true"]).unwrap();
+    assert_eq!(r["exit_code"], 0);
+    for p in &family {
+        let dir = Path::new("/run/kennel/vm").join(p.to_string());
+        assert!(!dir.exists(), "{} was left behind", dir.display());
+        let cgroups = common::kennel_cgroups_of(*p);
+        assert!(cgroups.is_empty(), "cgroups left behind: {cgroups:?}");
+    }
+}
