@@ -23,8 +23,8 @@ import urllib.parse
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import (Client, check_argv, check_targets, fmt, print_targets, run_argv, run_ok,  # noqa: E402
-                     summary)
+from harness import (Client, check_argv, check_targets, descendants, fmt, print_targets, run_argv,  # noqa: E402
+                     run_ok, summary)
 
 CODE = "import pandas, numpy; print(pandas.DataFrame({'a': [1]}).a.sum())"  # prints "1\n"
 TARGETS = [("pooled_p50_ms", 400.0, "<=")]
@@ -46,24 +46,6 @@ def wait_full(client, image, size, limit):
             raise RuntimeError(f"{size} clones of {image} not ready in {limit:.0f} s")
         time.sleep(0.05)
     return time.perf_counter() - t0
-
-
-def descendants(pid):
-    children = {}
-    for p in os.listdir("/proc"):
-        if p.isdigit():
-            try:
-                with open(f"/proc/{p}/stat") as f:
-                    ppid = int(f.read().rpartition(")")[2].split()[1])
-            except OSError:
-                continue
-            children.setdefault(ppid, []).append(int(p))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
 
 
 def memory_of_clones(server_pid):

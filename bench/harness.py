@@ -4,6 +4,7 @@ sys.path first (they are run as `/usr/bin/python3 bench/X.py`)."""
 
 import http.client
 import json
+import os
 import statistics
 import subprocess
 import time
@@ -92,6 +93,27 @@ def check_argv(argv):
         err = p.stderr.decode(errors="replace").strip()
         return f"exit status {p.returncode}, stdout {p.stdout[:40]!r}: {err[-300:] or '(no stderr)'}"
     return None
+
+
+def descendants(root):
+    """Pids of every process below root (by parent pid, from /proc/*/stat)."""
+    children = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat.rpartition(")")[2].split()[1])
+        children.setdefault(ppid, []).append(int(name))
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
 
 
 # --- HTTP ---------------------------------------------------------------------------------

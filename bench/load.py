@@ -24,9 +24,9 @@ import urllib.parse
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import (Client, busy_fraction, check_argv, check_targets, cpu_ticks, differences, fmt,  # noqa: E402
-                     loadavg, pct, print_overheads, print_targets, run_argv, run_ok, summary,
-                     wait_pool_full)
+from harness import (Client, busy_fraction, check_argv, check_targets, cpu_ticks, descendants,  # noqa: E402
+                     differences, fmt, loadavg, pct, print_overheads, print_targets, run_argv, run_ok,
+                     summary, wait_pool_full)
 
 PY = "/usr/bin/python3"
 RUN = {"language": "python", "code": "print(1)"}
@@ -85,27 +85,6 @@ def pss_kib(pid):
     except OSError:
         pass
     return None
-
-
-def descendants(root):
-    """Pids of every process below root (by parent pid, from /proc/*/stat)."""
-    children = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat.rpartition(")")[2].split()[1])
-        children.setdefault(ppid, []).append(int(name))
-    out, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
 
 
 def memory(pid):

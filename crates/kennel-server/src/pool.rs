@@ -1,6 +1,6 @@
 //! The warm pool: pre-started agent sandboxes per profile, each handed out once. Native ones
-//! on the host view and on images, and microVM clones per image: a guest restored from the
-//! image's snapshot, its agent started with the image's preloads imported.
+//! on the host view and on images, and microVM clones per image: the session agent's guest,
+//! saved once it had imported the image's preloads and answered a ping, restored for each.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};

@@ -417,19 +417,21 @@ fn a_supervisor_killed_mid_run_leaves_no_vm_behind() {
     };
     child.kill().unwrap();
     child.wait().unwrap();
+    nothing_outlives(&family, "the supervisor");
+}
+
+/// Once `family`'s ancestor is killed, none of them runs within 10 s, and the next start
+/// sweeps what a killed relay could not remove itself: its socket directory and cgroups.
+fn nothing_outlives(family: &[u32], ancestor: &str) {
     let until = Instant::now() + Duration::from_secs(10);
     while family.iter().any(|p| alive(*p)) && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(50));
     }
     let left: Vec<_> = family.iter().filter(|p| alive(**p)).collect();
-    assert!(
-        left.is_empty(),
-        "processes outlived the supervisor: {left:?}"
-    );
-    // The next start sweeps what a killed relay could not remove itself.
+    assert!(left.is_empty(), "processes outlived {ancestor}: {left:?}");
     let r = run(&[], &["/bin/true"]).unwrap();
     assert_eq!(r["exit_code"], 0);
-    for p in &family {
+    for p in family {
         let dir = Path::new("/run/kennel/vm").join(p.to_string());
         assert!(!dir.exists(), "{} was left behind", dir.display());
         let cgroups = common::kennel_cgroups_of(*p);
@@ -547,17 +549,7 @@ fn clones_of_one_snapshot_are_told_apart_and_share_nothing() {
                         .map(|_| {
                             let before = now();
                             let r = run(&[], &[PY, "-c", code]).unwrap();
-                            let after = now();
-                            assert_eq!(r["exit_code"], 0, "{r}");
-                            let line = r["stdout"].as_str().unwrap().trim().to_string();
-                            let f: Vec<String> = line.splitn(6, ' ').map(String::from).collect();
-                            let t: f64 = f[4].parse().unwrap();
-                            assert!(
-                                t > before - 1.0 && t < after + 1.0,
-                                "clock {t} not in {before}..{after}"
-                            );
-                            assert_eq!(f[5], "[]", "a run found files in its scratch: {line}");
-                            f
+                            clone_fields(&r, before, now())
                         })
                         .collect::<Vec<_>>()
                 })
@@ -569,18 +561,39 @@ fn clones_of_one_snapshot_are_told_apart_and_share_nothing() {
             .collect()
     });
     assert_eq!(runs.len(), 20);
+    all_differ(&runs);
+    let after: Vec<String> = states.iter().map(|s| sha256_of(s)).collect();
+    assert_eq!(before, after, "a snapshot changed under its runs");
+}
+
+/// The fields a clone's probe printed (boot id, `/dev/urandom`, a third random value, Python's
+/// `random`, its clock, what it found in `/tmp`), once the run is checked: it exited 0, its
+/// clock was within a second of the host's, and its scratch was empty.
+fn clone_fields(r: &Value, before: f64, after: f64) -> Vec<String> {
+    assert_eq!(r["exit_code"], 0, "{r}");
+    let line = r["stdout"].as_str().unwrap().trim().to_string();
+    let f: Vec<String> = line.splitn(6, ' ').map(String::from).collect();
+    let t: f64 = f[4].parse().unwrap();
+    assert!(
+        t > before - 1.0 && t < after + 1.0,
+        "clock {t} not in {before}..{after}"
+    );
+    assert_eq!(f[5], "[]", "a run found files in its scratch: {line}");
+    f
+}
+
+/// Each random field (the first four) differs between every two runs.
+fn all_differ(runs: &[Vec<String>]) {
     for field in 0..4 {
         let mut values: Vec<&String> = runs.iter().map(|f| &f[field]).collect();
         values.sort();
         values.dedup();
         assert_eq!(
             values.len(),
-            20,
+            runs.len(),
             "field {field} repeats across clones: {runs:?}"
         );
     }
-    let after: Vec<String> = states.iter().map(|s| sha256_of(s)).collect();
-    assert_eq!(before, after, "a snapshot changed under its runs");
 }
 
 fn now() -> f64 {
@@ -766,22 +779,9 @@ fn clones_in_the_pool_serve_microvm_runs_and_are_told_apart() {
         // The usage is the code's own, by the kernel's account: the host cannot read the
         // guest's cgroup.
         assert!(r["memory_peak_bytes"].as_u64().unwrap() > 1 << 20, "{r}");
-        let line = r["stdout"].as_str().unwrap().trim().to_string();
-        let f: Vec<String> = line.splitn(6, ' ').map(String::from).collect();
-        let t: f64 = f[4].parse().unwrap();
-        assert!(
-            t > before - 1.0 && t < after + 1.0,
-            "clock {t} not in {before}..{after}"
-        );
-        assert_eq!(f[5], "[]", "a clone found files in its scratch: {line}");
-        runs.push(f);
+        runs.push(clone_fields(&r, before, after));
     }
-    for field in 0..4 {
-        let mut values: Vec<&String> = runs.iter().map(|f| &f[field]).collect();
-        values.sort();
-        values.dedup();
-        assert_eq!(values.len(), runs.len(), "field {field} repeats: {runs:?}");
-    }
+    all_differ(&runs);
     // Another shape (less memory, the host's tier, bash) is never served by a clone.
     for other in [
         serde_json::json!({"language": "python", "code": "print(1)", "tier": "microvm",
@@ -860,18 +860,5 @@ fn a_killed_server_leaves_no_clone_behind() {
         .count();
     assert_eq!(qemus, 2, "two clones, each a QEMU under the server");
     server.signal(libc::SIGKILL);
-    let until = Instant::now() + Duration::from_secs(10);
-    while family.iter().any(|p| alive(*p)) && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let left: Vec<_> = family.iter().filter(|p| alive(**p)).collect();
-    assert!(left.is_empty(), "processes outlived the server: {left:?}");
-    let r = run(&[], &["/bin/true"]).unwrap();
-    assert_eq!(r["exit_code"], 0);
-    for p in &family {
-        let dir = Path::new("/run/kennel/vm").join(p.to_string());
-        assert!(!dir.exists(), "{} was left behind", dir.display());
-        let cgroups = common::kennel_cgroups_of(*p);
-        assert!(cgroups.is_empty(), "cgroups left behind: {cgroups:?}");
-    }
+    nothing_outlives(&family, "the server");
 }
