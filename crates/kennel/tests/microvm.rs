@@ -490,18 +490,32 @@ fn output_without_a_final_newline_arrives_whole() {
 // ---- snapshots -------------------------------------------------------------------------------
 
 /// The snapshot directories and their manifests, as `kennel vm prepare` and runs left them.
-fn snapshots() -> Vec<std::path::PathBuf> {
+/// The snapshots a run naming no image restores: `microvm-base`'s, not a saved run's. Held
+/// with [`SNAPSHOT_WRITES`] by the tests that read them whole or make them be taken again.
+fn base_snapshots() -> Vec<std::path::PathBuf> {
+    let names = Path::new(vm::STATE).join("images/names").join(BASE_IMAGE);
+    let digest = std::fs::read_link(names).unwrap();
+    let disk = format!("{}.erofs", digest.file_name().unwrap().to_string_lossy());
     let dir = vm::vm_dir().root.join("snapshots");
     let mut found: Vec<_> = std::fs::read_dir(dir)
         .into_iter()
         .flatten()
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p.join("manifest.json").is_file())
+        .filter(|p| {
+            let m: Option<Value> = std::fs::read(p.join("manifest.json"))
+                .ok()
+                .and_then(|t| serde_json::from_slice(&t).ok());
+            m.is_some_and(|m| m["warm_up"][0] != "resume" && m["argv"].to_string().contains(&disk))
+        })
         .collect();
     found.sort();
     found
 }
+
+/// Taken by the tests that hash the base snapshots and the test that makes them be retaken:
+/// the other tests only read them.
+static SNAPSHOT_WRITES: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// sha256sum's, as a debug build would hash a 1 GiB RAM file slowly.
 fn sha256_of(path: &Path) -> String {
@@ -520,10 +534,11 @@ fn sha256_of(path: &Path) -> String {
 /// and the snapshot itself is never written.
 #[test]
 fn clones_of_one_snapshot_are_told_apart_and_share_nothing() {
+    let _writes = SNAPSHOT_WRITES.lock().unwrap_or_else(|p| p.into_inner());
     let Some(_) = run(&[], &["/bin/true"]) else {
         return;
     };
-    let states: Vec<_> = snapshots()
+    let states: Vec<_> = base_snapshots()
         .iter()
         .flat_map(|d| [d.join("ram"), d.join("state")])
         .collect();
@@ -607,10 +622,12 @@ fn now() -> f64 {
 /// it is taken again, and the run is what a cold boot gives.
 #[test]
 fn a_snapshot_whose_manifest_does_not_match_is_taken_again() {
+    let _writes = SNAPSHOT_WRITES.lock().unwrap_or_else(|p| p.into_inner());
     let Some(_) = run(&[], &["/bin/true"]) else {
         return;
     };
-    let dirs = snapshots();
+    let dirs = base_snapshots();
+    assert!(!dirs.is_empty(), "no snapshot of {BASE_IMAGE}");
     for d in &dirs {
         let path = d.join("manifest.json");
         let mut m: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();

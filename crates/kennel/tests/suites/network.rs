@@ -550,7 +550,10 @@ fn pip_installs_from_an_allowed_index() {
          --target /workspace/lib kennel-probe && \
          PYTHONPATH=/workspace/lib {PY} -c 'import kennel_probe; print(kennel_probe.VALUE)'"
     );
-    let r = run(&allow(&[("pypi.test", p)]), &["/bin/sh", "-c", &script]);
+    // pip is a large Python program: under a microVM's TCG it can take most of the 30 s default.
+    let mut opts = allow(&[("pypi.test", p)]);
+    opts.extend(["--timeout".to_string(), "120s".to_string()]);
+    let r = run(&opts, &["/bin/sh", "-c", &script]);
     assert_eq!(r["exit_code"], 0, "{}", r["stderr"]);
     assert_eq!(stdout(&r), "kennel-probe-ok\n");
     assert_log(
