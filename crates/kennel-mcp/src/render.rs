@@ -42,11 +42,6 @@ impl<'a> From<&'a ExecResult> for Shown<'a> {
 }
 
 impl Shown<'_> {
-    /// Whether the code went wrong: it timed out, was killed, or exited non-zero.
-    pub fn failed(&self) -> bool {
-        self.outcome.failed() || self.oom_killed
-    }
-
     /// The text; `timeout` is the limit in force, as the caller gave it, for the timeout
     /// message.
     pub fn text(&self, timeout: Option<&str>) -> String {
@@ -212,17 +207,15 @@ mod tests {
         assert!(text.contains("stdout output truncated: kept the first 3 of 10 bytes"));
         assert!(text.contains("stdout:\nabc"));
         assert!(text.contains("stderr: (empty)"));
-        assert!(shown.failed());
     }
 
     #[test]
-    fn a_clean_exit_is_not_a_failure() {
+    fn a_clean_exit_says_its_status_then_its_output() {
         let r = ExecResult {
             outcome: outcome(),
             interpreter: None,
         };
         let shown = Shown::from(&r);
-        assert!(!shown.failed());
         assert!(shown
             .text(None)
             .starts_with("exit status 0 (5 ms)\nstdout:\nhi\n"));

@@ -161,8 +161,9 @@ a private /workspace (the working directory) and /tmp, limits on time, memory an
 Use run_code or run_command for one-off work; each call gets a fresh sandbox. For multi-step \
 work, create_session once, then session_exec (python state persists between calls), \
 write_file/read_file/list_files to move files in and out, and close_session when done. \
-A result says the exit status, then stdout and stderr; it is marked as an error when the \
-code timed out, was killed, or exited non-zero.";
+A result says the exit status, then stdout and stderr: code that fails, times out or is \
+killed is a normal result that says so, to read and fix; only bad arguments and Kennel's own \
+failures are error results.";
 
 /// A sandbox path from what a model wrote: relative paths are under /workspace.
 fn sandbox_path(p: &str) -> String {
@@ -229,18 +230,18 @@ fn failure(e: &ApiError) -> CallToolResult {
     result(text, data, true)
 }
 
-/// A run's or an exec's result as the tool's answer.
+/// A run's or an exec's result as the tool's answer: a normal result whatever the code did
+/// (a non-zero exit, a timeout, a kill), said plainly in the text and the structured fields.
+/// Agent frameworks treat a tool error as the tool failing (pydantic-ai aborts the agent after
+/// two), and a model must see its failing program to fix it; tool errors are kept for bad
+/// arguments and Kennel's own failures.
 fn outcome<'a>(
     r: &'a impl serde::Serialize,
     shown: Shown<'a>,
     timeout: Option<&str>,
 ) -> CallToolResult {
     let value = serde_json::to_value(r).unwrap_or_default();
-    result(
-        shown.text(timeout),
-        render::structured(value),
-        shown.failed(),
-    )
+    result(shown.text(timeout), render::structured(value), false)
 }
 
 impl KennelTools {
@@ -331,8 +332,8 @@ impl KennelTools {
     #[tool(
         description = "Run a snippet of python, bash or sh in a fresh, disposable sandbox (no \
 network; /workspace is the working directory; default limit 30s). Returns the exit status, \
-stdout and stderr; the result is an error when the code times out, is killed or exits \
-non-zero. Nothing persists after the call: use create_session for multi-step work.",
+stdout and stderr, and says when the code timed out or was killed. Nothing persists after the \
+call: use create_session for multi-step work.",
         annotations(open_world_hint = false)
     )]
     async fn run_code(
@@ -357,8 +358,8 @@ non-zero. Nothing persists after the call: use create_session for multi-step wor
     #[tool(
         description = "Run a program with arguments (an argv, no shell) in a fresh, disposable \
 sandbox that sees the host's system directories read-only (/usr/bin etc.) but no network. \
-Returns the exit status, stdout and stderr; the result is an error when the program times \
-out, is killed or exits non-zero.",
+Returns the exit status, stdout and stderr, and says when the program timed out or was \
+killed.",
         annotations(open_world_hint = false)
     )]
     async fn run_command(
@@ -432,8 +433,7 @@ TTL); end it with close_session when done.",
         description = "Run code in a session made by create_session. python runs in the \
 session's persistent interpreter (state carries over between calls; print what you want to \
 see); bash and sh run a fresh shell in the same sandbox, so files persist. Returns the exit \
-status, stdout and stderr; the result is an error when the code times out, is killed or \
-exits non-zero.",
+status, stdout and stderr, and says when the code timed out or was killed.",
         annotations(open_world_hint = false)
     )]
     async fn session_exec(

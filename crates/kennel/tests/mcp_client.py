@@ -38,6 +38,15 @@ def ok(what, result):
     return result
 
 
+def program_failed(what, result, *needles):
+    """The code failed (non-zero exit, timeout): a normal result that says so, so that an
+    agent framework hands it to the model instead of counting a failing tool."""
+    text = text_of(ok(what, result))
+    for n in needles:
+        assert n in text, f"{what}: {n!r} not in {text!r}"
+    return result
+
+
 def tool_error(what, result, *needles):
     text = text_of(result)
     assert result.is_error, f"{what}: expected an error result, got: {text}"
@@ -126,12 +135,12 @@ async def checks(read, write):
             "run_command", {"argv": ["/bin/echo", "hello", "world"]}))
         assert r.structured_content["stdout"] == "hello world\n"
 
-        r = tool_error("non-zero exit", await s.call_tool(
+        r = program_failed("non-zero exit", await s.call_tool(
             "run_code", {"language": "sh", "code": "echo oops >&2; exit 3"}),
             "exit status 3", "oops")
         assert r.structured_content["exit_code"] == 3
 
-        r = tool_error("timeout", await s.call_tool("run_code", {
+        r = program_failed("timeout", await s.call_tool("run_code", {
             "language": "python",
             "code": "import time\nprint('started', flush=True)\ntime.sleep(30)",
             "timeout": "1s",
@@ -178,7 +187,7 @@ async def checks(read, write):
 
         ok("session_exec bash", await s.call_tool("session_exec", {
             "session_id": sid, "language": "bash", "code": "ls /workspace"}))
-        tool_error("session timeout", await s.call_tool("session_exec", {
+        program_failed("session timeout", await s.call_tool("session_exec", {
             "session_id": sid, "language": "bash", "code": "sleep 30",
             "timeout": "1s"}), "timed out after 1s")
 
