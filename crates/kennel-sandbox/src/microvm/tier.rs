@@ -154,8 +154,8 @@ impl Microvm {
                 disk,
             ];
             // A run that may be resumed (nothing of its own to send first, and no proxy, which
-            // is each relay's own) is saved mid-way,
-            // keyed by all of it; any other restores the image's guest waiting for a plan.
+            // is each relay's own) is saved mid-way, keyed by all of it; any other restores
+            // the image's guest waiting for a plan.
             let resume = (files == 0 && req.stdin.is_none() && !plan.proxy)
                 .then(|| req.resume_at.clone())
                 .flatten();
