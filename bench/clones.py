@@ -57,8 +57,8 @@ def memory_of_clones(server_pid):
                 if not f.read().startswith("qemu-system"):
                     continue
             with open(f"/proc/{p}/smaps_rollup") as f:
-                kb = {line.split(":")[0]: int(line.split()[1]) for line in f if line.split()[1:2] != []
-                      and line.split()[1].isdigit()}
+                # "Pss:   46764 kB" lines, after the mapping's header line.
+                kb = {line.split(":")[0]: int(line.split()[1]) for line in f if line.endswith(" kB\n")}
         except OSError:
             continue
         found.append({"pss_mib": kb["Pss"] / 1024, "rss_mib": kb["Rss"] / 1024,

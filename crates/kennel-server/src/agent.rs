@@ -297,7 +297,6 @@ impl AgentSandbox {
         preload: &[String],
     ) -> Result<AgentSandbox, Error> {
         policy.limits.timeout = Span(lifetime);
-        let req_tier = policy.tier;
         let mut argv = ["/usr/bin/python3", "-u", "-c", AGENT_SRC]
             .map(String::from)
             .to_vec();
@@ -306,10 +305,15 @@ impl AgentSandbox {
         }
         // A microVM clone is the agent's guest saved once it has answered a first ping (its
         // preloads imported) and restored for each clone: its ping (id 0) is the snapshot's.
-        let resume_at = (policy.tier == Tier::Microvm).then(|| ResumeAt {
+        // The first clone of a kind takes that snapshot: a boot, and under TCG (software
+        // emulation) imports of tens of seconds (python-data's: about 47 s of CPU here), where
+        // a native sandbox takes one or two.
+        let microvm = policy.tier == Tier::Microvm;
+        let resume_at = microvm.then(|| ResumeAt {
             stdin: b"{\"op\":\"ping\",\"id\":0}\n".to_vec(),
             ready: b"{\"id\":0,\"event\":\"pong\"".to_vec(),
         });
+        let ready_within = Duration::from_secs(if microvm { 300 } else { 30 });
         let req = RunRequest {
             policy,
             resume_at,
@@ -350,13 +354,6 @@ impl AgentSandbox {
             live,
             ended,
             started: Instant::now(),
-        };
-        // A microVM's agent starts in a guest restored from a snapshot; under TCG (software
-        // emulation) an image's preloads take tens of seconds to import (pandas and its
-        // friends: about 47 s of CPU here), where a native sandbox takes one or two.
-        let ready_within = match req_tier {
-            Tier::Microvm => Duration::from_secs(300),
-            _ => Duration::from_secs(30),
         };
         match agent.call(&Request::Ping, ready_within, |_, _| {}).await {
             Ok(_) => Ok(agent),

@@ -191,7 +191,9 @@ impl Pool {
             (Kind::host(Profile::Shell), sizes.shell),
         ]);
         counts.extend(sizes.images.iter().map(|(n, &c)| (Kind::image(n), c)));
-        counts.retain(|_, _| native);
+        if !native {
+            counts.clear();
+        }
         counts.extend(sizes.microvm.iter().map(|(n, &c)| (Kind::clone_of(n), c)));
         let shapes = counts
             .keys()

@@ -104,12 +104,16 @@ fn relay(ctl: &mut UnixStream, plan: &VmPlan, files: InputFiles, dir: &Path) -> 
         cancel.cancel();
         let _ = vmm.recv_timeout(EXIT_GRACE);
     }
-    match ended {
+    match (ended, &plan.mode) {
         // Stopped by the supervisor: the deadline or the cancel is its to report, not a
         // failure of the VM's.
-        Err(_) if stopped => Ok(()),
-        Err((step, f)) => Err((step, console.add_to(f))),
-        Ok(()) => Ok(()),
+        (Err(_), _) if stopped => Ok(()),
+        (Err((step, f)), _) => Err((step, console.add_to(f))),
+        // QEMU, which held the RAM file open for writing, is gone: it can be sealed.
+        (Ok(()), VmMode::Snapshot { dir: snap, .. }) => {
+            snapshot::seal(snap).map_err(at(Step::SaveSnapshot))
+        }
+        (Ok(()), _) => Ok(()),
     }
 }
 
@@ -155,10 +159,7 @@ fn talk(
             let until = Instant::now() + plan.guest.request.policy.limits.timeout.0;
             run_to(&mut guest, &plan.guest, r, until).map_err(at(Step::SaveSnapshot))?;
         }
-        snapshot::save(&qmp, snap).map_err(at(Step::SaveSnapshot))?;
-        // QEMU must be gone before the RAM file is sealed: it holds it open for writing.
-        let _ = vmm.recv_timeout(EXIT_GRACE);
-        return snapshot::seal(snap).map_err(at(Step::SaveSnapshot));
+        return snapshot::save(&qmp, snap).map_err(at(Step::SaveSnapshot));
     }
     let writer = guest.try_clone().ctx(|| "the agent socket".into());
     let peer: Peer = std::sync::Arc::new(std::sync::Mutex::new(Box::new(
@@ -190,9 +191,7 @@ fn run_to(
     at: &ResumeAt,
     deadline: Instant,
 ) -> Result<(), Fail> {
-    let mut plan = plan.clone();
-    plan.fresh = Some(fresh().ctx(|| "entropy for the guest".into())?);
-    channel::send(guest, &Msg::Guest(Box::new(plan)), &[]).ctx(|| "the run's plan".into())?;
+    hand_out(guest, plan).ctx(|| "the run's plan".into())?;
     channel::send(guest, &Msg::Stdin, &at.stdin).ctx(|| "the run's stdin".into())?;
     let _ = guest.set_read_timeout(Some(deadline.saturating_duration_since(Instant::now())));
     let mut line = Vec::new();
@@ -230,9 +229,7 @@ fn warm(
     vmm: &Vmm,
     cancel: &Canceller,
 ) -> Result<(), Fail> {
-    let mut plan = plan.clone();
-    plan.fresh = Some(fresh().ctx(|| "entropy for the guest".into())?);
-    channel::send(guest, &Msg::Guest(Box::new(plan)), &[]).ctx(|| "the warm-up plan".into())?;
+    hand_out(guest, plan).ctx(|| "the warm-up plan".into())?;
     channel::send(guest, &Msg::StdinEnd, &[]).ctx(|| "the warm-up's stdin".into())?;
     let _ = guest.set_read_timeout(Some(deadline.saturating_duration_since(Instant::now())));
     loop {
@@ -508,11 +505,7 @@ fn send_plan(
     files: InputFiles,
     peer: Peer,
 ) -> Result<(), Fail> {
-    // Taken now, at hand-out: a restored guest's pool and clock are its snapshot's.
-    let mut guest_plan = plan.guest.clone();
-    guest_plan.fresh = Some(fresh().ctx(|| "entropy for the guest".into())?);
-    channel::send(guest, &Msg::Guest(Box::new(guest_plan)), &[])
-        .ctx(|| "sending the guest its plan".into())?;
+    hand_out(guest, &plan.guest).ctx(|| "sending the guest its plan".into())?;
     for (meta, data) in &files {
         channel::send(guest, &Msg::File(meta.clone()), data)
             .ctx(|| format!("sending {}", meta.path))?;
@@ -538,6 +531,14 @@ fn forward_stdin(peer: Peer) {
         }
         let _ = net::send(&peer, &Msg::StdinEnd, &[]);
     });
+}
+
+/// Sends the guest `plan` with its own entropy and the clock, taken now, at hand-out: a
+/// restored guest's pool and clock are its snapshot's.
+fn hand_out(guest: &mut UnixStream, plan: &GuestPlan) -> std::io::Result<()> {
+    let mut plan = plan.clone();
+    plan.fresh = Some(fresh()?);
+    channel::send(guest, &Msg::Guest(Box::new(plan)), &[])
 }
 
 /// 64 bytes of the host's entropy and its wall clock, for one guest.

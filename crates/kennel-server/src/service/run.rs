@@ -214,11 +214,14 @@ async fn run_pooled(
     // cgroup now (or, where the host cannot read it while the sandbox runs, as a microVM's,
     // taken from the kernel's own account) and the sandbox is destroyed after the answer:
     // waiting for the teardown would cost the caller ~10 ms (seconds for a microVM).
-    let (exec, isolation, usage) = match (exec, agent.usage_now()) {
-        (Ok(ran), Some((isolation, probed))) if probed.is_some() || ran.usage.is_some() => {
-            let usage = probed.unwrap_or_else(|| kernel_stats(ran.usage));
-            (ran.exec, isolation, usage)
-        }
+    let measured = match (&exec, agent.usage_now()) {
+        (Ok(ran), Some((isolation, probed))) => probed
+            .or_else(|| ran.usage.map(kernel_stats))
+            .map(|usage| (isolation, usage)),
+        _ => None,
+    };
+    let (exec, isolation, usage) = match (exec, measured) {
+        (Ok(ran), Some((isolation, usage))) => (ran.exec, isolation, usage),
         (exec, _) => {
             agent.kill();
             let sandbox = match agent.close().await {
@@ -259,11 +262,7 @@ async fn run_pooled(
 
 /// The kernel's own account as the usage a cgroup would give: its CPU time and peak; the
 /// OOM and pids counters stay 0, as a kernel that hit either would not have answered.
-fn kernel_stats(usage: Option<KernelUsage>) -> Stats {
-    let u = usage.unwrap_or(KernelUsage {
-        cpu_ns: 0,
-        max_rss_bytes: 0,
-    });
+fn kernel_stats(u: KernelUsage) -> Stats {
     Stats {
         cpu_ns: u.cpu_ns,
         memory_peak: u.max_rss_bytes,
