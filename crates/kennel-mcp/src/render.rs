@@ -4,7 +4,14 @@
 use serde_json::{json, Value};
 
 use super::api::ApiError;
-use kennel_types::api::{CollectedFile, ExecResult, Interpreter, Outcome, RunResult};
+use kennel_types::api::{
+    CollectedFile, ExecError, ExecResult, Interpreter, Outcome, OutputKind, RichOutput, RunResult,
+};
+
+/// The MIME types of rich outputs that go to the client as MCP image content.
+pub const IMAGE_TYPES: [&str; 2] = ["image/png", "image/jpeg"];
+/// How much of a rich output's `text/plain` the text shows.
+const VALUE_TEXT_MAX: usize = 2000;
 
 /// What a run's or an exec's result shows: how the code ended and what it wrote, with what a
 /// run adds (its kills, its collected files) or an exec does (its interpreter's news).
@@ -15,6 +22,9 @@ pub struct Shown<'a> {
     pub pids_limit_hit: bool,
     pub interpreter: Option<&'a Interpreter>,
     pub files: &'a [CollectedFile],
+    pub results: &'a [RichOutput],
+    pub error: Option<&'a ExecError>,
+    pub results_truncated: bool,
 }
 
 impl<'a> From<&'a RunResult> for Shown<'a> {
@@ -25,6 +35,9 @@ impl<'a> From<&'a RunResult> for Shown<'a> {
             pids_limit_hit: r.pids_limit_hit,
             interpreter: None,
             files: &r.files,
+            results: &[],
+            error: None,
+            results_truncated: false,
         }
     }
 }
@@ -37,11 +50,14 @@ impl<'a> From<&'a ExecResult> for Shown<'a> {
             pids_limit_hit: false,
             interpreter: r.interpreter.as_ref(),
             files: &[],
+            results: &r.results,
+            error: r.error.as_ref(),
+            results_truncated: r.results_truncated,
         }
     }
 }
 
-impl Shown<'_> {
+impl<'a> Shown<'a> {
     /// The text; `timeout` is the limit in force, as the caller gave it, for the timeout
     /// message.
     pub fn text(&self, timeout: Option<&str>) -> String {
@@ -107,7 +123,46 @@ impl Shown<'_> {
                 ));
             }
         }
+        lines.extend(self.results.iter().map(rich_line));
+        if self.results_truncated {
+            lines.push("some rich outputs were dropped: they went past the output limit".into());
+        }
+        if let Some(e) = self.error {
+            lines.push(format!("error: {}: {}", e.name, e.value));
+        }
         lines.join("\n")
+    }
+
+    /// The rich outputs' images, in order, as (base64, MIME type).
+    pub fn images(&self) -> impl Iterator<Item = (&'a str, &'static str)> {
+        self.results.iter().flat_map(|r| {
+            IMAGE_TYPES
+                .iter()
+                .filter_map(|mime| Some((r.data.get(*mime)?.as_str()?, *mime)))
+        })
+    }
+}
+
+/// A rich output as one line of text: its `text/plain` (cut short), and which image comes
+/// with it as image content.
+fn rich_line(r: &RichOutput) -> String {
+    let what = match r.kind {
+        OutputKind::Value => "value",
+        OutputKind::Display => "display",
+    };
+    let plain = r.data.get("text/plain").and_then(|v| v.as_str()).unwrap_or("");
+    let mut text: String = plain.chars().take(VALUE_TEXT_MAX).collect();
+    if text.len() < plain.len() {
+        text.push_str(" [...]");
+    }
+    let images: Vec<&str> = IMAGE_TYPES
+        .into_iter()
+        .filter(|m| r.data.contains_key(*m))
+        .collect();
+    if images.is_empty() {
+        format!("{what}: {text}")
+    } else {
+        format!("{what}: {text} ({} attached)", images.join(", "))
     }
 }
 
@@ -137,6 +192,21 @@ pub fn structured(mut r: Value) -> Value {
             .is_some_and(Vec::is_empty)
         {
             obj.remove("network_log");
+        }
+        // Images go as image content; the structured result says where they went.
+        for result in obj
+            .get_mut("results")
+            .and_then(Value::as_array_mut)
+            .into_iter()
+            .flatten()
+        {
+            if let Some(data) = result.get_mut("data").and_then(Value::as_object_mut) {
+                for mime in IMAGE_TYPES {
+                    if let Some(v) = data.get_mut(mime) {
+                        *v = json!("(sent as image content)");
+                    }
+                }
+            }
         }
     }
     r
@@ -199,7 +269,7 @@ mod tests {
                 stdout_bytes: 10,
                 ..Outcome::default()
             },
-            interpreter: None,
+            ..ExecResult::default()
         };
         let shown = Shown::from(&r);
         let text = shown.text(Some("1s"));
@@ -213,12 +283,49 @@ mod tests {
     fn a_clean_exit_says_its_status_then_its_output() {
         let r = ExecResult {
             outcome: outcome(),
-            interpreter: None,
+            ..ExecResult::default()
         };
         let shown = Shown::from(&r);
         assert!(shown
             .text(None)
             .starts_with("exit status 0 (5 ms)\nstdout:\nhi\n"));
+    }
+
+    #[test]
+    fn rich_outputs_are_short_lines_and_images_go_apart() {
+        let figure = RichOutput {
+            kind: OutputKind::Display,
+            data: [
+                ("text/plain".to_string(), json!("<Figure size 640x480 with 1 Axes>")),
+                ("image/png".to_string(), json!("iVBORw0KGgo=")),
+            ]
+            .into(),
+        };
+        let value = RichOutput {
+            kind: OutputKind::Value,
+            data: [("text/plain".to_string(), json!("x".repeat(5000)))].into(),
+        };
+        let r = ExecResult {
+            outcome: outcome(),
+            results: vec![figure, value],
+            error: Some(ExecError {
+                name: "ZeroDivisionError".into(),
+                value: "division by zero".into(),
+                traceback: vec![],
+            }),
+            results_truncated: true,
+            ..ExecResult::default()
+        };
+        let shown = Shown::from(&r);
+        let text = shown.text(None);
+        assert!(text.contains("\ndisplay: <Figure size 640x480 with 1 Axes> (image/png attached)\n"), "{text}");
+        assert!(text.contains(&format!("\nvalue: {} [...]\n", "x".repeat(2000))), "{text}");
+        assert!(text.contains("some rich outputs were dropped"));
+        assert!(text.ends_with("\nerror: ZeroDivisionError: division by zero"), "{text}");
+        assert_eq!(shown.images().collect::<Vec<_>>(), [("iVBORw0KGgo=", "image/png")]);
+        let s = structured(serde_json::to_value(&r).unwrap());
+        assert_eq!(s["results"][0]["data"]["image/png"], "(sent as image content)");
+        assert_eq!(s["results"][1]["kind"], "value");
     }
 
     #[test]

@@ -241,7 +241,11 @@ fn outcome<'a>(
     timeout: Option<&str>,
 ) -> CallToolResult {
     let value = serde_json::to_value(r).unwrap_or_default();
-    result(shown.text(timeout), render::structured(value), false)
+    let mut answer = result(shown.text(timeout), render::structured(value), false);
+    answer
+        .content
+        .extend(shown.images().map(|(data, mime)| ContentBlock::image(data, mime)));
+    answer
 }
 
 impl KennelTools {
@@ -451,6 +455,7 @@ status, stdout and stderr, and says when the code timed out or was killed.",
                 Ok(t) => t,
                 Err(e) => return Ok(e),
             },
+            figure_formats: None,
         };
         Ok(match this.api.exec(&a.session_id, spec).await {
             Ok(r) => outcome(&r, Shown::from(&r), a.timeout.as_deref()),

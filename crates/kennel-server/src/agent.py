@@ -63,6 +63,14 @@ Requests
     shows it: ``sys.argv == ["-c"]``, tracebacks name ``"<string>"``, and the timeout kills
     the kernel at once (``signal`` 9) instead of interrupting it.
 
+    A session exec (not one-shot) has rich results, made by rich.py (its docstring has the
+    rules), which the kernel compiles on its first session exec: the value of the last
+    expression statement, ``display(obj)`` (a builtin, as in IPython) and matplotlib's
+    figures (``plt.show()``, and those still open at the end), each sent as it comes as
+    ``{"id":N,"event":"display","output":{"kind":"value"|"display","data":{MIME:...}}}``.
+    ``figure_formats`` (optional, a list of ``"png"`` and ``"svg"``, default ``["png"]``)
+    says how figures are rendered. A one-shot exec has none of this, as ``python3 -c``.
+
 ``{"op":"write","id":N,"path":P,"b64":D,"mode":M}``
     Creates the parent directories, then replaces P atomically (temporary file + rename) with
     the decoded bytes and permission bits M (optional, default 420 = 0o644); a symlink at P
@@ -99,6 +107,9 @@ where ``*_bytes`` count everything produced, ``signal`` is set when the process 
 for python) was killed by a signal, and ``interpreter`` is null for shell execs. A python
 exec's result also has ``"usage":{"cpu_ns":int,"max_rss_bytes":int}|null``: the kernel's CPU
 time over the exec and its peak resident size, by its own account (null when it died first).
+A session python exec's result also has ``"error":{"name":str,"value":str,"traceback":[str]}|
+null`` (the exception the code ended with, SystemExit aside; null when the kernel died) and
+``"results_truncated":bool`` (rich outputs were dropped for the output limit or their number).
 ``exit_code`` is null whenever ``timed_out`` is true or ``signal`` is set.
 
 Errors
@@ -134,7 +145,11 @@ READ_SIZE = 64 * 1024
 CHUNK_MAX = 256 * 1024  # most bytes of one stream coalesced into one output event
 REQUEST_READ_SIZE = 1024 * 1024
 MAX_POLL_MS = 3_600_000
-HEADER_SIZE = 16  # kernel request header: the code's length in ASCII digits, then a mode digit
+HEADER_SIZE = 16  # kernel request header: the request's length in ASCII digits
+KERNEL_LINE_MAX = 16 * 1024 * 1024  # longest line the agent takes from a kernel
+FIGURE_FORMATS = ("png", "svg")
+# rich.py's source, put here by the server (agent.rs); None when this file is run as a file.
+RICH_SOURCE = None
 _REQUIRED = object()
 _TEMP_NAMES = itertools.count()
 
@@ -534,9 +549,11 @@ class ShellRun:
 class PythonRun:
     """A python exec in the kernel: its timeout (SIGINT, then SIGKILL) and its end."""
 
-    def __init__(self, kernel, timeout, submitted, kill_on_timeout=False):
+    def __init__(self, kernel, timeout, submitted, kill_on_timeout=False, on_display=None):
         self.kernel = kernel
         self.kill_on_timeout = kill_on_timeout  # one-shot: a timeout kills, as for a cold run
+        self.on_display = on_display  # where a rich output goes (None: a one-shot run's)
+        self.rich = {}  # what a session exec adds to its result: "error", "results_truncated"
         self.start = time.monotonic()
         self.deadline = self.start + timeout
         self.timed_out = False
@@ -591,9 +608,25 @@ class PythonRun:
         for message in messages:
             if message == "started":
                 self.started = True
+            elif isinstance(message, tuple):
+                self.take(*message)
             else:
                 self.status = message
                 self.ended = time.monotonic()
+
+    def take(self, word, value):
+        """A rich output or the exec's additions, from a channel the code can also write to:
+        only their shape is taken."""
+        if not isinstance(value, dict) or self.on_display is None:
+            return
+        if word == "display":
+            if value.get("kind") in ("value", "display") and isinstance(value.get("data"), dict):
+                self.on_display({"kind": value["kind"], "data": value["data"]})
+        else:
+            self.rich = {
+                "error": error_shape(value.get("error")),
+                "results_truncated": value.get("results_truncated") is True,
+            }
 
     def abort(self):
         if self.ended is None:
@@ -609,7 +642,18 @@ class PythonRun:
             "timed_out": self.timed_out,
             "duration_ms": int((self.ended - self.start) * 1000),
             "usage": self.kernel.usage if self.status is not None else None,
+            **self.rich,
         }
+
+
+def error_shape(error):
+    """The error as data if it has the shape of one ({"name", "value", "traceback"}), else None."""
+    if not isinstance(error, dict):
+        return None
+    name, value, lines = error.get("name"), error.get("value"), error.get("traceback")
+    if not (isinstance(name, str) and isinstance(value, str) and isinstance(lines, list)):
+        return None
+    return {"name": name, "value": value, "traceback": [str(line) for line in lines]}
 
 
 # --- The kernel, inside ---------------------------------------------------------------------
@@ -617,10 +661,13 @@ class PythonRun:
 # The kernel is forked from the agent. It runs in its own session, with fds 0, 1 and 2 on
 # /dev/null and every other inherited fd closed except its end of a Unix socketpair. Per exec
 # the agent sends over that socket a HEADER_SIZE-digit length with three fds attached
-# (SCM_RIGHTS: the exec's stdin, stdout and stderr pipes), then the code as UTF-8. The kernel
-# dup2s the fds onto 0, 1 and 2, answers "started\n" once SIGINT would interrupt the code,
-# runs it, flushes, puts 0, 1 and 2 back on /dev/null (so the pipes reach EOF) and answers
-# "exit <status>\n". Between execs SIGINT is ignored, so a late one is harmless.
+# (SCM_RIGHTS: the exec's stdin, stdout and stderr pipes), then the request as JSON
+# ({"code", "one_shot", "limit", "figures"}). The kernel dup2s the fds onto 0, 1 and 2,
+# answers "started\n" once SIGINT would interrupt the code, runs it, flushes, puts 0, 1 and 2
+# back on /dev/null (so the pipes reach EOF) and answers "exit <status> <cpu_ns> <peak>\n".
+# A session exec (not one-shot) also sends "display <json>\n" for each rich output as it
+# comes and "ended <json>\n" (the error as data, whether outputs were dropped) before its
+# exit line. Between execs SIGINT is ignored, so a late one is harmless.
 
 
 class KernelState:
@@ -674,9 +721,9 @@ def kernel_loop(sock):
         request = receive_exec(sock)
         if request is None:
             return
-        code, fds, one_shot = request
+        exec_request, fds = request
         before = cpu_ns()
-        status = run_exec(sock, state, code, fds, one_shot)
+        status = run_exec(sock, state, exec_request, fds)
         peak = max(resource.getrusage(who).ru_maxrss for who in RUSAGE_BOTH) * 1024
         sock.sendall(b"exit %d %d %d\n" % (status, cpu_ns() - before, peak))
 
@@ -704,15 +751,15 @@ def exit_line(line):
 
 
 def receive_exec(sock):
-    """The next (code, [stdin, stdout, stderr]) from the agent; None once the agent is gone."""
+    """The next (request, [stdin, stdout, stderr]) from the agent; None once it is gone."""
     header, fds, _, _ = socket.recv_fds(sock, HEADER_SIZE, 3)
     if not header:
         return None
     header += recv_exactly(sock, HEADER_SIZE - len(header))
-    code = recv_exactly(sock, int(header[:-1])).decode("utf-8", "surrogatepass")
+    request = json.loads(recv_exactly(sock, int(header)).decode("utf-8", "surrogatepass"))
     if len(fds) != 3:
         raise KernelLost("an exec request came without its three fds")
-    return code, fds, header[-1:] == b"1"
+    return request, fds
 
 
 def recv_exactly(sock, size):
@@ -726,19 +773,47 @@ def recv_exactly(sock, size):
     return b"".join(chunks)
 
 
-def run_exec(sock, state, code, fds, one_shot=False):
+def run_exec(sock, state, request, fds):
     install_stdio(fds)
-    # A one-shot run (the warm pool) must look like `python3 -c` to the code.
-    filename = "<string>" if one_shot else "<session>"
-    if one_shot:
+    code = request["code"]
+    announce = lambda: sock.sendall(b"started\n")  # noqa: E731
+    if request["one_shot"]:
+        # A one-shot run (the warm pool) must look like `python3 -c` to the code, and gets
+        # what a cold one gets: no rich results.
         sys.argv = ["-c"]
         reseed_generators()
-    status = run_code(code, state, lambda: sock.sendall(b"started\n"), filename)
+        status, error = run_code(code, state, announce, "<string>")
+    else:
+        rich = rich_module()
+        rich.begin(sock.sendall, request)
+        status, error = run_code(code, state, announce, "<session>", rich.run)
     flush_std_streams()
     if os.getpid() != state.pid:  # a fork made by the code ends with the code, as in python3 -c
         os._exit(status & 0xFF)
+    if not request["one_shot"]:
+        ended = rich.end(error, user_traceback(error))
+        sock.sendall(b"ended " + json.dumps(ended).encode("ascii") + b"\n")
+        flush_std_streams()
     stdio_to_devnull()
     return status
+
+
+RICH = None  # rich.py, once a session exec has loaded it
+
+
+def rich_module():
+    """rich.py as a module of this kernel, compiled on its first session exec."""
+    global RICH
+    if RICH is None:
+        source = RICH_SOURCE
+        if source is None:  # this file run as a file (its tests): rich.py is beside it
+            with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "rich.py")) as f:
+                source = f.read()
+        module = type(sys)("kennel_rich")
+        exec(compile(source, "<kennel-rich>", "exec", dont_inherit=True), module.__dict__)
+        module.setup()
+        RICH = module
+    return RICH
 
 
 def reseed_generators():
@@ -753,13 +828,17 @@ def reseed_generators():
         numpy.random.seed()
 
 
-def run_code(code, state, announce, filename="<session>"):
-    """Runs the code like ``python3 -c`` and returns its exit status."""
+def plain_run(code, namespace, filename):
+    exec(compile(code, filename, "exec", dont_inherit=True), namespace)
+
+
+def run_code(code, state, announce, filename, runner=plain_run):
+    """Runs the code like ``python3 -c``: (its exit status, the exception it ended with)."""
     error = None
     try:
         signal.signal(signal.SIGINT, state.sigint)
         announce()
-        exec(compile(code, filename, "exec", dont_inherit=True), state.namespace)
+        runner(code, state.namespace, filename)
     except BaseException as exc:
         error = exc
     # Ignore SIGINT again, keeping the code's handler for the next exec. signal.signal() runs
@@ -771,7 +850,7 @@ def run_code(code, state, announce, filename="<session>"):
         except KeyboardInterrupt as exc:
             error = error or exc
     state.sigint = signal.default_int_handler if handler is None else handler
-    return exit_status(error)
+    return exit_status(error), error
 
 
 def exit_status(error):
@@ -792,15 +871,23 @@ def exit_status(error):
     return 1
 
 
+def user_traceback(error):
+    """The error's traceback without the kernel's own frames at its top."""
+    if error is None:
+        return None
+    kernel = (run_code.__code__, plain_run.__code__, *(RICH.KERNEL_CODES if RICH else ()))
+    tb = error.__traceback__
+    while tb is not None and tb.tb_frame.f_code in kernel:
+        tb = tb.tb_next
+    return tb
+
+
 def print_exception(error):
-    """Prints the traceback as python3 would, without the kernel's own frame."""
+    """Prints the traceback as python3 would, without the kernel's own frames."""
     import traceback
 
-    tb = error.__traceback__
-    while tb is not None and tb.tb_frame.f_code is run_code.__code__:
-        tb = tb.tb_next
     try:
-        traceback.print_exception(type(error), error, tb, file=sys.stderr)
+        traceback.print_exception(type(error), error, user_traceback(error), file=sys.stderr)
     except Exception:
         try:
             os.write(2, f"{type(error).__name__}: (traceback unavailable)\n".encode())
@@ -879,10 +966,11 @@ class Kernel:
     def fileno(self):
         return self.sock.fileno()
 
-    def submit(self, code, fds, one_shot=False):
-        """Sends an exec; False if the kernel is gone."""
-        data = code.encode("utf-8", "surrogatepass")
-        header = str(len(data)).zfill(HEADER_SIZE - 1) + ("1" if one_shot else "0")
+    def submit(self, request, fds):
+        """Sends an exec ({"code", "one_shot", "limit", "figures"}); False if the kernel is
+        gone."""
+        data = json.dumps(request).encode("utf-8", "surrogatepass")
+        header = str(len(data)).zfill(HEADER_SIZE)
         try:
             socket.send_fds(self.sock, [header.encode()], fds)
             self.sock.sendall(data)
@@ -891,9 +979,10 @@ class Kernel:
         return True
 
     def read_messages(self):
-        """What the kernel said since last time: "started" and/or an exit status (int)."""
+        """What the kernel said since last time: "started", ("display", output),
+        ("ended", additions) and/or an exit status (int)."""
         try:
-            data = self.sock.recv(4096, socket.MSG_DONTWAIT)
+            data = self.sock.recv(READ_SIZE, socket.MSG_DONTWAIT)
         except BlockingIOError:
             return []
         except OSError as exc:
@@ -901,11 +990,19 @@ class Kernel:
         if not data:
             raise KernelLost("the control channel closed")
         *lines, self.buffer = (self.buffer + data).split(b"\n")
+        if len(self.buffer) > KERNEL_LINE_MAX:
+            raise KernelLost("a line longer than the agent takes")
         return [self.parse(line) for line in lines]
 
     def parse(self, line):
         if line == b"started":
             return "started"
+        word, _, rest = line.partition(b" ")
+        if word in (b"display", b"ended"):
+            try:
+                return word.decode(), json.loads(rest)
+            except ValueError as exc:
+                raise KernelLost(f"a bad {word.decode()} message: {exc}") from exc
         word, status, usage = exit_line(line)
         if word != b"exit" or status is None:
             raise KernelLost(f"unexpected message {line[:80]!r}")
@@ -1262,14 +1359,19 @@ class Agent:
         limit = count_field(request, "output_limit")
         stdin = b64_field(request, "stdin_b64", None)
         one_shot = field(request, "one_shot", bool, False)
+        figures = field(request, "figure_formats", list, ["png"])
+        if not all(f in FIGURE_FORMATS for f in figures):
+            raise BadRequest("field 'figure_formats' may hold only 'png' and 'svg'")
         interpreter = {"restarted": False, "crashed": False, "reason": None}
         kernel = self.live_kernel(interpreter)
         child_fds, ours = make_pipes(stdin is not None)
+        to_kernel = {"code": code, "one_shot": one_shot, "limit": limit, "figures": figures}
         try:
-            submitted = kernel.submit(code, child_fds, one_shot)
+            submitted = kernel.submit(to_kernel, child_fds)
         finally:
             close_fds(child_fds)
-        run = PythonRun(kernel, timeout, submitted, kill_on_timeout=one_shot)
+        display = None if one_shot else (lambda out: send({"id": rid, "event": "display", "output": out}))
+        run = PythonRun(kernel, timeout, submitted, kill_on_timeout=one_shot, on_display=display)
         pump = Pump(rid, limit, *ours, stdin)
         self.drive(run, pump)
         if not kernel.alive:

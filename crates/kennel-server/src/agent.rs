@@ -15,12 +15,27 @@ use kennel_sandbox::engine::Engine;
 use kennel_sandbox::error::Error;
 use kennel_sandbox::{Canceller, OutputMode, OutputSink, RunIo, Started, StdinSource, Stream};
 use kennel_types::api::{
-    Command, DirEntry, ExecResult, Isolation, Language, ResumeAt, RunRequest, RunResult,
+    Command, DirEntry, ExecResult, FigureFormat, Isolation, Language, ResumeAt, RichOutput,
+    RunRequest, RunResult,
 };
 use kennel_types::policy::{Policy, Span, Tier};
 
-/// The agent's source, run as `python3 -u -c`; its docstring is the protocol.
-pub const AGENT_SRC: &str = include_str!("agent.py");
+/// The agent's source; its docstring is the protocol.
+const AGENT_SRC: &str = include_str!("agent.py");
+/// The rich results' source, which the agent carries as a string and its kernel compiles on
+/// the first session exec (a pooled one-shot sandbox never does).
+const RICH_SRC: &str = include_str!("rich.py");
+const RICH_PLACEHOLDER: &str = "\nRICH_SOURCE = None\n";
+
+/// The program the agent runs as `python3 -u -c`: agent.py with rich.py's source in it (a
+/// JSON string is a Python string literal).
+pub fn agent_program() -> &'static str {
+    static PROGRAM: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        let literal = serde_json::to_string(RICH_SRC).unwrap_or_default();
+        AGENT_SRC.replacen(RICH_PLACEHOLDER, &format!("\nRICH_SOURCE = {literal}\n"), 1)
+    });
+    &PROGRAM
+}
 /// How long past an exec's own timeout the agent may take to answer before the sandbox is
 /// killed as unresponsive.
 const ANSWER_GRACE: Duration = Duration::from_secs(5);
@@ -41,6 +56,8 @@ pub enum Request<'a> {
         output_limit: u64,
         #[serde(skip_serializing_if = "Option::is_none")]
         stdin_b64: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        figure_formats: Option<&'a [FigureFormat]>,
     },
     Write {
         path: &'a str,
@@ -116,6 +133,10 @@ pub enum Event {
     },
     Stderr {
         b64: String,
+    },
+    /// A rich output of a session's python exec, as it comes.
+    Display {
+        output: RichOutput,
     },
     /// An exec's end; its `stdout` and `stderr` are the output events before it.
     Result(Ran),
@@ -199,6 +220,13 @@ fn unexpected(event: Event) -> AgentError {
     AgentError::Protocol(format!("unexpected answer {event:?}"))
 }
 
+/// What an exec shows while it runs.
+#[derive(Debug, Clone, Copy)]
+pub enum Progress<'a> {
+    Output(Stream, &'a [u8]),
+    Rich(&'a RichOutput),
+}
+
 /// One exec: what to run, and how.
 #[derive(Debug, Clone, Copy)]
 pub struct Exec<'a> {
@@ -210,6 +238,8 @@ pub struct Exec<'a> {
     /// A pooled one-shot run: python looks to the code like `python3 -c`, and the sandbox
     /// ends right after.
     pub one_shot: bool,
+    /// Python: how figures are rendered (the agent's default, png, when None).
+    pub figure_formats: Option<&'a [FigureFormat]>,
 }
 
 /// Why a call to the agent failed.
@@ -297,7 +327,7 @@ impl AgentSandbox {
         preload: &[String],
     ) -> Result<AgentSandbox, Error> {
         policy.limits.timeout = Span(lifetime);
-        let mut argv = ["/usr/bin/python3", "-u", "-c", AGENT_SRC]
+        let mut argv = ["/usr/bin/python3", "-u", "-c", agent_program()]
             .map(String::from)
             .to_vec();
         if !preload.is_empty() {
@@ -355,7 +385,7 @@ impl AgentSandbox {
             ended,
             started: Instant::now(),
         };
-        match agent.call(&Request::Ping, ready_within, |_, _| {}).await {
+        match agent.call(&Request::Ping, ready_within, |_| {}).await {
             Ok(_) => Ok(agent),
             Err(e) => {
                 let ended = agent.close().await;
@@ -380,13 +410,13 @@ impl AgentSandbox {
         }
     }
 
-    /// Sends one request and waits for its final event, passing output events to
-    /// `on_output`. Past `within` the sandbox is killed.
+    /// Sends one request and waits for its final event, passing output and rich outputs to
+    /// `on_progress`. Past `within` the sandbox is killed.
     pub async fn call(
         &self,
         request: &Request<'_>,
         within: Duration,
-        mut on_output: impl FnMut(Stream, &[u8]),
+        mut on_progress: impl FnMut(Progress<'_>),
     ) -> Result<Event, AgentError> {
         let mut conv = self.conversation.lock().await;
         let id = conv.next_id;
@@ -413,8 +443,9 @@ impl AgentSandbox {
                 }
             };
             match answer.event {
-                Event::Stdout { b64 } => on_output(Stream::Stdout, &decode(&b64)),
-                Event::Stderr { b64 } => on_output(Stream::Stderr, &decode(&b64)),
+                Event::Stdout { b64 } => on_progress(Progress::Output(Stream::Stdout, &decode(&b64))),
+                Event::Stderr { b64 } => on_progress(Progress::Output(Stream::Stderr, &decode(&b64))),
+                Event::Display { output } => on_progress(Progress::Rich(&output)),
                 Event::Error { errno, message } => {
                     return Err(AgentError::Refused(format!("{errno}: {message}")))
                 }
@@ -424,11 +455,13 @@ impl AgentSandbox {
         }
     }
 
-    /// Runs code or a command; `on_output` sees the kept output as it comes.
+    /// Runs code or a command; `on_progress` sees the kept output and rich outputs as they
+    /// come. The rich outputs are held to the output limit and [`RichOutput::MAX`] here too:
+    /// the code can write to the channel they come by.
     pub async fn exec(
         &self,
         exec: Exec<'_>,
-        mut on_output: impl FnMut(Stream, &[u8]),
+        mut on_progress: impl FnMut(Progress<'_>),
     ) -> Result<Ran, AgentError> {
         let request = Request::Exec {
             code: Code::new(exec.language, exec.code),
@@ -436,14 +469,28 @@ impl AgentSandbox {
             one_shot: exec.one_shot,
             output_limit: exec.output_limit,
             stdin_b64: exec.stdin.map(|s| encode(s.as_bytes())),
+            figure_formats: exec.figure_formats,
         };
         let (mut out, mut err) = (Vec::new(), Vec::new());
+        let (mut results, mut budget, mut dropped) = (Vec::new(), exec.output_limit, false);
         let last = self
-            .call(&request, exec.timeout + ANSWER_GRACE, |stream, data| {
-                on_output(stream, data);
-                match stream {
-                    Stream::Stdout => out.extend_from_slice(data),
-                    Stream::Stderr => err.extend_from_slice(data),
+            .call(&request, exec.timeout + ANSWER_GRACE, |progress| match progress {
+                Progress::Output(stream, data) => {
+                    on_progress(progress);
+                    match stream {
+                        Stream::Stdout => out.extend_from_slice(data),
+                        Stream::Stderr => err.extend_from_slice(data),
+                    }
+                }
+                Progress::Rich(output) => {
+                    let size = u64::try_from(output.size()).unwrap_or(u64::MAX);
+                    if results.len() < RichOutput::MAX && size <= budget {
+                        budget -= size;
+                        results.push(output.clone());
+                        on_progress(progress);
+                    } else {
+                        dropped = true;
+                    }
                 }
             })
             .await?;
@@ -452,6 +499,8 @@ impl AgentSandbox {
         };
         result.exec.outcome.stdout = String::from_utf8_lossy(&out).into_owned();
         result.exec.outcome.stderr = String::from_utf8_lossy(&err).into_owned();
+        result.exec.results = results;
+        result.exec.results_truncated |= dropped;
         Ok(result)
     }
 
@@ -462,7 +511,7 @@ impl AgentSandbox {
             b64: encode(data),
             mode,
         };
-        match self.call(&request, FILE_OP, |_, _| {}).await? {
+        match self.call(&request, FILE_OP, |_| {}).await? {
             Event::Ok { .. } => Ok(()),
             other => Err(unexpected(other)),
         }
@@ -474,7 +523,7 @@ impl AgentSandbox {
             path,
             max_bytes: max,
         };
-        match self.call(&request, FILE_OP, |_, _| {}).await? {
+        match self.call(&request, FILE_OP, |_| {}).await? {
             Event::File { size, b64, .. } => Ok((size, decode(&b64))),
             other => Err(unexpected(other)),
         }
@@ -482,7 +531,7 @@ impl AgentSandbox {
 
     pub async fn delete(&self, path: &str) -> Result<(), AgentError> {
         match self
-            .call(&Request::Delete { path }, FILE_OP, |_, _| {})
+            .call(&Request::Delete { path }, FILE_OP, |_| {})
             .await?
         {
             Event::Ok { .. } => Ok(()),
@@ -492,7 +541,7 @@ impl AgentSandbox {
 
     pub async fn list(&self, path: &str) -> Result<Vec<DirEntry>, AgentError> {
         match self
-            .call(&Request::List { path }, FILE_OP, |_, _| {})
+            .call(&Request::List { path }, FILE_OP, |_| {})
             .await?
         {
             Event::Entries { entries } => Ok(entries),
@@ -554,6 +603,19 @@ mod tests {
         serde_json::to_value(Numbered { id: 7, request }).unwrap()
     }
 
+    /// The agent carries rich.py's source, compiled by the kernel when a session needs it.
+    #[test]
+    fn the_agent_program_carries_the_rich_results_source() {
+        let program = agent_program();
+        assert!(!program.contains(RICH_PLACEHOLDER), "the placeholder was not replaced");
+        let line = program
+            .lines()
+            .find(|l| l.starts_with("RICH_SOURCE = "))
+            .expect("a RICH_SOURCE line");
+        let literal: String = serde_json::from_str(&line["RICH_SOURCE = ".len()..]).unwrap();
+        assert_eq!(literal, RICH_SRC);
+    }
+
     /// The requests as `agent.py`'s docstring spells them.
     #[test]
     fn requests_are_the_agents_protocol() {
@@ -563,11 +625,13 @@ mod tests {
             one_shot: false,
             output_limit: 10,
             stdin_b64: None,
+            figure_formats: Some(&[FigureFormat::Png, FigureFormat::Svg]),
         };
         assert_eq!(
             wire(&python),
             json!({"op": "exec", "id": 7, "kind": "python", "code": "print(1)",
-                   "timeout_ms": 1000, "one_shot": false, "output_limit": 10})
+                   "timeout_ms": 1000, "one_shot": false, "output_limit": 10,
+                   "figure_formats": ["png", "svg"]})
         );
         let shell = Request::Exec {
             code: Code::new(Language::Sh, "ls"),
@@ -575,6 +639,7 @@ mod tests {
             one_shot: true,
             output_limit: 1,
             stdin_b64: Some("eA==".into()),
+            figure_formats: None,
         };
         assert_eq!(
             wire(&shell),
@@ -662,6 +727,22 @@ mod tests {
                 kernel_pid: None
             }
         );
+        let display = parse(json!({"id": 5, "event": "display", "output":
+            {"kind": "value", "data": {"text/plain": "42", "application/json": {"a": [1]}}}}));
+        let Event::Display { output } = display.event else {
+            panic!("{display:?}")
+        };
+        assert_eq!(output.kind, kennel_types::api::OutputKind::Value);
+        assert_eq!(output.data["application/json"], json!({"a": [1]}));
+        let failed = parse(json!({"id": 6, "event": "result", "exit_code": 1, "signal": null,
+            "timed_out": false, "duration_ms": 1, "stdout_bytes": 0, "stderr_bytes": 9,
+            "stdout_truncated": false, "stderr_truncated": false, "interpreter": null,
+            "error": {"name": "E", "value": "v", "traceback": ["t"]}, "results_truncated": true}));
+        let Event::Result(r) = failed.event else {
+            panic!("{failed:?}")
+        };
+        assert_eq!(r.exec.error.map(|e| e.name), Some("E".to_string()));
+        assert!(r.exec.results_truncated);
         // A broken answer fails its own call instead of leaving it to wait.
         let broken = parse(json!({"id": 4, "event": "result", "exit_code": "zero"}));
         assert_eq!(broken.id, Some(4));

@@ -31,7 +31,7 @@ use kennel_types::policy::{self, Capabilities, Limits};
         api::RunSpec, api::LimitsSpec, api::RunResult, api::CollectedFile, api::Content,
         api::Isolation, api::SeccompInfo, api::LandlockInfo, api::LimitsInfo, api::Language,
         api::SessionSpec, api::ExecSpec, api::ExecResult, api::Interpreter, api::SessionInfo,
-        api::Outcome,
+        api::Outcome, api::RichOutput, api::OutputKind, api::ExecError, api::FigureFormat,
     )),
     modifiers(&BearerAuth),
     security(("bearer" = []))
@@ -511,12 +511,14 @@ fn constrain_query(op: &mut Value) {
         if streams {
             let events = json!({"schema": {
                 "type": "object",
-                "description": "`stdout`/`stderr` events (data `{\"text\", \"b64\"}`), then one \
-                                `result` event (data: the result) or `error` event (data: \
-                                `{\"code\", \"message\"}`).",
+                "description": "`stdout`/`stderr` events (data `{\"text\", \"b64\"}`) and, for a \
+                                python session exec, `display` events (data: a RichOutput) \
+                                as they come, then one `result` event (data: the result) or \
+                                `error` event (data: `{\"code\", \"message\"}`).",
                 "required": ["data"],
                 "properties": {
-                    "event": {"type": "string", "enum": ["stdout", "stderr", "result", "error"]},
+                    "event": {"type": "string",
+                              "enum": ["stdout", "stderr", "display", "result", "error"]},
                     "data": {"type": "string"},
                 },
             }});

@@ -99,13 +99,17 @@ class AgentProcess:
         self.proc.stdout.close()
 
 
-class AgentTest(unittest.TestCase):
+class AgentCase(unittest.TestCase):
+    """A fresh agent per test, working in a fresh directory (test_rich.py's tests too)."""
+
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="kennel-agent-test-", dir="/tmp")
         self.agent = AgentProcess(self.dir)
         self.addCleanup(shutil.rmtree, self.dir, True)
         self.addCleanup(self.agent.close)
 
+
+class AgentTest(AgentCase):
     # --- helpers
 
     def exec(self, kind, text, timeout_ms=5000, output_limit=1 << 20, **extra):

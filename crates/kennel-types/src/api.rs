@@ -632,6 +632,19 @@ pub struct ExecSpec {
     /// Per-exec timeout (default: the session's).
     #[schema(value_type = Option<String>)]
     pub timeout: Option<Span>,
+    /// Python: the formats each matplotlib figure comes back in (default `["png"]`; with
+    /// `[]` a figure comes back as its text alone).
+    pub figure_formats: Option<Vec<FigureFormat>>,
+}
+
+/// A format a figure is rendered in, as a rich output's MIME type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FigureFormat {
+    /// `image/png`
+    Png,
+    /// `image/svg+xml`
+    Svg,
 }
 
 impl ExecSpec {
@@ -655,6 +668,65 @@ pub struct ExecResult {
     pub outcome: Outcome,
     /// For python: whether the interpreter crashed or was restarted (its state is then lost).
     pub interpreter: Option<Interpreter>,
+    /// For python: the value of the last expression and what the code displayed (figures
+    /// included), in the order they came.
+    #[serde(default)]
+    pub results: Vec<RichOutput>,
+    /// For python: the exception the code ended with, as data (stderr has its traceback too).
+    #[serde(default)]
+    pub error: Option<ExecError>,
+    /// Whether rich outputs were dropped: their total size is held to the output limit, and
+    /// their number to [`RichOutput::MAX`].
+    #[serde(default)]
+    pub results_truncated: bool,
+}
+
+/// One rich output of a python exec: a MIME bundle, as Jupyter's display protocol has it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RichOutput {
+    pub kind: OutputKind,
+    /// MIME type to content: text for text types, base64 for `image/png` and `image/jpeg`,
+    /// any JSON value for `application/json`. `text/plain` is always there.
+    #[schema(value_type = Object)]
+    pub data: BTreeMap<String, serde_json::Value>,
+}
+
+impl RichOutput {
+    /// The most rich outputs one exec keeps.
+    pub const MAX: usize = 64;
+
+    /// What the output takes against the output limit: its contents' lengths.
+    pub fn size(&self) -> usize {
+        self.data
+            .iter()
+            .map(|(mime, v)| {
+                mime.len()
+                    + match v {
+                        serde_json::Value::String(s) => s.len(),
+                        other => other.to_string().len(),
+                    }
+            })
+            .sum()
+    }
+}
+
+/// Where a rich output came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OutputKind {
+    /// The value of the exec's last expression.
+    Value,
+    /// `display(obj)`, `plt.show()`, or a figure left open at the end.
+    Display,
+}
+
+/// An exception as data: `{"name": "ZeroDivisionError", "value": "division by zero",
+/// "traceback": [lines]}`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ExecError {
+    pub name: String,
+    pub value: String,
+    pub traceback: Vec<String>,
 }
 
 /// A directory's entries, as a session's file listing answers them.
@@ -776,6 +848,7 @@ mod tests {
             code: "1".into(),
             stdin: None,
             timeout: Some("1s".parse().unwrap()),
+            figure_formats: Some(vec![FigureFormat::Svg]),
         };
         let wire = serde_json::to_value(&exec).unwrap();
         assert_eq!(serde_json::from_value::<ExecSpec>(wire).unwrap(), exec);

@@ -445,8 +445,8 @@ impl Drop for Served {
     }
 }
 
-/// The `curl` script's output: a run printing 42, a session, its exec, and a stream whose
-/// output is 42 again.
+/// The `curl` script's output: a run printing 42, a session, its exec, a stream whose
+/// output is 42 again, and an exec whose value is 82.
 fn check_curl(out: &Output) {
     succeeded(out);
     let stdout = text(&out.stdout);
@@ -462,6 +462,10 @@ fn check_curl(out: &Output) {
     assert!(
         stream.contains("event: result"),
         "the stream ends with a result: {stdout}"
+    );
+    assert!(
+        stream.contains(r#""results":[{"kind":"value","data":{"text/plain":"82"}}]"#),
+        "x * 2 came back as the exec's value: {stdout}"
     );
 }
 

@@ -12,8 +12,15 @@
         s.write_file("/workspace/a.txt", b"hi")
         assert s.read_file("/workspace/a.txt") == b"hi"
 
+    with client.session() as s:            # rich results, as in a notebook
+        r = s.run_code("import matplotlib.pyplot as plt; plt.plot([1, 2]); plt.show(); 6 * 7")
+        r.results[0].save("plot.png")      # the figure (r.results[0].png is its bytes)
+        print(r.value.text)                # "42", the last expression's value
+        print(s.run_code("1 / 0").error)   # ExecError(name="ZeroDivisionError", ...)
+
     with client.stream_code("print(1); print(2)") as stream:
-        for chunk in stream:                # OutputChunk(stream, data, text) as it comes
+        for chunk in stream:                # OutputChunk(stream, data, text) as it comes, and
+                                            # a session exec's RichOutput as it is shown
             print(chunk.text, end="")
     print(stream.result.exit_code)          # the final RunResult, once iteration ends
 
@@ -26,14 +33,14 @@
 from .aio import AsyncClient, AsyncSession, AsyncStream
 from .client import Client, Session, Stream
 from .errors import BadRequest, Busy, Forbidden, KennelError, NotFound, SessionEnded, Unauthorized
-from .results import (CollectedFile, ExecResult, FileEntry, Interpreter, Isolation, NetEvent,
-                      OutputChunk, RunResult, SessionInfo)
+from .results import (CollectedFile, ExecError, ExecResult, FileEntry, Interpreter, Isolation,
+                      NetEvent, OutputChunk, RichOutput, RunResult, SessionInfo)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AsyncClient", "AsyncSession", "AsyncStream", "BadRequest", "Busy", "Client",
-    "CollectedFile", "ExecResult", "FileEntry", "Interpreter", "Isolation", "KennelError",
-    "Forbidden", "NetEvent", "NotFound", "OutputChunk", "RunResult", "Session", "SessionEnded",
+    "CollectedFile", "ExecError", "ExecResult", "FileEntry", "Interpreter", "Isolation", "KennelError",
+    "Forbidden", "NetEvent", "NotFound", "OutputChunk", "RichOutput", "RunResult", "Session", "SessionEnded",
     "SessionInfo", "Stream", "Unauthorized",
 ]

@@ -5,13 +5,16 @@ from __future__ import annotations
 import base64
 import json
 import os
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 from urllib.parse import quote
 
 import httpx
 
 from .errors import KennelError, error_for
-from .results import OutputChunk
+from .results import OutputChunk, RichOutput
+
+# What a stream yields: output as it is written, and a python session exec's rich outputs.
+Piece = Union[OutputChunk, RichOutput]
 
 FileData = Union[str, bytes, bytearray, memoryview]
 Timeout = Union[int, float, str, None]
@@ -154,12 +157,15 @@ def session_body(
     return body
 
 
-def exec_body(language: str, code: str, stdin: Optional[str], timeout: Timeout) -> Dict[str, Any]:
+def exec_body(language: str, code: str, stdin: Optional[str], timeout: Timeout,
+              figure_formats: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     body: Dict[str, Any] = {"language": language, "code": code}
     if stdin is not None:
         body["stdin"] = stdin
     if timeout is not None:
         body["timeout"] = span(timeout)
+    if figure_formats is not None:
+        body["figure_formats"] = list(figure_formats)
     return body
 
 
@@ -242,10 +248,11 @@ class SSEParser:
 
 
 class Outcome:
-    """What one SSE event means: a chunk, the final result's JSON, or an error raised."""
+    """What one SSE event means: a chunk or a rich output, the final result's JSON, or an
+    error raised."""
 
     @staticmethod
-    def decode(event: str, data: str) -> Tuple[Optional[OutputChunk], Optional[Dict[str, Any]]]:
+    def decode(event: str, data: str) -> Tuple[Optional[Piece], Optional[Dict[str, Any]]]:
         if event in ("stdout", "stderr"):
             d = json.loads(data)
             raw = base64.b64decode(d["b64"]) if "b64" in d else d.get("text", "").encode()
@@ -253,6 +260,8 @@ class Outcome:
             if text is None:
                 text = raw.decode("utf-8", "replace")
             return OutputChunk(event, raw, text), None
+        if event == "display":
+            return RichOutput.from_dict(json.loads(data)), None
         if event == "result":
             return None, json.loads(data)
         if event == "error":

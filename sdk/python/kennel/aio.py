@@ -31,8 +31,8 @@ R = TypeVar("R")
 
 class AsyncStream(Generic[R]):
     """A streamed run or exec: ``async for chunk in stream`` yields :class:`OutputChunk`
-    objects; after the loop, :attr:`result` is the final :class:`RunResult` or
-    :class:`ExecResult`. ``await stream.wait()`` reads whatever is left and returns it. An
+    objects (and, for a python session exec, :class:`RichOutput` ones as they are shown);
+    after the loop, :attr:`result` is the final :class:`RunResult` or :class:`ExecResult`. ``await stream.wait()`` reads whatever is left and returns it. An
     ``error`` event raises :class:`KennelError`. ``async with`` (or ``await stream.aclose()``)
     frees the connection when stopping early."""
 
@@ -44,7 +44,7 @@ class AsyncStream(Generic[R]):
         self._done = False
         self._iter = self._events()
 
-    async def _events(self) -> AsyncIterator[OutputChunk]:
+    async def _events(self) -> AsyncIterator[c.Piece]:
         parser = c.SSEParser()
         try:
             async for line in self._response.aiter_lines():
@@ -69,7 +69,7 @@ class AsyncStream(Generic[R]):
                     self._error = KennelError(None, "stream_ended",
                                               "the stream ended without a result")
 
-    def _handle(self, event: str, data: str) -> Optional[OutputChunk]:
+    def _handle(self, event: str, data: str) -> Optional[c.Piece]:
         try:
             chunk, result = c.Outcome.decode(event, data)
         except KennelError as e:
@@ -79,10 +79,10 @@ class AsyncStream(Generic[R]):
             self._result, self._done = self._parse(result), True
         return chunk
 
-    def __aiter__(self) -> AsyncIterator[OutputChunk]:
+    def __aiter__(self) -> AsyncIterator[c.Piece]:
         return self
 
-    async def __anext__(self) -> OutputChunk:
+    async def __anext__(self) -> c.Piece:
         return await self._iter.__anext__()
 
     @property
@@ -129,9 +129,10 @@ class AsyncSession:
         return f"<kennel.AsyncSession {self.id}{' closed' if self.closed else ''}>"
 
     async def run_code(self, code: str, language: str = "python", *, timeout: c.Timeout = None,
-                       stdin: Optional[str] = None) -> ExecResult:
+                       stdin: Optional[str] = None,
+                       figure_formats: Optional[Sequence[str]] = None) -> ExecResult:
         r = await self._client._request("POST", c.session_url(self.id, "/exec"),
-                                        json=c.exec_body(language, code, stdin, timeout))
+                                        json=c.exec_body(language, code, stdin, timeout, figure_formats))
         return ExecResult.from_dict(r.json())
 
     async def run_command(self, cmd: Any, *, timeout: c.Timeout = None,
@@ -139,9 +140,10 @@ class AsyncSession:
         return await self.run_code(_shell_line(cmd), "bash", timeout=timeout, stdin=stdin)
 
     async def stream(self, code: str, language: str = "python", *, timeout: c.Timeout = None,
-                     stdin: Optional[str] = None) -> AsyncStream[ExecResult]:
+                     stdin: Optional[str] = None,
+                     figure_formats: Optional[Sequence[str]] = None) -> AsyncStream[ExecResult]:
         return await self._client._stream(c.session_url(self.id, "/exec"),
-                                          c.exec_body(language, code, stdin, timeout),
+                                          c.exec_body(language, code, stdin, timeout, figure_formats),
                                           ExecResult.from_dict)
 
     async def write_file(self, path: str, data: c.FileData) -> None:

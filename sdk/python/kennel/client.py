@@ -19,7 +19,8 @@ DEFAULT_URL = "http://127.0.0.1:8080"
 
 class Stream(Generic[R]):
     """A streamed run or exec: iterate it for :class:`OutputChunk` objects as the code writes
-    them; once iteration ends, :attr:`result` holds the final :class:`RunResult` (for
+    them (and, for a python session exec, :class:`RichOutput` ones as they are shown); once
+    iteration ends, :attr:`result` holds the final :class:`RunResult` (for
     ``Client.stream_code``/``stream_command``) or :class:`ExecResult` (for ``Session.stream``).
 
     Reading :attr:`result` before the stream is done reads (and drops) the rest of the output
@@ -41,7 +42,7 @@ class Stream(Generic[R]):
         self._done = False
         self._iter = self._events()
 
-    def _events(self) -> Iterator[OutputChunk]:
+    def _events(self) -> Iterator[c.Piece]:
         parser = c.SSEParser()
         try:
             for line in self._response.iter_lines():
@@ -62,7 +63,7 @@ class Stream(Generic[R]):
                     self._error = KennelError(None, "stream_ended",
                                               "the stream ended without a result")
 
-    def _handle(self, event: str, data: str) -> Iterator[OutputChunk]:
+    def _handle(self, event: str, data: str) -> Iterator[c.Piece]:
         try:
             chunk, result = c.Outcome.decode(event, data)
         except KennelError as e:
@@ -73,10 +74,10 @@ class Stream(Generic[R]):
         elif result is not None:
             self._result, self._done = self._parse(result), True
 
-    def __iter__(self) -> Iterator[OutputChunk]:
+    def __iter__(self) -> Iterator[c.Piece]:
         return self
 
-    def __next__(self) -> OutputChunk:
+    def __next__(self) -> c.Piece:
         return next(self._iter)
 
     @property
@@ -127,10 +128,11 @@ class Session:
         return f"<kennel.Session {self.id}{' closed' if self.closed else ''}>"
 
     def run_code(self, code: str, language: str = "python", *, timeout: c.Timeout = None,
-                 stdin: Optional[str] = None) -> ExecResult:
+                 stdin: Optional[str] = None,
+                 figure_formats: Optional[Sequence[str]] = None) -> ExecResult:
         """Runs code (``python``, ``bash`` or ``sh``); ``timeout`` in seconds or as "30s"."""
         r = self._client._request("POST", c.session_url(self.id, "/exec"),
-                                  json=c.exec_body(language, code, stdin, timeout))
+                                  json=c.exec_body(language, code, stdin, timeout, figure_formats))
         return ExecResult.from_dict(r.json())
 
     def run_command(self, cmd: Union[str, Sequence[str]], *, timeout: c.Timeout = None,
@@ -139,11 +141,12 @@ class Session:
         return self.run_code(_shell_line(cmd), "bash", timeout=timeout, stdin=stdin)
 
     def stream(self, code: str, language: str = "python", *, timeout: c.Timeout = None,
-               stdin: Optional[str] = None) -> Stream[ExecResult]:
+               stdin: Optional[str] = None,
+               figure_formats: Optional[Sequence[str]] = None) -> Stream[ExecResult]:
         """As :meth:`run_code`, streamed: a :class:`Stream` whose ``result`` is an
         :class:`ExecResult`."""
         return self._client._stream(c.session_url(self.id, "/exec"),
-                                    c.exec_body(language, code, stdin, timeout),
+                                    c.exec_body(language, code, stdin, timeout, figure_formats),
                                     ExecResult.from_dict)
 
     def write_file(self, path: str, data: c.FileData) -> None:

@@ -221,8 +221,87 @@ class Interpreter:
 
 
 @dataclass
+class RichOutput:
+    """A rich output of a python session exec: the last expression's value (``kind ==
+    "value"``) or something displayed (``"display"``: ``display(obj)``, a matplotlib figure),
+    as a MIME bundle in ``data``. ``png`` and ``jpeg`` are bytes; the text types are str.
+    """
+
+    kind: str
+    data: Dict[str, Any]
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def text(self) -> Optional[str]:
+        return self.data.get("text/plain")
+
+    @property
+    def html(self) -> Optional[str]:
+        return self.data.get("text/html")
+
+    @property
+    def markdown(self) -> Optional[str]:
+        return self.data.get("text/markdown")
+
+    @property
+    def latex(self) -> Optional[str]:
+        return self.data.get("text/latex")
+
+    @property
+    def svg(self) -> Optional[str]:
+        return self.data.get("image/svg+xml")
+
+    @property
+    def json(self) -> Any:
+        return self.data.get("application/json")
+
+    @property
+    def png(self) -> Optional[bytes]:
+        return self._binary("image/png")
+
+    @property
+    def jpeg(self) -> Optional[bytes]:
+        return self._binary("image/jpeg")
+
+    def _binary(self, mime: str) -> Optional[bytes]:
+        b64 = self.data.get(mime)
+        return base64.b64decode(b64) if isinstance(b64, str) else None
+
+    def save(self, path: str) -> str:
+        """Writes the output's image (png, else jpeg, else svg) to ``path``; returns the MIME
+        type written. Raises ValueError when the output has no image."""
+        for mime, data in (("image/png", self.png), ("image/jpeg", self.jpeg),
+                           ("image/svg+xml", (self.svg or "").encode("utf-8") or None)):
+            if data is not None:
+                with open(path, "wb") as f:
+                    f.write(data)
+                return mime
+        raise ValueError(f"this output has no image: it has {sorted(self.data)}")
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "RichOutput":
+        return cls(kind=d.get("kind", "display"), data=dict(d.get("data") or {}), raw=d)
+
+
+@dataclass
+class ExecError:
+    """The exception a python exec ended with, as data (its traceback is on stderr too)."""
+
+    name: str
+    value: str
+    traceback: List[str]
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "ExecError":
+        return cls(name=d.get("name", ""), value=d.get("value", ""),
+                   traceback=list(d.get("traceback") or []))
+
+
+@dataclass
 class ExecResult:
-    """What an exec in a session did (``POST /v1/sessions/{id}/exec``)."""
+    """What an exec in a session did (``POST /v1/sessions/{id}/exec``). A python exec also
+    has ``results`` (its rich outputs, in order), ``error`` (its exception as data) and
+    ``results_truncated`` (rich outputs were dropped for the output limit)."""
 
     exit_code: Optional[int]
     signal: Optional[int]
@@ -235,15 +314,24 @@ class ExecResult:
     stdout_truncated: bool
     stderr_truncated: bool
     interpreter: Optional[Interpreter]
+    results: List[RichOutput] = field(default_factory=list)
+    error: Optional[ExecError] = None
+    results_truncated: bool = False
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def ok(self) -> bool:
         return self.exit_code == 0 and not self.timed_out
 
+    @property
+    def value(self) -> Optional[RichOutput]:
+        """The last expression's value, if the code ended with one."""
+        return next((r for r in self.results if r.kind == "value"), None)
+
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "ExecResult":
         interp = d.get("interpreter")
+        error = d.get("error")
         return cls(
             exit_code=d.get("exit_code"),
             signal=d.get("signal"),
@@ -256,6 +344,9 @@ class ExecResult:
             stdout_truncated=d.get("stdout_truncated", False),
             stderr_truncated=d.get("stderr_truncated", False),
             interpreter=Interpreter.from_dict(interp) if interp is not None else None,
+            results=[RichOutput.from_dict(r) for r in d.get("results") or []],
+            error=ExecError.from_dict(error) if error is not None else None,
+            results_truncated=d.get("results_truncated", False),
             raw=d,
         )
 

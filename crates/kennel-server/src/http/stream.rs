@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 use super::{ApiError, Shared};
 use crate::service::{Action, Caller, Live, Reply, ServiceError};
 use kennel_sandbox::{OutputSink, Stream};
+use kennel_types::api::RichOutput;
 
 /// `?stream=true` asks for Server-Sent Events (so does `Accept: text/event-stream`).
 #[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
@@ -37,6 +38,7 @@ impl StreamQuery {
 /// What goes to the SSE response.
 enum StreamMsg {
     Chunk(Stream, Vec<u8>),
+    Rich(Value),
     Result(Value),
     Error(Value),
 }
@@ -58,7 +60,12 @@ pub async fn answer(
     let sink: OutputSink = Arc::new(move |s: Stream, b: &[u8]| {
         let _ = chunks.send(StreamMsg::Chunk(s, b.to_vec()));
     });
+    let shown = tx.clone();
+    let rich = Arc::new(move |output: &RichOutput| {
+        let _ = shown.send(StreamMsg::Rich(serde_json::to_value(output).unwrap_or_default()));
+    });
     let (live, accepted) = Live::new(sink);
+    let live = live.with_rich(rich);
     let action = action(Some(live));
     let work = tokio::spawn(async move { service.handle(&caller, action).await });
     if accepted.await.is_err() {
@@ -90,8 +97,8 @@ fn result_of(reply: Reply) -> Value {
     value.unwrap_or_default()
 }
 
-/// The SSE response: `stdout`/`stderr` events with `{"text", "b64"}`, then one `result` (or
-/// `error`) event.
+/// The SSE response: `stdout`/`stderr` events with `{"text", "b64"}` and `display` events
+/// (a python session exec's rich outputs, as they come), then one `result` (or `error`) event.
 fn sse(rx: mpsc::UnboundedReceiver<StreamMsg>) -> Response {
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         let event = match rx.recv().await? {
@@ -107,6 +114,7 @@ fn sse(rx: mpsc::UnboundedReceiver<StreamMsg>) -> Response {
                 });
                 Event::default().event(name).data(body.to_string())
             }
+            StreamMsg::Rich(v) => Event::default().event("display").data(v.to_string()),
             StreamMsg::Result(v) => Event::default().event("result").data(v.to_string()),
             StreamMsg::Error(v) => Event::default().event("error").data(v.to_string()),
         };

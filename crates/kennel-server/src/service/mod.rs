@@ -25,7 +25,7 @@ use kennel_sandbox::engine::Engine;
 use kennel_sandbox::error::Error;
 use kennel_sandbox::{Canceller, OutputSink, Stream};
 use kennel_types::api::{
-    ExecResult, ExecSpec, Listing, RunResult, RunSpec, SessionInfo, SessionSpec,
+    ExecResult, ExecSpec, Listing, RichOutput, RunResult, RunSpec, SessionInfo, SessionSpec,
 };
 
 /// Who asks: the id of the bearer token that authenticated the request ("anonymous" when the
@@ -186,8 +186,12 @@ impl From<kennel_sandbox::error::PolicyError> for ServiceError {
 #[derive(Clone)]
 pub struct Live {
     sink: OutputSink,
+    rich: Option<RichSink>,
     accepted: Arc<Mutex<Option<oneshot::Sender<()>>>>,
 }
+
+/// Where a live caller's rich outputs go as they come.
+pub type RichSink = Arc<dyn Fn(&RichOutput) + Send + Sync>;
 
 impl std::fmt::Debug for Live {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -202,9 +206,18 @@ impl Live {
         let (tx, rx) = oneshot::channel();
         let live = Live {
             sink,
+            rich: None,
             accepted: Arc::new(Mutex::new(Some(tx))),
         };
         (live, rx)
+    }
+
+    /// The same, with rich outputs going to `rich`.
+    pub fn with_rich(self, rich: RichSink) -> Live {
+        Live {
+            rich: Some(rich),
+            ..self
+        }
     }
 
     fn accept(&self) {
@@ -220,6 +233,12 @@ impl Live {
 
     fn send(&self, stream: Stream, data: &[u8]) {
         (self.sink)(stream, data);
+    }
+
+    fn show(&self, output: &RichOutput) {
+        if let Some(rich) = &self.rich {
+            rich(output);
+        }
     }
 }
 

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::{in_slot, Caller, Live, Service, ServiceError};
-use crate::agent::{AgentError, AgentSandbox, Exec, KernelUsage};
+use crate::agent::{AgentError, AgentSandbox, Exec, KernelUsage, Progress};
 use crate::audit::Entry;
 use crate::metrics::inc;
 use kennel_sandbox::cgroup::Stats;
@@ -189,11 +189,14 @@ async fn run_pooled(
         stdout: Vec::new(),
         stderr: Vec::new(),
     };
-    let on_output = |s: Stream, data: &[u8]| {
-        if let Some(live) = &live {
-            live.send(s, data);
+    // A one-shot exec has no rich outputs, as a cold `python3 -c` has none.
+    let on_progress = |progress: Progress<'_>| {
+        if let Progress::Output(s, data) = progress {
+            if let Some(live) = &live {
+                live.send(s, data);
+            }
+            seen.push(s, data);
         }
-        seen.push(s, data);
     };
     let exec = Exec {
         language: *language,
@@ -202,8 +205,9 @@ async fn run_pooled(
         timeout: limits.timeout.0,
         output_limit: limits.output.0,
         one_shot: true,
+        figure_formats: None,
     };
-    let exec = agent.exec(exec, on_output).await;
+    let exec = agent.exec(exec, on_progress).await;
     let mut files = Vec::new();
     if exec.is_ok() {
         for path in &req.collect {

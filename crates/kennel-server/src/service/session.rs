@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{in_slot, Caller, Live, Service, ServiceError};
-use crate::agent::{AgentError, AgentSandbox, Exec};
+use crate::agent::{AgentError, AgentSandbox, Exec, Progress};
 use crate::audit::Entry;
 use crate::config::ServerConfig;
 use crate::metrics::inc;
@@ -200,13 +200,14 @@ async fn run_exec(
         timeout,
         output_limit: session.limits.output.0,
         one_shot: false,
+        figure_formats: spec.figure_formats.as_deref(),
     };
-    let on_output = |s, data: &[u8]| {
-        if let Some(live) = &live {
-            live.send(s, data);
-        }
+    let on_progress = |progress: Progress<'_>| match (&live, progress) {
+        (Some(live), Progress::Output(s, data)) => live.send(s, data),
+        (Some(live), Progress::Rich(output)) => live.show(output),
+        (None, _) => {}
     };
-    let outcome = session.agent.exec(exec, on_output).await.map(|r| r.exec);
+    let outcome = session.agent.exec(exec, on_progress).await.map(|r| r.exec);
     let entry = Entry {
         session: Some(&session.id),
         language: Some(spec.language.name()),
