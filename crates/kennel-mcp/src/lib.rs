@@ -12,6 +12,7 @@ mod local;
 pub mod opened;
 mod remote;
 pub mod render;
+mod schemas;
 pub mod tools;
 
 use std::sync::Arc;

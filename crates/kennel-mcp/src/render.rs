@@ -5,7 +5,8 @@ use serde_json::{json, Value};
 
 use super::api::ApiError;
 use kennel_types::api::{
-    CollectedFile, ExecError, ExecResult, Interpreter, Outcome, OutputKind, RichOutput, RunResult,
+    CollectedFile, Content, ExecError, ExecResult, Interpreter, Outcome, OutputKind, RichOutput,
+    RunResult,
 };
 
 /// The MIME types of rich outputs that go to the client as MCP image content.
@@ -107,11 +108,7 @@ impl<'a> Shown<'a> {
             }
         }
         for f in self.files {
-            match &f.error {
-                Some(e) => lines.push(format!("{} not collected: {e}", f.path)),
-                None if f.truncated => lines.push(format!("{} collected, truncated", f.path)),
-                None => {}
-            }
+            lines.push(collected_line(f));
         }
         for (name, text, _, _) in streams {
             if text.is_empty() {
@@ -133,13 +130,68 @@ impl<'a> Shown<'a> {
         lines.join("\n")
     }
 
-    /// The rich outputs' images, in order, as (base64, MIME type).
-    pub fn images(&self) -> impl Iterator<Item = (&'a str, &'static str)> {
-        self.results.iter().flat_map(|r| {
+    /// The images to send as image content, as (base64, MIME type): the rich outputs', in
+    /// order, then the collected files that are images.
+    pub fn images(&self) -> Vec<(&'a str, &'static str)> {
+        let rich = self.results.iter().flat_map(|r| {
             IMAGE_TYPES
                 .iter()
                 .filter_map(|mime| Some((r.data.get(*mime)?.as_str()?, *mime)))
-        })
+        });
+        let files = self.files.iter().filter_map(|f| match &f.content {
+            Some(Content::Base64(b64)) => Some((b64.as_str(), b64_image_type(b64)?)),
+            _ => None,
+        });
+        rich.chain(files).collect()
+    }
+}
+
+/// The MIME type of an image an MCP client can show, by its first bytes.
+pub fn image_type(bytes: &[u8]) -> Option<&'static str> {
+    match bytes {
+        [0x89, b'P', b'N', b'G', ..] => Some("image/png"),
+        [0xFF, 0xD8, 0xFF, ..] => Some("image/jpeg"),
+        [b'G', b'I', b'F', b'8', ..] => Some("image/gif"),
+        [b'R', b'I', b'F', b'F', _, _, _, _, b'W', b'E', b'B', b'P', ..] => Some("image/webp"),
+        _ => None,
+    }
+}
+
+fn b64_image_type(b64: &str) -> Option<&'static str> {
+    use base64::Engine as _;
+    let head = b64.get(..16)?;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(head)
+        .ok()?;
+    image_type(&bytes)
+}
+
+/// A collected file as a line: why it is missing, or its size and text (cut short), or that
+/// it is an image sent as image content, or binary (in the structured result).
+fn collected_line(f: &CollectedFile) -> String {
+    let path = &f.path;
+    if let Some(e) = &f.error {
+        return format!("{path} not collected: {e}");
+    }
+    let cut = if f.truncated { ", truncated" } else { "" };
+    match &f.content {
+        Some(Content::Text(text)) => {
+            let shown: String = text.chars().take(VALUE_TEXT_MAX).collect();
+            let more = if shown.len() < text.len() {
+                " [...]"
+            } else {
+                ""
+            };
+            format!("collected {path} ({} bytes{cut}):\n{shown}{more}", f.size)
+        }
+        Some(Content::Base64(b64)) => match b64_image_type(b64) {
+            Some(mime) => format!("collected {path} ({} bytes{cut}, {mime} attached)", f.size),
+            None => format!(
+                "collected {path} ({} bytes{cut}, binary: base64 in the structured result)",
+                f.size
+            ),
+        },
+        None => format!("collected {path} ({} bytes{cut})", f.size),
     }
 }
 
@@ -150,7 +202,11 @@ fn rich_line(r: &RichOutput) -> String {
         OutputKind::Value => "value",
         OutputKind::Display => "display",
     };
-    let plain = r.data.get("text/plain").and_then(|v| v.as_str()).unwrap_or("");
+    let plain = r
+        .data
+        .get("text/plain")
+        .and_then(|v| v.as_str())
+        .unwrap_or("");
     let mut text: String = plain.chars().take(VALUE_TEXT_MAX).collect();
     if text.len() < plain.len() {
         text.push_str(" [...]");
@@ -296,7 +352,10 @@ mod tests {
         let figure = RichOutput {
             kind: OutputKind::Display,
             data: [
-                ("text/plain".to_string(), json!("<Figure size 640x480 with 1 Axes>")),
+                (
+                    "text/plain".to_string(),
+                    json!("<Figure size 640x480 with 1 Axes>"),
+                ),
                 ("image/png".to_string(), json!("iVBORw0KGgo=")),
             ]
             .into(),
@@ -318,13 +377,25 @@ mod tests {
         };
         let shown = Shown::from(&r);
         let text = shown.text(None);
-        assert!(text.contains("\ndisplay: <Figure size 640x480 with 1 Axes> (image/png attached)\n"), "{text}");
-        assert!(text.contains(&format!("\nvalue: {} [...]\n", "x".repeat(2000))), "{text}");
+        assert!(
+            text.contains("\ndisplay: <Figure size 640x480 with 1 Axes> (image/png attached)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("\nvalue: {} [...]\n", "x".repeat(2000))),
+            "{text}"
+        );
         assert!(text.contains("some rich outputs were dropped"));
-        assert!(text.ends_with("\nerror: ZeroDivisionError: division by zero"), "{text}");
-        assert_eq!(shown.images().collect::<Vec<_>>(), [("iVBORw0KGgo=", "image/png")]);
+        assert!(
+            text.ends_with("\nerror: ZeroDivisionError: division by zero"),
+            "{text}"
+        );
+        assert_eq!(shown.images(), [("iVBORw0KGgo=", "image/png")]);
         let s = structured(serde_json::to_value(&r).unwrap());
-        assert_eq!(s["results"][0]["data"]["image/png"], "(sent as image content)");
+        assert_eq!(
+            s["results"][0]["data"]["image/png"],
+            "(sent as image content)"
+        );
         assert_eq!(s["results"][1]["kind"], "value");
     }
 

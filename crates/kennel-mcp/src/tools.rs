@@ -16,10 +16,11 @@ use serde_json::{json, Value};
 use super::api::{Api, ApiError};
 use super::opened::{Opened, Registry};
 use super::render::{self, Shown};
+use super::schemas;
 use kennel_server::service::Caller;
 use kennel_types::api::{Content, EntryKind, ExecSpec, Language, LimitsSpec, RunSpec, SessionSpec};
 use kennel_types::error::PolicyError;
-use kennel_types::policy::{Runtime, Span, Tier};
+use kennel_types::policy::{Capabilities, Runtime, Span, Tier};
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -48,6 +49,14 @@ pub struct RunCodeArgs {
     /// A named image with preinstalled packages to run on (such as "python-data"), instead of
     /// the host's system; the server lists which images may be used.
     pub image: Option<String>,
+    /// Files to bring back after the run: paths under /workspace (relative ones are) or
+    /// /tmp. Text comes back as text, an image (png, jpeg, gif, webp) as image content, other
+    /// bytes as base64.
+    #[serde(default)]
+    pub collect: Vec<String>,
+    /// "none" drops every capability from the code (by default it keeps a small set that
+    /// holds only inside the sandbox, so that chown and the like work as on a normal system).
+    pub capabilities: Option<Capabilities>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -73,6 +82,14 @@ pub struct RunCommandArgs {
     /// A named image with preinstalled packages to run on (such as "python-data"), instead of
     /// the host's system; the server lists which images may be used.
     pub image: Option<String>,
+    /// Files to bring back after the run: paths under /workspace (relative ones are) or
+    /// /tmp. Text comes back as text, an image (png, jpeg, gif, webp) as image content, other
+    /// bytes as base64.
+    #[serde(default)]
+    pub collect: Vec<String>,
+    /// "none" drops every capability from the code (by default it keeps a small set that
+    /// holds only inside the sandbox, so that chown and the like work as on a normal system).
+    pub capabilities: Option<Capabilities>,
 }
 
 #[derive(Debug, Default, Deserialize, JsonSchema)]
@@ -95,12 +112,15 @@ pub struct SessionExecArgs {
     pub session_id: String,
     /// "python" runs in the session's persistent interpreter: variables, functions and
     /// imports stay from one call to the next. "bash" and "sh" run a fresh shell each time
-    /// (files persist, shell variables and `cd` do not).
+    /// that starts where the last one ended, as in a terminal: `cd` and `export` carry over
+    /// (plain shell variables do not), and files persist.
     pub language: Language,
-    /// The code to run. In python the value of a final expression is not echoed: print it.
+    /// The code to run. In python the value of a final expression comes back (as a notebook
+    /// shows it), and so do matplotlib plots (`plt.show()`, or figures left open), as images.
     pub code: String,
     /// Wall-clock limit for this call, such as "30s" (default: the session's). A python call
-    /// that times out loses the interpreter's state.
+    /// that times out is interrupted (KeyboardInterrupt) and keeps the interpreter's state,
+    /// unless it does not stop within 2 s.
     pub timeout: Option<String>,
 }
 
@@ -159,7 +179,8 @@ pub struct KennelTools {
 const INSTRUCTIONS: &str = "Kennel runs code in disposable Linux sandboxes: no network, \
 a private /workspace (the working directory) and /tmp, limits on time, memory and processes. \
 Use run_code or run_command for one-off work; each call gets a fresh sandbox. For multi-step \
-work, create_session once, then session_exec (python state persists between calls), \
+work, create_session once, then session_exec (python state persists between calls, and a \
+final expression's value and plots come back as a notebook shows them), \
 write_file/read_file/list_files to move files in and out, and close_session when done. \
 A result says the exit status, then stdout and stderr: code that fails, times out or is \
 killed is a normal result that says so, to read and fix; only bad arguments and Kennel's own \
@@ -242,9 +263,12 @@ fn outcome<'a>(
 ) -> CallToolResult {
     let value = serde_json::to_value(r).unwrap_or_default();
     let mut answer = result(shown.text(timeout), render::structured(value), false);
-    answer
-        .content
-        .extend(shown.images().map(|(data, mime)| ContentBlock::image(data, mime)));
+    answer.content.extend(
+        shown
+            .images()
+            .into_iter()
+            .map(|(data, mime)| ContentBlock::image(data, mime)),
+    );
     answer
 }
 
@@ -257,27 +281,51 @@ impl KennelTools {
     }
 }
 
-/// A run's spec from a tool's arguments: the files (relative paths under /workspace), the
-/// timeout, the tier and the runtime.
-fn run_spec(
+/// What run_code and run_command share, from their arguments.
+#[derive(Debug, Default)]
+struct RunOptions {
     files: BTreeMap<String, String>,
-    timeout: &Option<String>,
-    tr: &Option<String>,
-    rt: &Option<String>,
+    timeout: Option<String>,
+    tier: Option<String>,
+    runtime: Option<String>,
     image: Option<String>,
-) -> Result<RunSpec, CallToolResult> {
+    collect: Vec<String>,
+    capabilities: Option<Capabilities>,
+}
+
+/// The [`RunOptions`] of run_code's or run_command's arguments.
+macro_rules! run_options {
+    ($a:expr) => {
+        RunOptions {
+            files: $a.files,
+            timeout: $a.timeout,
+            tier: $a.tier,
+            runtime: $a.runtime,
+            image: $a.image,
+            collect: $a.collect,
+            capabilities: $a.capabilities,
+        }
+    };
+}
+
+/// A run's spec from a tool's arguments: the files and collected paths (relative ones under
+/// /workspace), the timeout, the tier, the runtime, the image and the capabilities.
+fn run_spec(o: RunOptions) -> Result<RunSpec, CallToolResult> {
     Ok(RunSpec {
-        files: files
+        files: o
+            .files
             .into_iter()
             .map(|(p, text)| (sandbox_path(&p), Content::Text(text)))
             .collect(),
+        collect: o.collect.iter().map(|p| sandbox_path(p)).collect(),
         limits: LimitsSpec {
-            timeout: span("timeout", timeout)?,
+            timeout: span("timeout", &o.timeout)?,
             ..LimitsSpec::default()
         },
-        tier: tier(tr)?,
-        runtime: runtime(rt)?,
-        image,
+        tier: tier(&o.tier)?,
+        runtime: runtime(&o.runtime)?,
+        image: o.image,
+        capabilities: o.capabilities,
         ..RunSpec::default()
     })
 }
@@ -338,7 +386,8 @@ impl KennelTools {
 network; /workspace is the working directory; default limit 30s). Returns the exit status, \
 stdout and stderr, and says when the code timed out or was killed. Nothing persists after the \
 call: use create_session for multi-step work.",
-        annotations(open_world_hint = false)
+        annotations(open_world_hint = false),
+        output_schema = schemas::run()
     )]
     async fn run_code(
         &self,
@@ -347,7 +396,8 @@ call: use create_session for multi-step work.",
     ) -> Result<CallToolResult, ErrorData> {
         let this = self.for_caller(&ctx);
         let a = params.0;
-        let spec = match run_spec(a.files, &a.timeout, &a.tier, &a.runtime, a.image) {
+        let timeout = a.timeout.clone();
+        let spec = match run_spec(run_options!(a)) {
             Ok(spec) => spec,
             Err(e) => return Ok(e),
         };
@@ -356,7 +406,7 @@ call: use create_session for multi-step work.",
             code: Some(a.code),
             ..spec
         };
-        Ok(this.run(spec, a.timeout).await)
+        Ok(this.run(spec, timeout).await)
     }
 
     #[tool(
@@ -364,7 +414,8 @@ call: use create_session for multi-step work.",
 sandbox that sees the host's system directories read-only (/usr/bin etc.) but no network. \
 Returns the exit status, stdout and stderr, and says when the program timed out or was \
 killed.",
-        annotations(open_world_hint = false)
+        annotations(open_world_hint = false),
+        output_schema = schemas::run()
     )]
     async fn run_command(
         &self,
@@ -378,7 +429,8 @@ killed.",
                 "`argv` must name a program, such as [\"ls\", \"-la\"]".into(),
             ));
         }
-        let spec = match run_spec(a.files, &a.timeout, &a.tier, &a.runtime, a.image) {
+        let timeout = a.timeout.clone();
+        let spec = match run_spec(run_options!(a)) {
             Ok(spec) => spec,
             Err(e) => return Ok(e),
         };
@@ -386,7 +438,7 @@ killed.",
             argv: Some(a.argv),
             ..spec
         };
-        Ok(this.run(spec, a.timeout).await)
+        Ok(this.run(spec, timeout).await)
     }
 
     #[tool(
@@ -394,7 +446,8 @@ killed.",
 with session_exec (python keeps its variables and imports between calls), write_file, \
 read_file and list_files. A session ends after being idle for a while (the server's idle \
 TTL); end it with close_session when done.",
-        annotations(open_world_hint = false)
+        annotations(open_world_hint = false),
+        output_schema = schemas::session()
     )]
     async fn create_session(
         &self,
@@ -435,10 +488,13 @@ TTL); end it with close_session when done.",
 
     #[tool(
         description = "Run code in a session made by create_session. python runs in the \
-session's persistent interpreter (state carries over between calls; print what you want to \
-see); bash and sh run a fresh shell in the same sandbox, so files persist. Returns the exit \
-status, stdout and stderr, and says when the code timed out or was killed.",
-        annotations(open_world_hint = false)
+session's persistent interpreter (state carries over between calls; the value of a final \
+expression comes back, and matplotlib plots come back as images); bash and sh start where the \
+last shell call ended (its directory and exported variables), in the same sandbox, so files \
+persist. Returns the exit status, stdout and stderr, and says when the code timed out or was \
+killed; a python exception also comes back as `error: Name: message`.",
+        annotations(open_world_hint = false),
+        output_schema = schemas::exec()
     )]
     async fn session_exec(
         &self,
@@ -470,7 +526,8 @@ its files and state.",
             destructive_hint = true,
             idempotent_hint = true,
             open_world_hint = false
-        )
+        ),
+        output_schema = schemas::closed()
     )]
     async fn close_session(
         &self,
@@ -495,7 +552,8 @@ its files and state.",
         description = "Write a text file into a session's sandbox (relative paths are under \
 /workspace, the working directory; absolute paths must be under /workspace/ or /tmp/). \
 Parent directories are created; an existing file is replaced.",
-        annotations(open_world_hint = false)
+        annotations(open_world_hint = false),
+        output_schema = schemas::written()
     )]
     async fn write_file(
         &self,
@@ -521,8 +579,10 @@ Parent directories are created; an existing file is replaced.",
 
     #[tool(
         description = "Read a file from a session's sandbox (relative paths are under \
-/workspace). Returns its text; a file that is not UTF-8 comes back as base64.",
-        annotations(read_only_hint = true, open_world_hint = false)
+/workspace). Returns its text; an image (png, jpeg, gif, webp) comes back as an image; other \
+bytes that are not UTF-8 come back as base64.",
+        annotations(read_only_hint = true, open_world_hint = false),
+        output_schema = schemas::read()
     )]
     async fn read_file(
         &self,
@@ -533,6 +593,16 @@ Parent directories are created; an existing file is replaced.",
         let a = params.0;
         let full = sandbox_path(&a.path);
         Ok(match this.api.read_file(&a.session_id, &full).await {
+            Ok(bytes) if render::image_type(&bytes).is_some() => {
+                use base64::Engine as _;
+                let mime = render::image_type(&bytes).unwrap_or_default();
+                let size = bytes.len();
+                let b64 = base64::engine::general_purpose::STANDARD.encode(&bytes);
+                let data = json!({"path": full, "size": size, "mime_type": mime});
+                let mut answer = result(format!("{full}: {mime}, {size} bytes"), data, false);
+                answer.content.push(ContentBlock::image(b64, mime));
+                answer
+            }
             Ok(bytes) => {
                 let size = bytes.len();
                 match String::from_utf8(bytes) {
@@ -561,7 +631,8 @@ Parent directories are created; an existing file is replaced.",
     #[tool(
         description = "List a directory in a session's sandbox: /workspace by default, or \
 /tmp or a directory under either. Shows each entry's type and size.",
-        annotations(read_only_hint = true, open_world_hint = false)
+        annotations(read_only_hint = true, open_world_hint = false),
+        output_schema = schemas::listing()
     )]
     async fn list_files(
         &self,
@@ -616,12 +687,16 @@ mod tests {
 
     #[test]
     fn the_tier_is_passed_on_with_the_runtime() {
-        let none = run_spec(BTreeMap::new(), &None, &None, &None, None).unwrap();
+        let opts = |tier: Option<&str>, runtime: Option<&str>| RunOptions {
+            tier: tier.map(str::to_string),
+            runtime: runtime.map(str::to_string),
+            ..RunOptions::default()
+        };
+        let none = run_spec(opts(None, None)).unwrap();
         assert_eq!((none.tier, none.runtime), (None, None));
-        let vm = run_spec(BTreeMap::new(), &None, &Some("microvm".into()), &None, None).unwrap();
+        let vm = run_spec(opts(Some("microvm"), None)).unwrap();
         assert_eq!(vm.tier, Some(Tier::Microvm));
-        let both = Some("oci".into());
-        let oci = run_spec(BTreeMap::new(), &None, &both, &Some("crun".into()), None).unwrap();
+        let oci = run_spec(opts(Some("oci"), Some("crun"))).unwrap();
         assert_eq!(
             (oci.tier, oci.runtime),
             (Some(Tier::Oci), Some(Runtime::Crun))
@@ -630,7 +705,11 @@ mod tests {
 
     #[test]
     fn an_unknown_tier_is_invalid_arguments_naming_the_choices() {
-        let e = run_spec(BTreeMap::new(), &None, &Some("vm".into()), &None, None).unwrap_err();
+        let e = run_spec(RunOptions {
+            tier: Some("vm".into()),
+            ..RunOptions::default()
+        })
+        .unwrap_err();
         assert_eq!(e.is_error, Some(true));
         let data = e.structured_content.unwrap();
         assert_eq!(data["error"]["code"], "invalid_arguments");
@@ -639,7 +718,11 @@ mod tests {
             "`tier`: unknown tier \"vm\": use native, oci or microvm"
         );
         // The same kind of answer as an unknown runtime's.
-        let e = run_spec(BTreeMap::new(), &None, &None, &Some("vm".into()), None).unwrap_err();
+        let e = run_spec(RunOptions {
+            runtime: Some("vm".into()),
+            ..RunOptions::default()
+        })
+        .unwrap_err();
         let data = e.structured_content.unwrap();
         assert_eq!(data["error"]["code"], "invalid_arguments");
     }
@@ -677,6 +760,13 @@ mod tests {
         for t in &tools {
             assert!(
                 t.description.as_deref().is_some_and(|d| d.len() > 40),
+                "{}",
+                t.name
+            );
+            let schema = t.output_schema.as_ref().expect("an output schema");
+            assert_eq!(schema["type"], "object", "{}", t.name);
+            assert!(
+                schema["required"].as_array().is_some_and(|r| !r.is_empty()),
                 "{}",
                 t.name
             );

@@ -30,7 +30,7 @@ pub fn check_rootfs(policy: &Policy) -> Result<(), Error> {
 
 /// The argv to run, refused when it cannot be passed to execve.
 pub fn checked_argv(req: &RunRequest) -> Result<Vec<String>, Error> {
-    let argv = req.command.argv()?;
+    let argv = req.command.argv(&req.policy.env)?;
     if argv.iter().any(|a| a.contains('\0')) {
         return Err(Error::request("argv", "contains a NUL byte"));
     }

@@ -31,9 +31,14 @@ Requests
 "output_limit":B,"stdin_b64":D,"env":{...},"cwd":P}``
     Runs ``/bin/bash -c S`` (``shell`` defaults to ``bash``; ``sh`` is ``/bin/sh``) in a new
     session (its own process group). ``stdin_b64`` (optional) is fed to its stdin, which is
-    then closed; without it stdin is ``/dev/null``. ``env`` (optional, strings to strings) is
-    added to the agent's own environment. ``cwd`` (optional) defaults to ``/workspace`` if it
-    exists, else the agent's own cwd. At ``timeout_ms`` the whole process group is killed
+    then closed; without it stdin is ``/dev/null``. Shell execs share a state, as commands
+    typed into one terminal do: the directory and the exported environment a shell ends with
+    (by ``exit`` too; not when it is killed or ``exec``s another program, or sets its own
+    EXIT trap) are the next shell exec's, starting from ``/workspace`` if it exists (else
+    the agent's own cwd) and the agent's environment. An EXIT trap put before S on its line
+    writes them into a pipe of the agent's, opened through /proc (the code inherits no fd of
+    the agent's). ``env`` (optional, strings to strings) is added to the environment for this
+    exec; ``cwd`` (optional) replaces the directory for this exec. At ``timeout_ms`` the whole process group is killed
     (SIGKILL) and ``timed_out`` is true. When the main process exits, whatever is left of its
     process group is killed (background jobs do not linger); output is read until both pipes
     reach EOF, but at most 200 ms past the main process's exit (descendants that left the
@@ -91,8 +96,28 @@ Requests
     symlinks are listed as such, not followed; P itself must not be or pass through one;
     ``mode`` is the permission bits; names that are not UTF-8 get U+FFFD).
 
+``{"op":"pack","id":N,"path":P,"max_bytes":B}``
+    The directory P (``/workspace``, ``/tmp`` or one under them, not through a symlink) as
+    an uncompressed tar archive, names relative to P, symlinks stored as symlinks: answered
+    as ``read`` answers (``truncated`` false); EFBIG when it would pass B bytes.
+
+``{"op":"unpack","id":N,"path":P,"b64":D,"max_bytes":B}``
+    Extracts the tar archive D (plain, gzip, bzip2 or xz) under the directory P, made if
+    missing. The whole archive is checked first, and nothing is written when a member has an
+    absolute name or a ``..`` component (EINVAL), is a hard link, a device or a FIFO
+    (EINVAL), or the contents pass B bytes (EFBIG). Files keep their permission bits (setuid,
+    setgid and sticky dropped), replacing what is there; no path is followed through a
+    symlink, as for ``write``. Answer ``{"id":N,"event":"ok","size":bytes_written}``.
+
 ``{"op":"ping","id":N}``
     Answer ``{"id":N,"event":"pong","pid":agent_pid,"kernel_pid":pid_or_null}``.
+
+``{"op":"interrupt","id":N}`` and ``{"op":"cancel","id":N}``
+    Act on the exec that is running, at once (every other request that comes during an exec
+    waits until it ends): ``interrupt`` sends SIGINT, as Ctrl-C would, to the python code (a
+    ``KeyboardInterrupt``; one sent before the code started is sent as it starts) or to a
+    shell's process group; ``cancel`` ends the exec as its timeout would, and its result
+    has ``"cancelled": true``. Answer ``{"id":N,"event":"ok"}``, also when no exec runs.
 
 Exec responses
 --------------
@@ -144,12 +169,16 @@ INTERRUPT_GRACE = 2.0  # seconds a timed-out python exec gets to stop after SIGI
 READ_SIZE = 64 * 1024
 CHUNK_MAX = 256 * 1024  # most bytes of one stream coalesced into one output event
 REQUEST_READ_SIZE = 1024 * 1024
+CONTROL_OPS = ("interrupt", "cancel")  # requests that act on the running exec
+SHELL_STATE_MAX = 1024 * 1024  # most bytes of a shell's saved cwd and environment
+SHELL_NOT_KEPT = ("SHLVL", "_")  # set by each shell itself
 MAX_POLL_MS = 3_600_000
 HEADER_SIZE = 16  # kernel request header: the request's length in ASCII digits
 KERNEL_LINE_MAX = 16 * 1024 * 1024  # longest line the agent takes from a kernel
 FIGURE_FORMATS = ("png", "svg")
-# rich.py's source, put here by the server (agent.rs); None when this file is run as a file.
-RICH_SOURCE = None
+# The sources of rich.py and archive.py, by name, put here by the server (agent.rs): each is
+# compiled on the first request that needs it. None when this file is run as a file.
+LAZY_SOURCES = None
 _REQUIRED = object()
 _TEMP_NAMES = itertools.count()
 
@@ -216,9 +245,12 @@ class LineReader:
         self.buffer = bytearray()
         self.scanned = 0  # bytes of buffer known to hold no newline
         self.eof = False
+        self.queued = []  # lines read during an exec, to be served after it
 
     def readline(self):
         """The next line without its newline; a last unterminated line counts; None at EOF."""
+        if self.queued:
+            return self.queued.pop(0)
         while True:
             end = self.buffer.find(b"\n", self.scanned)
             if end >= 0:
@@ -240,6 +272,13 @@ class LineReader:
             return
         self.buffer += chunk
         self.eof = not chunk
+
+    def take_ready(self):
+        """The complete lines after one read of an fd that poll found readable."""
+        self.fill()
+        *lines, rest = bytes(self.buffer).split(b"\n")
+        self.buffer, self.scanned = bytearray(rest), 0
+        return lines
 
 
 # --- Request fields -----------------------------------------------------------------------
@@ -320,8 +359,12 @@ def has_exited(pid):
 
 
 def kill_group(pgid):
+    signal_group(pgid, signal.SIGKILL)
+
+
+def signal_group(pgid, sig):
     try:
-        os.killpg(pgid, signal.SIGKILL)
+        os.killpg(pgid, sig)
     except OSError:
         pass
 
@@ -362,6 +405,30 @@ def close_fds(fds):
     for fd in fds:
         if fd is not None:
             os.close(fd)
+
+
+def keeping_state(command, fd):
+    """The command, after a trap that writes the shell's cwd and environment as it exits
+    (NUL-separated: the cwd, then NAME=VALUE pairs) into the agent's fd, which the shell
+    opens through /proc: the code's processes inherit no fd of the agent's. On the command's
+    line, so that its own line numbers do not move. A command that sets its own EXIT trap
+    replaces this one (and keeps no state)."""
+    path = f"/proc/{os.getpid()}/fd/{fd}"
+    save = f'{{ printf "%s\\0" "$PWD"; /usr/bin/env -0; }} >{path} 2>/dev/null'
+    return f"trap '{save}' EXIT; {command}"
+
+
+def state_pipe():
+    """The pipe a shell's EXIT trap writes its state to, as large as an environment that
+    can still exec a program (/usr/bin/env) may be, so that the trap does not block."""
+    import fcntl
+
+    r, w = os.pipe()
+    try:
+        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, SHELL_STATE_MAX)
+    except OSError:
+        pass
+    return r, w
 
 
 def make_pipes(with_stdin):
@@ -506,6 +573,7 @@ class ShellRun:
         self.start = time.monotonic()
         self.deadline = self.start + timeout
         self.timed_out = False
+        self.cancelled = False
         self.ended = None  # when the main process exited
 
     def check(self, now):
@@ -530,6 +598,14 @@ class ShellRun:
     def on_ready(self, ready):
         pass
 
+    def interrupt(self):
+        if self.ended is None:
+            signal_group(self.proc.pid, signal.SIGINT)
+
+    def cancel(self):
+        self.deadline = min(self.deadline, time.monotonic())
+        self.cancelled = True
+
     def abort(self):
         if self.ended is None:
             kill_group(self.proc.pid)
@@ -543,6 +619,7 @@ class ShellRun:
             "signal": -code if code < 0 else None,
             "timed_out": self.timed_out,
             "duration_ms": int((self.ended - self.start) * 1000),
+            "cancelled": self.cancelled,
         }
 
 
@@ -559,6 +636,8 @@ class PythonRun:
         self.timed_out = False
         self.started = False  # the kernel said the code runs (SIGINT is caught from then on)
         self.interrupted = False
+        self.interrupt_asked = False  # by an interrupt request, before the code started
+        self.cancelled = False
         self.killed = False  # killed by us for not stopping after SIGINT
         self.status = None  # the exit status the kernel reported
         kernel.usage = None  # and what the exec used, reported with it
@@ -608,6 +687,8 @@ class PythonRun:
         for message in messages:
             if message == "started":
                 self.started = True
+                if self.interrupt_asked:
+                    self.kernel.interrupt()
             elif isinstance(message, tuple):
                 self.take(*message)
             else:
@@ -628,6 +709,20 @@ class PythonRun:
                 "results_truncated": value.get("results_truncated") is True,
             }
 
+    def interrupt(self):
+        """SIGINT, as Ctrl-C: KeyboardInterrupt in the code, the session kept."""
+        if self.ended is not None:
+            return
+        if self.started:
+            self.kernel.interrupt()
+        else:
+            self.interrupt_asked = True
+
+    def cancel(self):
+        """Ends the exec as its timeout would (SIGINT, then a kill past the grace)."""
+        self.deadline = min(self.deadline, time.monotonic())
+        self.cancelled = True
+
     def abort(self):
         if self.ended is None:
             self.lose(time.monotonic())
@@ -642,6 +737,7 @@ class PythonRun:
             "timed_out": self.timed_out,
             "duration_ms": int((self.ended - self.start) * 1000),
             "usage": self.kernel.usage if self.status is not None else None,
+            "cancelled": self.cancelled,
             **self.rich,
         }
 
@@ -781,6 +877,8 @@ def run_exec(sock, state, request, fds):
         # A one-shot run (the warm pool) must look like `python3 -c` to the code, and gets
         # what a cold one gets: no rich results.
         sys.argv = ["-c"]
+        sys.stdout = sys.__stdout__ = output_stream(1, unbuffered=True)
+        sys.stderr = sys.__stderr__ = output_stream(2, unbuffered=True)
         reseed_generators()
         status, error = run_code(code, state, announce, "<string>")
     else:
@@ -805,15 +903,22 @@ def rich_module():
     """rich.py as a module of this kernel, compiled on its first session exec."""
     global RICH
     if RICH is None:
-        source = RICH_SOURCE
-        if source is None:  # this file run as a file (its tests): rich.py is beside it
-            with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "rich.py")) as f:
-                source = f.read()
-        module = type(sys)("kennel_rich")
-        exec(compile(source, "<kennel-rich>", "exec", dont_inherit=True), module.__dict__)
-        module.setup()
-        RICH = module
+        RICH = lazy_module("rich")
+        RICH.setup()
     return RICH
+
+
+def lazy_module(name, given=None):
+    """One of LAZY_SOURCES compiled into a module, with the names in given put in it first."""
+    if LAZY_SOURCES is None:  # this file run as a file (its tests): the source is beside it
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")) as f:
+            source = f.read()
+    else:
+        source = LAZY_SOURCES[name]
+    module = type(sys)(f"kennel_{name}")
+    module.__dict__.update(given or {})
+    exec(compile(source, f"<kennel-{name}>", "exec", dont_inherit=True), module.__dict__)
+    return module
 
 
 def reseed_generators():
@@ -908,11 +1013,15 @@ def install_stdio(fds):
                 setattr(sys, attr, output_stream(fd))
 
 
-def output_stream(fd):
-    """A line-buffered text stream on fd, with python3's error handler for it (the agent's
-    -u streams would write every piece of a print() separately: many tiny output events)."""
-    raw = io.BufferedWriter(io.FileIO(fd, "w", closefd=False))
+def output_stream(fd, unbuffered=False):
+    """A text stream on fd, with python3's error handler for it: line-buffered for a session
+    (the agent's -u streams would write every piece of a print() separately: many tiny output
+    events), or unbuffered as ``python3 -u`` has it, which is how a cold run runs python."""
     errors = "surrogateescape" if fd == 1 else "backslashreplace"
+    raw = io.FileIO(fd, "w", closefd=False)
+    if unbuffered:
+        return io.TextIOWrapper(raw, encoding="utf-8", errors=errors, write_through=True)
+    raw = io.BufferedWriter(raw)
     return io.TextIOWrapper(raw, encoding="utf-8", errors=errors, line_buffering=True)
 
 
@@ -1238,14 +1347,22 @@ class Agent:
         self.wakeup_fd = watch_children()
         self.requests = LineReader(0)
         self.ops = {
+            "interrupt": self.op_idle_control,
+            "cancel": self.op_idle_control,
             "exec": self.op_exec,
             "write": self.op_write,
             "read": self.op_read,
             "delete": self.op_delete,
             "list": self.op_list,
+            "pack": self.op_pack,
+            "unpack": self.op_unpack,
             "ping": self.op_ping,
         }
         self.kernel = None
+        self.archive_module = None
+        # What shell execs carry from one to the next, as a terminal does: cd and export.
+        self.shell_cwd = self.cwd
+        self.shell_env = dict(os.environ)
         try:
             self.start_kernel()
         except OSError as exc:
@@ -1327,14 +1444,15 @@ class Agent:
         timeout = count_field(request, "timeout_ms") / 1000
         limit = count_field(request, "output_limit")
         stdin = b64_field(request, "stdin_b64", None)
-        env = {**os.environ, **env_field(request)}
-        cwd = field(request, "cwd", str, self.cwd)
+        env = {**self.shell_env, **env_field(request)}
+        cwd = field(request, "cwd", str, None) or self.shell_cwd
         import subprocess  # lazily: agent (and so kernel) start-up stays light
 
         child_fds, ours = make_pipes(stdin is not None)
+        state_r, state_w = state_pipe()
         try:
             proc = subprocess.Popen(
-                [shell, "-c", command],
+                [shell, "-c", keeping_state(command, state_w)],
                 stdin=child_fds[0],
                 stdout=child_fds[1],
                 stderr=child_fds[2],
@@ -1345,13 +1463,34 @@ class Agent:
             )
         except BaseException:
             close_fds(ours)
+            close_fds((state_r, state_w))
             raise
         finally:
             close_fds(child_fds)
         run = ShellRun(proc, timeout)
         pump = Pump(rid, limit, *ours, stdin)
-        self.drive(run, pump)
+        try:
+            self.drive(run, pump)
+            self.keep_shell_state(state_r)
+        finally:
+            close_fds((state_r, state_w))
         send({"id": rid, "event": "result", **run.outcome(), **pump.totals(), "interpreter": None})
+
+    def keep_shell_state(self, fd):
+        """Takes the cwd and environment the shell left (its EXIT trap wrote them before it
+        ended), if it left them: a shell that was killed or exec'd another program keeps the
+        state from before."""
+        os.set_blocking(fd, False)
+        data, _ = read_available(fd, SHELL_STATE_MAX)
+        cwd, *pairs = data.split(b"\0")
+        if not data.endswith(b"\0") or not pairs or not os.path.isdir(cwd):
+            return  # none, or cut short
+        env = {}
+        for pair in pairs:
+            name, sep, value = pair.partition(b"=")
+            if sep and name and name.decode("utf-8", "replace") not in SHELL_NOT_KEPT:
+                env[os.fsdecode(name)] = os.fsdecode(value)
+        self.shell_cwd, self.shell_env = os.fsdecode(cwd), env
 
     def exec_python(self, rid, request):
         code = field(request, "code", str)
@@ -1387,20 +1526,39 @@ class Agent:
         send({"id": rid, "event": "result", **run.outcome(), **pump.totals(), "interpreter": interpreter})
 
     def drive(self, run, pump):
-        """The exec's event loop: until its process ended and its output is read."""
+        """The exec's event loop: until its process ended and its output is read. Requests
+        that come meanwhile wait for it, but for ``interrupt`` and ``cancel``, which act on
+        it at once."""
         try:
             while True:
                 now = time.monotonic()
                 run.check(now)
                 if run.ended is not None and (pump.eof or now >= run.ended + EXIT_GRACE):
                     return
-                ready = pump.poll(poll_timeout(now, run.timer()), (self.wakeup_fd, *run.fds()))
+                requests = () if self.requests.eof else (0,)
+                extra = (self.wakeup_fd, *requests, *run.fds())
+                ready = pump.poll(poll_timeout(now, run.timer()), extra)
                 if self.wakeup_fd in ready:
                     drain(self.wakeup_fd)
+                if 0 in ready:
+                    self.take_requests(run)
                 run.on_ready(ready)
         finally:
             run.abort()  # a no-op unless the loop failed
             pump.close()
+
+    def take_requests(self, run):
+        for line in self.requests.take_ready():
+            try:
+                request, rid = parse_request(line)
+                op = request.get("op")
+            except BadRequest:
+                op = None
+            if op in CONTROL_OPS:
+                getattr(run, op)()
+                send({"id": rid, "event": "ok"})
+            else:
+                self.requests.queued.append(line)
 
     # --- files
 
@@ -1425,6 +1583,25 @@ class Agent:
     def op_list(self, rid, request):
         entries = list_dir(path_field(request, allow_root=True))
         send({"id": rid, "event": "entries", "entries": entries})
+
+    def op_pack(self, rid, request):
+        data = self.archive().pack(path_field(request, allow_root=True), count_field(request, "max_bytes"))
+        send({"id": rid, "event": "file", "size": len(data), "truncated": False, "b64": b64(data)})
+
+    def op_unpack(self, rid, request):
+        path = path_field(request, allow_root=True)
+        written = self.archive().unpack(path, b64_field(request, "b64"), count_field(request, "max_bytes"))
+        send({"id": rid, "event": "ok", "size": written})
+
+    def archive(self):
+        """archive.py, compiled on the first pack or unpack, with the file ops' path rules."""
+        if self.archive_module is None:
+            given = {f.__name__: f for f in (open_parent, open_dir_step, write_file)}
+            self.archive_module = lazy_module("archive", given)
+        return self.archive_module
+
+    def op_idle_control(self, rid, request):
+        send({"id": rid, "event": "ok"})  # no exec runs: nothing to interrupt or cancel
 
     def op_ping(self, rid, request):
         kernel = self.kernel

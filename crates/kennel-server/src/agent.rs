@@ -22,17 +22,29 @@ use kennel_types::policy::{Policy, Span, Tier};
 
 /// The agent's source; its docstring is the protocol.
 const AGENT_SRC: &str = include_str!("agent.py");
-/// The rich results' source, which the agent carries as a string and its kernel compiles on
-/// the first session exec (a pooled one-shot sandbox never does).
-const RICH_SRC: &str = include_str!("rich.py");
-const RICH_PLACEHOLDER: &str = "\nRICH_SOURCE = None\n";
+/// The modules the agent carries as strings and compiles on the first request that needs
+/// them: rich results (in the kernel, on a session's first python exec: a pooled one-shot
+/// sandbox never does) and archives (on the first pack or unpack).
+const LAZY: [(&str, &str); 2] = [
+    ("rich", include_str!("rich.py")),
+    ("archive", include_str!("archive.py")),
+];
+const LAZY_PLACEHOLDER: &str = "\nLAZY_SOURCES = None\n";
 
-/// The program the agent runs as `python3 -u -c`: agent.py with rich.py's source in it (a
-/// JSON string is a Python string literal).
+/// The program the agent runs as `python3 -u -c`: agent.py with the lazy modules' sources in
+/// it (a JSON object of strings is a Python dict literal).
 pub fn agent_program() -> &'static str {
     static PROGRAM: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-        let literal = serde_json::to_string(RICH_SRC).unwrap_or_default();
-        AGENT_SRC.replacen(RICH_PLACEHOLDER, &format!("\nRICH_SOURCE = {literal}\n"), 1)
+        let sources: serde_json::Map<String, serde_json::Value> = LAZY
+            .iter()
+            .map(|(k, v)| (k.to_string(), (*v).into()))
+            .collect();
+        let literal = serde_json::Value::Object(sources).to_string();
+        AGENT_SRC.replacen(
+            LAZY_PLACEHOLDER,
+            &format!("\nLAZY_SOURCES = {literal}\n"),
+            1,
+        )
     });
     &PROGRAM
 }
@@ -40,6 +52,8 @@ pub fn agent_program() -> &'static str {
 /// killed as unresponsive.
 const ANSWER_GRACE: Duration = Duration::from_secs(5);
 const STDERR_TAIL: usize = 4096;
+/// Requests up to this long are written without handing the thread over.
+const SHORT_REQUEST: usize = 512;
 /// How long a file operation may take before the sandbox is killed as unresponsive.
 const FILE_OP: Duration = Duration::from_secs(60);
 
@@ -74,7 +88,25 @@ pub enum Request<'a> {
     List {
         path: &'a str,
     },
+    Pack {
+        path: &'a str,
+        max_bytes: u64,
+    },
+    Unpack {
+        path: &'a str,
+        b64: String,
+        max_bytes: u64,
+    },
     Ping,
+    Interrupt,
+    Cancel,
+}
+
+/// What [`AgentSandbox::control`] does to a running exec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Control {
+    Interrupt,
+    Cancel,
 }
 
 /// What an exec runs: python in the persistent interpreter, or a shell command.
@@ -257,15 +289,46 @@ pub enum AgentError {
 
 #[derive(Debug)]
 struct Conversation {
-    writer: Option<std::io::PipeWriter>,
     lines: mpsc::UnboundedReceiver<Answer>,
-    next_id: u64,
+}
+
+/// The agent's stdin, apart from the conversation: a control request (interrupt, cancel)
+/// goes out while an exec holds the conversation.
+#[derive(Debug)]
+struct Requests {
+    writer: Mutex<Option<std::io::PipeWriter>>,
+    next_id: std::sync::atomic::AtomicU64,
+}
+
+impl Requests {
+    /// Writes one request with a fresh id, which it returns. A long request (a file's
+    /// contents) may wait for the agent to read it, so the caller's thread is handed over
+    /// while it does; a short one (a control) is written at once from anywhere, a drop
+    /// included: the agent reads its stdin while idle and while an exec runs.
+    fn send(&self, request: &Request<'_>) -> Result<u64, AgentError> {
+        let id = self.next_id.fetch_add(1, Ordering::SeqCst);
+        let mut line = serde_json::to_vec(&Numbered { id, request })
+            .map_err(|e| AgentError::Protocol(e.to_string()))?;
+        line.push(b'\n');
+        let mut writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(w) = writer.as_mut() else {
+            return Err(AgentError::Gone(String::new()));
+        };
+        let written = if line.len() <= SHORT_REQUEST {
+            w.write_all(&line)
+        } else {
+            tokio::task::block_in_place(|| w.write_all(&line))
+        };
+        written.map_err(|_| AgentError::Gone(String::new()))?;
+        Ok(id)
+    }
 }
 
 /// A running agent sandbox.
 #[derive(Debug)]
 pub struct AgentSandbox {
     conversation: tokio::sync::Mutex<Conversation>,
+    requests: Requests,
     cancel: Canceller,
     done: Mutex<Option<oneshot::Receiver<Result<RunResult, Error>>>>,
     stderr_tail: Arc<Mutex<Vec<u8>>>,
@@ -373,11 +436,11 @@ impl AgentSandbox {
             let _ = done_tx.send(result);
         });
         let agent = AgentSandbox {
-            conversation: tokio::sync::Mutex::new(Conversation {
-                writer: Some(writer),
-                lines,
-                next_id: 1,
-            }),
+            conversation: tokio::sync::Mutex::new(Conversation { lines }),
+            requests: Requests {
+                writer: Mutex::new(Some(writer)),
+                next_id: 1.into(),
+            },
             cancel,
             done: Mutex::new(Some(done)),
             stderr_tail,
@@ -419,18 +482,11 @@ impl AgentSandbox {
         mut on_progress: impl FnMut(Progress<'_>),
     ) -> Result<Event, AgentError> {
         let mut conv = self.conversation.lock().await;
-        let id = conv.next_id;
-        conv.next_id += 1;
-        let mut line = serde_json::to_vec(&Numbered { id, request })
-            .map_err(|e| AgentError::Protocol(e.to_string()))?;
-        line.push(b'\n');
-        let Some(writer) = conv.writer.as_mut() else {
-            return Err(AgentError::Gone(String::new()));
+        let id = match self.requests.send(request) {
+            Ok(id) => id,
+            Err(AgentError::Gone(_)) => return Err(AgentError::Gone(self.stderr_tail())),
+            Err(e) => return Err(e),
         };
-        // The agent reads whenever it is idle, and it is idle: requests are serialised here.
-        if tokio::task::block_in_place(|| writer.write_all(&line)).is_err() {
-            return Err(AgentError::Gone(self.stderr_tail()));
-        }
         let deadline = tokio::time::Instant::now() + within;
         loop {
             let answer = match tokio::time::timeout_at(deadline, conv.lines.recv()).await {
@@ -443,8 +499,12 @@ impl AgentSandbox {
                 }
             };
             match answer.event {
-                Event::Stdout { b64 } => on_progress(Progress::Output(Stream::Stdout, &decode(&b64))),
-                Event::Stderr { b64 } => on_progress(Progress::Output(Stream::Stderr, &decode(&b64))),
+                Event::Stdout { b64 } => {
+                    on_progress(Progress::Output(Stream::Stdout, &decode(&b64)))
+                }
+                Event::Stderr { b64 } => {
+                    on_progress(Progress::Output(Stream::Stderr, &decode(&b64)))
+                }
                 Event::Display { output } => on_progress(Progress::Rich(&output)),
                 Event::Error { errno, message } => {
                     return Err(AgentError::Refused(format!("{errno}: {message}")))
@@ -474,25 +534,29 @@ impl AgentSandbox {
         let (mut out, mut err) = (Vec::new(), Vec::new());
         let (mut results, mut budget, mut dropped) = (Vec::new(), exec.output_limit, false);
         let last = self
-            .call(&request, exec.timeout + ANSWER_GRACE, |progress| match progress {
-                Progress::Output(stream, data) => {
-                    on_progress(progress);
-                    match stream {
-                        Stream::Stdout => out.extend_from_slice(data),
-                        Stream::Stderr => err.extend_from_slice(data),
-                    }
-                }
-                Progress::Rich(output) => {
-                    let size = u64::try_from(output.size()).unwrap_or(u64::MAX);
-                    if results.len() < RichOutput::MAX && size <= budget {
-                        budget -= size;
-                        results.push(output.clone());
+            .call(
+                &request,
+                exec.timeout + ANSWER_GRACE,
+                |progress| match progress {
+                    Progress::Output(stream, data) => {
                         on_progress(progress);
-                    } else {
-                        dropped = true;
+                        match stream {
+                            Stream::Stdout => out.extend_from_slice(data),
+                            Stream::Stderr => err.extend_from_slice(data),
+                        }
                     }
-                }
-            })
+                    Progress::Rich(output) => {
+                        let size = u64::try_from(output.size()).unwrap_or(u64::MAX);
+                        if results.len() < RichOutput::MAX && size <= budget {
+                            budget -= size;
+                            results.push(output.clone());
+                            on_progress(progress);
+                        } else {
+                            dropped = true;
+                        }
+                    }
+                },
+            )
             .await?;
         let Event::Result(mut result) = last else {
             return Err(unexpected(last));
@@ -502,6 +566,17 @@ impl AgentSandbox {
         result.exec.results = results;
         result.exec.results_truncated |= dropped;
         Ok(result)
+    }
+
+    /// Acts on the exec running now, without waiting for it (nor for an answer: the exec's
+    /// caller skips it): `Interrupt` is Ctrl-C, `Cancel` ends it as its timeout would. With
+    /// no exec running, it does nothing.
+    pub fn control(&self, control: Control) {
+        let request = match control {
+            Control::Interrupt => Request::Interrupt,
+            Control::Cancel => Request::Cancel,
+        };
+        let _ = self.requests.send(&request);
     }
 
     /// Writes a file inside the sandbox.
@@ -540,11 +615,34 @@ impl AgentSandbox {
     }
 
     pub async fn list(&self, path: &str) -> Result<Vec<DirEntry>, AgentError> {
-        match self
-            .call(&Request::List { path }, FILE_OP, |_| {})
-            .await?
-        {
+        match self.call(&Request::List { path }, FILE_OP, |_| {}).await? {
             Event::Entries { entries } => Ok(entries),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// A directory as a tar archive of at most `max` bytes.
+    pub async fn pack(&self, path: &str, max: u64) -> Result<Vec<u8>, AgentError> {
+        let request = Request::Pack {
+            path,
+            max_bytes: max,
+        };
+        match self.call(&request, FILE_OP, |_| {}).await? {
+            Event::File { b64, .. } => Ok(decode(&b64)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Extracts a tar archive under a directory, its contents at most `max` bytes; the bytes
+    /// written.
+    pub async fn unpack(&self, path: &str, archive: &[u8], max: u64) -> Result<u64, AgentError> {
+        let request = Request::Unpack {
+            path,
+            b64: encode(archive),
+            max_bytes: max,
+        };
+        match self.call(&request, FILE_OP, |_| {}).await? {
+            Event::Ok { size } => Ok(size.unwrap_or_default()),
             other => Err(unexpected(other)),
         }
     }
@@ -557,7 +655,11 @@ impl AgentSandbox {
     /// Ends the sandbox: the agent sees EOF and exits; a sandbox that does not end within a
     /// few seconds is killed. Returns the sandbox's own result the first time.
     pub async fn close(&self) -> Option<Result<RunResult, Error>> {
-        self.conversation.lock().await.writer.take();
+        self.requests
+            .writer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
         let done = self.done.lock().unwrap_or_else(|p| p.into_inner()).take()?;
         let mut done = std::pin::pin!(done);
         match tokio::time::timeout(Duration::from_secs(5), &mut done).await {
@@ -603,17 +705,22 @@ mod tests {
         serde_json::to_value(Numbered { id: 7, request }).unwrap()
     }
 
-    /// The agent carries rich.py's source, compiled by the kernel when a session needs it.
+    /// The agent carries rich.py's and archive.py's sources, compiled when first needed.
     #[test]
-    fn the_agent_program_carries_the_rich_results_source() {
+    fn the_agent_program_carries_the_lazy_sources() {
         let program = agent_program();
-        assert!(!program.contains(RICH_PLACEHOLDER), "the placeholder was not replaced");
+        assert!(
+            !program.contains(LAZY_PLACEHOLDER),
+            "the placeholder was not replaced"
+        );
         let line = program
             .lines()
-            .find(|l| l.starts_with("RICH_SOURCE = "))
-            .expect("a RICH_SOURCE line");
-        let literal: String = serde_json::from_str(&line["RICH_SOURCE = ".len()..]).unwrap();
-        assert_eq!(literal, RICH_SRC);
+            .find(|l| l.starts_with("LAZY_SOURCES = "))
+            .expect("a LAZY_SOURCES line");
+        let literal: Value = serde_json::from_str(&line["LAZY_SOURCES = ".len()..]).unwrap();
+        for (name, source) in LAZY {
+            assert_eq!(literal[name], source);
+        }
     }
 
     /// The requests as `agent.py`'s docstring spells them.
@@ -734,10 +841,12 @@ mod tests {
         };
         assert_eq!(output.kind, kennel_types::api::OutputKind::Value);
         assert_eq!(output.data["application/json"], json!({"a": [1]}));
-        let failed = parse(json!({"id": 6, "event": "result", "exit_code": 1, "signal": null,
+        let failed = parse(
+            json!({"id": 6, "event": "result", "exit_code": 1, "signal": null,
             "timed_out": false, "duration_ms": 1, "stdout_bytes": 0, "stderr_bytes": 9,
             "stdout_truncated": false, "stderr_truncated": false, "interpreter": null,
-            "error": {"name": "E", "value": "v", "traceback": ["t"]}, "results_truncated": true}));
+            "error": {"name": "E", "value": "v", "traceback": ["t"]}, "results_truncated": true}),
+        );
         let Event::Result(r) = failed.event else {
             panic!("{failed:?}")
         };

@@ -108,6 +108,9 @@ class AgentCase(unittest.TestCase):
         self.addCleanup(shutil.rmtree, self.dir, True)
         self.addCleanup(self.agent.close)
 
+    def path(self, *parts):
+        return os.path.join(self.dir, *parts)
+
 
 class AgentTest(AgentCase):
     # --- helpers
@@ -116,7 +119,8 @@ class AgentTest(AgentCase):
         request = {"op": "exec", "kind": kind, "timeout_ms": timeout_ms, "output_limit": output_limit}
         request.update(extra)
         if kind == "shell":
-            request.update(command=text, cwd=self.dir)
+            request["command"] = text
+            request.setdefault("cwd", self.dir)  # None: the session's own
         else:
             request.update(code=text)
         events, result = self.agent.call(request, timeout=timeout_ms / 1000 + 10)
@@ -130,9 +134,6 @@ class AgentTest(AgentCase):
 
     def python(self, code, **kw):
         return self.exec("python", code, **kw)
-
-    def path(self, *parts):
-        return os.path.join(self.dir, *parts)
 
     def kernel_pid(self):
         return self.agent.call({"op": "ping"})[1]["kernel_pid"]
@@ -239,6 +240,94 @@ class AgentTest(AgentCase):
                    "cwd": self.path("missing")}
         _, answer = self.agent.call(request)
         self.assertEqual((answer["event"], answer["errno"]), ("error", "ENOENT"))
+
+    # --- a shell session keeps its cwd and exports, as a terminal does
+
+    def test_cd_and_export_hold_in_the_next_shell_exec(self):
+        sub = self.path("sub")
+        os.mkdir(sub)
+        self.shell(f"cd {sub}; export KEPT=1; NOT_EXPORTED=2; export GONE=3", cwd=None)
+        _, out, _ = self.shell("pwd; echo $KEPT-$NOT_EXPORTED-$GONE; unset GONE", cwd=None)
+        self.assertEqual(out, f"{sub}\n1--3\n".encode())
+        _, out, _ = self.shell('echo "${GONE-unset}"', cwd=None, shell="sh")
+        self.assertEqual(out, b"unset\n", "sh shares the state")
+        levels = {self.shell("echo $SHLVL", cwd=None)[1] for _ in range(2)}
+        self.assertEqual(len(levels), 1, "each shell starts at the same level")
+
+    def test_an_exit_keeps_the_state_and_a_kill_keeps_the_last(self):
+        result, _, _ = self.shell(f"cd {self.dir}; export A=1; exit 3", cwd=None)
+        self.assertEqual(result["exit_code"], 3)
+        result, _, _ = self.shell("cd /; export A=2; sleep 30", cwd=None, timeout_ms=300)
+        self.assertTrue(result["timed_out"])
+        _, out, _ = self.shell("pwd; echo $A", cwd=None)
+        self.assertEqual(out, f"{self.dir}\n1\n".encode())
+
+    def test_a_shell_exec_sees_no_state_pipe(self):
+        _, out, _ = self.shell("ls /proc/self/fd", cwd=None)
+        self.assertEqual(out.split(), [b"0", b"1", b"2", b"3"])  # 3: ls's own directory
+
+    # --- interrupt and cancel, while an exec runs
+
+    def start(self, request):
+        """Sends a request without waiting; returns its id."""
+        rid = self.agent.next_id
+        self.agent.next_id += 1
+        self.agent.send_raw(json.dumps({**request, "id": rid}).encode() + b"\n")
+        return rid
+
+    def finals(self, count, timeout=15):
+        """The next count final events, in order, by id (output events are skipped)."""
+        got = []
+        while len(got) < count:
+            event = self.agent.next_event(timeout)
+            if event["event"] in FINAL_EVENTS:
+                got.append(event)
+        return got
+
+    def test_interrupt_raises_keyboard_interrupt_and_keeps_the_session(self):
+        self.python("kept = 7")
+        code = "import time\ntry:\n    time.sleep(30)\nfinally:\n    print('cleaned')"
+        run = self.start({"op": "exec", "kind": "python", "code": code, "timeout_ms": 20000,
+                          "output_limit": 1000})
+        time.sleep(0.3)
+        stop = self.start({"op": "interrupt"})
+        started = time.monotonic()
+        ok, result = self.finals(2)
+        self.assertEqual((ok["id"], ok["event"]), (stop, "ok"))
+        self.assertEqual(result["id"], run)
+        self.assertLess(time.monotonic() - started, 2)
+        self.assertEqual((result["exit_code"], result["timed_out"]), (1, False))
+        self.assertEqual(result["error"]["name"], "KeyboardInterrupt")
+        self.assertFalse(result["interpreter"]["restarted"])
+        _, out, _ = self.python("print(kept)")
+        self.assertEqual(out, b"7\n")
+
+    def test_interrupt_sends_sigint_to_a_shell_command(self):
+        run = self.start({"op": "exec", "kind": "shell", "command": "trap 'echo got INT; exit 9' INT; sleep 30 & wait",
+                          "timeout_ms": 20000, "output_limit": 1000, "cwd": self.dir})
+        time.sleep(0.3)
+        self.start({"op": "interrupt"})
+        _, result = self.finals(2)
+        self.assertEqual((result["id"], result["exit_code"]), (run, 9))
+
+    def test_cancel_ends_the_exec_now_and_requests_meanwhile_wait_their_turn(self):
+        run = self.start({"op": "exec", "kind": "python", "code": "import time\nwhile True: time.sleep(0.01)",
+                          "timeout_ms": 30000, "output_limit": 1000})
+        time.sleep(0.3)
+        ping = self.start({"op": "ping"})
+        cancel = self.start({"op": "cancel"})
+        started = time.monotonic()
+        ok, result, pong = self.finals(3)
+        self.assertEqual([e["id"] for e in (ok, result, pong)], [cancel, run, ping])
+        self.assertLess(time.monotonic() - started, 3)
+        self.assertTrue(result["cancelled"])
+        self.assertEqual(pong["event"], "pong")
+
+    def test_interrupt_and_cancel_between_execs_do_nothing(self):
+        for op in ("interrupt", "cancel"):
+            self.assertEqual(self.agent.call({"op": op})[1]["event"], "ok")
+        _, out, _ = self.python("print(1)")
+        self.assertEqual(out, b"1\n")
 
     # --- python
 

@@ -1,5 +1,5 @@
-//! The session agent's own unit tests and those of its rich results (Python's unittest), run
-//! bare on the host, so that the one test command covers them.
+//! The session agent's own unit tests, and those of its rich results and archives (Python's
+//! unittest), run bare on the host, so that the one test command covers them.
 
 use std::process::Command;
 
@@ -7,7 +7,14 @@ use std::process::Command;
 fn the_session_agent_passes_its_unit_tests() {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
     let out = Command::new("/usr/bin/python3")
-        .args(["-B", "-m", "unittest", "test_agent", "test_rich"])
+        .args([
+            "-B",
+            "-m",
+            "unittest",
+            "test_agent",
+            "test_rich",
+            "test_archive",
+        ])
         .current_dir(dir)
         .output()
         .expect("/usr/bin/python3 runs");

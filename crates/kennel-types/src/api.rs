@@ -81,8 +81,10 @@ pub enum Command {
 pub const MAX_CODE_BYTES: usize = 120 << 10;
 
 impl Command {
-    /// The argv that runs this command inside the sandbox.
-    pub fn argv(&self) -> Result<Vec<String>, PolicyError> {
+    /// The argv that runs this command inside the sandbox, whose environment is `env`.
+    /// Python code runs unbuffered (`-u`), so that its output streams as it is printed,
+    /// unless the environment says how (`PYTHONUNBUFFERED`).
+    pub fn argv(&self, env: &BTreeMap<String, String>) -> Result<Vec<String>, PolicyError> {
         match self {
             Command::Argv(argv) if argv.is_empty() => Err(PolicyError::request("argv", "is empty")),
             Command::Argv(argv) => Ok(argv.clone()),
@@ -93,11 +95,17 @@ impl Command {
                     code.len()
                 ),
             )),
-            Command::Code { language, code } => Ok(vec![
-                language.interpreter().to_string(),
-                "-c".to_string(),
-                code.clone(),
-            ]),
+            Command::Code { language, code } => {
+                let unbuffered =
+                    *language == Language::Python && !env.contains_key("PYTHONUNBUFFERED");
+                let flag = unbuffered.then(|| "-u".to_string());
+                let interpreter = language.interpreter().to_string();
+                Ok([interpreter]
+                    .into_iter()
+                    .chain(flag)
+                    .chain(["-c".to_string(), code.clone()])
+                    .collect())
+            }
         }
     }
 }

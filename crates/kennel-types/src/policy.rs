@@ -173,7 +173,18 @@ pub enum Want {
 /// The capabilities the code keeps: each holds only inside the sandbox's own user namespace,
 /// over processes and files whose ids are mapped into it (the scratch space, the code's own
 /// processes), never over the host's files, which it sees owned by `nobody`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Capabilities {
     /// Docker's everyday set without raw sockets or device nodes, so that `chown`, `tar x` as

@@ -288,17 +288,33 @@ fn a_failed_build_leaves_nothing() {
     )
     .unwrap();
     let name = unique("broken");
-    let out = kennel(&["image", "build", &name, "-f", spec.to_str().unwrap()]);
+    let build = Command::new(KENNEL)
+        .args(["image", "build", &name, "-f", spec.to_str().unwrap()])
+        .env("KENNEL_STATE_DIR", STATE)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("kennel starts");
+    let pid = build.id();
+    let out = build.wait_with_output().expect("waiting for kennel");
     assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
     assert!(
         stderr(&out).contains("mmdebstrap failed"),
         "{}",
         stderr(&out)
     );
+    // Staging directories are named after their builder's pid: other tests may be building
+    // beside this one (python-data, on a fresh machine), so only this build's count.
     let staging = Path::new(STATE).join("images/staging");
     let left: Vec<_> = std::fs::read_dir(&staging)
-        .map(|d| d.flatten().map(|e| e.path()).collect())
-        .unwrap_or_default();
+        .map(|d| d.flatten().map(|e| e.path()).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(&format!("{pid}-")))
+        })
+        .collect();
     assert!(left.is_empty(), "staging left behind: {left:?}");
     assert!(!Path::new(STATE).join("images/names").join(&name).exists());
     // A bad spec is refused before anything runs, naming its field.

@@ -113,6 +113,7 @@ async def checks(read, write):
             t = tools[name]
             assert t.description and len(t.description) > 40, name
             assert t.input_schema.get("type") == "object", name
+            assert t.output_schema and t.output_schema.get("type") == "object", name
         lang = tools["run_code"].input_schema["properties"]["language"]
         assert "$ref" in lang or "enum" in lang or "oneOf" in lang, lang
         print(f"ok   list_tools: {sorted(tools)}")
@@ -130,6 +131,19 @@ async def checks(read, write):
             "files": {"data/in.txt": "from the client\n", "/tmp/t.txt": "abcd"},
         }))
         assert "from the client" in text_of(r) and "4" in r.structured_content["stdout"]
+
+        png = "\\x89PNG\\r\\n\\x1a\\n" + "\\0" * 16
+        r = ok("run_code collect", await s.call_tool("run_code", {
+            "language": "python",
+            "code": f"open('out.txt', 'w').write('made')\nopen('/tmp/p.png', 'wb').write(b'{png}')",
+            "collect": ["out.txt", "/tmp/p.png"], "capabilities": "none"}))
+        assert [f["path"] for f in r.structured_content["files"]] == ["/workspace/out.txt", "/tmp/p.png"]
+        assert "collected /workspace/out.txt (4 bytes):\nmade" in text_of(r), text_of(r)
+        images = [c for c in r.content if c.type == "image"]
+        assert [c.mime_type for c in images] == ["image/png"], r.content
+        r = ok("run_code capabilities none", await s.call_tool("run_code", {
+            "language": "bash", "code": "grep CapEff /proc/self/status", "capabilities": "none"}))
+        assert "0000000000000000" in r.structured_content["stdout"], r.structured_content
 
         r = ok("run_command", await s.call_tool(
             "run_command", {"argv": ["/bin/echo", "hello", "world"]}))
@@ -185,8 +199,26 @@ async def checks(read, write):
         assert {"in.json", "out.txt"} <= names, names
         assert "out.txt" in text_of(r)
 
-        ok("session_exec bash", await s.call_tool("session_exec", {
-            "session_id": sid, "language": "bash", "code": "ls /workspace"}))
+        r = ok("session_exec value", await s.call_tool("session_exec", {
+            "session_id": sid, "language": "python", "code": "x * 2"}))
+        assert "\nvalue: 82" in text_of(r), text_of(r)
+        r = program_failed("session_exec error", await s.call_tool("session_exec", {
+            "session_id": sid, "language": "python", "code": "1 / 0"}),
+            "error: ZeroDivisionError: division by zero")
+        assert r.structured_content["error"]["name"] == "ZeroDivisionError"
+        ok("session_exec png", await s.call_tool("session_exec", {
+            "session_id": sid, "language": "python",
+            "code": f"open('/tmp/p.png', 'wb').write(b'{png}')"}))
+        r = ok("read_file an image", await s.call_tool(
+            "read_file", {"session_id": sid, "path": "/tmp/p.png"}))
+        assert [c.type for c in r.content] == ["text", "image"], r.content
+        assert r.structured_content["mime_type"] == "image/png"
+
+        ok("session_exec bash cd", await s.call_tool("session_exec", {
+            "session_id": sid, "language": "bash", "code": "cd /tmp && export K=kept"}))
+        r = ok("session_exec bash", await s.call_tool("session_exec", {
+            "session_id": sid, "language": "bash", "code": "pwd; echo $K; ls /workspace"}))
+        assert r.structured_content["stdout"].startswith("/tmp\nkept\n"), text_of(r)
         program_failed("session timeout", await s.call_tool("session_exec", {
             "session_id": sid, "language": "bash", "code": "sleep 30",
             "timeout": "1s"}), "timed out after 1s")

@@ -155,6 +155,10 @@ const COMMANDS: &[(&str, How)] = &[
          '{\"language\":\"python\",\"code\":\"print(x + 1)\"}'",
         How::Curl,
     ),
+    (
+        "curl -s -XPOST localhost:8080/v1/sessions/$id/exec -d '{\"language\":\"python\",\"code\":\"x * 2\"}'",
+        How::Curl,
+    ),
 ];
 
 /// The README's other blocks, by a line that only that block has, and how each is checked.

@@ -35,12 +35,27 @@ fn values_displays_and_errors_come_back_as_data() {
 
     let r = py("x = 6\nprint('side')\nx * 7");
     assert_eq!(r["stdout"], "side\n", "{r}");
-    assert_eq!(r["results"], json!([{"kind": "value", "data": {"text/plain": "42"}}]));
-    assert_eq!((&r["error"], &r["results_truncated"]), (&Value::Null, &json!(false)));
+    assert_eq!(
+        r["results"],
+        json!([{"kind": "value", "data": {"text/plain": "42"}}])
+    );
+    assert_eq!(
+        (&r["error"], &r["results_truncated"]),
+        (&Value::Null, &json!(false))
+    );
 
     let r = py("class T:\n    def _repr_html_(self): return '<b>t</b>'\ndisplay(T(), 'two')\nx");
-    let kinds: Vec<&Value> = r["results"].as_array().unwrap().iter().map(|o| &o["kind"]).collect();
-    assert_eq!(kinds, [&json!("display"), &json!("display"), &json!("value")], "{r}");
+    let kinds: Vec<&Value> = r["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| &o["kind"])
+        .collect();
+    assert_eq!(
+        kinds,
+        [&json!("display"), &json!("display"), &json!("value")],
+        "{r}"
+    );
     assert_eq!(r["results"][0]["data"]["text/html"], "<b>t</b>");
     assert_eq!(plain(&r["results"][1]), "'two'");
 
@@ -55,25 +70,39 @@ fn values_displays_and_errors_come_back_as_data() {
         .map(|l| l.as_str().unwrap())
         .collect();
     assert_eq!(traceback.join("\n") + "\n", r["stderr"].as_str().unwrap());
-    assert_eq!(plain(&py("x + 1")["results"][0]), "7", "the session lives on");
+    assert_eq!(
+        plain(&py("x + 1")["results"][0]),
+        "7",
+        "the session lives on"
+    );
 
     // The caps: their number, and the output limit (the session's, 100 KiB by default).
     let r = py("for i in range(200): display(i)");
     assert_eq!(r["results"].as_array().unwrap().len(), 64);
     assert_eq!(r["results_truncated"], true);
     let r = py("display('a' * 60_000)\ndisplay('b' * 60_000)");
-    assert_eq!(r["results"].as_array().unwrap().len(), 1, "{}", r["results_truncated"]);
+    assert_eq!(
+        r["results"].as_array().unwrap().len(),
+        1,
+        "{}",
+        r["results_truncated"]
+    );
     assert_eq!(r["results_truncated"], true);
 
     // Over SSE each output is an event as it comes, before the result that repeats them.
     let body = json!({"language": "python", "code": "display(1)\nimport time; time.sleep(0.5)\n2"});
-    let streamed = server
-        .client
-        .stream(&format!("/v1/sessions/{id}/exec?stream=true"), &body, |_| {});
+    let streamed = server.client.stream(
+        &format!("/v1/sessions/{id}/exec?stream=true"),
+        &body,
+        |_| {},
+    );
     let names: Vec<&str> = streamed.events.iter().map(|e| e.name.as_str()).collect();
     assert_eq!(names, ["display", "display", "result"], "{names:?}");
     let (first, second) = (&streamed.events[0], &streamed.events[1]);
-    assert!(second.at - first.at >= std::time::Duration::from_millis(400), "not live");
+    assert!(
+        second.at - first.at >= std::time::Duration::from_millis(400),
+        "not live"
+    );
     let result = streamed.events[2].json();
     assert_eq!(result["results"], json!([first.json(), second.json()]));
 
@@ -113,18 +142,31 @@ fn a_plot_and_a_value_come_back_everywhere() {
         .decode(results[0]["data"]["image/png"].as_str().unwrap())
         .unwrap();
     assert!(png.starts_with(PNG_MAGIC));
-    assert!(plain(&results[0]).starts_with("<Figure size"), "{}", results[0]);
-    assert_eq!(results[1], json!({"kind": "value", "data": {"text/plain": "42"}}));
+    assert!(
+        plain(&results[0]).starts_with("<Figure size"),
+        "{}",
+        results[0]
+    );
+    assert_eq!(
+        results[1],
+        json!({"kind": "value", "data": {"text/plain": "42"}})
+    );
     // The figure was closed once shown: the next exec shows nothing of it.
-    let r = exec(&server, &id, json!({"language": "python", "code": "plt.get_fignums()"}));
+    let r = exec(
+        &server,
+        &id,
+        json!({"language": "python", "code": "plt.get_fignums()"}),
+    );
     assert_eq!(plain(&r["results"][0]), "[]");
 
     // A figure left open is shown at the end; svg on request.
     let body = json!({"language": "python", "code": "plt.figure(); plt.plot([3, 1])",
                       "figure_formats": ["png", "svg"]});
-    let streamed = server
-        .client
-        .stream(&format!("/v1/sessions/{id}/exec?stream=true"), &body, |_| {});
+    let streamed = server.client.stream(
+        &format!("/v1/sessions/{id}/exec?stream=true"),
+        &body,
+        |_| {},
+    );
     let shown: Vec<Value> = streamed
         .events
         .iter()
@@ -133,7 +175,10 @@ fn a_plot_and_a_value_come_back_everywhere() {
         .collect();
     assert_eq!(shown.len(), 2, "{:?}", streamed.events);
     assert_eq!(shown[0]["kind"], "value", "the list of lines comes first");
-    assert!(shown[1]["data"]["image/svg+xml"].as_str().unwrap().contains("<svg"));
+    assert!(shown[1]["data"]["image/svg+xml"]
+        .as_str()
+        .unwrap()
+        .contains("<svg"));
     assert!(shown[1]["data"]["image/png"].is_string());
 
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
@@ -150,6 +195,10 @@ fn a_plot_and_a_value_come_back_everywhere() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(out.status.success(), "rich_client.py failed:\n{report}\n{}", server.log_text());
+    assert!(
+        out.status.success(),
+        "rich_client.py failed:\n{report}\n{}",
+        server.log_text()
+    );
     assert!(report.contains("ok   mcp:"), "{report}");
 }

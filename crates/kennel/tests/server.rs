@@ -690,7 +690,8 @@ fn check_slow_stream(st: &Streamed, plain: &Value) {
         .iter()
         .find(|e| e.name == "stdout")
         .expect("a stdout event");
-    assert_eq!(first.bytes(), b"first\n");
+    // python runs unbuffered: a print's text and its newline may come as two events.
+    assert!(first.bytes().starts_with(b"first"), "{:?}", first.bytes());
     let result = st.result();
     assert!(
         result.at >= first.at + Duration::from_millis(700),

@@ -169,6 +169,48 @@ def exec_body(language: str, code: str, stdin: Optional[str], timeout: Timeout,
     return body
 
 
+def sandbox_dir(path: str) -> str:
+    """A sandbox directory: relative paths are under /workspace."""
+    return path if path.startswith("/") else "/workspace/" + path.lstrip("./")
+
+
+def tar_of_dir(local: str) -> bytes:
+    """A local directory's contents as a tar archive (names relative to it)."""
+    import io
+    import tarfile
+
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for name in sorted(os.listdir(local)):
+            tar.add(os.path.join(local, name), arcname=name)
+    return out.getvalue()
+
+
+def extract_tar(data: bytes, local: str) -> None:
+    """Extracts an archive into local, refusing members that would land outside it, links
+    that point out of it, and devices (tarfile's ``data`` filter, or its checks where this
+    Python lacks it)."""
+    import io
+    import tarfile
+
+    os.makedirs(local, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(local, filter="data")
+            return
+        root = os.path.realpath(local)
+
+        def inside(path: str) -> bool:
+            return path == root or path.startswith(root + os.sep)
+
+        for m in tar.getmembers():
+            dest = os.path.normpath(os.path.join(root, m.name))
+            points_to = os.path.normpath(os.path.join(os.path.dirname(dest), m.linkname))
+            if not inside(dest) or m.isdev() or m.islnk() or (m.issym() and not inside(points_to)):
+                raise ValueError(f"refusing {m.name!r}: it would reach outside {local}")
+        tar.extractall(local)
+
+
 def file_url(session_id: str, path: str) -> str:
     """``/v1/sessions/{id}/files/{path}`` for a sandbox path. Absolute paths are taken as they
     are (``/workspace/a.txt``, ``/tmp/x``); relative ones are relative to the sandbox's working

@@ -146,6 +146,26 @@ class AsyncSession:
                                           c.exec_body(language, code, stdin, timeout, figure_formats),
                                           ExecResult.from_dict)
 
+    async def download_archive(self, path: str = "/workspace") -> bytes:
+        r = await self._client._request("GET", c.session_url(self.id, "/archive"),
+                                        params={"path": c.sandbox_dir(path)})
+        return r.content
+
+    async def upload_archive(self, data: bytes, path: str = "/workspace") -> None:
+        await self._client._request("PUT", c.session_url(self.id, "/archive"), content=bytes(data),
+                                    params={"path": c.sandbox_dir(path)},
+                                    headers={"Content-Type": "application/x-tar"})
+
+    async def upload_dir(self, local: str, path: str = "/workspace") -> None:
+        await self.upload_archive(c.tar_of_dir(local), path)
+
+    async def download_dir(self, path: str, local: str) -> None:
+        c.extract_tar(await self.download_archive(path), local)
+
+    async def interrupt(self) -> None:
+        """SIGINT to the exec running in this session, as :meth:`Session.interrupt`."""
+        await self._client._request("POST", c.session_url(self.id, "/interrupt"))
+
     async def write_file(self, path: str, data: c.FileData) -> None:
         body = data.encode("utf-8") if isinstance(data, str) else bytes(data)
         await self._client._request("PUT", c.file_url(self.id, path), content=body,

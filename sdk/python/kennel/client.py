@@ -149,6 +149,35 @@ class Session:
                                     c.exec_body(language, code, stdin, timeout, figure_formats),
                                     ExecResult.from_dict)
 
+    def download_archive(self, path: str = "/workspace") -> bytes:
+        """A directory of the sandbox (``/workspace``, ``/tmp`` or one under them) as an
+        uncompressed tar archive."""
+        return self._client._request("GET", c.session_url(self.id, "/archive"),
+                                     params={"path": c.sandbox_dir(path)}).content
+
+    def upload_archive(self, data: bytes, path: str = "/workspace") -> None:
+        """Extracts a tar archive (plain, gzip, bzip2 or xz) under a directory of the sandbox.
+        The server refuses the whole archive (:class:`BadRequest`) when a member would land
+        outside that directory or is a hard link, a device or a FIFO."""
+        self._client._request("PUT", c.session_url(self.id, "/archive"), content=bytes(data),
+                              params={"path": c.sandbox_dir(path)},
+                              headers={"Content-Type": "application/x-tar"})
+
+    def upload_dir(self, local: str, path: str = "/workspace") -> None:
+        """Copies a local directory's contents into the sandbox, as one archive."""
+        self.upload_archive(c.tar_of_dir(local), path)
+
+    def download_dir(self, path: str, local: str) -> None:
+        """Copies a directory of the sandbox into a local one (made if missing); members that
+        would land outside it are refused, as the server refuses them."""
+        c.extract_tar(self.download_archive(path), local)
+
+    def interrupt(self) -> None:
+        """Sends SIGINT to the exec running in this session (from another thread), as Ctrl-C:
+        python code gets a KeyboardInterrupt and the session keeps its state. Does nothing
+        when no exec runs."""
+        self._client._request("POST", c.session_url(self.id, "/interrupt"))
+
     def write_file(self, path: str, data: c.FileData) -> None:
         """Writes a file (str is UTF-8 encoded) under /workspace or /tmp; relative paths are
         under /workspace."""

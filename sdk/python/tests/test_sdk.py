@@ -215,6 +215,79 @@ def test_session_stream_and_timeout(client):
         assert s.run_code("print(x + 1)").stdout == "2\n"
 
 
+def test_rich_results_and_errors_as_data(client):
+    with client.session() as s:
+        r = s.run_code("class H:\n    def _repr_html_(self): return '<b>h</b>'\ndisplay(H())\n6 * 7")
+        assert [o.kind for o in r.results] == ["display", "value"], r.results
+        assert isinstance(r.results[0], kennel.RichOutput) and r.results[0].html == "<b>h</b>"
+        assert r.value.text == "42" and r.error is None and not r.results_truncated
+        r = s.run_code("{}['missing']")
+        assert isinstance(r.error, kennel.ExecError) and r.error.name == "KeyError"
+        assert r.error.value == "'missing'" and r.error.traceback[-1] == "KeyError: 'missing'"
+        with s.stream("display(1)\nprint('p')\n2") as stream:
+            pieces = list(stream)
+        assert [type(p).__name__ for p in pieces] == ["RichOutput", "OutputChunk", "RichOutput"]
+        assert [o.text for o in stream.result.results] == ["1", "2"]
+        with pytest.raises(ValueError):
+            stream.result.results[0].save("/dev/null")  # text only: no image to save
+
+
+def test_interrupt_stops_the_running_code_and_keeps_the_session(client):
+    import threading
+
+    with client.session() as s:
+        s.run_code("kept = 5")
+        timer = threading.Timer(0.5, s.interrupt)
+        timer.start()
+        started = time.monotonic()
+        r = s.run_code("import time\nwhile True: time.sleep(0.01)", timeout=30)
+        timer.join()
+        assert time.monotonic() - started < 5
+        assert not r.timed_out and r.error.name == "KeyboardInterrupt", r
+        assert s.run_code("kept").value.text == "5"
+        s.interrupt()  # nothing runs: nothing happens
+
+
+def test_a_shell_session_keeps_its_directory_and_exports(client):
+    with client.session() as s:
+        s.run_command("mkdir -p /workspace/proj && cd /workspace/proj && export STAGE=two")
+        r = s.run_command("pwd; echo $STAGE")
+        assert r.stdout == "/workspace/proj\ntwo\n", r
+
+
+def test_directories_go_in_and_out_as_archives(client, tmp_path):
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    (src / "pkg" / "mod.py").write_text("VALUE = 7\n")
+    (src / "notes.txt").write_text("hello")
+    with client.session() as s:
+        s.upload_dir(str(src), "/workspace/app")
+        r = s.run_code("import sys; sys.path.insert(0, '/workspace/app')\nimport pkg.mod\npkg.mod.VALUE")
+        assert r.value.text == "7", r
+        s.run_command("echo made > /workspace/app/out.txt")
+        dest = tmp_path / "dest"
+        s.download_dir("app", str(dest))
+        assert (dest / "out.txt").read_text() == "made\n"
+        assert (dest / "pkg" / "mod.py").read_text() == "VALUE = 7\n"
+        with pytest.raises(BadRequest):
+            s.upload_archive(b"not a tar archive", "/workspace/x")
+
+
+def test_async_rich_results_and_interrupt(server):
+    async def go():
+        async with AsyncClient(server.url, token=server.token) as client:
+            async with client.session() as s:
+                r = await s.run_code("6 * 7")
+                assert r.value.text == "42"
+                running = asyncio.ensure_future(s.run_code("import time; time.sleep(30)", timeout=60))
+                await asyncio.sleep(0.5)
+                await s.interrupt()
+                r = await running
+                assert r.error.name == "KeyboardInterrupt", r
+
+    asyncio.run(go())
+
+
 # -- errors ---------------------------------------------------------------------------------
 
 def test_bad_limits_raise_with_the_servers_message(client):

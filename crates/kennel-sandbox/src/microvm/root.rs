@@ -21,9 +21,7 @@ pub fn ensure(vm: &VmDir, digest: &str, rootfs: &Path) -> Result<PathBuf, String
     }
     std::fs::create_dir_all(vm.roots_dir())
         .map_err(|e| format!("creating {}: {e}", vm.roots_dir().display()))?;
-    let tmp = vm
-        .roots_dir()
-        .join(format!(".{name}.{}.tmp", std::process::id()));
+    let tmp = vm.roots_dir().join(super::temp_name(&name));
     let made = mkfs(&tmp, rootfs).and_then(|()| {
         std::fs::rename(&tmp, &path).map_err(|e| format!("renaming {}: {e}", tmp.display()))
     });

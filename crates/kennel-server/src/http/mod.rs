@@ -262,6 +262,11 @@ pub fn router(state: Shared, mounts: &[Mount]) -> Router {
             axum::routing::delete(routes::remove).get(routes::show),
         )
         .route("/v1/sessions/{id}/exec", post(routes::exec))
+        .route("/v1/sessions/{id}/interrupt", post(routes::interrupt))
+        .route(
+            "/v1/sessions/{id}/archive",
+            get(routes::get_archive).put(routes::put_archive),
+        )
         .route("/v1/sessions/{id}/files", get(routes::list_files))
         .route(
             "/v1/sessions/{id}/files/{*path}",

@@ -26,6 +26,9 @@ impl IntoResponse for Reply {
             Reply::File(data) => {
                 ([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response()
             }
+            Reply::Archive(data) => {
+                ([(header::CONTENT_TYPE, "application/x-tar")], data).into_response()
+            }
             Reply::Done => StatusCode::NO_CONTENT.into_response(),
         }
     }
@@ -126,6 +129,19 @@ pub async fn exec(
     answer(state, caller, q.wanted(&headers), action).await
 }
 
+#[utoipa::path(tag = "session_routes", post, path = "/v1/sessions/{id}/interrupt", responses(
+    (status = 204, description = "SIGINT was sent to the running exec, if any: python code gets a \
+        KeyboardInterrupt and the session keeps its state; a shell command's process group gets \
+        the signal"),
+    (status = 404, description = "No such session for this caller")))]
+pub async fn interrupt(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Response, ApiError> {
+    handle(&state, &caller, Action::Interrupt { id }).await
+}
+
 #[utoipa::path(tag = "session_routes", put, path = "/v1/sessions/{id}/files/{path}", request_body(content = Vec<u8>, content_type = "application/octet-stream"),
     responses(
         (status = 204, description = "Written"),
@@ -173,7 +189,53 @@ pub async fn delete_file(
     handle(&state, &caller, Action::DeleteFile { id, path }).await
 }
 
-/// `?path=` for a listing: /workspace by default.
+#[utoipa::path(tag = "session_routes", get, path = "/v1/sessions/{id}/archive", params(ListQuery),
+    responses(
+        (status = 200, description = "The directory as an uncompressed tar archive: names relative to it, symlinks stored as symlinks", content_type = "application/x-tar", body = Vec<u8>),
+        (status = 400, description = "A path outside /workspace and /tmp, through a symlink, or not a directory"),
+        (status = 404, description = "No such session for this caller, or no such directory"),
+        (status = 410, description = "The session's sandbox has ended"),
+        (status = 413, description = "The archive would be larger than the session's workspace or this server's max_body"),
+    ))]
+pub async fn get_archive(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> Result<Response, ApiError> {
+    handle(&state, &caller, Action::GetArchive { id, path: q.path }).await
+}
+
+#[utoipa::path(tag = "session_routes", put, path = "/v1/sessions/{id}/archive", params(ListQuery),
+    request_body(content = Vec<u8>, content_type = "application/x-tar"),
+    responses(
+        (status = 204, description = "Extracted under the directory (made if missing); files keep their permission bits, without setuid, setgid or sticky"),
+        (status = 400, description = "Not a tar archive (plain, gzip, bzip2 or xz), a path outside /workspace and /tmp, or a member that is absolute, has a `..`, passes through a symlink, or is a hard link, a device or a FIFO: nothing is written"),
+        (status = 404, description = "No such session for this caller"),
+        (status = 410, description = "The session's sandbox has ended"),
+        (status = 413, description = "Contents larger than the session's workspace, or a body over this server's max_body"),
+    ))]
+pub async fn put_archive(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(q): ApiQuery<ListQuery>,
+    ApiBytes(body): ApiBytes,
+) -> Result<Response, ApiError> {
+    let data = body.to_vec();
+    handle(
+        &state,
+        &caller,
+        Action::PutArchive {
+            id,
+            path: q.path,
+            data,
+        },
+    )
+    .await
+}
+
+/// `?path=` for a listing or an archive: /workspace by default.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ListQuery {

@@ -62,7 +62,9 @@ pub async fn answer(
     });
     let shown = tx.clone();
     let rich = Arc::new(move |output: &RichOutput| {
-        let _ = shown.send(StreamMsg::Rich(serde_json::to_value(output).unwrap_or_default()));
+        let _ = shown.send(StreamMsg::Rich(
+            serde_json::to_value(output).unwrap_or_default(),
+        ));
     });
     let (live, accepted) = Live::new(sink);
     let live = live.with_rich(rich);
@@ -77,7 +79,17 @@ pub async fn answer(
         return Err(refused.into());
     }
     tokio::spawn(async move {
-        let last = match work.await {
+        let mut work = work;
+        let done = tokio::select! {
+            done = &mut work => done,
+            // The client closed the stream: the action is dropped, as it would be with a
+            // plain request (a session's exec is cancelled).
+            () = tx.closed() => {
+                work.abort();
+                return;
+            }
+        };
+        let last = match done {
             Ok(Ok(reply)) => StreamMsg::Result(result_of(reply)),
             Ok(Err(e)) => StreamMsg::Error(json!({"code": e.code(), "message": e.to_string()})),
             Err(e) => StreamMsg::Error(json!({"code": "internal", "message": e.to_string()})),

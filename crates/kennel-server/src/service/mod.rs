@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{oneshot, Semaphore};
 
+use super::agent::Control;
 use super::audit::Audit;
 use super::config::ServerConfig;
 use super::metrics::Metrics;
@@ -64,11 +65,17 @@ pub enum Action {
     EndSession {
         id: String,
     },
-    /// Code in a session; takes a run slot as a run does.
+    /// Code in a session; takes a run slot as a run does. A caller that goes away (the
+    /// action dropped before it ends) cancels it.
     Exec {
         id: String,
         spec: ExecSpec,
         live: Option<Live>,
+    },
+    /// SIGINT to the exec running in a session, as Ctrl-C (python: a KeyboardInterrupt, the
+    /// session kept); nothing when none runs.
+    Interrupt {
+        id: String,
     },
     /// Files in and out of a session, confined to /workspace and /tmp; `path` with or
     /// without its leading `/`.
@@ -90,6 +97,20 @@ pub enum Action {
         id: String,
         path: Option<String>,
     },
+    /// A directory (/workspace when `path` is `None`) as a tar archive, at most the session's
+    /// workspace size.
+    GetArchive {
+        id: String,
+        path: Option<String>,
+    },
+    /// A tar archive extracted under a directory (/workspace when `path` is `None`): refused
+    /// whole, before anything is written, for a member that would land outside it or is not
+    /// a file, directory or symlink, and past the session's workspace size.
+    PutArchive {
+        id: String,
+        path: Option<String>,
+        data: Vec<u8>,
+    },
 }
 
 /// What an action answered.
@@ -102,6 +123,8 @@ pub enum Reply {
     Sessions(Vec<SessionInfo>),
     Exec(ExecResult),
     File(Vec<u8>),
+    /// A tar archive.
+    Archive(Vec<u8>),
     Listing(Listing),
     /// Done, with nothing to say (a session ended, a file written or deleted).
     Done,
@@ -330,6 +353,12 @@ impl Service {
             Action::Exec { id, spec, live } => session::exec(self, caller, &id, spec, live)
                 .await
                 .map(Reply::Exec),
+            Action::Interrupt { id } => {
+                session::owned(self, caller, &id)?
+                    .agent
+                    .control(Control::Interrupt);
+                Ok(Reply::Done)
+            }
             Action::WriteFile { id, path, data } => {
                 session::write_file(self, caller, &id, &path, &data).await?;
                 Ok(Reply::Done)
@@ -344,6 +373,13 @@ impl Service {
             Action::ListFiles { id, path } => session::list_files(self, caller, &id, path)
                 .await
                 .map(Reply::Listing),
+            Action::GetArchive { id, path } => session::get_archive(self, caller, &id, path)
+                .await
+                .map(Reply::Archive),
+            Action::PutArchive { id, path, data } => {
+                session::put_archive(self, caller, &id, path, &data).await?;
+                Ok(Reply::Done)
+            }
         }
     }
 

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{in_slot, Caller, Live, Service, ServiceError};
-use crate::agent::{AgentError, AgentSandbox, Exec, Progress};
+use crate::agent::{AgentError, AgentSandbox, Control, Exec, Progress};
 use crate::audit::Entry;
 use crate::config::ServerConfig;
 use crate::metrics::inc;
@@ -177,10 +177,26 @@ pub(super) async fn exec(
     };
     let slot = service.run_slot(caller)?;
     let (service, caller) = (service.clone(), caller.clone());
-    in_slot(slot, live, |live| async move {
+    let mut gone = CancelIfGone(Some(session.clone()));
+    let result = in_slot(slot, live, |live| async move {
         run_exec(&service, &caller, &session, &spec, timeout, live).await
     })
-    .await
+    .await;
+    gone.0 = None;
+    result
+}
+
+/// Cancels the session's exec when its caller goes away: when the action is dropped before
+/// the exec ends (an HTTP client that disconnects, an SSE stream closed), so that an exec
+/// nobody waits for does not hold up the session's next one until its timeout.
+struct CancelIfGone(Option<Arc<Session>>);
+
+impl Drop for CancelIfGone {
+    fn drop(&mut self) {
+        if let Some(session) = self.0.take() {
+            session.agent.control(Control::Cancel);
+        }
+    }
 }
 
 async fn run_exec(
@@ -311,6 +327,66 @@ pub(super) async fn delete_file(
         .map_err(|e| missing_is_not_found(e, &path, "file"))
 }
 
+/// A directory's path: /workspace when none, else /workspace, /tmp or one under them.
+fn dir_path(path: Option<String>) -> Result<String, ServiceError> {
+    let path = path.unwrap_or_else(|| "/workspace".into());
+    if path == "/workspace" || path == "/tmp" || in_scratch(&path) {
+        Ok(path)
+    } else {
+        Err(ServiceError::BadRequest(format!(
+            "path {path:?} must be under /workspace or /tmp"
+        )))
+    }
+}
+
+pub(super) async fn get_archive(
+    service: &Service,
+    caller: &Caller,
+    id: &str,
+    path: Option<String>,
+) -> Result<Vec<u8>, ServiceError> {
+    let session = owned(service, caller, id)?;
+    let path = dir_path(path)?;
+    let _busy = session.busy();
+    let max = session
+        .limits
+        .workspace_size
+        .0
+        .min(service.config.max_body.0);
+    session
+        .agent
+        .pack(&path, max)
+        .await
+        .map_err(|e| too_large_or(e, &path, "directory"))
+}
+
+pub(super) async fn put_archive(
+    service: &Service,
+    caller: &Caller,
+    id: &str,
+    path: Option<String>,
+    data: &[u8],
+) -> Result<(), ServiceError> {
+    let session = owned(service, caller, id)?;
+    let path = dir_path(path)?;
+    let _busy = session.busy();
+    let max = session.limits.workspace_size.0;
+    session
+        .agent
+        .unpack(&path, data, max)
+        .await
+        .map(drop)
+        .map_err(|e| too_large_or(e, &path, "directory"))
+}
+
+/// The agent's EFBIG as 413, anything else as for the other file ops.
+fn too_large_or(e: AgentError, path: &str, what: &str) -> ServiceError {
+    match e {
+        AgentError::Refused(m) if m.starts_with("EFBIG") => ServiceError::TooLarge(m),
+        e => missing_is_not_found(e, path, what),
+    }
+}
+
 pub(super) async fn list_files(
     service: &Service,
     caller: &Caller,
@@ -318,12 +394,7 @@ pub(super) async fn list_files(
     path: Option<String>,
 ) -> Result<Listing, ServiceError> {
     let session = owned(service, caller, id)?;
-    let path = path.unwrap_or_else(|| "/workspace".into());
-    if !(path == "/workspace" || path == "/tmp" || in_scratch(&path)) {
-        return Err(ServiceError::BadRequest(format!(
-            "path {path:?} must be under /workspace or /tmp"
-        )));
-    }
+    let path = dir_path(path)?;
     let _busy = session.busy();
     let entries = session
         .agent

@@ -1,0 +1,143 @@
+//! The tools' output schemas: the shape of each tool's structured result when it succeeds
+//! (error results carry `{"error": {...}}` and are not held to them). Clients such as the
+//! MCP Python SDK validate every successful result against these.
+
+use std::sync::Arc;
+
+use rmcp::model::JsonObject;
+use serde_json::{json, Value};
+
+fn object(properties: Value, required: &[&str]) -> Arc<JsonObject> {
+    let schema = json!({"type": "object", "properties": properties, "required": required});
+    match schema {
+        Value::Object(map) => Arc::new(map),
+        _ => Arc::default(),
+    }
+}
+
+/// How the code ended and what it wrote: what a run's and an exec's results share.
+fn outcome() -> serde_json::Map<String, Value> {
+    let props = json!({
+        "exit_code": {"type": ["integer", "null"], "description": "null when killed or timed out"},
+        "signal": {"type": ["integer", "null"]},
+        "timed_out": {"type": "boolean"},
+        "duration_ms": {"type": "integer"},
+        "stdout": {"type": "string"},
+        "stderr": {"type": "string"},
+        "stdout_truncated": {"type": "boolean"},
+        "stderr_truncated": {"type": "boolean"},
+    });
+    match props {
+        Value::Object(map) => map,
+        _ => serde_json::Map::new(),
+    }
+}
+
+const OUTCOME_REQUIRED: [&str; 4] = ["exit_code", "timed_out", "stdout", "stderr"];
+
+/// run_code and run_command.
+pub fn run() -> Arc<JsonObject> {
+    let mut props = outcome();
+    props.extend(
+        [
+            ("oom_killed", json!({"type": "boolean"})),
+            ("pids_limit_hit", json!({"type": "boolean"})),
+            ("cpu_ms", json!({"type": "integer"})),
+            ("memory_peak_bytes", json!({"type": "integer"})),
+            (
+                "files",
+                json!({"type": "array", "items": {"type": "object",
+                "properties": {"path": {"type": "string"}, "size": {"type": "integer"}},
+                "required": ["path"]}}),
+            ),
+            (
+                "isolation_tier",
+                json!({"type": "string", "enum": ["native", "oci", "microvm"]}),
+            ),
+            ("isolation_runtime", json!({"type": "string"})),
+            (
+                "isolation_accel",
+                json!({"type": "string", "enum": ["kvm", "tcg"]}),
+            ),
+            ("isolation_image", json!({"type": "object"})),
+        ]
+        .map(|(k, v)| (k.to_string(), v)),
+    );
+    let mut required = OUTCOME_REQUIRED.to_vec();
+    required.push("isolation_tier");
+    object(Value::Object(props), &required)
+}
+
+/// session_exec.
+pub fn exec() -> Arc<JsonObject> {
+    let mut props = outcome();
+    props.extend(
+        [
+            ("interpreter", json!({"type": ["object", "null"]})),
+            (
+                "results",
+                json!({"type": "array", "description": "python: the last expression's \
+                value and what the code displayed; images are sent as image content",
+                "items": {"type": "object", "required": ["kind", "data"], "properties": {
+                    "kind": {"type": "string", "enum": ["value", "display"]},
+                    "data": {"type": "object"}}}}),
+            ),
+            (
+                "error",
+                json!({"type": ["object", "null"], "properties": {
+                "name": {"type": "string"}, "value": {"type": "string"},
+                "traceback": {"type": "array", "items": {"type": "string"}}}}),
+            ),
+            ("results_truncated", json!({"type": "boolean"})),
+        ]
+        .map(|(k, v)| (k.to_string(), v)),
+    );
+    object(Value::Object(props), &OUTCOME_REQUIRED)
+}
+
+/// create_session.
+pub fn session() -> Arc<JsonObject> {
+    object(
+        json!({"session_id": {"type": "string"}, "idle_ttl_s": {"type": "integer"},
+               "expires_in_s": {"type": "integer"}, "limits": {"type": "object"}}),
+        &["session_id"],
+    )
+}
+
+/// close_session.
+pub fn closed() -> Arc<JsonObject> {
+    object(
+        json!({"session_id": {"type": "string"}, "closed": {"type": "boolean"}}),
+        &["session_id", "closed"],
+    )
+}
+
+/// write_file.
+pub fn written() -> Arc<JsonObject> {
+    object(
+        json!({"path": {"type": "string"}, "bytes": {"type": "integer"}}),
+        &["path", "bytes"],
+    )
+}
+
+/// read_file: `text`, or `mime_type` (an image, sent as image content), or `base64`.
+pub fn read() -> Arc<JsonObject> {
+    object(
+        json!({"path": {"type": "string"}, "size": {"type": "integer"},
+               "text": {"type": "string"}, "base64": {"type": "string"},
+               "mime_type": {"type": "string"}}),
+        &["path", "size"],
+    )
+}
+
+/// list_files.
+pub fn listing() -> Arc<JsonObject> {
+    object(
+        json!({"path": {"type": "string"}, "entries": {"type": "array", "items": {
+            "type": "object", "required": ["name", "type"], "properties": {
+                "name": {"type": "string"},
+                "type": {"type": "string", "enum": ["file", "dir", "symlink", "other"]},
+                "size": {"type": "integer"}, "mode": {"type": "integer"}}}}}),
+        &["path", "entries"],
+    )
+}
