@@ -105,6 +105,27 @@ for tool in openapi_spec_validator:openapi-spec-validator \
     fi
 done
 
+# The TypeScript SDK's tests (crates/kennel/tests/typescript_sdk.rs runs `npm test` in
+# sdk/typescript) need Node 20 or later and its pinned dev dependencies (typescript,
+# openapi-typescript, the Vercel AI SDK), installed from npm by `npm ci` when missing or stale.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    [[ $(id -u) -eq 0 ]] || die "node and npm are missing; run this script as root"
+    say "installing nodejs and npm"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends nodejs npm
+fi
+node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 20 ? 0 : 1)' \
+    || die "node $(node --version) is too old for sdk/typescript: it needs 20 or later"
+ts_sdk="$(dirname "${BASH_SOURCE[0]}")/../sdk/typescript"
+if [[ ! -x $ts_sdk/node_modules/.bin/tsc || $ts_sdk/package-lock.json -nt $ts_sdk/node_modules/.package-lock.json ]]; then
+    say "installing the TypeScript SDK's dev dependencies (npm ci)"
+    (cd "$ts_sdk" && npm ci --no-audit --no-fund --loglevel=error) \
+        || die "npm ci failed in sdk/typescript"
+else
+    say "TypeScript SDK dev dependencies present"
+fi
+
 # Rust is not installed from here (rustup's servers may be unreachable); it must exist.
 cargo_bin="${CARGO_HOME:-$HOME/.cargo}/bin"
 if command -v cargo >/dev/null; then

@@ -531,6 +531,12 @@ class Pump:
         if kept:
             send({"id": self.rid, "event": out.event, "b64": b64(kept)})
 
+    def read_ready(self):
+        """Forwards what the pipes hold now."""
+        for fd, out in self.outputs.items():
+            if not out.eof:
+                self.read(fd)
+
     def feed(self):
         try:
             written = os.write(self.in_fd, self.pending[:READ_SIZE])
@@ -548,9 +554,8 @@ class Pump:
 
     def close(self):
         """Takes what is still buffered, then closes every pipe."""
-        for fd, out in self.outputs.items():
-            if not out.eof:
-                self.read(fd)
+        self.read_ready()
+        for fd in self.outputs:
             os.close(fd)
         if self.in_fd is not None:
             self.close_stdin()
@@ -697,17 +702,27 @@ class PythonRun:
 
     def take(self, word, value):
         """A rich output or the exec's additions, from a channel the code can also write to:
-        only their shape is taken."""
-        if not isinstance(value, dict) or self.on_display is None:
-            return
+        only their shape is taken. A rich output is answered once passed on (the kernel waits
+        for that, so that the code's output keeps its order)."""
         if word == "display":
-            if value.get("kind") in ("value", "display") and isinstance(value.get("data"), dict):
-                self.on_display({"kind": value["kind"], "data": value["data"]})
-        else:
+            try:
+                self.pass_on(value)
+            finally:
+                try:
+                    self.kernel.sock.sendall(b"k")
+                except OSError:
+                    pass
+        elif isinstance(value, dict) and self.on_display is not None:
             self.rich = {
                 "error": error_shape(value.get("error")),
                 "results_truncated": value.get("results_truncated") is True,
             }
+
+    def pass_on(self, value):
+        if not (isinstance(value, dict) and self.on_display is not None):
+            return
+        if value.get("kind") in ("value", "display") and isinstance(value.get("data"), dict):
+            self.on_display({"kind": value["kind"], "data": value["data"]})
 
     def interrupt(self):
         """SIGINT, as Ctrl-C: KeyboardInterrupt in the code, the session kept."""
@@ -883,7 +898,7 @@ def run_exec(sock, state, request, fds):
         status, error = run_code(code, state, announce, "<string>")
     else:
         rich = rich_module()
-        rich.begin(sock.sendall, request)
+        rich.begin(sock, request)
         status, error = run_code(code, state, announce, "<session>", rich.run)
     flush_std_streams()
     if os.getpid() != state.pid:  # a fork made by the code ends with the code, as in python3 -c
@@ -1509,9 +1524,14 @@ class Agent:
             submitted = kernel.submit(to_kernel, child_fds)
         finally:
             close_fds(child_fds)
-        display = None if one_shot else (lambda out: send({"id": rid, "event": "display", "output": out}))
-        run = PythonRun(kernel, timeout, submitted, kill_on_timeout=one_shot, on_display=display)
         pump = Pump(rid, limit, *ours, stdin)
+
+        def display(output):
+            pump.read_ready()  # the output the code wrote before this goes out before it
+            send({"id": rid, "event": "display", "output": output})
+
+        display = None if one_shot else display
+        run = PythonRun(kernel, timeout, submitted, kill_on_timeout=one_shot, on_display=display)
         self.drive(run, pump)
         if not kernel.alive:
             if run.killed and one_shot:

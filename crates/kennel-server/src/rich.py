@@ -4,8 +4,7 @@ The agent carries this source as a string and the kernel compiles it on its firs
 exec, so a pooled one-shot run, and a warm sandbox waiting for one, never load it. IPython is
 never imported: its display protocol is small enough to speak here.
 
-Per exec the kernel calls ``begin`` with the exec's options and a function that sends one
-line to the agent, runs the code with ``run`` (the last expression statement is evaluated
+Per exec the kernel calls ``begin`` with the exec's options and its socket to the agent, runs the code with ``run`` (the last expression statement is evaluated
 and shown, as Jupyter does), then calls ``end``, which shows the figures still open and
 returns what the agent adds to the exec's result.
 
@@ -43,8 +42,8 @@ FIGURE_MIME = {"png": "image/png", "svg": "image/svg+xml"}
 class Exec:
     """One exec's sink for outputs: its budget, and whether it is still open."""
 
-    def __init__(self, send, limit, figures):
-        self.send = send
+    def __init__(self, sock, limit, figures):
+        self.sock = sock
         self.budget = limit
         self.figures = figures
         self.count = 0
@@ -65,17 +64,30 @@ class Exec:
                 return
             self.count += 1
             self.budget -= len(line)
-            send_whole(self.send, line)
+            flush_output()  # what the code printed before this output goes out before it
+            send_acked(self.sock, line)
 
 
 CURRENT = None  # the exec running now, if any
 
 
-def send_whole(send, line):
-    """Sends a line with SIGINT held back: an interrupt must not cut a line in two."""
+def flush_output():
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+
+
+def send_acked(sock, line):
+    """Sends a line and waits for the agent's one-byte answer, which comes once the agent has
+    passed on the output written before it: so the code's prints and its rich outputs reach
+    the caller in the order it made them. SIGINT is held back meanwhile: an interrupt must not
+    cut a line in two or leave an answer unread."""
     old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        send(line)
+        sock.sendall(line)
+        sock.recv(1)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
@@ -92,10 +104,10 @@ def setup():
         sys.meta_path.insert(0, PyplotHook())
 
 
-def begin(send, options):
+def begin(sock, options):
     global CURRENT
     figures = [f for f in options.get("figures", ["png"]) if f in FIGURE_MIME]
-    CURRENT = Exec(send, int(options["limit"]), figures)
+    CURRENT = Exec(sock, int(options["limit"]), figures)
 
 
 def run(code, namespace, filename):

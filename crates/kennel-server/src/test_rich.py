@@ -75,6 +75,14 @@ Each
         # A class is shown by its repr: its _repr_*_ are functions, not its own.
         self.assertEqual(klass, {"text/plain": "<class '__main__.Each'>"})
 
+    def test_prints_and_rich_outputs_keep_the_order_the_code_made_them_in(self):
+        request = {"op": "exec", "kind": "python", "output_limit": 1 << 20, "timeout_ms": 5000,
+                   "code": "for i in range(30):\n    print(i, end='')\n    display(i)\n'end'"}
+        events, _ = self.agent.call(request, timeout=15)
+        seen = [base64.b64decode(e["b64"]).decode() if e["event"] == "stdout"
+                else e["output"]["data"]["text/plain"] for e in events]
+        self.assertEqual(seen, [str(i) for i in range(30) for _ in (0, 1)] + ["'end'"])
+
     def test_a_failing_repr_method_is_said_and_skipped(self):
         code = "class A:\n def _repr_html_(self): raise RuntimeError('no html')\n def __repr__(self): return 'A!'\nA()"
         outputs, result, _, err = self.rich(code)

@@ -695,7 +695,7 @@ pub struct RichOutput {
     pub kind: OutputKind,
     /// MIME type to content: text for text types, base64 for `image/png` and `image/jpeg`,
     /// any JSON value for `application/json`. `text/plain` is always there.
-    #[schema(value_type = Object)]
+    #[schema(value_type = HashMap<String, serde_json::Value>)]
     pub data: BTreeMap<String, serde_json::Value>,
 }
 

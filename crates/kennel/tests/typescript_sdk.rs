@@ -1,0 +1,36 @@
+//! The TypeScript SDK's tests (`sdk/typescript/test`, Node's test runner), run by the one test
+//! command against this build's `kennel` binary: the client against a live server, the types
+//! against docs/openapi.json, and the Vercel AI SDK example with a scripted model. They need
+//! Node 20 and the SDK's dev dependencies (scripts/setup-ci.sh runs `npm ci` there).
+
+use std::path::Path;
+use std::process::Command;
+
+#[test]
+fn the_typescript_sdk_passes_its_tests() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../sdk/typescript");
+    assert!(
+        dir.join("node_modules/.bin/tsc").exists(),
+        "the TypeScript SDK's dev dependencies are missing: run scripts/setup-ci.sh \
+         (or `npm ci` in sdk/typescript)"
+    );
+    let out = Command::new("npm")
+        .args(["test", "--silent"])
+        .current_dir(&dir)
+        .env("KENNEL_BIN", env!("CARGO_BIN_EXE_kennel"))
+        .env_remove("KENNEL_TOKEN")
+        .env_remove("KENNEL_URL")
+        .output()
+        .expect("npm runs (Node 20 and npm: scripts/setup-ci.sh)");
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "the TypeScript SDK tests failed ({}):\n{report}",
+        out.status
+    );
+    assert!(report.contains("# fail 0"), "{report}");
+}

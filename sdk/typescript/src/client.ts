@@ -1,0 +1,324 @@
+/** The client: runs, streams and sessions over `fetch`, with no runtime dependency. */
+
+import { errorFrom } from "./errors.js";
+import {
+  execResult,
+  type ExecResult,
+  type FigureFormat,
+  type FileEntry,
+  type Language,
+  type LimitsSpec,
+  type RunResult,
+  type SessionInfo,
+} from "./results.js";
+import { Stream } from "./stream.js";
+
+export const DEFAULT_URL = "http://127.0.0.1:8080";
+
+/** A duration: seconds, or a string such as "30s" or "500ms". */
+export type Timeout = number | string;
+
+/** File contents: text, or bytes (sent as base64). */
+export type FileData = string | Uint8Array;
+
+/** What runs take besides their code or argv. */
+export interface RunOptions {
+  stdin?: string;
+  /** Files placed before the code starts: sandbox path (under /workspace or /tmp) → contents. */
+  files?: Record<string, FileData>;
+  /** Paths under /workspace or /tmp returned in the result's `files`. */
+  collect?: string[];
+  env?: Record<string, string>;
+  limits?: Omit<LimitsSpec, "timeout"> & { timeout?: Timeout };
+  /** The shorthand for `limits.timeout`. */
+  timeout?: Timeout;
+  /** "none", "full", a list of domains to allow, or the API's object. */
+  network?: string | string[] | Record<string, unknown>;
+  tier?: "native" | "oci" | "microvm";
+  runtime?: "runsc" | "crun" | "runc" | "docker";
+  image?: string;
+  capabilities?: "default" | "none";
+}
+
+/** A session's settings. */
+export interface SessionOptions {
+  limits?: RunOptions["limits"];
+  env?: Record<string, string>;
+  network?: RunOptions["network"];
+  idleTtl?: Timeout;
+  image?: string;
+}
+
+/** What a session exec takes besides its code. */
+export interface ExecOptions {
+  language?: Language;
+  stdin?: string;
+  timeout?: Timeout;
+  /** How matplotlib figures come back (default ["png"]). */
+  figureFormats?: FigureFormat[];
+}
+
+export interface ClientOptions {
+  /** The bearer token (default: $KENNEL_TOKEN where there is a process environment). */
+  token?: string;
+  /** A fetch to use instead of the platform's. */
+  fetch?: typeof fetch;
+}
+
+function span(t: Timeout | undefined): string | undefined {
+  return typeof t === "number" ? `${t}s` : t;
+}
+
+function toBase64(bytes: Uint8Array): string {
+  let s = "";
+  for (const b of bytes) s += String.fromCharCode(b);
+  return btoa(s);
+}
+
+function content(data: FileData): { text: string } | { base64: string } {
+  return typeof data === "string" ? { text: data } : { base64: toBase64(data) };
+}
+
+function network(n: RunOptions["network"]): Record<string, unknown> | undefined {
+  if (n === undefined || (typeof n === "object" && !Array.isArray(n))) return n;
+  return typeof n === "string" ? { mode: n } : { mode: "allow", allow: n };
+}
+
+function limits(l: RunOptions["limits"], timeout?: Timeout): Record<string, unknown> | undefined {
+  const out: Record<string, unknown> = { ...l };
+  const t = span(timeout ?? l?.timeout);
+  if (t !== undefined) out.timeout = t;
+  return Object.keys(out).length > 0 ? out : undefined;
+}
+
+/** A RunSpec with only the fields given. */
+function runBody(command: Record<string, unknown>, o: RunOptions): Record<string, unknown> {
+  const files = o.files && Object.fromEntries(
+    Object.entries(o.files).map(([path, data]) => [path, content(data)]),
+  );
+  const body: Record<string, unknown> = {
+    ...command,
+    stdin: o.stdin,
+    files,
+    collect: o.collect,
+    env: o.env,
+    limits: limits(o.limits, o.timeout),
+    network: network(o.network),
+    tier: o.tier,
+    runtime: o.runtime,
+    image: o.image,
+    capabilities: o.capabilities,
+  };
+  return Object.fromEntries(Object.entries(body).filter(([, v]) => v !== undefined));
+}
+
+/** A sandbox path for the files API: relative paths are under /workspace. */
+function filePath(path: string): string {
+  const p = path.startsWith("/") ? path.slice(1) : `workspace/${path.replace(/^\.\//, "")}`;
+  return p.split("/").map(encodeURIComponent).join("/");
+}
+
+function dirPath(path: string): string {
+  return path.startsWith("/") ? path : `/workspace/${path.replace(/^\.\//, "")}`;
+}
+
+/** A client of one `kennel serve`. */
+export class Client {
+  readonly url: string;
+  private readonly token: string | undefined;
+  private readonly fetcher: typeof fetch;
+
+  constructor(url: string = DEFAULT_URL, options: ClientOptions = {}) {
+    this.url = url.replace(/\/+$/, "");
+    const env = (globalThis as { process?: { env?: Record<string, string | undefined> } }).process?.env;
+    this.token = options.token ?? env?.KENNEL_TOKEN;
+    this.fetcher = options.fetch ?? globalThis.fetch.bind(globalThis);
+  }
+
+  /** Runs code (python, bash or sh) in a fresh sandbox. */
+  async runCode(code: string, options: RunOptions & { language?: Language } = {}): Promise<RunResult> {
+    const body = runBody({ language: options.language ?? "python", code }, options);
+    return (await this.request("POST", "/v1/runs", { json: body })).json();
+  }
+
+  /** Runs a program with arguments (no shell) in a fresh sandbox. */
+  async runCommand(argv: string[], options: RunOptions = {}): Promise<RunResult> {
+    return (await this.request("POST", "/v1/runs", { json: runBody({ argv }, options) })).json();
+  }
+
+  /** As {@link runCode}, streamed. */
+  streamCode(code: string, options: RunOptions & { language?: Language } = {}): Promise<Stream<RunResult>> {
+    const body = runBody({ language: options.language ?? "python", code }, options);
+    return this.stream("/v1/runs", body, (r: RunResult) => r);
+  }
+
+  /** As {@link runCommand}, streamed. */
+  streamCommand(argv: string[], options: RunOptions = {}): Promise<Stream<RunResult>> {
+    return this.stream("/v1/runs", runBody({ argv }, options), (r: RunResult) => r);
+  }
+
+  /** Creates a session: a sandbox kept between an agent's steps. */
+  async session(options: SessionOptions = {}): Promise<Session> {
+    const body = Object.fromEntries(Object.entries({
+      limits: limits(options.limits),
+      env: options.env,
+      network: network(options.network),
+      idle_ttl: span(options.idleTtl),
+      image: options.image,
+    }).filter(([, v]) => v !== undefined));
+    const info: SessionInfo = await (await this.request("POST", "/v1/sessions", { json: body })).json();
+    return new Session(this, info);
+  }
+
+  /** This token's open sessions. */
+  async listSessions(): Promise<SessionInfo[]> {
+    return (await this.request("GET", "/v1/sessions")).json();
+  }
+
+  /** `GET /healthz`. */
+  async health(): Promise<Record<string, unknown>> {
+    return (await this.request("GET", "/healthz")).json();
+  }
+
+  /** @internal One request; a failed answer raises its {@link KennelError}. */
+  async request(
+    method: string,
+    path: string,
+    o: { json?: unknown; body?: Uint8Array; type?: string; query?: Record<string, string>; accept?: string; signal?: AbortSignal } = {},
+  ): Promise<Response> {
+    const headers: Record<string, string> = {};
+    if (this.token) headers.authorization = `Bearer ${this.token}`;
+    if (o.accept) headers.accept = o.accept;
+    let body: string | Uint8Array | undefined = o.body;
+    if (o.json !== undefined) {
+      body = JSON.stringify(o.json);
+      headers["content-type"] = "application/json";
+    } else if (o.body !== undefined) {
+      headers["content-type"] = o.type ?? "application/octet-stream";
+    }
+    const query = o.query ? `?${new URLSearchParams(o.query)}` : "";
+    const init: RequestInit = { method, headers, body: body as BodyInit | undefined, signal: o.signal };
+    const response = await this.fetcher(`${this.url}${path}${query}`, init);
+    if (!response.ok) throw await errorFrom(response);
+    return response;
+  }
+
+  /** @internal A streamed POST: the SSE answer as a {@link Stream}. */
+  async stream<R>(path: string, json: unknown, parse: (raw: never) => R): Promise<Stream<R>> {
+    const abort = new AbortController();
+    const response = await this.request("POST", path, {
+      json,
+      query: { stream: "true" },
+      accept: "text/event-stream",
+      signal: abort.signal,
+    });
+    return new Stream(response, parse, abort);
+  }
+}
+
+/**
+ * A session: python runs in one persistent interpreter (variables, imports and functions
+ * survive between execs, and the last expression's value and plots come back as rich
+ * results); shell execs keep their directory and exports. End it with {@link close}, or
+ * `await using` it.
+ */
+export class Session {
+  readonly id: string;
+  info: SessionInfo;
+  closed = false;
+
+  constructor(private readonly client: Client, info: SessionInfo) {
+    this.id = info.id;
+    this.info = info;
+  }
+
+  private path(suffix = ""): string {
+    return `/v1/sessions/${encodeURIComponent(this.id)}${suffix}`;
+  }
+
+  private static body(code: string, o: ExecOptions): Record<string, unknown> {
+    return Object.fromEntries(Object.entries({
+      language: o.language ?? "python",
+      code,
+      stdin: o.stdin,
+      timeout: span(o.timeout),
+      figure_formats: o.figureFormats,
+    }).filter(([, v]) => v !== undefined));
+  }
+
+  /** Runs code in the session (python by default; "bash" or "sh"). */
+  async runCode(code: string, options: ExecOptions = {}): Promise<ExecResult> {
+    const r = await this.client.request("POST", this.path("/exec"), { json: Session.body(code, options) });
+    return execResult(await r.json());
+  }
+
+  /** Runs a shell command line with bash. */
+  runCommand(command: string, options: Omit<ExecOptions, "language"> = {}): Promise<ExecResult> {
+    return this.runCode(command, { ...options, language: "bash" });
+  }
+
+  /** As {@link runCode}, streamed: output and rich outputs as they come. */
+  stream(code: string, options: ExecOptions = {}): Promise<Stream<ExecResult>> {
+    return this.client.stream(this.path("/exec"), Session.body(code, options), execResult);
+  }
+
+  /** SIGINT to the running exec, as Ctrl-C: python gets a KeyboardInterrupt, the session lives on. */
+  async interrupt(): Promise<void> {
+    await this.client.request("POST", this.path("/interrupt"));
+  }
+
+  async writeFile(path: string, data: FileData): Promise<void> {
+    const body = typeof data === "string" ? new TextEncoder().encode(data) : data;
+    await this.client.request("PUT", this.path(`/files/${filePath(path)}`), { body });
+  }
+
+  async readFile(path: string): Promise<Uint8Array> {
+    const r = await this.client.request("GET", this.path(`/files/${filePath(path)}`));
+    return new Uint8Array(await r.arrayBuffer());
+  }
+
+  async deleteFile(path: string): Promise<void> {
+    await this.client.request("DELETE", this.path(`/files/${filePath(path)}`));
+  }
+
+  async listFiles(path = "/workspace"): Promise<FileEntry[]> {
+    const r = await this.client.request("GET", this.path("/files"), { query: { path: dirPath(path) } });
+    return (await r.json()).entries;
+  }
+
+  /** A directory as an uncompressed tar archive. */
+  async downloadArchive(path = "/workspace"): Promise<Uint8Array> {
+    const r = await this.client.request("GET", this.path("/archive"), { query: { path: dirPath(path) } });
+    return new Uint8Array(await r.arrayBuffer());
+  }
+
+  /** Extracts a tar archive (plain, gzip, bzip2 or xz) under a directory. */
+  async uploadArchive(data: Uint8Array, path = "/workspace"): Promise<void> {
+    await this.client.request("PUT", this.path("/archive"), {
+      body: data,
+      type: "application/x-tar",
+      query: { path: dirPath(path) },
+    });
+  }
+
+  /** The session as the server sees it now (its time left, say). */
+  async refresh(): Promise<SessionInfo> {
+    this.info = await (await this.client.request("GET", this.path())).json();
+    return this.info;
+  }
+
+  /** Ends the session and its sandbox; closing twice is harmless. */
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    try {
+      await this.client.request("DELETE", this.path());
+    } catch (e) {
+      if ((e as { status?: number }).status !== 404) throw e;
+    }
+  }
+
+  async [Symbol.asyncDispose](): Promise<void> {
+    await this.close();
+  }
+}

@@ -1,0 +1,33 @@
+/**
+ * TypeScript SDK for Kennel's HTTP API (`kennel serve`), the same surface as the Python SDK:
+ * runs, streaming as an async iterator, sessions, files and archives, rich results and typed
+ * errors. It uses the platform's `fetch` and has no runtime dependency; the API's types are
+ * generated from the OpenAPI document (src/openapi.ts).
+ */
+
+export { Client, Session, DEFAULT_URL } from "./client.js";
+export type { ClientOptions, ExecOptions, FileData, RunOptions, SessionOptions, Timeout } from "./client.js";
+export { Stream } from "./stream.js";
+export type { Piece } from "./stream.js";
+export { RichOutput, valueOf } from "./results.js";
+export type {
+  CollectedFile,
+  ExecError,
+  ExecResult,
+  FileEntry,
+  Isolation,
+  OutputChunk,
+  RunResult,
+  SessionInfo,
+} from "./results.js";
+export {
+  BadRequest,
+  Busy,
+  Forbidden,
+  KennelError,
+  NotFound,
+  SessionEnded,
+  TooLarge,
+  Unauthorized,
+} from "./errors.js";
+export type { components, paths } from "./openapi.js";

@@ -1,0 +1,117 @@
+/** Result types: the server's JSON, typed from the OpenAPI document, with a few helpers. */
+
+import type { components } from "./openapi.js";
+
+type Schemas = components["schemas"];
+export type RunResult = Schemas["RunResult"];
+export type ExecResult = Omit<Schemas["ExecResult"], "results"> & { results: RichOutput[] };
+export type ExecError = Schemas["ExecError"];
+export type SessionInfo = Schemas["SessionInfo"];
+export type Isolation = Schemas["Isolation"];
+export type CollectedFile = Schemas["CollectedFile"];
+export type RunSpec = Schemas["RunSpec"];
+export type SessionSpec = Schemas["SessionSpec"];
+export type ExecSpec = Schemas["ExecSpec"];
+export type LimitsSpec = Schemas["LimitsSpec"];
+export type Language = Schemas["Language"];
+export type FigureFormat = Schemas["FigureFormat"];
+
+/** A directory entry of a session (`GET /v1/sessions/{id}/files`). */
+export interface FileEntry {
+  name: string;
+  type: "file" | "dir" | "symlink" | "other";
+  size: number;
+  mode: number;
+}
+
+/** A piece of output as it was written, from a streamed run or exec. */
+export interface OutputChunk {
+  kind: "output";
+  stream: "stdout" | "stderr";
+  /** The exact bytes. */
+  data: Uint8Array;
+  /** The bytes decoded (invalid UTF-8 replaced, as the server does). */
+  text: string;
+}
+
+/**
+ * A rich output of a python session exec: the last expression's value (`kind` "value") or
+ * something displayed (`display(obj)`, a matplotlib figure), as a MIME bundle.
+ */
+export class RichOutput {
+  readonly kind: "value" | "display";
+  readonly data: Record<string, unknown>;
+
+  constructor(raw: Schemas["RichOutput"]) {
+    this.kind = raw.kind;
+    this.data = raw.data as Record<string, unknown>;
+  }
+
+  get text(): string | undefined {
+    return this.string("text/plain");
+  }
+  get html(): string | undefined {
+    return this.string("text/html");
+  }
+  get markdown(): string | undefined {
+    return this.string("text/markdown");
+  }
+  get svg(): string | undefined {
+    return this.string("image/svg+xml");
+  }
+  get json(): unknown {
+    return this.data["application/json"];
+  }
+  /** The PNG's bytes. */
+  get png(): Uint8Array | undefined {
+    return this.binary("image/png");
+  }
+  get jpeg(): Uint8Array | undefined {
+    return this.binary("image/jpeg");
+  }
+
+  /** Writes the output's image (png, else jpeg, else svg) to a file; the MIME type written. */
+  async save(path: string): Promise<string> {
+    const { writeFile } = await import("node:fs/promises");
+    const svg = this.svg;
+    for (const [mime, bytes] of [
+      ["image/png", this.png],
+      ["image/jpeg", this.jpeg],
+      ["image/svg+xml", svg === undefined ? undefined : new TextEncoder().encode(svg)],
+    ] as const) {
+      if (bytes !== undefined) {
+        await writeFile(path, bytes);
+        return mime;
+      }
+    }
+    throw new Error(`this output has no image: it has ${Object.keys(this.data).join(", ")}`);
+  }
+
+  toJSON(): Schemas["RichOutput"] {
+    return { kind: this.kind, data: this.data };
+  }
+
+  private string(mime: string): string | undefined {
+    const v = this.data[mime];
+    return typeof v === "string" ? v : undefined;
+  }
+
+  private binary(mime: string): Uint8Array | undefined {
+    const v = this.data[mime];
+    return typeof v === "string" ? fromBase64(v) : undefined;
+  }
+}
+
+/** An exec's result with its rich outputs as {@link RichOutput} objects. */
+export function execResult(raw: Schemas["ExecResult"]): ExecResult {
+  return { ...raw, results: (raw.results ?? []).map((r) => new RichOutput(r)) };
+}
+
+/** The last expression's value of an exec, if it ended with one. */
+export function valueOf(result: ExecResult): RichOutput | undefined {
+  return result.results.find((r) => r.kind === "value");
+}
+
+export function fromBase64(b64: string): Uint8Array {
+  return Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+}

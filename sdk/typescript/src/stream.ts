@@ -1,0 +1,110 @@
+/** Server-Sent Events from a streamed run or exec, as an async iterator. */
+
+import { KennelError } from "./errors.js";
+import { fromBase64, RichOutput, type OutputChunk } from "./results.js";
+
+/** What a stream yields: output as it is written, and a python session exec's rich outputs. */
+export type Piece = OutputChunk | RichOutput;
+
+/** One event of the stream: its name and its data (the lines joined). */
+interface SseEvent {
+  event: string;
+  data: string;
+}
+
+/** Splits a byte stream into SSE events (`event:`, `data:`, a blank line ends one). */
+async function* events(body: ReadableStream<Uint8Array>): AsyncGenerator<SseEvent> {
+  const decoder = new TextDecoder();
+  let buffer = "";
+  let event = "message";
+  let data: string[] = [];
+  const reader = body.getReader();
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      buffer += done ? decoder.decode() : decoder.decode(value, { stream: true });
+      let newline: number;
+      while ((newline = buffer.search(/\r?\n/)) >= 0) {
+        const line = buffer.slice(0, newline);
+        buffer = buffer.slice(buffer[newline] === "\r" ? newline + 2 : newline + 1);
+        if (line === "") {
+          if (data.length > 0) yield { event, data: data.join("\n") };
+          event = "message";
+          data = [];
+        } else if (line.startsWith("event:")) {
+          event = line.slice(6).trim();
+        } else if (line.startsWith("data:")) {
+          data.push(line.slice(5).replace(/^ /, ""));
+        }
+      }
+      if (done) break;
+    }
+    if (data.length > 0) yield { event, data: data.join("\n") };
+  } finally {
+    reader.releaseLock();
+  }
+}
+
+/**
+ * A streamed run or exec: `for await (const piece of stream)` yields {@link OutputChunk}s
+ * (and, for a python session exec, {@link RichOutput}s) as they come; then `result` holds
+ * the final result. `await stream.done()` reads what is left and returns it. An `error`
+ * event ends the stream with a {@link KennelError}. `stream.close()` frees the connection
+ * when you stop early.
+ */
+export class Stream<R> implements AsyncIterable<Piece> {
+  private final: R | undefined;
+  private readonly iterator: AsyncGenerator<Piece>;
+
+  constructor(
+    private readonly response: Response,
+    private readonly parse: (raw: never) => R,
+    private readonly abort: AbortController,
+  ) {
+    this.iterator = this.pieces();
+  }
+
+  /** The final result, once the stream has been read to its end. */
+  get result(): R {
+    if (this.final === undefined) {
+      throw new Error("the stream is not finished: iterate it or await stream.done()");
+    }
+    return this.final;
+  }
+
+  [Symbol.asyncIterator](): AsyncIterator<Piece> {
+    return this.iterator;
+  }
+
+  /** Reads the rest of the stream and returns the final result. */
+  async done(): Promise<R> {
+    for await (const _ of this.iterator) {
+      // the pieces are dropped
+    }
+    return this.result;
+  }
+
+  /** Stops reading and closes the connection (for a session exec, that cancels it). */
+  close(): void {
+    this.abort.abort();
+  }
+
+  private async *pieces(): AsyncGenerator<Piece> {
+    if (this.response.body === null) throw new KennelError(null, "stream_ended", "no body");
+    for await (const { event, data } of events(this.response.body)) {
+      const value = JSON.parse(data);
+      if (event === "stdout" || event === "stderr") {
+        const bytes = fromBase64(value.b64 ?? "");
+        yield { kind: "output", stream: event, data: bytes, text: value.text ?? "" };
+      } else if (event === "display") {
+        yield new RichOutput(value);
+      } else if (event === "result") {
+        this.final = this.parse(value as never);
+        return;
+      } else if (event === "error") {
+        throw new KennelError(null, value.code ?? "error", value.message ?? data);
+      }
+    }
+    throw new KennelError(null, "stream_ended", "the stream ended without a result");
+  }
+}

@@ -1,0 +1,123 @@
+// The TypeScript SDK against the real `kennel serve` (test/server.mjs).
+
+import assert from "node:assert/strict";
+import { after, before, test } from "node:test";
+
+import { BadRequest, Client, KennelError, NotFound, RichOutput, Unauthorized, valueOf } from "../dist/index.js";
+import { startServer, TOKEN } from "./server.mjs";
+
+let server;
+let client;
+
+before(async () => {
+  server = await startServer();
+  client = new Client(server.url, { token: TOKEN });
+});
+
+after(async () => {
+  await server?.stop();
+});
+
+test("runCode returns output, exit status and isolation", async () => {
+  const r = await client.runCode("print(6 * 7)");
+  assert.equal(r.stdout, "42\n");
+  assert.equal(r.exit_code, 0);
+  assert.equal(r.isolation.tier, "native");
+  const sh = await client.runCode("echo $X; cat /workspace/in.txt", {
+    language: "bash", env: { X: "y" }, files: { "/workspace/in.txt": "data" }, collect: ["/workspace/in.txt"],
+  });
+  assert.equal(sh.stdout, "y\ndata");
+  assert.deepEqual(sh.files.map((f) => f.path), ["/workspace/in.txt"]);
+  const argv = await client.runCommand(["/bin/echo", "no", "shell"]);
+  assert.equal(argv.stdout, "no shell\n");
+  const slow = await client.runCode("import time; time.sleep(5)", { timeout: 1 });
+  assert.equal(slow.timed_out, true);
+});
+
+test("streams yield output as it comes, then the result", async () => {
+  const stream = await client.streamCode("import time\nprint('first')\ntime.sleep(0.6)\nprint('second')");
+  const seen = [];
+  for await (const piece of stream) seen.push([piece.text, Date.now()]);
+  const text = seen.map(([t]) => t).join("");
+  assert.equal(text, "first\nsecond\n");
+  const first = seen.find(([t]) => t.includes("first"))[1];
+  const second = seen.find(([t]) => t.includes("second"))[1];
+  assert.ok(second - first >= 400, "the first line came as it was printed");
+  assert.equal(stream.result.exit_code, 0);
+});
+
+test("sessions keep state, show rich results and errors as data", async () => {
+  const s = await client.session();
+  try {
+    await s.runCode("x = 41");
+    const r = await s.runCode("print('side')\nx + 1");
+    assert.equal(r.stdout, "side\n");
+    assert.ok(r.results[0] instanceof RichOutput);
+    assert.equal(valueOf(r).text, "42");
+    const html = await s.runCode("class H:\n    def _repr_html_(self): return '<b>h</b>'\ndisplay(H())");
+    assert.equal(html.results[0].kind, "display");
+    assert.equal(html.results[0].html, "<b>h</b>");
+    const err = await s.runCode("1 / 0");
+    assert.equal(err.error.name, "ZeroDivisionError");
+    assert.equal(err.error.traceback.at(-1), "ZeroDivisionError: division by zero");
+    const stream = await s.stream("display(1)\nprint('p')\n2");
+    const kinds = [];
+    for await (const piece of stream) kinds.push(piece instanceof RichOutput ? piece.kind : piece.stream);
+    assert.deepEqual(kinds, ["display", "stdout", "value"]);
+    assert.deepEqual(stream.result.results.map((o) => o.text), ["1", "2"]);
+    await s.runCommand("mkdir -p /tmp/w && cd /tmp/w && export K=kept");
+    assert.equal((await s.runCommand("pwd; echo $K")).stdout, "/tmp/w\nkept\n");
+  } finally {
+    await s.close();
+  }
+});
+
+test("an interrupt stops the running code and keeps the session", async () => {
+  const s = await client.session();
+  try {
+    await s.runCode("kept = 3");
+    const running = s.runCode("import time\nwhile True: time.sleep(0.01)", { timeout: 30 });
+    await new Promise((done) => setTimeout(done, 500));
+    await s.interrupt();
+    const r = await running;
+    assert.equal(r.error.name, "KeyboardInterrupt");
+    assert.equal(r.timed_out, false);
+    assert.equal(valueOf(await s.runCode("kept")).text, "3");
+  } finally {
+    await s.close();
+  }
+});
+
+test("files and archives go in and out", async () => {
+  const s = await client.session();
+  try {
+    await s.writeFile("data/a.txt", "hello");
+    await s.writeFile("/tmp/b.bin", new Uint8Array([0, 1, 255]));
+    assert.equal(new TextDecoder().decode(await s.readFile("/workspace/data/a.txt")), "hello");
+    assert.deepEqual([...await s.readFile("/tmp/b.bin")], [0, 1, 255]);
+    assert.deepEqual((await s.listFiles("data")).map((e) => [e.name, e.type, e.size]), [["a.txt", "file", 5]]);
+    const tar = await s.downloadArchive("/workspace");
+    assert.ok(tar.length >= 1024 && tar.length % 512 === 0, `a tar archive: ${tar.length} bytes`);
+    await s.uploadArchive(tar, "/workspace/copy");
+    assert.equal((await s.runCommand("cat /workspace/copy/data/a.txt")).stdout, "hello");
+    await assert.rejects(s.uploadArchive(new TextEncoder().encode("not a tar"), "/workspace/x"), BadRequest);
+    await s.deleteFile("data/a.txt");
+    await assert.rejects(s.readFile("data/a.txt"), NotFound);
+  } finally {
+    await s.close();
+  }
+});
+
+test("errors are typed, with the server's message", async () => {
+  await assert.rejects(client.runCode("1", { limits: { pids: 1_000_000 } }), (e) => {
+    assert.ok(e instanceof BadRequest && e instanceof KennelError);
+    assert.equal(e.status, 400);
+    assert.match(e.message, /pids/);
+    return true;
+  });
+  const stranger = new Client(server.url, { token: "wrong-token-0123456789" });
+  await assert.rejects(stranger.runCode("1"), Unauthorized);
+  const s = await client.session();
+  await s.close();
+  await assert.rejects(s.runCode("1"), NotFound);
+});
