@@ -40,6 +40,8 @@ pub trait Api: Send + Sync + std::fmt::Debug {
     async fn create_session(&self, spec: SessionSpec) -> Result<SessionInfo, ApiError>;
     async fn end_session(&self, id: &str) -> Result<(), ApiError>;
     async fn exec(&self, id: &str, spec: ExecSpec) -> Result<ExecResult, ApiError>;
+    /// Ends the session's running exec as its timeout would.
+    async fn cancel_exec(&self, id: &str) -> Result<(), ApiError>;
     /// `path` is a sandbox path under /workspace or /tmp.
     async fn write_file(&self, id: &str, path: &str, data: Vec<u8>) -> Result<(), ApiError>;
     async fn read_file(&self, id: &str, path: &str) -> Result<Vec<u8>, ApiError>;

@@ -83,6 +83,14 @@ impl Api for Local {
         }
     }
 
+    async fn cancel_exec(&self, id: &str) -> Result<(), ApiError> {
+        let id = id.to_string();
+        match self.ask(Action::CancelExec { id }).await? {
+            Reply::Done => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
     async fn exec(&self, id: &str, spec: ExecSpec) -> Result<ExecResult, ApiError> {
         let (id, live) = (id.to_string(), None);
         match self.ask(Action::Exec { id, spec, live }).await? {

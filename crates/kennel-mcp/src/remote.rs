@@ -187,6 +187,11 @@ impl Api for Remote {
         self.call(Method::DELETE, &url, Body::None).await.map(drop)
     }
 
+    async fn cancel_exec(&self, id: &str) -> Result<(), ApiError> {
+        let url = format!("{}/cancel", session_url(id));
+        self.call(Method::POST, &url, Body::None).await.map(drop)
+    }
+
     async fn exec(&self, id: &str, spec: ExecSpec) -> Result<ExecResult, ApiError> {
         let url = format!("{}/exec", session_url(id));
         self.call_json(Method::POST, &url, &spec).await

@@ -513,7 +513,16 @@ killed; a python exception also comes back as `error: Name: message`.",
             },
             figure_formats: None,
         };
-        Ok(match this.api.exec(&a.session_id, spec).await {
+        // A client that cancels the call (notifications/cancelled) cancels the exec, through
+        // the API: a remote server would not see the dropped call.
+        let answer = tokio::select! {
+            answer = this.api.exec(&a.session_id, spec) => answer,
+            () = ctx.ct.cancelled() => {
+                let _ = this.api.cancel_exec(&a.session_id).await;
+                return Err(ErrorData::internal_error("cancelled by the client", None));
+            }
+        };
+        Ok(match answer {
             Ok(r) => outcome(&r, Shown::from(&r), a.timeout.as_deref()),
             Err(e) => failure(&e),
         })

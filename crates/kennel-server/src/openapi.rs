@@ -23,6 +23,7 @@ use kennel_types::policy::{self, Capabilities, Limits};
         routes::remove,
         routes::exec,
         routes::interrupt,
+        routes::cancel,
         routes::get_archive,
         routes::put_archive,
         routes::write_file,

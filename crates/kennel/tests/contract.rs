@@ -171,8 +171,9 @@ fn the_served_document_states_the_live_limits_and_errors() {
             if method == "post" || method == "put" {
                 assert!(has("413"), "{method} {path} lacks 413");
             }
-            // Every post but an interrupt takes a run or session slot.
-            if method == "post" && !path.ends_with("/interrupt") {
+            // Every post but an interrupt or a cancel takes a run or session slot.
+            let control = path.ends_with("/interrupt") || path.ends_with("/cancel");
+            if method == "post" && !control {
                 assert!(has("429"), "{method} {path} lacks 429");
             }
         }
@@ -460,9 +461,22 @@ fn schemathesis_finds_no_difference_between_the_document_and_the_server() {
     );
     let server = Server::start_with("contract-fuzz", &config, &[], Some(TOKEN));
     let dir = Scratch::new("fuzz");
+    // A tar upload's body is bytes to the schema, but most bytes are not a tar archive, which
+    // the server refuses (400): for that one operation 400 is an answer to valid data too.
+    std::fs::write(
+        dir.path("schemathesis.toml"),
+        "[[operations]]\ninclude-path = \"/v1/sessions/{id}/archive\"\ninclude-method = \"PUT\"\n\
+         checks.positive_data_acceptance.expected-statuses = \
+         [\"2XX\", \"400\", \"401\", \"404\", \"410\", \"413\", \"429\"]\n",
+    )
+    .expect("writing schemathesis.toml");
     let started = Instant::now();
     let out = run(Command::new(PY)
-        .args(["-m", "schemathesis.cli", "run"])
+        .arg("-m")
+        .arg("schemathesis.cli")
+        .arg("--config-file")
+        .arg(dir.path("schemathesis.toml"))
+        .arg("run")
         .arg(server.client.url("/openapi.json"))
         .args(["--checks", "all", "--max-examples", "5", "--max-time", "60"])
         .args(["--workers", "2", "--request-timeout", "30", "--seed", "12"])

@@ -10,6 +10,7 @@ open: the server must close them when this client goes away.
 import asyncio
 import os
 import sys
+import time
 
 from mcp import ClientSession, MCPError, StdioServerParameters
 from mcp.client.stdio import stdio_client
@@ -222,6 +223,21 @@ async def checks(read, write):
         program_failed("session timeout", await s.call_tool("session_exec", {
             "session_id": sid, "language": "bash", "code": "sleep 30",
             "timeout": "1s"}), "timed out after 1s")
+
+        # A call the client cancels cancels its exec: the next one does not wait a minute.
+        running = asyncio.ensure_future(s.call_tool("session_exec", {
+            "session_id": sid, "language": "python", "code": "import time\ntime.sleep(60)"}))
+        await asyncio.sleep(1)
+        running.cancel()
+        try:
+            await running
+        except asyncio.CancelledError:
+            pass
+        started = time.monotonic()
+        r = ok("session_exec after a cancelled one", await s.call_tool("session_exec", {
+            "session_id": sid, "language": "python", "code": "print(x)"}))
+        assert r.structured_content["stdout"] == "41\n", text_of(r)
+        assert time.monotonic() - started < 10, "the cancelled exec held the session"
 
         tool_error("read a missing file", await s.call_tool(
             "read_file", {"session_id": sid, "path": "nope.txt"}), "no such file")

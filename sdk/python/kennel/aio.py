@@ -166,6 +166,10 @@ class AsyncSession:
         """SIGINT to the exec running in this session, as :meth:`Session.interrupt`."""
         await self._client._request("POST", c.session_url(self.id, "/interrupt"))
 
+    async def cancel(self) -> None:
+        """Ends the running exec, as :meth:`Session.cancel`."""
+        await self._client._request("POST", c.session_url(self.id, "/cancel"))
+
     async def write_file(self, path: str, data: c.FileData) -> None:
         body = data.encode("utf-8") if isinstance(data, str) else bytes(data)
         await self._client._request("PUT", c.file_url(self.id, path), content=body,

@@ -178,6 +178,11 @@ class Session:
         when no exec runs."""
         self._client._request("POST", c.session_url(self.id, "/interrupt"))
 
+    def cancel(self) -> None:
+        """Ends the exec running in this session (from another thread) as its timeout would:
+        SIGINT, then a kill of code that does not stop within 2 s. Does nothing when none runs."""
+        self._client._request("POST", c.session_url(self.id, "/cancel"))
+
     def write_file(self, path: str, data: c.FileData) -> None:
         """Writes a file (str is UTF-8 encoded) under /workspace or /tmp; relative paths are
         under /workspace."""

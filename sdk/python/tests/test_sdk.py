@@ -246,6 +246,13 @@ def test_interrupt_stops_the_running_code_and_keeps_the_session(client):
         assert not r.timed_out and r.error.name == "KeyboardInterrupt", r
         assert s.run_code("kept").value.text == "5"
         s.interrupt()  # nothing runs: nothing happens
+        code = "import time\nwhile True:\n    try:\n        time.sleep(30)\n    except KeyboardInterrupt:\n        pass"
+        timer = threading.Timer(0.5, s.cancel)
+        timer.start()
+        started = time.monotonic()
+        r = s.run_code(code, timeout=60)  # shrugs off SIGINT: the cancel kills it past 2 s
+        timer.join()
+        assert time.monotonic() - started < 10 and r.timed_out, r
 
 
 def test_a_shell_session_keeps_its_directory_and_exports(client):

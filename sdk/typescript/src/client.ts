@@ -267,6 +267,11 @@ export class Session {
     await this.client.request("POST", this.path("/interrupt"));
   }
 
+  /** Ends the running exec as its timeout would (SIGINT, then a kill past 2 s). */
+  async cancel(): Promise<void> {
+    await this.client.request("POST", this.path("/cancel"));
+  }
+
   async writeFile(path: string, data: FileData): Promise<void> {
     const body = typeof data === "string" ? new TextEncoder().encode(data) : data;
     await this.client.request("PUT", this.path(`/files/${filePath(path)}`), { body });

@@ -68,6 +68,22 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sessions/{id}/cancel": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post: operations["cancel"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sessions/{id}/exec": {
         parameters: {
             query?: never;
@@ -914,9 +930,10 @@ export interface operations {
             };
             cookie?: never;
         };
+        /** @description A tar archive (any Content-Type is taken, `application/x-tar` too) */
         requestBody: {
             content: {
-                "application/x-tar": number[];
+                "application/octet-stream": string;
             };
         };
         responses: {
@@ -964,6 +981,54 @@ export interface operations {
                 };
             };
             /** @description Contents larger than the session's workspace, or a body over this server's max_body */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    cancel: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id, as `POST /v1/sessions` returned it. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The running exec, if any, ends as its timeout would: SIGINT, then a kill of code that does not stop within 2 s; its caller gets its result */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description A valid bearer token is required. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No such session for this caller */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The body is larger than this server takes. */
             413: {
                 headers: {
                     [name: string]: unknown;

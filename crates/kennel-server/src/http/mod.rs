@@ -263,6 +263,7 @@ pub fn router(state: Shared, mounts: &[Mount]) -> Router {
         )
         .route("/v1/sessions/{id}/exec", post(routes::exec))
         .route("/v1/sessions/{id}/interrupt", post(routes::interrupt))
+        .route("/v1/sessions/{id}/cancel", post(routes::cancel))
         .route(
             "/v1/sessions/{id}/archive",
             get(routes::get_archive).put(routes::put_archive),

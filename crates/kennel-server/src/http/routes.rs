@@ -142,6 +142,18 @@ pub async fn interrupt(
     handle(&state, &caller, Action::Interrupt { id }).await
 }
 
+#[utoipa::path(tag = "session_routes", post, path = "/v1/sessions/{id}/cancel", responses(
+    (status = 204, description = "The running exec, if any, ends as its timeout would: SIGINT, \
+        then a kill of code that does not stop within 2 s; its caller gets its result"),
+    (status = 404, description = "No such session for this caller")))]
+pub async fn cancel(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Response, ApiError> {
+    handle(&state, &caller, Action::CancelExec { id }).await
+}
+
 #[utoipa::path(tag = "session_routes", put, path = "/v1/sessions/{id}/files/{path}", request_body(content = Vec<u8>, content_type = "application/octet-stream"),
     responses(
         (status = 204, description = "Written"),
@@ -207,7 +219,8 @@ pub async fn get_archive(
 }
 
 #[utoipa::path(tag = "session_routes", put, path = "/v1/sessions/{id}/archive", params(ListQuery),
-    request_body(content = Vec<u8>, content_type = "application/x-tar"),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream",
+        description = "A tar archive (any Content-Type is taken, `application/x-tar` too)"),
     responses(
         (status = 204, description = "Extracted under the directory (made if missing); files keep their permission bits, without setuid, setgid or sticky"),
         (status = 400, description = "Not a tar archive (plain, gzip, bzip2 or xz), a path outside /workspace and /tmp, or a member that is absolute, has a `..`, passes through a symlink, or is a hard link, a device or a FIFO: nothing is written"),

@@ -77,6 +77,11 @@ pub enum Action {
     Interrupt {
         id: String,
     },
+    /// Ends the exec running in a session as its timeout would (SIGINT, then a kill of code
+    /// that does not stop within 2 s); nothing when none runs.
+    CancelExec {
+        id: String,
+    },
     /// Files in and out of a session, confined to /workspace and /tmp; `path` with or
     /// without its leading `/`.
     WriteFile {
@@ -357,6 +362,12 @@ impl Service {
                 session::owned(self, caller, &id)?
                     .agent
                     .control(Control::Interrupt);
+                Ok(Reply::Done)
+            }
+            Action::CancelExec { id } => {
+                session::owned(self, caller, &id)?
+                    .agent
+                    .control(Control::Cancel);
                 Ok(Reply::Done)
             }
             Action::WriteFile { id, path, data } => {
