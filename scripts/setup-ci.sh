@@ -28,8 +28,10 @@ die() { echo "setup-ci: error: $*" >&2; exit 1; }
 #   kmod             depmod and modprobe: `kennel vm prepare` resolves the guest kernel's module
 #                    order with them, against the unpacked kernel (tests/vm_prepare.rs)
 #   erofs-utils      mkfs.erofs: the microVM tier's read-only root disks, made from images
+#   python3-venv     the agent-framework adapters' virtualenvs (scripts/adapter-venvs.sh)
 packages=(bubblewrap python3 coreutils util-linux bash dash gcc libc6-dev ca-certificates jq
-    curl openssl python3-pip runsc crun runc mmdebstrap umoci docker.io kmod erofs-utils)
+    curl openssl python3-pip runsc crun runc mmdebstrap umoci docker.io kmod erofs-utils
+    python3-venv)
 
 installed() {
     [[ $(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true) == "install ok installed" ]]
@@ -125,6 +127,10 @@ if [[ ! -x $ts_sdk/node_modules/.bin/tsc || $ts_sdk/package-lock.json -nt $ts_sd
 else
     say "TypeScript SDK dev dependencies present"
 fi
+
+# The Python SDK's agent-framework adapters are tested in a virtualenv per framework, with
+# the versions sdk/python/requirements/*.txt pin, from PyPI (crates/kennel/tests/adapters.rs).
+bash "$(dirname "${BASH_SOURCE[0]}")/adapter-venvs.sh" || die "cannot make the adapters' virtualenvs"
 
 # Rust is not installed from here (rustup's servers may be unreachable); it must exist.
 cargo_bin="${CARGO_HOME:-$HOME/.cargo}/bin"

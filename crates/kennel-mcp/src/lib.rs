@@ -10,6 +10,7 @@
 pub mod api;
 mod local;
 pub mod opened;
+mod python;
 mod remote;
 pub mod render;
 mod schemas;

@@ -95,6 +95,17 @@ pub fn exec() -> Arc<JsonObject> {
     object(Value::Object(props), &OUTCOME_REQUIRED)
 }
 
+/// run_python_code: mcp-run-python's JSON answer.
+pub fn python() -> Arc<JsonObject> {
+    object(
+        json!({"status": {"type": "string", "enum": ["success", "run-error"]},
+               "output": {"type": "array", "items": {"type": "string"}},
+               "return_value": {"description": "the last expression's value, as JSON"},
+               "error": {"type": "string"}}),
+        &["status", "output"],
+    )
+}
+
 /// create_session.
 pub fn session() -> Arc<JsonObject> {
     object(

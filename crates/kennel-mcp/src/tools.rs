@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 
 use super::api::{Api, ApiError};
 use super::opened::{Opened, Registry};
+use super::python;
 use super::render::{self, Shown};
 use super::schemas;
 use kennel_server::service::Caller;
@@ -442,6 +443,26 @@ killed.",
     }
 
     #[tool(
+        description = "Tool to execute Python code and return stdout, stderr, and return \
+value.\n\nThe code may be async, and the value on the last line will be returned as the return \
+value.\n\nThe code runs with the sandbox's python3 in a fresh, disposable sandbox per call (no \
+network; default limit 30s). Answers as pydantic's mcp-run-python does.",
+        annotations(title = "Run Python code", open_world_hint = false),
+        output_schema = schemas::python()
+    )]
+    async fn run_python_code(
+        &self,
+        params: Parameters<python::RunPythonArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let this = self.for_caller(&ctx);
+        Ok(match this.api.run(python::spec(params.0)).await {
+            Ok(r) => python::result(&r),
+            Err(e) => failure(&e),
+        })
+    }
+
+    #[tool(
         description = "Start a persistent sandbox session and return its session_id. Use it \
 with session_exec (python keeps its variables and imports between calls), write_file, \
 read_file and list_files. A session ends after being idle for a while (the server's idle \
@@ -760,6 +781,7 @@ mod tests {
             "write_file",
             "read_file",
             "list_files",
+            "run_python_code",
         ] {
             assert!(
                 names.iter().any(|n| n == want),

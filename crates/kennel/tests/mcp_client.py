@@ -25,6 +25,7 @@ TOOLS = {
     "write_file",
     "read_file",
     "list_files",
+    "run_python_code",
 }
 
 
@@ -145,6 +146,23 @@ async def checks(read, write):
         r = ok("run_code capabilities none", await s.call_tool("run_code", {
             "language": "bash", "code": "grep CapEff /proc/self/status", "capabilities": "none"}))
         assert "0000000000000000" in r.structured_content["stdout"], r.structured_content
+
+        # mcp-run-python's shape: the same text its clients parse.
+        r = ok("run_python_code", await s.call_tool(
+            "run_python_code", {"python_code": 'print("hi")\n1+1'}))
+        assert text_of(r) == ("<status>success</status>\n<output>\nhi\n</output>\n"
+                              "<return_value>\n2\n</return_value>"), text_of(r)
+        assert r.structured_content == {"status": "success", "output": ["hi"], "return_value": 2}
+        r = ok("run_python_code async and globals", await s.call_tool("run_python_code", {
+            "python_code": "import asyncio\nawait asyncio.sleep(0)\n{'n': n * 2}",
+            "global_variables": {"n": 21}}))
+        assert r.structured_content["return_value"] == {"n": 42}, r.structured_content
+        assert '<return_value>\n{\n  "n": 42\n}\n</return_value>' in text_of(r), text_of(r)
+        r = ok("run_python_code error", await s.call_tool(
+            "run_python_code", {"python_code": "print('before')\n1 / 0"}))
+        assert r.structured_content["status"] == "run-error"
+        assert text_of(r).startswith("<status>run-error</status>\n<output>\nbefore\n</output>\n<error>\n")
+        assert 'File "main.py", line 2' in r.structured_content["error"]
 
         r = ok("run_command", await s.call_tool(
             "run_command", {"argv": ["/bin/echo", "hello", "world"]}))

@@ -182,23 +182,12 @@ fn a_plot_and_a_value_come_back_everywhere() {
     assert!(shown[1]["data"]["image/png"].is_string());
 
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let out = Command::new(PY)
-        .arg(repo.join("crates/kennel/tests/rich_client.py"))
-        .arg(&server.client.base)
-        .env("PYTHONPATH", repo.join("sdk/python"))
-        .env_remove("KENNEL_TOKEN")
-        .env_remove("KENNEL_URL")
-        .output()
-        .expect("python3 runs");
-    let report = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success(),
-        "rich_client.py failed:\n{report}\n{}",
-        server.log_text()
+    let report = common::client_tests(
+        Command::new(PY)
+            .arg(repo.join("crates/kennel/tests/rich_client.py"))
+            .arg(&server.client.base)
+            .env("PYTHONPATH", repo.join("sdk/python")),
+        "rich_client.py",
     );
     assert!(report.contains("ok   mcp:"), "{report}");
 }

@@ -3,6 +3,8 @@
 //! against docs/openapi.json, and the Vercel AI SDK example with a scripted model. They need
 //! Node 20 and the SDK's dev dependencies (scripts/setup-ci.sh runs `npm ci` there).
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 
@@ -14,23 +16,11 @@ fn the_typescript_sdk_passes_its_tests() {
         "the TypeScript SDK's dev dependencies are missing: run scripts/setup-ci.sh \
          (or `npm ci` in sdk/typescript)"
     );
-    let out = Command::new("npm")
-        .args(["test", "--silent"])
-        .current_dir(&dir)
-        .env("KENNEL_BIN", env!("CARGO_BIN_EXE_kennel"))
-        .env_remove("KENNEL_TOKEN")
-        .env_remove("KENNEL_URL")
-        .output()
-        .expect("npm runs (Node 20 and npm: scripts/setup-ci.sh)");
-    let report = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success(),
-        "the TypeScript SDK tests failed ({}):\n{report}",
-        out.status
+    let report = common::client_tests(
+        Command::new("npm")
+            .args(["test", "--silent"])
+            .current_dir(&dir),
+        "the TypeScript SDK tests (Node 20 and npm: scripts/setup-ci.sh)",
     );
     assert!(report.contains("# fail 0"), "{report}");
 }

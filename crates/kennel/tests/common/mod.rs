@@ -37,6 +37,30 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// Runs a client's test program (an SDK's test runner, a framework's tests) against this build's
+/// `kennel`, with no token or server URL from this environment: its stdout and stderr, which
+/// must end in success.
+pub fn client_tests(cmd: &mut Command, what: &str) -> String {
+    let out = cmd
+        .env("KENNEL_BIN", KENNEL)
+        .env_remove("KENNEL_TOKEN")
+        .env_remove("KENNEL_URL")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot start {cmd:?}: {e}"));
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{report}",
+        out.status
+    );
+    report
+}
+
 /// Runs `kennel` with `args` and `stdin`, returning the raw output.
 pub fn kennel_output(args: &[&str], stdin: &[u8]) -> Output {
     let mut child = kennel()
