@@ -31,8 +31,8 @@ Requests
 "output_limit":B,"stdin_b64":D,"env":{...},"cwd":P}``
     Runs ``/bin/bash -c S`` (``shell`` defaults to ``bash``; ``sh`` is ``/bin/sh``) in a new
     session (its own process group). ``stdin_b64`` (optional) is fed to its stdin, which is
-    then closed; without it stdin is ``/dev/null``. Shell execs share a state, as commands
-    typed into one terminal do: the directory and the exported environment a shell ends with
+    then closed; without it stdin is ``/dev/null``. Shell execs (not ``one_shot`` ones: a
+    pooled run is ``bash -c S`` exactly) share a state, as commands typed into one terminal do: the directory and the exported environment a shell ends with
     (by ``exit`` too; not when it is killed or ``exec``s another program, or sets its own
     EXIT trap) are the next shell exec's, starting from ``/workspace`` if it exists (else
     the agent's own cwd) and the agent's environment. An EXIT trap put before S on its line
@@ -109,12 +109,17 @@ Requests
     setgid and sticky dropped), replacing what is there; no path is followed through a
     symlink, as for ``write``. Answer ``{"id":N,"event":"ok","size":bytes_written}``.
 
+``{"op":"define","id":N,"sources":{"rich":S,"archive":S}}``
+    The sources of rich.py and archive.py, which a session's agent is sent once, before its
+    first python exec or archive (a pooled one-shot sandbox never is: it stays as small as
+    it was). Answer ``{"id":N,"event":"ok"}``.
+
 ``{"op":"ping","id":N}``
     Answer ``{"id":N,"event":"pong","pid":agent_pid,"kernel_pid":pid_or_null}``.
 
-``{"op":"interrupt","id":N}`` and ``{"op":"cancel","id":N}``
+``{"op":"interrupt","id":N,"target":T}`` and ``{"op":"cancel","id":N,"target":T}``
     Act on the exec that is running, at once (every other request that comes during an exec
-    waits until it ends): ``interrupt`` sends SIGINT, as Ctrl-C would, to the python code (a
+    waits until it ends), if ``target`` (optional) is its id or absent: ``interrupt`` sends SIGINT, as Ctrl-C would, to the python code (a
     ``KeyboardInterrupt``; one sent before the code started is sent as it starts) or to a
     shell's process group; ``cancel`` ends the exec as its timeout would, and its result
     has ``"cancelled": true``. Answer ``{"id":N,"event":"ok"}``, also when no exec runs.
@@ -176,9 +181,10 @@ MAX_POLL_MS = 3_600_000
 HEADER_SIZE = 16  # kernel request header: the request's length in ASCII digits
 KERNEL_LINE_MAX = 16 * 1024 * 1024  # longest line the agent takes from a kernel
 FIGURE_FORMATS = ("png", "svg")
-# The sources of rich.py and archive.py, by name, put here by the server (agent.rs): each is
-# compiled on the first request that needs it. None when this file is run as a file.
-LAZY_SOURCES = None
+# The sources of rich.py and archive.py, by name, as the server's define request gave them
+# (sessions only: a pooled one-shot sandbox is never sent them): each is compiled on the first
+# request that needs it.
+LAZY_SOURCES = {}
 _REQUIRED = object()
 _TEMP_NAMES = itertools.count()
 
@@ -273,9 +279,11 @@ class LineReader:
         self.buffer += chunk
         self.eof = not chunk
 
-    def take_ready(self):
-        """The complete lines after one read of an fd that poll found readable."""
-        self.fill()
+    def take_ready(self, read=True):
+        """The complete lines after one read of an fd that poll found readable, or (read
+        false) those already buffered: read with the exec's own request, poll never tells."""
+        if read:
+            self.fill()
         *lines, rest = bytes(self.buffer).split(b"\n")
         self.buffer, self.scanned = bytearray(rest), 0
         return lines
@@ -897,7 +905,7 @@ def run_exec(sock, state, request, fds):
         reseed_generators()
         status, error = run_code(code, state, announce, "<string>")
     else:
-        rich = rich_module()
+        rich = rich_module(request.get("rich_source"))
         rich.begin(sock, request)
         status, error = run_code(code, state, announce, "<session>", rich.run)
     flush_std_streams()
@@ -914,22 +922,30 @@ def run_exec(sock, state, request, fds):
 RICH = None  # rich.py, once a session exec has loaded it
 
 
-def rich_module():
-    """rich.py as a module of this kernel, compiled on its first session exec."""
+def rich_module(source):
+    """rich.py as a module of this kernel, compiled on its first session exec, whose request
+    carries the source (the kernel was forked before the agent had it)."""
     global RICH
     if RICH is None:
-        RICH = lazy_module("rich")
+        RICH = lazy_module("rich", source=source)
         RICH.setup()
     return RICH
 
 
-def lazy_module(name, given=None):
-    """One of LAZY_SOURCES compiled into a module, with the names in given put in it first."""
-    if LAZY_SOURCES is None:  # this file run as a file (its tests): the source is beside it
-        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")) as f:
-            source = f.read()
-    else:
-        source = LAZY_SOURCES[name]
+def lazy_source(name):
+    """The source of one of the lazy modules: as defined, or beside this file when it is run
+    as a file (its tests)."""
+    if name in LAZY_SOURCES:
+        return LAZY_SOURCES[name]
+    if "__file__" not in globals():
+        raise BadRequest(f"no {name} module: the server defines it first")
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")) as f:
+        return f.read()
+
+
+def lazy_module(name, given=None, source=None):
+    """A lazy module compiled, with the names in given put in it first."""
+    source = lazy_source(name) if source is None else source
     module = type(sys)(f"kennel_{name}")
     module.__dict__.update(given or {})
     exec(compile(source, f"<kennel-{name}>", "exec", dont_inherit=True), module.__dict__)
@@ -1071,6 +1087,7 @@ class Kernel:
         self.wait_status = None
         self.killed_running = False
         self.usage = None  # what the last exec used, by the kernel's own account
+        self.rich_sent = False  # whether an exec request carried rich.py's source to it
 
     @classmethod
     def start(cls, cwd):
@@ -1362,6 +1379,7 @@ class Agent:
         self.wakeup_fd = watch_children()
         self.requests = LineReader(0)
         self.ops = {
+            "define": self.op_define,
             "interrupt": self.op_idle_control,
             "cancel": self.op_idle_control,
             "exec": self.op_exec,
@@ -1461,13 +1479,15 @@ class Agent:
         stdin = b64_field(request, "stdin_b64", None)
         env = {**self.shell_env, **env_field(request)}
         cwd = field(request, "cwd", str, None) or self.shell_cwd
+        # A pooled one-shot run is `bash -c S` exactly, as a cold one: no state, no trap.
+        state = None if field(request, "one_shot", bool, False) else state_pipe()
+        script = command if state is None else keeping_state(command, state[1])
         import subprocess  # lazily: agent (and so kernel) start-up stays light
 
         child_fds, ours = make_pipes(stdin is not None)
-        state_r, state_w = state_pipe()
         try:
             proc = subprocess.Popen(
-                [shell, "-c", keeping_state(command, state_w)],
+                [shell, "-c", script],
                 stdin=child_fds[0],
                 stdout=child_fds[1],
                 stderr=child_fds[2],
@@ -1478,7 +1498,7 @@ class Agent:
             )
         except BaseException:
             close_fds(ours)
-            close_fds((state_r, state_w))
+            close_fds(state or ())
             raise
         finally:
             close_fds(child_fds)
@@ -1486,9 +1506,10 @@ class Agent:
         pump = Pump(rid, limit, *ours, stdin)
         try:
             self.drive(run, pump)
-            self.keep_shell_state(state_r)
+            if state is not None:
+                self.keep_shell_state(state[0])
         finally:
-            close_fds((state_r, state_w))
+            close_fds(state or ())
         send({"id": rid, "event": "result", **run.outcome(), **pump.totals(), "interpreter": None})
 
     def keep_shell_state(self, fd):
@@ -1518,12 +1539,15 @@ class Agent:
             raise BadRequest("field 'figure_formats' may hold only 'png' and 'svg'")
         interpreter = {"restarted": False, "crashed": False, "reason": None}
         kernel = self.live_kernel(interpreter)
-        child_fds, ours = make_pipes(stdin is not None)
         to_kernel = {"code": code, "one_shot": one_shot, "limit": limit, "figures": figures}
+        if not one_shot and not kernel.rich_sent:
+            to_kernel["rich_source"] = lazy_source("rich")
+        child_fds, ours = make_pipes(stdin is not None)
         try:
             submitted = kernel.submit(to_kernel, child_fds)
         finally:
             close_fds(child_fds)
+        kernel.rich_sent = kernel.rich_sent or "rich_source" in to_kernel
         pump = Pump(rid, limit, *ours, stdin)
 
         def display(output):
@@ -1550,6 +1574,7 @@ class Agent:
         that come meanwhile wait for it, but for ``interrupt`` and ``cancel``, which act on
         it at once."""
         try:
+            self.take_requests(run, pump.rid, read=False)
             while True:
                 now = time.monotonic()
                 run.check(now)
@@ -1561,21 +1586,22 @@ class Agent:
                 if self.wakeup_fd in ready:
                     drain(self.wakeup_fd)
                 if 0 in ready:
-                    self.take_requests(run)
+                    self.take_requests(run, pump.rid)
                 run.on_ready(ready)
         finally:
             run.abort()  # a no-op unless the loop failed
             pump.close()
 
-    def take_requests(self, run):
-        for line in self.requests.take_ready():
+    def take_requests(self, run, running, read=True):
+        for line in self.requests.take_ready(read):
             try:
                 request, rid = parse_request(line)
                 op = request.get("op")
             except BadRequest:
                 op = None
             if op in CONTROL_OPS:
-                getattr(run, op)()
+                if request.get("target") in (None, running):
+                    getattr(run, op)()
                 send({"id": rid, "event": "ok"})
             else:
                 self.requests.queued.append(line)
@@ -1619,6 +1645,13 @@ class Agent:
             given = {f.__name__: f for f in (open_parent, open_dir_step, write_file)}
             self.archive_module = lazy_module("archive", given)
         return self.archive_module
+
+    def op_define(self, rid, request):
+        sources = field(request, "sources", dict)
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in sources.items()):
+            raise BadRequest("field 'sources' must map names to source text")
+        LAZY_SOURCES.update(sources)
+        send({"id": rid, "event": "ok"})
 
     def op_idle_control(self, rid, request):
         send({"id": rid, "event": "ok"})  # no exec runs: nothing to interrupt or cancel

@@ -1,6 +1,7 @@
 //! A sandbox whose program is the session agent (`agent.py`), driven over its JSON-lines
 //! protocol. Sessions and the warm pool are both made of these.
 
+use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -20,34 +21,15 @@ use kennel_types::api::{
 };
 use kennel_types::policy::{Policy, Span, Tier};
 
-/// The agent's source; its docstring is the protocol.
-const AGENT_SRC: &str = include_str!("agent.py");
-/// The modules the agent carries as strings and compiles on the first request that needs
-/// them: rich results (in the kernel, on a session's first python exec: a pooled one-shot
-/// sandbox never does) and archives (on the first pack or unpack).
+/// The agent's source, run as `python3 -u -c`; its docstring is the protocol.
+pub const AGENT_SRC: &str = include_str!("agent.py");
+/// The modules a session's agent is sent once (`define`) and compiles on the first request
+/// that needs them: rich results (in the kernel, on the first python exec) and archives. A
+/// pooled one-shot sandbox is never sent them, so it costs what it did without them.
 const LAZY: [(&str, &str); 2] = [
     ("rich", include_str!("rich.py")),
     ("archive", include_str!("archive.py")),
 ];
-const LAZY_PLACEHOLDER: &str = "\nLAZY_SOURCES = None\n";
-
-/// The program the agent runs as `python3 -u -c`: agent.py with the lazy modules' sources in
-/// it (a JSON object of strings is a Python dict literal).
-pub fn agent_program() -> &'static str {
-    static PROGRAM: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-        let sources: serde_json::Map<String, serde_json::Value> = LAZY
-            .iter()
-            .map(|(k, v)| (k.to_string(), (*v).into()))
-            .collect();
-        let literal = serde_json::Value::Object(sources).to_string();
-        AGENT_SRC.replacen(
-            LAZY_PLACEHOLDER,
-            &format!("\nLAZY_SOURCES = {literal}\n"),
-            1,
-        )
-    });
-    &PROGRAM
-}
 /// How long past an exec's own timeout the agent may take to answer before the sandbox is
 /// killed as unresponsive.
 const ANSWER_GRACE: Duration = Duration::from_secs(5);
@@ -98,8 +80,18 @@ pub enum Request<'a> {
         max_bytes: u64,
     },
     Ping,
-    Interrupt,
-    Cancel,
+    /// `target`: the exec it acts on, if that one still runs; none: whichever runs.
+    Interrupt {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        target: Option<u64>,
+    },
+    Cancel {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        target: Option<u64>,
+    },
+    Define {
+        sources: BTreeMap<&'static str, &'static str>,
+    },
 }
 
 /// What [`AgentSandbox::control`] does to a running exec.
@@ -272,6 +264,8 @@ pub struct Exec<'a> {
     pub one_shot: bool,
     /// Python: how figures are rendered (the agent's default, png, when None).
     pub figure_formats: Option<&'a [FigureFormat]>,
+    /// Its reserved id ([`AgentSandbox::reserve`]), if it may be cancelled by it.
+    pub id: Option<u64>,
 }
 
 /// Why a call to the agent failed.
@@ -285,6 +279,8 @@ pub enum AgentError {
     Refused(String),
     #[error("the agent broke protocol: {0}")]
     Protocol(String),
+    #[error("the exec was cancelled before it started")]
+    Cancelled,
 }
 
 #[derive(Debug)]
@@ -296,22 +292,45 @@ struct Conversation {
 /// goes out while an exec holds the conversation.
 #[derive(Debug)]
 struct Requests {
-    writer: Mutex<Option<std::io::PipeWriter>>,
+    writer: Mutex<Writer>,
     next_id: std::sync::atomic::AtomicU64,
 }
 
+#[derive(Debug, Default)]
+struct Writer {
+    pipe: Option<std::io::PipeWriter>,
+    /// Ids reserved for execs not sent yet, and those of them cancelled meanwhile.
+    reserved: HashSet<u64>,
+    cancelled: HashSet<u64>,
+}
+
 impl Requests {
-    /// Writes one request with a fresh id, which it returns. A long request (a file's
-    /// contents) may wait for the agent to read it, so the caller's thread is handed over
-    /// while it does; a short one (a control) is written at once from anywhere, a drop
-    /// included: the agent reads its stdin while idle and while an exec runs.
-    fn send(&self, request: &Request<'_>) -> Result<u64, AgentError> {
+    fn writer(&self) -> std::sync::MutexGuard<'_, Writer> {
+        self.writer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// An id for an exec to come, which [`Requests::cancel`] can name before it is sent.
+    fn reserve(&self) -> u64 {
         let id = self.next_id.fetch_add(1, Ordering::SeqCst);
+        self.writer().reserved.insert(id);
+        id
+    }
+
+    /// Writes one request with its reserved id, or a fresh one; returns the id. A long request
+    /// (a file's contents) may wait for the agent to read it, so the caller's thread is handed
+    /// over while it does; a short one (a control) is written at once from anywhere, a drop
+    /// included: the agent reads its stdin while idle and while an exec runs.
+    fn send(&self, request: &Request<'_>, id: Option<u64>) -> Result<u64, AgentError> {
+        let id = id.unwrap_or_else(|| self.next_id.fetch_add(1, Ordering::SeqCst));
         let mut line = serde_json::to_vec(&Numbered { id, request })
             .map_err(|e| AgentError::Protocol(e.to_string()))?;
         line.push(b'\n');
-        let mut writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(w) = writer.as_mut() else {
+        let mut writer = self.writer();
+        if writer.cancelled.remove(&id) {
+            return Err(AgentError::Cancelled);
+        }
+        writer.reserved.remove(&id);
+        let Some(w) = writer.pipe.as_mut() else {
             return Err(AgentError::Gone(String::new()));
         };
         let written = if line.len() <= SHORT_REQUEST {
@@ -322,6 +341,19 @@ impl Requests {
         written.map_err(|_| AgentError::Gone(String::new()))?;
         Ok(id)
     }
+
+    /// Cancels the exec of a reserved id: one not sent yet never will be; one sent is ended
+    /// by the agent if it is still the exec running (and no other is).
+    fn cancel(&self, id: u64) {
+        {
+            let mut writer = self.writer();
+            if writer.reserved.remove(&id) {
+                writer.cancelled.insert(id);
+                return;
+            }
+        }
+        let _ = self.send(&Request::Cancel { target: Some(id) }, None);
+    }
 }
 
 /// A running agent sandbox.
@@ -329,6 +361,8 @@ impl Requests {
 pub struct AgentSandbox {
     conversation: tokio::sync::Mutex<Conversation>,
     requests: Requests,
+    /// Whether the lazy modules were sent (`define`).
+    defined: AtomicBool,
     cancel: Canceller,
     done: Mutex<Option<oneshot::Receiver<Result<RunResult, Error>>>>,
     stderr_tail: Arc<Mutex<Vec<u8>>>,
@@ -390,7 +424,7 @@ impl AgentSandbox {
         preload: &[String],
     ) -> Result<AgentSandbox, Error> {
         policy.limits.timeout = Span(lifetime);
-        let mut argv = ["/usr/bin/python3", "-u", "-c", agent_program()]
+        let mut argv = ["/usr/bin/python3", "-u", "-c", AGENT_SRC]
             .map(String::from)
             .to_vec();
         if !preload.is_empty() {
@@ -438,9 +472,13 @@ impl AgentSandbox {
         let agent = AgentSandbox {
             conversation: tokio::sync::Mutex::new(Conversation { lines }),
             requests: Requests {
-                writer: Mutex::new(Some(writer)),
+                writer: Mutex::new(Writer {
+                    pipe: Some(writer),
+                    ..Writer::default()
+                }),
                 next_id: 1.into(),
             },
+            defined: AtomicBool::new(false),
             cancel,
             done: Mutex::new(Some(done)),
             stderr_tail,
@@ -479,10 +517,21 @@ impl AgentSandbox {
         &self,
         request: &Request<'_>,
         within: Duration,
+        on_progress: impl FnMut(Progress<'_>),
+    ) -> Result<Event, AgentError> {
+        self.call_as(None, request, within, on_progress).await
+    }
+
+    /// [`AgentSandbox::call`] with the request's reserved id, if it has one.
+    async fn call_as(
+        &self,
+        id: Option<u64>,
+        request: &Request<'_>,
+        within: Duration,
         mut on_progress: impl FnMut(Progress<'_>),
     ) -> Result<Event, AgentError> {
         let mut conv = self.conversation.lock().await;
-        let id = match self.requests.send(request) {
+        let id = match self.requests.send(request, id) {
             Ok(id) => id,
             Err(AgentError::Gone(_)) => return Err(AgentError::Gone(self.stderr_tail())),
             Err(e) => return Err(e),
@@ -515,6 +564,24 @@ impl AgentSandbox {
         }
     }
 
+    /// Sends the lazy modules, once, before the first request that needs them.
+    async fn define(&self) -> Result<(), AgentError> {
+        if self.defined.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let sources = LAZY.into_iter().collect();
+        match self
+            .call(&Request::Define { sources }, FILE_OP, |_| {})
+            .await?
+        {
+            Event::Ok { .. } => {
+                self.defined.store(true, Ordering::SeqCst);
+                Ok(())
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// Runs code or a command; `on_progress` sees the kept output and rich outputs as they
     /// come. The rich outputs are held to the output limit and [`RichOutput::MAX`] here too:
     /// the code can write to the channel they come by.
@@ -523,6 +590,9 @@ impl AgentSandbox {
         exec: Exec<'_>,
         mut on_progress: impl FnMut(Progress<'_>),
     ) -> Result<Ran, AgentError> {
+        if exec.language == Language::Python && !exec.one_shot {
+            self.define().await?;
+        }
         let request = Request::Exec {
             code: Code::new(exec.language, exec.code),
             timeout_ms: u64::try_from(exec.timeout.as_millis()).unwrap_or(u64::MAX),
@@ -534,7 +604,8 @@ impl AgentSandbox {
         let (mut out, mut err) = (Vec::new(), Vec::new());
         let (mut results, mut budget, mut dropped) = (Vec::new(), exec.output_limit, false);
         let last = self
-            .call(
+            .call_as(
+                exec.id,
                 &request,
                 exec.timeout + ANSWER_GRACE,
                 |progress| match progress {
@@ -573,10 +644,20 @@ impl AgentSandbox {
     /// no exec running, it does nothing.
     pub fn control(&self, control: Control) {
         let request = match control {
-            Control::Interrupt => Request::Interrupt,
-            Control::Cancel => Request::Cancel,
+            Control::Interrupt => Request::Interrupt { target: None },
+            Control::Cancel => Request::Cancel { target: None },
         };
-        let _ = self.requests.send(&request);
+        let _ = self.requests.send(&request, None);
+    }
+
+    /// An id for an exec to come ([`Exec::id`]), by which [`AgentSandbox::cancel`] names it.
+    pub fn reserve(&self) -> u64 {
+        self.requests.reserve()
+    }
+
+    /// Cancels the exec of a reserved id, whether it was sent yet or not, and no other.
+    pub fn cancel(&self, id: u64) {
+        self.requests.cancel(id);
     }
 
     /// Writes a file inside the sandbox.
@@ -623,6 +704,7 @@ impl AgentSandbox {
 
     /// A directory as a tar archive of at most `max` bytes.
     pub async fn pack(&self, path: &str, max: u64) -> Result<Vec<u8>, AgentError> {
+        self.define().await?;
         let request = Request::Pack {
             path,
             max_bytes: max,
@@ -636,6 +718,7 @@ impl AgentSandbox {
     /// Extracts a tar archive under a directory, its contents at most `max` bytes; the bytes
     /// written.
     pub async fn unpack(&self, path: &str, archive: &[u8], max: u64) -> Result<u64, AgentError> {
+        self.define().await?;
         let request = Request::Unpack {
             path,
             b64: encode(archive),
@@ -655,11 +738,7 @@ impl AgentSandbox {
     /// Ends the sandbox: the agent sees EOF and exits; a sandbox that does not end within a
     /// few seconds is killed. Returns the sandbox's own result the first time.
     pub async fn close(&self) -> Option<Result<RunResult, Error>> {
-        self.requests
-            .writer
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        self.requests.writer().pipe.take();
         let done = self.done.lock().unwrap_or_else(|p| p.into_inner()).take()?;
         let mut done = std::pin::pin!(done);
         match tokio::time::timeout(Duration::from_secs(5), &mut done).await {
@@ -705,22 +784,53 @@ mod tests {
         serde_json::to_value(Numbered { id: 7, request }).unwrap()
     }
 
-    /// The agent carries rich.py's and archive.py's sources, compiled when first needed.
+    /// An exec cancelled before it is sent is never sent; one cancelled after is named by its
+    /// id, so that the agent leaves any other exec alone.
     #[test]
-    fn the_agent_program_carries_the_lazy_sources() {
-        let program = agent_program();
-        assert!(
-            !program.contains(LAZY_PLACEHOLDER),
-            "the placeholder was not replaced"
-        );
-        let line = program
+    fn a_cancel_names_its_exec() {
+        use std::io::Read;
+        let (mut reader, writer) = std::io::pipe().unwrap();
+        let requests = Requests {
+            writer: Mutex::new(Writer {
+                pipe: Some(writer),
+                ..Writer::default()
+            }),
+            next_id: 1.into(),
+        };
+        let ping = Request::Ping;
+        let early = requests.reserve();
+        requests.cancel(early);
+        assert!(matches!(
+            requests.send(&ping, Some(early)),
+            Err(AgentError::Cancelled)
+        ));
+        let late = requests.reserve();
+        assert_eq!(requests.send(&ping, Some(late)).unwrap(), late);
+        requests.cancel(late);
+        drop(requests);
+        let mut wire = String::new();
+        reader.read_to_string(&mut wire).unwrap();
+        let lines: Vec<Value> = wire
             .lines()
-            .find(|l| l.starts_with("LAZY_SOURCES = "))
-            .expect("a LAZY_SOURCES line");
-        let literal: Value = serde_json::from_str(&line["LAZY_SOURCES = ".len()..]).unwrap();
-        for (name, source) in LAZY {
-            assert_eq!(literal[name], source);
-        }
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                json!({"op": "ping", "id": late}),
+                json!({"op": "cancel", "id": late + 1, "target": late})
+            ]
+        );
+    }
+
+    /// A session's agent is sent rich.py's and archive.py's sources by name.
+    #[test]
+    fn the_lazy_sources_are_defined_by_name() {
+        let sources = LAZY.into_iter().collect();
+        let wire = wire(&Request::Define { sources });
+        assert_eq!(wire["op"], "define");
+        assert_eq!(wire["sources"]["rich"], include_str!("rich.py"));
+        assert_eq!(wire["sources"]["archive"], include_str!("archive.py"));
     }
 
     /// The requests as `agent.py`'s docstring spells them.

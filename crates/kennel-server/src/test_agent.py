@@ -262,6 +262,12 @@ class AgentTest(AgentCase):
         _, out, _ = self.shell("pwd; echo $A", cwd=None)
         self.assertEqual(out, f"{self.dir}\n1\n".encode())
 
+    def test_a_one_shot_shell_exec_is_the_bare_command(self):
+        _, out, _ = self.shell("trap -p; cd /; export GONE=1", one_shot=True, cwd=None)
+        self.assertEqual(out, b"", "no EXIT trap of the agent's")
+        _, out, _ = self.shell('pwd; echo "${GONE-unset}"', cwd=None)
+        self.assertEqual(out, f"{self.dir}\nunset\n".encode(), "and no state kept")
+
     def test_a_shell_exec_sees_no_state_pipe(self):
         _, out, _ = self.shell("ls /proc/self/fd", cwd=None)
         self.assertEqual(out.split(), [b"0", b"1", b"2", b"3"])  # 3: ls's own directory
@@ -322,6 +328,34 @@ class AgentTest(AgentCase):
         self.assertLess(time.monotonic() - started, 3)
         self.assertTrue(result["cancelled"])
         self.assertEqual(pong["event"], "pong")
+
+    def test_a_cancel_read_with_its_exec_still_cancels_it(self):
+        # Both lines in one write: the agent reads them in one go, and poll never tells it of
+        # the second.
+        rid = self.agent.next_id
+        self.agent.next_id += 2
+        run = {"op": "exec", "id": rid, "kind": "python", "code": "import time\ntime.sleep(30)",
+               "timeout_ms": 60000, "output_limit": 1000}
+        cancel = {"op": "cancel", "id": rid + 1, "target": rid}
+        started = time.monotonic()
+        self.agent.send_raw((json.dumps(run) + "\n" + json.dumps(cancel) + "\n").encode())
+        results = {e["id"]: e for e in self.finals(2)}
+        self.assertLess(time.monotonic() - started, 5)
+        self.assertTrue(results[rid]["cancelled"])
+
+    def test_a_cancel_for_another_exec_is_ignored(self):
+        run = self.start({"op": "exec", "kind": "python", "code": "import time\ntime.sleep(1)\nprint('whole')",
+                          "timeout_ms": 10000, "output_limit": 1000})
+        time.sleep(0.3)
+        self.start({"op": "cancel", "target": run - 1})
+        _, result = self.finals(2)
+        self.assertEqual((result["id"], result["exit_code"], result["cancelled"]), (run, 0, False))
+        run = self.start({"op": "exec", "kind": "shell", "command": "sleep 10", "cwd": self.dir,
+                          "timeout_ms": 10000, "output_limit": 1000})
+        time.sleep(0.3)
+        self.start({"op": "cancel", "target": run})
+        _, result = self.finals(2)
+        self.assertEqual((result["id"], result["cancelled"]), (run, True))
 
     def test_interrupt_and_cancel_between_execs_do_nothing(self):
         for op in ("interrupt", "cancel"):

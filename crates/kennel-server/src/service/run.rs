@@ -206,6 +206,7 @@ async fn run_pooled(
         output_limit: limits.output.0,
         one_shot: true,
         figure_formats: None,
+        id: None,
     };
     let exec = agent.exec(exec, on_progress).await;
     let mut files = Vec::new();

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{in_slot, Caller, Live, Service, ServiceError};
-use crate::agent::{AgentError, AgentSandbox, Control, Exec, Progress};
+use crate::agent::{AgentError, AgentSandbox, Exec, Progress};
 use crate::audit::Entry;
 use crate::config::ServerConfig;
 use crate::metrics::inc;
@@ -177,9 +177,10 @@ pub(super) async fn exec(
     };
     let slot = service.run_slot(caller)?;
     let (service, caller) = (service.clone(), caller.clone());
-    let mut gone = CancelIfGone(Some(session.clone()));
+    let id = session.agent.reserve();
+    let mut gone = CancelIfGone(Some((session.clone(), id)));
     let result = in_slot(slot, live, |live| async move {
-        run_exec(&service, &caller, &session, &spec, timeout, live).await
+        run_exec(&service, &caller, &session, &spec, id, timeout, live).await
     })
     .await;
     gone.0 = None;
@@ -189,12 +190,14 @@ pub(super) async fn exec(
 /// Cancels the session's exec when its caller goes away: when the action is dropped before
 /// the exec ends (an HTTP client that disconnects, an SSE stream closed), so that an exec
 /// nobody waits for does not hold up the session's next one until its timeout.
-struct CancelIfGone(Option<Arc<Session>>);
+/// It names its exec by the id reserved for it: the exec may not have been sent yet (it is
+/// then never sent), or may have ended with another running after it (which is left alone).
+struct CancelIfGone(Option<(Arc<Session>, u64)>);
 
 impl Drop for CancelIfGone {
     fn drop(&mut self) {
-        if let Some(session) = self.0.take() {
-            session.agent.control(Control::Cancel);
+        if let Some((session, id)) = self.0.take() {
+            session.agent.cancel(id);
         }
     }
 }
@@ -204,6 +207,7 @@ async fn run_exec(
     caller: &Caller,
     session: &Session,
     spec: &ExecSpec,
+    id: u64,
     timeout: Duration,
     live: Option<Live>,
 ) -> Result<ExecResult, ServiceError> {
@@ -217,6 +221,7 @@ async fn run_exec(
         output_limit: session.limits.output.0,
         one_shot: false,
         figure_formats: spec.figure_formats.as_deref(),
+        id: Some(id),
     };
     let on_progress = |progress: Progress<'_>| match (&live, progress) {
         (Some(live), Progress::Output(s, data)) => live.send(s, data),
