@@ -46,6 +46,10 @@ pub trait Api: Send + Sync + std::fmt::Debug {
     async fn write_file(&self, id: &str, path: &str, data: Vec<u8>) -> Result<(), ApiError>;
     async fn read_file(&self, id: &str, path: &str) -> Result<Vec<u8>, ApiError>;
     async fn list_files(&self, id: &str, path: &str) -> Result<Listing, ApiError>;
+    /// A directory as a tar archive.
+    async fn get_archive(&self, id: &str, path: &str) -> Result<Vec<u8>, ApiError>;
+    /// A tar archive extracted under a directory.
+    async fn put_archive(&self, id: &str, path: &str, data: Vec<u8>) -> Result<(), ApiError>;
 
     /// The same API acting for `caller`, whom an HTTP request to `/mcp` authenticated. A
     /// remote server knows its caller by the token this process sends, so it stays itself.

@@ -123,6 +123,22 @@ impl Api for Local {
         }
     }
 
+    async fn get_archive(&self, id: &str, path: &str) -> Result<Vec<u8>, ApiError> {
+        let (id, path) = (id.to_string(), Some(path.to_string()));
+        match self.ask(Action::GetArchive { id, path }).await? {
+            Reply::Archive(data) => Ok(data),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn put_archive(&self, id: &str, path: &str, data: Vec<u8>) -> Result<(), ApiError> {
+        let (id, path) = (id.to_string(), Some(path.to_string()));
+        match self.ask(Action::PutArchive { id, path, data }).await? {
+            Reply::Done => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
     fn for_caller(&self, caller: Caller) -> Arc<dyn Api> {
         Arc::new(Local {
             service: self.service.clone(),

@@ -214,6 +214,18 @@ impl Api for Remote {
         parse(&self.call(Method::GET, &url, Body::None).await?)
     }
 
+    async fn get_archive(&self, id: &str, path: &str) -> Result<Vec<u8>, ApiError> {
+        let url = format!("{}/archive?path={}", session_url(id), encode(path));
+        self.call(Method::GET, &url, Body::None).await
+    }
+
+    async fn put_archive(&self, id: &str, path: &str, data: Vec<u8>) -> Result<(), ApiError> {
+        let url = format!("{}/archive?path={}", session_url(id), encode(path));
+        self.call(Method::PUT, &url, Body::Bytes(data))
+            .await
+            .map(drop)
+    }
+
     fn for_caller(&self, _caller: Caller) -> Arc<dyn Api> {
         Arc::new(self.clone())
     }

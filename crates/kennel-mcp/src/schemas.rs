@@ -141,6 +141,14 @@ pub fn read() -> Arc<JsonObject> {
     )
 }
 
+/// download_archive and upload_archive.
+pub fn archive() -> Arc<JsonObject> {
+    object(
+        json!({"path": {"type": "string"}, "bytes": {"type": "integer"}}),
+        &["path", "bytes"],
+    )
+}
+
 /// list_files.
 pub fn listing() -> Arc<JsonObject> {
     object(

@@ -156,6 +156,18 @@ pub struct ReadFileArgs {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+pub struct ArchiveArgs {
+    /// The id that create_session returned.
+    pub session_id: String,
+    /// The directory: /workspace (the default), /tmp, or a directory under them (relative
+    /// paths are under /workspace).
+    pub path: Option<String>,
+    /// upload_archive: the tar archive (plain, gzip, bzip2 or xz), base64-encoded.
+    pub archive_base64: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ListFilesArgs {
     /// The id that create_session returned.
     pub session_id: String,
@@ -186,6 +198,14 @@ write_file/read_file/list_files to move files in and out, and close_session when
 A result says the exit status, then stdout and stderr: code that fails, times out or is \
 killed is a normal result that says so, to read and fix; only bad arguments and Kennel's own \
 failures are error results.";
+
+/// A directory from what a model wrote: /workspace by default, relative paths under it.
+fn dir_path(path: Option<&str>) -> String {
+    path.map_or_else(
+        || "/workspace".to_string(),
+        |p| sandbox_path(p).trim_end_matches('/').to_string(),
+    )
+}
 
 /// A sandbox path from what a model wrote: relative paths are under /workspace.
 fn sandbox_path(p: &str) -> String {
@@ -659,6 +679,76 @@ bytes that are not UTF-8 come back as base64.",
     }
 
     #[tool(
+        description = "Download a directory of a session's sandbox (/workspace by default) as \
+a tar archive: an embedded resource (application/x-tar, base64). For moving a whole \
+workspace out; read_file reads one file.",
+        annotations(read_only_hint = true, open_world_hint = false),
+        output_schema = schemas::archive()
+    )]
+    async fn download_archive(
+        &self,
+        params: Parameters<ArchiveArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        use base64::Engine as _;
+        let this = self.for_caller(&ctx);
+        let a = params.0;
+        let dir = dir_path(a.path.as_deref());
+        Ok(match this.api.get_archive(&a.session_id, &dir).await {
+            Ok(tar) => {
+                let b64 = base64::engine::general_purpose::STANDARD.encode(&tar);
+                let uri = format!("kennel://sessions/{}/archive{dir}", a.session_id);
+                let mut blob = rmcp::model::ResourceContents::blob(b64, uri);
+                if let rmcp::model::ResourceContents::BlobResourceContents { mime_type, .. } =
+                    &mut blob
+                {
+                    *mime_type = Some("application/x-tar".into());
+                }
+                let text = format!("{dir} as a tar archive: {} bytes", tar.len());
+                let mut answer = result(text, json!({"path": dir, "bytes": tar.len()}), false);
+                answer.content.push(ContentBlock::resource(blob));
+                answer
+            }
+            Err(e) => failure(&e),
+        })
+    }
+
+    #[tool(
+        description = "Upload a tar archive (plain, gzip, bzip2 or xz; `archive_base64`) into a \
+directory of a session's sandbox (/workspace by default, made if missing). An archive with a \
+member outside that directory, a link or a device is refused whole.",
+        annotations(open_world_hint = false),
+        output_schema = schemas::archive()
+    )]
+    async fn upload_archive(
+        &self,
+        params: Parameters<ArchiveArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        use base64::Engine as _;
+        let this = self.for_caller(&ctx);
+        let a = params.0;
+        let dir = dir_path(a.path.as_deref());
+        let Some(b64) = a.archive_base64 else {
+            return Ok(invalid(
+                "`archive_base64` is required: the tar archive, base64-encoded".into(),
+            ));
+        };
+        let Ok(tar) = base64::engine::general_purpose::STANDARD.decode(b64.trim()) else {
+            return Ok(invalid("`archive_base64` is not base64".into()));
+        };
+        let size = tar.len();
+        Ok(match this.api.put_archive(&a.session_id, &dir, tar).await {
+            Ok(()) => result(
+                format!("extracted a {size}-byte archive under {dir}"),
+                json!({"path": dir, "bytes": size}),
+                false,
+            ),
+            Err(e) => failure(&e),
+        })
+    }
+
+    #[tool(
         description = "List a directory in a session's sandbox: /workspace by default, or \
 /tmp or a directory under either. Shows each entry's type and size.",
         annotations(read_only_hint = true, open_world_hint = false),
@@ -671,10 +761,7 @@ bytes that are not UTF-8 come back as base64.",
     ) -> Result<CallToolResult, ErrorData> {
         let this = self.for_caller(&ctx);
         let a = params.0;
-        let dir = a.path.as_deref().map_or_else(
-            || "/workspace".to_string(),
-            |p| sandbox_path(p).trim_end_matches('/').to_string(),
-        );
+        let dir = dir_path(a.path.as_deref());
         Ok(match this.api.list_files(&a.session_id, &dir).await {
             Ok(listing) => {
                 let mut lines = vec![format!("{dir}: {} entries", listing.entries.len())];
@@ -782,6 +869,8 @@ mod tests {
             "read_file",
             "list_files",
             "run_python_code",
+            "download_archive",
+            "upload_archive",
         ] {
             assert!(
                 names.iter().any(|n| n == want),

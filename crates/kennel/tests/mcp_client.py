@@ -26,6 +26,8 @@ TOOLS = {
     "read_file",
     "list_files",
     "run_python_code",
+    "download_archive",
+    "upload_archive",
 }
 
 
@@ -232,6 +234,20 @@ async def checks(read, write):
             "read_file", {"session_id": sid, "path": "/tmp/p.png"}))
         assert [c.type for c in r.content] == ["text", "image"], r.content
         assert r.structured_content["mime_type"] == "image/png"
+
+        # A whole directory out and back in, as a tar archive.
+        r = ok("download_archive", await s.call_tool(
+            "download_archive", {"session_id": sid, "path": "/workspace"}))
+        blobs = [c.resource for c in r.content if c.type == "resource"]
+        assert len(blobs) == 1 and blobs[0].mime_type == "application/x-tar", r.content
+        assert r.structured_content["bytes"] > 0
+        ok("upload_archive", await s.call_tool("upload_archive", {
+            "session_id": sid, "path": "copy", "archive_base64": blobs[0].blob}))
+        r = ok("read_file from the copy", await s.call_tool(
+            "read_file", {"session_id": sid, "path": "copy/out.txt"}))
+        assert text_of(r) == "61", text_of(r)
+        tool_error("upload_archive of garbage", await s.call_tool("upload_archive", {
+            "session_id": sid, "archive_base64": "bm90IGEgdGFy"}), "not a tar archive")
 
         ok("session_exec bash cd", await s.call_tool("session_exec", {
             "session_id": sid, "language": "bash", "code": "cd /tmp && export K=kept"}))

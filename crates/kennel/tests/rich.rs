@@ -1,7 +1,7 @@
 //! Rich results of python session execs through the real server: the last expression's
 //! value, `display`, errors as data and their caps over JSON and SSE on the host's python;
 //! matplotlib's figures on the python-data image over JSON and SSE, then through the Python
-//! SDK and MCP (tests/rich_client.py).
+//! SDK and MCP (tests/rich_client.py) and the TypeScript SDK (sdk/typescript/test/plot.mjs).
 
 mod common;
 mod server_common;
@@ -190,4 +190,20 @@ fn a_plot_and_a_value_come_back_everywhere() {
         "rich_client.py",
     );
     assert!(report.contains("ok   mcp:"), "{report}");
+
+    let ts = repo.join("sdk/typescript");
+    common::client_tests(
+        Command::new("npm")
+            .args(["run", "--silent", "build"])
+            .current_dir(&ts),
+        "building the TypeScript SDK",
+    );
+    let report = common::client_tests(
+        Command::new("node")
+            .arg("test/plot.mjs")
+            .arg(&server.client.base)
+            .current_dir(&ts),
+        "the TypeScript SDK's plot",
+    );
+    assert!(report.contains("ok   typescript:"), "{report}");
 }
