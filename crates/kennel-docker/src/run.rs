@@ -362,6 +362,7 @@ async fn in_container(
         files: collected,
         isolation,
         network_log,
+        rich: kennel_types::api::RichResults::default(),
     })
 }
 

@@ -36,9 +36,9 @@ impl<'a> From<&'a RunResult> for Shown<'a> {
             pids_limit_hit: r.pids_limit_hit,
             interpreter: None,
             files: &r.files,
-            results: &[],
-            error: None,
-            results_truncated: false,
+            results: &r.rich.results,
+            error: r.rich.error.as_ref(),
+            results_truncated: r.rich.results_truncated,
         }
     }
 }
@@ -414,6 +414,7 @@ mod tests {
                 ..Isolation::default()
             },
             network_log: Vec::new(),
+            rich: kennel_types::api::RichResults::default(),
         };
         let s = structured(serde_json::to_value(&r).unwrap());
         assert_eq!(s["isolation_tier"], "microvm");

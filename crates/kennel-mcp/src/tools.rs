@@ -50,6 +50,10 @@ pub struct RunCodeArgs {
     /// A named image with preinstalled packages to run on (such as "python-data"), instead of
     /// the host's system; the server lists which images may be used.
     pub image: Option<String>,
+    /// python: return the value of the final expression (as a notebook shows it) and
+    /// matplotlib plots (as images), as session_exec does.
+    #[serde(default)]
+    pub rich: bool,
     /// Files to bring back after the run: paths under /workspace (relative ones are) or
     /// /tmp. Text comes back as text, an image (png, jpeg, gif, webp) as image content, other
     /// bytes as base64.
@@ -425,6 +429,7 @@ call: use create_session for multi-step work.",
         let spec = RunSpec {
             language: Some(a.language),
             code: Some(a.code),
+            rich: a.rich,
             ..spec
         };
         Ok(this.run(spec, timeout).await)

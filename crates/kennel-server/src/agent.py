@@ -74,7 +74,8 @@ Requests
     figures (``plt.show()``, and those still open at the end), each sent as it comes as
     ``{"id":N,"event":"display","output":{"kind":"value"|"display","data":{MIME:...}}}``.
     ``figure_formats`` (optional, a list of ``"png"`` and ``"svg"``, default ``["png"]``)
-    says how figures are rendered. A one-shot exec has none of this, as ``python3 -c``.
+    says how figures are rendered. A one-shot exec has none of this, as ``python3 -c``,
+    unless it asks (``"rich": true``: a run that asked for rich results).
 
 ``{"op":"write","id":N,"path":P,"b64":D,"mode":M}``
     Creates the parent directories, then replaces P atomically (temporary file + rename) with
@@ -781,10 +782,10 @@ def error_shape(error):
 # /dev/null and every other inherited fd closed except its end of a Unix socketpair. Per exec
 # the agent sends over that socket a HEADER_SIZE-digit length with three fds attached
 # (SCM_RIGHTS: the exec's stdin, stdout and stderr pipes), then the request as JSON
-# ({"code", "one_shot", "limit", "figures"}). The kernel dup2s the fds onto 0, 1 and 2,
-# answers "started\n" once SIGINT would interrupt the code, runs it, flushes, puts 0, 1 and 2
-# back on /dev/null (so the pipes reach EOF) and answers "exit <status> <cpu_ns> <peak>\n".
-# A session exec (not one-shot) also sends "display <json>\n" for each rich output as it
+# ({"code", "one_shot", "rich", "limit", "figures"}). The kernel dup2s the fds onto 0, 1
+# and 2, answers "started\n" once SIGINT would interrupt the code, runs it, flushes, puts 0,
+# 1 and 2 back on /dev/null (so the pipes reach EOF) and answers "exit <status> <cpu_ns>
+# <peak>\n". A rich exec (a session's, or a rich one-shot) also sends "display <json>\n" for each rich output as it
 # comes and "ended <json>\n" (the error as data, whether outputs were dropped) before its
 # exit line. Between execs SIGINT is ignored, so a late one is harmless.
 
@@ -896,22 +897,24 @@ def run_exec(sock, state, request, fds):
     install_stdio(fds)
     code = request["code"]
     announce = lambda: sock.sendall(b"started\n")  # noqa: E731
-    if request["one_shot"]:
+    one_shot, with_rich = request["one_shot"], request["rich"]
+    if one_shot:
         # A one-shot run (the warm pool) must look like `python3 -c` to the code, and gets
-        # what a cold one gets: no rich results.
+        # what a cold one gets: no rich results, unless the run asked for them.
         sys.argv = ["-c"]
         sys.stdout = sys.__stdout__ = output_stream(1, unbuffered=True)
         sys.stderr = sys.__stderr__ = output_stream(2, unbuffered=True)
         reseed_generators()
-        status, error = run_code(code, state, announce, "<string>")
-    else:
+    runner = plain_run
+    if with_rich:
         rich = rich_module(request.get("rich_source"))
         rich.begin(sock, request)
-        status, error = run_code(code, state, announce, "<session>", rich.run)
+        runner = rich.run
+    status, error = run_code(code, state, announce, "<string>" if one_shot else "<session>", runner)
     flush_std_streams()
     if os.getpid() != state.pid:  # a fork made by the code ends with the code, as in python3 -c
         os._exit(status & 0xFF)
-    if not request["one_shot"]:
+    if with_rich:
         ended = rich.end(error, user_traceback(error))
         sock.sendall(b"ended " + json.dumps(ended).encode("ascii") + b"\n")
         flush_std_streams()
@@ -1108,7 +1111,7 @@ class Kernel:
         return self.sock.fileno()
 
     def submit(self, request, fds):
-        """Sends an exec ({"code", "one_shot", "limit", "figures"}); False if the kernel is
+        """Sends an exec ({"code", "one_shot", "rich", ...}); False if the kernel is
         gone."""
         data = json.dumps(request).encode("utf-8", "surrogatepass")
         header = str(len(data)).zfill(HEADER_SIZE)
@@ -1534,13 +1537,15 @@ class Agent:
         limit = count_field(request, "output_limit")
         stdin = b64_field(request, "stdin_b64", None)
         one_shot = field(request, "one_shot", bool, False)
+        with_rich = not one_shot or field(request, "rich", bool, False)
         figures = field(request, "figure_formats", list, ["png"])
         if not all(f in FIGURE_FORMATS for f in figures):
             raise BadRequest("field 'figure_formats' may hold only 'png' and 'svg'")
         interpreter = {"restarted": False, "crashed": False, "reason": None}
         kernel = self.live_kernel(interpreter)
-        to_kernel = {"code": code, "one_shot": one_shot, "limit": limit, "figures": figures}
-        if not one_shot and not kernel.rich_sent:
+        to_kernel = {"code": code, "one_shot": one_shot, "rich": with_rich, "limit": limit,
+                     "figures": figures}
+        if with_rich and not kernel.rich_sent:
             to_kernel["rich_source"] = lazy_source("rich")
         child_fds, ours = make_pipes(stdin is not None)
         try:
@@ -1554,7 +1559,7 @@ class Agent:
             pump.read_ready()  # the output the code wrote before this goes out before it
             send({"id": rid, "event": "display", "output": output})
 
-        display = None if one_shot else display
+        display = display if with_rich else None
         run = PythonRun(kernel, timeout, submitted, kill_on_timeout=one_shot, on_display=display)
         self.drive(run, pump)
         if not kernel.alive:

@@ -54,6 +54,9 @@ pub enum Request<'a> {
         stdin_b64: Option<String>,
         #[serde(skip_serializing_if = "Option::is_none")]
         figure_formats: Option<&'a [FigureFormat]>,
+        /// A one-shot python exec with rich results (a session's always has them).
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        rich: bool,
     },
     Write {
         path: &'a str,
@@ -262,6 +265,8 @@ pub struct Exec<'a> {
     /// A pooled one-shot run: python looks to the code like `python3 -c`, and the sandbox
     /// ends right after.
     pub one_shot: bool,
+    /// A one-shot python run with rich results, as a session exec has them.
+    pub rich: bool,
     /// Python: how figures are rendered (the agent's default, png, when None).
     pub figure_formats: Option<&'a [FigureFormat]>,
     /// Its reserved id ([`AgentSandbox::reserve`]), if it may be cancelled by it.
@@ -590,13 +595,14 @@ impl AgentSandbox {
         exec: Exec<'_>,
         mut on_progress: impl FnMut(Progress<'_>),
     ) -> Result<Ran, AgentError> {
-        if exec.language == Language::Python && !exec.one_shot {
+        if exec.language == Language::Python && (exec.rich || !exec.one_shot) {
             self.define().await?;
         }
         let request = Request::Exec {
             code: Code::new(exec.language, exec.code),
             timeout_ms: u64::try_from(exec.timeout.as_millis()).unwrap_or(u64::MAX),
             one_shot: exec.one_shot,
+            rich: exec.one_shot && exec.rich,
             output_limit: exec.output_limit,
             stdin_b64: exec.stdin.map(|s| encode(s.as_bytes())),
             figure_formats: exec.figure_formats,
@@ -843,6 +849,7 @@ mod tests {
             output_limit: 10,
             stdin_b64: None,
             figure_formats: Some(&[FigureFormat::Png, FigureFormat::Svg]),
+            rich: false,
         };
         assert_eq!(
             wire(&python),
@@ -857,6 +864,7 @@ mod tests {
             output_limit: 1,
             stdin_b64: Some("eA==".into()),
             figure_formats: None,
+            rich: false,
         };
         assert_eq!(
             wire(&shell),

@@ -35,7 +35,7 @@ use kennel_types::policy::{self, Capabilities, Limits};
         api::RunSpec, api::LimitsSpec, api::RunResult, api::CollectedFile, api::Content,
         api::Isolation, api::SeccompInfo, api::LandlockInfo, api::LimitsInfo, api::Language,
         api::SessionSpec, api::ExecSpec, api::ExecResult, api::Interpreter, api::SessionInfo,
-        api::Outcome, api::RichOutput, api::OutputKind, api::ExecError, api::FigureFormat,
+        api::Outcome, api::RichResults, api::RichOutput, api::OutputKind, api::ExecError, api::FigureFormat,
     )),
     modifiers(&BearerAuth),
     security(("bearer" = []))
@@ -118,7 +118,11 @@ fn constrain(doc: &mut Value, config: &ServerConfig) {
         max: &config.maxima,
     };
     let schemas = &mut doc["components"]["schemas"];
-    inline_flattened(schemas, &["RunResult", "ExecResult"], "Outcome");
+    inline_flattened(
+        schemas,
+        &["RunResult", "ExecResult"],
+        &["Outcome", "RichResults"],
+    );
     schemas["Error"] = error_schema();
     schemas["LimitsSpec"]["properties"] = limits_properties(&bounds);
     schemas["SessionLimits"] = session_limits(&schemas["LimitsSpec"], &bounds);
@@ -134,15 +138,18 @@ fn constrain(doc: &mut Value, config: &ServerConfig) {
     }
 }
 
-/// A struct with a `#[serde(flatten)]` field is one JSON object on the wire, but utoipa writes
-/// it as an `allOf` of the flattened part (`part`) and the rest: merged back here into one
-/// object for each of `names`, so that generated clients get one plain model. `part` leaves the
-/// document.
-fn inline_flattened(schemas: &mut Value, names: &[&str], part: &str) {
-    let Some(flat) = schemas.as_object_mut().and_then(|s| s.remove(part)) else {
-        return;
-    };
-    let reference = format!("#/components/schemas/{part}");
+/// A struct with `#[serde(flatten)]` fields is one JSON object on the wire, but utoipa writes
+/// it as an `allOf` of the flattened parts (`parts`) and the rest: merged back here into one
+/// object for each of `names`, so that generated clients get one plain model. The parts leave
+/// the document.
+fn inline_flattened(schemas: &mut Value, names: &[&str], parts: &[&str]) {
+    let flats: Map<String, Value> = parts
+        .iter()
+        .filter_map(|part| {
+            let flat = schemas.as_object_mut()?.remove(*part)?;
+            Some((format!("#/components/schemas/{part}"), flat))
+        })
+        .collect();
     for name in names {
         let schema = &mut schemas[*name];
         let Some(all) = schema.as_object_mut().and_then(|s| s.remove("allOf")) else {
@@ -150,11 +157,10 @@ fn inline_flattened(schemas: &mut Value, names: &[&str], part: &str) {
         };
         let (mut properties, mut required) = (Map::new(), Vec::new());
         for piece in all.as_array().into_iter().flatten() {
-            let piece = if piece["$ref"] == reference.as_str() {
-                &flat
-            } else {
-                piece
-            };
+            let piece = piece["$ref"]
+                .as_str()
+                .and_then(|r| flats.get(r))
+                .unwrap_or(piece);
             if let Some(p) = piece["properties"].as_object() {
                 properties.extend(p.clone());
             }
@@ -327,6 +333,7 @@ fn env_schema() -> Value {
 fn constrain_run_spec(schemas: &mut Value, config: &ServerConfig) {
     let spec = &mut schemas["RunSpec"];
     let mut common = spec["properties"].as_object().cloned().unwrap_or_default();
+    let rich = common.remove("rich").unwrap_or_default();
     for field in ["language", "code", "argv"] {
         common.remove(field);
     }
@@ -369,6 +376,7 @@ fn constrain_run_spec(schemas: &mut Value, config: &ServerConfig) {
         "A snippet in a language.",
         &[("language", language), ("code", code)],
     );
+    schemas["CodeRun"]["properties"]["rich"] = rich;
     schemas["ArgvRun"] = run_variant(&common, "A program and its arguments.", &[("argv", argv)]);
     schemas["RunSpec"] = json!({
         "description": "A run: `language` + `code`, or `argv` (exactly one of the two).",

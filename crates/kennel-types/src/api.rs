@@ -253,6 +253,26 @@ pub struct RunResult {
     /// Every connection the code asked Kennel's proxy for (network mode `allow`).
     #[serde(default)]
     pub network_log: Vec<crate::net::NetEvent>,
+    /// A `rich` run's rich outputs, error as data and truncation, as an exec's.
+    #[serde(flatten)]
+    pub rich: RichResults,
+}
+
+/// What a python exec (or a `rich` run) adds: its rich outputs, its error as data, whether
+/// outputs were dropped. Absent from a run that did not ask for them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RichResults {
+    /// The value of the last expression and what the code displayed (figures included), in
+    /// the order they came.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub results: Vec<RichOutput>,
+    /// The exception the code ended with, as data (stderr has its traceback too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ExecError>,
+    /// Whether rich outputs were dropped: their total size is held to the output limit, and
+    /// their number to [`RichOutput::MAX`].
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub results_truncated: bool,
 }
 
 impl RunResult {
@@ -396,6 +416,11 @@ pub struct RunSpec {
     /// lists which images each token may use.
     #[schema(pattern = "^[a-z0-9][a-z0-9._-]{0,63}$")]
     pub image: Option<String>,
+    /// Python: rich results, as a session exec has them (the last expression's value, what
+    /// the code displayed, figures, the error as data). The run is then served by the session
+    /// agent, pooled or started for it, which runs the code as `python3 -c` would otherwise.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rich: bool,
 }
 
 /// A field that is either absent (`None`, by `#[serde(default)]`) or a value: `null` is refused.

@@ -207,3 +207,66 @@ fn a_plot_and_a_value_come_back_everywhere() {
     );
     assert!(report.contains("ok   typescript:"), "{report}");
 }
+
+/// A run may ask for rich results (`rich`): served by the session agent, pooled or started
+/// for it, so the two give the same answer; plain runs are untouched.
+#[test]
+fn rich_runs_are_the_same_cold_and_pooled() {
+    let code =
+        "import sys\nprint(sys.argv)\nclass H:\n    def _repr_html_(self): return '<i>h</i>'\n\
+                \x20   def __repr__(self): return 'H'\ndisplay(H())\n6 * 7";
+    let body = json!({"language": "python", "code": code, "rich": true});
+    let mut answers = Vec::new();
+    for (name, pool) in [("rich-cold", 0), ("rich-pooled", 1)] {
+        let server = Server::start(name, &format!("[pool]\npython = {pool}\nbash = 0\n"));
+        server.wait_pool(pool, 0);
+        let r = server.client.run(&body);
+        assert_eq!(r["stdout"], "['-c']\n", "{name}: {r}");
+        assert_eq!(
+            r["results"][0]["data"]["text/html"], "<i>h</i>",
+            "{name}: {r}"
+        );
+        assert_eq!(
+            r["results"][1],
+            json!({"kind": "value", "data": {"text/plain": "42"}})
+        );
+        let failed = server
+            .client
+            .run(&json!({"language": "python", "code": "1 / 0", "rich": true}));
+        assert_eq!(
+            failed["error"]["name"], "ZeroDivisionError",
+            "{name}: {failed}"
+        );
+        assert!(failed["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("File \"<string>\", line 1"));
+        let plain = server
+            .client
+            .run(&json!({"language": "python", "code": "6 * 7"}));
+        assert!(
+            plain.get("results").is_none(),
+            "{name}: a plain run is as it was: {plain}"
+        );
+        // Over SSE, each output as it is shown.
+        let streamed = server.client.stream("/v1/runs?stream=true", &body, |_| {});
+        let names: Vec<&str> = streamed.events.iter().map(|e| e.name.as_str()).collect();
+        let mut kinds = names.clone();
+        kinds.dedup(); // a print may come as two stdout events (python -u)
+        assert_eq!(kinds, ["stdout", "display", "result"], "{names:?}");
+        answers.push((
+            r["stdout"].clone(),
+            r["results"].clone(),
+            failed["error"].clone(),
+        ));
+        let (code, message) = server
+            .client
+            .post_json(
+                "/v1/runs",
+                &json!({"language": "bash", "code": "echo", "rich": true}),
+            )
+            .error(400);
+        assert_eq!(code, "bad_request", "{message}");
+    }
+    assert_eq!(answers[0], answers[1], "a pooled rich run is the cold one");
+}

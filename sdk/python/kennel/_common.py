@@ -91,6 +91,7 @@ def run_body(
     image: Optional[str] = None,
     tier: Optional[str] = None,
     runtime: Optional[str] = None,
+    rich: bool = False,
 ) -> Dict[str, Any]:
     """A ``RunSpec`` with only the fields given. ``tier`` and ``runtime`` go as they are: the
     server knows which ones it has, and answers 400 for the others."""
@@ -122,6 +123,8 @@ def run_body(
         body["tier"] = _text("tier", tier)
     if runtime is not None:
         body["runtime"] = _text("runtime", runtime)
+    if rich:
+        body["rich"] = True
     return body
 
 

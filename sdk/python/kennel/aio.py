@@ -280,11 +280,11 @@ class AsyncClient:
                        env: Optional[Mapping[str, str]] = None,
                        limits: Optional[Mapping[str, Any]] = None,
                        network: Any = None, image: Optional[str] = None,
-                       tier: Optional[str] = None, runtime: Optional[str] = None) -> RunResult:
+                       tier: Optional[str] = None, runtime: Optional[str] = None, rich: bool = False) -> RunResult:
         return await self.run(c.run_body(language=language, code=code, stdin=stdin, files=files,
                                          collect=collect, env=env, limits=limits,
                                          network=network, image=image, tier=tier,
-                                         runtime=runtime))
+                                         runtime=runtime, rich=rich))
 
     async def run_command(self, argv: Sequence[str], *, stdin: Optional[str] = None,
                           files: Optional[Mapping[str, c.FileData]] = None,
@@ -306,10 +306,10 @@ class AsyncClient:
                           limits: Optional[Mapping[str, Any]] = None,
                           network: Any = None, image: Optional[str] = None,
                           tier: Optional[str] = None,
-                          runtime: Optional[str] = None) -> AsyncStream[RunResult]:
+                          runtime: Optional[str] = None, rich: bool = False) -> AsyncStream[RunResult]:
         body = c.run_body(language=language, code=code, stdin=stdin, files=files,
                           collect=collect, env=env, limits=limits, network=network, image=image,
-                          tier=tier, runtime=runtime)
+                          tier=tier, runtime=runtime, rich=rich)
         return await self._stream("/v1/runs", body, RunResult.from_dict)
 
     async def stream_command(self, argv: Sequence[str], **opts: Any) -> AsyncStream[RunResult]:

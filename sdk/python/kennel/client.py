@@ -290,7 +290,7 @@ class Client:
                  files: Optional[Mapping[str, c.FileData]] = None,
                  collect: Optional[Sequence[str]] = None, env: Optional[Mapping[str, str]] = None,
                  limits: Optional[Mapping[str, Any]] = None, network: Any = None, image: Optional[str] = None,
-                 tier: Optional[str] = None, runtime: Optional[str] = None) -> RunResult:
+                 tier: Optional[str] = None, runtime: Optional[str] = None, rich: bool = False) -> RunResult:
         """Runs a snippet in a fresh sandbox.
 
         ``files`` maps sandbox paths (under /workspace or /tmp) to str or bytes; ``collect``
@@ -300,11 +300,13 @@ class Client:
         mode string, or a list of domains to allow. ``tier`` is the isolation: ``"native"``
         (the server's default), ``"oci"`` or ``"microvm"`` (a guest kernel of its own, the
         strongest); ``runtime`` the oci tier's runtime (``"runsc"``, ``"crun"``, ``"runc"``),
-        which implies ``tier="oci"``. ``result.isolation`` says what was in force.
+        which implies ``tier="oci"``. ``result.isolation`` says what was in force. With
+        ``rich=True`` (python) the result has rich results as a session exec's: ``results``
+        (``result.value``, figures), ``error`` as data.
         """
         return self.run(c.run_body(language=language, code=code, stdin=stdin, files=files,
                                    collect=collect, env=env, limits=limits, network=network, image=image,
-                                   tier=tier, runtime=runtime))
+                                   tier=tier, runtime=runtime, rich=rich))
 
     def run_command(self, argv: Sequence[str], *, stdin: Optional[str] = None,
                     files: Optional[Mapping[str, c.FileData]] = None,
@@ -323,13 +325,13 @@ class Client:
                     env: Optional[Mapping[str, str]] = None,
                     limits: Optional[Mapping[str, Any]] = None,
                     network: Any = None, image: Optional[str] = None,
-                    tier: Optional[str] = None, runtime: Optional[str] = None) -> Stream[RunResult]:
+                    tier: Optional[str] = None, runtime: Optional[str] = None, rich: bool = False) -> Stream[RunResult]:
         """As :meth:`run_code`, streamed: iterate the returned :class:`Stream` for output
         chunks, then read ``stream.result`` (a :class:`RunResult`). A request the server
         refuses raises here, before any iteration."""
         body = c.run_body(language=language, code=code, stdin=stdin, files=files,
                           collect=collect, env=env, limits=limits, network=network, image=image,
-                          tier=tier, runtime=runtime)
+                          tier=tier, runtime=runtime, rich=rich)
         return self._stream("/v1/runs", body, RunResult.from_dict)
 
     def stream_command(self, argv: Sequence[str], **opts: Any) -> Stream[RunResult]:

@@ -165,12 +165,21 @@ class RunResult:
     files: List[CollectedFile]
     isolation: Isolation
     network_log: List[NetEvent]
+    #: A ``rich=True`` run's rich outputs, error as data and truncation, as an exec's.
+    results: List["RichOutput"] = field(default_factory=list)
+    error: Optional["ExecError"] = None
+    results_truncated: bool = False
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def ok(self) -> bool:
         """True when the program exited 0 within its limits."""
         return self.exit_code == 0 and not self.timed_out
+
+    @property
+    def value(self) -> Optional["RichOutput"]:
+        """A rich run's last expression value, if the code ended with one."""
+        return next((r for r in self.results if r.kind == "value"), None)
 
     def file(self, path: str) -> CollectedFile:
         """The collected file at ``path`` (``KeyError`` when it was not collected)."""
@@ -199,6 +208,9 @@ class RunResult:
             files=[CollectedFile.from_dict(f) for f in d.get("files", [])],
             isolation=Isolation.from_dict(d.get("isolation") or {}),
             network_log=[NetEvent.from_dict(e) for e in d.get("network_log", [])],
+            results=[RichOutput.from_dict(r) for r in d.get("results") or []],
+            error=ExecError.from_dict(d["error"]) if d.get("error") else None,
+            results_truncated=d.get("results_truncated", False),
             raw=d,
         )
 

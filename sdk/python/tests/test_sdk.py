@@ -232,6 +232,14 @@ def test_rich_results_and_errors_as_data(client):
             stream.result.results[0].save("/dev/null")  # text only: no image to save
 
 
+def test_a_rich_run_has_rich_results(client):
+    r = client.run_code("print('p')\n6 * 7", rich=True)
+    assert r.stdout == "p\n" and r.value.text == "42" and r.error is None, r
+    r = client.run_code("1 / 0", rich=True)
+    assert r.error.name == "ZeroDivisionError" and r.results == []
+    assert client.run_code("6 * 7").results == []  # a plain run has none
+
+
 def test_interrupt_stops_the_running_code_and_keeps_the_session(client):
     import threading
 

@@ -3,6 +3,7 @@
 import { errorFrom } from "./errors.js";
 import {
   execResult,
+  runResult,
   type ExecResult,
   type FigureFormat,
   type FileEntry,
@@ -38,6 +39,13 @@ export interface RunOptions {
   runtime?: "runsc" | "crun" | "runc" | "docker";
   image?: string;
   capabilities?: "default" | "none";
+}
+
+/** What code runs take besides: the language (python by default) and, for python, rich
+ * results as a session exec has them (`results`, `error`). */
+export interface CodeOptions extends RunOptions {
+  language?: Language;
+  rich?: boolean;
 }
 
 /** A session's settings. */
@@ -112,6 +120,10 @@ function runBody(command: Record<string, unknown>, o: RunOptions): Record<string
   return Object.fromEntries(Object.entries(body).filter(([, v]) => v !== undefined));
 }
 
+function codeRun(code: string, o: CodeOptions): Record<string, unknown> {
+  return { language: o.language ?? "python", code, rich: o.rich || undefined };
+}
+
 /** A sandbox path for the files API: relative paths are under /workspace. */
 function filePath(path: string): string {
   const p = path.startsWith("/") ? path.slice(1) : `workspace/${path.replace(/^\.\//, "")}`;
@@ -136,25 +148,25 @@ export class Client {
   }
 
   /** Runs code (python, bash or sh) in a fresh sandbox. */
-  async runCode(code: string, options: RunOptions & { language?: Language } = {}): Promise<RunResult> {
-    const body = runBody({ language: options.language ?? "python", code }, options);
-    return (await this.request("POST", "/v1/runs", { json: body })).json();
+  async runCode(code: string, options: CodeOptions = {}): Promise<RunResult> {
+    const body = runBody(codeRun(code, options), options);
+    return runResult(await (await this.request("POST", "/v1/runs", { json: body })).json());
   }
 
   /** Runs a program with arguments (no shell) in a fresh sandbox. */
   async runCommand(argv: string[], options: RunOptions = {}): Promise<RunResult> {
-    return (await this.request("POST", "/v1/runs", { json: runBody({ argv }, options) })).json();
+    const body = runBody({ argv }, options);
+    return runResult(await (await this.request("POST", "/v1/runs", { json: body })).json());
   }
 
   /** As {@link runCode}, streamed. */
-  streamCode(code: string, options: RunOptions & { language?: Language } = {}): Promise<Stream<RunResult>> {
-    const body = runBody({ language: options.language ?? "python", code }, options);
-    return this.stream("/v1/runs", body, (r: RunResult) => r);
+  streamCode(code: string, options: CodeOptions = {}): Promise<Stream<RunResult>> {
+    return this.stream("/v1/runs", runBody(codeRun(code, options), options), runResult);
   }
 
   /** As {@link runCommand}, streamed. */
   streamCommand(argv: string[], options: RunOptions = {}): Promise<Stream<RunResult>> {
-    return this.stream("/v1/runs", runBody({ argv }, options), (r: RunResult) => r);
+    return this.stream("/v1/runs", runBody({ argv }, options), runResult);
   }
 
   /** Creates a session: a sandbox kept between an agent's steps. */

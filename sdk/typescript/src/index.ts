@@ -6,7 +6,15 @@
  */
 
 export { Client, Session, DEFAULT_URL } from "./client.js";
-export type { ClientOptions, ExecOptions, FileData, RunOptions, SessionOptions, Timeout } from "./client.js";
+export type {
+  ClientOptions,
+  CodeOptions,
+  ExecOptions,
+  FileData,
+  RunOptions,
+  SessionOptions,
+  Timeout,
+} from "./client.js";
 export { Stream } from "./stream.js";
 export type { Piece } from "./stream.js";
 export { RichOutput, valueOf } from "./results.js";

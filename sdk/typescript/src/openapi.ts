@@ -219,6 +219,12 @@ export interface components {
              */
             network?: components["schemas"]["Network"];
             platform?: null | components["schemas"]["Platform"];
+            /**
+             * @description Python: rich results, as a session exec has them (the last expression's value, what
+             *     the code displayed, figures, the error as data). The run is then served by the session
+             *     agent, pooled or started for it, which runs the code as `python3 -c` would otherwise.
+             */
+            rich?: boolean;
             runtime?: null | components["schemas"]["Runtime"];
             /** @description Text for the code's stdin. */
             stdin?: string | null;
@@ -466,6 +472,7 @@ export interface components {
             cpu_ms: number;
             /** Format: int64 */
             duration_ms: number;
+            error?: null | components["schemas"]["ExecError"];
             /** Format: int32 */
             exit_code?: number | null;
             files: components["schemas"]["CollectedFile"][];
@@ -476,6 +483,16 @@ export interface components {
             network_log?: components["schemas"]["NetEvent"][];
             oom_killed: boolean;
             pids_limit_hit: boolean;
+            /**
+             * @description The value of the last expression and what the code displayed (figures included), in
+             *     the order they came.
+             */
+            results?: components["schemas"]["RichOutput"][];
+            /**
+             * @description Whether rich outputs were dropped: their total size is held to the output limit, and
+             *     their number to [`RichOutput::MAX`].
+             */
+            results_truncated?: boolean;
             /** Format: int32 */
             signal?: number | null;
             stderr: string;

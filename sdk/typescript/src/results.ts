@@ -3,7 +3,7 @@
 import type { components } from "./openapi.js";
 
 type Schemas = components["schemas"];
-export type RunResult = Schemas["RunResult"];
+export type RunResult = Omit<Schemas["RunResult"], "results"> & { results?: RichOutput[] };
 export type ExecResult = Omit<Schemas["ExecResult"], "results"> & { results: RichOutput[] };
 export type ExecError = Schemas["ExecError"];
 export type SessionInfo = Schemas["SessionInfo"];
@@ -107,9 +107,14 @@ export function execResult(raw: Schemas["ExecResult"]): ExecResult {
   return { ...raw, results: (raw.results ?? []).map((r) => new RichOutput(r)) };
 }
 
-/** The last expression's value of an exec, if it ended with one. */
-export function valueOf(result: ExecResult): RichOutput | undefined {
-  return result.results.find((r) => r.kind === "value");
+/** A run's result with a rich run's outputs as {@link RichOutput} objects. */
+export function runResult(raw: Schemas["RunResult"]): RunResult {
+  return { ...raw, results: raw.results?.map((r) => new RichOutput(r)) };
+}
+
+/** The last expression's value of an exec or a rich run, if it ended with one. */
+export function valueOf(result: ExecResult | RunResult): RichOutput | undefined {
+  return result.results?.find((r) => r.kind === "value");
 }
 
 export function fromBase64(b64: string): Uint8Array {

@@ -34,6 +34,15 @@ test("runCode returns output, exit status and isolation", async () => {
   assert.equal(slow.timed_out, true);
 });
 
+test("a rich run has rich results; a plain run none", async () => {
+  const r = await client.runCode("print('p')\n6 * 7", { rich: true });
+  assert.equal(r.stdout, "p\n");
+  assert.equal(valueOf(r).text, "42");
+  assert.ok(r.results[0] instanceof RichOutput);
+  assert.equal((await client.runCode("1 / 0", { rich: true })).error.name, "ZeroDivisionError");
+  assert.equal((await client.runCode("6 * 7")).results, undefined);
+});
+
 test("streams yield output as it comes, then the result", async () => {
   const stream = await client.streamCode("import time\nprint('first')\ntime.sleep(0.6)\nprint('second')");
   const seen = [];

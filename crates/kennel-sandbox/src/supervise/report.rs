@@ -78,6 +78,7 @@ pub(crate) fn build_result(req: &RunRequest, o: Outcome, isolation: Isolation) -
         files: collected_files(req, o.collected),
         isolation,
         network_log: vec![],
+        rich: kennel_types::api::RichResults::default(),
     }
 }
 

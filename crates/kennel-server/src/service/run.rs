@@ -10,7 +10,10 @@ use crate::metrics::inc;
 use kennel_sandbox::cgroup::Stats;
 use kennel_sandbox::native::helper::in_scratch;
 use kennel_sandbox::{Canceller, OutputMode, RunIo, StdinSource, Stream};
-use kennel_types::api::{CollectedFile, Command, Content, Outcome, RunRequest, RunResult, RunSpec};
+use kennel_types::api::{
+    CollectedFile, Command, Content, ExecResult, Language, Outcome, RichResults, RunRequest,
+    RunResult, RunSpec,
+};
 
 /// A run as `caller` asked for it: checked against the server's bounds and the caller's own
 /// rules (network pins, minimum isolation), then run in a slot.
@@ -26,6 +29,19 @@ pub(super) async fn run(
     config.enforce_isolation(&caller.0, &mut req.policy, spec.names_tier())?;
     service.check_image(caller, &req.policy)?;
     check_paths(&req)?;
+    if spec.rich
+        && !matches!(
+            req.command,
+            Command::Code {
+                language: Language::Python,
+                ..
+            }
+        )
+    {
+        return Err(ServiceError::BadRequest(
+            "`rich`: rich results are for python code (`language: python`)".into(),
+        ));
+    }
     let slot = service.run_slot(caller)?;
     let (service, caller) = (service.clone(), caller.clone());
     in_slot(slot, live, |live| async move {
@@ -61,9 +77,15 @@ async fn execute(
         &state.metrics.pool_misses
     });
     let pooled = agent.is_some();
-    let outcome = match agent {
-        Some(agent) => run_pooled(state, agent, &req, live).await,
-        None => run_cold(state, req.clone(), live).await,
+    let outcome = match (agent, spec.rich) {
+        (Some(agent), rich) => run_pooled(state, agent, &req, live, rich).await,
+        (None, false) => run_cold(state, req.clone(), live).await,
+        // Rich results come from the session agent: one started for this run, so that a
+        // pooled and a cold rich run are one and the same code path.
+        (None, true) => match start_agent(state, &req).await {
+            Ok(agent) => run_pooled(state, agent, &req, live, true).await,
+            Err(e) => Err(e),
+        },
     };
     let code = spec
         .code
@@ -95,6 +117,18 @@ async fn execute(
     }
     outcome
 }
+
+/// A session agent for one rich run, as the pool would have started it (without preloads:
+/// a cold run imports what it imports).
+async fn start_agent(state: &Arc<Service>, req: &RunRequest) -> Result<AgentSandbox, ServiceError> {
+    let lifetime = req.policy.limits.timeout.0 + AGENT_GRACE;
+    AgentSandbox::start(state.engine.clone(), req.policy.clone(), lifetime, &[])
+        .await
+        .map_err(ServiceError::from)
+}
+
+/// How long a rich run's agent lives past the code's timeout: for the files in and out.
+const AGENT_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 
 async fn run_cold(
     state: &Arc<Service>,
@@ -165,6 +199,7 @@ async fn run_pooled(
     agent: AgentSandbox,
     req: &RunRequest,
     live: Option<Live>,
+    rich: bool,
 ) -> Result<RunResult, ServiceError> {
     let _tracked = state.track(agent.canceller());
     let Command::Code { language, code } = &req.command else {
@@ -189,13 +224,18 @@ async fn run_pooled(
         stdout: Vec::new(),
         stderr: Vec::new(),
     };
-    // A one-shot exec has no rich outputs, as a cold `python3 -c` has none.
-    let on_progress = |progress: Progress<'_>| {
-        if let Progress::Output(s, data) = progress {
+    // A one-shot exec has rich outputs only when the run asked for them.
+    let on_progress = |progress: Progress<'_>| match progress {
+        Progress::Output(s, data) => {
             if let Some(live) = &live {
                 live.send(s, data);
             }
             seen.push(s, data);
+        }
+        Progress::Rich(output) => {
+            if let Some(live) = &live {
+                live.show(output);
+            }
         }
     };
     let exec = Exec {
@@ -205,6 +245,7 @@ async fn run_pooled(
         timeout: limits.timeout.0,
         output_limit: limits.output.0,
         one_shot: true,
+        rich,
         figure_formats: None,
         id: None,
     };
@@ -236,6 +277,7 @@ async fn run_pooled(
             let limit = limits.output.0;
             return match exec {
                 Ok(ran) => Ok(RunResult {
+                    rich: rich_of(&ran.exec),
                     outcome: ran.exec.outcome,
                     files,
                     ..sandbox
@@ -254,6 +296,7 @@ async fn run_pooled(
         agent.close().await;
     });
     Ok(RunResult {
+        rich: rich_of(&exec),
         outcome: exec.outcome,
         oom_killed: usage.oom_kills > 0,
         pids_limit_hit: usage.pids_max_hits > 0,
@@ -263,6 +306,15 @@ async fn run_pooled(
         isolation,
         network_log: vec![],
     })
+}
+
+/// What a rich exec adds, for a run's result.
+fn rich_of(exec: &ExecResult) -> RichResults {
+    RichResults {
+        results: exec.results.clone(),
+        error: exec.error.clone(),
+        results_truncated: exec.results_truncated,
+    }
 }
 
 /// The kernel's own account as the usage a cgroup would give: its CPU time and peak; the

@@ -220,6 +220,7 @@ async fn run_exec(
         timeout,
         output_limit: session.limits.output.0,
         one_shot: false,
+        rich: true,
         figure_formats: spec.figure_formats.as_deref(),
         id: Some(id),
     };
