@@ -5,11 +5,7 @@ ReplayChatCompletionClient, as well as through the CodeExecutor protocol directl
 import asyncio
 import hashlib
 import json
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 import pytest
@@ -24,7 +20,6 @@ from autogen_ext.tools.code_execution import PythonCodeExecutionTool
 import kennel
 from kennel.adapters.autogen import KennelCodeExecutor, KennelCodeResult
 
-SDK_DIR = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.filterwarnings("ignore:No approval function set")
 
@@ -302,13 +297,9 @@ def test_component_round_trip(server, monkeypatch):
     assert (r.exit_code, r.output) == (0, "42\n")
 
 
-def test_example_runs(server):
-    env = dict(os.environ, KENNEL_URL=server.url, KENNEL_TOKEN=server.token,
-               PYTHONPATH=str(SDK_DIR))
-    proc = subprocess.run([sys.executable, str(SDK_DIR / "examples" / "autogen_example.py")],
-                          env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
+def test_example_runs(server, run_example):
+    stdout = run_example("autogen_example.py")
     primes = "2 3 5 7 11 13 17 19 23 29 31 37 41 43 47"
-    assert proc.stdout == (f"exit code 0, output:\n15 primes below 50\n{primes}\n"
+    assert stdout == (f"exit code 0, output:\n15 primes below 50\n{primes}\n"
                            "coder: There are 15 primes below 50; they are in primes.txt.\n"
                            f"primes.txt in the sandbox: {primes}\n")

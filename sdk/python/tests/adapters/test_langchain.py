@@ -4,10 +4,6 @@ agent's `execute`, `write_file`, `read_file` and `ls` tools carry out in the Ken
 
 import asyncio
 import itertools
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any, List
 
 import pytest
@@ -20,7 +16,6 @@ from langchain_core.messages import AIMessage, ToolMessage
 import kennel
 from kennel.adapters.langchain import KennelSandbox
 
-SDK = Path(__file__).resolve().parents[2]
 
 
 class ScriptedModel(GenericFakeChatModel):
@@ -198,12 +193,8 @@ def test_deep_agent_async_path(sandbox):
     assert execute.content == "async 1024\n\n[Command succeeded with exit code 0]"
 
 
-def test_example_runs_against_the_server(server, client):
-    env = dict(os.environ, KENNEL_URL=server.url, KENNEL_TOKEN=server.token, PYTHONPATH=str(SDK))
-    p = subprocess.run([sys.executable, str(SDK / "examples" / "langchain_example.py")],
-                       capture_output=True, text=True, env=env, timeout=180)
-    assert p.returncode == 0, p.stderr
-    lines = p.stdout.splitlines()
+def test_example_runs_against_the_server(server, client, run_example):
+    lines = run_example("langchain_example.py").splitlines()
     assert lines[0].startswith("[kennel] session ") and lines[0].endswith(" started")
     assert "[tool execute] 385" in lines
     assert "[tool write_file] Updated file /workspace/report.md" in lines

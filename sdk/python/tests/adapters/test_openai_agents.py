@@ -196,13 +196,8 @@ def test_resume_reattaches_then_restores_from_snapshot(client, tmp_path):
     assert client.list_sessions() == []
 
 
-def test_example_runs(server, client):
-    env = dict(os.environ, KENNEL_URL=server.url, KENNEL_TOKEN=server.token,
-               PYTHONPATH=str(SDK_DIR))
-    out = subprocess.run([sys.executable, str(SDK_DIR / "examples" / "openai_agents_example.py")],
-                         env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines() == [
+def test_example_runs(server, client, run_example):
+    assert run_example("openai_agents_example.py").splitlines() == [
         "exec_command: 12",
         "final output: the numbers in notes.txt add up to 12",
         "kennel sessions after the run: 0",

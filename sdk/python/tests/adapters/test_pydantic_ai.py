@@ -191,12 +191,8 @@ def test_capability_leaves_other_refs_and_a_gone_session_is_unavailable(client, 
     workspace.close()
 
 
-def test_example_runs_against_the_server(server, no_session_left):
-    env = dict(os.environ, KENNEL_URL=server.url, KENNEL_TOKEN=server.token, PYTHONPATH=str(SDK_DIR))
-    proc = subprocess.run([sys.executable, str(SDK_DIR / "examples" / "pydantic_ai_example.py")],
-                          env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
+def test_example_runs_against_the_server(server, no_session_left, run_example):
+    lines = run_example("pydantic_ai_example.py").splitlines()
     assert lines[0] == "the sandbox says: primes below 30: [2, 3, 5, 7, 11, 13, 17, 19, 23, 29]"
     assert lines[1].startswith("session: ") and len(lines[1]) == len("session: ") + 32
 

@@ -206,12 +206,8 @@ def test_import_kennel_does_not_import_smolagents():
                    env=dict(os.environ, PYTHONPATH=str(SDK)))
 
 
-def test_example(server, client):
-    env = dict(os.environ, KENNEL_URL=server.url, KENNEL_TOKEN=server.token, PYTHONPATH=str(SDK))
-    r = subprocess.run([sys.executable, "-B", str(SDK / "examples" / "smolagents_example.py")],
-                       env=env, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines() == [
+def test_example(server, client, run_example):
+    assert run_example("smolagents_example.py").splitlines() == [
         "step 1 error: 'sum of squares: 285' ... \"NameError: name 'count' is not defined\"",
         "step 2 logs: ['running in /workspace', 'Last output from code snippet:', '28.5']",
         "answer: 28.5",
