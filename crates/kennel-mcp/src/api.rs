@@ -33,13 +33,26 @@ pub enum ApiError {
     Unreachable(String),
 }
 
+/// Where a run's or an exec's output goes as it comes: the stream's name (`stdout`,
+/// `stderr`) and the bytes.
+pub type OutputFn = Arc<dyn Fn(&str, &[u8]) + Send + Sync>;
+
 /// The calls the MCP tools make.
 #[async_trait]
 pub trait Api: Send + Sync + std::fmt::Debug {
     async fn run(&self, spec: RunSpec) -> Result<RunResult, ApiError>;
+    /// As [`Api::run`], with the output passed to `output` as it comes.
+    async fn run_live(&self, spec: RunSpec, output: OutputFn) -> Result<RunResult, ApiError>;
     async fn create_session(&self, spec: SessionSpec) -> Result<SessionInfo, ApiError>;
     async fn end_session(&self, id: &str) -> Result<(), ApiError>;
     async fn exec(&self, id: &str, spec: ExecSpec) -> Result<ExecResult, ApiError>;
+    /// As [`Api::exec`], with the output passed to `output` as it comes.
+    async fn exec_live(
+        &self,
+        id: &str,
+        spec: ExecSpec,
+        output: OutputFn,
+    ) -> Result<ExecResult, ApiError>;
     /// Ends the session's running exec as its timeout would.
     async fn cancel_exec(&self, id: &str) -> Result<(), ApiError>;
     /// `path` is a sandbox path under /workspace or /tmp.

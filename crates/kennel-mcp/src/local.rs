@@ -4,9 +4,10 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use super::api::{Api, ApiError};
+use super::api::{Api, ApiError, OutputFn};
 use kennel_sandbox::engine::Engine;
-use kennel_server::service::{Action, Caller, Reply, Service, ServiceError};
+use kennel_sandbox::{OutputSink, Stream};
+use kennel_server::service::{Action, Caller, Live, Reply, Service, ServiceError};
 use kennel_server::{Machinery, ServeError, ServerConfig};
 use kennel_types::api::{
     ExecResult, ExecSpec, Listing, RunResult, RunSpec, SessionInfo, SessionSpec,
@@ -54,6 +55,22 @@ impl Local {
     }
 }
 
+/// A live caller whose output goes to `output` (it needs no word of acceptance: a refusal is
+/// the action's answer).
+fn live(output: OutputFn) -> Live {
+    let sink: OutputSink = Arc::new(move |s: Stream, data: &[u8]| {
+        output(
+            if s == Stream::Stdout {
+                "stdout"
+            } else {
+                "stderr"
+            },
+            data,
+        );
+    });
+    Live::new(sink).0
+}
+
 /// A reply of another kind than the action's: a bug.
 fn unexpected(reply: Reply) -> ApiError {
     ServiceError::Internal(format!("unexpected reply {reply:?}")).into()
@@ -64,6 +81,32 @@ impl Api for Local {
     async fn run(&self, spec: RunSpec) -> Result<RunResult, ApiError> {
         match self.ask(Action::Run { spec, live: None }).await? {
             Reply::Run(r) => Ok(*r),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn run_live(&self, spec: RunSpec, output: OutputFn) -> Result<RunResult, ApiError> {
+        match self
+            .ask(Action::Run {
+                spec,
+                live: Some(live(output)),
+            })
+            .await?
+        {
+            Reply::Run(r) => Ok(*r),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn exec_live(
+        &self,
+        id: &str,
+        spec: ExecSpec,
+        output: OutputFn,
+    ) -> Result<ExecResult, ApiError> {
+        let (id, live) = (id.to_string(), Some(live(output)));
+        match self.ask(Action::Exec { id, spec, live }).await? {
+            Reply::Exec(r) => Ok(r),
             other => Err(unexpected(other)),
         }
     }

@@ -8,7 +8,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use ureq::http::{header, Method};
 
-use super::api::{Api, ApiError};
+use super::api::{Api, ApiError, OutputFn};
 use kennel_server::service::{Caller, ServiceError};
 use kennel_types::api::{
     ExecResult, ExecSpec, Listing, RunResult, RunSpec, SessionInfo, SessionSpec,
@@ -100,6 +100,48 @@ impl Remote {
         }
     }
 
+    /// A streamed POST (`?stream=true`): each output event to `output` as it comes; the
+    /// result event's data, or the error event's (the service's own error).
+    async fn stream_json<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &impl Serialize,
+        output: OutputFn,
+    ) -> Result<T, ApiError> {
+        let body = serde_json::to_vec(body).map_err(|e| ApiError::Unreachable(e.to_string()))?;
+        let url = format!("{}{path}?stream=true", self.base);
+        let auth = self.token.as_ref().map(|t| format!("Bearer {t}"));
+        let (agent, base) = (self.agent.clone(), self.base.clone());
+        let answer = tokio::task::spawn_blocking(move || {
+            let mut builder = ureq::http::Request::builder()
+                .method(Method::POST)
+                .uri(&url)
+                .header(header::CONTENT_TYPE, "application/json")
+                .header(header::ACCEPT, "text/event-stream");
+            if let Some(a) = &auth {
+                builder = builder.header(header::AUTHORIZATION, a);
+            }
+            let req = builder
+                .body(body)
+                .map_err(|e| ApiError::Unreachable(e.to_string()))?;
+            let mut response = agent.run(req).map_err(|e| {
+                ApiError::Unreachable(format!("cannot reach kennel serve at {base}: {e}"))
+            })?;
+            let status = response.status().as_u16();
+            if !(200..300).contains(&status) {
+                let body = response.body_mut().read_to_vec().unwrap_or_default();
+                return Err(refusal(status, &body));
+            }
+            read_events(
+                std::io::BufReader::new(response.into_body().into_reader()),
+                &output,
+            )
+        })
+        .await
+        .map_err(|e| ApiError::Unreachable(format!("the request to {path} failed: {e}")))??;
+        parse(&answer)
+    }
+
     async fn call_json<T: DeserializeOwned>(
         &self,
         method: Method,
@@ -115,6 +157,44 @@ impl Remote {
 fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body)
         .map_err(|e| ApiError::Unreachable(format!("the server's answer is not understood: {e}")))
+}
+
+/// Reads an SSE stream: output events to `output`; the result event's data, or the error
+/// event's error.
+fn read_events(reader: impl std::io::BufRead, output: &OutputFn) -> Result<Vec<u8>, ApiError> {
+    use base64::Engine as _;
+    let (mut event, mut data) = (String::new(), String::new());
+    for line in reader.lines() {
+        let line = line.map_err(|e| ApiError::Unreachable(format!("reading the stream: {e}")))?;
+        if let Some(name) = line.strip_prefix("event:") {
+            event = name.trim().to_string();
+        } else if let Some(d) = line.strip_prefix("data:") {
+            data.push_str(d.strip_prefix(' ').unwrap_or(d));
+        } else if line.is_empty() && !data.is_empty() {
+            match event.as_str() {
+                "stdout" | "stderr" => {
+                    let chunk: serde_json::Value = serde_json::from_str(&data).unwrap_or_default();
+                    let b64 = chunk["b64"].as_str().unwrap_or_default();
+                    let bytes = base64::engine::general_purpose::STANDARD
+                        .decode(b64)
+                        .unwrap_or_default();
+                    output(&event, &bytes);
+                }
+                "result" => return Ok(data.into_bytes()),
+                "error" => {
+                    return Err(serde_json::from_str::<ServiceError>(&data).map_or_else(
+                        |_| ApiError::Unreachable(format!("the server failed: {data}")),
+                        ApiError::Service,
+                    ))
+                }
+                _ => {}
+            }
+            data.clear();
+        }
+    }
+    Err(ApiError::Unreachable(
+        "the stream ended without a result".into(),
+    ))
 }
 
 /// An error answer: the service's own error when it is one, else what the server said.
@@ -190,6 +270,20 @@ impl Api for Remote {
     async fn cancel_exec(&self, id: &str) -> Result<(), ApiError> {
         let url = format!("{}/cancel", session_url(id));
         self.call(Method::POST, &url, Body::None).await.map(drop)
+    }
+
+    async fn run_live(&self, spec: RunSpec, output: OutputFn) -> Result<RunResult, ApiError> {
+        self.stream_json("/v1/runs", &spec, output).await
+    }
+
+    async fn exec_live(
+        &self,
+        id: &str,
+        spec: ExecSpec,
+        output: OutputFn,
+    ) -> Result<ExecResult, ApiError> {
+        let url = format!("{}/exec", session_url(id));
+        self.stream_json(&url, &spec, output).await
     }
 
     async fn exec(&self, id: &str, spec: ExecSpec) -> Result<ExecResult, ApiError> {

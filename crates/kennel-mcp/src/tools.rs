@@ -6,14 +6,18 @@ use std::sync::Arc;
 
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabilities, ServerConfig};
+use rmcp::model::{
+    CallToolResult, ContentBlock, Implementation, ProgressNotificationParam, ServerCapabilities,
+    ServerConfig,
+};
 use rmcp::service::RequestContext;
 use rmcp::{tool, tool_handler, tool_router, ErrorData, RoleServer, ServerHandler};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use tokio::task::JoinHandle;
 
-use super::api::{Api, ApiError};
+use super::api::{Api, ApiError, OutputFn};
 use super::opened::{Opened, Registry};
 use super::python;
 use super::render::{self, Shown};
@@ -298,11 +302,56 @@ fn outcome<'a>(
 }
 
 impl KennelTools {
-    async fn run(&self, spec: RunSpec, timeout: Option<String>) -> CallToolResult {
-        match self.api.run(spec).await {
+    async fn run(
+        &self,
+        spec: RunSpec,
+        timeout: Option<String>,
+        ctx: &RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let (answer, progress) = match progress_output(ctx) {
+            Some((out, task)) => (self.api.run_live(spec, out).await, Some(task)),
+            None => (self.api.run(spec).await, None),
+        };
+        progress_sent(progress).await;
+        match answer {
             Ok(r) => outcome(&r, Shown::from(&r), timeout.as_deref()),
             Err(e) => failure(&e),
         }
+    }
+}
+
+/// The output as MCP progress notifications when the client asked for progress (gave a
+/// `progressToken`): each chunk one notification whose message is its text, in order, from
+/// a task that ends once the output does.
+fn progress_output(ctx: &RequestContext<RoleServer>) -> Option<(OutputFn, JoinHandle<()>)> {
+    let token = ctx.meta.get_progress_token()?;
+    let peer = ctx.peer.clone();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let task = tokio::spawn(async move {
+        let mut sent = 0usize;
+        while let Some(text) = rx.recv().await {
+            sent += text.len();
+            #[allow(clippy::cast_precision_loss)] // a count of bytes, as a JSON number
+            let mut note = ProgressNotificationParam::new(token.clone(), sent as f64);
+            note.message = Some(text);
+            let _ = peer.notify_progress(note).await;
+        }
+    });
+    let output: OutputFn = Arc::new(move |stream: &str, data: &[u8]| {
+        let text = String::from_utf8_lossy(data);
+        let _ = tx.send(match stream {
+            "stderr" => format!("stderr: {text}"),
+            _ => text.into_owned(),
+        });
+    });
+    Some((output, task))
+}
+
+/// Waits (a little) for the progress notifications to be sent, so that they come before the
+/// result they belong to.
+async fn progress_sent(task: Option<JoinHandle<()>>) {
+    if let Some(task) = task {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), task).await;
     }
 }
 
@@ -432,7 +481,7 @@ call: use create_session for multi-step work.",
             rich: a.rich,
             ..spec
         };
-        Ok(this.run(spec, timeout).await)
+        Ok(this.run(spec, timeout, &ctx).await)
     }
 
     #[tool(
@@ -464,7 +513,7 @@ killed.",
             argv: Some(a.argv),
             ..spec
         };
-        Ok(this.run(spec, timeout).await)
+        Ok(this.run(spec, timeout, &ctx).await)
     }
 
     #[tool(
@@ -561,13 +610,18 @@ killed; a python exception also comes back as `error: Name: message`.",
         };
         // A client that cancels the call (notifications/cancelled) cancels the exec, through
         // the API: a remote server would not see the dropped call.
+        let (call, progress) = match progress_output(&ctx) {
+            Some((out, task)) => (this.api.exec_live(&a.session_id, spec, out), Some(task)),
+            None => (this.api.exec(&a.session_id, spec), None),
+        };
         let answer = tokio::select! {
-            answer = this.api.exec(&a.session_id, spec) => answer,
+            answer = call => answer,
             () = ctx.ct.cancelled() => {
                 let _ = this.api.cancel_exec(&a.session_id).await;
                 return Err(ErrorData::internal_error("cancelled by the client", None));
             }
         };
+        progress_sent(progress).await;
         Ok(match answer {
             Ok(r) => outcome(&r, Shown::from(&r), a.timeout.as_deref()),
             Err(e) => failure(&e),

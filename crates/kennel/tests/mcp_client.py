@@ -166,6 +166,23 @@ async def checks(read, write):
         assert text_of(r).startswith("<status>run-error</status>\n<output>\nbefore\n</output>\n<error>\n")
         assert 'File "main.py", line 2' in r.structured_content["error"]
 
+        # Output as it comes, as progress notifications, when the client asks (a progress
+        # callback gives the request a progressToken).
+        seen = []
+
+        async def on_progress(progress, total, message):
+            seen.append((time.monotonic(), message))
+
+        code = "import sys, time\nprint('first')\ntime.sleep(1)\nprint('second', file=sys.stderr)"
+        r = ok("run_code with progress", await s.call_tool(
+            "run_code", {"language": "python", "code": code}, progress_callback=on_progress))
+        out = "".join(m for _, m in seen if not m.startswith("stderr: "))
+        err = "".join(m.removeprefix("stderr: ") for _, m in seen if m.startswith("stderr: "))
+        assert (out, err) == ("first\n", "second\n"), seen
+        first = next(t for t, m in seen if "first" in m)
+        second = next(t for t, m in seen if "second" in m)
+        assert second - first > 0.6, seen
+
         r = ok("run_command", await s.call_tool(
             "run_command", {"argv": ["/bin/echo", "hello", "world"]}))
         assert r.structured_content["stdout"] == "hello world\n"
@@ -220,6 +237,11 @@ async def checks(read, write):
         assert {"in.json", "out.txt"} <= names, names
         assert "out.txt" in text_of(r)
 
+        seen.clear()
+        ok("session_exec with progress", await s.call_tool("session_exec", {
+            "session_id": sid, "language": "bash", "code": "echo one; sleep 0.8; echo two"},
+            progress_callback=on_progress))
+        assert [m for _, m in seen] == ["one\n", "two\n"], seen
         r = ok("session_exec value", await s.call_tool("session_exec", {
             "session_id": sid, "language": "python", "code": "x * 2"}))
         assert "\nvalue: 82" in text_of(r), text_of(r)
