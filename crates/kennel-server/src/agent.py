@@ -30,19 +30,20 @@ Requests
 ``{"op":"exec","id":N,"kind":"shell","command":S,"shell":"bash"|"sh","timeout_ms":T,
 "output_limit":B,"stdin_b64":D,"env":{...},"cwd":P}``
     Runs ``/bin/bash -c S`` (``shell`` defaults to ``bash``; ``sh`` is ``/bin/sh``) in a new
-    session (its own process group). ``stdin_b64`` (optional) is fed to its stdin, which is
-    then closed; without it stdin is ``/dev/null``. Shell execs (not ``one_shot`` ones: a
-    pooled run is ``bash -c S`` exactly) share a state, as commands typed into one terminal do: the directory and the exported environment a shell ends with
-    (by ``exit`` too; not when it is killed or ``exec``s another program, or sets its own
-    EXIT trap) are the next shell exec's, starting from ``/workspace`` if it exists (else
-    the agent's own cwd) and the agent's environment. An EXIT trap put before S on its line
-    writes them into a pipe of the agent's, opened through /proc (the code inherits no fd of
-    the agent's). ``env`` (optional, strings to strings) is added to the environment for this
-    exec; ``cwd`` (optional) replaces the directory for this exec. At ``timeout_ms`` the whole process group is killed
-    (SIGKILL) and ``timed_out`` is true. When the main process exits, whatever is left of its
-    process group is killed (background jobs do not linger); output is read until both pipes
-    reach EOF, but at most 200 ms past the main process's exit (descendants that left the
-    group may hold the pipes open).
+    session (its own process group). ``stdin_b64`` (optional) is fed to its stdin, which is then
+    closed; without it stdin is ``/dev/null``. Shell execs (not ``one_shot`` ones: a pooled run
+    is ``bash -c S`` exactly) share a state, as commands typed into one terminal do: the
+    directory and the exported environment a shell ends with (by ``exit`` too; not when it is
+    killed or ``exec``s another program, or sets its own EXIT trap) are the next shell exec's,
+    starting from ``/workspace`` if it exists (else the agent's own cwd) and the agent's
+    environment. An EXIT trap put before S on its line writes them into a pipe of the agent's,
+    opened through /proc (the code inherits no fd of the agent's). ``env`` (optional, strings to
+    strings) is added to the environment for this exec; ``cwd`` (optional) replaces the
+    directory for this exec. At ``timeout_ms`` the whole process group is killed (SIGKILL) and
+    ``timed_out`` is true. When the main process exits, whatever is left of its process group is
+    killed (background jobs do not linger); output is read until both pipes reach EOF, but at
+    most 200 ms past the main process's exit (descendants that left the group may hold the pipes
+    open).
 
 ``{"op":"exec","id":N,"kind":"python","code":C,"timeout_ms":T,"output_limit":B,"stdin_b64":D}``
     Runs ``exec(compile(C, "<session>", "exec"), namespace)`` in the persistent interpreter
@@ -120,10 +121,11 @@ Requests
 
 ``{"op":"interrupt","id":N,"target":T}`` and ``{"op":"cancel","id":N,"target":T}``
     Act on the exec that is running, at once (every other request that comes during an exec
-    waits until it ends), if ``target`` (optional) is its id or absent: ``interrupt`` sends SIGINT, as Ctrl-C would, to the python code (a
-    ``KeyboardInterrupt``; one sent before the code started is sent as it starts) or to a
-    shell's process group; ``cancel`` ends the exec as its timeout would, and its result
-    has ``"cancelled": true``. Answer ``{"id":N,"event":"ok"}``, also when no exec runs.
+    waits until it ends), if ``target`` (optional) is its id or absent: ``interrupt`` sends
+    SIGINT, as Ctrl-C would, to the python code (a ``KeyboardInterrupt``; one sent before the
+    code started is sent as it starts) or to a shell's process group; ``cancel`` ends the exec
+    as its timeout would, and its result has ``"cancelled": true``. Answer
+    ``{"id":N,"event":"ok"}``, also when no exec runs.
 
 Exec responses
 --------------
@@ -785,9 +787,10 @@ def error_shape(error):
 # ({"code", "one_shot", "rich", "limit", "figures"}). The kernel dup2s the fds onto 0, 1
 # and 2, answers "started\n" once SIGINT would interrupt the code, runs it, flushes, puts 0,
 # 1 and 2 back on /dev/null (so the pipes reach EOF) and answers "exit <status> <cpu_ns>
-# <peak>\n". A rich exec (a session's, or a rich one-shot) also sends "display <json>\n" for each rich output as it
-# comes and "ended <json>\n" (the error as data, whether outputs were dropped) before its
-# exit line. Between execs SIGINT is ignored, so a late one is harmless.
+# <peak>\n". A rich exec (a session's, or a rich one-shot) also sends "display <json>\n"
+# for each rich output as it comes (and waits for the agent's one-byte answer), and
+# "ended <json>\n" (the error as data, whether outputs were dropped) before its exit line.
+# Between execs SIGINT is ignored, so a late one is harmless.
 
 
 class KernelState:
@@ -1636,12 +1639,14 @@ class Agent:
         send({"id": rid, "event": "entries", "entries": entries})
 
     def op_pack(self, rid, request):
-        data = self.archive().pack(path_field(request, allow_root=True), count_field(request, "max_bytes"))
+        path, limit = path_field(request, allow_root=True), count_field(request, "max_bytes")
+        data = self.archive().pack(path, limit)
         send({"id": rid, "event": "file", "size": len(data), "truncated": False, "b64": b64(data)})
 
     def op_unpack(self, rid, request):
         path = path_field(request, allow_root=True)
-        written = self.archive().unpack(path, b64_field(request, "b64"), count_field(request, "max_bytes"))
+        data, limit = b64_field(request, "b64"), count_field(request, "max_bytes")
+        written = self.archive().unpack(path, data, limit)
         send({"id": rid, "event": "ok", "size": written})
 
     def archive(self):
