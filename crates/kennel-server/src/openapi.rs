@@ -377,6 +377,12 @@ fn constrain_run_spec(schemas: &mut Value, config: &ServerConfig) {
         &[("language", language), ("code", code)],
     );
     schemas["CodeRun"]["properties"]["rich"] = rich;
+    // Rich results are python's: `rich: true` takes `language: python` (the platform's
+    // if/then is the variant's own; this one goes beside it).
+    schemas["CodeRun"]["allOf"] = json!([{
+        "if": {"required": ["rich"], "properties": {"rich": {"const": true}}},
+        "then": {"properties": {"language": {"const": "python"}}},
+    }]);
     schemas["ArgvRun"] = run_variant(&common, "A program and its arguments.", &[("argv", argv)]);
     schemas["RunSpec"] = json!({
         "description": "A run: `language` + `code`, or `argv` (exactly one of the two).",

@@ -229,7 +229,7 @@ export interface components {
             /** @description Text for the code's stdin. */
             stdin?: string | null;
             tier?: null | components["schemas"]["Tier"];
-        };
+        } & unknown;
         /** @description A file returned from the sandbox. */
         CollectedFile: {
             content?: null | components["schemas"]["Content"];
