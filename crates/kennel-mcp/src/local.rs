@@ -71,6 +71,30 @@ fn live(output: OutputFn) -> Live {
     Live::new(sink).0
 }
 
+impl Local {
+    /// A run, its output to `live` when there is one.
+    async fn run_with(&self, spec: RunSpec, live: Option<Live>) -> Result<RunResult, ApiError> {
+        match self.ask(Action::Run { spec, live }).await? {
+            Reply::Run(r) => Ok(*r),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// An exec, its output to `live` when there is one.
+    async fn exec_with(
+        &self,
+        id: &str,
+        spec: ExecSpec,
+        live: Option<Live>,
+    ) -> Result<ExecResult, ApiError> {
+        let id = id.to_string();
+        match self.ask(Action::Exec { id, spec, live }).await? {
+            Reply::Exec(r) => Ok(r),
+            other => Err(unexpected(other)),
+        }
+    }
+}
+
 /// A reply of another kind than the action's: a bug.
 fn unexpected(reply: Reply) -> ApiError {
     ServiceError::Internal(format!("unexpected reply {reply:?}")).into()
@@ -79,23 +103,11 @@ fn unexpected(reply: Reply) -> ApiError {
 #[async_trait]
 impl Api for Local {
     async fn run(&self, spec: RunSpec) -> Result<RunResult, ApiError> {
-        match self.ask(Action::Run { spec, live: None }).await? {
-            Reply::Run(r) => Ok(*r),
-            other => Err(unexpected(other)),
-        }
+        self.run_with(spec, None).await
     }
 
     async fn run_live(&self, spec: RunSpec, output: OutputFn) -> Result<RunResult, ApiError> {
-        match self
-            .ask(Action::Run {
-                spec,
-                live: Some(live(output)),
-            })
-            .await?
-        {
-            Reply::Run(r) => Ok(*r),
-            other => Err(unexpected(other)),
-        }
+        self.run_with(spec, Some(live(output))).await
     }
 
     async fn exec_live(
@@ -104,11 +116,7 @@ impl Api for Local {
         spec: ExecSpec,
         output: OutputFn,
     ) -> Result<ExecResult, ApiError> {
-        let (id, live) = (id.to_string(), Some(live(output)));
-        match self.ask(Action::Exec { id, spec, live }).await? {
-            Reply::Exec(r) => Ok(r),
-            other => Err(unexpected(other)),
-        }
+        self.exec_with(id, spec, Some(live(output))).await
     }
 
     async fn create_session(&self, spec: SessionSpec) -> Result<SessionInfo, ApiError> {
@@ -135,11 +143,7 @@ impl Api for Local {
     }
 
     async fn exec(&self, id: &str, spec: ExecSpec) -> Result<ExecResult, ApiError> {
-        let (id, live) = (id.to_string(), None);
-        match self.ask(Action::Exec { id, spec, live }).await? {
-            Reply::Exec(r) => Ok(r),
-            other => Err(unexpected(other)),
-        }
+        self.exec_with(id, spec, None).await
     }
 
     async fn write_file(&self, id: &str, path: &str, data: Vec<u8>) -> Result<(), ApiError> {

@@ -165,8 +165,9 @@ pub enum Event {
     Display {
         output: RichOutput,
     },
-    /// An exec's end; its `stdout` and `stderr` are the output events before it.
-    Result(Ran),
+    /// An exec's end; its `stdout` and `stderr` are the output events before it (boxed: a
+    /// result is many times the size of any other event).
+    Result(Box<Ran>),
     /// A write (`size` written) or delete done.
     Ok {
         #[serde(default)]
@@ -642,7 +643,7 @@ impl AgentSandbox {
         result.exec.outcome.stderr = String::from_utf8_lossy(&err).into_owned();
         result.exec.results = results;
         result.exec.results_truncated |= dropped;
-        Ok(result)
+        Ok(*result)
     }
 
     /// Acts on the exec running now, without waiting for it (nor for an answer: the exec's
