@@ -305,6 +305,7 @@ async fn in_container(
         f(Started {
             isolation: isolation.clone(),
             usage: Some(probe.clone()),
+            watch: None,
         });
     }
     let started = Instant::now();
@@ -350,7 +351,7 @@ async fn in_container(
     } else {
         ran
     };
-    Ok(RunResult {
+    let mut result = RunResult {
         outcome: Outcome {
             duration_ms: u64::try_from(duration.as_millis()).unwrap_or(u64::MAX),
             ..ran
@@ -363,7 +364,17 @@ async fn in_container(
         isolation,
         network_log,
         rich: kennel_types::api::RichResults::default(),
-    })
+        security_events: kennel_types::security::SecurityEvents {
+            unwatched: Some(
+                "the docker runtime does not report the system calls its profile denies".into(),
+            ),
+            ..Default::default()
+        },
+        exec_log: vec![],
+        killed_by: None,
+    };
+    result.add_derived_events();
+    Ok(result)
 }
 
 /// Feeds the request's stdin, then the live one, to the code, and closes it.

@@ -111,6 +111,9 @@ pub enum Msg {
         errno: Option<i32>,
         detail: String,
     },
+    /// From the program process of a watched sandbox, with its seccomp listener attached
+    /// (SCM_RIGHTS), before its final execve.
+    Listener,
     Started(Confinement),
     Exited {
         code: Option<i32>,
@@ -239,15 +242,45 @@ pub fn ask_for_proxy(ctl: &mut (impl Read + Write), pid: i32) -> io::Result<()> 
 }
 
 pub fn send(w: &mut impl Write, msg: &Msg, blob: &[u8]) -> io::Result<()> {
+    w.write_all(&head(msg, blob.len())?)?;
+    w.write_all(blob)?;
+    w.flush()
+}
+
+/// A frame's length words and JSON.
+fn head(msg: &Msg, blob_len: usize) -> io::Result<Vec<u8>> {
     let json = serde_json::to_vec(msg).map_err(io::Error::other)?;
     let mut head = Vec::with_capacity(12 + json.len());
     let json_len = u32::try_from(json.len()).map_err(io::Error::other)?;
     head.extend_from_slice(&json_len.to_le_bytes());
-    head.extend_from_slice(&(blob.len() as u64).to_le_bytes());
+    head.extend_from_slice(&(blob_len as u64).to_le_bytes());
     head.extend_from_slice(&json);
-    w.write_all(&head)?;
-    w.write_all(blob)?;
-    w.flush()
+    Ok(head)
+}
+
+/// Sends a blob-less frame in one `sendmsg` with `fd` attached, so that the reader receives the
+/// descriptor with the frame's first bytes ([`FdReader`]).
+pub fn send_with_fd(
+    socket: &std::os::unix::net::UnixStream,
+    msg: &Msg,
+    fd: std::os::fd::BorrowedFd<'_>,
+) -> io::Result<()> {
+    crate::sys::send_with_fd(socket, &head(msg, 0)?, fd)
+}
+
+/// Reads a unix stream socket keeping the descriptors that come with its bytes: a frame read
+/// through it finds them in `fds`.
+#[derive(Debug)]
+pub struct FdReader {
+    pub socket: std::os::unix::net::UnixStream,
+    pub fds: Vec<std::os::fd::OwnedFd>,
+}
+
+impl Read for FdReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        use std::os::fd::AsFd;
+        crate::sys::recv_with_fds(self.socket.as_fd(), buf, &mut self.fds)
+    }
 }
 
 /// Reads one frame; `Ok(None)` on a clean end of stream.

@@ -27,6 +27,7 @@ pub mod oci;
 pub mod request;
 pub mod supervise;
 mod sys;
+pub mod watch;
 
 pub use engine::{Backend, Engine};
 pub use error::{Error, PolicyError, SetupStep};

@@ -771,6 +771,12 @@ impl AgentSandbox {
             .map(|s| (s.isolation.clone(), s.usage.as_ref().map(|p| p.read())))
     }
 
+    /// What the sandbox's seccomp watcher has seen, where its tier reports denied calls.
+    pub fn watch(&self) -> Option<Arc<kennel_sandbox::watch::Watch>> {
+        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        live.as_ref().and_then(|s| s.watch.clone())
+    }
+
     /// A handle that kills the sandbox (for shutdown).
     pub fn canceller(&self) -> Canceller {
         self.cancel.clone()

@@ -103,3 +103,61 @@ impl Audit {
         let _ = f.write_all(&line);
     }
 }
+
+/// One audit line per class of security event of a run: which calls were denied (and how
+/// often), which destinations refused, which limits reached, and a tripwire's kill.
+#[derive(Debug, Serialize)]
+pub struct SecurityLine<'a> {
+    pub at_unix_ms: u128,
+    pub token_id: &'a str,
+    pub kind: &'static str,
+    /// `denied_syscall`, `network_refused` or `limit_hit`.
+    pub class: &'static str,
+    pub code_sha256: &'a str,
+    pub count: u64,
+    /// The calls, destinations or limits, with their counts.
+    pub detail: std::collections::BTreeMap<String, u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub killed_by: Option<&'a str>,
+}
+
+impl Audit {
+    /// The security lines of a run's result (none when nothing was stopped).
+    pub fn record_security(&self, entry: &Entry, r: &RunResult) {
+        use kennel_types::security::SecurityEvent;
+        let Some(file) = &self.file else { return };
+        let mut classes: std::collections::BTreeMap<&'static str, SecurityLine> =
+            std::collections::BTreeMap::new();
+        for e in &r.security_events.events {
+            let (name, n) = match e {
+                SecurityEvent::DeniedSyscall { syscall, count, .. } => (syscall.clone(), *count),
+                SecurityEvent::NetworkRefused {
+                    host, port, count, ..
+                } => (format!("{host}:{port}"), *count),
+                SecurityEvent::LimitHit { limit } => (limit.clone(), 1),
+            };
+            let line = classes.entry(e.kind()).or_insert_with(|| SecurityLine {
+                at_unix_ms: entry.at_unix_ms,
+                token_id: entry.token_id,
+                kind: "security",
+                class: e.kind(),
+                code_sha256: &entry.code_sha256,
+                count: 0,
+                detail: std::collections::BTreeMap::new(),
+                killed_by: None,
+            });
+            line.count += n;
+            *line.detail.entry(name).or_default() += n;
+            if e.kind() == "denied_syscall" {
+                line.killed_by = r.killed_by.as_deref();
+            }
+        }
+        let mut f = file.lock().unwrap_or_else(|p| p.into_inner());
+        for line in classes.values() {
+            if let Ok(mut bytes) = serde_json::to_vec(line) {
+                bytes.push(b'\n');
+                let _ = f.write_all(&bytes);
+            }
+        }
+    }
+}

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use kennel_sandbox::error::PolicyError;
 use kennel_types::policy::{ByteSize, Limits, Policy, Runtime, Span, Strength, Tier};
+use kennel_types::security::OnViolation;
 
 /// A bearer token and the name it is audited under.
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
@@ -32,6 +33,10 @@ pub struct Token {
     /// `images` when unset.
     #[serde(default)]
     pub images: Option<Vec<String>>,
+    /// `kill` makes every tripwire of this token's runs and sessions kill the sandbox (a
+    /// request cannot ask for `report` or drop a tripwire); `report` leaves it to the request.
+    #[serde(default)]
+    pub on_violation: OnViolation,
 }
 
 /// Never the token itself: a config printed for debugging must not leak it.
@@ -44,6 +49,7 @@ impl std::fmt::Debug for Token {
             .field("quota", &self.quota)
             .field("allow_pins_to", &self.allow_pins_to)
             .field("images", &self.images)
+            .field("on_violation", &self.on_violation)
             .finish()
     }
 }
@@ -223,6 +229,7 @@ impl ServerConfig {
                 quota: Quota::default(),
                 allow_pins_to: vec![],
                 images: None,
+                on_violation: OnViolation::Report,
             });
         }
     }
@@ -463,6 +470,20 @@ impl ServerConfig {
             env: self.env.clone(),
             capabilities: self.capabilities,
             ..Policy::default()
+        }
+    }
+
+    /// The policy the caller `token_id`'s sandboxes start from: the server's, with the
+    /// token's rule for tripwires.
+    pub fn base_policy_for(&self, token_id: &str) -> Policy {
+        let on_violation = self
+            .tokens
+            .iter()
+            .find(|t| t.id == token_id)
+            .map_or(OnViolation::Report, |t| t.on_violation);
+        Policy {
+            on_violation,
+            ..self.base_policy()
         }
     }
 }

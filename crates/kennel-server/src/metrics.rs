@@ -7,6 +7,7 @@
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
@@ -27,6 +28,10 @@ pub struct Metrics {
     pub active_sessions: Gauge,
     pub sessions_created: Counter,
     pub sessions_expired: Counter,
+    /// Security events by kind (`denied_syscall`, `network_refused`, `limit_hit`).
+    pub security_events: Family<Vec<(String, String)>, Counter>,
+    /// Denied system calls by name (each counted as often as the code made it).
+    pub denied_syscalls: Family<Vec<(String, String)>, Counter>,
     duration: Histogram,
     registry: Registry,
 }
@@ -49,6 +54,8 @@ impl Default for Metrics {
             active_sessions: Gauge::default(),
             sessions_created: Counter::default(),
             sessions_expired: Counter::default(),
+            security_events: Family::default(),
+            denied_syscalls: Family::default(),
             duration: Histogram::new(BUCKETS),
             registry: Registry::default(),
         };
@@ -103,6 +110,16 @@ impl Default for Metrics {
             registry.register(name, help, counter.clone());
         }
         registry.register(
+            "kennel_security_events",
+            "Security events of runs, by kind",
+            m.security_events.clone(),
+        );
+        registry.register(
+            "kennel_denied_syscalls",
+            "System calls the seccomp filter denied, by name",
+            m.denied_syscalls.clone(),
+        );
+        registry.register(
             "kennel_active_sessions",
             "Sessions open now",
             m.active_sessions.clone(),
@@ -155,6 +172,19 @@ impl Format {
 
 impl Metrics {
     /// Records a finished run or exec.
+    /// Counts a result's security events: one per event by kind, each denied call by name.
+    pub fn security(&self, events: &kennel_types::security::SecurityEvents) {
+        use kennel_types::security::SecurityEvent;
+        for e in &events.events {
+            let label = vec![("kind".to_string(), e.kind().to_string())];
+            self.security_events.get_or_create(&label).inc();
+            if let SecurityEvent::DeniedSyscall { syscall, count, .. } = e {
+                let label = vec![("syscall".to_string(), syscall.clone())];
+                self.denied_syscalls.get_or_create(&label).inc_by(*count);
+            }
+        }
+    }
+
     pub fn observe(&self, seconds: f64, timed_out: bool, oom: bool) {
         self.duration.observe(seconds);
         if timed_out {

@@ -54,6 +54,8 @@ pub fn shape(policy: &Policy) -> Policy {
         layers,
         capabilities,
         env,
+        on_violation,
+        tripwires,
     } = policy.clone();
     let Limits {
         timeout: _,
@@ -87,6 +89,9 @@ pub fn shape(policy: &Policy) -> Policy {
         layers,
         capabilities,
         env,
+        // The watcher that decides on tripwires starts with the sandbox.
+        on_violation,
+        tripwires,
     }
 }
 

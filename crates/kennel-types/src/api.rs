@@ -10,6 +10,7 @@ use crate::error::PolicyError;
 use std::collections::BTreeMap;
 
 use crate::policy::{ByteSize, Capabilities, Limits, Policy, Span};
+use crate::security::OnViolation;
 
 /// A language whose snippets Kennel knows how to start.
 #[derive(
@@ -256,6 +257,18 @@ pub struct RunResult {
     /// A `rich` run's rich outputs, error as data and truncation, as an exec's.
     #[serde(flatten)]
     pub rich: RichResults,
+    /// What the policy stopped: denied system calls, refused connections, limits reached.
+    #[serde(default)]
+    pub security_events: crate::security::SecurityEvents,
+    /// The programs the code executed, in order, at most
+    /// [`MAX_EXEC_LOG`](crate::security::MAX_EXEC_LOG) (advisory: read from the code's memory
+    /// while it runs).
+    #[serde(default)]
+    pub exec_log: Vec<crate::security::ExecEntry>,
+    /// Why Kennel killed the sandbox before the code ended, when a tripwire did:
+    /// `tripwire:SYSCALL`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub killed_by: Option<String>,
 }
 
 /// What a python exec (or a `rich` run) adds: its rich outputs, its error as data, whether
@@ -421,6 +434,12 @@ pub struct RunSpec {
     /// agent, pooled or started for it, which runs the code as `python3 -c` would otherwise.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub rich: bool,
+    /// What a denied call in the tripwire set does: `report` (the default) or `kill` the
+    /// sandbox at once. A server may make `kill` the rule for a token.
+    pub on_violation: Option<crate::security::OnViolation>,
+    /// The tripwire groups; all of them unless given.
+    #[schema(value_type = Option<Vec<String>>)]
+    pub tripwires: Option<crate::security::Tripwires>,
 }
 
 /// A field that is either absent (`None`, by `#[serde(default)]`) or a value: `null` is refused.
@@ -594,6 +613,26 @@ impl RunSpec {
             }
             Some(caps) => policy.capabilities = caps,
             None => {}
+        }
+        match self.on_violation {
+            Some(OnViolation::Report) if base.on_violation == OnViolation::Kill => {
+                return Err(PolicyError::request(
+                    "on_violation",
+                    "cannot be \"report\": this server's policy kills on a tripwire",
+                ))
+            }
+            Some(on) => policy.on_violation = on,
+            None => {}
+        }
+        if let Some(t) = &self.tripwires {
+            let dropped = base.tripwires.0.iter().find(|g| !t.0.contains(g));
+            if let (OnViolation::Kill, Some(g)) = (base.on_violation, dropped) {
+                return Err(PolicyError::request(
+                    "tripwires",
+                    format!("must keep {g:?}: this server's policy kills on its tripwires"),
+                ));
+            }
+            policy.tripwires = t.clone();
         }
         policy.validate()?;
         let files = self

@@ -585,6 +585,11 @@ pub struct Policy {
     pub capabilities: Capabilities,
     /// Extra environment variables; the environment is otherwise clean.
     pub env: BTreeMap<String, String>,
+    /// What a denied system call in `tripwires` does: `report` (the default) or `kill`.
+    pub on_violation: crate::security::OnViolation,
+    /// The tripwire groups (`ptrace`, `mount`, `bpf`, `kexec`, `modules`, `keyctl`,
+    /// `perf_event_open`, `userfaultfd`, `namespaces`); all of them unless given.
+    pub tripwires: crate::security::Tripwires,
 }
 
 /// Bounds that keep a policy sane whatever its source (the server's OpenAPI document states
@@ -664,6 +669,9 @@ impl Policy {
                 format!("must be between 16 and 1048576, not {}", l.open_files),
             ));
         }
+        self.tripwires
+            .check()
+            .map_err(|why| field("tripwires", why))?;
         let allowlist = self.network.allowlist()?;
         match self.network.mode {
             NetMode::Allow if allowlist.rules.is_empty() => {

@@ -12,7 +12,7 @@ use kennel_types::api::{Content, FileIn};
 
 use super::initrd::{GUEST_ROOT, MODULE_LIST, SYSROOT};
 use super::net::{self, Links, Peer};
-use super::plan::{Fresh, GuestEnd, GuestPlan};
+use super::plan::{Fresh, GuestEnd, GuestPlan, GuestSecurity};
 use super::steps::{at, Failed, Step};
 use super::vmm::AGENT_PORT;
 use crate::cgroup::Stats;
@@ -277,6 +277,11 @@ fn run(
                 },
                 stdout_bytes: o.stdout_bytes,
                 stderr_bytes: o.stderr_bytes,
+                security: GuestSecurity {
+                    events: result.security_events.clone(),
+                    exec_log: result.exec_log.clone(),
+                    killed_by: result.killed_by.clone(),
+                },
             };
             send(&Msg::GuestEnded(end), &[])?;
             for f in result.files {

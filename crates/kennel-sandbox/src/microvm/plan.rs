@@ -103,11 +103,22 @@ pub struct Fresh {
 
 /// What the guest counted, sent once the code has exited: its cgroup's counters and the
 /// output's true sizes (the guest forwards only what the host keeps, plus one byte).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct GuestEnd {
     pub stats: Stats,
     pub stdout_bytes: u64,
     pub stderr_bytes: u64,
+    /// What the guest's own watcher saw (its sandbox is a native one).
+    #[serde(default)]
+    pub security: GuestSecurity,
+}
+
+/// A guest run's security events, exec log and tripwire kill, as its result has them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GuestSecurity {
+    pub events: kennel_types::security::SecurityEvents,
+    pub exec_log: Vec<kennel_types::security::ExecEntry>,
+    pub killed_by: Option<String>,
 }
 
 impl Planned for VmPlan {

@@ -509,15 +509,23 @@ impl SuperviseTier for MicrovmTier {
     }
 
     fn stats(&self) -> Option<Stats> {
-        self.end.map(|e| e.stats)
+        self.end.as_ref().map(|e| e.stats)
     }
 
     fn finish(&self, result: &mut RunResult) {
-        if let Some(end) = self.end {
+        if let Some(end) = &self.end {
             let o = &mut result.outcome;
             o.stdout_bytes = o.stdout_bytes.max(end.stdout_bytes);
             o.stderr_bytes = o.stderr_bytes.max(end.stderr_bytes);
+            // The guest's sandbox is a native one, watched by the guest's supervisor.
+            result.security_events = end.security.events.clone();
+            result.exec_log = end.security.exec_log.clone();
+            result.killed_by = end.security.killed_by.clone();
         }
+    }
+
+    fn unwatched(&self) -> String {
+        "the guest ended without reporting what its filter denied".into()
     }
 
     fn isolation(&self, _confinement: Option<Confinement>) -> Isolation {

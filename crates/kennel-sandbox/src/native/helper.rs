@@ -162,6 +162,7 @@ fn helper_main() -> ! {
         fs: fs_plan(&plan),
         namespaces: vec![],
         landlock: None,
+        listener: None,
     };
     if let Err((step, fail)) = steps::run_steps(steps::HELPER_STEPS, &mut ctx, &mut os) {
         fail_and_exit(&mut os.ctl, step, fail);

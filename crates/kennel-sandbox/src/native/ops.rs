@@ -46,7 +46,13 @@ pub trait Os {
     fn set_no_new_privs(&mut self) -> io::Result<()>;
     fn landlock(&mut self, read_only: &[&str], writable: &[&str]) -> io::Result<landlock::Outcome>;
     fn close_fds_from(&mut self, first: i32) -> io::Result<()>;
-    fn install_seccomp(&mut self, program: &[libc::sock_filter]) -> io::Result<()>;
+    /// Installs a filter with a listener for its notified calls (`SECCOMP_RET_USER_NOTIF`).
+    fn install_watched_seccomp(
+        &mut self,
+        program: &[libc::sock_filter],
+    ) -> io::Result<Option<std::os::fd::OwnedFd>>;
+    /// Sends the listener to the supervisor and closes it here.
+    fn hand_over_listener(&mut self, listener: std::os::fd::OwnedFd) -> io::Result<()>;
     fn read_to_string(&mut self, path: &str) -> io::Result<String>;
     fn report(&mut self, msg: &Msg) -> io::Result<()>;
     /// Replaces the process; returns only the error.
@@ -202,8 +208,17 @@ impl Os for RealOs {
         sys::close_fds_from(first)
     }
 
-    fn install_seccomp(&mut self, program: &[libc::sock_filter]) -> io::Result<()> {
-        sys::install_seccomp_filter(program)
+    fn install_watched_seccomp(
+        &mut self,
+        program: &[libc::sock_filter],
+    ) -> io::Result<Option<std::os::fd::OwnedFd>> {
+        sys::install_seccomp_listener(program).map(Some)
+    }
+
+    fn hand_over_listener(&mut self, listener: std::os::fd::OwnedFd) -> io::Result<()> {
+        use std::os::fd::AsFd;
+        channel::send_with_fd(&self.ctl, &Msg::Listener, listener.as_fd())
+        // `listener` is closed here, on return: the code never holds it.
     }
 
     fn read_to_string(&mut self, path: &str) -> io::Result<String> {

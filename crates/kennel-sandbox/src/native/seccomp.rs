@@ -76,6 +76,10 @@ pub struct Rule {
     /// [`DENIED_ERRNO`], but for calls whose callers expect the kernel's own answer.
     pub errno: i32,
     pub reason: &'static str,
+    /// Whether a watched sandbox reports the call to its supervisor (which answers with the
+    /// same errno); `false` for calls that libc makes and expects to fail as a matter of
+    /// course, which stay plain in-kernel answers.
+    pub notify: bool,
 }
 
 const NEW_NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWNS
@@ -102,6 +106,7 @@ macro_rules! always {
             when: When::Always,
             errno: $errno,
             reason: $why,
+            notify: true,
         }
     };
 }
@@ -115,6 +120,7 @@ macro_rules! socket {
             when: When::Args($conds),
             errno: DENIED_ERRNO,
             reason: $why,
+            notify: true,
         }
     };
 }
@@ -128,6 +134,7 @@ macro_rules! ioctl {
             when: When::Args(&[eq(1, $request)]),
             errno: DENIED_ERRNO,
             reason: $why,
+            notify: true,
         }
     };
 }
@@ -208,11 +215,17 @@ pub const RULES: &[Rule] = &[
         },
         errno: DENIED_ERRNO,
         reason: "clone with CLONE_NEW* flags creates namespaces, like unshare",
+        notify: true,
     },
-    always!(
-        clone3,
-        "its flags sit behind a pointer seccomp cannot read; glibc falls back to clone on ENOSYS"
-    ),
+    // Not notified: glibc tries clone3 for every new thread and falls back to clone on
+    // ENOSYS, so reporting it would report every thread (and cost each a round trip).
+    Rule {
+        notify: false,
+        ..always!(
+            clone3,
+            "its flags sit behind a pointer seccomp cannot read; glibc falls back to clone on ENOSYS"
+        )
+    },
     always!(keyctl, "the kernel keyring is not namespaced"),
     always!(add_key, "the kernel keyring is not namespaced"),
     always!(request_key, "the kernel keyring is not namespaced"),
@@ -318,6 +331,7 @@ const BPF_RET_K: u16 = 0x06;
 const SECCOMP_RET_KILL_PROCESS: u32 = 0x8000_0000;
 const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
 const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
+const SECCOMP_RET_USER_NOTIF: u32 = 0x7fc0_0000;
 const AUDIT_ARCH_X86_64: u32 = 0xC000_003E;
 const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 const OFFSET_NR: u32 = 0;
@@ -355,11 +369,25 @@ const fn hop(n: usize) -> u8 {
 /// The filter the sandboxed program gets: [`RULES`] compiled once, by the compiler, into the
 /// binary's read-only data. It depends on nothing but the table (one profile, x86-64 only, the
 /// same for every policy and tier), so no run builds it, allocates for it or can get it wrong.
-pub static PROGRAM: [sock_filter; program_len(RULES)] = compile(RULES);
+pub static PROGRAM: [sock_filter; program_len(RULES, false)] = compile(RULES, false);
+
+/// The same filter for a watched sandbox: the denied calls marked `notify` go to the
+/// supervisor's listener instead of failing in the kernel (it answers the same errno), and so
+/// do [`EXEC_CALLS`], which it lets continue once it has logged them.
+pub static WATCHED: [sock_filter; program_len(RULES, true)] = compile(RULES, true);
+
+/// The calls a watched sandbox reports and lets through: the programs the code executes.
+pub const EXEC_CALLS: &[(libc::c_long, &str)] = &[
+    (libc::SYS_execve, "execve"),
+    (libc::SYS_execveat, "execveat"),
+];
 
 /// The length of [`compile`]'s output for `rules`.
-pub const fn program_len(rules: &[Rule]) -> usize {
+pub const fn program_len(rules: &[Rule], watched: bool) -> usize {
     let mut len = PRELUDE_LEN + 1;
+    if watched {
+        len += 2 * EXEC_CALLS.len();
+    }
     let mut i = 0;
     while i < rules.len() {
         len += match rules[i].when {
@@ -375,10 +403,14 @@ pub const fn program_len(rules: &[Rule]) -> usize {
 const PRELUDE_LEN: usize = 6;
 
 /// Compiles `rules` into a filter for x86-64: other architectures are killed (no i386 or x32
-/// back door), listed calls get their rule's errno, everything else is allowed. `N` must be
-/// [`program_len`]`(rules)`; a `const fn`, so that [`PROGRAM`] is built at compile time.
-pub const fn compile<const N: usize>(rules: &[Rule]) -> [sock_filter; N] {
-    assert!(N == program_len(rules), "N must be program_len(rules)");
+/// back door), listed calls get their rule's errno (`watched`: the notified ones go to the
+/// listener, and [`EXEC_CALLS`] too), everything else is allowed. `N` must be
+/// [`program_len`]`(rules, watched)`; a `const fn`, so that [`PROGRAM`] is built at compile time.
+pub const fn compile<const N: usize>(rules: &[Rule], watched: bool) -> [sock_filter; N] {
+    assert!(
+        N == program_len(rules, watched),
+        "N must be program_len(rules, watched)"
+    );
     assert!(
         N <= BPF_MAXINSNS,
         "seccomp program longer than the kernel accepts"
@@ -401,10 +433,14 @@ pub const fn compile<const N: usize>(rules: &[Rule]) -> [sock_filter; N] {
     while r < rules.len() {
         let rule = &rules[r];
         let nr = rule.nr as u32;
+        let verdict = match watched && rule.notify {
+            true => stmt(BPF_RET_K, SECCOMP_RET_USER_NOTIF),
+            false => deny(rule.errno),
+        };
         match rule.when {
             When::Always => {
                 p[at] = jump(BPF_JEQ_K, nr, 0, 1);
-                p[at + 1] = deny(rule.errno);
+                p[at + 1] = verdict;
                 at += 2;
             }
             When::Args(conds) => {
@@ -426,7 +462,7 @@ pub const fn compile<const N: usize>(rules: &[Rule]) -> [sock_filter; N] {
                     at += 3;
                     i += 1;
                 }
-                p[at] = deny(rule.errno);
+                p[at] = verdict;
                 p[at + 1] = stmt(BPF_LD_W_ABS, OFFSET_NR);
                 at += 2;
             }
@@ -434,15 +470,45 @@ pub const fn compile<const N: usize>(rules: &[Rule]) -> [sock_filter; N] {
                 p[at] = jump(BPF_JEQ_K, nr, 0, 4);
                 p[at + 1] = stmt(BPF_LD_W_ABS, OFFSET_ARGS + 8 * index as u32);
                 p[at + 2] = jump(BPF_JSET_K, mask, 0, 1);
-                p[at + 3] = deny(rule.errno);
+                p[at + 3] = verdict;
                 p[at + 4] = stmt(BPF_LD_W_ABS, OFFSET_NR);
                 at += 5;
             }
         }
         r += 1;
     }
+    let mut e = 0;
+    while watched && e < EXEC_CALLS.len() {
+        p[at] = jump(BPF_JEQ_K, EXEC_CALLS[e].0 as u32, 0, 1);
+        p[at + 1] = stmt(BPF_RET_K, SECCOMP_RET_USER_NOTIF);
+        at += 2;
+        e += 1;
+    }
     p[at] = stmt(BPF_RET_K, SECCOMP_RET_ALLOW);
     p
+}
+
+/// The rule that denies a call, as the filter decides it (the first that matches), for the
+/// supervisor that hears of it.
+pub fn rule_for(nr: i32, args: &[u64; 6]) -> Option<&'static Rule> {
+    RULES
+        .iter()
+        .find(|r| r.nr == libc::c_long::from(nr) && r.matches(args))
+}
+
+impl Rule {
+    /// Whether the call's arguments meet the rule's condition, on their low 32 bits as BPF
+    /// sees them.
+    pub fn matches(&self, args: &[u64; 6]) -> bool {
+        let low = |i: u8| args[i as usize] as u32;
+        match self.when {
+            When::Always => true,
+            When::Args(conds) => conds
+                .iter()
+                .all(|c| (low(c.index) & c.mask == c.value) == c.equal),
+            When::ArgAnyBit { index, mask } => low(index) & mask != 0,
+        }
+    }
 }
 
 /// The names of the denied calls, for the result's `isolation`.
@@ -583,24 +649,13 @@ mod tests {
                 let v = verdict(rule.nr, off);
                 let other = RULES
                     .iter()
-                    .any(|r| r.name != rule.name && r.nr == rule.nr && matches_args(r, &off));
+                    .any(|r| r.name != rule.name && r.nr == rule.nr && r.matches(&off));
                 assert!(
                     v == SECCOMP_RET_ALLOW || other,
                     "{}: {c:?} did not count",
                     rule.name
                 );
             }
-        }
-    }
-
-    fn matches_args(rule: &Rule, args: &[u64; 6]) -> bool {
-        match rule.when {
-            When::Always => true,
-            When::Args(conds) => conds.iter().all(|c| {
-                let a = args[c.index as usize] as u32 & c.mask;
-                (a == c.value) == c.equal
-            }),
-            When::ArgAnyBit { index, mask } => args[index as usize] as u32 & mask != 0,
         }
     }
 
@@ -611,9 +666,10 @@ mod tests {
     /// The static program is the table compiled; the same compiler run now agrees with rustc.
     #[test]
     fn the_static_program_is_the_table_compiled() {
-        let now = compile::<{ program_len(RULES) }>(std::hint::black_box(RULES));
+        let now = compile::<{ program_len(RULES, false) }>(std::hint::black_box(RULES), false);
         assert_eq!(fields(&now), fields(&PROGRAM));
-        assert_eq!(PROGRAM.len(), program_len(RULES));
+        let watched = compile::<{ program_len(RULES, true) }>(std::hint::black_box(RULES), true);
+        assert_eq!(fields(&watched), fields(&WATCHED));
     }
 
     /// Every jump lands inside the program, and the program ends in a verdict.
@@ -633,15 +689,16 @@ mod tests {
     #[test]
     fn build_cost_per_run_is_printed() {
         let t = std::time::Instant::now();
-        let first = compile::<{ program_len(RULES) }>(std::hint::black_box(RULES));
+        let first = compile::<{ program_len(RULES, false) }>(std::hint::black_box(RULES), false);
         let first_time = t.elapsed();
         std::hint::black_box(&first);
         let runs = 2000u32;
         let t = std::time::Instant::now();
         for _ in 0..runs {
-            std::hint::black_box(compile::<{ program_len(RULES) }>(std::hint::black_box(
-                RULES,
-            )));
+            std::hint::black_box(compile::<{ program_len(RULES, false) }>(
+                std::hint::black_box(RULES),
+                false,
+            ));
         }
         let per_build = t.elapsed() / runs;
         let t = std::time::Instant::now();
@@ -654,6 +711,63 @@ mod tests {
              {per_build:?} (warm); static {per_read:?}",
             PROGRAM.len()
         );
+    }
+
+    /// The watched program answers exactly as the plain one, but that notified denials and the
+    /// exec calls go to the listener; clone3 stays an in-kernel ENOSYS.
+    #[test]
+    fn the_watched_program_notifies_what_it_denies_and_execs() {
+        let watched =
+            |nr: libc::c_long, args: [u64; 6]| run(&WATCHED, AUDIT_ARCH_X86_64, nr as u32, args);
+        for rule in RULES {
+            let mut args = [0u64; 6];
+            if let When::Args(conds) = rule.when {
+                for c in conds {
+                    args[c.index as usize] = u64::from(if c.equal { c.value } else { !c.value });
+                }
+            }
+            if let When::ArgAnyBit { index, mask } = rule.when {
+                args[index as usize] = u64::from(mask);
+            }
+            let want = if rule.notify {
+                SECCOMP_RET_USER_NOTIF
+            } else {
+                SECCOMP_RET_ERRNO | rule.errno as u32
+            };
+            assert_eq!(watched(rule.nr, args), want, "{}", rule.name);
+            assert_eq!(
+                rule_for(rule.nr as i32, &args).map(|r| r.name),
+                Some(rule.name),
+                "the supervisor names {} as the filter does",
+                rule.name
+            );
+        }
+        assert_eq!(watched(libc::SYS_clone3, [0; 6]), DENY);
+        assert_eq!(watched(libc::SYS_execve, [0; 6]), SECCOMP_RET_USER_NOTIF);
+        assert_eq!(watched(libc::SYS_execveat, [0; 6]), SECCOMP_RET_USER_NOTIF);
+        assert_eq!(verdict(libc::SYS_execve, [0; 6]), SECCOMP_RET_ALLOW);
+        for nr in [
+            libc::SYS_read,
+            libc::SYS_openat,
+            libc::SYS_stat,
+            libc::SYS_clone,
+        ] {
+            assert_eq!(watched(nr, [0; 6]), SECCOMP_RET_ALLOW, "{nr}");
+        }
+    }
+
+    /// Every syscall a tripwire group names is one the filter denies and notifies.
+    #[test]
+    fn every_tripwire_names_a_notified_rule() {
+        for (group, calls) in kennel_types::security::TRIPWIRE_GROUPS {
+            for call in *calls {
+                let rule = RULES.iter().find(|r| r.name == *call);
+                assert!(
+                    rule.is_some_and(|r| r.notify),
+                    "tripwire {group}: {call} is not a notified rule"
+                );
+            }
+        }
     }
 
     #[test]

@@ -135,7 +135,9 @@ steps! {
     CloseInheritedFds = "close_inherited_fds",
         "no descriptor beyond stdin, stdout, stderr (and the control socket, closed on exec) reaches the code";
     InstallSeccomp = "install_seccomp",
-        "the syscall filter goes last, so that nothing Kennel itself still needs is denied";
+        "the syscall filter goes last, so that nothing Kennel itself still needs is denied; its denied calls (and execs) notify a listener";
+    HandOverListener = "hand_over_listener",
+        "the listener goes to the supervisor and is closed here before the code runs: code holding it could answer its own calls, and the final execve is itself a notified call";
     VerifyConfinement = "verify_confinement",
         "the process checks from inside that NoNewPrivs, seccomp and empty capabilities are in force";
     Exec = "exec",
@@ -183,6 +185,7 @@ pub const PROGRAM_STEPS: &[Step] = &[
     Step::RestrictFilesystem,
     Step::CloseInheritedFds,
     Step::InstallSeccomp,
+    Step::HandOverListener,
     Step::VerifyConfinement,
     Step::Exec,
 ];
@@ -207,6 +210,8 @@ pub struct Ctx<'a> {
     pub fs: FsPlan,
     pub namespaces: Vec<String>,
     pub landlock: Option<Outcome>,
+    /// The seccomp listener, between its filter's install and its hand-over.
+    pub listener: Option<std::os::fd::OwnedFd>,
 }
 
 const BASE_NAMESPACES: &[(libc::c_int, &str)] = &[
@@ -274,9 +279,18 @@ impl Step {
             Step::SetNoNewPrivs => os.set_no_new_privs().ctx(|| "PR_SET_NO_NEW_PRIVS".into()),
             Step::RestrictFilesystem => restrict_filesystem(ctx, os),
             Step::CloseInheritedFds => os.close_fds_from(CTL_FD + 1).ctx(|| "close_range".into()),
-            Step::InstallSeccomp => os
-                .install_seccomp(&seccomp::PROGRAM)
-                .ctx(|| "PR_SET_SECCOMP".into()),
+            Step::InstallSeccomp => {
+                ctx.listener = os
+                    .install_watched_seccomp(&seccomp::WATCHED)
+                    .ctx(|| "seccomp(SECCOMP_FILTER_FLAG_NEW_LISTENER)".into())?;
+                Ok(())
+            }
+            Step::HandOverListener => match ctx.listener.take() {
+                Some(fd) => os
+                    .hand_over_listener(fd)
+                    .ctx(|| "sending the seccomp listener to the supervisor".into()),
+                None => Err(Fail::new("no seccomp listener to hand over")),
+            },
             Step::VerifyConfinement => verify_confinement(ctx, os),
             Step::Exec => Err(exec(ctx, os)),
         }

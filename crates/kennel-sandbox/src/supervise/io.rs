@@ -103,33 +103,48 @@ impl Canceller {
 /// What the supervision loop waits for.
 pub(crate) enum Event {
     Frame(Msg, Vec<u8>),
+    /// A watched sandbox's seccomp listener, handed over by its program process.
+    Listener(std::os::fd::OwnedFd),
+    /// A tripwire call, under `on_violation = "kill"`: the watcher left it pending.
+    Tripwire(&'static str),
     /// The control socket closed: every helper process is gone.
     Closed,
     Cancel,
 }
 
 /// Reads the control socket on a thread of its own: every frame, then `Closed`, arrive on the
-/// returned channel, where a `cancel` also lands.
+/// returned channel, where a `cancel` also lands; the sender is for the loop's own watchers.
 pub(crate) fn control_events(
     ctl: &std::os::unix::net::UnixStream,
     cancel: Option<&Canceller>,
-) -> Result<mpsc::Receiver<Event>, Error> {
-    let mut reader = ctl
+) -> Result<(mpsc::Sender<Event>, mpsc::Receiver<Event>), Error> {
+    let socket = ctl
         .try_clone()
         .map_err(Error::io("cloning the control socket"))?;
+    let mut reader = crate::channel::FdReader {
+        socket,
+        fds: Vec::new(),
+    };
     let (tx, rx) = mpsc::channel();
     if let Some(cancel) = cancel {
         cancel.attach(tx.clone());
     }
+    let loop_tx = tx.clone();
     thread::spawn(move || {
         while let Ok(Some((msg, blob))) = crate::channel::recv(&mut reader) {
-            if tx.send(Event::Frame(msg, blob)).is_err() {
+            // Only a listener frame carries a descriptor; any other that came is closed.
+            let fd = reader.fds.drain(..).next_back();
+            let event = match (msg, fd) {
+                (Msg::Listener, Some(fd)) => Event::Listener(fd),
+                (msg, _) => Event::Frame(msg, blob),
+            };
+            if tx.send(event).is_err() {
                 return;
             }
         }
         let _ = tx.send(Event::Closed);
     });
-    Ok(rx)
+    Ok((loop_tx, rx))
 }
 
 /// What a caller learns the moment the code starts: the isolation in force, and (with
@@ -138,6 +153,9 @@ pub(crate) fn control_events(
 pub struct Started {
     pub isolation: Isolation,
     pub usage: Option<crate::cgroup::Probe>,
+    /// What the watcher of a watched sandbox has seen so far (a pooled sandbox's owner takes
+    /// each request's share of it).
+    pub watch: Option<Arc<crate::watch::Watch>>,
 }
 
 /// Called once, when the code starts.

@@ -15,7 +15,7 @@ pub mod report;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use kennel_net::Proxy;
@@ -25,6 +25,7 @@ use crate::cgroup::Probe;
 use crate::channel::{self, Confinement, InputFiles, Msg, CTL_FD};
 use crate::error::{Error, SetupStep};
 use crate::sys;
+use crate::watch::{Watch, Watcher};
 use io::{control_events, feed_stdin, join, reader, Event, RunIo, Started};
 use output::{Captured, Stream};
 use report::{build_result, Outcome, Report};
@@ -74,6 +75,10 @@ pub(crate) trait Tier {
     fn finish(&self, _result: &mut RunResult) {}
     /// The isolation in force, from what the helper verified (if it reports that).
     fn isolation(&self, confinement: Option<Confinement>) -> Isolation;
+    /// Why the system calls its filter denies are not reported, when no listener came.
+    fn unwatched(&self) -> String {
+        "this tier does not report the system calls it denies".into()
+    }
     /// How the run ended, before the clean-up.
     fn ended(&mut self, _report: &Report) {}
     /// Removes what the run made (cgroups, bundles, containers), whatever happened; called once.
@@ -159,11 +164,12 @@ fn watch<T: Tier>(
     send_plan(&mut running.ctl, &plan, files)
         .map_err(|e| setup(T::SPAWN_STEP, e, "sending the plan"))?;
     let mut on_started = io.on_started;
-    let mut notify = |tier: &T, c: Option<Confinement>| {
+    let mut notify = |tier: &T, c: Option<Confinement>, watch: Option<Arc<Watch>>| {
         if let Some(f) = on_started.take() {
             f(Started {
                 isolation: on_image(tier.isolation(c), req),
                 usage: tier.probe(),
+                watch,
             });
         }
     };
@@ -192,7 +198,13 @@ fn watch<T: Tier>(
         });
     }
     let oom = stats.is_some_and(|s| s.oom_kills > 0);
-    if report.exited.is_none() && !report.timed_out && !report.cancelled && !oom {
+    let tally = report.watcher.take().map(Watcher::finish);
+    if report.exited.is_none()
+        && !report.timed_out
+        && !report.cancelled
+        && report.tripped.is_none()
+        && !oom
+    {
         return Err(Error::Protocol(format!(
             "the sandbox ended without reporting an exit; stderr: {}",
             String::from_utf8_lossy(&stderr.head)
@@ -210,7 +222,7 @@ fn watch<T: Tier>(
     let isolation = on_image(tier.isolation(report.confinement.take()), req);
     let outcome = Outcome {
         exited: report.exited,
-        killed: report.timed_out || report.cancelled,
+        killed: report.timed_out || report.cancelled || report.tripped.is_some(),
         timed_out: report.timed_out,
         stats,
         usage,
@@ -222,6 +234,14 @@ fn watch<T: Tier>(
     let mut result = build_result(req, outcome, isolation);
     result.network_log = network_log;
     tier.finish(&mut result);
+    match tally {
+        Some(tally) => tally.into_result(&mut result),
+        None if !result.security_events.syscalls_watched => {
+            result.security_events.unwatched = Some(tier.unwatched());
+        }
+        None => {}
+    }
+    result.add_derived_events();
     Ok(result)
 }
 
@@ -234,9 +254,9 @@ fn events<T: Tier>(
     started: Instant,
     req: &RunRequest,
     cancel: Option<&io::Canceller>,
-    notify: &mut dyn FnMut(&T, Option<Confinement>),
+    notify: &mut dyn FnMut(&T, Option<Confinement>, Option<Arc<Watch>>),
 ) -> Result<Report, Error> {
-    let rx = control_events(ctl, cancel)?;
+    let (tx, rx) = control_events(ctl, cancel)?;
     let mut report = Report::default();
     let timeout = req.policy.limits.timeout.0;
     let mut give_up: Option<Instant> = None;
@@ -246,7 +266,7 @@ fn events<T: Tier>(
             _ => started + T::SETUP_ALLOWANCE + timeout,
         };
         let until = give_up.unwrap_or(deadline);
-        let timed_out = match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
+        let stop = match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
             Ok(Event::Frame(Msg::Done, _))
             | Ok(Event::Closed)
             | Err(mpsc::RecvTimeoutError::Disconnected) => break,
@@ -254,16 +274,24 @@ fn events<T: Tier>(
                 on_frame(tier, ctl, helper, msg, blob, &mut report, notify)?;
                 continue;
             }
+            Ok(Event::Listener(fd)) => {
+                report.watcher = report.watcher.take().or_else(|| watcher(fd, req, &tx));
+                continue;
+            }
             Err(mpsc::RecvTimeoutError::Timeout) if give_up.is_some() => break,
-            Ok(Event::Cancel) => false,
-            Err(mpsc::RecvTimeoutError::Timeout) => true,
+            Ok(Event::Cancel) => Stop::Cancel,
+            Ok(Event::Tripwire(name)) => Stop::Tripwire(name),
+            Err(mpsc::RecvTimeoutError::Timeout) => Stop::Timeout,
         };
         // The code's own end counts; past it, only the collection of files is left, which
         // gets the grace before it is cut short.
         if give_up.is_none() {
             if report.exited.is_none() {
-                report.timed_out = timed_out;
-                report.cancelled = !timed_out;
+                match stop {
+                    Stop::Timeout => report.timed_out = true,
+                    Stop::Cancel => report.cancelled = true,
+                    Stop::Tripwire(name) => report.tripped = Some(name),
+                }
                 report.ended_at = Some(Instant::now());
                 kill(tier, helper, &mut report);
             }
@@ -274,6 +302,29 @@ fn events<T: Tier>(
         kill(tier, helper, &mut report);
     }
     Ok(report)
+}
+
+/// Why the loop stops the sandbox.
+enum Stop {
+    Timeout,
+    Cancel,
+    Tripwire(&'static str),
+}
+
+/// Watches a sandbox whose program process handed over its seccomp listener; a tripwire under
+/// `kill` comes back to the loop as an event, which kills the sandbox.
+fn watcher(
+    fd: std::os::fd::OwnedFd,
+    req: &RunRequest,
+    tx: &mpsc::Sender<Event>,
+) -> Option<Watcher> {
+    let tx = std::sync::Mutex::new(tx.clone());
+    let on_trip = Box::new(move |name| {
+        let tx = tx.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = tx.send(Event::Tripwire(name));
+    });
+    let p = &req.policy;
+    Watcher::start(fd, p.on_violation, p.tripwires.clone(), on_trip).ok()
 }
 
 fn kill<T: Tier>(tier: &T, helper: i32, report: &mut Report) {
@@ -290,18 +341,19 @@ fn on_frame<T: Tier>(
     msg: Msg,
     blob: Vec<u8>,
     report: &mut Report,
-    notify: &mut dyn FnMut(&T, Option<Confinement>),
+    notify: &mut dyn FnMut(&T, Option<Confinement>, Option<Arc<Watch>>),
 ) -> Result<(), Error> {
     match msg {
         Msg::InitPid { pid } => {
             report.init_pid = Some(pid);
             report.code_started.get_or_insert_with(Instant::now);
             if !T::REPORTS_CONFINEMENT {
-                notify(tier, None);
+                notify(tier, None, None);
             }
         }
         Msg::Started(c) => {
-            notify(tier, Some(c.clone()));
+            let watch = report.watcher.as_ref().map(|w| w.watch.clone());
+            notify(tier, Some(c.clone()), watch);
             report.confinement = Some(c);
         }
         Msg::Failed {

@@ -25,6 +25,10 @@ pub(crate) struct Report {
     pub(crate) collected: Vec<(Collected, Vec<u8>)>,
     pub(crate) timed_out: bool,
     pub(crate) cancelled: bool,
+    /// The tripwire call that made Kennel kill the sandbox.
+    pub(crate) tripped: Option<&'static str>,
+    /// The watcher of a sandbox that handed over its seccomp listener.
+    pub(crate) watcher: Option<crate::watch::Watcher>,
     /// Kennel killed the sandbox (at the deadline, on cancel, or past the grace).
     pub(crate) killed: bool,
     pub(crate) proxy: Option<Proxy>,
@@ -79,6 +83,9 @@ pub(crate) fn build_result(req: &RunRequest, o: Outcome, isolation: Isolation) -
         isolation,
         network_log: vec![],
         rich: kennel_types::api::RichResults::default(),
+        security_events: kennel_types::security::SecurityEvents::default(),
+        exec_log: vec![],
+        killed_by: None,
     }
 }
 

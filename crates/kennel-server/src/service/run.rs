@@ -25,7 +25,7 @@ pub(super) async fn run(
 ) -> Result<RunResult, ServiceError> {
     let config = &service.config;
     config.check_network(&caller.0, &spec.network)?;
-    let mut req = spec.to_request(&config.base_policy(), &config.maxima)?;
+    let mut req = spec.to_request(&config.base_policy_for(&caller.0), &config.maxima)?;
     config.enforce_isolation(&caller.0, &mut req.policy, spec.names_tier())?;
     service.check_image(caller, &req.policy)?;
     check_paths(&req)?;
@@ -105,10 +105,13 @@ async fn execute(
                 r.outcome.timed_out,
                 r.oom_killed,
             );
-            state.audit.record(&Entry {
+            state.metrics.security(&r.security_events);
+            let entry = Entry {
                 isolation: Some(&r.isolation),
                 ..entry.with_result(r)
-            });
+            };
+            state.audit.record(&entry);
+            state.audit.record_security(&entry, r);
         }
         Err(e) => state.audit.record(&Entry {
             error: Some(e.to_string()),
@@ -249,6 +252,8 @@ async fn run_pooled(
         figure_formats: None,
         id: None,
     };
+    let watch = agent.watch();
+    let before = watch.as_ref().map(|w| w.tally());
     let exec = agent.exec(exec, on_progress).await;
     let mut files = Vec::new();
     if exec.is_ok() {
@@ -275,27 +280,29 @@ async fn run_pooled(
                 None => return Err(agent_failed(AgentError::Gone(String::new()))),
             };
             let limit = limits.output.0;
-            return match exec {
-                Ok(ran) => Ok(RunResult {
+            let mut result = match exec {
+                Ok(ran) => RunResult {
                     rich: rich_of(&ran.exec),
                     outcome: ran.exec.outcome,
                     files,
                     ..sandbox
-                }),
-                // The whole sandbox died under the code: the code's own output and time, the
-                // sandbox's exit (the OOM killer's or the signal's) and usage.
-                Err(AgentError::Gone(_)) => Ok(seen.into_result(limit, false, sandbox)),
+                },
+                // The whole sandbox died under the code (the OOM killer, a tripwire): the
+                // code's own output and time, the sandbox's exit and usage.
+                Err(AgentError::Gone(_)) => seen.into_result(limit, false, sandbox),
                 // The agent did not answer past the code's timeout: the code ran out of time.
-                Err(AgentError::Unresponsive) => Ok(seen.into_result(limit, true, sandbox)),
-                Err(e) => Err(agent_failed(e)),
+                Err(AgentError::Unresponsive) => seen.into_result(limit, true, sandbox),
+                Err(e) => return Err(agent_failed(e)),
             };
+            watched(&mut result, watch.as_deref(), before.as_ref(), language);
+            return Ok(result);
         }
     };
     tokio::spawn(async move {
         agent.kill();
         agent.close().await;
     });
-    Ok(RunResult {
+    let mut result = RunResult {
         rich: rich_of(&exec),
         outcome: exec.outcome,
         oom_killed: usage.oom_kills > 0,
@@ -305,7 +312,40 @@ async fn run_pooled(
         files,
         isolation,
         network_log: vec![],
-    })
+        security_events: Default::default(),
+        exec_log: vec![],
+        killed_by: None,
+    };
+    watched(&mut result, watch.as_deref(), before.as_ref(), language);
+    Ok(result)
+}
+
+/// A pooled run's share of its sandbox's watch: what happened since it was handed the
+/// sandbox, as a cold sandbox would have reported it. A shell run's first exec is the agent's
+/// start of `bash -c`, which a cold run's log leaves out as the request's own command.
+fn watched(
+    result: &mut RunResult,
+    watch: Option<&kennel_sandbox::watch::Watch>,
+    before: Option<&kennel_sandbox::watch::Tally>,
+    language: &Language,
+) {
+    match (watch, before) {
+        (Some(watch), Some(before)) => {
+            let mut tally = watch.tally().since(before);
+            if *language != Language::Python && !tally.execs.is_empty() {
+                tally.execs.remove(0);
+            }
+            let killed_by = result.killed_by.take();
+            tally.into_result(result);
+            result.killed_by = result.killed_by.take().or(killed_by);
+        }
+        _ if !result.security_events.syscalls_watched => {
+            result.security_events.unwatched =
+                Some("this tier does not report the system calls it denies".into());
+        }
+        _ => {}
+    }
+    result.add_derived_events();
 }
 
 /// What a rich exec adds, for a run's result.

@@ -73,7 +73,7 @@ pub(super) async fn create(
             )))
         }
     };
-    let mut policy = config.base_policy();
+    let mut policy = config.base_policy_for(&caller.0);
     policy.limits = spec.limits.apply(&policy.limits, &config.maxima)?;
     if policy.limits.memory.0 < MIN_MEMORY {
         return Err(ServiceError::BadRequest(format!(

@@ -35,13 +35,50 @@ fn tier() -> Option<&'static str> {
     })
 }
 
-/// The `kennel run` options that select this binary's tier.
+/// The `kennel run` options that select this binary's tier, and its tripwire action.
 #[allow(dead_code)]
 fn tier_opts() -> Vec<&'static str> {
+    let mut opts = tier_only_opts();
+    if kill_suite() {
+        opts.extend(["--on-violation", "kill"]);
+    }
+    opts
+}
+
+/// The options that select this binary's tier alone.
+#[allow(dead_code)]
+fn tier_only_opts() -> Vec<&'static str> {
     match tier() {
         Some("microvm") => vec!["--tier", "microvm"],
         other => other.map_or(vec![], |rt| vec!["--runtime", rt]),
     }
+}
+
+/// Whether this binary runs its suite with `--on-violation kill` (its name ends in `_kill`):
+/// a probe that touches a tripwire must then be killed and named, and the same probe under
+/// `report` must still meet its test's own oracle.
+#[allow(dead_code)]
+fn kill_suite() -> bool {
+    env!("CARGO_CRATE_NAME").ends_with("_kill")
+}
+
+/// A run a tripwire killed, named as the policy's: SIGKILL, `killed_by: tripwire:NAME`, and
+/// NAME's denied call reported once (the first call never returned), as a tripwire.
+#[allow(dead_code)]
+fn assert_killed_by_tripwire(r: &serde_json::Value) -> String {
+    let by = r["killed_by"].as_str().unwrap_or_default();
+    let name = by.strip_prefix("tripwire:").unwrap_or_else(|| panic!("killed by {by}: {r}"));
+    assert_eq!(r["signal"], 9, "{r}");
+    assert_eq!(r["exit_code"], serde_json::Value::Null, "{r}");
+    let events = r["security_events"]["events"].as_array().unwrap();
+    let denied = events
+        .iter()
+        .find(|e| e["kind"] == "denied_syscall" && e["syscall"] == name)
+        .unwrap_or_else(|| panic!("{name} not reported: {r}"));
+    assert_eq!(denied["tripwire"], true, "{r}");
+    assert_eq!(denied["count"], 1, "{r}");
+    eprintln!("killed by {by}, as the kill suite expects");
+    name.to_string()
 }
 
 /// Whether this suite runs in a microVM (a guest kernel of its own answers the code's
@@ -133,7 +170,12 @@ fn py(opts: &[&str], code: &str) -> serde_json::Value {
 /// Runs Python `code` in this binary's tier and returns its stdout, asserting that it exited 0.
 #[allow(dead_code)]
 fn py_ok(opts: &[&str], code: &str) -> String {
-    let r = py(opts, code);
+    let mut r = py(opts, code);
+    if kill_suite() && !r["killed_by"].is_null() {
+        assert_killed_by_tripwire(&r);
+        let all = [tier_only_opts(), opts.to_vec()].concat();
+        r = common::run_json(&all, &[PY, "-c", code]);
+    }
     assert_eq!(r["exit_code"], 0, "python failed: {}", r["stderr"]);
     r["stdout"].as_str().unwrap().to_string()
 }

@@ -138,8 +138,15 @@ impl Os for Recorder {
     fn close_fds_from(&mut self, first: i32) -> io::Result<()> {
         self.log(format!("close_fds_from {first}"))
     }
-    fn install_seccomp(&mut self, _: &[libc::sock_filter]) -> io::Result<()> {
-        self.log("seccomp")
+    fn install_watched_seccomp(
+        &mut self,
+        _: &[libc::sock_filter],
+    ) -> io::Result<Option<std::os::fd::OwnedFd>> {
+        self.log("seccomp")?;
+        Ok(Some(std::fs::File::open("/dev/null")?.into()))
+    }
+    fn hand_over_listener(&mut self, _: std::os::fd::OwnedFd) -> io::Result<()> {
+        self.log("hand over listener")
     }
     fn read_to_string(&mut self, path: &str) -> io::Result<String> {
         self.log(format!("read {path}"))?;
@@ -220,6 +227,7 @@ fn record() -> Recorder {
         fs,
         namespaces: vec![],
         landlock: None,
+        listener: None,
     };
     let mut rec = Recorder::default();
     run_steps(HELPER_STEPS, &mut ctx, &mut rec).unwrap();
@@ -338,10 +346,11 @@ fn capabilities_go_after_the_last_mount_and_seccomp_is_last_before_exec() {
     let seccomp = rec.index("seccomp");
     let exec = rec.index("exec");
     assert!(seccomp < exec);
-    // Between seccomp and exec only the self-check and its report happen.
+    // Between seccomp and exec only the listener's hand-over (before any code can hold it,
+    // and before the execve it is notified of), the self-check and its report happen.
     assert_eq!(
         &rec.calls[seccomp + 1..exec],
-        ["read /proc/self/status", "report"]
+        ["hand over listener", "read /proc/self/status", "report"]
     );
 }
 
@@ -355,6 +364,7 @@ fn required_landlock_that_is_not_enforced_fails_its_step() {
         fs: FsPlan::default(),
         namespaces: vec![],
         landlock: None,
+        listener: None,
     };
     let mut rec = Recorder {
         landlock: Some(Outcome {

@@ -167,6 +167,11 @@ struct RunArgs {
     /// fowner, fsetid, kill, setuid, setgid, net_bind_service) or none.
     #[arg(long, value_name = "SET")]
     capabilities: Option<kennel_types::policy::Capabilities>,
+    /// What a denied call in the tripwire set (ptrace, mount, bpf, kexec, modules, keyctl,
+    /// perf_event_open, userfaultfd, namespaces) does: report (the default: it fails with
+    /// ENOSYS and the result says so) or kill the sandbox at once.
+    #[arg(long, value_name = "ACTION")]
+    on_violation: Option<kennel_types::security::OnViolation>,
     /// Run even where Landlock is unavailable (it is required by default).
     #[arg(long)]
     landlock_best_effort: bool,
@@ -457,6 +462,14 @@ fn pass_through(r: &RunResult) -> ExitCode {
     if r.pids_limit_hit {
         notes.push("the task limit was hit".into());
     }
+    if let Some(by) = &r.killed_by {
+        notes.push(format!("killed by {by}"));
+    }
+    for e in &r.security_events.events {
+        if let kennel_types::security::SecurityEvent::DeniedSyscall { syscall, count, .. } = e {
+            notes.push(format!("denied: {syscall} ({count}x)"));
+        }
+    }
     for f in r.files.iter().filter(|f| f.error.is_some()) {
         notes.push(format!(
             "{} not collected: {}",
@@ -500,6 +513,9 @@ fn request(args: RunArgs) -> anyhow::Result<RunRequest> {
     }
     if let Some(caps) = args.capabilities {
         policy.capabilities = caps;
+    }
+    if let Some(on) = args.on_violation {
+        policy.on_violation = on;
     }
     if args.landlock_best_effort {
         policy.layers.landlock = Some(Want::BestEffort);

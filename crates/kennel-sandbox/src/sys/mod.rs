@@ -20,6 +20,12 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use rustix::process::{Pid, Signal};
 
+mod notify;
+pub use notify::{
+    install_seccomp_listener, notif_answer, notif_id_valid, notif_recv, read_remote, recv_with_fds,
+    wait_notice, Notice, Ready,
+};
+
 fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
     if ret == -1 {
         Err(io::Error::last_os_error())
@@ -431,26 +437,8 @@ pub fn keep_only_capabilities(keep: u64) -> io::Result<()> {
     Ok(rustix::thread::set_capabilities(None, sets)?)
 }
 
-// libc from here to `seccomp_available`: rustix covers neither seccomp nor Landlock.
-/// Installs a classic BPF seccomp filter on the calling thread.
-pub fn install_seccomp_filter(program: &[libc::sock_filter]) -> io::Result<()> {
-    let len =
-        u16::try_from(program.len()).map_err(|_| io::Error::from_raw_os_error(libc::E2BIG))?;
-    let prog = libc::sock_fprog {
-        len,
-        filter: program.as_ptr().cast_mut(),
-    };
-    // SAFETY: `prog` points at `program`, which outlives the call; the kernel copies the filter.
-    check(unsafe {
-        libc::prctl(
-            libc::PR_SET_SECCOMP,
-            libc::c_ulong::from(libc::SECCOMP_MODE_FILTER),
-            &prog,
-        )
-    })
-    .map(drop)
-}
-
+// libc from here to `seccomp_available`: rustix covers neither seccomp nor Landlock (the
+// seccomp filter itself is installed in `notify`).
 /// The highest Landlock ABI the kernel offers, or `None` where Landlock is absent or disabled.
 pub fn landlock_abi() -> Option<u32> {
     const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;

@@ -1,0 +1,226 @@
+//! What a run did that its policy stopped: denied system calls, refused connections, limits
+//! reached, and the programs it executed; and what a tripwire does about the worst of them.
+
+use serde::{Deserialize, Serialize};
+
+/// What a denied system call in the tripwire set does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OnViolation {
+    /// The call fails as any denied call does, and the result reports it.
+    #[default]
+    Report,
+    /// The first such call kills the sandbox at once (`killed_by: "tripwire:SYSCALL"`).
+    Kill,
+}
+
+impl std::str::FromStr for OnViolation {
+    type Err = crate::PolicyError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "report" => Ok(OnViolation::Report),
+            "kill" => Ok(OnViolation::Kill),
+            other => Err(crate::PolicyError::Invalid {
+                field: "on_violation",
+                why: format!("unknown action {other:?}: use report or kill"),
+            }),
+        }
+    }
+}
+
+/// The tripwire groups and the denied calls each stands for (names as the seccomp profile's
+/// `denied_syscalls` gives them). A policy names groups; by default all of them are set.
+pub const TRIPWIRE_GROUPS: &[(&str, &[&str])] = &[
+    (
+        "ptrace",
+        &["ptrace", "process_vm_readv", "process_vm_writev"],
+    ),
+    (
+        "mount",
+        &[
+            "mount",
+            "umount2",
+            "pivot_root",
+            "move_mount",
+            "open_tree",
+            "fsopen",
+            "fsconfig",
+            "fsmount",
+            "fspick",
+            "mount_setattr",
+        ],
+    ),
+    ("bpf", &["bpf"]),
+    ("kexec", &["kexec_load", "kexec_file_load"]),
+    ("modules", &["init_module", "finit_module", "delete_module"]),
+    ("keyctl", &["keyctl", "add_key", "request_key"]),
+    ("perf_event_open", &["perf_event_open"]),
+    ("userfaultfd", &["userfaultfd"]),
+    // Nested namespaces, user namespaces above all: unshare, setns and a namespace-creating
+    // clone (the `clone` rule matches only CLONE_NEW* flags).
+    ("namespaces", &["unshare", "setns", "clone"]),
+];
+
+/// A policy's tripwire groups; every group unless given.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(transparent)]
+pub struct Tripwires(pub Vec<String>);
+
+impl Default for Tripwires {
+    fn default() -> Self {
+        Tripwires(
+            TRIPWIRE_GROUPS
+                .iter()
+                .map(|(g, _)| (*g).to_string())
+                .collect(),
+        )
+    }
+}
+
+impl Tripwires {
+    /// Whether the denied call `syscall` trips one of the groups.
+    pub fn trips(&self, syscall: &str) -> bool {
+        TRIPWIRE_GROUPS
+            .iter()
+            .filter(|(g, _)| self.0.iter().any(|x| x == g))
+            .any(|(_, calls)| calls.contains(&syscall))
+    }
+
+    /// The first name that is not a group, with the known ones, for a validation error.
+    pub fn check(&self) -> Result<(), String> {
+        match self
+            .0
+            .iter()
+            .find(|t| !TRIPWIRE_GROUPS.iter().any(|(g, _)| g == t))
+        {
+            Some(bad) => {
+                let known: Vec<&str> = TRIPWIRE_GROUPS.iter().map(|(g, _)| *g).collect();
+                Err(format!(
+                    "{bad:?} is not a tripwire group; known: {}",
+                    known.join(", ")
+                ))
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+/// What the run's policy stopped, and whether its tier could watch for it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct SecurityEvents {
+    /// Whether the system calls the seccomp filter denied were reported (the native tier, the
+    /// microvm tier's guest); `false` where the tier cannot report them, `unwatched` says why.
+    pub syscalls_watched: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unwatched: Option<String>,
+    /// One event per denied call (with its count), refused destination and limit reached.
+    pub events: Vec<SecurityEvent>,
+    /// Whether details were dropped past the caps (counts still count).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
+}
+
+/// One kind of thing the policy stopped.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum SecurityEvent {
+    /// A system call the seccomp filter denied, as often as it was made.
+    DeniedSyscall {
+        syscall: String,
+        count: u64,
+        /// The errno the code got (`ENOSYS`, `EPERM` for the clock).
+        errno: String,
+        /// The six raw arguments of the first such call, in hex.
+        first_args: Vec<String>,
+        /// Whether the call is in the policy's tripwire set.
+        tripwire: bool,
+    },
+    /// Connections the allowlist proxy refused, by destination.
+    NetworkRefused {
+        host: String,
+        port: u16,
+        count: u64,
+        reason: String,
+    },
+    /// A limit the run reached: `pids`, `memory`, `output` or `time`.
+    LimitHit { limit: String },
+}
+
+impl SecurityEvent {
+    /// The event's class, as metrics and the audit log count it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SecurityEvent::DeniedSyscall { .. } => "denied_syscall",
+            SecurityEvent::NetworkRefused { .. } => "network_refused",
+            SecurityEvent::LimitHit { .. } => "limit_hit",
+        }
+    }
+}
+
+/// A program the code executed (advisory: read from the code's memory while it runs, so code
+/// can race it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ExecEntry {
+    /// The path given to execve (relative to the caller's directory when relative).
+    pub path: String,
+    pub argv0: String,
+}
+
+/// The most exec log entries a result keeps.
+pub const MAX_EXEC_LOG: usize = 64;
+
+impl crate::api::RunResult {
+    /// Adds the events the result's own fields already tell (limits reached, connections
+    /// refused) after the denied calls a watcher reported, replacing any such events from
+    /// before (a result rebuilt from a sandbox's keeps its denied calls only).
+    pub fn add_derived_events(&mut self) {
+        let o = &self.outcome;
+        let limits = [
+            ("pids", self.pids_limit_hit),
+            ("memory", self.oom_killed),
+            ("output", o.stdout_truncated || o.stderr_truncated),
+            ("time", o.timed_out),
+        ];
+        let events = &mut self.security_events.events;
+        events.retain(|e| matches!(e, SecurityEvent::DeniedSyscall { .. }));
+        for (limit, _) in limits.into_iter().filter(|(_, hit)| *hit) {
+            events.push(SecurityEvent::LimitHit {
+                limit: limit.to_string(),
+            });
+        }
+        for e in self.network_log.iter().filter(|e| e.decision == "denied") {
+            let same = events.iter_mut().find_map(|x| match x {
+                SecurityEvent::NetworkRefused {
+                    host, port, count, ..
+                } if *host == e.host && *port == e.port => Some(count),
+                _ => None,
+            });
+            match same {
+                Some(count) => *count += 1,
+                None => events.push(SecurityEvent::NetworkRefused {
+                    host: e.host.clone(),
+                    port: e.port,
+                    count: 1,
+                    reason: e.reason.clone(),
+                }),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_trip_their_calls_only() {
+        let all = Tripwires::default();
+        assert!(all.trips("ptrace"));
+        assert!(all.trips("fsopen"));
+        assert!(!all.trips("clone3"));
+        assert!(!all.trips("io_uring_setup"));
+        assert!(!Tripwires(vec!["bpf".into()]).trips("ptrace"));
+        assert!(Tripwires(vec!["nope".into()]).check().is_err());
+    }
+}
