@@ -21,6 +21,10 @@ pub struct Shown<'a> {
     pub outcome: &'a Outcome,
     pub oom_killed: bool,
     pub pids_limit_hit: bool,
+    /// A tripwire's kill (`tripwire:SYSCALL`).
+    pub killed_by: Option<&'a str>,
+    /// The calls the sandbox denied, with their counts.
+    pub denied: Vec<(&'a str, u64)>,
     pub interpreter: Option<&'a Interpreter>,
     pub files: &'a [CollectedFile],
     pub results: &'a [RichOutput],
@@ -34,6 +38,18 @@ impl<'a> From<&'a RunResult> for Shown<'a> {
             outcome: &r.outcome,
             oom_killed: r.oom_killed,
             pids_limit_hit: r.pids_limit_hit,
+            killed_by: r.killed_by.as_deref(),
+            denied: r
+                .security_events
+                .events
+                .iter()
+                .filter_map(|e| match e {
+                    kennel_types::security::SecurityEvent::DeniedSyscall {
+                        syscall, count, ..
+                    } => Some((syscall.as_str(), *count)),
+                    _ => None,
+                })
+                .collect(),
             interpreter: None,
             files: &r.files,
             results: &r.rich.results,
@@ -49,6 +65,8 @@ impl<'a> From<&'a ExecResult> for Shown<'a> {
             outcome: &r.outcome,
             oom_killed: false,
             pids_limit_hit: false,
+            killed_by: None,
+            denied: Vec::new(),
             interpreter: r.interpreter.as_ref(),
             files: &[],
             results: &r.results,
@@ -72,6 +90,10 @@ impl<'a> Shown<'a> {
             ));
         } else if self.oom_killed {
             lines.push("killed: out of memory (the memory limit was hit)".into());
+        } else if let Some(by) = self.killed_by {
+            lines.push(format!(
+                "killed by {by} after {ms} ms: the sandbox's policy kills on that system call"
+            ));
         } else if let Some(sig) = o.signal {
             lines.push(format!("killed by signal {sig} after {ms} ms"));
         } else if let Some(code) = o.exit_code {
@@ -81,6 +103,17 @@ impl<'a> Shown<'a> {
         }
         if self.pids_limit_hit {
             lines.push("the task limit was hit: a process or thread could not start".into());
+        }
+        if !self.denied.is_empty() {
+            let calls: Vec<String> = self
+                .denied
+                .iter()
+                .map(|(s, n)| format!("{s} ({n}x)"))
+                .collect();
+            lines.push(format!(
+                "denied by the sandbox (these calls fail here): {}",
+                calls.join(", ")
+            ));
         }
         if let Some(i) = self.interpreter {
             let why = i
@@ -415,6 +448,9 @@ mod tests {
             },
             network_log: Vec::new(),
             rich: kennel_types::api::RichResults::default(),
+            security_events: Default::default(),
+            exec_log: Vec::new(),
+            killed_by: None,
         };
         let s = structured(serde_json::to_value(&r).unwrap());
         assert_eq!(s["isolation_tier"], "microvm");

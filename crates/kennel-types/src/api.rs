@@ -260,9 +260,9 @@ pub struct RunResult {
     /// What the policy stopped: denied system calls, refused connections, limits reached.
     #[serde(default)]
     pub security_events: crate::security::SecurityEvents,
-    /// The programs the code executed, in order, at most
-    /// [`MAX_EXEC_LOG`](crate::security::MAX_EXEC_LOG) (advisory: read from the code's memory
-    /// while it runs).
+    /// The programs the code executed (each execve, PATH lookups that failed included), in
+    /// order, at most 64; not the command the request itself names. Advisory: read from the
+    /// code's memory while it runs, so code can race it.
     #[serde(default)]
     pub exec_log: Vec<crate::security::ExecEntry>,
     /// Why Kennel killed the sandbox before the code ended, when a tripwire did:
@@ -438,7 +438,7 @@ pub struct RunSpec {
     /// sandbox at once. A server may make `kill` the rule for a token.
     pub on_violation: Option<crate::security::OnViolation>,
     /// The tripwire groups; all of them unless given.
-    #[schema(value_type = Option<Vec<String>>)]
+    #[schema(value_type = Option<Vec<crate::security::TripwireGroup>>)]
     pub tripwires: Option<crate::security::Tripwires>,
 }
 
@@ -629,7 +629,10 @@ impl RunSpec {
             if let (OnViolation::Kill, Some(g)) = (base.on_violation, dropped) {
                 return Err(PolicyError::request(
                     "tripwires",
-                    format!("must keep {g:?}: this server's policy kills on its tripwires"),
+                    format!(
+                        "must keep {:?}: this server's policy kills on its tripwires",
+                        g.name()
+                    ),
                 ));
             }
             policy.tripwires = t.clone();

@@ -341,6 +341,11 @@ pub struct Layers {
     pub landlock: Option<Want>,
     /// cgroups for memory, tasks and CPU; without them Kennel falls back to rlimits.
     pub cgroups: Want,
+    /// Whether the native tier reports the calls its seccomp filter denies and the programs
+    /// the code executes (a listener the supervisor holds; the default). `false` keeps the
+    /// same denials as plain in-kernel answers, reports nothing and allows no tripwire kill:
+    /// the baseline `bench/watch.sh` measures against.
+    pub watch: bool,
 }
 
 impl Default for Layers {
@@ -348,6 +353,7 @@ impl Default for Layers {
         Layers {
             landlock: None,
             cgroups: Want::BestEffort,
+            watch: true,
         }
     }
 }
@@ -669,9 +675,12 @@ impl Policy {
                 format!("must be between 16 and 1048576, not {}", l.open_files),
             ));
         }
-        self.tripwires
-            .check()
-            .map_err(|why| field("tripwires", why))?;
+        if !self.layers.watch && self.on_violation == crate::security::OnViolation::Kill {
+            return Err(field(
+                "on_violation",
+                "\"kill\" needs the calls watched: drop layers.watch = false".into(),
+            ));
+        }
         let allowlist = self.network.allowlist()?;
         match self.network.mode {
             NetMode::Allow if allowlist.rules.is_empty() => {

@@ -29,80 +29,94 @@ impl std::str::FromStr for OnViolation {
     }
 }
 
-/// The tripwire groups and the denied calls each stands for (names as the seccomp profile's
-/// `denied_syscalls` gives them). A policy names groups; by default all of them are set.
-pub const TRIPWIRE_GROUPS: &[(&str, &[&str])] = &[
-    (
-        "ptrace",
-        &["ptrace", "process_vm_readv", "process_vm_writev"],
-    ),
-    (
-        "mount",
-        &[
-            "mount",
-            "umount2",
-            "pivot_root",
-            "move_mount",
-            "open_tree",
-            "fsopen",
-            "fsconfig",
-            "fsmount",
-            "fspick",
-            "mount_setattr",
-        ],
-    ),
-    ("bpf", &["bpf"]),
-    ("kexec", &["kexec_load", "kexec_file_load"]),
-    ("modules", &["init_module", "finit_module", "delete_module"]),
-    ("keyctl", &["keyctl", "add_key", "request_key"]),
-    ("perf_event_open", &["perf_event_open"]),
-    ("userfaultfd", &["userfaultfd"]),
-    // Nested namespaces, user namespaces above all: unshare, setns and a namespace-creating
-    // clone (the `clone` rule matches only CLONE_NEW* flags).
-    ("namespaces", &["unshare", "setns", "clone"]),
-];
+/// A tripwire group: denied calls that code with no business escaping does not make.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TripwireGroup {
+    Ptrace,
+    Mount,
+    Bpf,
+    Kexec,
+    Modules,
+    Keyctl,
+    PerfEventOpen,
+    Userfaultfd,
+    /// Nested namespaces, user namespaces above all: unshare, setns and a namespace-creating
+    /// clone (the `clone` rule matches only CLONE_NEW* flags).
+    Namespaces,
+}
+
+impl TripwireGroup {
+    pub const ALL: [TripwireGroup; 9] = [
+        TripwireGroup::Ptrace,
+        TripwireGroup::Mount,
+        TripwireGroup::Bpf,
+        TripwireGroup::Kexec,
+        TripwireGroup::Modules,
+        TripwireGroup::Keyctl,
+        TripwireGroup::PerfEventOpen,
+        TripwireGroup::Userfaultfd,
+        TripwireGroup::Namespaces,
+    ];
+
+    /// The group's name, as a policy writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            TripwireGroup::Ptrace => "ptrace",
+            TripwireGroup::Mount => "mount",
+            TripwireGroup::Bpf => "bpf",
+            TripwireGroup::Kexec => "kexec",
+            TripwireGroup::Modules => "modules",
+            TripwireGroup::Keyctl => "keyctl",
+            TripwireGroup::PerfEventOpen => "perf_event_open",
+            TripwireGroup::Userfaultfd => "userfaultfd",
+            TripwireGroup::Namespaces => "namespaces",
+        }
+    }
+
+    /// The denied calls the group stands for, as the seccomp profile's `denied_syscalls` names
+    /// them.
+    pub fn calls(self) -> &'static [&'static str] {
+        match self {
+            TripwireGroup::Ptrace => &["ptrace", "process_vm_readv", "process_vm_writev"],
+            TripwireGroup::Mount => &[
+                "mount",
+                "umount2",
+                "pivot_root",
+                "move_mount",
+                "open_tree",
+                "fsopen",
+                "fsconfig",
+                "fsmount",
+                "fspick",
+                "mount_setattr",
+            ],
+            TripwireGroup::Bpf => &["bpf"],
+            TripwireGroup::Kexec => &["kexec_load", "kexec_file_load"],
+            TripwireGroup::Modules => &["init_module", "finit_module", "delete_module"],
+            TripwireGroup::Keyctl => &["keyctl", "add_key", "request_key"],
+            TripwireGroup::PerfEventOpen => &["perf_event_open"],
+            TripwireGroup::Userfaultfd => &["userfaultfd"],
+            TripwireGroup::Namespaces => &["unshare", "setns", "clone"],
+        }
+    }
+}
 
 /// A policy's tripwire groups; every group unless given.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(transparent)]
-pub struct Tripwires(pub Vec<String>);
+pub struct Tripwires(pub Vec<TripwireGroup>);
 
 impl Default for Tripwires {
     fn default() -> Self {
-        Tripwires(
-            TRIPWIRE_GROUPS
-                .iter()
-                .map(|(g, _)| (*g).to_string())
-                .collect(),
-        )
+        Tripwires(TripwireGroup::ALL.to_vec())
     }
 }
 
 impl Tripwires {
     /// Whether the denied call `syscall` trips one of the groups.
     pub fn trips(&self, syscall: &str) -> bool {
-        TRIPWIRE_GROUPS
-            .iter()
-            .filter(|(g, _)| self.0.iter().any(|x| x == g))
-            .any(|(_, calls)| calls.contains(&syscall))
-    }
-
-    /// The first name that is not a group, with the known ones, for a validation error.
-    pub fn check(&self) -> Result<(), String> {
-        match self
-            .0
-            .iter()
-            .find(|t| !TRIPWIRE_GROUPS.iter().any(|(g, _)| g == t))
-        {
-            Some(bad) => {
-                let known: Vec<&str> = TRIPWIRE_GROUPS.iter().map(|(g, _)| *g).collect();
-                Err(format!(
-                    "{bad:?} is not a tripwire group; known: {}",
-                    known.join(", ")
-                ))
-            }
-            None => Ok(()),
-        }
+        self.0.iter().any(|g| g.calls().contains(&syscall))
     }
 }
 
@@ -214,13 +228,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn names_are_the_serde_names() {
+        for g in TripwireGroup::ALL {
+            assert_eq!(serde_json::to_value(g).unwrap(), g.name());
+        }
+    }
+
+    #[test]
     fn groups_trip_their_calls_only() {
         let all = Tripwires::default();
         assert!(all.trips("ptrace"));
         assert!(all.trips("fsopen"));
         assert!(!all.trips("clone3"));
         assert!(!all.trips("io_uring_setup"));
-        assert!(!Tripwires(vec!["bpf".into()]).trips("ptrace"));
-        assert!(Tripwires(vec!["nope".into()]).check().is_err());
+        assert!(!Tripwires(vec![TripwireGroup::Bpf]).trips("ptrace"));
+        let parsed: Result<Tripwires, _> = serde_json::from_str(r#"["ptrace", "nope"]"#);
+        assert!(parsed.is_err());
     }
 }

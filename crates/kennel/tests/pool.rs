@@ -139,6 +139,8 @@ fn requests_that_differ_in_any_sandbox_setting_start_cold() {
         json!({"limits": {"workspace_size": "16M"}}),
         json!({"env": {"A": "b"}}),
         json!({"tier": "native", "capabilities": "none"}),
+        json!({"on_violation": "kill"}),
+        json!({"tripwires": ["ptrace"]}),
     ] {
         let (r, pooled) = run_with_full_pool(&server, c, &with(extra.clone()));
         assert!(!pooled, "{extra} was served warm");

@@ -178,11 +178,14 @@ export interface components {
              *     permits it.
              */
             network?: components["schemas"]["Network"];
+            on_violation?: null | components["schemas"]["OnViolation"];
             platform?: null | components["schemas"]["Platform"];
             runtime?: null | components["schemas"]["Runtime"];
             /** @description Text for the code's stdin. */
             stdin?: string | null;
             tier?: null | components["schemas"]["Tier"];
+            /** @description The tripwire groups; all of them unless given. */
+            tripwires?: string[] | null;
         };
         /**
          * @description The capabilities the code keeps: each holds only inside the sandbox's own user namespace,
@@ -218,6 +221,7 @@ export interface components {
              *     permits it.
              */
             network?: components["schemas"]["Network"];
+            on_violation?: null | components["schemas"]["OnViolation"];
             platform?: null | components["schemas"]["Platform"];
             /**
              * @description Python: rich results, as a session exec has them (the last expression's value, what
@@ -229,6 +233,8 @@ export interface components {
             /** @description Text for the code's stdin. */
             stdin?: string | null;
             tier?: null | components["schemas"]["Tier"];
+            /** @description The tripwire groups; all of them unless given. */
+            tripwires?: string[] | null;
         } & unknown;
         /** @description A file returned from the sandbox. */
         CollectedFile: {
@@ -256,6 +262,15 @@ export interface components {
                 code: string;
                 message: string;
             };
+        };
+        /**
+         * @description A program the code executed (advisory: read from the code's memory while it runs, so code
+         *     can race it).
+         */
+        ExecEntry: {
+            argv0: string;
+            /** @description The path given to execve (relative to the caller's directory when relative). */
+            path: string;
         };
         /**
          * @description An exception as data: `{"name": "ZeroDivisionError", "value": "division by zero",
@@ -446,6 +461,11 @@ export interface components {
             resolve: string[];
         };
         /**
+         * @description What a denied system call in the tripwire set does.
+         * @enum {string}
+         */
+        OnViolation: "report" | "kill";
+        /**
          * @description Where a rich output came from.
          * @enum {string}
          */
@@ -473,10 +493,21 @@ export interface components {
             /** Format: int64 */
             duration_ms: number;
             error?: null | components["schemas"]["ExecError"];
+            /**
+             * @description The programs the code executed (each execve, PATH lookups that failed included), in
+             *     order, at most 64; not the command the request itself names. Advisory: read from the
+             *     code's memory while it runs, so code can race it.
+             */
+            exec_log?: components["schemas"]["ExecEntry"][];
             /** Format: int32 */
             exit_code?: number | null;
             files: components["schemas"]["CollectedFile"][];
             isolation: components["schemas"]["Isolation"];
+            /**
+             * @description Why Kennel killed the sandbox before the code ended, when a tripwire did:
+             *     `tripwire:SYSCALL`.
+             */
+            killed_by?: string | null;
             /** Format: int64 */
             memory_peak_bytes: number;
             /** @description Every connection the code asked Kennel's proxy for (network mode `allow`). */
@@ -493,6 +524,8 @@ export interface components {
              *     their number to [`RichOutput::MAX`].
              */
             results_truncated?: boolean;
+            /** @description What the policy stopped: denied system calls, refused connections, limits reached. */
+            security_events?: components["schemas"]["SecurityEvents"];
             /** Format: int32 */
             signal?: number | null;
             stderr: string;
@@ -525,6 +558,46 @@ export interface components {
             denied_syscalls: string[];
             enforced: boolean;
             profile: string;
+        };
+        /** @description One kind of thing the policy stopped. */
+        SecurityEvent: {
+            /** Format: int64 */
+            count: number;
+            /** @description The errno the code got (`ENOSYS`, `EPERM` for the clock). */
+            errno: string;
+            /** @description The six raw arguments of the first such call, in hex. */
+            first_args: string[];
+            /** @enum {string} */
+            kind: "denied_syscall";
+            syscall: string;
+            /** @description Whether the call is in the policy's tripwire set. */
+            tripwire: boolean;
+        } | {
+            /** Format: int64 */
+            count: number;
+            host: string;
+            /** @enum {string} */
+            kind: "network_refused";
+            /** Format: int32 */
+            port: number;
+            reason: string;
+        } | {
+            /** @enum {string} */
+            kind: "limit_hit";
+            limit: string;
+        };
+        /** @description What the run's policy stopped, and whether its tier could watch for it. */
+        SecurityEvents: {
+            /** @description One event per denied call (with its count), refused destination and limit reached. */
+            events: components["schemas"]["SecurityEvent"][];
+            /**
+             * @description Whether the system calls the seccomp filter denied were reported (the native tier, the
+             *     microvm tier's guest); `false` where the tier cannot report them, `unwatched` says why.
+             */
+            syscalls_watched: boolean;
+            /** @description Whether details were dropped past the caps (counts still count). */
+            truncated?: boolean;
+            unwatched?: string | null;
         };
         /** @description A session as the API lists it. */
         SessionInfo: {

@@ -46,10 +46,12 @@ pub trait Os {
     fn set_no_new_privs(&mut self) -> io::Result<()>;
     fn landlock(&mut self, read_only: &[&str], writable: &[&str]) -> io::Result<landlock::Outcome>;
     fn close_fds_from(&mut self, first: i32) -> io::Result<()>;
-    /// Installs a filter with a listener for its notified calls (`SECCOMP_RET_USER_NOTIF`).
-    fn install_watched_seccomp(
+    /// Installs a filter; with `listen`, with a listener for its notified calls
+    /// (`SECCOMP_RET_USER_NOTIF`), which it returns.
+    fn install_seccomp(
         &mut self,
         program: &[libc::sock_filter],
+        listen: bool,
     ) -> io::Result<Option<std::os::fd::OwnedFd>>;
     /// Sends the listener to the supervisor and closes it here.
     fn hand_over_listener(&mut self, listener: std::os::fd::OwnedFd) -> io::Result<()>;
@@ -208,11 +210,12 @@ impl Os for RealOs {
         sys::close_fds_from(first)
     }
 
-    fn install_watched_seccomp(
+    fn install_seccomp(
         &mut self,
         program: &[libc::sock_filter],
+        listen: bool,
     ) -> io::Result<Option<std::os::fd::OwnedFd>> {
-        sys::install_seccomp_listener(program).map(Some)
+        sys::install_seccomp(program, listen)
     }
 
     fn hand_over_listener(&mut self, listener: std::os::fd::OwnedFd) -> io::Result<()> {

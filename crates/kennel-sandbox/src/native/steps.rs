@@ -279,16 +279,21 @@ impl Step {
             Step::SetNoNewPrivs => os.set_no_new_privs().ctx(|| "PR_SET_NO_NEW_PRIVS".into()),
             Step::RestrictFilesystem => restrict_filesystem(ctx, os),
             Step::CloseInheritedFds => os.close_fds_from(CTL_FD + 1).ctx(|| "close_range".into()),
-            Step::InstallSeccomp => {
+            Step::InstallSeccomp if ctx.plan.policy.layers.watch => {
                 ctx.listener = os
-                    .install_watched_seccomp(&seccomp::WATCHED)
+                    .install_seccomp(&seccomp::WATCHED, true)
                     .ctx(|| "seccomp(SECCOMP_FILTER_FLAG_NEW_LISTENER)".into())?;
                 Ok(())
             }
+            Step::InstallSeccomp => os
+                .install_seccomp(&seccomp::PROGRAM, false)
+                .map(drop)
+                .ctx(|| "seccomp(SECCOMP_SET_MODE_FILTER)".into()),
             Step::HandOverListener => match ctx.listener.take() {
                 Some(fd) => os
                     .hand_over_listener(fd)
                     .ctx(|| "sending the seccomp listener to the supervisor".into()),
+                None if !ctx.plan.policy.layers.watch => Ok(()),
                 None => Err(Fail::new("no seccomp listener to hand over")),
             },
             Step::VerifyConfinement => verify_confinement(ctx, os),

@@ -236,6 +236,9 @@ fn watch<T: Tier>(
     tier.finish(&mut result);
     match tally {
         Some(tally) => tally.into_result(&mut result),
+        None if !req.policy.layers.watch => {
+            result.security_events.unwatched = Some("the policy says layers.watch = false".into());
+        }
         None if !result.security_events.syscalls_watched => {
             result.security_events.unwatched = Some(tier.unwatched());
         }

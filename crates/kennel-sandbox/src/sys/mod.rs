@@ -22,7 +22,7 @@ use rustix::process::{Pid, Signal};
 
 mod notify;
 pub use notify::{
-    install_seccomp_listener, notif_answer, notif_id_valid, notif_recv, read_remote, recv_with_fds,
+    install_seccomp, notif_answer, notif_id_valid, notif_recv, read_remote, recv_with_fds,
     wait_notice, Notice, Ready,
 };
 

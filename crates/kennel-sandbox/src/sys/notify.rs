@@ -7,9 +7,10 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use super::{check, check_long, einval};
 
-/// Installs a seccomp filter whose `SECCOMP_RET_USER_NOTIF` calls go to the returned listener
-/// (close-on-exec, as the kernel makes it).
-pub fn install_seccomp_listener(program: &[libc::sock_filter]) -> io::Result<OwnedFd> {
+/// Installs a seccomp filter on the calling thread; with `listen`, its
+/// `SECCOMP_RET_USER_NOTIF` calls go to the returned listener (close-on-exec, as the kernel
+/// makes it).
+pub fn install_seccomp(program: &[libc::sock_filter], listen: bool) -> io::Result<Option<OwnedFd>> {
     let len =
         u16::try_from(program.len()).map_err(|_| io::Error::from_raw_os_error(libc::E2BIG))?;
     let prog = libc::sock_fprog {
@@ -22,13 +23,20 @@ pub fn install_seccomp_listener(program: &[libc::sock_filter]) -> io::Result<Own
         libc::syscall(
             libc::SYS_seccomp,
             libc::SECCOMP_SET_MODE_FILTER,
-            libc::SECCOMP_FILTER_FLAG_NEW_LISTENER,
+            if listen {
+                libc::SECCOMP_FILTER_FLAG_NEW_LISTENER
+            } else {
+                0
+            },
             &prog,
         )
     })?;
+    if !listen {
+        return Ok(None);
+    }
     let fd = i32::try_from(fd).map_err(|_| einval())?;
     // SAFETY: the kernel just returned `fd`, open and owned by no one else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    Ok(Some(unsafe { OwnedFd::from_raw_fd(fd) }))
 }
 
 /// One notified call: who made it (a pid in the listener's pid namespace), which and with what.

@@ -138,9 +138,10 @@ impl Os for Recorder {
     fn close_fds_from(&mut self, first: i32) -> io::Result<()> {
         self.log(format!("close_fds_from {first}"))
     }
-    fn install_watched_seccomp(
+    fn install_seccomp(
         &mut self,
         _: &[libc::sock_filter],
+        _: bool,
     ) -> io::Result<Option<std::os::fd::OwnedFd>> {
         self.log("seccomp")?;
         Ok(Some(std::fs::File::open("/dev/null")?.into()))
