@@ -5,9 +5,9 @@
 mod common;
 mod server_common;
 
+use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -521,7 +521,7 @@ fn async_runs_in_flight_when_the_server_is_killed_are_lost_after_a_restart() {
         "[pool]\npython = 0\nbash = 0\n[quota]\nruns = 3\n[callbacks]\n\
          allow = [\"127.0.0.1:{port}\"]\nsecret = \"{SECRET}\"\n"
     );
-    let mut first = server("restart-1", &db, &extra);
+    let first = server("restart-1", &db, &extra);
     let b = first.client.with_token(Some(TOKEN_B));
     let done = submit(
         &b,

@@ -141,7 +141,7 @@ pub enum Reply {
     /// Boxed: a run's result is many times the size of any other reply.
     Run(Box<RunReport>),
     /// An `async` run accepted (running), or a run's status.
-    RunAccepted(RunInfo),
+    RunAccepted(Box<RunInfo>),
     RunStatus(Box<RunInfo>),
     SessionCreated(SessionInfo),
     Session(SessionInfo),

@@ -154,14 +154,14 @@ fn submit(
         runs::conclude(&service, &caller, info, target).await;
         service.async_runs.fetch_sub(1, Ordering::SeqCst);
     });
-    Ok(Reply::RunAccepted(RunInfo {
+    Ok(Reply::RunAccepted(Box::new(RunInfo {
         id,
         status: RunStatus::Running,
         created_at_unix_ms: created,
         finished_at_unix_ms: None,
         result: None,
         error: None,
-    }))
+    })))
 }
 
 fn check_paths(req: &RunRequest) -> Result<(), ServiceError> {
