@@ -75,7 +75,7 @@ impl Local {
     /// A run, its output to `live` when there is one.
     async fn run_with(&self, spec: RunSpec, live: Option<Live>) -> Result<RunResult, ApiError> {
         match self.ask(Action::Run { spec, live }).await? {
-            Reply::Run(r) => Ok(*r),
+            Reply::Run(r) => Ok(r.result),
             other => Err(unexpected(other)),
         }
     }

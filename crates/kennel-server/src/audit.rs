@@ -1,4 +1,4 @@
-//! The audit log: one JSON line per run and exec.
+//! The audit log: one JSON line per run and exec, per cancel, and per callback attempt.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -22,6 +22,12 @@ pub struct Entry<'a> {
     pub at_unix_ms: u128,
     pub token_id: &'a str,
     pub kind: &'a str,
+    /// The run's id (runs only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run: Option<&'a str>,
+    /// The run was cancelled (its sandbox killed on request or when its client went away).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub cancelled: bool,
     pub session: Option<&'a str>,
     pub language: Option<&'a str>,
     pub code_sha256: String,
@@ -56,6 +62,8 @@ impl<'a> Entry<'a> {
             at_unix_ms: now_ms(),
             token_id,
             kind,
+            run: None,
+            cancelled: false,
             session: None,
             language: None,
             code_sha256: sha256_hex(code),
@@ -82,6 +90,48 @@ impl<'a> Entry<'a> {
     }
 }
 
+/// Something done to a run other than running it: a cancel, a callback attempt.
+#[derive(Serialize, Debug)]
+pub struct Event<'a> {
+    pub at_unix_ms: u128,
+    pub token_id: &'a str,
+    /// `cancel` or `callback`.
+    pub kind: &'a str,
+    pub run: &'a str,
+    /// Who cancelled: `request` (DELETE /v1/runs/{id}) or `disconnect` (its client went away).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub by: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<&'a str>,
+    /// A callback's attempt, from 1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
+    /// The receiver's HTTP status.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delivered: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl<'a> Event<'a> {
+    pub fn new(token_id: &'a str, kind: &'a str, run: &'a str) -> Event<'a> {
+        Event {
+            at_unix_ms: now_ms(),
+            token_id,
+            kind,
+            run,
+            by: None,
+            url: None,
+            attempt: None,
+            status: None,
+            delivered: None,
+            error: None,
+        }
+    }
+}
+
 impl Audit {
     pub fn open(path: Option<&Path>) -> std::io::Result<Audit> {
         let file = match path {
@@ -94,6 +144,14 @@ impl Audit {
     }
 
     pub fn record(&self, entry: &Entry) {
+        self.write(entry);
+    }
+
+    pub fn event(&self, event: &Event) {
+        self.write(event);
+    }
+
+    fn write(&self, entry: &impl Serialize) {
         let Some(file) = &self.file else { return };
         let Ok(mut line) = serde_json::to_vec(entry) else {
             return;

@@ -37,6 +37,10 @@ pub struct Token {
     /// request cannot ask for `report` or drop a tripwire); `report` leaves it to the request.
     #[serde(default)]
     pub on_violation: OnViolation,
+    /// The secret this token's callbacks are signed with (`whsec_` + base64), instead of the
+    /// server's `[callbacks] secret`.
+    #[serde(default)]
+    pub callback_secret: Option<String>,
 }
 
 /// Never the token itself: a config printed for debugging must not leak it.
@@ -50,6 +54,10 @@ impl std::fmt::Debug for Token {
             .field("allow_pins_to", &self.allow_pins_to)
             .field("images", &self.images)
             .field("on_violation", &self.on_violation)
+            .field(
+                "callback_secret",
+                &self.callback_secret.as_ref().map(|_| "<redacted>"),
+            )
             .finish()
     }
 }
@@ -122,6 +130,71 @@ impl Default for Pool {
     }
 }
 
+/// The job table of `async` runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Jobs {
+    /// The SQLite file; `$KENNEL_STATE_DIR/jobs.sqlite` (`/var/lib/kennel/jobs.sqlite`) when
+    /// unset. Servers may share one: each sees only what its tokens submitted, and marks lost
+    /// only the runs of a server that is gone.
+    pub db: Option<PathBuf>,
+    /// How long an ended run's status and result are kept.
+    pub keep: Span,
+    /// Ended runs kept per token: past this the oldest are forgotten first.
+    pub max_per_token: usize,
+}
+
+impl Default for Jobs {
+    fn default() -> Self {
+        Jobs {
+            db: None,
+            keep: Span(Duration::from_secs(3600)),
+            max_per_token: 1000,
+        }
+    }
+}
+
+/// Where `async` runs may send their end (`callback_url`), and how.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Callbacks {
+    /// Hosts callbacks may go to: `name` (any port) or `name:port`, `127.0.0.1:9000`,
+    /// `[::1]:9000`. A name is resolved once, at submit time, and refused when it resolves to
+    /// a loopback, private, link-local or other internal address; such an address is taken
+    /// only when listed itself, as an IP.
+    pub allow: Vec<String>,
+    /// The signing secret, `whsec_` + base64 of 24 to 64 random bytes (tokens may have their
+    /// own `callback_secret`).
+    pub secret: Option<String>,
+    /// One delivery attempt's bound: connect, send, and read the answer's head.
+    pub timeout: Span,
+    /// How long failed deliveries are retried (1 s, 2 s, 4 s, ... apart, at most 60 s).
+    pub retry_for: Span,
+}
+
+impl Default for Callbacks {
+    fn default() -> Self {
+        Callbacks {
+            allow: vec![],
+            secret: None,
+            timeout: Span(Duration::from_secs(10)),
+            retry_for: Span(Duration::from_secs(600)),
+        }
+    }
+}
+
+/// Never the secret itself.
+impl std::fmt::Debug for Callbacks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Callbacks")
+            .field("allow", &self.allow)
+            .field("secret", &self.secret.as_ref().map(|_| "<redacted>"))
+            .field("timeout", &self.timeout)
+            .field("retry_for", &self.retry_for)
+            .finish()
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
@@ -164,6 +237,10 @@ pub struct ServerConfig {
     /// The images every token may use (`"*"`: every image in the store); tokens may have their
     /// own list. A server without tokens has one caller, who may use every image.
     pub images: Vec<String>,
+    /// The job table of `async` runs.
+    pub jobs: Jobs,
+    /// Callbacks of `async` runs.
+    pub callbacks: Callbacks,
 }
 
 impl Default for ServerConfig {
@@ -197,6 +274,8 @@ impl Default for ServerConfig {
             quota: Quota::default(),
             allow_pins_to: vec![],
             images: vec![],
+            jobs: Jobs::default(),
+            callbacks: Callbacks::default(),
         }
     }
 }
@@ -230,6 +309,7 @@ impl ServerConfig {
                 allow_pins_to: vec![],
                 images: None,
                 on_violation: OnViolation::Report,
+                callback_secret: None,
             });
         }
     }
@@ -269,6 +349,10 @@ impl ServerConfig {
                 why: format!("{bad:?} is not an image name"),
             });
         }
+        if self.jobs.max_per_token == 0 {
+            return bad("jobs.max_per_token", "must be at least 1");
+        }
+        self.check_callbacks()?;
         for quota in std::iter::once(&self.quota).chain(self.tokens.iter().map(|t| &t.quota)) {
             self.check_quota(quota)?;
         }
@@ -279,6 +363,45 @@ impl ServerConfig {
             );
         }
         Ok(())
+    }
+
+    fn check_callbacks(&self) -> Result<(), PolicyError> {
+        let secrets = std::iter::once(&self.callbacks.secret)
+            .chain(self.tokens.iter().map(|t| &t.callback_secret))
+            .flatten();
+        for secret in secrets {
+            crate::service::callback::Secret::parse(secret).map_err(|why| {
+                PolicyError::Invalid {
+                    field: "callbacks.secret",
+                    why,
+                }
+            })?;
+        }
+        for entry in &self.callbacks.allow {
+            crate::service::callback::Allowed::parse(entry).map_err(|why| {
+                PolicyError::Invalid {
+                    field: "callbacks.allow",
+                    why,
+                }
+            })?;
+        }
+        if self.callbacks.timeout.0.is_zero() {
+            return Err(PolicyError::Invalid {
+                field: "callbacks.timeout",
+                why: "must be more than zero".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The secret the callbacks of `token_id` are signed with, if any.
+    pub fn callback_secret(&self, token_id: &str) -> Option<&str> {
+        let own = self
+            .tokens
+            .iter()
+            .find(|t| t.id == token_id)
+            .and_then(|t| t.callback_secret.as_deref());
+        own.or(self.callbacks.secret.as_deref())
     }
 
     fn check_quota(&self, quota: &Quota) -> Result<(), PolicyError> {

@@ -78,7 +78,13 @@ impl Machinery {
             config.pool.max_age.0,
             config.maxima.timeout.0,
         ));
-        let service = Arc::new(service::Service::new(config, engine, audit, pool.clone()));
+        let jobs = open_jobs(&config);
+        if let Err(why) = &jobs {
+            tracing::warn!("async runs are refused: {why}");
+        }
+        let service =
+            Arc::new(service::Service::new(config, engine, audit, pool.clone()).with_jobs(jobs));
+        service.recover_jobs();
         let (stop, stop_rx) = watch::channel(false);
         let refill = tokio::spawn(pool.refill(stop_rx.clone()));
         let reaper = tokio::spawn(reap_sessions(service.clone(), stop_rx));
@@ -150,9 +156,26 @@ pub async fn serve(
             });
         })
         .await?;
+    // `async` runs are no request axum waits for: they get the same grace (the late task
+    // above kills what is left), and their ends reach the job table before the process goes.
+    let deadline = tokio::time::Instant::now() + grace + Duration::from_secs(5);
+    while machinery.service.async_in_flight() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     machinery.shutdown().await;
     tracing::info!("stopped; every sandbox is gone");
     Ok(())
+}
+
+/// The job table of `async` runs: `[jobs] db`, or `jobs.sqlite` in the state directory.
+fn open_jobs(config: &ServerConfig) -> Result<service::jobs::Jobs, String> {
+    let path = config.jobs.db.clone().unwrap_or_else(|| {
+        std::env::var_os("KENNEL_STATE_DIR")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| kennel_sandbox::image::DEFAULT_STATE_DIR.into())
+            .join("jobs.sqlite")
+    });
+    service::jobs::Jobs::open(&path).map_err(|e| e.to_string())
 }
 
 /// Resolves on SIGTERM or SIGINT.

@@ -11,12 +11,15 @@ use super::http::routes;
 use super::pattern;
 use kennel_types::api;
 use kennel_types::policy::{self, Capabilities, Limits};
+use kennel_types::runs;
 
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Kennel", description = "Run untrusted code in disposable sandboxes."),
     paths(
         routes::create_run,
+        routes::show_run,
+        routes::cancel_run,
         routes::create,
         routes::list,
         routes::show,
@@ -36,6 +39,7 @@ use kennel_types::policy::{self, Capabilities, Limits};
         api::Isolation, api::SeccompInfo, api::LandlockInfo, api::LimitsInfo, api::Language,
         api::SessionSpec, api::ExecSpec, api::ExecResult, api::Interpreter, api::SessionInfo,
         api::Outcome, api::RichResults, api::RichOutput, api::OutputKind, api::ExecError, api::FigureFormat,
+        runs::RunReport, runs::RunInfo, runs::RunStatus, runs::RunError,
     )),
     modifiers(&BearerAuth),
     security(("bearer" = []))
@@ -123,6 +127,8 @@ fn constrain(doc: &mut Value, config: &ServerConfig) {
         &["RunResult", "ExecResult"],
         &["Outcome", "RichResults"],
     );
+    // A run's answer is its id beside the result: merged once the result is one object.
+    inline_flattened(schemas, &["RunReport"], &[]);
     schemas["Error"] = error_schema();
     schemas["LimitsSpec"]["properties"] = limits_properties(&bounds);
     schemas["SessionLimits"] = session_limits(&schemas["LimitsSpec"], &bounds);
@@ -151,21 +157,31 @@ fn inline_flattened(schemas: &mut Value, names: &[&str], parts: &[&str]) {
         })
         .collect();
     for name in names {
-        let schema = &mut schemas[*name];
-        let Some(all) = schema.as_object_mut().and_then(|s| s.remove("allOf")) else {
+        let Some(all) = schemas[*name]
+            .as_object_mut()
+            .and_then(|s| s.remove("allOf"))
+        else {
             continue;
+        };
+        // A piece that is another schema of the document (not one of `parts`) stays in it.
+        let named = |r: &str| {
+            let name = r.strip_prefix("#/components/schemas/")?;
+            schemas.get(name).cloned()
         };
         let (mut properties, mut required) = (Map::new(), Vec::new());
         for piece in all.as_array().into_iter().flatten() {
+            let other = piece["$ref"].as_str().and_then(named);
             let piece = piece["$ref"]
                 .as_str()
                 .and_then(|r| flats.get(r))
+                .or(other.as_ref())
                 .unwrap_or(piece);
             if let Some(p) = piece["properties"].as_object() {
                 properties.extend(p.clone());
             }
             required.extend(piece["required"].as_array().cloned().unwrap_or_default());
         }
+        let schema = &mut schemas[*name];
         schema["type"] = json!("object");
         schema["properties"] = Value::Object(properties);
         schema["required"] = Value::Array(required);
@@ -529,14 +545,16 @@ fn constrain_query(op: &mut Value) {
         if streams {
             let events = json!({"schema": {
                 "type": "object",
-                "description": "`stdout`/`stderr` events (data `{\"text\", \"b64\"}`) and, for a \
+                "description": "For a run, first a `run` event (data `{\"id\"}`: the id that \
+                                `DELETE /v1/runs/{id}` cancels it by); `stdout`/`stderr` \
+                                events (data `{\"text\", \"b64\"}`) and, for a \
                                 python session exec, `display` events (data: a RichOutput) \
                                 as they come, then one `result` event (data: the result) or \
                                 `error` event (data: `{\"code\", \"message\"}`).",
                 "required": ["data"],
                 "properties": {
                     "event": {"type": "string",
-                              "enum": ["stdout", "stderr", "display", "result", "error"]},
+                              "enum": ["run", "stdout", "stderr", "display", "result", "error"]},
                     "data": {"type": "string"},
                 },
             }});
@@ -569,7 +587,11 @@ fn add_error(responses: &mut Map<String, Value>, status: &str, description: &str
 
 fn path_params(path: &str) -> Vec<Value> {
     let mut params = Vec::new();
-    if path.contains("{id}") {
+    if path.starts_with("/v1/runs/") {
+        params.push(json!({"name": "id", "in": "path", "required": true,
+            "description": "The run's id, as `POST /v1/runs` returned it.",
+            "schema": {"type": "string"}}));
+    } else if path.contains("{id}") {
         params.push(json!({"name": "id", "in": "path", "required": true,
             "description": "The session's id, as `POST /v1/sessions` returned it.",
             "schema": {"type": "string"}}));

@@ -440,6 +440,19 @@ pub struct RunSpec {
     /// The tripwire groups; all of them unless given.
     #[schema(value_type = Option<Vec<crate::security::TripwireGroup>>)]
     pub tripwires: Option<crate::security::Tripwires>,
+    /// Answer 202 with the run's id at once and run it in the background: `GET /v1/runs/{id}`
+    /// gives its status and, once it ends, its result. It holds a run slot of its token's
+    /// quota as a run answered at once does, and is never cancelled by a client going away.
+    #[serde(default, rename = "async", skip_serializing_if = "std::ops::Not::not")]
+    pub run_async: bool,
+    /// An `async` run's end is POSTed here (`http://` only), signed as Standard Webhooks says;
+    /// the host must be on the server's `[callbacks] allow` list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback_url: Option<String>,
+    /// Keeps a run going when its client goes away (by default a run answered at once, JSON
+    /// or SSE, is cancelled when its client disconnects).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub detach: bool,
 }
 
 /// A field that is either absent (`None`, by `#[serde(default)]`) or a value: `null` is refused.

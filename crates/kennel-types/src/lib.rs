@@ -8,6 +8,7 @@ pub mod error;
 pub mod image;
 pub mod net;
 pub mod policy;
+pub mod runs;
 pub mod security;
 
 pub use api::{

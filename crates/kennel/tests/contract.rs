@@ -258,15 +258,15 @@ from kennel_client import AuthenticatedClient
 from kennel_client.api.runs import create_run
 from kennel_client.api.session_routes import create, exec_, remove
 from kennel_client.models import (ArgvRun, CodeRun, Error, ExecResult, ExecSpec, Language,
-                                  LimitsSpec, RunResult, SessionInfo, SessionSpec)
+                                  LimitsSpec, RunReport, SessionInfo, SessionSpec)
 
 api = AuthenticatedClient(base_url=sys.argv[2], token=sys.argv[3], raise_on_unexpected_status=True)
 r = create_run.sync(client=api, body=CodeRun(language=Language.PYTHON, code="print(6*7)",
                                              limits=LimitsSpec(timeout="5s")))
-assert isinstance(r, RunResult), r
+assert isinstance(r, RunReport), r
 assert (r.exit_code, r.stdout) == (0, "42\n"), (r.exit_code, r.stdout)
 r = create_run.sync(client=api, body=ArgvRun(argv=["/bin/sh", "-c", "echo hi; exit 3"]))
-assert isinstance(r, RunResult), r
+assert isinstance(r, RunReport), r
 assert (r.exit_code, r.stdout) == (3, "hi\n"), (r.exit_code, r.stdout)
 bad = create_run.sync_detailed(client=api, body=CodeRun(language=Language.PYTHON, code="1",
                                                        limits=LimitsSpec(pids=10**6)))

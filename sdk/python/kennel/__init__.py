@@ -28,13 +28,18 @@
 :class:`KennelError` (``status``, ``code``, ``message``), or a subclass: :class:`BadRequest`
 (400), :class:`Unauthorized` (401), :class:`Forbidden` (403), :class:`NotFound` (404), :class:`SessionEnded` (410),
 :class:`Busy` (429, with ``retry_after``).
+
+Runs by id: ``client.submit(spec)`` starts an ``async`` run (a :class:`RunInfo`),
+``client.get_run(id)`` / ``client.wait_run(id)`` follow it, ``client.cancel_run(id)`` kills it;
+``verify_webhook(secret, headers, body)`` checks a signed callback.
 """
 
 from .aio import AsyncClient, AsyncSession, AsyncStream
 from .client import Client, Session, Stream
 from .errors import BadRequest, Busy, Forbidden, KennelError, NotFound, SessionEnded, Unauthorized
 from .results import (CollectedFile, ExecError, ExecResult, FileEntry, Interpreter, Isolation,
-                      NetEvent, OutputChunk, RichOutput, RunResult, SessionInfo)
+                      NetEvent, OutputChunk, RichOutput, RunInfo, RunResult, SessionInfo)
+from .webhooks import WebhookVerificationError, verify_webhook
 
 __version__ = "0.1.0"
 
@@ -42,5 +47,5 @@ __all__ = [
     "AsyncClient", "AsyncSession", "AsyncStream", "BadRequest", "Busy", "Client",
     "CollectedFile", "ExecError", "ExecResult", "FileEntry", "Interpreter", "Isolation", "KennelError",
     "Forbidden", "NetEvent", "NotFound", "OutputChunk", "RichOutput", "RunResult", "Session", "SessionEnded",
-    "SessionInfo", "Stream", "Unauthorized",
+    "SessionInfo", "Stream", "Unauthorized", "RunInfo", "WebhookVerificationError", "verify_webhook",
 ]

@@ -24,7 +24,7 @@ import httpx
 from . import _common as c
 from .client import DEFAULT_URL, _shell_line
 from .errors import KennelError, NotFound
-from .results import ExecResult, FileEntry, OutputChunk, RunResult, SessionInfo
+from .results import ExecResult, FileEntry, OutputChunk, RunInfo, RunResult, SessionInfo
 
 R = TypeVar("R")
 
@@ -272,6 +272,22 @@ class AsyncClient:
     async def run(self, spec: Mapping[str, Any]) -> RunResult:
         r = await self._request("POST", "/v1/runs", json=dict(spec))
         return RunResult.from_dict(r.json())
+
+    async def submit(self, spec: Mapping[str, Any], *,
+                     callback_url: Optional[str] = None) -> RunInfo:
+        """As :meth:`Client.submit`."""
+        body = dict(spec, **{"async": True})
+        if callback_url is not None:
+            body["callback_url"] = callback_url
+        return RunInfo.from_dict((await self._request("POST", "/v1/runs", json=body)).json())
+
+    async def get_run(self, run_id: str) -> RunInfo:
+        """As :meth:`Client.get_run`."""
+        return RunInfo.from_dict((await self._request("GET", f"/v1/runs/{run_id}")).json())
+
+    async def cancel_run(self, run_id: str) -> None:
+        """As :meth:`Client.cancel_run`."""
+        await self._request("DELETE", f"/v1/runs/{run_id}")
 
     async def run_code(self, code: str, language: str = "python", *,
                        stdin: Optional[str] = None,

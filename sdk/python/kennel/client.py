@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import time
 from typing import (Any, Callable, Dict, Generic, Iterator, List, Mapping, Optional, Sequence,
                     TypeVar, Union)
 
@@ -10,7 +11,7 @@ import httpx
 
 from . import _common as c
 from .errors import KennelError, NotFound
-from .results import ExecResult, FileEntry, OutputChunk, RunResult, SessionInfo
+from .results import ExecResult, FileEntry, OutputChunk, RunInfo, RunResult, SessionInfo
 
 R = TypeVar("R")
 
@@ -285,6 +286,34 @@ class Client:
     def run(self, spec: Mapping[str, Any]) -> RunResult:
         """A raw ``RunSpec`` dict, as the API takes it."""
         return RunResult.from_dict(self._request("POST", "/v1/runs", json=dict(spec)).json())
+
+    def submit(self, spec: Mapping[str, Any], *, callback_url: Optional[str] = None) -> RunInfo:
+        """An ``async`` run: a raw ``RunSpec`` dict, answered at once with its id (status
+        ``running``); :meth:`get_run` follows it. ``callback_url`` has its end POSTed there,
+        signed (:func:`kennel.verify_webhook` checks it)."""
+        body = dict(spec, **{"async": True})
+        if callback_url is not None:
+            body["callback_url"] = callback_url
+        return RunInfo.from_dict(self._request("POST", "/v1/runs", json=body).json())
+
+    def get_run(self, run_id: str) -> RunInfo:
+        """``GET /v1/runs/{id}``: a run's status, and its result once it has ended."""
+        return RunInfo.from_dict(self._request("GET", f"/v1/runs/{run_id}").json())
+
+    def cancel_run(self, run_id: str) -> None:
+        """``DELETE /v1/runs/{id}``: kills the run's sandbox; its result says ``cancelled``."""
+        self._request("DELETE", f"/v1/runs/{run_id}")
+
+    def wait_run(self, run_id: str, timeout: float = 300, poll: float = 0.2) -> RunInfo:
+        """Polls :meth:`get_run` until the run has ended (``TimeoutError`` past ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            info = self.get_run(run_id)
+            if info.done:
+                return info
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"run {run_id} still running after {timeout} s")
+            time.sleep(poll)
 
     def run_code(self, code: str, language: str = "python", *, stdin: Optional[str] = None,
                  files: Optional[Mapping[str, c.FileData]] = None,

@@ -169,6 +169,10 @@ class RunResult:
     results: List["RichOutput"] = field(default_factory=list)
     error: Optional["ExecError"] = None
     results_truncated: bool = False
+    #: The run's id (``DELETE /v1/runs/{id}`` cancels it while it runs), and whether it was
+    #: cancelled (its sandbox killed: the code ended by SIGKILL).
+    id: Optional[str] = None
+    cancelled: bool = False
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -211,6 +215,40 @@ class RunResult:
             results=[RichOutput.from_dict(r) for r in d.get("results") or []],
             error=ExecError.from_dict(d["error"]) if d.get("error") else None,
             results_truncated=d.get("results_truncated", False),
+            id=d.get("id"),
+            cancelled=d.get("cancelled", False),
+            raw=d,
+        )
+
+
+@dataclass
+class RunInfo:
+    """A run by id (``GET /v1/runs/{id}``, and what an ``async`` run's callback is sent):
+    ``status`` is ``running``, ``finished``, ``failed``, ``cancelled`` or ``lost``; ``result``
+    once it has one (``finished``, ``cancelled``), ``error`` (``{"code", "message"}``) when it
+    failed or was lost."""
+
+    id: str
+    status: str
+    created_at_unix_ms: int = 0
+    finished_at_unix_ms: Optional[int] = None
+    result: Optional[RunResult] = None
+    error: Optional[Dict[str, str]] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def done(self) -> bool:
+        return self.status != "running"
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "RunInfo":
+        return cls(
+            id=d["id"],
+            status=d["status"],
+            created_at_unix_ms=d.get("created_at_unix_ms", 0),
+            finished_at_unix_ms=d.get("finished_at_unix_ms"),
+            result=RunResult.from_dict(d["result"]) if d.get("result") else None,
+            error=d.get("error"),
             raw=d,
         )
 

@@ -564,3 +564,65 @@ def test_isolation_reads_the_microvm_accel_and_the_oci_runtime():
     assert iso.accel is None and iso.runtime == {"name": "crun", "version": "1.8"}
     r = RunResult.from_dict({"exit_code": 0, "isolation": {"tier": "microvm", "accel": "kvm"}})
     assert r.isolation.accel == "kvm"
+
+
+# -- runs by id and callbacks -----------------------------------------------------------------
+
+def test_async_runs_are_submitted_followed_and_cancelled(client):
+    info = client.submit({"language": "bash", "code": "echo later"})
+    assert info.status == "running" and len(info.id) == 32
+    done = client.wait_run(info.id, timeout=60)
+    assert done.status == "finished" and done.result.stdout == "later\n"
+    long = client.submit({"language": "bash", "code": "sleep 60", "limits": {"timeout": "90s"}})
+    client.cancel_run(long.id)
+    cancelled = client.wait_run(long.id, timeout=30)
+    assert cancelled.status == "cancelled" and cancelled.result.signal == 9
+    assert client.run_code("print(1)").id is not None
+    with pytest.raises(NotFound):
+        client.get_run("0" * 32)
+
+
+def test_async_client_submits_and_cancels(server):
+    async def main():
+        async with AsyncClient(server.url, token=server.token) as ac:
+            info = await ac.submit({"language": "bash", "code": "sleep 60",
+                                    "limits": {"timeout": "90s"}})
+            await ac.cancel_run(info.id)
+            for _ in range(300):
+                got = await ac.get_run(info.id)
+                if got.done:
+                    return got
+                await asyncio.sleep(0.1)
+    assert asyncio.run(main()).status == "cancelled"
+
+
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
+
+def _signed(body: bytes, ts: int, secret: str = SECRET):
+    import base64, hashlib, hmac
+    key = base64.b64decode(secret[len("whsec_"):])
+    sig = base64.b64encode(hmac.new(key, b"msg_1." + str(ts).encode() + b"." + body,
+                                    hashlib.sha256).digest()).decode()
+    return {"webhook-id": "msg_1", "webhook-timestamp": str(ts), "webhook-signature": "v1," + sig}
+
+
+def test_verify_webhook_takes_the_right_signature_and_rejects_others():
+    body = b'{"id": "abc", "status": "lost", "created_at_unix_ms": 1}'
+    now = int(time.time())
+    info = kennel.verify_webhook(SECRET, _signed(body, now), body)
+    assert info.id == "abc" and info.status == "lost"
+    # The specification's own example.
+    spec_headers = {"webhook-id": "msg_p5jXN8AQM9LWM0D4loKWxJek", "webhook-timestamp": "1614265330",
+                    "webhook-signature": "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="}
+    with pytest.raises(kennel.WebhookVerificationError):
+        kennel.verify_webhook(SECRET, spec_headers, b'{"test": 2432232314}')  # stale
+    with pytest.raises(KeyError):  # the signature holds; the body is no run
+        kennel.verify_webhook(SECRET, spec_headers, b'{"test": 2432232314}', now=1614265330)
+    with pytest.raises(kennel.WebhookVerificationError):
+        kennel.verify_webhook(SECRET, _signed(body, now), body + b" ")  # body changed
+    other = "whsec_" + "QUJD" * 8
+    with pytest.raises(kennel.WebhookVerificationError):
+        kennel.verify_webhook(SECRET, _signed(body, now, other), body)  # wrong secret
+    with pytest.raises(kennel.WebhookVerificationError):
+        kennel.verify_webhook(SECRET, _signed(body, now - 600), body)  # stale

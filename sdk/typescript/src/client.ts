@@ -3,7 +3,9 @@
 import { errorFrom } from "./errors.js";
 import {
   execResult,
+  runInfo,
   runResult,
+  type RunInfo,
   type ExecResult,
   type FigureFormat,
   type FileEntry,
@@ -151,6 +153,36 @@ export class Client {
   async runCode(code: string, options: CodeOptions = {}): Promise<RunResult> {
     const body = runBody(codeRun(code, options), options);
     return runResult(await (await this.request("POST", "/v1/runs", { json: body })).json());
+  }
+
+  /**
+   * An `async` run of code: answered at once with its id (status `running`); {@link getRun}
+   * follows it. With `callbackUrl` its end is POSTed there, signed ({@link verifyWebhook}).
+   */
+  async submitCode(code: string, options: CodeOptions & { callbackUrl?: string } = {}): Promise<RunInfo> {
+    const body = { ...runBody(codeRun(code, options), options), async: true, callback_url: options.callbackUrl };
+    return runInfo(await (await this.request("POST", "/v1/runs", { json: body })).json());
+  }
+
+  /** `GET /v1/runs/{id}`: a run's status, and its result once it has ended. */
+  async getRun(id: string): Promise<RunInfo> {
+    return runInfo(await (await this.request("GET", `/v1/runs/${encodeURIComponent(id)}`)).json());
+  }
+
+  /** `DELETE /v1/runs/{id}`: kills the run's sandbox; its result says `cancelled`. */
+  async cancelRun(id: string): Promise<void> {
+    await this.request("DELETE", `/v1/runs/${encodeURIComponent(id)}`);
+  }
+
+  /** Polls {@link getRun} until the run has ended. */
+  async waitRun(id: string, { timeoutMs = 300_000, pollMs = 200 } = {}): Promise<RunInfo> {
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      const info = await this.getRun(id);
+      if (info.status !== "running") return info;
+      if (Date.now() > deadline) throw new Error(`run ${id} still running after ${timeoutMs} ms`);
+      await new Promise((r) => setTimeout(r, pollMs));
+    }
   }
 
   /** Runs a program with arguments (no shell) in a fresh sandbox. */

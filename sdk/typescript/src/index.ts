@@ -25,9 +25,11 @@ export type {
   FileEntry,
   Isolation,
   OutputChunk,
+  RunInfo,
   RunResult,
   SessionInfo,
 } from "./results.js";
+export { verifyWebhook, WebhookVerificationError } from "./webhooks.js";
 export {
   BadRequest,
   Busy,

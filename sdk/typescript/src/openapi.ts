@@ -20,6 +20,22 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/runs/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["show_run"];
+        put?: never;
+        post?: never;
+        delete: operations["cancel_run"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sessions": {
         parameters: {
             query?: never;
@@ -156,9 +172,25 @@ export interface components {
         ArgvRun: {
             /** @description The program and its arguments. */
             argv: string[];
+            /**
+             * @description Answer 202 with the run's id at once and run it in the background: `GET /v1/runs/{id}`
+             *     gives its status and, once it ends, its result. It holds a run slot of its token's
+             *     quota as a run answered at once does, and is never cancelled by a client going away.
+             */
+            async?: boolean;
+            /**
+             * @description An `async` run's end is POSTed here (`http://` only), signed as Standard Webhooks says;
+             *     the host must be on the server's `[callbacks] allow` list.
+             */
+            callback_url?: string | null;
             capabilities?: null | components["schemas"]["Capabilities"];
             /** @description Paths under /workspace or /tmp returned in the result. */
             collect?: string[];
+            /**
+             * @description Keeps a run going when its client goes away (by default a run answered at once, JSON
+             *     or SSE, is cancelled when its client disconnects).
+             */
+            detach?: boolean;
             /** @description Environment variables for the code, beyond Kennel's clean defaults: names without `=`, names and values without NUL. */
             env?: {
                 [key: string]: string;
@@ -185,7 +217,7 @@ export interface components {
             stdin?: string | null;
             tier?: null | components["schemas"]["Tier"];
             /** @description The tripwire groups; all of them unless given. */
-            tripwires?: string[] | null;
+            tripwires?: components["schemas"]["TripwireGroup"][] | null;
         };
         /**
          * @description The capabilities the code keeps: each holds only inside the sandbox's own user namespace,
@@ -196,11 +228,27 @@ export interface components {
         Capabilities: "default" | "none";
         /** @description A snippet in a language. */
         CodeRun: {
+            /**
+             * @description Answer 202 with the run's id at once and run it in the background: `GET /v1/runs/{id}`
+             *     gives its status and, once it ends, its result. It holds a run slot of its token's
+             *     quota as a run answered at once does, and is never cancelled by a client going away.
+             */
+            async?: boolean;
+            /**
+             * @description An `async` run's end is POSTed here (`http://` only), signed as Standard Webhooks says;
+             *     the host must be on the server's `[callbacks] allow` list.
+             */
+            callback_url?: string | null;
             capabilities?: null | components["schemas"]["Capabilities"];
             /** @description The snippet: at most 120 KiB of UTF-8, without NUL bytes. */
             code: string;
             /** @description Paths under /workspace or /tmp returned in the result. */
             collect?: string[];
+            /**
+             * @description Keeps a run going when its client goes away (by default a run answered at once, JSON
+             *     or SSE, is cancelled when its client disconnects).
+             */
+            detach?: boolean;
             /** @description Environment variables for the code, beyond Kennel's clean defaults: names without `=`, names and values without NUL. */
             env?: {
                 [key: string]: string;
@@ -234,7 +282,7 @@ export interface components {
             stdin?: string | null;
             tier?: null | components["schemas"]["Tier"];
             /** @description The tripwire groups; all of them unless given. */
-            tripwires?: string[] | null;
+            tripwires?: components["schemas"]["TripwireGroup"][] | null;
         } & unknown;
         /** @description A file returned from the sandbox. */
         CollectedFile: {
@@ -486,6 +534,83 @@ export interface components {
             };
             kind: components["schemas"]["OutputKind"];
         };
+        /** @description Why a run failed or was lost, as the API's error answer has it. */
+        RunError: {
+            code: string;
+            message: string;
+        };
+        /** @description A run as `GET /v1/runs/{id}` shows it, and as its callback is sent. */
+        RunInfo: {
+            /** Format: int64 */
+            created_at_unix_ms: number;
+            error?: null | components["schemas"]["RunError"];
+            /** Format: int64 */
+            finished_at_unix_ms?: number | null;
+            id: string;
+            result?: null | components["schemas"]["RunResult"];
+            status: components["schemas"]["RunStatus"];
+        };
+        /**
+         * @description A run's answer: its id (by which `DELETE /v1/runs/{id}` cancels it while it runs),
+         *     whether it was cancelled, and what the sandbox did.
+         */
+        RunReport: {
+            /**
+             * @description The run was cancelled (`DELETE /v1/runs/{id}`, or its client went away): the sandbox
+             *     was killed, so the code ended by SIGKILL with the output it had written.
+             */
+            cancelled?: boolean;
+            /** Format: int64 */
+            cpu_ms: number;
+            /** Format: int64 */
+            duration_ms: number;
+            error?: null | components["schemas"]["ExecError"];
+            /**
+             * @description The programs the code executed (each execve, PATH lookups that failed included), in
+             *     order, at most 64; not the command the request itself names. Advisory: read from the
+             *     code's memory while it runs, so code can race it.
+             */
+            exec_log?: components["schemas"]["ExecEntry"][];
+            /** Format: int32 */
+            exit_code?: number | null;
+            files: components["schemas"]["CollectedFile"][];
+            id: string;
+            isolation: components["schemas"]["Isolation"];
+            /**
+             * @description Why Kennel killed the sandbox before the code ended, when a tripwire did:
+             *     `tripwire:SYSCALL`.
+             */
+            killed_by?: string | null;
+            /** Format: int64 */
+            memory_peak_bytes: number;
+            /** @description Every connection the code asked Kennel's proxy for (network mode `allow`). */
+            network_log?: components["schemas"]["NetEvent"][];
+            oom_killed: boolean;
+            pids_limit_hit: boolean;
+            /**
+             * @description The value of the last expression and what the code displayed (figures included), in
+             *     the order they came.
+             */
+            results?: components["schemas"]["RichOutput"][];
+            /**
+             * @description Whether rich outputs were dropped: their total size is held to the output limit, and
+             *     their number to [`RichOutput::MAX`].
+             */
+            results_truncated?: boolean;
+            /** @description What the policy stopped: denied system calls, refused connections, limits reached. */
+            security_events?: components["schemas"]["SecurityEvents"];
+            /** Format: int32 */
+            signal?: number | null;
+            stderr: string;
+            /** Format: int64 */
+            stderr_bytes: number;
+            stderr_truncated: boolean;
+            stdout: string;
+            /** Format: int64 */
+            stdout_bytes: number;
+            stdout_truncated: boolean;
+            timed_out: boolean;
+        };
         /** @description What the run did and which isolation was in force. */
         RunResult: {
             /** Format: int64 */
@@ -540,6 +665,11 @@ export interface components {
         };
         /** @description A run: `language` + `code`, or `argv` (exactly one of the two). */
         RunSpec: components["schemas"]["CodeRun"] | components["schemas"]["ArgvRun"];
+        /**
+         * @description Where a run is.
+         * @enum {string}
+         */
+        RunStatus: "running" | "finished" | "failed" | "cancelled" | "lost";
         /**
          * @description The OCI runtime of the `oci` tier.
          * @enum {string}
@@ -650,6 +780,11 @@ export interface components {
          * @enum {string}
          */
         Tier: "native" | "oci" | "microvm";
+        /**
+         * @description A tripwire group: denied calls that code with no business escaping does not make.
+         * @enum {string}
+         */
+        TripwireGroup: "ptrace" | "mount" | "bpf" | "kexec" | "modules" | "keyctl" | "perf_event_open" | "userfaultfd" | "namespaces";
     };
     responses: never;
     parameters: never;
@@ -674,21 +809,30 @@ export interface operations {
             };
         };
         responses: {
-            /** @description The run's result (or an SSE stream with ?stream=true) */
+            /** @description The run's id and result (or an SSE stream with ?stream=true, whose first event, `run`, gives the id) */
             200: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": components["schemas"]["RunResult"];
+                    "application/json": components["schemas"]["RunReport"];
                     "text/event-stream": {
                         data: string;
                         /** @enum {string} */
-                        event?: "stdout" | "stderr" | "display" | "result" | "error";
+                        event?: "run" | "stdout" | "stderr" | "display" | "result" | "error";
                     };
                 };
             };
-            /** @description A malformed request, or a limit outside this server's bounds */
+            /** @description An `async` run, accepted: its id; `GET /v1/runs/{id}` follows it */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RunInfo"];
+                };
+            };
+            /** @description A malformed request, a limit outside this server's bounds, or a `callback_url` this server does not send to */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -733,7 +877,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Too many runs at once; see Retry-After */
+            /** @description Too many runs at once, or this token's quota (async runs included) is used up; see Retry-After */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -742,12 +886,92 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description This host cannot enforce a layer the request needs */
+            /** @description This host cannot enforce a layer the request needs, or has no job table for `async` runs */
             503: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content?: never;
+            };
+        };
+    };
+    show_run: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The run's id, as `POST /v1/runs` returned it. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The run's status, and its result once it has ended */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RunInfo"];
+                };
+            };
+            /** @description A valid bearer token is required. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No such run for this caller (or a run answered at once that has ended) */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    cancel_run: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The run's id, as `POST /v1/runs` returned it. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The run's sandbox is killed (its result says `cancelled`); nothing for an `async` run that has ended */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description A valid bearer token is required. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No such run for this caller */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
             };
         };
     };
@@ -1157,7 +1381,7 @@ export interface operations {
                     "text/event-stream": {
                         data: string;
                         /** @enum {string} */
-                        event?: "stdout" | "stderr" | "display" | "result" | "error";
+                        event?: "run" | "stdout" | "stderr" | "display" | "result" | "error";
                     };
                 };
             };

@@ -3,7 +3,11 @@
 import type { components } from "./openapi.js";
 
 type Schemas = components["schemas"];
-export type RunResult = Omit<Schemas["RunResult"], "results"> & { results?: RichOutput[] };
+/** A run's result, with its id and whether it was cancelled (`DELETE /v1/runs/{id}`). */
+export type RunResult = Omit<Schemas["RunReport"], "results"> & { results?: RichOutput[] };
+/** A run by id: its status (`running`, `finished`, `failed`, `cancelled`, `lost`), its
+ * result once it has one, or the error of a failed or lost run. */
+export type RunInfo = Omit<Schemas["RunInfo"], "result"> & { result?: RunResult | null };
 export type ExecResult = Omit<Schemas["ExecResult"], "results"> & { results: RichOutput[] };
 export type ExecError = Schemas["ExecError"];
 export type SessionInfo = Schemas["SessionInfo"];
@@ -108,8 +112,12 @@ export function execResult(raw: Schemas["ExecResult"]): ExecResult {
 }
 
 /** A run's result with a rich run's outputs as {@link RichOutput} objects. */
-export function runResult(raw: Schemas["RunResult"]): RunResult {
-  return { ...raw, results: raw.results?.map((r) => new RichOutput(r)) };
+export function runResult(raw: Schemas["RunReport"] | Schemas["RunResult"]): RunResult {
+  return { ...(raw as Schemas["RunReport"]), results: raw.results?.map((r) => new RichOutput(r)) };
+}
+
+export function runInfo(raw: Schemas["RunInfo"]): RunInfo {
+  return { ...raw, result: raw.result ? runResult(raw.result) : raw.result };
 }
 
 /** The last expression's value of an exec or a rich run, if it ended with one. */

@@ -3,7 +3,11 @@
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 
-import { BadRequest, Client, KennelError, NotFound, RichOutput, Unauthorized, valueOf } from "../dist/index.js";
+import { createHmac } from "node:crypto";
+import {
+  BadRequest, Client, KennelError, NotFound, RichOutput, Unauthorized, valueOf, verifyWebhook,
+  WebhookVerificationError,
+} from "../dist/index.js";
 import { startServer, TOKEN } from "./server.mjs";
 
 let server;
@@ -129,4 +133,46 @@ test("errors are typed, with the server's message", async () => {
   const s = await client.session();
   await s.close();
   await assert.rejects(s.runCode("1"), NotFound);
+});
+
+test("async runs are submitted, followed and cancelled", async () => {
+  const info = await client.submitCode("echo later", { language: "bash" });
+  assert.equal(info.status, "running");
+  const done = await client.waitRun(info.id, { timeoutMs: 60_000 });
+  assert.equal(done.status, "finished");
+  assert.equal(done.result.stdout, "later\n");
+  const long = await client.submitCode("sleep 60", { language: "bash", timeout: "90s" });
+  await client.cancelRun(long.id);
+  const cancelled = await client.waitRun(long.id, { timeoutMs: 30_000 });
+  assert.equal(cancelled.status, "cancelled");
+  assert.equal(cancelled.result.signal, 9);
+  assert.ok((await client.runCode("print(1)")).id);
+  await assert.rejects(client.getRun("0".repeat(32)), NotFound);
+});
+
+const SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+function signed(body, ts, secret = SECRET) {
+  const key = Buffer.from(secret.slice(6), "base64");
+  const sig = createHmac("sha256", key).update(`msg_1.${ts}.${body}`).digest("base64");
+  return { "webhook-id": "msg_1", "webhook-timestamp": String(ts), "webhook-signature": `v1,${sig}` };
+}
+
+test("verifyWebhook takes the right signature and rejects others", async () => {
+  const body = JSON.stringify({ id: "abc", status: "lost", created_at_unix_ms: 1 });
+  const now = Math.floor(Date.now() / 1000);
+  const info = await verifyWebhook(SECRET, signed(body, now), body);
+  assert.equal(info.status, "lost");
+  // The specification's own example, at its own time.
+  const spec = {
+    "webhook-id": "msg_p5jXN8AQM9LWM0D4loKWxJek",
+    "webhook-timestamp": "1614265330",
+    "webhook-signature": "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=",
+  };
+  const specBody = '{"id": "x", "status": "finished", "created_at_unix_ms": 0, "test": 2432232314}';
+  await assert.rejects(verifyWebhook(SECRET, spec, specBody, { now: 1614265330 }), WebhookVerificationError);
+  assert.equal((await verifyWebhook(SECRET, spec, '{"test": 2432232314}', { now: 1614265330 })).test, 2432232314);
+  await assert.rejects(verifyWebhook(SECRET, signed(body, now), body + " "), WebhookVerificationError);
+  await assert.rejects(verifyWebhook(SECRET, signed(body, now, "whsec_" + "QUJD".repeat(8)), body), WebhookVerificationError);
+  await assert.rejects(verifyWebhook(SECRET, signed(body, now - 600), body), WebhookVerificationError);
 });

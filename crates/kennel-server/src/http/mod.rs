@@ -256,6 +256,10 @@ pub fn router(state: Shared, mounts: &[Mount]) -> Router {
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi_json))
         .route("/v1/runs", post(routes::create_run))
+        .route(
+            "/v1/runs/{id}",
+            get(routes::show_run).delete(routes::cancel_run),
+        )
         .route("/v1/sessions", post(routes::create).get(routes::list))
         .route(
             "/v1/sessions/{id}",

@@ -12,12 +12,15 @@ use serde::Deserialize;
 use super::stream::{answer, StreamQuery};
 use super::{ApiBytes, ApiError, ApiJson, ApiPath, ApiQuery, Shared};
 use crate::service::{Action, Caller, Reply};
-use kennel_types::api::{ExecResult, ExecSpec, RunResult, RunSpec, SessionInfo, SessionSpec};
+use kennel_types::api::{ExecResult, ExecSpec, RunSpec, SessionInfo, SessionSpec};
+use kennel_types::runs::{RunInfo, RunReport};
 
 impl IntoResponse for Reply {
     fn into_response(self) -> Response {
         match self {
             Reply::Run(r) => Json(r).into_response(),
+            Reply::RunAccepted(info) => (StatusCode::ACCEPTED, Json(info)).into_response(),
+            Reply::RunStatus(info) => Json(info).into_response(),
             Reply::Exec(r) => Json(r).into_response(),
             Reply::SessionCreated(info) => (StatusCode::CREATED, Json(info)).into_response(),
             Reply::Session(info) => Json(info).into_response(),
@@ -42,12 +45,18 @@ async fn handle(state: &Shared, caller: &Caller, action: Action) -> Result<Respo
 #[utoipa::path(tag = "runs",
     post, path = "/v1/runs", request_body = RunSpec, params(StreamQuery),
     responses(
-        (status = 200, description = "The run's result (or an SSE stream with ?stream=true)", body = RunResult),
-        (status = 400, description = "A malformed request, or a limit outside this server's bounds"),
+        (status = 200, description = "The run's id and result (or an SSE stream with ?stream=true, \
+            whose first event, `run`, gives the id)", body = RunReport),
+        (status = 202, description = "An `async` run, accepted: its id; `GET /v1/runs/{id}` \
+            follows it", body = RunInfo),
+        (status = 400, description = "A malformed request, a limit outside this server's bounds, \
+            or a `callback_url` this server does not send to"),
         (status = 403, description = "An `image` this token may not use"),
         (status = 404, description = "An `image` this server does not have"),
-        (status = 429, description = "Too many runs at once; see Retry-After"),
-        (status = 503, description = "This host cannot enforce a layer the request needs"),
+        (status = 429, description = "Too many runs at once, or this token's quota (async \
+            runs included) is used up; see Retry-After"),
+        (status = 503, description = "This host cannot enforce a layer the request needs, or \
+            has no job table for `async` runs"),
     )
 )]
 pub async fn create_run(
@@ -62,6 +71,33 @@ pub async fn create_run(
         live,
     })
     .await
+}
+
+#[utoipa::path(tag = "runs", get, path = "/v1/runs/{id}", params(("id" = String, Path, description = "The run's id")),
+    responses(
+        (status = 200, description = "The run's status, and its result once it has ended", body = RunInfo),
+        (status = 404, description = "No such run for this caller (or a run answered at once that has ended)"),
+    ))]
+pub async fn show_run(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Response, ApiError> {
+    handle(&state, &caller, Action::ShowRun { id }).await
+}
+
+#[utoipa::path(tag = "runs", delete, path = "/v1/runs/{id}", params(("id" = String, Path, description = "The run's id")),
+    responses(
+        (status = 204, description = "The run's sandbox is killed (its result says `cancelled`); \
+            nothing for an `async` run that has ended"),
+        (status = 404, description = "No such run for this caller"),
+    ))]
+pub async fn cancel_run(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Response, ApiError> {
+    handle(&state, &caller, Action::CancelRun { id }).await
 }
 
 #[utoipa::path(tag = "session_routes", post, path = "/v1/sessions", request_body = SessionSpec,

@@ -37,6 +37,8 @@ impl StreamQuery {
 
 /// What goes to the SSE response.
 enum StreamMsg {
+    /// The run's id, first.
+    Run(String),
     Chunk(Stream, Vec<u8>),
     Rich(Value),
     Result(Value),
@@ -70,14 +72,20 @@ pub async fn answer(
     let live = live.with_rich(rich);
     let action = action(Some(live));
     let work = tokio::spawn(async move { service.handle(&caller, action).await });
-    if accepted.await.is_err() {
-        let refused = match work.await {
-            Ok(Err(e)) => e,
-            Ok(Ok(_)) => ServiceError::Internal("the work ended unaccepted".into()),
-            Err(e) => ServiceError::Internal(e.to_string()),
-        };
-        return Err(refused.into());
-    }
+    let accepted = match accepted.await {
+        Ok(accepted) => accepted,
+        Err(_) => {
+            let refused = match work.await {
+                Ok(Err(e)) => e,
+                Ok(Ok(_)) => ServiceError::Internal("the work ended unaccepted".into()),
+                Err(e) => ServiceError::Internal(e.to_string()),
+            };
+            return Err(refused.into());
+        }
+    };
+    // Sent before any output can be: the sink's sender was made first, but the run's id
+    // must lead, so it goes in a channel of its own that the stream reads first.
+    let first = accepted.run.map(StreamMsg::Run);
     tokio::spawn(async move {
         let mut work = work;
         let done = tokio::select! {
@@ -96,7 +104,7 @@ pub async fn answer(
         };
         let _ = tx.send(last);
     });
-    Ok(sse(rx))
+    Ok(sse(first, rx))
 }
 
 /// The `result` event's data.
@@ -109,11 +117,19 @@ fn result_of(reply: Reply) -> Value {
     value.unwrap_or_default()
 }
 
-/// The SSE response: `stdout`/`stderr` events with `{"text", "b64"}` and `display` events
-/// (a python session exec's rich outputs, as they come), then one `result` (or `error`) event.
-fn sse(rx: mpsc::UnboundedReceiver<StreamMsg>) -> Response {
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        let event = match rx.recv().await? {
+/// The SSE response: a run's `run` event with `{"id"}` first, `stdout`/`stderr` events with
+/// `{"text", "b64"}` and `display` events (a python session exec's rich outputs, as they
+/// come), then one `result` (or `error`) event.
+fn sse(first: Option<StreamMsg>, rx: mpsc::UnboundedReceiver<StreamMsg>) -> Response {
+    let stream = futures_util::stream::unfold((first, rx), |(mut first, mut rx)| async move {
+        let next = match first.take() {
+            Some(msg) => msg,
+            None => rx.recv().await?,
+        };
+        let event = match next {
+            StreamMsg::Run(id) => Event::default()
+                .event("run")
+                .data(json!({ "id": id }).to_string()),
             StreamMsg::Chunk(s, data) => {
                 let name = if s == Stream::Stdout {
                     "stdout"
@@ -130,7 +146,7 @@ fn sse(rx: mpsc::UnboundedReceiver<StreamMsg>) -> Response {
             StreamMsg::Result(v) => Event::default().event("result").data(v.to_string()),
             StreamMsg::Error(v) => Event::default().event("error").data(v.to_string()),
         };
-        Some((Ok::<_, Infallible>(event), rx))
+        Some((Ok::<_, Infallible>(event), (first, rx)))
     });
     Sse::new(stream)
         .keep_alive(KeepAlive::default())

@@ -6,7 +6,10 @@
 //! caller's network pins and minimum isolation, session bookkeeping, collection, audit and
 //! metrics. An entry only parses its own input and renders the answer in its own form.
 
+pub mod callback;
+pub mod jobs;
 mod run;
+mod runs;
 mod session;
 
 use std::collections::HashMap;
@@ -26,8 +29,9 @@ use kennel_sandbox::engine::Engine;
 use kennel_sandbox::error::Error;
 use kennel_sandbox::{Canceller, OutputSink, Stream};
 use kennel_types::api::{
-    ExecResult, ExecSpec, Listing, RichOutput, RunResult, RunSpec, SessionInfo, SessionSpec,
+    ExecResult, ExecSpec, Listing, RichOutput, RunSpec, SessionInfo, SessionSpec,
 };
+use kennel_types::runs::{RunInfo, RunReport};
 
 /// Who asks: the id of the bearer token that authenticated the request ("anonymous" when the
 /// server has no tokens). Every action is done as one caller, who sees only its own sessions.
@@ -45,10 +49,23 @@ impl Caller {
 #[derive(Debug)]
 pub enum Action {
     /// A one-shot run in a fresh sandbox (from the warm pool when one fits). Refused past the
-    /// caller's run quota or the server's run slots.
+    /// caller's run quota or the server's run slots, `async` ones included (they hold a slot
+    /// until they end); a `callback_url` off the server's allowlist is refused. A caller that
+    /// goes away (the action dropped before it ends) cancels it, unless it is `async` or
+    /// `detach`ed.
     Run {
         spec: RunSpec,
         live: Option<Live>,
+    },
+    /// Kills one of the caller's runs in flight (its result then says `cancelled`); nothing
+    /// for an `async` run that has ended. Another caller's run does not exist for it.
+    CancelRun {
+        id: String,
+    },
+    /// One of the caller's `async` runs (or a run in flight): its status, and its result
+    /// once it has ended.
+    ShowRun {
+        id: String,
     },
     /// A sandbox kept between steps. Refused past the session caps, and for a caller whose
     /// minimum isolation is above the native tier (sessions are native only).
@@ -122,7 +139,10 @@ pub enum Action {
 #[derive(Debug)]
 pub enum Reply {
     /// Boxed: a run's result is many times the size of any other reply.
-    Run(Box<RunResult>),
+    Run(Box<RunReport>),
+    /// An `async` run accepted (running), or a run's status.
+    RunAccepted(Box<RunInfo>),
+    RunStatus(Box<RunInfo>),
     SessionCreated(SessionInfo),
     Session(SessionInfo),
     Sessions(Vec<SessionInfo>),
@@ -215,7 +235,13 @@ impl From<kennel_sandbox::error::PolicyError> for ServiceError {
 pub struct Live {
     sink: OutputSink,
     rich: Option<RichSink>,
-    accepted: Arc<Mutex<Option<oneshot::Sender<()>>>>,
+    accepted: Arc<Mutex<Option<oneshot::Sender<Accepted>>>>,
+}
+
+/// What a live caller learns when its work is accepted: a run's id (an exec has none).
+#[derive(Debug, Clone, Default)]
+pub struct Accepted {
+    pub run: Option<String>,
 }
 
 /// Where a live caller's rich outputs go as they come.
@@ -230,7 +256,7 @@ impl std::fmt::Debug for Live {
 impl Live {
     /// A live output to `sink`, and what resolves once the work is accepted (or is dropped
     /// unresolved when the action is refused first).
-    pub fn new(sink: OutputSink) -> (Live, oneshot::Receiver<()>) {
+    pub fn new(sink: OutputSink) -> (Live, oneshot::Receiver<Accepted>) {
         let (tx, rx) = oneshot::channel();
         let live = Live {
             sink,
@@ -248,14 +274,14 @@ impl Live {
         }
     }
 
-    fn accept(&self) {
+    fn accept(&self, accepted: Accepted) {
         let sender = self
             .accepted
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take();
         if let Some(tx) = sender {
-            let _ = tx.send(());
+            let _ = tx.send(accepted);
         }
     }
 
@@ -286,6 +312,12 @@ pub struct Service {
     running: Mutex<HashMap<u64, Canceller>>,
     next_run: AtomicU64,
     shutting_down: AtomicBool,
+    /// The runs in flight by id, for cancel and status.
+    runs: runs::Registry,
+    /// `async` runs under way, which shutdown waits for as it waits for requests.
+    async_runs: AtomicU64,
+    /// The job table of `async` runs, or why there is none (they are then refused).
+    jobs: Result<jobs::Jobs, String>,
 }
 
 impl Service {
@@ -329,7 +361,35 @@ impl Service {
             running: Mutex::new(HashMap::new()),
             next_run: AtomicU64::new(0),
             shutting_down: AtomicBool::new(false),
+            runs: runs::Registry::default(),
+            async_runs: AtomicU64::new(0),
+            jobs: Err("this service was made without a job table".into()),
         }
+    }
+
+    /// The service with its job table (or the reason it has none).
+    pub fn with_jobs(self, jobs: Result<jobs::Jobs, String>) -> Service {
+        Service { jobs, ..self }
+    }
+
+    /// The job table: 503 for `async` runs where there is none.
+    fn jobs(&self) -> Result<&jobs::Jobs, ServiceError> {
+        self.jobs.as_ref().map_err(|why| {
+            ServiceError::Unsupported(format!(
+                "`async` runs need the job table, which this server could not open: {why}                  (set [jobs] db, or KENNEL_STATE_DIR, to a writable place)"
+            ))
+        })
+    }
+
+    /// Marks the runs a stopped server left in flight as lost and sends the callbacks still
+    /// owed; call once, at start, inside the runtime.
+    pub fn recover_jobs(self: &Arc<Self>) {
+        runs::recover(self);
+    }
+
+    /// `async` runs under way.
+    pub fn async_in_flight(&self) -> u64 {
+        self.async_runs.load(Ordering::SeqCst)
     }
 
     /// Does what `caller` asked.
@@ -339,9 +399,14 @@ impl Service {
         action: Action,
     ) -> Result<Reply, ServiceError> {
         match action {
-            Action::Run { spec, live } => run::run(self, caller, spec, live)
-                .await
-                .map(|r| Reply::Run(Box::new(r))),
+            Action::Run { spec, live } => run::run(self, caller, spec, live).await,
+            Action::CancelRun { id } => {
+                runs::cancel(self, caller, &id)?;
+                Ok(Reply::Done)
+            }
+            Action::ShowRun { id } => {
+                runs::show(self, caller, &id).map(|i| Reply::RunStatus(Box::new(i)))
+            }
             Action::CreateSession { spec } => session::create(self, caller, &spec)
                 .await
                 .map(Reply::SessionCreated),
@@ -478,14 +543,19 @@ impl Service {
 /// Runs `work` holding `slot`, once the caller streaming it (if any) knows it is accepted.
 /// The work goes on in a task of its own that holds the slot: a caller that goes away
 /// neither frees a slot its sandbox still uses nor skips the audit.
-async fn in_slot<T, F, W>(slot: RunSlot, live: Option<Live>, work: W) -> Result<T, ServiceError>
+async fn in_slot<T, F, W>(
+    slot: RunSlot,
+    live: Option<Live>,
+    accepted: Accepted,
+    work: W,
+) -> Result<T, ServiceError>
 where
     W: FnOnce(Option<Live>) -> F,
     F: std::future::Future<Output = Result<T, ServiceError>> + Send + 'static,
     T: Send + 'static,
 {
     if let Some(live) = &live {
-        live.accept();
+        live.accept(accepted);
     }
     let work = work(live);
     let task = tokio::spawn(async move {

@@ -3,7 +3,11 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{in_slot, Caller, Live, Service, ServiceError};
+use std::sync::atomic::Ordering;
+
+use super::callback::{self, Target};
+use super::runs::{self, CancelIfGone, Registered};
+use super::{in_slot, Accepted, Caller, Live, Reply, Service, ServiceError};
 use crate::agent::{AgentError, AgentSandbox, Exec, KernelUsage, Progress};
 use crate::audit::Entry;
 use crate::metrics::inc;
@@ -14,15 +18,17 @@ use kennel_types::api::{
     CollectedFile, Command, Content, ExecResult, Language, Outcome, RichResults, RunRequest,
     RunResult, RunSpec,
 };
+use kennel_types::runs::{RunInfo, RunReport, RunStatus};
 
 /// A run as `caller` asked for it: checked against the server's bounds and the caller's own
-/// rules (network pins, minimum isolation), then run in a slot.
+/// rules (network pins, minimum isolation, callback targets), then run in a slot: answered
+/// when it ends, or at once when it is `async`.
 pub(super) async fn run(
     service: &Arc<Service>,
     caller: &Caller,
     spec: RunSpec,
     live: Option<Live>,
-) -> Result<RunResult, ServiceError> {
+) -> Result<Reply, ServiceError> {
     let config = &service.config;
     config.check_network(&caller.0, &spec.network)?;
     let mut req = spec.to_request(&config.base_policy_for(&caller.0), &config.maxima)?;
@@ -42,12 +48,120 @@ pub(super) async fn run(
             "`rich`: rich results are for python code (`language: python`)".into(),
         ));
     }
+    let target = check_async(service, caller, &spec, live.is_some()).await?;
     let slot = service.run_slot(caller)?;
+    let registered = runs::register(service, caller)?;
+    if spec.run_async {
+        return submit(service, caller, spec, req, slot, registered, target);
+    }
     let (service, caller) = (service.clone(), caller.clone());
-    in_slot(slot, live, |live| async move {
-        execute(&service, &caller, &spec, req, live).await
+    let (id, entry) = (registered.id.clone(), registered.entry.clone());
+    let mut gone = CancelIfGone {
+        armed: (!spec.detach).then(|| (service.clone(), caller.clone(), id.clone(), entry.clone())),
+    };
+    let accepted = Accepted {
+        run: Some(id.clone()),
+    };
+    let result = in_slot(slot, live, accepted, |live| async move {
+        let _registered = registered;
+        execute(&service, &caller, &spec, req, live, &_registered).await
     })
-    .await
+    .await;
+    gone.armed = None;
+    Ok(Reply::Run(Box::new(RunReport {
+        id,
+        cancelled: entry.is_cancelled(),
+        result: result?,
+    })))
+}
+
+/// The rules of `async` and `callback_url`; the checked callback target.
+async fn check_async(
+    service: &Service,
+    caller: &Caller,
+    spec: &RunSpec,
+    streams: bool,
+) -> Result<Option<Target>, ServiceError> {
+    if !spec.run_async {
+        if spec.callback_url.is_some() {
+            return Err(ServiceError::BadRequest(
+                "`callback_url` is for async runs: add `\"async\": true`".into(),
+            ));
+        }
+        return Ok(None);
+    }
+    if streams {
+        return Err(ServiceError::BadRequest(
+            "an `async` run is answered at once with its id, not streamed: drop ?stream=true \
+             (or `async`)"
+                .into(),
+        ));
+    }
+    service.jobs()?;
+    let Some(url) = &spec.callback_url else {
+        return Ok(None);
+    };
+    if service.config.callback_secret(&caller.0).is_none() {
+        return Err(ServiceError::BadRequest(
+            "`callback_url`: this server has no secret to sign callbacks with ([callbacks] \
+             secret, or the token's callback_secret)"
+                .into(),
+        ));
+    }
+    callback::check(&service.config.callbacks, url)
+        .await
+        .map(Some)
+        .map_err(ServiceError::BadRequest)
+}
+
+/// Enters an `async` run in the job table and runs it in a task of its own, which holds its
+/// slot and records its end (and sends its callback). Answered at once.
+fn submit(
+    service: &Arc<Service>,
+    caller: &Caller,
+    spec: RunSpec,
+    req: RunRequest,
+    slot: super::RunSlot,
+    registered: runs::Registered,
+    target: Option<Target>,
+) -> Result<Reply, ServiceError> {
+    let jobs = service.jobs()?;
+    let created = runs::now_ms_u64();
+    let id = registered.id.clone();
+    let addr = target.as_ref().map(|t| t.addr.to_string());
+    let callback = target
+        .as_ref()
+        .zip(addr.as_deref())
+        .map(|(t, a)| (t.url.as_str(), a));
+    let limits = &service.config.jobs;
+    jobs.purge(&caller.0, created, limits.keep.0, limits.max_per_token)
+        .and_then(|()| jobs.insert(&id, &caller.0, created, callback))
+        .map_err(|e| ServiceError::Internal(format!("job table: {e}")))?;
+    service.async_runs.fetch_add(1, Ordering::SeqCst);
+    let (service, caller) = (service.clone(), caller.clone());
+    tokio::spawn(async move {
+        let outcome = {
+            let _slot = slot;
+            execute(&service, &caller, &spec, req, None, &registered).await
+        };
+        let info = runs::ended(
+            &registered.id,
+            created,
+            registered.entry.is_cancelled(),
+            outcome,
+        );
+        drop(registered);
+        runs::conclude(&service, &caller, info, target).await;
+        service.async_runs.fetch_sub(1, Ordering::SeqCst);
+    });
+    Ok(Reply::RunAccepted(Box::new(RunInfo {
+        id,
+        status: RunStatus::Running,
+        created_at_unix_ms: created,
+        finished_at_unix_ms: None,
+        result: None,
+        error: None,
+    })))
 }
 
 fn check_paths(req: &RunRequest) -> Result<(), ServiceError> {
@@ -68,6 +182,7 @@ async fn execute(
     spec: &RunSpec,
     req: RunRequest,
     live: Option<Live>,
+    run: &Registered,
 ) -> Result<RunResult, ServiceError> {
     let started = Instant::now();
     let agent = state.pool.serves(&req).and_then(|k| state.pool.take(&k));
@@ -78,12 +193,12 @@ async fn execute(
     });
     let pooled = agent.is_some();
     let outcome = match (agent, spec.rich) {
-        (Some(agent), rich) => run_pooled(state, agent, &req, live, rich).await,
-        (None, false) => run_cold(state, req.clone(), live).await,
+        (Some(agent), rich) => run_pooled(state, agent, &req, live, rich, run).await,
+        (None, false) => run_cold(state, req.clone(), live, run).await,
         // Rich results come from the session agent: one started for this run, so that a
         // pooled and a cold rich run are one and the same code path.
         (None, true) => match start_agent(state, &req).await {
-            Ok(agent) => run_pooled(state, agent, &req, live, true).await,
+            Ok(agent) => run_pooled(state, agent, &req, live, true, run).await,
             Err(e) => Err(e),
         },
     };
@@ -94,6 +209,8 @@ async fn execute(
     let entry = Entry {
         language: spec.language.map(kennel_types::api::Language::name),
         pooled,
+        run: Some(&run.id),
+        cancelled: run.entry.is_cancelled(),
         duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
         ..Entry::new(&caller.0, "run", code.as_bytes(), &req.policy.limits)
     };
@@ -137,9 +254,11 @@ async fn run_cold(
     state: &Arc<Service>,
     req: RunRequest,
     live: Option<Live>,
+    run: &Registered,
 ) -> Result<RunResult, ServiceError> {
     let cancel = Canceller::new();
     let _tracked = state.track(cancel.clone());
+    run.entry.attach(cancel.clone());
     let io = RunIo {
         stdin: StdinSource::Null,
         on_output: live.map(|l| l.sink),
@@ -203,8 +322,10 @@ async fn run_pooled(
     req: &RunRequest,
     live: Option<Live>,
     rich: bool,
+    run: &Registered,
 ) -> Result<RunResult, ServiceError> {
     let _tracked = state.track(agent.canceller());
+    run.entry.attach(agent.canceller());
     let Command::Code { language, code } = &req.command else {
         return Err(ServiceError::BadRequest(
             "only code runs are served from the pool".into(),

@@ -179,7 +179,7 @@ pub(super) async fn exec(
     let (service, caller) = (service.clone(), caller.clone());
     let id = session.agent.reserve();
     let mut gone = CancelIfGone(Some((session.clone(), id)));
-    let result = in_slot(slot, live, |live| async move {
+    let result = in_slot(slot, live, super::Accepted::default(), |live| async move {
         run_exec(&service, &caller, &session, &spec, id, timeout, live).await
     })
     .await;

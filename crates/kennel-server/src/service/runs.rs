@@ -1,0 +1,316 @@
+//! Runs by id: the registry of runs in flight (each with its owner and what kills its
+//! sandbox), cancelling, `async` runs in the job table, and their callbacks.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::callback::{self, Message, Secret, Target};
+use super::jobs::{Jobs, Pending};
+use super::{Caller, Service, ServiceError};
+use crate::audit::{now_ms, Event};
+use kennel_sandbox::Canceller;
+use kennel_types::runs::{RunError, RunInfo, RunStatus};
+use kennel_types::RunResult;
+
+/// A new run id: 128 random bits from the kernel, in hex. Unguessable, so that an id is no
+/// handle on another token's run even before the owner check.
+pub(crate) fn new_id() -> Result<String, ServiceError> {
+    let mut bytes = [0u8; 16];
+    getrandom::getrandom(&mut bytes)
+        .map_err(|e| ServiceError::Internal(format!("no randomness for a run id: {e}")))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// A run in flight: its owner and what kills its sandbox.
+#[derive(Debug)]
+pub(crate) struct RunEntry {
+    owner: String,
+    cancelled: AtomicBool,
+    /// The sandbox's kill switch once it has one (a cold run's supervisor, a pooled run's
+    /// agent sandbox), attached when it is known.
+    cancellers: Mutex<Vec<Canceller>>,
+}
+
+impl RunEntry {
+    /// Kills the run's sandbox, now or as soon as it has one. Whether this was the first
+    /// cancel.
+    fn cancel(&self) -> bool {
+        let first = !self.cancelled.swap(true, Ordering::SeqCst);
+        for c in self.lock().iter() {
+            c.cancel();
+        }
+        first
+    }
+
+    /// The sandbox's kill switch: pulled at once when the run is cancelled already.
+    pub(crate) fn attach(&self, c: Canceller) {
+        let mut all = self.lock();
+        if self.cancelled.load(Ordering::SeqCst) {
+            c.cancel();
+        }
+        all.push(c);
+    }
+
+    pub(crate) fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::SeqCst)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Canceller>> {
+        self.cancellers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The runs in flight, by id.
+#[derive(Debug, Default)]
+pub(crate) struct Registry(Mutex<HashMap<String, Arc<RunEntry>>>);
+
+impl Registry {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<RunEntry>>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The caller's run `id` in flight; another caller's is none of its business.
+    fn owned(&self, caller: &Caller, id: &str) -> Option<Arc<RunEntry>> {
+        self.lock().get(id).filter(|e| e.owner == caller.0).cloned()
+    }
+}
+
+/// A run's place in the registry, left when dropped (the run has ended).
+pub(crate) struct Registered {
+    service: Arc<Service>,
+    pub(crate) id: String,
+    pub(crate) entry: Arc<RunEntry>,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.service.runs.lock().remove(&self.id);
+    }
+}
+
+/// Enters a new run of `caller` in the registry.
+pub(crate) fn register(
+    service: &Arc<Service>,
+    caller: &Caller,
+) -> Result<Registered, ServiceError> {
+    let id = new_id()?;
+    let entry = Arc::new(RunEntry {
+        owner: caller.0.clone(),
+        cancelled: AtomicBool::new(false),
+        cancellers: Mutex::new(Vec::new()),
+    });
+    service.runs.lock().insert(id.clone(), entry.clone());
+    Ok(Registered {
+        service: service.clone(),
+        id,
+        entry,
+    })
+}
+
+/// Cancels the run when its caller goes away (the action dropped before the run ends: an
+/// HTTP client that disconnects, an SSE stream closed), unless the run asked to be detached.
+pub(crate) struct CancelIfGone {
+    pub(crate) armed: Option<(Arc<Service>, Caller, String, Arc<RunEntry>)>,
+}
+
+impl Drop for CancelIfGone {
+    fn drop(&mut self) {
+        if let Some((service, caller, id, entry)) = self.armed.take() {
+            if entry.cancel() {
+                audit_cancel(&service, &caller, &id, "disconnect");
+            }
+        }
+    }
+}
+
+fn audit_cancel(service: &Service, caller: &Caller, id: &str, by: &str) {
+    service.audit.event(&Event {
+        by: Some(by),
+        ..Event::new(&caller.0, "cancel", id)
+    });
+}
+
+/// `DELETE /v1/runs/{id}`: kills the caller's run in flight. An ended `async` run is left as
+/// it is; a run of another caller, or none, is not found.
+pub(super) fn cancel(service: &Service, caller: &Caller, id: &str) -> Result<(), ServiceError> {
+    if let Some(entry) = service.runs.owned(caller, id) {
+        if entry.cancel() {
+            audit_cancel(service, caller, id, "request");
+        }
+        return Ok(());
+    }
+    match service.jobs().ok().map(|j| j.get(&caller.0, id)) {
+        Some(Ok(Some(_))) => Ok(()),
+        Some(Err(e)) => Err(ServiceError::Internal(format!("job table: {e}"))),
+        _ => Err(not_found(id)),
+    }
+}
+
+fn not_found(id: &str) -> ServiceError {
+    ServiceError::NotFound(format!(
+        "no run {id:?} (or it ended and was answered at once)"
+    ))
+}
+
+/// `GET /v1/runs/{id}`: an `async` run from the job table, or a run in flight.
+pub(super) fn show(service: &Service, caller: &Caller, id: &str) -> Result<RunInfo, ServiceError> {
+    if let Ok(jobs) = service.jobs() {
+        let found = jobs
+            .get(&caller.0, id)
+            .map_err(|e| ServiceError::Internal(format!("job table: {e}")))?;
+        if let Some(info) = found {
+            return Ok(info);
+        }
+    }
+    match service.runs.owned(caller, id) {
+        Some(_) => Ok(RunInfo {
+            id: id.to_string(),
+            status: RunStatus::Running,
+            created_at_unix_ms: 0,
+            finished_at_unix_ms: None,
+            result: None,
+            error: None,
+        }),
+        None => Err(not_found(id)),
+    }
+}
+
+/// An `async` run's status once it has ended.
+pub(super) fn ended(
+    id: &str,
+    created: u64,
+    cancelled: bool,
+    outcome: Result<RunResult, ServiceError>,
+) -> RunInfo {
+    let (status, result, error) = match outcome {
+        Ok(r) if cancelled => (RunStatus::Cancelled, Some(r), None),
+        Ok(r) => (RunStatus::Finished, Some(r), None),
+        Err(e) => (
+            if cancelled {
+                RunStatus::Cancelled
+            } else {
+                RunStatus::Failed
+            },
+            None,
+            Some(RunError {
+                code: e.code().to_string(),
+                message: e.to_string(),
+            }),
+        ),
+    };
+    RunInfo {
+        id: id.to_string(),
+        status,
+        created_at_unix_ms: created,
+        finished_at_unix_ms: Some(now_ms_u64()),
+        result,
+        error,
+    }
+}
+
+pub(crate) fn now_ms_u64() -> u64 {
+    u64::try_from(now_ms()).unwrap_or(u64::MAX)
+}
+
+/// Records an `async` run's end and sends its callback, if it has one.
+pub(super) async fn conclude(
+    service: &Arc<Service>,
+    caller: &Caller,
+    info: RunInfo,
+    target: Option<Target>,
+) {
+    let Ok(jobs) = service.jobs() else { return };
+    if let Err(e) = jobs.finish(
+        &info.id,
+        info.status,
+        info.finished_at_unix_ms.unwrap_or_default(),
+        info.result.as_ref(),
+        info.error.as_ref(),
+    ) {
+        tracing::error!("job table: cannot record the end of run {}: {e}", info.id);
+    }
+    if let Some(target) = target {
+        send_callback(service, jobs, &caller.0, &info, &target).await;
+    }
+}
+
+/// Sends the run's end to its callback, signed with its token's secret, each attempt in the
+/// audit log; the job table learns whether it was delivered.
+async fn send_callback(
+    service: &Arc<Service>,
+    jobs: &Jobs,
+    token: &str,
+    info: &RunInfo,
+    target: &Target,
+) {
+    let secret = service
+        .config
+        .callback_secret(token)
+        .and_then(|s| Secret::parse(s).ok());
+    let delivered = match secret {
+        Some(secret) => {
+            let message = Message {
+                // One message per run: the same id on every attempt, and after a restart too.
+                id: format!("msg_{}", info.id),
+                body: serde_json::to_vec(info).unwrap_or_default(),
+            };
+            callback::deliver(&service.config.callbacks, &secret, target, &message, |a| {
+                service.audit.event(&Event {
+                    url: Some(&target.url),
+                    attempt: Some(a.number),
+                    status: a.status,
+                    delivered: Some(a.delivered()),
+                    error: a.error.clone(),
+                    ..Event::new(token, "callback", &info.id)
+                });
+            })
+            .await
+        }
+        None => {
+            service.audit.event(&Event {
+                url: Some(&target.url),
+                delivered: Some(false),
+                error: Some("no callback secret for this token any more".into()),
+                ..Event::new(token, "callback", &info.id)
+            });
+            false
+        }
+    };
+    if let Err(e) = jobs.delivered(&info.id, delivered) {
+        tracing::error!("job table: run {}: {e}", info.id);
+    }
+}
+
+/// At start: the runs a stopped server left in flight are lost, and the callbacks still owed
+/// (theirs included) are sent.
+pub(crate) fn recover(service: &Arc<Service>) {
+    let Ok(jobs) = service.jobs() else { return };
+    let pending = match jobs.recover(now_ms_u64()) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::error!("job table {}: cannot recover: {e}", jobs.path().display());
+            return;
+        }
+    };
+    for Pending {
+        token,
+        info,
+        url,
+        addr,
+    } in pending
+    {
+        if info.status == RunStatus::Lost {
+            tracing::warn!(
+                "run {} was in flight when its server stopped: lost",
+                info.id
+            );
+        }
+        let Ok(addr) = addr.parse() else { continue };
+        let service = service.clone();
+        tokio::spawn(async move {
+            let Ok(jobs) = service.jobs() else { return };
+            send_callback(&service, jobs, &token, &info, &Target { url, addr }).await;
+        });
+    }
+}

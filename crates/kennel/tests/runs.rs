@@ -1,0 +1,592 @@
+//! Runs by id (issue 18): cancel by id and by disconnect, pooled and cold, per tier, with
+//! nothing left behind; `async` runs and their job table across a SIGKILLed server; signed
+//! callbacks, retried under one id, and the targets refused at submit time.
+
+mod common;
+mod server_common;
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use serde_json::{json, Value};
+use server_common::*;
+
+const TOKEN_A: &str = "runs-token-a-0123456789";
+const TOKEN_B: &str = "runs-token-b-0123456789";
+/// 32 bytes, base64.
+const SECRET: &str = "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
+
+fn tokens() -> String {
+    format!(
+        "[[tokens]]\nid = \"a\"\ntoken = \"{TOKEN_A}\"\nquota = {{ runs = 1 }}\n\
+         [[tokens]]\nid = \"b\"\ntoken = \"{TOKEN_B}\"\n"
+    )
+}
+
+/// A server whose token `a` has one run slot, its job table in `db`, with `extra` config.
+fn server(name: &str, db: &Path, extra: &str) -> Server {
+    let config = format!(
+        "max_concurrent = 4\naudit_log = \"{}\"\n{extra}\n[jobs]\ndb = \"{}\"\n{}",
+        db.with_file_name("audit.jsonl").display(),
+        db.display(),
+        tokens()
+    );
+    Server::start_with(name, &config, &[], Some(TOKEN_A))
+}
+
+/// A directory of this test's own (the job table outlives a server's).
+fn own_dir(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("kennel-runs-tests")
+        .join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn audit_lines(db: &Path) -> Vec<Value> {
+    std::fs::read_to_string(db.with_file_name("audit.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn sleeper(marker: &str, extra: &Value) -> Value {
+    let mut spec = json!({"language": "bash", "code": format!("echo started; sleep 60; : {marker}"),
+        "limits": {"timeout": "120s"}});
+    for (k, v) in extra.as_object().unwrap() {
+        spec[k] = v.clone();
+    }
+    spec
+}
+
+/// What a cancelled run must leave: no process of its code, no cgroup of the server's with a
+/// process in it (a cold run's is removed; a pooled sandbox's spares are idle), and its slot
+/// free (token `a` has one: the next run is accepted).
+fn nothing_left(server: &Server, code: &HashSet<Proc>, cold: bool) {
+    let left = survivors(code, Duration::from_secs(10));
+    assert!(
+        left.is_empty(),
+        "the code outlived its cancel: {}",
+        describe(&left)
+    );
+    if cold {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let cgroups = kennel_cgroups_of(server.pid);
+            let bundles: Vec<String> = ["/run/kennel/bundles", "/run/kennel/oci"]
+                .iter()
+                .flat_map(|d| std::fs::read_dir(d).into_iter().flatten().flatten())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(&format!("kennel-{}-", server.pid)))
+                .collect();
+            if cgroups.is_empty() && bundles.is_empty() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "left behind: {cgroups:?} {bundles:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let r = server
+        .client
+        .run(&json!({"language": "bash", "code": "echo next"}));
+    assert_eq!(r["stdout"], "next\n", "{r}");
+}
+
+/// Waits until the run's code runs; the processes that must be gone once it is cancelled:
+/// the code's (gVisor's code is no host process: then its sandbox's, once runsc runs it),
+/// and every process a cold run started.
+fn started(server: &Server, marker: &str, gvisor: bool, cold: bool) -> HashSet<Proc> {
+    let mut procs: HashSet<Proc> = if gvisor {
+        wait_for_proc(server.pid, "runsc");
+        // The sentry takes a moment to start the code; the sleep is what is cancelled.
+        std::thread::sleep(Duration::from_secs(3));
+        HashSet::new()
+    } else {
+        [wait_for_proc(server.pid, marker)].into_iter().collect()
+    };
+    if cold {
+        procs.extend(descendants(server.pid));
+    }
+    procs
+}
+
+/// Cancels one streamed run by its id (the stream's first event), and one plain run by
+/// disconnecting; `extra` picks the tier, `pooled` whether the pool serves it.
+fn cancel_both_ways(name: &str, extra: Value, pooled: bool) {
+    let dir = own_dir(name);
+    let db = dir.join("jobs.sqlite");
+    let pool = if pooled { "bash = 1" } else { "bash = 0" };
+    let server = server(name, &db, &format!("[pool]\npython = 0\n{pool}\n"));
+    if pooled {
+        server.wait_pool(0, 1);
+    }
+
+    // By id.
+    let marker = format!("cancel-by-id-{name}");
+    let spec = sleeper(&marker, &extra);
+    let (tx, rx) = mpsc::channel();
+    let client = server.client.clone();
+    let streamed = std::thread::spawn(move || {
+        client.stream("/v1/runs?stream=true", &spec, |e| {
+            if e.name == "run" {
+                let _ = tx.send(e.json()["id"].as_str().unwrap().to_string());
+            }
+        })
+    });
+    let id = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("a run event");
+    assert_eq!(id.len(), 32, "128 bits in hex: {id}");
+    let gvisor = extra["runtime"] == "runsc";
+    let code = started(&server, &marker, gvisor, !pooled);
+    let other = server.client.with_token(Some(TOKEN_B));
+    other.delete(&format!("/v1/runs/{id}")).error(404);
+    let sent = Instant::now();
+    assert_eq!(server.client.delete(&format!("/v1/runs/{id}")).status, 204);
+    let streamed = streamed.join().unwrap();
+    assert_eq!(streamed.events[0].name, "run", "{:?}", streamed.events);
+    let r = streamed.result().json();
+    assert!(
+        sent.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        sent.elapsed()
+    );
+    assert_eq!(
+        (r["id"].as_str(), &r["cancelled"]),
+        (Some(id.as_str()), &json!(true)),
+        "{r}"
+    );
+    assert_eq!(r["signal"], 9, "{r}");
+    assert_eq!(r["stdout"], "started\n", "{r}");
+    nothing_left(&server, &code, !pooled);
+    let cancels: Vec<Value> = audit_lines(&db)
+        .into_iter()
+        .filter(|l| l["kind"] == "cancel" && l["run"] == id.as_str())
+        .collect();
+    assert_eq!(cancels.len(), 1, "{cancels:?}");
+    assert_eq!(cancels[0]["by"], "request");
+    if pooled {
+        server.wait_pool(0, 1);
+    }
+
+    // By disconnect.
+    let marker = format!("cancel-by-disconnect-{name}");
+    let body = sleeper(&marker, &extra).to_string();
+    let mut conn = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    write!(
+        conn,
+        "POST /v1/runs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN_A}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let code = started(&server, &marker, gvisor, !pooled);
+    drop(conn);
+    nothing_left(&server, &code, !pooled);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !audit_lines(&db)
+        .iter()
+        .any(|l| l["kind"] == "run" && l["cancelled"] == true && l["run"] != id.as_str())
+    {
+        assert!(Instant::now() < deadline, "{:?}", audit_lines(&db));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        audit_lines(&db)
+            .iter()
+            .any(|l| l["kind"] == "cancel" && l["by"] == "disconnect"),
+        "{:?}",
+        audit_lines(&db)
+    );
+    drop(server);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn root() -> bool {
+    common::require("root", common::is_root())
+}
+
+fn runtime(name: &str) -> bool {
+    root()
+        && common::require(
+            name,
+            Path::new("/usr/bin").join(name).is_file()
+                || Path::new("/usr/sbin").join(name).is_file(),
+        )
+}
+
+#[test]
+fn a_pooled_run_is_cancelled_by_id_and_by_disconnect() {
+    if root() {
+        cancel_both_ways("pooled", json!({}), true);
+    }
+}
+
+#[test]
+fn a_cold_native_run_is_cancelled_by_id_and_by_disconnect() {
+    if root() {
+        cancel_both_ways("native", json!({}), false);
+    }
+}
+
+#[test]
+fn a_crun_run_is_cancelled_by_id_and_by_disconnect() {
+    if runtime("crun") {
+        cancel_both_ways("crun", json!({"runtime": "crun"}), false);
+    }
+}
+
+#[test]
+fn a_runsc_run_is_cancelled_by_id_and_by_disconnect() {
+    if runtime("runsc") {
+        cancel_both_ways("runsc", json!({"runtime": "runsc"}), false);
+    }
+}
+
+/// GET /v1/runs/{id} until the run has ended; its status.
+fn wait_done(client: &Client, id: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let r = client.get(&format!("/v1/runs/{id}"));
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        if v["status"] != "running" {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "still running: {v}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn submit(client: &Client, spec: &Value) -> String {
+    let r = client.post_json("/v1/runs", spec);
+    assert_eq!(r.status, 202, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["status"], "running", "{v}");
+    v["id"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn async_runs_are_answered_at_once_held_to_the_quota_and_scoped_to_their_token() {
+    if !root() {
+        return;
+    }
+    let dir = own_dir("async");
+    let db = dir.join("jobs.sqlite");
+    let server = server("async", &db, "[pool]\npython = 0\nbash = 0\n");
+    let a = &server.client;
+    let id = submit(
+        a,
+        &json!({"language": "bash", "code": "echo hi", "async": true}),
+    );
+    let done = wait_done(a, &id);
+    assert_eq!(done["status"], "finished", "{done}");
+    assert_eq!(done["result"]["stdout"], "hi\n", "{done}");
+    let b = a.with_token(Some(TOKEN_B));
+    b.get(&format!("/v1/runs/{id}")).error(404);
+    b.delete(&format!("/v1/runs/{id}")).error(404);
+    a.get("/v1/runs/00000000000000000000000000000000")
+        .error(404);
+
+    // Token a has one slot: an async run holds it.
+    let marker = "async-quota-marker";
+    let long = submit(a, &sleeper(marker, &json!({"async": true})));
+    let code = [wait_for_proc(server.pid, marker)].into_iter().collect();
+    let (code_name, _) = a
+        .post_json(
+            "/v1/runs",
+            &json!({"language": "bash", "code": "true", "async": true}),
+        )
+        .error(429);
+    assert_eq!(code_name, "quota_exceeded");
+    assert_eq!(a.delete(&format!("/v1/runs/{long}")).status, 204);
+    let done = wait_done(a, &long);
+    assert_eq!(done["status"], "cancelled", "{done}");
+    assert_eq!(done["result"]["signal"], 9, "{done}");
+    nothing_left(&server, &code, true);
+    // A streamed async run, or a callback without async, is refused.
+    a.post_json(
+        "/v1/runs?stream=true",
+        &json!({"language": "bash", "code": "true", "async": true}),
+    )
+    .error(400);
+    drop(server);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// HMAC-SHA256 written out from its definition (RFC 2104), so that the test checks the
+/// server's signature with code of its own.
+fn hmac_sha256(key: &[u8], msg: &[u8]) -> Vec<u8> {
+    use sha2::{Digest, Sha256};
+    let mut k = [0u8; 64];
+    k[..key.len()].copy_from_slice(key);
+    let pad = |b: u8| k.iter().map(|x| x ^ b).collect::<Vec<u8>>();
+    let inner = Sha256::new()
+        .chain_update(pad(0x36))
+        .chain_update(msg)
+        .finalize();
+    Sha256::new()
+        .chain_update(pad(0x5c))
+        .chain_update(inner)
+        .finalize()
+        .to_vec()
+}
+
+/// One request a receiver got.
+#[derive(Debug, Clone)]
+struct Got {
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Got {
+    fn header(&self, name: &str) -> &str {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map_or("", |(_, v)| v.as_str())
+    }
+}
+
+/// A receiver on 127.0.0.1 answering each request with the next status of `statuses` (the
+/// last one after that). Its port and what it got.
+fn receiver(statuses: Vec<u16>) -> (u16, Arc<Mutex<Vec<Got>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let seen = got.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let mut reader = BufReader::new(conn.try_clone().unwrap());
+            let mut headers = vec![];
+            let mut line = String::new();
+            while reader.read_line(&mut line).unwrap_or(0) > 2 {
+                if let Some((k, v)) = line.trim_end().split_once(": ") {
+                    headers.push((k.to_string(), v.to_string()));
+                }
+                line.clear();
+            }
+            let len: usize = headers
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+                .and_then(|(_, v)| v.parse().ok())
+                .unwrap_or(0);
+            let mut body = vec![0; len];
+            let _ = reader.read_exact(&mut body);
+            let n = {
+                let mut g = seen.lock().unwrap();
+                g.push(Got { headers, body });
+                g.len()
+            };
+            let status = statuses[(n - 1).min(statuses.len() - 1)];
+            let mut conn = conn;
+            let _ = write!(
+                conn,
+                "HTTP/1.1 {status} X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            );
+        }
+    });
+    (port, got)
+}
+
+fn verify(got: &Got) {
+    let secret = base64::engine::general_purpose::STANDARD
+        .decode(SECRET.strip_prefix("whsec_").unwrap())
+        .unwrap();
+    let ts: u64 = got.header("webhook-timestamp").parse().unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(now.abs_diff(ts) < 60, "timestamp {ts}, now {now}");
+    let signed = [
+        got.header("webhook-id").as_bytes(),
+        b".",
+        ts.to_string().as_bytes(),
+        b".",
+        &got.body,
+    ]
+    .concat();
+    let expected = format!(
+        "v1,{}",
+        base64::engine::general_purpose::STANDARD.encode(hmac_sha256(&secret, &signed))
+    );
+    assert_eq!(got.header("webhook-signature"), expected);
+}
+
+#[test]
+fn a_callback_is_signed_and_retried_under_one_id_until_it_is_taken() {
+    if !root() {
+        return;
+    }
+    let (port, got) = receiver(vec![500, 503, 200]);
+    let dir = own_dir("callback");
+    let db = dir.join("jobs.sqlite");
+    let extra = format!(
+        "[pool]\npython = 0\nbash = 0\n[callbacks]\nallow = [\"127.0.0.1:{port}\"]\n\
+         secret = \"{SECRET}\"\n"
+    );
+    let server = server("callback", &db, &extra);
+    let url = format!("http://127.0.0.1:{port}/hook?run=1");
+    let spec =
+        json!({"language": "bash", "code": "echo called", "async": true, "callback_url": url});
+    let id = submit(&server.client, &spec);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while got.lock().unwrap().len() < 3 {
+        assert!(Instant::now() < deadline, "{:?}", got.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let got = got.lock().unwrap().clone();
+    assert_eq!(got.len(), 3, "three attempts, then delivered: {got:?}");
+    for g in &got {
+        verify(g);
+        assert_eq!(g.header("webhook-id"), format!("msg_{id}"));
+        let body: Value = serde_json::from_slice(&g.body).unwrap();
+        assert_eq!(
+            (body["id"].as_str(), &body["status"]),
+            (Some(id.as_str()), &json!("finished"))
+        );
+        assert_eq!(body["result"]["stdout"], "called\n");
+    }
+    // A wrong secret does not verify.
+    let mut forged = got[0].clone();
+    forged.body.push(b' ');
+    assert!(std::panic::catch_unwind(|| verify(&forged)).is_err());
+    let attempts: Vec<(Value, Value)> = audit_lines(&db)
+        .into_iter()
+        .filter(|l| l["kind"] == "callback" && l["run"] == id.as_str())
+        .map(|l| (l["attempt"].clone(), l["status"].clone()))
+        .collect();
+    assert_eq!(
+        attempts,
+        [
+            (json!(1), json!(500)),
+            (json!(2), json!(503)),
+            (json!(3), json!(200))
+        ]
+    );
+    drop(server);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn callbacks_off_the_allowlist_or_to_internal_addresses_are_refused_at_submit() {
+    let dir = own_dir("callback-refused");
+    let db = dir.join("jobs.sqlite");
+    let extra = format!(
+        "[pool]\npython = 0\nbash = 0\n[callbacks]\nallow = [\"127.0.0.1:9\", \"localhost\", \
+         \"hooks.example.com\"]\nsecret = \"{SECRET}\"\n"
+    );
+    let server = server("callback-refused", &db, &extra);
+    for (url, why) in [
+        ("http://10.0.0.1/hook", "allowlist"),
+        ("http://169.254.169.254/latest/meta-data/", "allowlist"),
+        ("http://127.0.0.1:8/", "allowlist"),
+        ("http://localhost:9/", "loopback"),
+        ("https://hooks.example.com/", "https"),
+        ("http://user:pw@127.0.0.1:9/", "user name"),
+    ] {
+        let spec = json!({"language": "bash", "code": "true", "async": true, "callback_url": url});
+        let (code, message) = server.client.post_json("/v1/runs", &spec).error(400);
+        assert_eq!(code, "bad_request");
+        assert!(message.contains(why), "{url}: {message}");
+    }
+    let spec = json!({"language": "bash", "code": "true", "callback_url": "http://127.0.0.1:9/"});
+    let (_, message) = server.client.post_json("/v1/runs", &spec).error(400);
+    assert!(message.contains("async"), "{message}");
+    drop(server);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn async_runs_in_flight_when_the_server_is_killed_are_lost_after_a_restart() {
+    if !root() {
+        return;
+    }
+    let dir = own_dir("restart");
+    let db = dir.join("jobs.sqlite");
+    let (port, got) = receiver(vec![200]);
+    let extra = format!(
+        "[pool]\npython = 0\nbash = 0\n[quota]\nruns = 3\n[callbacks]\n\
+         allow = [\"127.0.0.1:{port}\"]\nsecret = \"{SECRET}\"\n"
+    );
+    let first = server("restart-1", &db, &extra);
+    let b = first.client.with_token(Some(TOKEN_B));
+    let done = submit(
+        &b,
+        &json!({"language": "bash", "code": "echo done", "async": true}),
+    );
+    assert_eq!(wait_done(&b, &done)["status"], "finished");
+    let url = format!("http://127.0.0.1:{port}/lost");
+    let lost: Vec<String> = (0..2)
+        .map(|i| {
+            let mut spec = sleeper(&format!("restart-marker-{i}"), &json!({"async": true}));
+            if i == 0 {
+                spec["callback_url"] = json!(url);
+            }
+            submit(&b, &spec)
+        })
+        .collect();
+    let code: Vec<Proc> = (0..2)
+        .map(|i| wait_for_proc(first.pid, &format!("restart-marker-{i}")))
+        .collect();
+    let below = descendants(first.pid);
+    let old_pid = first.pid;
+    first.signal(libc::SIGKILL);
+    let left = survivors(&below, Duration::from_secs(10));
+    assert!(
+        left.is_empty(),
+        "outlived a SIGKILLed server: {}",
+        describe(&left)
+    );
+    assert!(code.iter().all(|p| !alive(p)));
+    drop(first);
+    // No cgroup of the dead server still holds a process.
+    for cg in kennel_cgroups_of(old_pid) {
+        let procs =
+            std::fs::read_to_string(Path::new(&cg).join("cgroup.procs")).unwrap_or_default();
+        assert!(procs.trim().is_empty(), "{cg}: {procs}");
+    }
+
+    let second = server("restart-2", &db, &extra);
+    let b = second.client.with_token(Some(TOKEN_B));
+    assert_eq!(wait_done(&b, &done)["result"]["stdout"], "done\n");
+    for id in &lost {
+        let v = wait_done(&b, id);
+        assert_eq!(v["status"], "lost", "{v}");
+        assert_eq!(v["error"]["code"], "lost", "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("server stopped"),
+            "{v}"
+        );
+    }
+    // The lost run's callback is sent by the new server, with its lost status.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while got.lock().unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "no callback for the lost run");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let g = got.lock().unwrap()[0].clone();
+    verify(&g);
+    let body: Value = serde_json::from_slice(&g.body).unwrap();
+    assert_eq!(
+        (body["id"].as_str(), &body["status"]),
+        (Some(lost[0].as_str()), &json!("lost"))
+    );
+    drop(second);
+    let _ = std::fs::remove_dir_all(dir);
+}
