@@ -155,7 +155,7 @@ pub async fn run(req: &RunRequest, io: RunIo) -> Result<RunResult, Error> {
             .map(|(k, v)| format!("{k}={v}"))
             .collect(),
         cpus: pick_cpus(req.policy.limits.cpus),
-        seccomp: serde_json::to_string(&bundle::seccomp_profile(Runtime::Runc))
+        seccomp: serde_json::to_string(&bundle::seccomp_profile(Runtime::Runc, None))
             .map_err(|e| Step::Create.fail(e))?,
     };
     let name = format!(

@@ -395,10 +395,12 @@ fn constrain_run_spec(schemas: &mut Value, config: &ServerConfig) {
     schemas["CodeRun"]["properties"]["rich"] = rich;
     // Rich results are python's: `rich: true` takes `language: python` (the platform's
     // if/then is the variant's own; this one goes beside it).
-    schemas["CodeRun"]["allOf"] = json!([{
-        "if": {"required": ["rich"], "properties": {"rich": {"const": true}}},
-        "then": {"properties": {"language": {"const": "python"}}},
-    }]);
+    if let Some(all) = schemas["CodeRun"]["allOf"].as_array_mut() {
+        all.push(json!({
+            "if": {"required": ["rich"], "properties": {"rich": {"const": true}}},
+            "then": {"properties": {"language": {"const": "python"}}},
+        }));
+    }
     schemas["ArgvRun"] = run_variant(&common, "A program and its arguments.", &[("argv", argv)]);
     schemas["RunSpec"] = json!({
         "description": "A run: `language` + `code`, or `argv` (exactly one of the two).",
@@ -431,7 +433,43 @@ fn run_variant(common: &Map<String, Value>, description: &str, own: &[(&str, Val
             {"required": ["runtime"], "properties": {"runtime": {"const": "runsc"},
                 "tier": {"enum": ["oci", null]}}},
         ]},
+        "allOf": cross_field_rules(),
     })
+}
+
+/// What the server checks across a run's fields, stated so that a generated request meets it.
+fn cross_field_rules() -> Value {
+    // A run in the oci tier with one of `runtimes` (runsc first: the tier's default).
+    let oci_with = |runtimes: &[&str]| {
+        let named: Vec<Value> = runtimes.iter().map(|r| json!(r)).collect();
+        let mut defaulted = named.clone();
+        if runtimes.contains(&"runsc") {
+            defaulted.push(Value::Null);
+        }
+        json!({"anyOf": [
+            {"required": ["runtime"], "properties": {"runtime": {"enum": named},
+                "tier": {"enum": ["oci", null]}}},
+            {"required": ["tier"], "properties": {"tier": {"const": "oci"},
+                "runtime": {"enum": defaulted}}},
+        ]})
+    };
+    json!([
+        // A callback is for an asynchronous run.
+        {
+            "if": {"required": ["callback_url"], "properties": {"callback_url": {"type": "string"}}},
+            "then": {"required": ["async"], "properties": {"async": {"const": true}}},
+        },
+        // gVisor needs host tasks of its own (see the oci tier's RUNSC_MIN_PIDS).
+        {
+            "if": oci_with(&["runsc"]),
+            "then": {"properties": {"limits": {"properties": {"pids": {"minimum": 128}}}}},
+        },
+        // A tripwire kill needs a tier that reports denied calls: not runsc, not docker.
+        {
+            "if": {"required": ["on_violation"], "properties": {"on_violation": {"const": "kill"}}},
+            "then": {"not": oci_with(&["runsc", "docker"])},
+        },
+    ])
 }
 
 /// A session's limits: a run's, but with the memory its agent needs.

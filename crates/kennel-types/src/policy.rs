@@ -675,6 +675,18 @@ impl Policy {
                 format!("must be between 16 and 1048576, not {}", l.open_files),
             ));
         }
+        let unwatched_tier =
+            self.tier == Tier::Oci && matches!(self.oci.runtime, Runtime::Runsc | Runtime::Docker);
+        if unwatched_tier && self.on_violation == crate::security::OnViolation::Kill {
+            return Err(field(
+                "on_violation",
+                format!(
+                    "\"kill\" needs a tier that reports denied calls (native, microvm, crun, \
+                     runc); runtime {:?} does not",
+                    self.oci.runtime.name()
+                ),
+            ));
+        }
         if !self.layers.watch && self.on_violation == crate::security::OnViolation::Kill {
             return Err(field(
                 "on_violation",

@@ -253,7 +253,7 @@ fn rich_runs_are_the_same_cold_and_pooled() {
         let names: Vec<&str> = streamed.events.iter().map(|e| e.name.as_str()).collect();
         let mut kinds = names.clone();
         kinds.dedup(); // a print may come as two stdout events (python -u)
-        assert_eq!(kinds, ["stdout", "display", "result"], "{names:?}");
+        assert_eq!(kinds, ["run", "stdout", "display", "result"], "{names:?}");
         answers.push((
             r["stdout"].clone(),
             r["results"].clone(),

@@ -339,3 +339,79 @@ fn the_cli_says_what_killed_the_run() {
     assert!(err.contains("kennel: killed by tripwire:bpf"), "{err}");
     assert!(err.contains("kennel: denied: bpf (1x)"), "{err}");
 }
+
+fn installed(runtime: &str) -> bool {
+    ["/usr/sbin", "/usr/bin", "/usr/local/bin", "/usr/local/sbin"]
+        .iter()
+        .any(|d| std::path::Path::new(d).join(runtime).is_file())
+}
+
+/// runc and crun hand the container's listener to the spec's `listenerPath`: the same report,
+/// the same errno, the same kill as the native tier.
+#[test]
+fn crun_and_runc_report_and_kill_through_their_listener() {
+    for rt in ["crun", "runc"] {
+        if !require(&format!("the OCI runtime {rt}"), installed(rt)) {
+            return;
+        }
+        let code = format!(
+            "{}\nimport subprocess\nsubprocess.run(['kennel-oci'], executable='/bin/true')",
+            probe(101, [0x4b01, 0x7fff_ffff, 0])
+        );
+        let r = run_json(&["--runtime", rt], &[PY, "-c", &code]);
+        assert_eq!(r["stdout"], "before\nENOSYS ENOSYS\nafter\n", "{rt}: {r}");
+        assert_eq!(r["security_events"]["syscalls_watched"], true, "{rt}: {r}");
+        let e = denied(&r, "ptrace").unwrap_or_else(|| panic!("{rt}: {r}"));
+        assert_eq!(
+            (e["count"].as_u64(), e["tripwire"].as_bool()),
+            (Some(2), Some(true))
+        );
+        assert_eq!(
+            r["exec_log"],
+            serde_json::json!([{"path": "/bin/true", "argv0": "kennel-oci"}]),
+            "{rt}: {r}"
+        );
+        let r = run_json(
+            &["--runtime", rt, "--on-violation", "kill"],
+            &[PY, "-c", &probe(321, [0x4b04, 0, 0])],
+        );
+        assert_eq!(r["killed_by"], "tripwire:bpf", "{rt}: {r}");
+        assert_eq!(
+            (r["stdout"].as_str(), r["signal"].as_i64()),
+            (Some("before\n"), Some(9))
+        );
+    }
+}
+
+/// gVisor answers the code's calls in its own kernel and hands over no listener: the result
+/// says the calls were not watched, and a tripwire kill, which it could not keep, is refused.
+#[test]
+fn runsc_says_it_does_not_watch_and_refuses_a_kill() {
+    if !require("gVisor's runsc", installed("runsc")) {
+        return;
+    }
+    let r = run_json(&["--runtime", "runsc"], &[PY, "-c", &probe(101, [0, 0, 0])]);
+    assert_eq!(r["security_events"]["syscalls_watched"], false, "{r}");
+    assert!(r["security_events"]["unwatched"]
+        .as_str()
+        .unwrap()
+        .contains("runsc"));
+    let out = kennel_output(
+        &[
+            "run",
+            "--runtime",
+            "runsc",
+            "--on-violation",
+            "kill",
+            "--",
+            "/bin/true",
+        ],
+        b"",
+    );
+    assert_eq!(out.status.code(), Some(125));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("needs a tier that reports denied calls"),
+        "{err}"
+    );
+}

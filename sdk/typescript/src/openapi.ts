@@ -218,7 +218,7 @@ export interface components {
             tier?: null | components["schemas"]["Tier"];
             /** @description The tripwire groups; all of them unless given. */
             tripwires?: components["schemas"]["TripwireGroup"][] | null;
-        };
+        } & (unknown & unknown & unknown);
         /**
          * @description The capabilities the code keeps: each holds only inside the sandbox's own user namespace,
          *     over processes and files whose ids are mapped into it (the scratch space, the code's own
@@ -283,7 +283,7 @@ export interface components {
             tier?: null | components["schemas"]["Tier"];
             /** @description The tripwire groups; all of them unless given. */
             tripwires?: components["schemas"]["TripwireGroup"][] | null;
-        } & unknown;
+        } & (unknown & unknown & unknown & unknown);
         /** @description A file returned from the sandbox. */
         CollectedFile: {
             content?: null | components["schemas"]["Content"];

@@ -252,17 +252,32 @@ pub fn seccomp_info(runtime: Runtime) -> kennel_types::api::SeccompInfo {
     }
 }
 
+/// The socket in the bundle where runc and crun hand over a watched container's seccomp
+/// listener (the spec's `listenerPath`).
+pub const LISTENER_SOCKET: &str = "seccomp.sock";
+
+/// Whether `runtime` reports the calls its profile denies: runc and crun hand the listener to
+/// `listenerPath`; runsc has no such thing (its own kernel answers the code's calls).
+pub fn watched(runtime: Runtime, policy: &Policy) -> bool {
+    policy.layers.watch && matches!(runtime, Runtime::Crun | Runtime::Runc)
+}
+
 /// The native tier's deny list in OCI form: the same calls, the same `ENOSYS` (but see
-/// [`in_profile`] and [`denied_errno_name`] for runsc).
-pub fn seccomp_profile(runtime: Runtime) -> LinuxSeccomp {
+/// [`in_profile`] and [`denied_errno_name`] for runsc). With a `listener`, the calls the native
+/// tier notifies (and the execs) go to it instead, as in the native tier's watched filter.
+pub fn seccomp_profile(runtime: Runtime, listener: Option<&Path>) -> LinuxSeccomp {
     let mut syscalls: Vec<LinuxSyscall> = vec![];
     for rule in seccomp::RULES.iter().filter(|r| in_profile(runtime, r)) {
         let name = rule.name.split('(').next().unwrap_or(rule.name);
+        let notify = listener.is_some() && rule.notify;
         let deny = |args: Option<Vec<_>>| {
-            let b = LinuxSyscallBuilder::default()
-                .names(vec![name.to_string()])
-                .action(LinuxSeccompAction::ScmpActErrno)
-                .errno_ret(rule.errno.cast_unsigned());
+            let b = LinuxSyscallBuilder::default().names(vec![name.to_string()]);
+            let b = match notify {
+                true => b.action(LinuxSeccompAction::ScmpActNotify),
+                false => b
+                    .action(LinuxSeccompAction::ScmpActErrno)
+                    .errno_ret(rule.errno.cast_unsigned()),
+            };
             match args {
                 Some(a) => b.args(a),
                 None => b,
@@ -303,7 +318,23 @@ pub fn seccomp_profile(runtime: Runtime) -> LinuxSeccomp {
             }
         }
     }
-    LinuxSeccompBuilder::default()
+    let mut profile = LinuxSeccompBuilder::default();
+    if let Some(path) = listener {
+        syscalls.push(
+            LinuxSyscallBuilder::default()
+                .names(
+                    seccomp::EXEC_CALLS
+                        .iter()
+                        .map(|(_, n)| n.to_string())
+                        .collect::<Vec<_>>(),
+                )
+                .action(LinuxSeccompAction::ScmpActNotify)
+                .build()
+                .expect("every syscall field is set"),
+        );
+        profile = profile.listener_path(path.to_path_buf());
+    }
+    profile
         .default_action(LinuxSeccompAction::ScmpActAllow)
         // Only the native ABI: i386 and x32 calls meet the runtime's bad-architecture action,
         // which kills, as the native tier's filter does.
@@ -495,7 +526,12 @@ pub fn spec(input: &Input, system_mounts: Vec<Mount>) -> Spec {
                 .map(|p| format!("/proc/{p}"))
                 .collect::<Vec<_>>(),
         )
-        .seccomp(seccomp_profile(input.runtime))
+        .seccomp(seccomp_profile(
+            input.runtime,
+            watched(input.runtime, input.policy)
+                .then(|| input.bundle.join(LISTENER_SOCKET))
+                .as_deref(),
+        ))
         .build()
         .expect("every linux field is set");
     SpecBuilder::default()

@@ -49,6 +49,8 @@ pub struct LaunchPlan {
     pub files: usize,
     pub collect: Vec<String>,
     pub collect_size: u64,
+    /// The spec's seccomp `listenerPath`, for a watched container (runc, crun).
+    pub listener: Option<PathBuf>,
 }
 
 impl channel::Planned for LaunchPlan {
@@ -85,6 +87,7 @@ pub fn launcher_main() -> ! {
             Step::PrivateNetwork => private_network(&plan, &mut ctl),
             Step::MountScratch => mount_scratch(&plan),
             Step::WriteInputFiles => write_input_files(&plan, &files),
+            Step::ListenForSeccomp => listen_for_seccomp(&plan, &ctl),
             Step::StartRuntime => start_container(&plan, &mut ctl).map(|w| waited = Some(w)),
             _ => Ok(()),
         };
@@ -289,6 +292,48 @@ enum Waited {
     Code(sys::Exit),
     /// From the runtime's `run`, which reports it as a shell would.
     Runtime(sys::Exit),
+}
+
+/// Binds the spec's `listenerPath` and, on a thread of its own (the runtime connects while the
+/// launcher waits for it), hands the listener the runtime sends there to the supervisor. The
+/// frame goes in one `sendmsg`, so it cannot interleave with the launcher's own frames.
+fn listen_for_seccomp(plan: &LaunchPlan, ctl: &UnixStream) -> Result<(), Fail> {
+    let Some(path) = &plan.listener else {
+        return Ok(());
+    };
+    let socket = std::os::unix::net::UnixListener::bind(path)
+        .ctx(|| format!("binding {}", path.display()))?;
+    let ctl = ctl
+        .try_clone()
+        .ctx(|| "cloning the control socket".into())?;
+    std::thread::spawn(move || {
+        use std::os::fd::AsFd;
+        let Ok((conn, _)) = socket.accept() else {
+            return;
+        };
+        if let Some(fd) = receive_listener(&conn) {
+            let _ = channel::send_with_fd(&ctl, &Msg::Listener, fd.as_fd());
+        }
+    });
+    Ok(())
+}
+
+/// The descriptor a runtime sends with its container's state (the OCI seccomp agent protocol:
+/// the state as JSON, the listener as SCM_RIGHTS).
+fn receive_listener(conn: &UnixStream) -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::AsFd;
+    let mut fds = Vec::new();
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = sys::recv_with_fds(conn.as_fd(), &mut buf, &mut fds).ok()?;
+        if !fds.is_empty() {
+            // The state names the listener among its fds; runc and crun send only it.
+            return fds.into_iter().next();
+        }
+        if n == 0 {
+            return None;
+        }
+    }
 }
 
 /// Starts the container and waits for the code to end.

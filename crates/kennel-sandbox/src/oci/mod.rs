@@ -250,6 +250,8 @@ impl super::supervise::Tier for OciTier {
             files,
             collect: self.collect.clone(),
             collect_size: policy.limits.collect_size.0,
+            listener: bundle::watched(rt, policy)
+                .then(|| self.bundle.join(bundle::LISTENER_SOCKET)),
         })))
     }
 
@@ -308,6 +310,17 @@ impl super::supervise::Tier for OciTier {
 
     fn isolation(&self, _confinement: Option<Confinement>) -> Isolation {
         isolation(self)
+    }
+
+    fn unwatched(&self) -> String {
+        match self.runtime.runtime {
+            Runtime::Runsc => {
+                "gVisor's runsc answers the code's calls in its own kernel and hands over no \
+                 seccomp listener: denied calls are not reported"
+                    .into()
+            }
+            _ => "the runtime did not hand over its seccomp listener".into(),
+        }
     }
 
     fn ended(&mut self, report: &Report) {

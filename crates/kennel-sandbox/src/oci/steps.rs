@@ -21,6 +21,7 @@ pub enum Step {
     PrivateNetwork,
     MountScratch,
     WriteInputFiles,
+    ListenForSeccomp,
     StartRuntime,
     // The supervisor again, after the runtime ends (or is killed).
     DeleteContainer,
@@ -29,7 +30,7 @@ pub enum Step {
 }
 
 impl Step {
-    pub const ALL: [Step; 15] = [
+    pub const ALL: [Step; 16] = [
         Step::LocateRuntime,
         Step::CreateCgroup,
         Step::WriteBundle,
@@ -41,6 +42,7 @@ impl Step {
         Step::PrivateNetwork,
         Step::MountScratch,
         Step::WriteInputFiles,
+        Step::ListenForSeccomp,
         Step::StartRuntime,
         Step::DeleteContainer,
         Step::RemoveBundle,
@@ -48,7 +50,7 @@ impl Step {
     ];
 
     /// The steps the launcher performs, in order.
-    pub const LAUNCHER: [Step; 8] = [
+    pub const LAUNCHER: [Step; 9] = [
         Step::JoinCgroup,
         Step::PinCpus,
         Step::PrivateMounts,
@@ -56,6 +58,7 @@ impl Step {
         Step::PrivateNetwork,
         Step::MountScratch,
         Step::WriteInputFiles,
+        Step::ListenForSeccomp,
         Step::StartRuntime,
     ];
 
@@ -79,6 +82,7 @@ impl Step {
             Step::PrivateNetwork => "private_network",
             Step::MountScratch => "mount_scratch",
             Step::WriteInputFiles => "write_input_files",
+            Step::ListenForSeccomp => "listen_for_seccomp",
             Step::StartRuntime => "start_runtime",
             Step::DeleteContainer => "delete_container",
             Step::RemoveBundle => "remove_bundle",
@@ -100,6 +104,7 @@ impl Step {
             Step::PrivateNetwork => "with an allowlist, the launcher makes a network namespace with only loopback, where the supervisor binds the proxy; the runtime and the code share it (runsc with --network=host), so the proxy is the only way out",
             Step::MountScratch => "/tmp and /workspace are size-capped tmpfs, as in the native tier, where Kennel can place input files and read results after the runtime is gone",
             Step::WriteInputFiles => "the files are in place, owned by the sandbox's root, before the code starts",
+            Step::ListenForSeccomp => "runc and crun hand the container's seccomp listener to the spec's listenerPath, a socket in the bundle; the launcher passes it on to the supervisor, which answers the denied calls (and logs the execs) before the code's first execve returns",
             Step::StartRuntime => "runc and crun `run --detach` the container, and the launcher, their subreaper, waits for the code itself; runsc's `run` builds its sandbox and waits in the foreground",
             Step::DeleteContainer => "`delete --force` removes the runtime's state even after a kill or a crash",
             Step::RemoveBundle => "nothing of the run survives it",
@@ -128,6 +133,8 @@ mod tests {
         assert!(pos(Step::PrivateMounts) < pos(Step::HideCgroup2));
         assert!(pos(Step::HideCgroup2) < pos(Step::StartRuntime));
         assert!(pos(Step::WriteInputFiles) < pos(Step::StartRuntime));
+        // The socket listens before the runtime, which connects to it, starts.
+        assert!(pos(Step::ListenForSeccomp) < pos(Step::StartRuntime));
         // The proxy must listen before the code can run.
         assert!(pos(Step::PrivateNetwork) < pos(Step::StartRuntime));
         let cleanup: Vec<usize> = Step::CLEANUP.iter().map(|s| pos(*s)).collect();

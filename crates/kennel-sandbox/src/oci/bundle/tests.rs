@@ -12,7 +12,7 @@ fn rules_for(profile: &LinuxSeccomp, name: &str) -> Vec<LinuxSyscall> {
 
 #[test]
 fn the_profile_carries_each_rule_with_its_errno() {
-    let profile = seccomp_profile(Runtime::Crun);
+    let profile = seccomp_profile(Runtime::Crun, None);
     assert_eq!(profile.default_action(), LinuxSeccompAction::ScmpActAllow);
     let ptrace = rules_for(&profile, "ptrace");
     assert_eq!(ptrace.len(), 1);
@@ -24,7 +24,7 @@ fn the_profile_carries_each_rule_with_its_errno() {
 
 #[test]
 fn argument_conditions_become_ored_rules_and_anded_args() {
-    let profile = seccomp_profile(Runtime::Runc);
+    let profile = seccomp_profile(Runtime::Runc, None);
     // socket(AF_NETLINK, *, protocol != NETLINK_ROUTE): both conditions in one rule.
     let socket = rules_for(&profile, "socket");
     let netlink = socket
