@@ -74,7 +74,13 @@ fn live(output: OutputFn) -> Live {
 impl Local {
     /// A run, its output to `live` when there is one.
     async fn run_with(&self, spec: RunSpec, live: Option<Live>) -> Result<RunResult, ApiError> {
-        match self.ask(Action::Run { spec, live }).await? {
+        match self
+            .ask(Action::Run {
+                spec: Box::new(spec),
+                live,
+            })
+            .await?
+        {
             Reply::Run(r) => Ok(r.result),
             other => Err(unexpected(other)),
         }

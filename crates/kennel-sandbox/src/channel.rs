@@ -131,7 +131,7 @@ pub enum Msg {
     /// From a guest agent (through the relay): the isolation its own sandbox verified.
     GuestStarted(Box<kennel_types::api::Isolation>),
     /// From a guest agent (through the relay): what the guest counted, after the exit.
-    GuestEnded(crate::microvm::plan::GuestEnd),
+    GuestEnded(Box<crate::microvm::plan::GuestEnd>),
     /// Between a guest and its relay: a TCP connection to the proxy's `port` opened by the
     /// code (guest to host), its bytes as blobs (both ways), and either side's end of it.
     Conn {

@@ -364,6 +364,18 @@ fn constrain_run_spec(schemas: &mut Value, config: &ServerConfig) {
         collect
     });
     common.insert("env".into(), env_schema());
+    match callback_pattern(config) {
+        Some(pattern) => {
+            let mut url = spec["properties"]["callback_url"].clone();
+            url["pattern"] = json!(pattern);
+            url["type"] = json!("string");
+            common.insert("callback_url".into(), url);
+        }
+        // No allowlist or no secret: this server takes no callback.
+        None => {
+            common.remove("callback_url");
+        }
+    }
     if config.capabilities == Capabilities::None {
         common.insert(
             "capabilities".into(),
@@ -435,6 +447,50 @@ fn run_variant(common: &Map<String, Value>, description: &str, own: &[(&str, Val
         ]},
         "allOf": cross_field_rules(),
     })
+}
+
+/// The `callback_url`s this server takes: `http://` to a host of `[callbacks] allow` (a port
+/// the entry allows; up to 9999 for an entry without one), a plain path; `None` when it takes
+/// none (no allowlist, or no secret to sign with). Narrower than the server's own check, which
+/// also resolves a name and refuses internal addresses that are not listed as such.
+fn callback_pattern(config: &ServerConfig) -> Option<String> {
+    let c = &config.callbacks;
+    let secret = c.secret.is_some() || config.tokens.iter().any(|t| t.callback_secret.is_some());
+    let hosts: Vec<String> = c
+        .allow
+        .iter()
+        .filter_map(|entry| {
+            let (host, port) = match entry.strip_prefix('[') {
+                Some(v6) => {
+                    let (h, rest) = v6.split_once(']')?;
+                    (format!("[{h}]"), rest.strip_prefix(':').map(str::to_string))
+                }
+                None => match entry.rsplit_once(':') {
+                    Some((h, p)) if !h.contains(':') => (h.to_string(), Some(p.to_string())),
+                    _ => (entry.clone(), None),
+                },
+            };
+            let host = regex_escape(&host.to_ascii_lowercase());
+            Some(match port.as_deref() {
+                Some("80") => format!("{host}(:80)?"),
+                Some(p) => format!("{host}:{}", regex_escape(p)),
+                None => format!("{host}(:[1-9][0-9]{{0,3}})?"),
+            })
+        })
+        .collect();
+    (secret && !hosts.is_empty())
+        .then(|| format!("^http://({})(/[A-Za-z0-9._~/-]*)?$", hosts.join("|")))
+}
+
+fn regex_escape(s: &str) -> String {
+    s.chars()
+        .flat_map(
+            |c| match c.is_ascii_alphanumeric() || c == '-' || c == ':' {
+                true => vec![c],
+                false => vec!['\\', c],
+            },
+        )
+        .collect()
 }
 
 /// What the server checks across a run's fields, stated so that a generated request meets it.

@@ -457,7 +457,9 @@ fn schemathesis_finds_no_difference_between_the_document_and_the_server() {
     // on, so that pooled runs are checked too.
     let config = with_token(
         "max_concurrent = 4\n[pool]\npython = 1\nbash = 0\n[defaults]\ntimeout = \"5s\"\n\
-         [maxima]\ntimeout = \"5s\"\n[sessions]\nmax_sessions = 3\nidle_ttl = \"30s\"\n",
+         [maxima]\ntimeout = \"5s\"\n[sessions]\nmax_sessions = 3\nidle_ttl = \"30s\"\n\
+         [callbacks]\nallow = [\"127.0.0.1:9\"]\nretry_for = \"1s\"\n\
+         secret = \"whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=\"\n",
     );
     let server = Server::start_with("contract-fuzz", &config, &[], Some(TOKEN));
     let dir = Scratch::new("fuzz");

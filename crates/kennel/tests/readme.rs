@@ -53,6 +53,10 @@ const COMMANDS: &[(&str, How)] = &[
     ),
     ("kennel run -- python3 -c 'print(6*7)'", How::Run(prints_42)),
     (
+        "kennel run --on-violation kill -- python3 -c 'import ctypes; ctypes.CDLL(None).syscall(101, 0, 0, 0)'",
+        How::Run(killed_by_ptrace),
+    ),
+    (
         "kennel run --lang python --code 'import os; print(os.getpid())'",
         How::Run(prints_a_pid),
     ),
@@ -324,6 +328,15 @@ fn succeeded(out: &Output) {
 fn prints_42(out: &Output) {
     succeeded(out);
     assert_eq!(text(&out.stdout), "42\n");
+}
+
+fn killed_by_ptrace(out: &Output) {
+    assert_eq!(out.status.code(), Some(137), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("kennel: killed by tripwire:ptrace"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 fn prints_1(out: &Output) {

@@ -253,6 +253,98 @@ fn a_runsc_run_is_cancelled_by_id_and_by_disconnect() {
     }
 }
 
+#[test]
+fn a_runc_run_is_cancelled_by_id_and_by_disconnect() {
+    if runtime("runc") {
+        cancel_both_ways("runc", json!({"runtime": "runc"}), false);
+    }
+}
+
+/// A microVM run, cancelled once its guest printed (a cold boot under TCG takes tens of
+/// seconds, so the code's start is read from the stream): QEMU, the relay and the cgroups go.
+#[test]
+fn a_microvm_run_is_cancelled_by_id_and_by_disconnect() {
+    if !root() || common::vm::prepared_vm().is_none() {
+        return;
+    }
+    let dir = own_dir("microvm");
+    let db = dir.join("jobs.sqlite");
+    let config = format!(
+        "max_concurrent = 4\naudit_log = \"{}\"\n[pool]\npython = 0\nbash = 0\n[jobs]\ndb = \"{}\"\n{}",
+        db.with_file_name("audit.jsonl").display(),
+        db.display(),
+        tokens()
+    );
+    let env = [("KENNEL_STATE_DIR", common::vm::STATE)];
+    let server = Server::start_with("runs-microvm", &config, &env, Some(TOKEN_A));
+    let spec = sleeper("cancel-microvm", &json!({"tier": "microvm"}));
+
+    // By id, once the guest's code printed.
+    let (tx, rx) = mpsc::channel();
+    let client = server.client.clone();
+    let body = spec.clone();
+    let streamed = std::thread::spawn(move || {
+        let mut id = None;
+        client.stream("/v1/runs?stream=true", &body, |e| match e.name.as_str() {
+            "run" => id = e.json()["id"].as_str().map(str::to_string),
+            "stdout" => {
+                let _ = tx.send(id.clone().unwrap_or_default());
+            }
+            _ => {}
+        })
+    });
+    let id = rx
+        .recv_timeout(Duration::from_secs(240))
+        .expect("the guest's output");
+    let code = descendants(server.pid);
+    assert!(!code.is_empty(), "the VM runs under the server");
+    assert_eq!(server.client.delete(&format!("/v1/runs/{id}")).status, 204);
+    let r = streamed.join().unwrap().result().json();
+    assert_eq!(
+        (&r["cancelled"], &r["signal"]),
+        (&json!(true), &json!(9)),
+        "{r}"
+    );
+    assert_eq!(r["stdout"], "started\n", "{r}");
+    nothing_left(&server, &code, true);
+
+    // By disconnect, once the guest's code printed on the stream.
+    let body = spec.to_string();
+    let mut conn = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    write!(
+        conn,
+        "POST /v1/runs?stream=true HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN_A}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(240)))
+        .unwrap();
+    let mut reader = BufReader::new(conn.try_clone().unwrap());
+    let mut line = String::new();
+    while !line.contains("started") {
+        line.clear();
+        assert!(
+            reader.read_line(&mut line).unwrap() > 0,
+            "the stream ended early"
+        );
+    }
+    let code = descendants(server.pid);
+    drop(reader);
+    drop(conn);
+    nothing_left(&server, &code, true);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !audit_lines(&db)
+        .iter()
+        .any(|l| l["kind"] == "cancel" && l["by"] == "disconnect")
+    {
+        assert!(Instant::now() < deadline, "{:?}", audit_lines(&db));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(server);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// GET /v1/runs/{id} until the run has ended; its status.
 fn wait_done(client: &Client, id: &str) -> Value {
     let deadline = Instant::now() + Duration::from_secs(60);

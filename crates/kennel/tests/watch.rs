@@ -415,3 +415,41 @@ fn runsc_says_it_does_not_watch_and_refuses_a_kill() {
         "{err}"
     );
 }
+
+/// A microVM's guest runs the native tier, watched by the guest's own supervisor, which sends
+/// its tally with the guest's end: the same report, the same kill.
+#[test]
+fn a_microvm_guest_reports_and_kills_as_the_native_tier() {
+    if common::vm::prepared_vm().is_none() {
+        return;
+    }
+    let vm_run = |extra: &[&str], code: &str| {
+        let out = kennel()
+            .env("KENNEL_STATE_DIR", common::vm::STATE)
+            .args(["run", "--json", "--tier", "microvm"])
+            .args(extra)
+            .args(["--", PY, "-c", code])
+            .output()
+            .unwrap();
+        parse_result(&out)
+    };
+    let code = format!(
+        "{}\nimport subprocess\nsubprocess.run(['kennel-guest'], executable='/bin/true')",
+        probe(101, [0x4b01, 0x7fff_ffff, 0])
+    );
+    let r = vm_run(&[], &code);
+    assert_eq!(r["stdout"], "before\nENOSYS ENOSYS\nafter\n", "{r}");
+    assert_eq!(r["security_events"]["syscalls_watched"], true, "{r}");
+    let e = denied(&r, "ptrace").unwrap_or_else(|| panic!("{r}"));
+    assert_eq!(e["count"], 2, "{r}");
+    assert_eq!(
+        r["exec_log"],
+        serde_json::json!([{"path": "/bin/true", "argv0": "kennel-guest"}])
+    );
+    let r = vm_run(&["--on-violation", "kill"], &probe(321, [0x4b04, 0, 0]));
+    assert_eq!(r["killed_by"], "tripwire:bpf", "{r}");
+    assert_eq!(
+        (r["stdout"].as_str(), r["signal"].as_i64()),
+        (Some("before\n"), Some(9))
+    );
+}

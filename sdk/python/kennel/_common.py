@@ -92,6 +92,7 @@ def run_body(
     tier: Optional[str] = None,
     runtime: Optional[str] = None,
     rich: bool = False,
+    on_violation: Optional[str] = None,
 ) -> Dict[str, Any]:
     """A ``RunSpec`` with only the fields given. ``tier`` and ``runtime`` go as they are: the
     server knows which ones it has, and answers 400 for the others."""
@@ -125,6 +126,8 @@ def run_body(
         body["runtime"] = _text("runtime", runtime)
     if rich:
         body["rich"] = True
+    if on_violation is not None:
+        body["on_violation"] = _text("on_violation", on_violation)
     return body
 
 

@@ -296,11 +296,12 @@ class AsyncClient:
                        env: Optional[Mapping[str, str]] = None,
                        limits: Optional[Mapping[str, Any]] = None,
                        network: Any = None, image: Optional[str] = None,
-                       tier: Optional[str] = None, runtime: Optional[str] = None, rich: bool = False) -> RunResult:
+                       tier: Optional[str] = None, runtime: Optional[str] = None, rich: bool = False,
+                       on_violation: Optional[str] = None) -> RunResult:
         return await self.run(c.run_body(language=language, code=code, stdin=stdin, files=files,
                                          collect=collect, env=env, limits=limits,
                                          network=network, image=image, tier=tier,
-                                         runtime=runtime, rich=rich))
+                                         runtime=runtime, rich=rich, on_violation=on_violation))
 
     async def run_command(self, argv: Sequence[str], *, stdin: Optional[str] = None,
                           files: Optional[Mapping[str, c.FileData]] = None,
@@ -308,11 +309,12 @@ class AsyncClient:
                           env: Optional[Mapping[str, str]] = None,
                           limits: Optional[Mapping[str, Any]] = None,
                           network: Any = None, image: Optional[str] = None,
-                          tier: Optional[str] = None, runtime: Optional[str] = None) -> RunResult:
+                          tier: Optional[str] = None, runtime: Optional[str] = None,
+                          on_violation: Optional[str] = None) -> RunResult:
         return await self.run(c.run_body(argv=list(argv), stdin=stdin, files=files,
                                          collect=collect, env=env, limits=limits,
                                          network=network, image=image, tier=tier,
-                                         runtime=runtime))
+                                         runtime=runtime, on_violation=on_violation))
 
     async def stream_code(self, code: str, language: str = "python", *,
                           stdin: Optional[str] = None,
@@ -322,10 +324,11 @@ class AsyncClient:
                           limits: Optional[Mapping[str, Any]] = None,
                           network: Any = None, image: Optional[str] = None,
                           tier: Optional[str] = None,
-                          runtime: Optional[str] = None, rich: bool = False) -> AsyncStream[RunResult]:
+                          runtime: Optional[str] = None, rich: bool = False,
+                          on_violation: Optional[str] = None) -> AsyncStream[RunResult]:
         body = c.run_body(language=language, code=code, stdin=stdin, files=files,
                           collect=collect, env=env, limits=limits, network=network, image=image,
-                          tier=tier, runtime=runtime, rich=rich)
+                          tier=tier, runtime=runtime, rich=rich, on_violation=on_violation)
         return await self._stream("/v1/runs", body, RunResult.from_dict)
 
     async def stream_command(self, argv: Sequence[str], **opts: Any) -> AsyncStream[RunResult]:

@@ -319,7 +319,8 @@ class Client:
                  files: Optional[Mapping[str, c.FileData]] = None,
                  collect: Optional[Sequence[str]] = None, env: Optional[Mapping[str, str]] = None,
                  limits: Optional[Mapping[str, Any]] = None, network: Any = None, image: Optional[str] = None,
-                 tier: Optional[str] = None, runtime: Optional[str] = None, rich: bool = False) -> RunResult:
+                 tier: Optional[str] = None, runtime: Optional[str] = None, rich: bool = False,
+                 on_violation: Optional[str] = None) -> RunResult:
         """Runs a snippet in a fresh sandbox.
 
         ``files`` maps sandbox paths (under /workspace or /tmp) to str or bytes; ``collect``
@@ -335,18 +336,19 @@ class Client:
         """
         return self.run(c.run_body(language=language, code=code, stdin=stdin, files=files,
                                    collect=collect, env=env, limits=limits, network=network, image=image,
-                                   tier=tier, runtime=runtime, rich=rich))
+                                   tier=tier, runtime=runtime, rich=rich, on_violation=on_violation))
 
     def run_command(self, argv: Sequence[str], *, stdin: Optional[str] = None,
                     files: Optional[Mapping[str, c.FileData]] = None,
                     collect: Optional[Sequence[str]] = None,
                     env: Optional[Mapping[str, str]] = None,
                     limits: Optional[Mapping[str, Any]] = None, network: Any = None, image: Optional[str] = None,
-                    tier: Optional[str] = None, runtime: Optional[str] = None) -> RunResult:
+                    tier: Optional[str] = None, runtime: Optional[str] = None,
+                    on_violation: Optional[str] = None) -> RunResult:
         """Runs an argv (no shell) in a fresh sandbox; options as for :meth:`run_code`."""
         return self.run(c.run_body(argv=list(argv), stdin=stdin, files=files, collect=collect,
                                    env=env, limits=limits, network=network, image=image,
-                                   tier=tier, runtime=runtime))
+                                   tier=tier, runtime=runtime, on_violation=on_violation))
 
     def stream_code(self, code: str, language: str = "python", *, stdin: Optional[str] = None,
                     files: Optional[Mapping[str, c.FileData]] = None,
@@ -354,13 +356,14 @@ class Client:
                     env: Optional[Mapping[str, str]] = None,
                     limits: Optional[Mapping[str, Any]] = None,
                     network: Any = None, image: Optional[str] = None,
-                    tier: Optional[str] = None, runtime: Optional[str] = None, rich: bool = False) -> Stream[RunResult]:
+                    tier: Optional[str] = None, runtime: Optional[str] = None, rich: bool = False,
+                    on_violation: Optional[str] = None) -> Stream[RunResult]:
         """As :meth:`run_code`, streamed: iterate the returned :class:`Stream` for output
         chunks, then read ``stream.result`` (a :class:`RunResult`). A request the server
         refuses raises here, before any iteration."""
         body = c.run_body(language=language, code=code, stdin=stdin, files=files,
                           collect=collect, env=env, limits=limits, network=network, image=image,
-                          tier=tier, runtime=runtime, rich=rich)
+                          tier=tier, runtime=runtime, rich=rich, on_violation=on_violation)
         return self._stream("/v1/runs", body, RunResult.from_dict)
 
     def stream_command(self, argv: Sequence[str], **opts: Any) -> Stream[RunResult]:

@@ -173,12 +173,25 @@ class RunResult:
     #: cancelled (its sandbox killed: the code ended by SIGKILL).
     id: Optional[str] = None
     cancelled: bool = False
+    #: What the policy stopped (``{"syscalls_watched", "events": [{"kind": "denied_syscall",
+    #: "syscall", "count", ...}, {"kind": "limit_hit", "limit"}, ...]}``), the programs the code
+    #: executed (``[{"path", "argv0"}]``, advisory), and ``"tripwire:SYSCALL"`` when a tripwire
+    #: killed the sandbox (``on_violation="kill"``).
+    security_events: Dict[str, Any] = field(default_factory=dict)
+    exec_log: List[Dict[str, str]] = field(default_factory=list)
+    killed_by: Optional[str] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def ok(self) -> bool:
         """True when the program exited 0 within its limits."""
         return self.exit_code == 0 and not self.timed_out
+
+    @property
+    def denied_syscalls(self) -> Dict[str, int]:
+        """The system calls the sandbox denied, with how often the code made each."""
+        return {e["syscall"]: e["count"] for e in self.security_events.get("events", [])
+                if e.get("kind") == "denied_syscall"}
 
     @property
     def value(self) -> Optional["RichOutput"]:
@@ -217,6 +230,9 @@ class RunResult:
             results_truncated=d.get("results_truncated", False),
             id=d.get("id"),
             cancelled=d.get("cancelled", False),
+            security_events=d.get("security_events") or {},
+            exec_log=list(d.get("exec_log") or []),
+            killed_by=d.get("killed_by"),
             raw=d,
         )
 

@@ -36,6 +36,20 @@ def test_run_code_returns_output_exit_code_and_isolation(client):
     assert r.exit_code == 3 and r.stderr == "oops\n" and not r.ok
 
 
+def test_denied_calls_are_reported_and_a_tripwire_kills(client):
+    probe = "import ctypes, subprocess\nlibc = ctypes.CDLL(None)\n" \
+            "libc.syscall(101, 0, 0, 0); libc.syscall(101, 0, 0, 0)\n" \
+            "subprocess.run(['sdk-probe'], executable='/bin/true')\nprint('after')"
+    r = client.run_code(probe)
+    assert r.stdout == "after\n" and r.killed_by is None
+    assert r.denied_syscalls == {"ptrace": 2}
+    assert r.security_events["syscalls_watched"] is True
+    assert r.exec_log == [{"path": "/bin/true", "argv0": "sdk-probe"}]
+    r = client.run_code(probe, on_violation="kill")
+    assert r.killed_by == "tripwire:ptrace" and r.signal == 9 and r.stdout == ""
+    assert r.denied_syscalls == {"ptrace": 1}
+
+
 def test_run_code_in_other_languages_with_stdin_and_env(client):
     r = client.run_code("echo $((6*7)) $GREETING; cat", "bash", stdin="from stdin",
                         env={"GREETING": "hello"})

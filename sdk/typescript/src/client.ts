@@ -41,6 +41,9 @@ export interface RunOptions {
   runtime?: "runsc" | "crun" | "runc" | "docker";
   image?: string;
   capabilities?: "default" | "none";
+  /** "kill": the sandbox dies at the first tripwire call (`result.killed_by`); "report"
+   * (the default): such calls fail and `result.security_events` lists them. */
+  onViolation?: "report" | "kill";
 }
 
 /** What code runs take besides: the language (python by default) and, for python, rich
@@ -118,6 +121,7 @@ function runBody(command: Record<string, unknown>, o: RunOptions): Record<string
     runtime: o.runtime,
     image: o.image,
     capabilities: o.capabilities,
+    on_violation: o.onViolation,
   };
   return Object.fromEntries(Object.entries(body).filter(([, v]) => v !== undefined));
 }

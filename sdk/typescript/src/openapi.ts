@@ -178,11 +178,6 @@ export interface components {
              *     quota as a run answered at once does, and is never cancelled by a client going away.
              */
             async?: boolean;
-            /**
-             * @description An `async` run's end is POSTed here (`http://` only), signed as Standard Webhooks says;
-             *     the host must be on the server's `[callbacks] allow` list.
-             */
-            callback_url?: string | null;
             capabilities?: null | components["schemas"]["Capabilities"];
             /** @description Paths under /workspace or /tmp returned in the result. */
             collect?: string[];
@@ -234,11 +229,6 @@ export interface components {
              *     quota as a run answered at once does, and is never cancelled by a client going away.
              */
             async?: boolean;
-            /**
-             * @description An `async` run's end is POSTed here (`http://` only), signed as Standard Webhooks says;
-             *     the host must be on the server's `[callbacks] allow` list.
-             */
-            callback_url?: string | null;
             capabilities?: null | components["schemas"]["Capabilities"];
             /** @description The snippet: at most 120 KiB of UTF-8, without NUL bytes. */
             code: string;

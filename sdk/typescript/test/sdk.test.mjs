@@ -38,6 +38,17 @@ test("runCode returns output, exit status and isolation", async () => {
   assert.equal(slow.timed_out, true);
 });
 
+test("denied calls are reported, and a tripwire kills under onViolation kill", async () => {
+  const probe = "import ctypes\nctypes.CDLL(None).syscall(321, 0, 0, 0)\nprint('after')";
+  const r = await client.runCode(probe);
+  assert.equal(r.stdout, "after\n");
+  const denied = r.security_events.events.filter((e) => e.kind === "denied_syscall");
+  assert.deepEqual(denied.map((e) => [e.syscall, e.count, e.tripwire]), [["bpf", 1, true]]);
+  const killed = await client.runCode(probe, { onViolation: "kill" });
+  assert.equal(killed.killed_by, "tripwire:bpf");
+  assert.equal(killed.signal, 9);
+});
+
 test("a rich run has rich results; a plain run none", async () => {
   const r = await client.runCode("print('p')\n6 * 7", { rich: true });
   assert.equal(r.stdout, "p\n");

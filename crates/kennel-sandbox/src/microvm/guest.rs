@@ -283,7 +283,7 @@ fn run(
                     killed_by: result.killed_by.clone(),
                 },
             };
-            send(&Msg::GuestEnded(end), &[])?;
+            send(&Msg::GuestEnded(Box::new(end)), &[])?;
             for f in result.files {
                 let data = f.content.as_ref().map(Content::to_bytes).transpose();
                 let data = data.ok().flatten().unwrap_or_default();

@@ -487,7 +487,7 @@ impl SuperviseTier for MicrovmTier {
     ) -> Result<Option<Proxy>, Error> {
         match msg {
             Msg::GuestStarted(iso) => self.guest = Some(*iso),
-            Msg::GuestEnded(end) => self.end = Some(end),
+            Msg::GuestEnded(end) => self.end = Some(*end),
             Msg::NetnsReady { pid } => return self.bind_proxy(pid, helper, ctl).map(Some),
             other => return Err(Error::Protocol(format!("unexpected message {other:?}"))),
         }

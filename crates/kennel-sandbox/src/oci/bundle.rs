@@ -39,6 +39,8 @@ pub struct Input<'a> {
     /// The runtime's cgroup, relative to its own, which is Kennel's (the launcher joined it).
     pub cgroups_path: String,
     pub cpus: Vec<usize>,
+    /// The seccomp `listenerPath` of a watched container (see [`watched`]).
+    pub listener: Option<PathBuf>,
 }
 
 /// One entry of the skeleton root the bundle needs before the runtime mounts over it.
@@ -526,12 +528,7 @@ pub fn spec(input: &Input, system_mounts: Vec<Mount>) -> Spec {
                 .map(|p| format!("/proc/{p}"))
                 .collect::<Vec<_>>(),
         )
-        .seccomp(seccomp_profile(
-            input.runtime,
-            watched(input.runtime, input.policy)
-                .then(|| input.bundle.join(LISTENER_SOCKET))
-                .as_deref(),
-        ))
+        .seccomp(seccomp_profile(input.runtime, input.listener.as_deref()))
         .build()
         .expect("every linux field is set");
     SpecBuilder::default()

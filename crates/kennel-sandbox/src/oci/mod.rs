@@ -197,6 +197,14 @@ impl Oci {
     }
 }
 
+impl OciTier {
+    /// The socket runc and crun hand a watched container's seccomp listener to.
+    fn listener(&self) -> Option<PathBuf> {
+        bundle::watched(self.runtime.runtime, &self.policy)
+            .then(|| self.bundle.join(bundle::LISTENER_SOCKET))
+    }
+}
+
 impl super::supervise::Tier for OciTier {
     const ROLE: &'static str = LAUNCHER_ARG;
     const KILL_GRACE: Duration = Duration::from_secs(10);
@@ -224,7 +232,10 @@ impl super::supervise::Tier for OciTier {
         let rt = self.runtime.runtime;
         std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o755)
             .create(BUNDLE_DIR)
-            .and_then(|()| write_bundle(&self.bundle, rt, id, policy, self.argv.clone(), &cpus))
+            .and_then(|()| {
+                let argv = self.argv.clone();
+                write_bundle(&self.bundle, rt, id, policy, argv, &cpus, self.listener())
+            })
             .map_err(|e| setup(Step::WriteBundle, e))?;
         let host_network = policy.network.mode != NetMode::None;
         Ok(Msg::Launch(Box::new(LaunchPlan {

@@ -37,7 +37,9 @@ pub fn export_bundle(req: &RunRequest, dir: &Path) -> Result<(), Error> {
         |e: std::io::Error| Error::request("bundle directory", format!("{}: {e}", dir.display()));
     let runtime = policy.oci.runtime;
     let cpus = pick_cpus(policy.limits.cpus);
-    write_bundle(dir, runtime, "kennel-bundle", policy, argv, &cpus).map_err(io)?;
+    // Run by hand, the bundle has no one on a listener socket: its denials stay in-kernel.
+    let listener = None;
+    write_bundle(dir, runtime, "kennel-bundle", policy, argv, &cpus, listener).map_err(io)?;
     let owner = Some(owner(policy));
     for (scratch, _) in bundle::SCRATCH {
         std::os::unix::fs::chown(dir.join(scratch), owner, owner).map_err(io)?;
@@ -55,6 +57,7 @@ pub(super) fn write_bundle(
     policy: &Policy,
     argv: Vec<String>,
     cpus: &[usize],
+    listener: Option<PathBuf>,
 ) -> std::io::Result<()> {
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     std::fs::DirBuilder::new().mode(0o755).create(dir)?;
@@ -96,6 +99,7 @@ pub(super) fn write_bundle(
         bundle: dir,
         cgroups_path: cgroups_path.to_string(),
         cpus: cpus.to_vec(),
+        listener,
     };
     let spec = bundle::spec(&input, system_mounts);
     let json = serde_json::to_vec_pretty(&spec).map_err(std::io::Error::other)?;

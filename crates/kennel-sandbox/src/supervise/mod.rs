@@ -257,7 +257,7 @@ fn events<T: Tier>(
     started: Instant,
     req: &RunRequest,
     cancel: Option<&io::Canceller>,
-    notify: &mut dyn FnMut(&T, Option<Confinement>, Option<Arc<Watch>>),
+    notify: &mut Notify<'_, T>,
 ) -> Result<Report, Error> {
     let (tx, rx) = control_events(ctl, cancel)?;
     let mut report = Report::default();
@@ -307,6 +307,9 @@ fn events<T: Tier>(
     Ok(report)
 }
 
+/// Tells the caller the code started: the isolation it verified, and the watch, if any.
+type Notify<'a, T> = dyn FnMut(&T, Option<Confinement>, Option<Arc<Watch>>) + 'a;
+
 /// Why the loop stops the sandbox.
 enum Stop {
     Timeout,
@@ -344,7 +347,7 @@ fn on_frame<T: Tier>(
     msg: Msg,
     blob: Vec<u8>,
     report: &mut Report,
-    notify: &mut dyn FnMut(&T, Option<Confinement>, Option<Arc<Watch>>),
+    notify: &mut Notify<'_, T>,
 ) -> Result<(), Error> {
     match msg {
         Msg::InitPid { pid } => {

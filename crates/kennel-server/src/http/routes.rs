@@ -67,7 +67,7 @@ pub async fn create_run(
     ApiJson(spec): ApiJson<RunSpec>,
 ) -> Result<Response, ApiError> {
     answer(state, caller, q.wanted(&headers), |live| Action::Run {
-        spec,
+        spec: Box::new(spec),
         live,
     })
     .await

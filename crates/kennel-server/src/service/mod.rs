@@ -54,7 +54,7 @@ pub enum Action {
     /// goes away (the action dropped before it ends) cancels it, unless it is `async` or
     /// `detach`ed.
     Run {
-        spec: RunSpec,
+        spec: Box<RunSpec>,
         live: Option<Live>,
     },
     /// Kills one of the caller's runs in flight (its result then says `cancelled`); nothing
@@ -399,7 +399,7 @@ impl Service {
         action: Action,
     ) -> Result<Reply, ServiceError> {
         match action {
-            Action::Run { spec, live } => run::run(self, caller, spec, live).await,
+            Action::Run { spec, live } => run::run(self, caller, *spec, live).await,
             Action::CancelRun { id } => {
                 runs::cancel(self, caller, &id)?;
                 Ok(Reply::Done)

@@ -55,7 +55,7 @@ async fn a_streaming_run_refused_before_it_starts_is_never_accepted() {
     });
     let (live, accepted) = Live::new(Arc::new(|_, _| {}));
     let action = Action::Run {
-        spec: code_run(),
+        spec: Box::new(code_run()),
         live: Some(live),
     };
     let refused = full.handle(&Caller::anonymous(), action).await.unwrap_err();
@@ -89,7 +89,7 @@ async fn the_callers_rules_come_before_any_sandbox() {
         .handle(
             &caller,
             Action::Run {
-                spec: outside,
+                spec: Box::new(outside),
                 live: None,
             },
         )
