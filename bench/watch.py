@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Cost of watching: Kennel with the seccomp listener on and off, with bare runs as anchors.
+"""Cost of watching: Kennel with the seccomp listener on (with and without the exec log) and
+off, with bare runs as anchors.
 
 Normally started by bench/watch.sh, which builds Kennel first. Stdlib only; run it with the
 system interpreter (/usr/bin/python3). Each round runs every variant once, in order, so that
@@ -44,16 +45,19 @@ def main():
     ap.add_argument("--json", action="store_true")
     ap.add_argument("-n", type=int, default=int(os.environ.get("BENCH_N", "20")))
     args = ap.parse_args()
-    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
-        f.write("[layers]\nwatch = false\n")
-        unwatched_policy = f.name
+    policies = {}
+    for name, text in [("unwatched", "[layers]\nwatch = false\n"),
+                       ("noexeclog", "[layers]\nexec_log = false\n")]:
+        with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
+            f.write(text)
+            policies[name] = f.name
     try:
         variants = []
         for w, argv in WORKLOADS:
             variants.append((f"bare_{w}", argv))
             variants.append((f"watched_{w}", [args.kennel, "run", "--"] + argv))
-            variants.append((f"unwatched_{w}",
-                             [args.kennel, "run", "--policy", unwatched_policy, "--"] + argv))
+            for name, path in policies.items():
+                variants.append((f"{name}_{w}", [args.kennel, "run", "--policy", path, "--"] + argv))
         for _, argv in variants:  # warm-up
             timed(argv)
         samples = {name: [] for name, _ in variants}
@@ -61,10 +65,13 @@ def main():
             for name, argv in variants:
                 samples[name].append(timed(argv))
     finally:
-        os.unlink(unwatched_policy)
+        for path in policies.values():
+            os.unlink(path)
     p50 = {k: statistics.median(v) * 1000 for k, v in samples.items()}
     ratios = {f"watched_vs_unwatched_{w}": p50[f"watched_{w}"] / p50[f"unwatched_{w}"]
               for w, _ in WORKLOADS}
+    ratios.update({f"noexeclog_vs_unwatched_{w}": p50[f"noexeclog_{w}"] / p50[f"unwatched_{w}"]
+                   for w, _ in WORKLOADS})
     anchors = {f"watched_vs_bare_{w}": p50[f"watched_{w}"] / p50[f"bare_{w}"] for w, _ in WORKLOADS}
     out = {"n": args.n, "p50_ms": p50, "ratios": ratios, "anchors": anchors,
            "target_watched_vs_unwatched": TARGET,
@@ -74,10 +81,11 @@ def main():
         return
     print(f"watch benchmark, {args.n} interleaved rounds, medians (ms):")
     for w, _ in WORKLOADS:
-        print(f"  {w:9} bare {p50[f'bare_{w}']:8.1f}   watched {p50[f'watched_{w}']:8.1f}   "
-              f"unwatched {p50[f'unwatched_{w}']:8.1f}   watched/unwatched "
-              f"{ratios[f'watched_vs_unwatched_{w}']:.3f} (target <= {TARGET})   "
-              f"watched/bare {anchors[f'watched_vs_bare_{w}']:.2f}")
+        print(f"  {w:9} bare {p50[f'bare_{w}']:7.1f}   watched {p50[f'watched_{w}']:7.1f}   "
+              f"no exec log {p50[f'noexeclog_{w}']:7.1f}   unwatched {p50[f'unwatched_{w}']:7.1f}   "
+              f"watched/unwatched {ratios[f'watched_vs_unwatched_{w}']:.3f}   "
+              f"no-exec-log/unwatched {ratios[f'noexeclog_vs_unwatched_{w}']:.3f} "
+              f"(target <= {TARGET})   watched/bare {anchors[f'watched_vs_bare_{w}']:.2f}")
 
 
 if __name__ == "__main__":

@@ -148,6 +148,8 @@ impl Watcher {
         tripwires: Tripwires,
         on_trip: OnTrip,
     ) -> std::io::Result<Watcher> {
+        // Best effort: a faster round trip where the kernel offers it (6.6 and later).
+        let _ = sys::notif_sync_wakeup(listener.as_fd());
         let watch = Arc::new(Watch::default());
         let stop = Arc::new(AtomicBool::new(false));
         let (w, s) = (watch.clone(), stop.clone());

@@ -211,6 +211,22 @@ subprocess.run(["/bin/sh", "-c", "/bin/echo hi"])
     assert_eq!(log, want, "{r}");
 }
 
+/// `[layers] exec_log = false`: denials still reported, the execs left to the kernel.
+#[test]
+fn without_the_exec_log_denials_are_still_reported() {
+    let path = std::env::temp_dir().join(format!("kennel-no-exec-log-{}.toml", std::process::id()));
+    std::fs::write(&path, "[layers]\nexec_log = false\n").unwrap();
+    let code = format!(
+        "{}\nimport subprocess\nsubprocess.run(['/bin/true'])",
+        probe(101, [0, 0, 0])
+    );
+    let r = run_json(&["--policy", path.to_str().unwrap()], &[PY, "-c", &code]);
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert_eq!(denied(&r, "ptrace").unwrap()["count"], 2, "{r}");
+    assert_eq!(r["exec_log"], serde_json::json!([]), "{r}");
+}
+
 /// A million denied calls in a loop: the watcher answers at most ~10k a second, so the flood
 /// waits on itself; the count is exactly what the code made, details stay one entry, and the
 /// supervisor's CPU stays a fraction of the run's wall time.

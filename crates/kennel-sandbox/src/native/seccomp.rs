@@ -369,12 +369,38 @@ const fn hop(n: usize) -> u8 {
 /// The filter the sandboxed program gets: [`RULES`] compiled once, by the compiler, into the
 /// binary's read-only data. It depends on nothing but the table (one profile, x86-64 only, the
 /// same for every policy and tier), so no run builds it, allocates for it or can get it wrong.
-pub static PROGRAM: [sock_filter; program_len(RULES, false)] = compile(RULES, false);
+pub static PROGRAM: [sock_filter; program_len(RULES, Mode::Plain)] = compile(RULES, Mode::Plain);
 
 /// The same filter for a watched sandbox: the denied calls marked `notify` go to the
 /// supervisor's listener instead of failing in the kernel (it answers the same errno), and so
 /// do [`EXEC_CALLS`], which it lets continue once it has logged them.
-pub static WATCHED: [sock_filter; program_len(RULES, true)] = compile(RULES, true);
+pub static WATCHED: [sock_filter; program_len(RULES, Mode::Watched)] =
+    compile(RULES, Mode::Watched);
+
+/// [`WATCHED`] without the execs (`layers.exec_log = false`): denials reported, execs free.
+pub static WATCHED_NO_EXECS: [sock_filter; program_len(RULES, Mode::DenialsOnly)] =
+    compile(RULES, Mode::DenialsOnly);
+
+/// What a filter hands to its listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Nothing: every denial answered in the kernel.
+    Plain,
+    /// The notified denials.
+    DenialsOnly,
+    /// The notified denials and [`EXEC_CALLS`].
+    Watched,
+}
+
+impl Mode {
+    const fn denials(self) -> bool {
+        !matches!(self, Mode::Plain)
+    }
+
+    const fn execs(self) -> bool {
+        matches!(self, Mode::Watched)
+    }
+}
 
 /// The calls a watched sandbox reports and lets through: the programs the code executes.
 pub const EXEC_CALLS: &[(libc::c_long, &str)] = &[
@@ -383,9 +409,9 @@ pub const EXEC_CALLS: &[(libc::c_long, &str)] = &[
 ];
 
 /// The length of [`compile`]'s output for `rules`.
-pub const fn program_len(rules: &[Rule], watched: bool) -> usize {
+pub const fn program_len(rules: &[Rule], mode: Mode) -> usize {
     let mut len = PRELUDE_LEN + 1;
-    if watched {
+    if mode.execs() {
         len += 2 * EXEC_CALLS.len();
     }
     let mut i = 0;
@@ -405,11 +431,11 @@ const PRELUDE_LEN: usize = 6;
 /// Compiles `rules` into a filter for x86-64: other architectures are killed (no i386 or x32
 /// back door), listed calls get their rule's errno (`watched`: the notified ones go to the
 /// listener, and [`EXEC_CALLS`] too), everything else is allowed. `N` must be
-/// [`program_len`]`(rules, watched)`; a `const fn`, so that [`PROGRAM`] is built at compile time.
-pub const fn compile<const N: usize>(rules: &[Rule], watched: bool) -> [sock_filter; N] {
+/// [`program_len`]`(rules, mode)`; a `const fn`, so that [`PROGRAM`] is built at compile time.
+pub const fn compile<const N: usize>(rules: &[Rule], mode: Mode) -> [sock_filter; N] {
     assert!(
-        N == program_len(rules, watched),
-        "N must be program_len(rules, watched)"
+        N == program_len(rules, mode),
+        "N must be program_len(rules, mode)"
     );
     assert!(
         N <= BPF_MAXINSNS,
@@ -433,7 +459,7 @@ pub const fn compile<const N: usize>(rules: &[Rule], watched: bool) -> [sock_fil
     while r < rules.len() {
         let rule = &rules[r];
         let nr = rule.nr as u32;
-        let verdict = match watched && rule.notify {
+        let verdict = match mode.denials() && rule.notify {
             true => stmt(BPF_RET_K, SECCOMP_RET_USER_NOTIF),
             false => deny(rule.errno),
         };
@@ -478,7 +504,7 @@ pub const fn compile<const N: usize>(rules: &[Rule], watched: bool) -> [sock_fil
         r += 1;
     }
     let mut e = 0;
-    while watched && e < EXEC_CALLS.len() {
+    while mode.execs() && e < EXEC_CALLS.len() {
         p[at] = jump(BPF_JEQ_K, EXEC_CALLS[e].0 as u32, 0, 1);
         p[at + 1] = stmt(BPF_RET_K, SECCOMP_RET_USER_NOTIF);
         at += 2;
@@ -666,10 +692,26 @@ mod tests {
     /// The static program is the table compiled; the same compiler run now agrees with rustc.
     #[test]
     fn the_static_program_is_the_table_compiled() {
-        let now = compile::<{ program_len(RULES, false) }>(std::hint::black_box(RULES), false);
+        let now = compile::<{ program_len(RULES, Mode::Plain) }>(
+            std::hint::black_box(RULES),
+            Mode::Plain,
+        );
         assert_eq!(fields(&now), fields(&PROGRAM));
-        let watched = compile::<{ program_len(RULES, true) }>(std::hint::black_box(RULES), true);
+        let watched = compile::<{ program_len(RULES, Mode::Watched) }>(
+            std::hint::black_box(RULES),
+            Mode::Watched,
+        );
         assert_eq!(fields(&watched), fields(&WATCHED));
+        let quiet = compile::<{ program_len(RULES, Mode::DenialsOnly) }>(
+            std::hint::black_box(RULES),
+            Mode::DenialsOnly,
+        );
+        assert_eq!(fields(&quiet), fields(&WATCHED_NO_EXECS));
+        // Without the execs, an exec is allowed in the kernel and a denial still notified.
+        let run_quiet =
+            |nr: libc::c_long| run(&WATCHED_NO_EXECS, AUDIT_ARCH_X86_64, nr as u32, [0; 6]);
+        assert_eq!(run_quiet(libc::SYS_execve), SECCOMP_RET_ALLOW);
+        assert_eq!(run_quiet(libc::SYS_ptrace), SECCOMP_RET_USER_NOTIF);
     }
 
     /// Every jump lands inside the program, and the program ends in a verdict.
@@ -689,15 +731,18 @@ mod tests {
     #[test]
     fn build_cost_per_run_is_printed() {
         let t = std::time::Instant::now();
-        let first = compile::<{ program_len(RULES, false) }>(std::hint::black_box(RULES), false);
+        let first = compile::<{ program_len(RULES, Mode::Plain) }>(
+            std::hint::black_box(RULES),
+            Mode::Plain,
+        );
         let first_time = t.elapsed();
         std::hint::black_box(&first);
         let runs = 2000u32;
         let t = std::time::Instant::now();
         for _ in 0..runs {
-            std::hint::black_box(compile::<{ program_len(RULES, false) }>(
+            std::hint::black_box(compile::<{ program_len(RULES, Mode::Plain) }>(
                 std::hint::black_box(RULES),
-                false,
+                Mode::Plain,
             ));
         }
         let per_build = t.elapsed() / runs;

@@ -280,8 +280,12 @@ impl Step {
             Step::RestrictFilesystem => restrict_filesystem(ctx, os),
             Step::CloseInheritedFds => os.close_fds_from(CTL_FD + 1).ctx(|| "close_range".into()),
             Step::InstallSeccomp if ctx.plan.policy.layers.watch => {
+                let program: &[libc::sock_filter] = match ctx.plan.policy.layers.exec_log {
+                    true => &seccomp::WATCHED,
+                    false => &seccomp::WATCHED_NO_EXECS,
+                };
                 ctx.listener = os
-                    .install_seccomp(&seccomp::WATCHED, true)
+                    .install_seccomp(program, true)
                     .ctx(|| "seccomp(SECCOMP_FILTER_FLAG_NEW_LISTENER)".into())?;
                 Ok(())
             }

@@ -267,7 +267,7 @@ pub fn watched(runtime: Runtime, policy: &Policy) -> bool {
 /// The native tier's deny list in OCI form: the same calls, the same `ENOSYS` (but see
 /// [`in_profile`] and [`denied_errno_name`] for runsc). With a `listener`, the calls the native
 /// tier notifies (and the execs) go to it instead, as in the native tier's watched filter.
-pub fn seccomp_profile(runtime: Runtime, listener: Option<&Path>) -> LinuxSeccomp {
+pub fn seccomp_profile(runtime: Runtime, listener: Option<(&Path, bool)>) -> LinuxSeccomp {
     let mut syscalls: Vec<LinuxSyscall> = vec![];
     for rule in seccomp::RULES.iter().filter(|r| in_profile(runtime, r)) {
         let name = rule.name.split('(').next().unwrap_or(rule.name);
@@ -321,19 +321,21 @@ pub fn seccomp_profile(runtime: Runtime, listener: Option<&Path>) -> LinuxSeccom
         }
     }
     let mut profile = LinuxSeccompBuilder::default();
-    if let Some(path) = listener {
-        syscalls.push(
-            LinuxSyscallBuilder::default()
-                .names(
-                    seccomp::EXEC_CALLS
-                        .iter()
-                        .map(|(_, n)| n.to_string())
-                        .collect::<Vec<_>>(),
-                )
-                .action(LinuxSeccompAction::ScmpActNotify)
-                .build()
-                .expect("every syscall field is set"),
-        );
+    if let Some((path, execs)) = listener {
+        if execs {
+            syscalls.push(
+                LinuxSyscallBuilder::default()
+                    .names(
+                        seccomp::EXEC_CALLS
+                            .iter()
+                            .map(|(_, n)| n.to_string())
+                            .collect::<Vec<_>>(),
+                    )
+                    .action(LinuxSeccompAction::ScmpActNotify)
+                    .build()
+                    .expect("every syscall field is set"),
+            );
+        }
         profile = profile.listener_path(path.to_path_buf());
     }
     profile
@@ -528,7 +530,13 @@ pub fn spec(input: &Input, system_mounts: Vec<Mount>) -> Spec {
                 .map(|p| format!("/proc/{p}"))
                 .collect::<Vec<_>>(),
         )
-        .seccomp(seccomp_profile(input.runtime, input.listener.as_deref()))
+        .seccomp(seccomp_profile(
+            input.runtime,
+            input
+                .listener
+                .as_deref()
+                .map(|p| (p, input.policy.layers.exec_log)),
+        ))
         .build()
         .expect("every linux field is set");
     SpecBuilder::default()

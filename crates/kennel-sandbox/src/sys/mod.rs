@@ -22,8 +22,8 @@ use rustix::process::{Pid, Signal};
 
 mod notify;
 pub use notify::{
-    install_seccomp, notif_answer, notif_id_valid, notif_recv, read_remote, recv_with_fds,
-    wait_notice, Notice, Ready,
+    install_seccomp, notif_answer, notif_id_valid, notif_recv, notif_sync_wakeup, read_remote,
+    recv_with_fds, wait_notice, Notice, Ready,
 };
 
 fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
