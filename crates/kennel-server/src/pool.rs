@@ -415,6 +415,11 @@ mod tests {
             ("network.resolve", json!(["example.com:192.0.2.1"]), true),
             ("layers.landlock", json!("best_effort"), true),
             ("layers.cgroups", json!("required"), true),
+            // The filter and its watcher start with the sandbox.
+            ("layers.watch", json!(false), true),
+            ("layers.exec_log", json!(false), true),
+            ("on_violation", json!("kill"), true),
+            ("tripwires", json!(["ptrace"]), true),
             ("capabilities", json!("none"), true),
             ("env", json!({"A": "b"}), true),
         ]
