@@ -22,6 +22,9 @@ use kennel_types::security::{
 use crate::native::seccomp::{self, EXEC_CALLS};
 use crate::sys;
 
+/// Why a result's denied calls were not reported, where its tier hands over no listener.
+pub const UNWATCHED_TIER: &str = "this tier does not report the system calls it denies";
+
 /// The most notified calls answered per [`WINDOW`]: ~10k a second, a few percent of a core.
 pub const PER_WINDOW: u32 = 1000;
 pub const WINDOW: Duration = Duration::from_millis(100);
@@ -110,14 +113,15 @@ impl Tally {
                 first_args: d.first_args.iter().map(|a| format!("{a:#x}")).collect(),
                 tripwire: d.tripwire,
             });
-        let mut previous = std::mem::take(&mut result.security_events.events);
+        // The denied calls replace any the result had (a pooled run's sandbox reports its
+        // whole life); the events its own fields tell are added after, by
+        // `RunResult::add_derived_events`.
         result.security_events = SecurityEvents {
             syscalls_watched: true,
             unwatched: None,
             events: events.collect(),
             truncated: self.execs_dropped > 0,
         };
-        result.security_events.events.append(&mut previous);
         result.exec_log = self.execs;
         result.killed_by = self.tripped.map(|s| format!("tripwire:{s}"));
     }

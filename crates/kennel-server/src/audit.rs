@@ -183,7 +183,9 @@ impl Audit {
     /// The security lines of a run's result (none when nothing was stopped).
     pub fn record_security(&self, entry: &Entry, r: &RunResult) {
         use kennel_types::security::SecurityEvent;
-        let Some(file) = &self.file else { return };
+        if self.file.is_none() {
+            return;
+        }
         let mut classes: std::collections::BTreeMap<&'static str, SecurityLine> =
             std::collections::BTreeMap::new();
         for e in &r.security_events.events {
@@ -210,12 +212,8 @@ impl Audit {
                 line.killed_by = r.killed_by.as_deref();
             }
         }
-        let mut f = file.lock().unwrap_or_else(|p| p.into_inner());
         for line in classes.values() {
-            if let Ok(mut bytes) = serde_json::to_vec(line) {
-                bytes.push(b'\n');
-                let _ = f.write_all(&bytes);
-            }
+            self.write(line);
         }
     }
 }

@@ -77,7 +77,7 @@ pub(crate) trait Tier {
     fn isolation(&self, confinement: Option<Confinement>) -> Isolation;
     /// Why the system calls its filter denies are not reported, when no listener came.
     fn unwatched(&self) -> String {
-        "this tier does not report the system calls it denies".into()
+        crate::watch::UNWATCHED_TIER.into()
     }
     /// How the run ended, before the clean-up.
     fn ended(&mut self, _report: &Report) {}

@@ -461,8 +461,7 @@ fn watched(
             result.killed_by = result.killed_by.take().or(killed_by);
         }
         _ if !result.security_events.syscalls_watched => {
-            result.security_events.unwatched =
-                Some("this tier does not report the system calls it denies".into());
+            result.security_events.unwatched = Some(kennel_sandbox::watch::UNWATCHED_TIER.into());
         }
         _ => {}
     }
