@@ -406,12 +406,82 @@ fn async_runs_are_answered_at_once_held_to_the_quota_and_scoped_to_their_token()
     assert_eq!(done["status"], "cancelled", "{done}");
     assert_eq!(done["result"]["signal"], 9, "{done}");
     nothing_left(&server, &code, true);
-    // A streamed async run, or a callback without async, is refused.
-    a.post_json(
-        "/v1/runs?stream=true",
-        &json!({"language": "bash", "code": "true", "async": true}),
+    drop(server);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_streamed_async_run_streams_as_any_run_and_outlives_its_stream() {
+    if !root() {
+        return;
+    }
+    let dir = own_dir("async-stream");
+    let db = dir.join("jobs.sqlite");
+    let server = server("async-stream", &db, "[pool]\npython = 0\nbash = 0\n");
+    let a = &server.client;
+
+    // Streamed to its end: the run's id first, its output, its result; the job table has it.
+    let spec = json!({"language": "bash", "code": "echo hi", "async": true});
+    let streamed = a.stream("/v1/runs?stream=true", &spec, |_| {});
+    assert_eq!(streamed.events[0].name, "run", "{:?}", streamed.events);
+    let id = streamed.events[0].json()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        streamed.events.iter().any(|e| e.name == "stdout"),
+        "{:?}",
+        streamed.events
+    );
+    let r = streamed.result().json();
+    assert_eq!(
+        (r["id"].as_str(), &r["stdout"]),
+        (Some(id.as_str()), &json!("hi\n")),
+        "{r}"
+    );
+    let done = a.get(&format!("/v1/runs/{id}")).json();
+    assert_eq!(done["status"], "finished", "{done}");
+    assert_eq!(done["result"]["stdout"], "hi\n", "{done}");
+
+    // A stream closed mid-run: the run goes on to its end, uncancelled.
+    let body = json!({"language": "bash", "async": true,
+        "code": "echo started; sleep 2; echo done; : async-stream-marker"})
+    .to_string();
+    let mut conn = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    write!(
+        conn,
+        "POST /v1/runs?stream=true HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN_A}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
     )
-    .error(400);
+    .unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let mut reader = BufReader::new(conn.try_clone().unwrap());
+    let (mut line, mut id) = (String::new(), None);
+    while !line.contains("started") {
+        line.clear();
+        assert!(
+            reader.read_line(&mut line).unwrap() > 0,
+            "the stream ended early"
+        );
+        if let Some(data) = line.strip_prefix("data: ").filter(|_| id.is_none()) {
+            id = serde_json::from_str::<Value>(data).unwrap()["id"]
+                .as_str()
+                .map(str::to_string);
+        }
+    }
+    drop(reader);
+    drop(conn);
+    let id = id.expect("the run event comes first");
+    let done = wait_done(a, &id);
+    assert_eq!(done["status"], "finished", "{done}");
+    assert_eq!(done["result"]["stdout"], "started\ndone\n", "{done}");
+    assert!(
+        !audit_lines(&db).iter().any(|l| l["kind"] == "cancel"),
+        "{:?}",
+        audit_lines(&db)
+    );
     drop(server);
     let _ = std::fs::remove_dir_all(dir);
 }

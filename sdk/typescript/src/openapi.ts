@@ -813,7 +813,7 @@ export interface operations {
                     };
                 };
             };
-            /** @description An `async` run, accepted: its id; `GET /v1/runs/{id}` follows it */
+            /** @description An `async` run, accepted: its id; `GET /v1/runs/{id}` follows it (with ?stream=true it streams as any run does, and outlives its stream) */
             202: {
                 headers: {
                     [name: string]: unknown;

@@ -48,7 +48,8 @@ async fn handle(state: &Shared, caller: &Caller, action: Action) -> Result<Respo
         (status = 200, description = "The run's id and result (or an SSE stream with ?stream=true, \
             whose first event, `run`, gives the id)", body = RunReport),
         (status = 202, description = "An `async` run, accepted: its id; `GET /v1/runs/{id}` \
-            follows it", body = RunInfo),
+            follows it (with ?stream=true it streams as any run does, and outlives its stream)",
+            body = RunInfo),
         (status = 400, description = "A malformed request, a limit outside this server's bounds, \
             or a `callback_url` this server does not send to"),
         (status = 403, description = "An `image` this token may not use"),

@@ -48,11 +48,18 @@ pub(super) async fn run(
             "`rich`: rich results are for python code (`language: python`)".into(),
         ));
     }
-    let target = check_async(service, caller, &spec, live.is_some()).await?;
+    let target = check_async(service, caller, &spec).await?;
     let slot = service.run_slot(caller)?;
     let registered = runs::register(service, caller)?;
     if spec.run_async {
-        return submit(service, caller, spec, req, slot, registered, target);
+        let job = Job {
+            spec,
+            req,
+            slot,
+            registered,
+            target,
+        };
+        return submit(service, caller, job, live).await;
     }
     let (service, caller) = (service.clone(), caller.clone());
     let (id, entry) = (registered.id.clone(), registered.entry.clone());
@@ -80,7 +87,6 @@ async fn check_async(
     service: &Service,
     caller: &Caller,
     spec: &RunSpec,
-    streams: bool,
 ) -> Result<Option<Target>, ServiceError> {
     if !spec.run_async {
         if spec.callback_url.is_some() {
@@ -89,13 +95,6 @@ async fn check_async(
             ));
         }
         return Ok(None);
-    }
-    if streams {
-        return Err(ServiceError::BadRequest(
-            "an `async` run is answered at once with its id, not streamed: drop ?stream=true \
-             (or `async`)"
-                .into(),
-        ));
     }
     service.jobs()?;
     let Some(url) = &spec.callback_url else {
@@ -114,17 +113,31 @@ async fn check_async(
         .map_err(ServiceError::BadRequest)
 }
 
-/// Enters an `async` run in the job table and runs it in a task of its own, which holds its
-/// slot and records its end (and sends its callback). Answered at once.
-fn submit(
-    service: &Arc<Service>,
-    caller: &Caller,
+/// An `async` run, checked and holding its slot, before it enters the job table.
+struct Job {
     spec: RunSpec,
     req: RunRequest,
     slot: super::RunSlot,
-    registered: runs::Registered,
+    registered: Registered,
     target: Option<Target>,
+}
+
+/// Enters an `async` run in the job table and runs it in a task of its own, which holds its
+/// slot and records its end (and sends its callback). Answered at once with its id; or, when
+/// `live` streams it, with its result as for any run, though the run outlives the stream.
+async fn submit(
+    service: &Arc<Service>,
+    caller: &Caller,
+    job: Job,
+    live: Option<Live>,
 ) -> Result<Reply, ServiceError> {
+    let Job {
+        spec,
+        req,
+        slot,
+        registered,
+        target,
+    } = job;
     let jobs = service.jobs()?;
     let created = runs::now_ms_u64();
     let id = registered.id.clone();
@@ -138,22 +151,45 @@ fn submit(
         .and_then(|()| jobs.insert(&id, &caller.0, created, callback))
         .map_err(|e| ServiceError::Internal(format!("job table: {e}")))?;
     service.async_runs.fetch_add(1, Ordering::SeqCst);
+    let (watcher, watched) = match &live {
+        Some(live) => {
+            live.accept(Accepted {
+                run: Some(id.clone()),
+            });
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            (Some(tx), Some(rx))
+        }
+        None => (None, None),
+    };
     let (service, caller) = (service.clone(), caller.clone());
     tokio::spawn(async move {
         let outcome = {
             let _slot = slot;
-            execute(&service, &caller, &spec, req, None, &registered).await
+            execute(&service, &caller, &spec, req, live, &registered).await
         };
-        let info = runs::ended(
-            &registered.id,
-            created,
-            registered.entry.is_cancelled(),
-            outcome,
-        );
+        let cancelled = registered.entry.is_cancelled();
+        let info = runs::ended(&registered.id, created, cancelled, &outcome);
         drop(registered);
-        runs::conclude(&service, &caller, info, target).await;
+        runs::record(&service, &info);
+        // The stream, if it is still there, ends once the job table has the end.
+        if let Some(tx) = watcher {
+            let _ = tx.send(outcome.map(|result| RunReport {
+                id: info.id.clone(),
+                cancelled,
+                result,
+            }));
+        }
+        if let Some(target) = target {
+            runs::call_back(&service, &caller, &info, &target).await;
+        }
         service.async_runs.fetch_sub(1, Ordering::SeqCst);
     });
+    if let Some(rx) = watched {
+        let report = rx
+            .await
+            .map_err(|_| ServiceError::Internal("the async run's task ended unheard".into()))??;
+        return Ok(Reply::Run(Box::new(report)));
+    }
     Ok(Reply::RunAccepted(Box::new(RunInfo {
         id,
         status: RunStatus::Running,

@@ -181,11 +181,11 @@ pub(super) fn ended(
     id: &str,
     created: u64,
     cancelled: bool,
-    outcome: Result<RunResult, ServiceError>,
+    outcome: &Result<RunResult, ServiceError>,
 ) -> RunInfo {
     let (status, result, error) = match outcome {
-        Ok(r) if cancelled => (RunStatus::Cancelled, Some(r), None),
-        Ok(r) => (RunStatus::Finished, Some(r), None),
+        Ok(r) if cancelled => (RunStatus::Cancelled, Some(r.clone()), None),
+        Ok(r) => (RunStatus::Finished, Some(r.clone()), None),
         Err(e) => (
             if cancelled {
                 RunStatus::Cancelled
@@ -213,13 +213,8 @@ pub(crate) fn now_ms_u64() -> u64 {
     u64::try_from(now_ms()).unwrap_or(u64::MAX)
 }
 
-/// Records an `async` run's end and sends its callback, if it has one.
-pub(super) async fn conclude(
-    service: &Arc<Service>,
-    caller: &Caller,
-    info: RunInfo,
-    target: Option<Target>,
-) {
+/// Records an `async` run's end in the job table.
+pub(super) fn record(service: &Service, info: &RunInfo) {
     let Ok(jobs) = service.jobs() else { return };
     if let Err(e) = jobs.finish(
         &info.id,
@@ -230,9 +225,17 @@ pub(super) async fn conclude(
     ) {
         tracing::error!("job table: cannot record the end of run {}: {e}", info.id);
     }
-    if let Some(target) = target {
-        send_callback(service, jobs, &caller.0, &info, &target).await;
-    }
+}
+
+/// Sends a recorded `async` run's end to its callback.
+pub(super) async fn call_back(
+    service: &Arc<Service>,
+    caller: &Caller,
+    info: &RunInfo,
+    target: &Target,
+) {
+    let Ok(jobs) = service.jobs() else { return };
+    send_callback(service, jobs, &caller.0, info, target).await;
 }
 
 /// Sends the run's end to its callback, signed with its token's secret, each attempt in the
