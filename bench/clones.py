@@ -23,7 +23,7 @@ import urllib.parse
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import (Client, check_argv, check_targets, descendants, fmt, print_targets, run_argv,  # noqa: E402
+from harness import (Client, against_baseline, check_argv, check_targets, descendants, fmt, print_targets, run_argv,  # noqa: E402
                      run_ok, summary)
 
 CODE = "import pandas, numpy; print(pandas.DataFrame({'a': [1]}).a.sum())"  # prints "1\n"
@@ -128,7 +128,12 @@ def main():
         },
         "targets": check_targets(TARGETS, values),
     }
+    figures = {f"ratio_{k}": v for k, v in out["ratios"].items()}
+    figures.update({k: t["value"] for k, t in out["targets"].items()})
+    figures.update({f"{k}_p50_ms": out[k]["p50_ms"] for k in ("pooled", "runsc", "cold_microvm")})
+    figures = {k: v for k, v in figures.items() if isinstance(v, (int, float))}
     if args.json:
+        against_baseline("clones", figures, show=False)
         print(json.dumps(out, indent=2))
         return
     refill = out["refill_after_take_ms"]["p50_ms"] / 1000
@@ -141,6 +146,8 @@ def main():
     for name, r in out["ratios"].items():
         print(f"RATIO {name} {r:.3f}")
     print_targets(out["targets"])
+    print()
+    against_baseline("clones", figures)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import fmt, loadavg, print_overheads, print_starts, start_stats  # noqa: E402
+from harness import against_baseline, figures_of, fmt, loadavg, print_overheads, print_starts, start_stats  # noqa: E402
 
 PY = "/usr/bin/python3"
 PROGRAMS = {"true": ["/bin/true"], "python": [PY, "-c", "pass"]}
@@ -151,7 +151,10 @@ def main():
     overheads = {name: (stats[a]["median_ms"] - stats[b]["median_ms"] if a in stats and b in stats else None)
                  for name, a, b in OVERHEADS}
 
+    figures = figures_of(overheads=overheads, ratios=ratios,
+                         extra={f"{n}_median_ms": s["median_ms"] for n, s in stats.items()})
     if args.json:
+        against_baseline("docker", figures, show=False)
         json.dump({"n": args.n, "warmup": args.warmup, "docker_host": env("DOCKER_HOST"), "image": image,
                    "method": "time.perf_counter around subprocess.run, stdin an empty pipe, stdout and "
                              "stderr to /dev/null, round-robin per iteration",
@@ -170,6 +173,8 @@ def main():
     print_overheads(overheads)
     for name, r in ratios.items():
         print(f"RATIO {name} {fmt(r['value'], '.3f')} (p90s {fmt(r['p90_value'], '.3f')})")
+    print()
+    against_baseline("docker", figures)
     return 0
 
 

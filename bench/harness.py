@@ -206,6 +206,51 @@ def wait_pool_full(client, size, image=None, limit=60.0):
     return time.perf_counter() - t0
 
 
+# --- Baselines ----------------------------------------------------------------------------
+
+BASELINES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "baselines")
+
+
+def figures_of(overheads=None, ratios=None, targets=None, extra=None):
+    """One flat {name: number} of a bench's verdict figures, for its baseline."""
+    figures = {}
+    for name, v in (overheads or {}).items():
+        figures[f"overhead_{name}_ms"] = v
+    for name, r in (ratios or {}).items():
+        figures[f"ratio_{name}"] = r["value"]
+    for name, t in (targets or {}).items():
+        figures[name] = t["value"]
+    figures.update(extra or {})
+    return {k: v for k, v in figures.items() if isinstance(v, (int, float))}
+
+
+def against_baseline(bench, figures, show=True):
+    """Prints each figure's change against bench/baselines/BENCH.json (the last run's), then
+    keeps these figures there. Information only: this machine is shared and noisy, so no
+    change is a verdict. Returns the baseline it compared with."""
+    path = os.path.join(BASELINES, f"{bench}.json")
+    try:
+        with open(path) as f:
+            before = json.load(f)
+    except (OSError, ValueError):
+        before = {}
+    if show:
+        for name, v in figures.items():
+            was = before.get(name)
+            if isinstance(was, (int, float)) and was:
+                change = f"was {was:.3f}, {v - was:+.3f} ({(v / was - 1) * 100:+.1f}%)"
+            elif isinstance(was, (int, float)):
+                change = f"was {was:.3f}"
+            else:
+                change = "no baseline"
+            print(f"BASELINE {name} {v:.3f} ({change})")
+    os.makedirs(BASELINES, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(figures, f, indent=1, sort_keys=True)
+        f.write("\n")
+    return before
+
+
 # --- Verdicts -----------------------------------------------------------------------------
 
 

@@ -26,7 +26,7 @@ import urllib.parse
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import (Client, busy_fraction, check_argv, check_targets, cpu_ticks, differences, fmt,  # noqa: E402
+from harness import (Client, against_baseline, busy_fraction, check_argv, check_targets, cpu_ticks, differences, fmt,  # noqa: E402
                      loadavg, pct, print_overheads, print_targets, run_argv, run_ok, summary,
                      wait_pool_full)
 
@@ -544,7 +544,12 @@ def main():
         },
     }
 
+    figures = {f"ratio_{k}": v for k, v in ratios.items()}
+    figures.update({f"overhead_{k}_ms": v for k, v in overheads.items()})
+    figures.update({k: t["value"] for k, t in targets.items()})
+    figures = {k: v for k, v in figures.items() if isinstance(v, (int, float))}
     if args.json:
+        result["baseline"] = against_baseline("images", figures, show=False)
         json.dump(result, sys.stdout, indent=2)
         print()
         return 0
@@ -631,6 +636,8 @@ def main():
     for name, v in ratios.items():
         print(f"RATIO {name} {fmt(v, '.4f')}")
     print_targets(targets)
+    print()
+    against_baseline("images", figures)
     return 0
 
 

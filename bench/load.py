@@ -24,8 +24,8 @@ import urllib.parse
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import (Client, busy_fraction, check_argv, check_targets, cpu_ticks, descendants,  # noqa: E402
-                     differences, fmt, loadavg, pct, print_overheads, print_targets, run_argv, run_ok,
+from harness import (Client, against_baseline, busy_fraction, check_argv, check_targets, cpu_ticks,  # noqa: E402
+                     descendants, differences, figures_of, fmt, loadavg, pct, print_overheads, print_targets, run_argv, run_ok,
                      summary, wait_pool_full)
 
 PY = "/usr/bin/python3"
@@ -445,7 +445,13 @@ def main():
         "samples_ms": {k: [round(x, 3) for x in v] for k, v in samples.items()},
     }
 
+    extra = {f"{k}_p50_ms": v.get("p50_ms") for k, v in latency.items() if isinstance(v, dict)}
+    for kind, b in breakdown.items():
+        extra[f"{kind}_sandbox_cpu_p50_ms"] = b.get("sandbox_cpu_ms")
+    extra["pool_refill_p50_ms"] = (result["pool_refill_ms"] or {}).get("p50_ms")
+    figures = figures_of(overheads=overheads, ratios=ratios, targets=targets, extra=extra)
     if args.json:
+        result["baseline"] = against_baseline("load", figures, show=False)
         json.dump(result, sys.stdout, indent=2)
         print()
         return 0
@@ -520,6 +526,8 @@ def main():
     for name, r in ratios.items():
         print(f"RATIO {name} {fmt(r['value'], '.3f')} {r['target']:.2f} {r['status']}")
     print_targets(targets)
+    print()
+    against_baseline("load", figures)
     return 0
 
 

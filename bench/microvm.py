@@ -15,7 +15,7 @@ Usage: bench/microvm.sh [--json]   (BENCH_N rounds, default 10)
 import json, os, shutil, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import fmt, loadavg, summary  # noqa: E402
+from harness import against_baseline, fmt, loadavg, summary  # noqa: E402
 from tiers import hand_argv, hand_bundle, write_cfg  # noqa: E402
 
 PY = "/usr/bin/python3"
@@ -105,7 +105,10 @@ def main():
         "cold_true_vs_runsc_true": ratio("cold_true", "runsc_true"),
         "vm_python_vs_bare_python": ratio("vm_python", "bare_python"),
     }
+    figures = {f"ratio_{k}": v for k, v in ratios.items() if isinstance(v, (int, float))}
+    figures.update({f"{k}_p50_ms": s["p50_ms"] for k, s in stats.items() if s and s.get("p50_ms") is not None})
     if as_json:
+        against_baseline("microvm", figures, show=False)
         print(json.dumps({"accel": accel, "rounds": N, "stats": stats, "ratios": ratios,
                           "load_before": load_before, "load_after": loadavg()}, indent=2))
         return
@@ -116,6 +119,8 @@ def main():
             print(f"{k:<18}{fmt(s['p50_ms'], '.1f'):>10}{fmt(s['p99_ms'], '.1f'):>10}{fmt(s['min_ms'], '.1f'):>10}")
     for k, v in ratios.items():
         print(f"RATIO {k} {fmt(v)}")
+    print()
+    against_baseline("microvm", figures)
 
 
 if __name__ == "__main__":

@@ -16,12 +16,15 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from harness import against_baseline  # noqa: E402
+
 PY = "/usr/bin/python3"
 # A pure-python loop of about 2 s that times itself, so that no start-up is counted.
 LOOP = ("import time\nt = time.perf_counter()\nn = 0\nfor i in range(50_000_000): n += i\n"
         "print(time.perf_counter() - t)")
 FLOOD_BYTES = 1 << 30
-BASELINE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "baselines", "overhead.json")
 
 
 def loop_seconds(argv):
@@ -67,26 +70,18 @@ def main():
     }
     targets = {"cpu_loop_overhead_pct": ("<=", 2.0), "flood_drain_gb_per_s": (">=", 1.0),
                "flood_supervisor_peak_rss_mib": ("<=", 32.0)}
-    try:
-        with open(BASELINE) as f:
-            before = json.load(f)
-    except (OSError, ValueError):
-        before = {}
-    out = {"n": args.n, "figures": figures, "targets": targets, "baseline": before}
+    out = {"n": args.n, "figures": figures, "targets": targets}
     if args.json:
+        out["baseline"] = against_baseline("overhead", figures, show=False)
         print(json.dumps(out, indent=1))
-    else:
-        print(f"overhead benchmark, {args.n} rounds, medians (peak RSS: the largest):")
-        for k, v in figures.items():
-            t = targets.get(k)
-            goal = f"target {t[0]} {t[1]}: {'met' if (v <= t[1] if t[0] == '<=' else v >= t[1]) else 'missed'}" if t else ""
-            was = before.get(k)
-            change = f"(baseline {was:.3f}, {v - was:+.3f})" if isinstance(was, (int, float)) else "(no baseline)"
-            print(f"  {k:32} {v:9.3f}  {goal:22} {change}")
-    os.makedirs(os.path.dirname(BASELINE), exist_ok=True)
-    with open(BASELINE, "w") as f:
-        json.dump(figures, f, indent=1)
-        f.write("\n")
+        return
+    print(f"overhead benchmark, {args.n} rounds, medians (peak RSS: the largest):")
+    for k, v in figures.items():
+        t = targets.get(k)
+        goal = f"target {t[0]} {t[1]}: {'met' if (v <= t[1] if t[0] == '<=' else v >= t[1]) else 'missed'}" if t else ""
+        print(f"  {k:32} {v:9.3f}  {goal}")
+    print()
+    against_baseline("overhead", figures)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import loadavg, print_starts, start_stats  # noqa: E402
+from harness import against_baseline, figures_of, loadavg, print_starts, start_stats  # noqa: E402
 
 PY = "/usr/bin/python3"
 
@@ -152,7 +152,10 @@ def main():
         "overhead_ms": overheads,
     }
 
+    medians = {f"{name}_median_ms": s["median_ms"] for name, s in stats.items()}
+    figures = figures_of(overheads=overheads, ratios=ratios, extra=medians)
     if args.json:
+        result["baseline"] = against_baseline("startup", figures, show=False)
         json.dump(result, sys.stdout, indent=2)
         print()
         return 0
@@ -167,6 +170,8 @@ def main():
     for name, r in ratios.items():
         value = "n/a" if r["value"] is None else f"{r['value']:.3f}"
         print(f"RATIO {name} {value} {r['target']:.2f} {r['status']}")
+    print()
+    against_baseline("startup", figures)
     return 0
 
 

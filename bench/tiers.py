@@ -12,6 +12,9 @@ Usage: bench/tiers.sh [--json]   (BENCH_N iterations, default 20)
 """
 import json, os, shutil, statistics, subprocess, sys, tempfile, time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import against_baseline  # noqa: E402
+
 PY = "/usr/bin/python3"
 N = int(os.environ.get("BENCH_N", "20"))
 RUNTIMES = [r for r in ("crun", "runc", "runsc") if shutil.which(r)]
@@ -146,7 +149,11 @@ def main():
             nat = statistics.median(inside(kennel, [], code) for _ in range(5))
             gv = statistics.median(inside(kennel, ["--runtime", "runsc"], code) for _ in range(5))
             inner[label] = (nat, gv, gv / nat)
+    figures = {**{f"{k}_median_ms": v for k, v in med.items()},
+               **{f"ratio_{r[0]}": r[4] for r in rows},
+               **{f"inside_ratio_{k}": v[2] for k, v in inner.items()}}
     if as_json:
+        against_baseline("tiers", figures, show=False)
         print(json.dumps({"n": N, "start_ms": med,
                           "ratios": [{"case": r[0], "anchor": r[2], "ratio": r[4]} for r in rows],
                           "inside_gvisor_ms": {k: {"native": v[0], "runsc": v[1], "ratio": v[2]} for k, v in inner.items()}},
@@ -159,6 +166,8 @@ def main():
         print(f"  kennel native {name:<20} {med[f'kennel native, {name}']:8.1f} ms")
     for label, (nat, gv, ratio) in inner.items():
         print(f"inside gVisor, {label}: native {nat:.1f} ms, runsc {gv:.1f} ms, {ratio:.1f}x slower")
+    print()
+    against_baseline("tiers", figures)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,10 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from harness import against_baseline  # noqa: E402
+
 PY = "/usr/bin/python3"
 STAT = "import os\nfor _ in range(100000): os.stat('/')"
 EXECS = "i=0; while [ $i -lt 200 ]; do /bin/true; i=$((i+1)); done"
@@ -76,7 +80,10 @@ def main():
     out = {"n": args.n, "p50_ms": p50, "ratios": ratios, "anchors": anchors,
            "target_watched_vs_unwatched": TARGET,
            "met": {k: v <= TARGET for k, v in ratios.items()}}
+    figures = {**{f"{k}_p50_ms": v for k, v in p50.items()},
+               **{f"ratio_{k}": v for k, v in {**ratios, **anchors}.items()}}
     if args.json:
+        out["baseline"] = against_baseline("watch", figures, show=False)
         print(json.dumps(out, indent=1))
         return
     print(f"watch benchmark, {args.n} interleaved rounds, medians (ms):")
@@ -86,6 +93,8 @@ def main():
               f"watched/unwatched {ratios[f'watched_vs_unwatched_{w}']:.3f}   "
               f"no-exec-log/unwatched {ratios[f'noexeclog_vs_unwatched_{w}']:.3f} "
               f"(target <= {TARGET})   watched/bare {anchors[f'watched_vs_bare_{w}']:.2f}")
+    print()
+    against_baseline("watch", figures)
 
 
 if __name__ == "__main__":

@@ -486,7 +486,12 @@ fn schemathesis_finds_no_difference_between_the_document_and_the_server() {
         .arg("run")
         .arg(server.client.url("/openapi.json"))
         .args(["--checks", "all", "--max-examples", "5", "--max-time", "60"])
-        .args(["--workers", "2", "--request-timeout", "30", "--seed", "12"])
+        // One worker: hypothesis parses lambdas' sources (`ast.parse`) as it builds
+        // strategies, and Debian's Python 3.11.2 keeps the AST converter's recursion depth in
+        // interpreter state that threads share (CPython gh-106905), so two workers fail now
+        // and then with "AST constructor recursion depth mismatch": the tool's fault, not
+        // the server's.
+        .args(["--workers", "1", "--request-timeout", "30", "--seed", "12"])
         .args(["--no-color", "--continue-on-failure"])
         // File paths hold `/`, which schemathesis will not put into a path parameter: it
         // filters such values out and would otherwise fail its health check there.
