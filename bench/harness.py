@@ -237,10 +237,10 @@ def against_baseline(bench, figures, show=True):
     if show:
         for name, v in figures.items():
             was = before.get(name)
-            if isinstance(was, (int, float)) and was:
+            if isinstance(was, (int, float)) and was and not name.endswith("_pct"):
                 change = f"was {was:.3f}, {v - was:+.3f} ({(v / was - 1) * 100:+.1f}%)"
             elif isinstance(was, (int, float)):
-                change = f"was {was:.3f}"
+                change = f"was {was:.3f}, {v - was:+.3f}"
             else:
                 change = "no baseline"
             print(f"BASELINE {name} {v:.3f} ({change})")
