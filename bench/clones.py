@@ -130,7 +130,7 @@ def main():
     }
     figures = {f"ratio_{k}": v for k, v in out["ratios"].items()}
     figures.update({k: t["value"] for k, t in out["targets"].items()})
-    figures.update({f"{k}_p50_ms": out[k]["p50_ms"] for k in ("pooled", "runsc", "cold_microvm")})
+    figures.update({f"{k}_p50_ms": (out[k] or {}).get("p50_ms") for k in ("pooled", "runsc", "cold_microvm")})
     figures = {k: v for k, v in figures.items() if isinstance(v, (int, float))}
     if args.json:
         against_baseline("clones", figures, show=False)

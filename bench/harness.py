@@ -5,6 +5,7 @@ sys.path first (they are run as `/usr/bin/python3 bench/X.py`)."""
 import http.client
 import json
 import os
+import re
 import statistics
 import subprocess
 import time
@@ -228,6 +229,7 @@ def against_baseline(bench, figures, show=True):
     """Prints each figure's change against bench/baselines/BENCH.json (the last run's), then
     keeps these figures there. Information only: this machine is shared and noisy, so no
     change is a verdict. Returns the baseline it compared with."""
+    figures = {re.sub(r"[^A-Za-z0-9_.]+", "_", k).strip("_"): v for k, v in figures.items()}
     path = os.path.join(BASELINES, f"{bench}.json")
     try:
         with open(path) as f:

@@ -223,8 +223,8 @@ def main():
     figures["ratio_proxy_vs_direct_throughput"] = ratio
     figures["ratio_proxy_http_vs_direct_throughput"] = h / d if h and d else None
     figures = {k: v for k, v in figures.items() if v is not None}
-    against_baseline("proxy", figures, show=not args.json)
     if args.json:
+        against_baseline("proxy", figures, show=False)
         print(json.dumps({
             "size_bytes": total, "rounds": args.n, "cpus": args.cpus, "kennel": kennel,
             "mb_per_s": samples, "median_mb_per_s": {n: med(n) for n in samples},
@@ -249,6 +249,8 @@ def main():
               "RATIO proxy_vs_direct_throughput n/a")
         if h and d:
             print(f"RATIO proxy_http_vs_direct_throughput {h / d:.3f}")
+        print()
+        against_baseline("proxy", figures)
     return 0 if ratio else 1
 
 
