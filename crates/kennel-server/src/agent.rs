@@ -25,8 +25,8 @@ use kennel_types::policy::{Policy, Span, Tier};
 pub const AGENT_SRC: &str = include_str!("agent.py");
 /// How the agent starts: from `argv[2]`, its bytecode (base64 of zlib of the magic number
 /// and the marshalled code) when the sandbox's python has the same magic number as the
-/// python that compiled it, else from its source, `argv[1]`. Compiling the agent costs a
-/// python about 7 ms of CPU, a third of a pooled sandbox's start. Both leave `argv`.
+/// python that compiled it, else from its source, `argv[1]`. Compiling the agent cost each
+/// pooled sandbox about 9 of its 41 ms of CPU (`bench/load.sh`). Both leave `argv`.
 const BOOT: &str = r#"import sys
 def _kennel_boot():
     src, blob = sys.argv[1], sys.argv[2]
