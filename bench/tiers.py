@@ -56,9 +56,10 @@ def write_cfg(bundle, cfg, args):
 
 def timed(argv, **kw):
     t = time.perf_counter()
-    # stdin is an empty pipe, never the host's /dev/null: a runtime chowns its stdin to the
-    # container's root (crun to the mapped uid, runsc to nobody), host-wide.
-    r = subprocess.run(argv, input=b"", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kw)
+    # Every stream is a pipe, never the host's /dev/null: a runtime run by hand chowns its
+    # stdio to the container's root (crun to the mapped uid, runsc to nobody), host-wide;
+    # stdout on /dev/null left it owned by nobody after `runsc run` (the output is dropped).
+    r = subprocess.run(argv, input=b"", stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
     dt = (time.perf_counter() - t) * 1000
     if r.returncode != 0:
         raise SystemExit(f"tiers.py: {' '.join(argv[:4])}... failed: {r.stderr.decode()[-300:]}")
@@ -80,7 +81,7 @@ def export(kennel, rt, argv, into):
     """Kennel's own bundle for `argv` under `rt` (it has no cgroup of Kennel's around it; runc
     makes its own beneath the benchmark's, and removes it after each run)."""
     subprocess.run([kennel, "bundle", "--out", into, "--runtime", rt, "--", *argv],
-                   check=True, stdout=subprocess.DEVNULL)
+                   check=True, stdout=subprocess.PIPE)
     return into
 
 

@@ -269,6 +269,17 @@ fn an_exported_bundle_is_the_policy_and_runs_by_hand() {
             _ => vec![],
         });
         argv.extend(["run", "--bundle", d, "kennel-test-bundle"]);
+        let owner = || {
+            let null = std::fs::metadata("/dev/null").unwrap();
+            use std::os::unix::fs::MetadataExt;
+            (null.uid(), null.gid())
+        };
+        assert_eq!(
+            owner(),
+            (0, 0),
+            "the host's /dev/null was not root's before {rt} ran: something else on this host \
+             chowned it (a runtime run by hand with it as stdio does)"
+        );
         let ran = by_hand(&argv);
         let stdout = String::from_utf8_lossy(&ran.stdout);
         assert!(ran.status.success(), "{rt}: {ran:?}");
@@ -284,15 +295,7 @@ fn an_exported_bundle_is_the_policy_and_runs_by_hand() {
             "{rt}: {stdout}"
         );
         assert!(stdout.contains("hello\nro\n"), "{rt}: {stdout}");
-        let null = std::fs::metadata("/dev/null").unwrap();
-        assert_eq!(
-            (
-                std::os::unix::fs::MetadataExt::uid(&null),
-                std::os::unix::fs::MetadataExt::gid(&null)
-            ),
-            (0, 0),
-            "{rt}: the host's /dev/null changed owner"
-        );
+        assert_eq!(owner(), (0, 0), "{rt}: the host's /dev/null changed owner");
     }
 }
 

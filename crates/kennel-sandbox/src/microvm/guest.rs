@@ -39,10 +39,18 @@ pub fn guest_main() -> ! {
             errno: fail.errno,
             detail: format!("in the guest: {}", fail.detail),
         };
-        match port.as_mut() {
-            Some(p) => {
-                let _ = channel::send(p, &msg, &[]);
-                let _ = channel::send(p, &Msg::Done, &[]);
+        match port.take() {
+            Some(mut p) => {
+                let _ = channel::send(&mut p, &msg, &[]);
+                let _ = channel::send(&mut p, &Msg::Done, &[]);
+                let reader = std::thread::spawn(move || {
+                    while let Ok(Some((m, _))) = channel::recv(&mut p) {
+                        if matches!(m, Msg::Done) {
+                            break;
+                        }
+                    }
+                });
+                await_host(&reader);
             }
             None => eprintln!("kennel guest: {} failed: {}", step.name(), fail.detail),
         }
@@ -82,10 +90,26 @@ fn bring_up_and_run(port: &mut Option<File>) -> Result<(), Failed> {
         let port = p.try_clone().ctx(|| "the agent port".into());
         let reader = run(plan, files, port.map_err(at(Step::Report))?)?;
         if !again {
+            await_host(&reader);
             return Ok(());
         }
         // The host's `Done` ends the reader; only then may the next plan be read here.
         let _ = reader.join();
+    }
+}
+
+/// How long the guest waits for the host to answer its last `Done` before it powers off.
+const HOST_ANSWER_WAIT: Duration = Duration::from_secs(5);
+
+/// Waits until `reader`, the thread that reads the host's frames, has ended, which the host's
+/// `Done` (or a closed port) does, at most `HOST_ANSWER_WAIT`. A write to the port returns
+/// once the frame is queued, and QEMU drops what it has not read yet when the guest powers
+/// off: under load the report's tail (a collected file, the exit) was lost. The host answers
+/// `Done` once it has read everything before it.
+fn await_host(reader: &std::thread::JoinHandle<()>) {
+    let deadline = std::time::Instant::now() + HOST_ANSWER_WAIT;
+    while !reader.is_finished() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 

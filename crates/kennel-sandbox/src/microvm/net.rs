@@ -43,6 +43,11 @@ pub fn send(peer: &Peer, msg: &Msg, blob: &[u8]) -> io::Result<()> {
 }
 
 impl Links {
+    /// Sends a frame to the other side, in turn with the links' own.
+    pub fn send(&self, msg: &Msg, blob: &[u8]) -> io::Result<()> {
+        send(&self.peer, msg, blob)
+    }
+
     pub fn new(peer: Peer) -> Arc<Links> {
         Arc::new(Links {
             peer,

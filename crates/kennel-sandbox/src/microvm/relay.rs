@@ -607,7 +607,13 @@ fn pass_frames(
             Msg::Conn { id, port } => route.open(id, port)?,
             Msg::ConnData { id } => route.links.deliver(id, &blob),
             Msg::ConnClose { id } => route.links.close(id),
-            Msg::Done => return Ok(()),
+            Msg::Done => {
+                // The guest's writes return once queued, and QEMU drops what is still queued
+                // when the guest powers off: the guest waits for this answer, which says that
+                // everything it sent has been read here.
+                let _ = route.links.send(&Msg::Done, &[]);
+                return Ok(());
+            }
             other => {
                 return Err(Fail::new(format!(
                     "the guest broke protocol: it sent {}",
@@ -654,11 +660,19 @@ mod tests {
 
     /// Frames the guest wrote, as `pass_frames` reads them; what reached the supervisor.
     fn relay_frames(guest_wrote: &[u8]) -> (Result<(), Fail>, Vec<Msg>) {
+        relay_frames_to(guest_wrote, Box::new(std::io::sink()))
+    }
+
+    /// The same, with what the relay answers the guest written to `to_guest`.
+    fn relay_frames_to(
+        guest_wrote: &[u8],
+        to_guest: Box<dyn Write + Send>,
+    ) -> (Result<(), Fail>, Vec<Msg>) {
         let (mut guest_end, mut relay_end) = UnixStream::pair().unwrap();
         let (mut ctl, mut supervisor) = UnixStream::pair().unwrap();
         guest_end.write_all(guest_wrote).unwrap();
         drop(guest_end);
-        let peer: Peer = std::sync::Arc::new(std::sync::Mutex::new(Box::new(std::io::sink())));
+        let peer: Peer = std::sync::Arc::new(std::sync::Mutex::new(to_guest));
         let route = Route {
             links: Links::new(peer),
             connector: None,
@@ -694,6 +708,31 @@ mod tests {
             matches!(seen[..], [Msg::Exited { code: Some(3), .. }]),
             "{seen:?}"
         );
+    }
+
+    /// The guest powers off only once the relay has read its last frame, which the relay
+    /// says with a `Done` of its own.
+    #[test]
+    fn the_guests_done_is_answered_once_everything_before_it_was_read() {
+        let (answer, mut guest_reads) = UnixStream::pair().unwrap();
+        let file = crate::channel::Collected {
+            path: "/workspace/out".into(),
+            size: 512,
+            truncated: false,
+            error: None,
+        };
+        let mut wrote = frame(&Msg::Collected(file), &[7; 512]);
+        wrote.extend(frame(&Msg::Done, &[]));
+        let (outcome, seen) = relay_frames_to(&wrote, Box::new(answer));
+        assert!(outcome.is_ok());
+        assert!(matches!(seen[..], [Msg::Collected(_)]), "{seen:?}");
+        let got = channel::recv(&mut guest_reads).unwrap();
+        assert!(matches!(got, Some((Msg::Done, _))), "{got:?}");
+        // Nothing else: the answer is the relay's last word.
+        guest_reads
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        assert!(!matches!(channel::recv(&mut guest_reads), Ok(Some(_))));
     }
 
     #[test]
