@@ -309,28 +309,8 @@ fn a_microvm_run_is_cancelled_by_id_and_by_disconnect() {
     nothing_left(&server, &code, true);
 
     // By disconnect, once the guest's code printed on the stream.
-    let body = spec.to_string();
-    let mut conn = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
-    write!(
-        conn,
-        "POST /v1/runs?stream=true HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN_A}\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    conn.set_read_timeout(Some(Duration::from_secs(240)))
-        .unwrap();
-    let mut reader = BufReader::new(conn.try_clone().unwrap());
-    let mut line = String::new();
-    while !line.contains("started") {
-        line.clear();
-        assert!(
-            reader.read_line(&mut line).unwrap() > 0,
-            "the stream ended early"
-        );
-    }
+    let (conn, _) = stream_until_started(&server, &spec, Duration::from_secs(240));
     let code = descendants(server.pid);
-    drop(reader);
     drop(conn);
     nothing_left(&server, &code, true);
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -343,6 +323,37 @@ fn a_microvm_run_is_cancelled_by_id_and_by_disconnect() {
     }
     drop(server);
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A raw `POST /v1/runs?stream=true` of `body` as token a, read until the code has printed
+/// `started`: the open connection (dropping it closes the stream) and the run's id, which the
+/// first event carries.
+fn stream_until_started(server: &Server, body: &Value, wait: Duration) -> (TcpStream, String) {
+    let body = body.to_string();
+    let mut conn = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    write!(
+        conn,
+        "POST /v1/runs?stream=true HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN_A}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    conn.set_read_timeout(Some(wait)).unwrap();
+    let mut reader = BufReader::new(conn.try_clone().unwrap());
+    let (mut line, mut id) = (String::new(), None);
+    while !line.contains("started") {
+        line.clear();
+        assert!(
+            reader.read_line(&mut line).unwrap() > 0,
+            "the stream ended early"
+        );
+        if let Some(data) = line.strip_prefix("data: ").filter(|_| id.is_none()) {
+            id = serde_json::from_str::<Value>(data).unwrap()["id"]
+                .as_str()
+                .map(str::to_string);
+        }
+    }
+    (conn, id.expect("the run event comes first"))
 }
 
 /// GET /v1/runs/{id} until the run has ended; its status.
@@ -445,35 +456,9 @@ fn a_streamed_async_run_streams_as_any_run_and_outlives_its_stream() {
 
     // A stream closed mid-run: the run goes on to its end, uncancelled.
     let body = json!({"language": "bash", "async": true,
-        "code": "echo started; sleep 2; echo done; : async-stream-marker"})
-    .to_string();
-    let mut conn = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
-    write!(
-        conn,
-        "POST /v1/runs?stream=true HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN_A}\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    conn.set_read_timeout(Some(Duration::from_secs(60)))
-        .unwrap();
-    let mut reader = BufReader::new(conn.try_clone().unwrap());
-    let (mut line, mut id) = (String::new(), None);
-    while !line.contains("started") {
-        line.clear();
-        assert!(
-            reader.read_line(&mut line).unwrap() > 0,
-            "the stream ended early"
-        );
-        if let Some(data) = line.strip_prefix("data: ").filter(|_| id.is_none()) {
-            id = serde_json::from_str::<Value>(data).unwrap()["id"]
-                .as_str()
-                .map(str::to_string);
-        }
-    }
-    drop(reader);
+        "code": "echo started; sleep 2; echo done; : async-stream-marker"});
+    let (conn, id) = stream_until_started(&server, &body, Duration::from_secs(60));
     drop(conn);
-    let id = id.expect("the run event comes first");
     let done = wait_done(a, &id);
     assert_eq!(done["status"], "finished", "{done}");
     assert_eq!(done["result"]["stdout"], "started\ndone\n", "{done}");
