@@ -23,7 +23,7 @@ import urllib.parse
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import (Client, against_baseline, check_argv, check_targets, descendants, fmt, print_targets, run_argv,  # noqa: E402
+from harness import (Client, against_baseline, check_argv, figures_of, check_targets, descendants, fmt, print_targets, run_argv,  # noqa: E402
                      run_ok, summary)
 
 CODE = "import pandas, numpy; print(pandas.DataFrame({'a': [1]}).a.sum())"  # prints "1\n"
@@ -128,10 +128,8 @@ def main():
         },
         "targets": check_targets(TARGETS, values),
     }
-    figures = {f"ratio_{k}": v for k, v in out["ratios"].items()}
-    figures.update({k: t["value"] for k, t in out["targets"].items()})
-    figures.update({f"{k}_p50_ms": (out[k] or {}).get("p50_ms") for k in ("pooled", "runsc", "cold_microvm")})
-    figures = {k: v for k, v in figures.items() if isinstance(v, (int, float))}
+    p50s = {f"{k}_p50_ms": (out[k] or {}).get("p50_ms") for k in ("pooled", "runsc", "cold_microvm")}
+    figures = figures_of(ratios=out["ratios"], targets=out["targets"], extra=p50s)
     if args.json:
         against_baseline("clones", figures, show=False)
         print(json.dumps(out, indent=2))

@@ -213,12 +213,13 @@ BASELINES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "baselines"
 
 
 def figures_of(overheads=None, ratios=None, targets=None, extra=None):
-    """One flat {name: number} of a bench's verdict figures, for its baseline."""
+    """One flat {name: number} of a bench's verdict figures, for its baseline; a ratio is a
+    number or a {"value": number}, and a figure without a number is left out."""
     figures = {}
     for name, v in (overheads or {}).items():
         figures[f"overhead_{name}_ms"] = v
     for name, r in (ratios or {}).items():
-        figures[f"ratio_{name}"] = r["value"]
+        figures[f"ratio_{name}"] = r["value"] if isinstance(r, dict) else r
     for name, t in (targets or {}).items():
         figures[name] = t["value"]
     figures.update(extra or {})

@@ -26,7 +26,7 @@ import urllib.parse
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import (Client, against_baseline, busy_fraction, check_argv, check_targets, cpu_ticks, differences, fmt,  # noqa: E402
+from harness import (Client, against_baseline, busy_fraction, figures_of, check_argv, check_targets, cpu_ticks, differences, fmt,  # noqa: E402
                      loadavg, pct, print_overheads, print_targets, run_argv, run_ok, summary,
                      wait_pool_full)
 
@@ -544,10 +544,7 @@ def main():
         },
     }
 
-    figures = {f"ratio_{k}": v for k, v in ratios.items()}
-    figures.update({f"overhead_{k}_ms": v for k, v in overheads.items()})
-    figures.update({k: t["value"] for k, t in targets.items()})
-    figures = {k: v for k, v in figures.items() if isinstance(v, (int, float))}
+    figures = figures_of(overheads=overheads, ratios=ratios, targets=targets)
     if args.json:
         result["baseline"] = against_baseline("images", figures, show=False)
         json.dump(result, sys.stdout, indent=2)

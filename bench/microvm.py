@@ -15,7 +15,7 @@ Usage: bench/microvm.sh [--json]   (BENCH_N rounds, default 10)
 import json, os, shutil, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import against_baseline, fmt, loadavg, summary  # noqa: E402
+from harness import against_baseline, figures_of, fmt, loadavg, summary  # noqa: E402
 from tiers import hand_argv, hand_bundle, write_cfg  # noqa: E402
 
 PY = "/usr/bin/python3"
@@ -105,8 +105,7 @@ def main():
         "cold_true_vs_runsc_true": ratio("cold_true", "runsc_true"),
         "vm_python_vs_bare_python": ratio("vm_python", "bare_python"),
     }
-    figures = {f"ratio_{k}": v for k, v in ratios.items() if isinstance(v, (int, float))}
-    figures.update({f"{k}_p50_ms": s["p50_ms"] for k, s in stats.items() if s and s.get("p50_ms") is not None})
+    figures = figures_of(ratios=ratios, extra={f"{k}_p50_ms": (s or {}).get("p50_ms") for k, s in stats.items()})
     if as_json:
         against_baseline("microvm", figures, show=False)
         print(json.dumps({"accel": accel, "rounds": N, "stats": stats, "ratios": ratios,

@@ -32,7 +32,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import against_baseline, loadavg  # noqa: E402
+from harness import against_baseline, figures_of, loadavg  # noqa: E402
 
 PY = "/usr/bin/python3"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -219,10 +219,9 @@ def main():
     d, c = med("direct"), med("proxy_connect")
     ratio = c / d if c and d else None
     h = med("proxy_http")
-    figures = {f"{n}_median_mb_per_s": med(n) for n in samples if med(n) is not None}
-    figures["ratio_proxy_vs_direct_throughput"] = ratio
-    figures["ratio_proxy_http_vs_direct_throughput"] = h / d if h and d else None
-    figures = {k: v for k, v in figures.items() if v is not None}
+    figures = figures_of(ratios={"proxy_vs_direct_throughput": ratio,
+                                 "proxy_http_vs_direct_throughput": h / d if h and d else None},
+                         extra={f"{n}_median_mb_per_s": med(n) for n in samples})
     if args.json:
         against_baseline("proxy", figures, show=False)
         print(json.dumps({

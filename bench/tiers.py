@@ -13,7 +13,7 @@ Usage: bench/tiers.sh [--json]   (BENCH_N iterations, default 20)
 import json, os, shutil, statistics, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import against_baseline  # noqa: E402
+from harness import against_baseline, figures_of  # noqa: E402
 
 PY = "/usr/bin/python3"
 N = int(os.environ.get("BENCH_N", "20"))
@@ -150,9 +150,9 @@ def main():
             nat = statistics.median(inside(kennel, [], code) for _ in range(5))
             gv = statistics.median(inside(kennel, ["--runtime", "runsc"], code) for _ in range(5))
             inner[label] = (nat, gv, gv / nat)
-    figures = {**{f"{k}_median_ms": v for k, v in med.items()},
-               **{f"ratio_{r[0]}": r[4] for r in rows},
-               **{f"inside_ratio_{k}": v[2] for k, v in inner.items()}}
+    figures = figures_of(ratios={r[0]: r[4] for r in rows},
+                         extra={**{f"{k}_median_ms": v for k, v in med.items()},
+                                **{f"inside_ratio_{k}": v[2] for k, v in inner.items()}})
     if as_json:
         against_baseline("tiers", figures, show=False)
         print(json.dumps({"n": N, "start_ms": med,

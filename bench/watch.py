@@ -19,7 +19,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import against_baseline  # noqa: E402
+from harness import against_baseline, figures_of  # noqa: E402
 
 PY = "/usr/bin/python3"
 STAT = "import os\nfor _ in range(100000): os.stat('/')"
@@ -80,8 +80,7 @@ def main():
     out = {"n": args.n, "p50_ms": p50, "ratios": ratios, "anchors": anchors,
            "target_watched_vs_unwatched": TARGET,
            "met": {k: v <= TARGET for k, v in ratios.items()}}
-    figures = {**{f"{k}_p50_ms": v for k, v in p50.items()},
-               **{f"ratio_{k}": v for k, v in {**ratios, **anchors}.items()}}
+    figures = figures_of(ratios={**ratios, **anchors}, extra={f"{k}_p50_ms": v for k, v in p50.items()})
     if args.json:
         out["baseline"] = against_baseline("watch", figures, show=False)
         print(json.dumps(out, indent=1))
