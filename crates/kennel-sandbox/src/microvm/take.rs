@@ -11,7 +11,7 @@ use super::relay::RELAY_ARG;
 use super::steps::Step;
 use crate::channel::{self, Msg};
 use crate::error::{Error, SetupStep};
-use crate::supervise::helper_command;
+use crate::supervise::spawn_helper;
 use crate::sys;
 
 /// How long a snapshot may take beyond the boot bound (saving streams ~100 MB under TCG).
@@ -26,8 +26,7 @@ pub fn take(helper: &Path, plan: VmPlan) -> Result<(), Error> {
     };
     let (mut ctl, relay_end) =
         UnixStream::pair().map_err(|e| failed(format!("a control socket: {e}")))?;
-    let mut child = helper_command(helper, RELAY_ARG, &relay_end, false)
-        .spawn()
+    let mut child = spawn_helper(helper, RELAY_ARG, &relay_end, false)
         .map_err(|e| failed(format!("{}: {e}", helper.display())))?;
     drop(relay_end);
     let mut bound = Instant::now() + Duration::from_millis(plan.boot_timeout_ms) + SAVE_ALLOWANCE;

@@ -3,7 +3,6 @@
 
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::process::Child;
 use std::time::{Duration, Instant};
 
 use kennel_net::Proxy;
@@ -27,7 +26,7 @@ use crate::request::input_files;
 use crate::supervise::io::RunIo;
 use crate::supervise::report::network_summary;
 use crate::supervise::{supervise, Tier as SuperviseTier};
-use crate::sys;
+use crate::sys::{self, Spawned};
 
 /// The guest's fixed size: one guest serves every policy, whose limits are a cgroup inside it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -425,9 +424,9 @@ fn guest_request(req: &RunRequest) -> RunRequest {
 
 /// Reaps a relay, which stops QEMU's sandbox and removes it on its own way out: given the time
 /// for that, then killed.
-pub(super) fn reap_relay(child: &mut Child) {
+pub(super) fn reap_relay(child: &mut Spawned) {
     let until = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < until && child.try_wait().ok().flatten().is_none() {
+    while Instant::now() < until && matches!(child.try_wait(), Ok(None)) {
         std::thread::sleep(Duration::from_millis(10));
     }
     let _ = child.kill();
@@ -499,7 +498,7 @@ impl SuperviseTier for MicrovmTier {
         let _ = sys::kill(helper, libc::SIGTERM);
     }
 
-    fn reap(&mut self, child: &mut Child, _killed: bool) -> Option<libc::rusage> {
+    fn reap(&mut self, child: &mut Spawned, _killed: bool) -> Option<libc::rusage> {
         reap_relay(child);
         None
     }

@@ -24,11 +24,32 @@ pub fn maybe_run_helper() {
     if crate::microvm::guest::is_guest_init() {
         crate::microvm::guest::guest_main();
     }
-    match std::env::args_os().nth(1) {
-        Some(a) if a == HELPER_ARG => helper_main(),
-        Some(a) if a == LAUNCHER_ARG => crate::oci::launcher::launcher_main(),
-        Some(a) if a == crate::microvm::relay::RELAY_ARG => crate::microvm::relay::relay_main(),
-        _ => {}
+    let role = std::env::args_os().nth(1);
+    let is = |arg: &str| role.as_deref() == Some(std::ffi::OsStr::new(arg));
+    if is(HELPER_ARG) {
+        die_with_spawner();
+        helper_main();
+    } else if is(LAUNCHER_ARG) {
+        die_with_spawner();
+        crate::oci::launcher::launcher_main();
+    } else if is(crate::microvm::relay::RELAY_ARG) {
+        die_with_spawner();
+        crate::microvm::relay::relay_main();
+    }
+}
+
+/// A helper is started by `posix_spawn` (`sys::spawn`), which cannot set the parent-death
+/// signal, so the helper sets it first thing. Its spawner, whose pid is the second argument,
+/// may have died before that: then the parent is already another process, and the helper
+/// leaves.
+fn die_with_spawner() {
+    let spawner = std::env::args_os()
+        .nth(2)
+        .and_then(|a| a.to_str()?.parse::<libc::pid_t>().ok());
+    if sys::set_parent_death_signal(libc::SIGKILL).is_err()
+        || spawner.is_some_and(|pid| sys::getppid() != pid)
+    {
+        sys::exit_now(SETUP_FAILED)
     }
 }
 

@@ -4,7 +4,6 @@
 
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::process::Child;
 use std::time::{Duration, Instant};
 
 use kennel_net::Proxy;
@@ -22,7 +21,7 @@ use crate::request::{check_rootfs, checked_argv, input_files, pick_cpus, sandbox
 use crate::supervise::io::RunIo;
 use crate::supervise::report::network_summary;
 use crate::supervise::{supervise, Tier};
-use crate::sys;
+use crate::sys::{self, Spawned};
 
 /// Runs requests in native sandboxes.
 #[derive(Debug, Clone)]
@@ -231,7 +230,7 @@ impl Tier for NativeTier {
         kill_sandbox(helper, init);
     }
 
-    fn reap(&mut self, child: &mut Child, killed: bool) -> Option<libc::rusage> {
+    fn reap(&mut self, child: &mut Spawned, killed: bool) -> Option<libc::rusage> {
         wait_helper(child, killed)
     }
 
@@ -336,7 +335,7 @@ fn kill_sandbox(helper: i32, init: Option<i32>) {
 }
 
 /// Reaps the helper. After a kill it gets a few seconds to reap pid 1 and exit on its own.
-fn wait_helper(child: &mut Child, killed: bool) -> Option<libc::rusage> {
+fn wait_helper(child: &mut Spawned, killed: bool) -> Option<libc::rusage> {
     let pid = child.id().cast_signed();
     if killed {
         let deadline = Instant::now() + NativeTier::KILL_GRACE;

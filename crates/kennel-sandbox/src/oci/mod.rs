@@ -16,7 +16,6 @@ use write::write_bundle;
 
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::Child;
 use std::time::{Duration, Instant};
 
 use kennel_net::Proxy;
@@ -31,7 +30,7 @@ use crate::request::{check_rootfs, checked_argv, input_files, pick_cpus, sandbox
 use crate::supervise::io::RunIo;
 use crate::supervise::report::{network_summary, Report};
 use crate::supervise::supervise;
-use crate::sys;
+use crate::sys::{self, Spawned};
 use launcher::{LaunchPlan, LAUNCHER_ARG};
 use runtime::Installed;
 use steps::Step;
@@ -302,7 +301,7 @@ impl super::supervise::Tier for OciTier {
 
     /// Whatever is left (a runtime that hung, a process that escaped its pid namespace's end)
     /// is in Kennel's cgroup, and must not keep the output pipes open.
-    fn reap(&mut self, child: &mut Child, _killed: bool) -> Option<libc::rusage> {
+    fn reap(&mut self, child: &mut Spawned, _killed: bool) -> Option<libc::rusage> {
         let _ = child.kill();
         let _ = child.wait();
         self.cgroup.kill_all();

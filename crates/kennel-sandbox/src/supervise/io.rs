@@ -1,8 +1,8 @@
 //! The live side of a run: where stdin comes from, who watches the output, who may stop it,
 //! and who hears that the code started.
 
+use std::fs::File;
 use std::io::{Read, Write};
-use std::process::ChildStdin;
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::{self, JoinHandle};
 
@@ -162,7 +162,7 @@ pub struct Started {
 pub type OnStarted = Box<dyn FnOnce(Started) + Send>;
 
 pub(crate) fn feed_stdin(
-    pipe: Option<ChildStdin>,
+    pipe: Option<File>,
     req: &RunRequest,
     source: StdinSource,
 ) -> Result<Option<JoinHandle<()>>, Error> {

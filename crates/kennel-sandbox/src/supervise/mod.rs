@@ -12,9 +12,9 @@ pub mod io;
 pub mod output;
 pub mod report;
 
+use std::ffi::OsStr;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -22,9 +22,9 @@ use kennel_net::Proxy;
 use kennel_types::api::{Isolation, RunRequest, RunResult};
 
 use crate::cgroup::Probe;
-use crate::channel::{self, Confinement, InputFiles, Msg, CTL_FD};
+use crate::channel::{self, Confinement, InputFiles, Msg};
 use crate::error::{Error, SetupStep};
-use crate::sys;
+use crate::sys::{self, Spawned};
 use crate::watch::{Watch, Watcher};
 use io::{control_events, feed_stdin, join, reader, Event, RunIo, Started};
 use output::{Captured, Stream};
@@ -63,7 +63,7 @@ pub(crate) trait Tier {
     fn kill(&self, helper: i32, init: Option<i32>);
     /// Reaps the helper once its channel is done (`killed`: Kennel killed the sandbox), with
     /// the helper's own usage where that is the best measure there is.
-    fn reap(&mut self, child: &mut Child, killed: bool) -> Option<libc::rusage>;
+    fn reap(&mut self, child: &mut Spawned, killed: bool) -> Option<libc::rusage>;
     /// The usage counters of the cgroup the code runs in, where there is one.
     fn probe(&self) -> Option<Probe>;
     /// What the code used, once it ended: the probe's counters, unless the tier learns them
@@ -110,15 +110,13 @@ fn run<T: Tier>(
     let (ctl, helper_end) =
         UnixStream::pair().map_err(|e| setup(T::SPAWN_STEP, e, "creating the control socket"))?;
     let started = Instant::now();
-    let mut cmd = helper_command(
+    let child = spawn_helper(
         helper,
         T::ROLE,
         &helper_end,
         has_input || tier.pipe_stdin_always(),
-    );
-    let child = cmd
-        .spawn()
-        .map_err(|e| setup(T::SPAWN_STEP, e, &helper.display().to_string()))?;
+    )
+    .map_err(|e| setup(T::SPAWN_STEP, e, &helper.display().to_string()))?;
     drop(helper_end);
     let mut running = Running {
         guard: KillOnDrop {
@@ -135,7 +133,7 @@ fn run<T: Tier>(
 
 /// The helper, running, with its end of the control socket.
 struct Running {
-    child: Child,
+    child: Spawned,
     ctl: UnixStream,
     guard: KillOnDrop,
     started: Instant,
@@ -386,32 +384,18 @@ fn on_frame<T: Tier>(
 }
 
 /// A fresh exec of the helper binary in role `arg`: a clean environment, piped output, the
-/// control socket as fd 3, and death with its parent.
-pub(crate) fn helper_command(
+/// control socket as fd 3. Its second argument is this process's pid: the helper sets its own
+/// parent-death signal and checks that it still has that parent (`sys::spawn` says why).
+pub(crate) fn spawn_helper(
     binary: &Path,
     arg: &str,
     ctl_end: &UnixStream,
     piped_stdin: bool,
-) -> Command {
+) -> std::io::Result<Spawned> {
     use std::os::fd::AsRawFd;
-    let fd = ctl_end.as_raw_fd();
-    let mut cmd = Command::new(binary);
-    cmd.arg(arg)
-        .env_clear()
-        .stdin(if piped_stdin {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    // SAFETY of the closure: it runs between fork and exec, and calls only prctl and dup2,
-    // which are async-signal-safe; it touches no memory of the parent beyond `fd`.
-    sys::pre_exec_signal_safe(&mut cmd, move || {
-        sys::set_parent_death_signal(libc::SIGKILL)?;
-        sys::dup_to(fd, CTL_FD)
-    });
-    cmd
+    let parent = sys::getpid().to_string();
+    let args = [OsStr::new(arg), OsStr::new(&parent)];
+    sys::spawn(binary, &args, ctl_end.as_raw_fd(), piped_stdin)
 }
 
 fn send_plan(ctl: &mut UnixStream, plan: &Msg, files: &InputFiles) -> std::io::Result<()> {

@@ -21,10 +21,12 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use rustix::process::{Pid, Signal};
 
 mod notify;
+mod spawn;
 pub use notify::{
     install_seccomp, notif_answer, notif_id_valid, notif_recv, notif_sync_wakeup, read_remote,
     recv_with_fds, wait_notice, Notice, Ready,
 };
+pub use spawn::{spawn, Spawned};
 
 fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
     if ret == -1 {
