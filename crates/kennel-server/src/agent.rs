@@ -41,12 +41,24 @@ def _kennel_boot():
 exec(_kennel_boot())
 "#;
 
+static COMPILED: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
 /// What the host's python makes of the agent for `BOOT`: `""` when it cannot (no python, or
 /// one that fails), and the agent then compiles itself as before. Made once per process; the
 /// host's own interpreter, isolated (`-I -S`), only compiles our source, which runs nothing.
 fn compiled() -> &'static str {
-    static COMPILED: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     COMPILED.get_or_init(|| compile_with(COMPILER, AGENT_SRC).unwrap_or_default())
+}
+
+/// [`compiled`] for async callers: its first call waits for the host's python (about 50 ms),
+/// which belongs on the blocking pool, not on a runtime worker that serves other requests.
+async fn compiled_off_runtime() -> &'static str {
+    match COMPILED.get() {
+        Some(blob) => blob,
+        None => tokio::task::spawn_blocking(compiled)
+            .await
+            .unwrap_or_default(),
+    }
 }
 
 const COMPILER: &str = r#"import binascii, marshal, sys, zlib
@@ -477,7 +489,8 @@ impl AgentSandbox {
         preload: &[String],
     ) -> Result<AgentSandbox, Error> {
         policy.limits.timeout = Span(lifetime);
-        let mut argv = ["/usr/bin/python3", "-u", "-c", BOOT, AGENT_SRC, compiled()]
+        let blob = compiled_off_runtime().await;
+        let mut argv = ["/usr/bin/python3", "-u", "-c", BOOT, AGENT_SRC, blob]
             .map(String::from)
             .to_vec();
         if !preload.is_empty() {
