@@ -155,17 +155,22 @@ null when the id itself is unusable; the agent carries on. When its stdin reache
 agent kills the kernel and exits 0.
 """
 
-import base64
+# Lean imports: a pooled sandbox pays for every module the agent imports before its one run.
+# json, base64, socket and signal are thin Python layers over C modules, and the layers import
+# re and enum: on a python whose site imports neither (an image's, or most hosts'), they were
+# 8-13 ms of the agent's start. The agent uses the C modules; see "Lean codecs" below.
+import _json
+import _signal as signal  # signal.py adds enum wrappers only; the names are the same
+import _socket
+import array
+import binascii
 import builtins
 import errno
 import io
 import itertools
-import json
 import os
 import resource
 import select
-import signal
-import socket
 import stat
 import sys
 import time
@@ -190,6 +195,81 @@ FIGURE_FORMATS = ("png", "svg")
 LAZY_SOURCES = {}
 _REQUIRED = object()
 _TEMP_NAMES = itertools.count()
+
+
+# --- Lean codecs ----------------------------------------------------------------------------
+
+
+class _Decoding:
+    """What json's C scanner reads from its decoder: json.loads's defaults."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = {"-Infinity": float("-inf"), "Infinity": float("inf"), "NaN": float("nan")}.__getitem__
+
+
+_SCAN = _json.make_scanner(_Decoding())
+
+
+def json_loads(data):
+    """json.loads(data): the C scanner json itself uses, on UTF-8 text; whatever it refuses is
+    handed to json, so that every error (and any other encoding) is json's own."""
+    try:
+        text = (data.decode("utf-8") if isinstance(data, bytes) else data).strip(" \t\n\r")
+        value, end = _SCAN(text, 0)
+        if end == len(text):
+            return value
+    except Exception:  # noqa: BLE001 - json below says what was wrong
+        pass
+    import json
+
+    return json.loads(data)
+
+
+def _not_serializable(value):
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def json_dumps(value):
+    """json.dumps(value, separators=(",", ":")): ASCII, compact, with json's C encoder."""
+    encode = _json.make_encoder(
+        {}, _not_serializable, _json.encode_basestring_ascii, None, ":", ",", False, False, True
+    )
+    return "".join(encode(value, 0))
+
+
+def b64decode(text):
+    """base64.b64decode(text, validate=True); ValueError when text is not base64."""
+    data = text.encode("ascii")
+    try:
+        return binascii.a2b_base64(data, strict_mode=True)
+    except TypeError:  # a python before 3.11: no strict mode in binascii
+        import base64
+
+        return base64.b64decode(data, validate=True)
+
+
+def socketpair():
+    return _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
+
+
+def send_fds(sock, buffers, fds):
+    """socket.send_fds."""
+    rights = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", fds))]
+    return sock.sendmsg(buffers, rights)
+
+
+def recv_fds(sock, bufsize, maxfds):
+    """socket.recv_fds: (data, fds, flags, address)."""
+    fds = array.array("i")
+    msg, ancdata, flags, addr = sock.recvmsg(bufsize, _socket.CMSG_LEN(maxfds * fds.itemsize))
+    for level, kind, data in ancdata:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
+    return msg, list(fds), flags, addr
 
 
 class ProtocolClosed(Exception):
@@ -226,7 +306,7 @@ def write_all(fd, data):
 
 def send(event):
     """Writes one response line to the agent's stdout with a single write."""
-    line = json.dumps(event, separators=(",", ":")).encode("ascii") + b"\n"
+    line = json_dumps(event).encode("ascii") + b"\n"
     try:
         write_all(1, line)
     except OSError as exc:
@@ -243,7 +323,7 @@ def send_os_error(rid, exc):
 
 
 def b64(data):
-    return base64.b64encode(data).decode("ascii")
+    return binascii.b2a_base64(data, newline=False).decode("ascii")
 
 
 class LineReader:
@@ -319,7 +399,7 @@ def b64_field(request, name, default=_REQUIRED):
     if text is None:
         return None
     try:
-        return base64.b64decode(text, validate=True)
+        return b64decode(text)
     except ValueError:
         raise BadRequest(f"field {name!r} is not valid base64") from None
 
@@ -393,7 +473,9 @@ def describe(status):
     code, sig = status_fields(status)
     if sig is not None:
         try:
-            name = signal.Signals(sig).name
+            import signal as names  # only to name one: signal.py imports enum
+
+            name = names.Signals(sig).name
         except ValueError:
             name = "unknown"
         return f"was killed by signal {sig} ({name})"
@@ -875,11 +957,11 @@ def exit_line(line):
 
 def receive_exec(sock):
     """The next (request, [stdin, stdout, stderr]) from the agent; None once it is gone."""
-    header, fds, _, _ = socket.recv_fds(sock, HEADER_SIZE, 3)
+    header, fds, _, _ = recv_fds(sock, HEADER_SIZE, 3)
     if not header:
         return None
     header += recv_exactly(sock, HEADER_SIZE - len(header))
-    request = json.loads(recv_exactly(sock, int(header)).decode("utf-8", "surrogatepass"))
+    request = json_loads(recv_exactly(sock, int(header)).decode("utf-8", "surrogatepass"))
     if len(fds) != 3:
         raise KernelLost("an exec request came without its three fds")
     return request, fds
@@ -919,7 +1001,7 @@ def run_exec(sock, state, request, fds):
         os._exit(status & 0xFF)
     if with_rich:
         ended = rich.end(error, user_traceback(error))
-        sock.sendall(b"ended " + json.dumps(ended).encode("ascii") + b"\n")
+        sock.sendall(b"ended " + json_dumps(ended).encode("ascii") + b"\n")
         flush_std_streams()
     stdio_to_devnull()
     return status
@@ -1097,7 +1179,7 @@ class Kernel:
 
     @classmethod
     def start(cls, cwd):
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        ours, theirs = socketpair()
         try:
             pid = os.fork()
         except BaseException:
@@ -1116,10 +1198,10 @@ class Kernel:
     def submit(self, request, fds):
         """Sends an exec ({"code", "one_shot", "rich", ...}); False if the kernel is
         gone."""
-        data = json.dumps(request).encode("utf-8", "surrogatepass")
+        data = json_dumps(request).encode("ascii")
         header = str(len(data)).zfill(HEADER_SIZE)
         try:
-            socket.send_fds(self.sock, [header.encode()], fds)
+            send_fds(self.sock, [header.encode()], fds)
             self.sock.sendall(data)
         except OSError:
             return False
@@ -1129,7 +1211,7 @@ class Kernel:
         """What the kernel said since last time: "started", ("display", output),
         ("ended", additions) and/or an exit status (int)."""
         try:
-            data = self.sock.recv(READ_SIZE, socket.MSG_DONTWAIT)
+            data = self.sock.recv(READ_SIZE, _socket.MSG_DONTWAIT)
         except BlockingIOError:
             return []
         except OSError as exc:
@@ -1147,7 +1229,7 @@ class Kernel:
         word, _, rest = line.partition(b" ")
         if word in (b"display", b"ended"):
             try:
-                return word.decode(), json.loads(rest)
+                return word.decode(), json_loads(rest)
             except ValueError as exc:
                 raise KernelLost(f"a bad {word.decode()} message: {exc}") from exc
         word, status, usage = exit_line(line)
@@ -1369,7 +1451,7 @@ def describe_entry(entry):
 def parse_request(line):
     """The request object of a line and its id; BadRequest if either is unusable."""
     try:
-        request = json.loads(line)
+        request = json_loads(line)
     except (ValueError, RecursionError):
         raise BadRequest("the request is not valid JSON") from None
     if not isinstance(request, dict):

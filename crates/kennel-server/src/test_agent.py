@@ -47,9 +47,9 @@ def wait_gone(pid, within=2.0):
 class AgentProcess:
     """The agent as a subprocess, with a thread turning its stdout into a queue of events."""
 
-    def __init__(self, cwd):
+    def __init__(self, cwd, flags=()):
         self.proc = subprocess.Popen(
-            ["/usr/bin/python3", "-u", AGENT],
+            ["/usr/bin/python3", *flags, "-u", AGENT],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             cwd=cwd,
@@ -672,6 +672,70 @@ class AgentTest(AgentCase):
         self.assertEqual(self.agent.proc.wait(timeout=1), 0)
         self.assertLess(time.monotonic() - start, 1)
         self.assertTrue(wait_gone(kernel, 1))
+
+
+class LeanStartTest(unittest.TestCase):
+    """A pooled sandbox pays for every module its agent imports before its one run, and the
+    run's code finds them in sys.modules. The agent keeps to the C modules beneath json,
+    base64, socket and signal, whose Python layers import re and enum. Started without site
+    (-S), which on some hosts imports re and enum by itself (this one's .pth files do)."""
+
+    AVOIDED = ("base64", "enum", "json", "re", "selectors", "signal", "socket", "struct")
+
+    def loaded(self, flags):
+        cwd = tempfile.mkdtemp(prefix="kennel-agent-test-", dir="/tmp")
+        self.addCleanup(shutil.rmtree, cwd, True)
+        agent = AgentProcess(cwd, flags)
+        self.addCleanup(agent.close)
+        code = f"import sys; print(' '.join(m for m in {self.AVOIDED!r} if m in sys.modules))"
+        request = {"op": "exec", "kind": "python", "code": code, "timeout_ms": 5000,
+                   "output_limit": 4096, "one_shot": True}
+        events, result = agent.call(request)
+        self.assertEqual(result["exit_code"], 0, (events, result))
+        out = b"".join(base64.b64decode(e["b64"]) for e in events if e["event"] == "stdout")
+        return out.decode().split()
+
+    def test_its_codecs_answer_as_json_and_base64_do(self):
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("kennel_agent", AGENT)
+        agent = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(agent)
+        texts = ['{"id":1,"op":"ping"}', ' \t[1, 2.5e3, -0, "\\u00e9\\ud800", null, true]\r\n',
+                 '{"a":{"b":[{}]}}', "NaN", "-Infinity", '"x"', "1e400", "", " ", "{", '{"a":1}x',
+                 '{"a":1} {"b":2}', "\ufeff{}", "[1,]", '{"a" 1}', '"\x01"', "01", "[" * 100000]
+        for text in texts + [t.encode() for t in texts] + [b"\xef\xbb\xbf{}", b"\xed\xa0\x80"]:
+            try:
+                want = ("value", json.loads(text))
+            except (ValueError, RecursionError) as exc:
+                want = ("error", type(exc), str(exc))
+            try:
+                got = ("value", agent.json_loads(text))
+            except (ValueError, RecursionError) as exc:
+                got = ("error", type(exc), str(exc))
+            self.assertEqual(repr(got), repr(want), text[:40])
+        for value in [{"id": 1, "event": "result", "exit_code": None, "usage": {"cpu_ns": 3}},
+                      ["\u00e9\ud800\n", 1.5, -0.0, float("inf"), 10**30, True, {}]]:
+            self.assertEqual(agent.json_dumps(value), json.dumps(value, separators=(",", ":")))
+        with self.assertRaisesRegex(TypeError, "not JSON serializable"):
+            agent.json_dumps({"a": object()})
+        for text in ["eA==", "", "eA", "eA===", "e A==", "eA==\n", "é", "////", "eA=x"]:
+            try:
+                want = base64.b64decode(text, validate=True)
+            except ValueError:
+                want = ValueError
+            try:
+                got = agent.b64decode(text)
+            except ValueError:
+                got = ValueError
+            self.assertEqual(got, want, text)
+
+    def test_the_agent_starts_without_the_modules_a_bare_interpreter_lacks(self):
+        bare = subprocess.run(["/usr/bin/python3", "-S", "-c", "import sys; print(' '.join("
+                               f"m for m in {self.AVOIDED!r} if m in sys.modules))"],
+                              capture_output=True, check=True).stdout.decode().split()
+        self.assertEqual(bare, [], "a bare interpreter without site imports none of them")
+        self.assertEqual(self.loaded(["-S"]), [])
 
 
 if __name__ == "__main__":
