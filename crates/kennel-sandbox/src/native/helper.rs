@@ -25,17 +25,14 @@ pub fn maybe_run_helper() {
         crate::microvm::guest::guest_main();
     }
     let role = std::env::args_os().nth(1);
-    let is = |arg: &str| role.as_deref() == Some(std::ffi::OsStr::new(arg));
-    if is(HELPER_ARG) {
-        die_with_spawner();
-        helper_main();
-    } else if is(LAUNCHER_ARG) {
-        die_with_spawner();
-        crate::oci::launcher::launcher_main();
-    } else if is(crate::microvm::relay::RELAY_ARG) {
-        die_with_spawner();
-        crate::microvm::relay::relay_main();
-    }
+    let role_main: fn() -> ! = match role.as_ref().and_then(|r| r.to_str()) {
+        Some(HELPER_ARG) => helper_main,
+        Some(LAUNCHER_ARG) => crate::oci::launcher::launcher_main,
+        Some(crate::microvm::relay::RELAY_ARG) => crate::microvm::relay::relay_main,
+        _ => return,
+    };
+    die_with_spawner();
+    role_main()
 }
 
 /// A helper is started by `posix_spawn` (`sys::spawn`), which cannot set the parent-death
