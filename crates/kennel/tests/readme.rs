@@ -1,8 +1,9 @@
-//! Every example in README.md works as written: each fenced code block is found, each command
-//! in it classified below, and each one that can run here (offline, on loopback) is run with
-//! `sh` in a scratch directory, `kennel` resolved to the binary under test, and checked for
-//! what the README says it does. A command or block this file does not know fails the test:
-//! a new example must be classified here (run, or skipped with the reason).
+//! Every example in README.md and docs/*.md works as written: each fenced code block is found,
+//! each command in it classified below, and each one that can run here (offline, on loopback)
+//! is run with `sh` in a scratch directory, `kennel` resolved to the binary under test, and
+//! checked for what the docs say it does. A command or block this file does not know fails the
+//! test: a new example must be classified here (run, checked, or skipped with the reason).
+//! Every relative link of the docs must name a file (and heading) that exists.
 
 mod common;
 
@@ -34,13 +35,23 @@ enum How {
     Curl,
     /// Run it with a local HTTP server where the README names `api.test:8080`.
     LocalHttp(fn(&Output)),
+    /// Not run (it takes minutes), but checked against the repository.
+    Check(fn()),
     /// Not run here, for this reason.
     Skip(&'static str),
 }
 
-/// Every command of the README's `sh` blocks (continuation lines joined, the trailing
-/// comment dropped), and what to do with it.
+/// Every command of the docs' `sh` blocks (continuation lines joined, the trailing comment
+/// dropped), and what to do with it.
 const COMMANDS: &[(&str, How)] = &[
+    (
+        "cargo install --path crates/kennel",
+        How::Check(installs_kennel),
+    ),
+    (
+        "cargo install --path crates/kennel-sandbox",
+        How::Check(installs_the_helper),
+    ),
     (
         "cargo build --release && ./target/release/kennel run -- python3 -c 'print(6*7)'",
         How::Skip(
@@ -143,24 +154,24 @@ const COMMANDS: &[(&str, How)] = &[
         How::Skip("listens on every interface, which a test must not open"),
     ),
     (
-        "curl -s -XPOST localhost:8080/v1/runs -d '{\"language\":\"python\",\"code\":\"print(6*7)\"}'",
+        "curl -s -XPOST localhost:8080/v1/runs -H 'content-type: application/json' -d '{\"language\":\"python\",\"code\":\"print(6*7)\"}'",
         How::Curl,
     ),
     (
-        "id=$(curl -s -XPOST localhost:8080/v1/sessions -d '{}' | jq -r .id)",
+        "id=$(curl -s -XPOST localhost:8080/v1/sessions -H 'content-type: application/json' -d '{}' | jq -r .id)",
         How::Curl,
     ),
     (
-        "curl -s -XPOST localhost:8080/v1/sessions/$id/exec -d '{\"language\":\"python\",\"code\":\"x = 41\"}'",
+        "curl -s -XPOST localhost:8080/v1/sessions/$id/exec -H 'content-type: application/json' -d '{\"language\":\"python\",\"code\":\"x = 41\"}'",
         How::Curl,
     ),
     (
-        "curl -s -XPOST \"localhost:8080/v1/sessions/$id/exec?stream=true\" -d \
-         '{\"language\":\"python\",\"code\":\"print(x + 1)\"}'",
+        "curl -s -XPOST \"localhost:8080/v1/sessions/$id/exec?stream=true\" -H \
+         'content-type: application/json' -d '{\"language\":\"python\",\"code\":\"print(x + 1)\"}'",
         How::Curl,
     ),
     (
-        "curl -s -XPOST localhost:8080/v1/sessions/$id/exec -d '{\"language\":\"python\",\"code\":\"x * 2\"}'",
+        "curl -s -XPOST localhost:8080/v1/sessions/$id/exec -H 'content-type: application/json' -d '{\"language\":\"python\",\"code\":\"x * 2\"}'",
         How::Curl,
     ),
 ];
@@ -186,13 +197,38 @@ enum Block {
     DockerdSetup,
 }
 
-fn readme() -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md");
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+/// The repository's root.
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// The fenced blocks: (language, text).
-fn blocks(text: &str) -> Vec<(String, String)> {
+/// The files whose examples run here: README.md, then docs/*.md by name.
+fn example_files() -> Vec<PathBuf> {
+    let mut docs: Vec<PathBuf> = std::fs::read_dir(root().join("docs"))
+        .expect("reading docs/")
+        .map(|e| e.expect("a docs/ entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    docs.sort();
+    std::iter::once(root().join("README.md"))
+        .chain(docs)
+        .collect()
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+/// The fenced blocks of every file of [`example_files`], in order: (language, text).
+fn all_blocks() -> Vec<(String, String)> {
+    example_files()
+        .iter()
+        .flat_map(|path| blocks(&read(path), path))
+        .collect()
+}
+
+/// The fenced blocks of `text` (the file `path`): (language, text).
+fn blocks(text: &str, path: &Path) -> Vec<(String, String)> {
     let mut found = vec![];
     let mut open: Option<(String, Vec<&str>)> = None;
     for line in text.lines() {
@@ -206,7 +242,11 @@ fn blocks(text: &str) -> Vec<(String, String)> {
             (None, None) => {}
         }
     }
-    assert!(open.is_none(), "README.md has an unclosed code block");
+    assert!(
+        open.is_none(),
+        "{} has an unclosed code block",
+        path.display()
+    );
     found
 }
 
@@ -393,6 +433,33 @@ fn script_ran(out: &Output) {
 fn doctor_ok(out: &Output) {
     succeeded(out);
     assert!(text(&out.stdout).contains("native sandbox"));
+}
+
+/// Whether the package at `dir` (from the root) builds a binary named `bin`, which is what its
+/// `cargo install --path` line installs.
+fn package_has_binary(dir: &str, bin: &str) {
+    let manifest = read(&root().join(dir).join("Cargo.toml"));
+    let declared = manifest.split("[[bin]]").skip(1).any(|entry| {
+        entry
+            .lines()
+            .any(|l| l.trim() == format!("name = \"{bin}\""))
+    });
+    assert!(declared, "{dir}/Cargo.toml declares no binary {bin}");
+}
+
+fn installs_kennel() {
+    package_has_binary("crates/kennel", "kennel");
+}
+
+/// The helper the supervisor looks for beside `kennel` (`HELPER_BINARY` in
+/// kennel-sandbox's native/supervisor.rs).
+fn installs_the_helper() {
+    package_has_binary("crates/kennel-sandbox", "kennel-sandbox-helper");
+    let supervisor = read(&root().join("crates/kennel-sandbox/src/native/supervisor.rs"));
+    assert!(
+        supervisor.contains("const HELPER_BINARY: &str = \"kennel-sandbox-helper\";"),
+        "the supervisor looks for another helper name than the docs install"
+    );
 }
 
 /// The body the local HTTP server answers with.
@@ -591,13 +658,12 @@ fn every_readme_example_works_as_written() {
     if !common::require("root (the README's examples)", common::is_root()) {
         return;
     }
-    let readme = readme();
-    let found = blocks(&readme);
+    let found = all_blocks();
     let policy = found
         .iter()
         .find(|(lang, text)| lang == "toml" && text.starts_with("[limits]"))
         .map(|(_, t)| t.clone())
-        .expect("the README has a policy example");
+        .expect("the docs have a policy example");
     let scratch = Scratch::new(&policy);
     let mut seen = vec![];
     let mut curl = vec![];
@@ -610,7 +676,7 @@ fn every_readme_example_works_as_written() {
                     .find(|(k, _)| *k == key)
                     .map(|(_, how)| *how)
                     .unwrap_or_else(|| {
-                        panic!("README.md has an example tests/readme.rs does not know: {key}")
+                        panic!("the docs have an example tests/readme.rs does not know: {key}")
                     });
                 seen.push(key.clone());
                 if !host_has_what_it_needs(&key) {
@@ -628,6 +694,10 @@ fn every_readme_example_works_as_written() {
                         println!("ran with a local server on {port}: {key}");
                         check(&out);
                     }
+                    How::Check(check) => {
+                        check();
+                        println!("checked: {key}");
+                    }
                     How::Serve => serve = Some(written),
                     How::Curl => curl.push(written),
                     How::Skip(why) => println!("skipped ({why}): {key}"),
@@ -639,7 +709,7 @@ fn every_readme_example_works_as_written() {
             .iter()
             .find(|(l, marker, _)| l == lang && block.contains(marker))
             .unwrap_or_else(|| {
-                panic!("README.md has a ```{lang} block tests/readme.rs does not know:\n{block}")
+                panic!("the docs have a ```{lang} block tests/readme.rs does not know:\n{block}")
             });
         match kind {
             Block::Policy => check_policy(&scratch, block, n),
@@ -652,10 +722,10 @@ fn every_readme_example_works_as_written() {
     for (key, _) in COMMANDS {
         assert!(
             seen.iter().any(|s| s == key),
-            "tests/readme.rs lists an example README.md no longer has: {key}"
+            "tests/readme.rs lists an example the docs no longer have: {key}"
         );
     }
-    let serve = serve.expect("the README shows how to start the server");
+    let serve = serve.expect("the docs show how to start the server");
     let port = free_port();
     let _server = Served::start(&scratch, &serve, port);
     println!("served: {}", key_of(&serve));
@@ -666,4 +736,99 @@ fn every_readme_example_works_as_written() {
     let out = scratch.run(&format!("set -e\n{script}"));
     println!("ran the curl examples against it");
     check_curl(&out);
+}
+
+/// The files whose relative links must resolve: the docs the examples come from, and the
+/// other READMEs.
+fn linked_files() -> Vec<PathBuf> {
+    let others = [
+        "ARCHITECTURE.md",
+        "sdk/python/README.md",
+        "sdk/typescript/README.md",
+        "bench/README.md",
+        "compat/README.md",
+    ];
+    example_files()
+        .into_iter()
+        .chain(others.iter().map(|f| root().join(f)))
+        .collect()
+}
+
+/// The targets of a Markdown file's inline links, `[text](target)`, outside code blocks and
+/// code spans.
+fn link_targets(text: &str) -> Vec<String> {
+    let mut targets = vec![];
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced {
+            continue;
+        }
+        // Code spans are the odd-numbered pieces between backticks.
+        for prose in line.split('`').step_by(2) {
+            let mut rest = prose;
+            while let Some(at) = rest.find("](") {
+                let after = &rest[at + 2..];
+                let end = after.find(')').unwrap_or(after.len());
+                targets.push(after[..end].to_string());
+                rest = &after[end..];
+            }
+        }
+    }
+    targets
+}
+
+/// A heading's anchor as GitHub makes it: lower case, spaces to `-`, punctuation dropped.
+fn slug(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+fn anchors(markdown: &str) -> Vec<String> {
+    markdown
+        .lines()
+        .filter_map(|l| l.strip_prefix('#'))
+        .map(|l| slug(l.trim_start_matches('#')))
+        .collect()
+}
+
+#[test]
+fn every_link_in_the_docs_resolves() {
+    let mut broken = vec![];
+    for file in linked_files() {
+        let text = read(&file);
+        for target in link_targets(&text) {
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            let (path, anchor) = target.split_once('#').unwrap_or((&target, ""));
+            let linked = if path.is_empty() {
+                file.clone()
+            } else {
+                file.parent().unwrap().join(path)
+            };
+            let fine = if !linked.exists() {
+                false
+            } else if anchor.is_empty() {
+                true
+            } else {
+                anchors(&read(&linked)).iter().any(|a| a == anchor)
+            };
+            if !fine {
+                broken.push(format!("{}: {target}", file.display()));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "links that lead nowhere: {broken:#?}");
 }
