@@ -2,8 +2,9 @@
 
 The model is autogen's ReplayChatCompletionClient (scripted answers, no API key): it answers
 with a python and a sh block, the agent runs them through KennelCodeExecutor, then the model
-"reflects" on the output. Needs `pip install kennel[autogen]` and a server at $KENNEL_URL
-(default http://127.0.0.1:8080), with $KENNEL_TOKEN if it wants one.
+"reflects" on the output. Needs `pip install './sdk/python[autogen]'` (from the repository
+root) and a server at $KENNEL_URL (default http://127.0.0.1:8080), with $KENNEL_TOKEN if it
+wants one.
 
     python examples/autogen_example.py
 """

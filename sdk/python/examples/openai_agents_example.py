@@ -5,7 +5,7 @@ apply_patch tool, sums it with python3 through exec_command, then answers. Both 
 Kennel session that the runner makes and ends. Run against a server at $KENNEL_URL (default
 http://127.0.0.1:8080), with $KENNEL_TOKEN if it wants one::
 
-    pip install kennel[openai-agents]
+    pip install './sdk/python[openai-agents]'    # from the repository root
     python examples/openai_agents_example.py
 """
 

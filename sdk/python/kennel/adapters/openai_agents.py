@@ -1,4 +1,4 @@
-"""Kennel as a sandbox backend of the OpenAI Agents SDK (``pip install kennel[openai-agents]``).
+"""Kennel as a sandbox backend of the OpenAI Agents SDK (``pip install './sdk/python[openai-agents]'``).
 
 The SDK's ``SandboxAgent`` runs its shell and file tools through a ``BaseSandboxSession`` made
 by a ``BaseSandboxClient``. :class:`KennelSandboxClient` makes :class:`KennelSandboxSession`

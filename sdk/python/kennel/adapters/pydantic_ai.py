@@ -1,4 +1,6 @@
-"""A pydantic-ai workspace backend on a Kennel session (``pip install kennel[pydantic-ai]``).
+"""A pydantic-ai workspace backend on a Kennel session.
+
+Install it from the repository root with ``pip install './sdk/python[pydantic-ai]'``.
 
 pydantic-ai runs an agent's commands and file operations in a *workspace*
 (``pydantic_ai.workspaces``): a backend object with ``run`` (``SupportsCommands``), the file
