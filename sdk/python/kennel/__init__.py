@@ -27,7 +27,10 @@
 :class:`AsyncClient` mirrors :class:`Client` with coroutines. Errors from the server raise
 :class:`KennelError` (``status``, ``code``, ``message``), or a subclass: :class:`BadRequest`
 (400), :class:`Unauthorized` (401), :class:`Forbidden` (403), :class:`NotFound` (404), :class:`SessionEnded` (410),
-:class:`Busy` (429, with ``retry_after``).
+:class:`Busy` (429, with ``retry_after``; 429s, and 503s with ``Retry-After``, are retried
+first, a bounded number of times). A server that gives no answer raises a
+:class:`TransportError`: :class:`ConnectionFailed` (nothing reachable at the URL, which it
+names), :class:`ConnectionLost` or :class:`RequestTimeout`.
 
 Runs by id: ``client.submit(spec)`` starts an ``async`` run (a :class:`RunInfo`),
 ``client.get_run(id)`` / ``client.wait_run(id)`` follow it, ``client.cancel_run(id)`` kills it;
@@ -36,7 +39,8 @@ Runs by id: ``client.submit(spec)`` starts an ``async`` run (a :class:`RunInfo`)
 
 from .aio import AsyncClient, AsyncSession, AsyncStream
 from .client import Client, Session, Stream
-from .errors import BadRequest, Busy, Forbidden, KennelError, NotFound, SessionEnded, Unauthorized
+from .errors import (BadRequest, Busy, ConnectionFailed, ConnectionLost, Forbidden, KennelError,
+                     NotFound, RequestTimeout, SessionEnded, TransportError, Unauthorized)
 from .results import (CollectedFile, ExecError, ExecResult, FileEntry, Interpreter, Isolation,
                       NetEvent, OutputChunk, RichOutput, RunInfo, RunResult, SessionInfo)
 from .webhooks import WebhookVerificationError, verify_webhook
@@ -45,7 +49,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AsyncClient", "AsyncSession", "AsyncStream", "BadRequest", "Busy", "Client",
-    "CollectedFile", "ExecError", "ExecResult", "FileEntry", "Interpreter", "Isolation", "KennelError",
+    "CollectedFile", "ConnectionFailed", "ConnectionLost", "RequestTimeout", "TransportError", "ExecError", "ExecResult", "FileEntry", "Interpreter", "Isolation", "KennelError",
     "Forbidden", "NetEvent", "NotFound", "OutputChunk", "RichOutput", "RunResult", "Session", "SessionEnded",
     "SessionInfo", "Stream", "Unauthorized", "RunInfo", "WebhookVerificationError", "verify_webhook",
 ]

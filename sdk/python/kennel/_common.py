@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import base64
+import email.utils
 import json
 import os
+import time
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 from urllib.parse import quote
 
 import httpx
 
-from .errors import KennelError, error_for
+from .errors import (ConnectionFailed, ConnectionLost, KennelError, RequestTimeout,
+                     TransportError, error_for)
 from .results import OutputChunk, RichOutput
 
 # What a stream yields: output as it is written, and a python session exec's rich outputs.
@@ -236,13 +239,84 @@ def session_url(session_id: str, suffix: str = "") -> str:
 
 
 def retry_after(response: httpx.Response) -> Optional[float]:
+    """The answer's ``Retry-After`` in seconds: a number, or an HTTP date from now."""
     value = response.headers.get("retry-after")
     if value is None:
         return None
     try:
-        return float(value)
+        return max(float(value), 0.0)
     except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
         return None
+    if when is None or when.tzinfo is None:
+        return None
+    return max(when.timestamp() - time.time(), 0.0)
+
+
+#: How many times an answer that says "later" is retried before its error is raised.
+DEFAULT_RETRIES = 3
+#: The longest wait before one retry: a server that asks for more is not waited for (its
+#: :class:`~kennel.Busy` error, with ``retry_after``, is raised at once).
+DEFAULT_MAX_RETRY_WAIT = 30.0
+#: The first wait when the answer names none; it doubles with each retry.
+FIRST_BACKOFF = 0.5
+
+
+class Retry:
+    """Which answers the clients send again, and how long they wait first.
+
+    A 429 (the server or this token is busy) and a 503 that says when to come back
+    (``Retry-After``) refused the request before anything ran, so sending it again is safe.
+    The wait is the answer's ``Retry-After``, else a backoff doubling from
+    :data:`FIRST_BACKOFF`; at most ``retries`` retries, none longer than ``max_wait``.
+    """
+
+    def __init__(self, retries: int = DEFAULT_RETRIES,
+                 max_wait: float = DEFAULT_MAX_RETRY_WAIT):
+        if retries < 0:
+            raise ValueError(f"retries must be 0 or more, not {retries!r}")
+        self.retries = retries
+        self.max_wait = max_wait
+
+    def delay(self, response: httpx.Response, attempt: int) -> Optional[float]:
+        """Seconds to wait before sending again after ``response`` (the answer to try number
+        ``attempt``, from 0), or ``None`` to keep the answer."""
+        if attempt >= self.retries:
+            return None
+        after = retry_after(response)
+        status = response.status_code
+        if status != 429 and not (status == 503 and after is not None):
+            return None
+        wait = after if after is not None else FIRST_BACKOFF * 2 ** attempt
+        return wait if wait <= self.max_wait else None
+
+
+def server_of(request: httpx.Request) -> str:
+    """The server a request went to, as a URL (scheme, host, port)."""
+    return f"{request.url.scheme}://{request.url.netloc.decode('ascii', 'replace')}"
+
+
+def transport_error(request: httpx.Request, e: httpx.TransportError) -> TransportError:
+    """The :class:`TransportError` for a request that got no answer."""
+    server = server_of(request)
+    if isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout)):
+        return ConnectionFailed(
+            server, "connection_failed",
+            f"cannot connect to the Kennel server at {server} ({e or type(e).__name__}): is "
+            f"`kennel serve` running there? (the client's base_url, else $KENNEL_URL)")
+    if isinstance(e, httpx.TimeoutException):
+        return RequestTimeout(
+            server, "timeout",
+            f"no answer from the Kennel server at {server} to {request.method} "
+            f"{request.url.path} within the client's timeout ({type(e).__name__}); give the "
+            f"client a longer timeout than the run's own")
+    return ConnectionLost(
+        server, "connection_lost",
+        f"the connection to the Kennel server at {server} broke during {request.method} "
+        f"{request.url.path} ({e or type(e).__name__})")
 
 
 def error_from(response: httpx.Response, body: bytes) -> KennelError:

@@ -15,6 +15,7 @@ They mirror the synchronous ones; every method that talks to the server is a cor
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import (Any, AsyncIterator, Awaitable, Callable, Dict, Generator, Generic, List,
                     Mapping, Optional, Sequence, TypeVar)
@@ -47,7 +48,7 @@ class AsyncStream(Generic[R]):
     async def _events(self) -> AsyncIterator[c.Piece]:
         parser = c.SSEParser()
         try:
-            async for line in self._response.aiter_lines():
+            async for line in self._lines():
                 for piece in line.splitlines() or [""]:
                     ev = parser.feed(piece)
                     if ev is not None:
@@ -68,6 +69,16 @@ class AsyncStream(Generic[R]):
                 if self._error is None and self._result is None:
                     self._error = KennelError(None, "stream_ended",
                                               "the stream ended without a result")
+
+    async def _lines(self) -> AsyncIterator[str]:
+        """The stream's lines; a connection that breaks is a :class:`kennel.TransportError`."""
+        try:
+            async for line in self._response.aiter_lines():
+                yield line
+        except httpx.TransportError as e:
+            self._error = c.transport_error(self._response.request, e)
+            self._done = True
+            raise self._error from e
 
     def _handle(self, event: str, data: str) -> Optional[c.Piece]:
         try:
@@ -227,29 +238,51 @@ class _SessionStarter:
 
 
 class AsyncClient:
-    """The asyncio twin of :class:`kennel.Client` (same arguments)."""
+    """The asyncio twin of :class:`kennel.Client` (same arguments, the same retries and
+    errors)."""
 
     def __init__(self, base_url: Optional[str] = None, token: Optional[str] = None,
                  timeout: Optional[float] = c.DEFAULT_TIMEOUT, *,
-                 http_client: Optional[httpx.AsyncClient] = None):
+                 http_client: Optional[httpx.AsyncClient] = None,
+                 retries: int = c.DEFAULT_RETRIES,
+                 max_retry_wait: float = c.DEFAULT_MAX_RETRY_WAIT):
         self.base_url = (base_url or os.environ.get("KENNEL_URL") or DEFAULT_URL).rstrip("/")
         self._http = http_client or httpx.AsyncClient(
             base_url=self.base_url, headers=c.headers_for(c.token_from(token)), timeout=timeout)
+        self._retry = c.Retry(retries, max_retry_wait)
 
     def __repr__(self) -> str:
         return f"<kennel.AsyncClient {self.base_url}>"
 
+    async def _send(self, request: httpx.Request, *, stream: bool = False) -> httpx.Response:
+        """Sends ``request``, again while the answer says "later" (:class:`c.Retry`); a
+        request that gets no answer raises a :class:`kennel.TransportError`."""
+        attempt = 0
+        while True:
+            try:
+                response = await self._http.send(request, stream=stream)
+            except httpx.TransportError as e:
+                raise c.transport_error(request, e) from e
+            wait = self._retry.delay(response, attempt)
+            if wait is None:
+                return response
+            await response.aclose()
+            await asyncio.sleep(wait)
+            attempt += 1
+
     async def _request(self, method: str, url: str, **kw: Any) -> httpx.Response:
-        return c.check(await self._http.request(method, url, **kw))
+        return c.check(await self._send(self._http.build_request(method, url, **kw)))
 
     async def _stream(self, url: str, body: Dict[str, Any],
                       parse: Callable[[Dict[str, Any]], R]) -> AsyncStream[R]:
         request = self._http.build_request("POST", url, json=body, params={"stream": "true"},
                                            headers={"Accept": "text/event-stream"})
-        response = await self._http.send(request, stream=True)
+        response = await self._send(request, stream=True)
         if response.status_code >= 400:
             try:
                 body_bytes = await response.aread()
+            except httpx.TransportError as e:
+                raise c.transport_error(request, e) from e
             finally:
                 await response.aclose()
             raise c.error_from(response, body_bytes)

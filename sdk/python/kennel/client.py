@@ -46,7 +46,7 @@ class Stream(Generic[R]):
     def _events(self) -> Iterator[c.Piece]:
         parser = c.SSEParser()
         try:
-            for line in self._response.iter_lines():
+            for line in self._lines():
                 for piece in line.splitlines() or [""]:
                     ev = parser.feed(piece)
                     if ev is not None:
@@ -63,6 +63,15 @@ class Stream(Generic[R]):
                 if self._error is None and self._result is None:
                     self._error = KennelError(None, "stream_ended",
                                               "the stream ended without a result")
+
+    def _lines(self) -> Iterator[str]:
+        """The stream's lines; a connection that breaks is a :class:`kennel.TransportError`."""
+        try:
+            yield from self._response.iter_lines()
+        except httpx.TransportError as e:
+            self._error = c.transport_error(self._response.request, e)
+            self._done = True
+            raise self._error from e
 
     def _handle(self, event: str, data: str) -> Iterator[c.Piece]:
         try:
@@ -236,33 +245,59 @@ class Client:
     ``$KENNEL_TOKEN`` (``token=""`` sends none, whatever the environment says); ``timeout`` is
     the HTTP timeout in seconds (it should exceed the runs' own time limits). ``http_client``
     replaces the ``httpx.Client`` (its own base URL, headers and transport are then used).
+
+    A 429, or a 503 with ``Retry-After``, is sent again up to ``retries`` times, after the
+    answer's ``Retry-After`` (else 0.5 s, doubling), when that is at most ``max_retry_wait``
+    seconds; then its error (:class:`kennel.Busy` for a 429) is raised. A server that cannot
+    be reached raises :class:`kennel.ConnectionFailed`, naming the URL.
     """
 
     def __init__(self, base_url: Optional[str] = None, token: Optional[str] = None,
                  timeout: Optional[float] = c.DEFAULT_TIMEOUT, *,
-                 http_client: Optional[httpx.Client] = None):
+                 http_client: Optional[httpx.Client] = None,
+                 retries: int = c.DEFAULT_RETRIES,
+                 max_retry_wait: float = c.DEFAULT_MAX_RETRY_WAIT):
         import os
 
         self.base_url = (base_url or os.environ.get("KENNEL_URL") or DEFAULT_URL).rstrip("/")
         self._http = http_client or httpx.Client(
             base_url=self.base_url, headers=c.headers_for(c.token_from(token)), timeout=timeout)
+        self._retry = c.Retry(retries, max_retry_wait)
 
     def __repr__(self) -> str:
         return f"<kennel.Client {self.base_url}>"
 
     # -- plumbing -------------------------------------------------------------------------
 
+    def _send(self, request: httpx.Request, *, stream: bool = False) -> httpx.Response:
+        """Sends ``request``, again while the answer says "later" (:class:`c.Retry`); a
+        request that gets no answer raises a :class:`kennel.TransportError`."""
+        attempt = 0
+        while True:
+            try:
+                response = self._http.send(request, stream=stream)
+            except httpx.TransportError as e:
+                raise c.transport_error(request, e) from e
+            wait = self._retry.delay(response, attempt)
+            if wait is None:
+                return response
+            response.close()
+            time.sleep(wait)
+            attempt += 1
+
     def _request(self, method: str, url: str, **kw: Any) -> httpx.Response:
-        return c.check(self._http.request(method, url, **kw))
+        return c.check(self._send(self._http.build_request(method, url, **kw)))
 
     def _stream(self, url: str, body: Dict[str, Any],
                 parse: Callable[[Dict[str, Any]], R]) -> Stream[R]:
         request = self._http.build_request("POST", url, json=body, params={"stream": "true"},
                                            headers={"Accept": "text/event-stream"})
-        response = self._http.send(request, stream=True)
+        response = self._send(request, stream=True)
         if response.status_code >= 400:
             try:
                 body_bytes = response.read()
+            except httpx.TransportError as e:
+                raise c.transport_error(request, e) from e
             finally:
                 response.close()
             raise c.error_from(response, body_bytes)

@@ -49,6 +49,31 @@ class SessionEnded(KennelError):
     """410: the session's sandbox has ended."""
 
 
+class TransportError(KennelError):
+    """No answer from the server: the connection could not be made, broke, or timed out.
+
+    ``status`` is ``None``; ``url`` is the server the client was talking to. The httpx error
+    underneath is the exception's ``__cause__``.
+    """
+
+    def __init__(self, url: str, code: str, message: str):
+        super().__init__(None, code, message)
+        self.url = url
+
+
+class ConnectionFailed(TransportError):
+    """The server could not be reached: nothing listens at ``url`` (connection refused), the
+    name does not resolve, or the connection could not be made in time."""
+
+
+class ConnectionLost(TransportError):
+    """The connection broke before the server's answer was complete (the server stopped)."""
+
+
+class RequestTimeout(TransportError):
+    """No answer within the client's ``timeout`` (it should exceed the runs' own limits)."""
+
+
 _BY_STATUS = {400: BadRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound,
               410: SessionEnded}
 

@@ -463,7 +463,8 @@ def test_async_client_basics(server):
 # -- offline: error mapping and stream parsing ----------------------------------------------
 
 def _mock_client(handler):
-    return Client("http://kennel.test", token="t" * 16,
+    # No retries: these tests check how one answer is read (tests/test_retries.py has them).
+    return Client("http://kennel.test", token="t" * 16, retries=0,
                   http_client=httpx.Client(base_url="http://kennel.test",
                                            transport=httpx.MockTransport(handler)))
 
