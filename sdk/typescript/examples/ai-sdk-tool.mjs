@@ -5,7 +5,7 @@
 //   node examples/ai-sdk-tool.mjs             # a scripted model calls the tool once
 //
 // With a real model, pass it instead of the scripted one, e.g. `openai("gpt-5")` from
-// `@ai-sdk/openai`. In your own project, import from "@kennel/sdk" rather than "../dist".
+// `@ai-sdk/openai`. In your own project, import from "kennel-sdk" rather than "../dist".
 
 import { generateText, jsonSchema, stepCountIs, tool } from "ai";
 import { MockLanguageModelV4 } from "ai/test";
