@@ -5,9 +5,7 @@
 
 use std::path::Path;
 
-use kennel_server::config::{Quota, Token};
 use kennel_server::ServerConfig;
-use kennel_types::security::OnViolation;
 use serde_json::Value;
 
 fn sample() -> String {
@@ -93,18 +91,14 @@ fn the_sample_names_every_key_of_the_config() {
         &mut wanted,
     );
     // `tokens` is empty by default: its keys are those of one entry.
-    let token = Token {
-        id: "ci".into(),
-        token: "x".repeat(16),
-        min_isolation: None,
-        quota: Quota::default(),
-        allow_pins_to: vec![],
-        images: None,
-        on_violation: OnViolation::Report,
-        callback_secret: None,
-    };
+    let mut with_token = ServerConfig::default();
+    with_token.add_env_tokens("ci:0123456789abcdef");
     let mut token_keys = vec![];
-    keys(&serde_json::to_value(token).unwrap(), "", &mut token_keys);
+    keys(
+        &serde_json::to_value(&with_token.tokens[0]).unwrap(),
+        "",
+        &mut token_keys,
+    );
     let entry = table
         .get("tokens")
         .and_then(|t| t.as_array())
