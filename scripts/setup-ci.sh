@@ -17,7 +17,8 @@ die() { echo "setup-ci: error: $*" >&2; exit 1; }
 #   gcc, libc6-dev   the C linker (`cc`) and C runtime that rustc links test binaries with
 #   ca-certificates  TLS roots for cargo to fetch crates from crates.io
 #   curl, openssl    the network-allowlist tests: a client in the sandbox, a test certificate
-#   python3-pip      the network-allowlist tests: pip install from a local index
+#   python3-pip      the network-allowlist tests: pip install from a local index; with its
+#                    setuptools, the Python SDK installed from its path (test_packaging.py)
 #   runsc            gVisor, the oci tier's strongest runtime (the limits suite under runsc)
 #   crun, runc       the oci tier's container runtimes (limits and escape suites under each)
 #   jq               the README's curl examples, run as written by tests/readme.rs
