@@ -180,13 +180,11 @@ async fn submit(
             execute(&service, &caller, &spec, req, live, &registered).await
         };
         let cancelled = registered.entry.is_cancelled();
-        let info = runs::ended(&registered.id, created, cancelled, &outcome);
+        let id = registered.id.clone();
         drop(registered);
-        runs::record(&service, &info);
+        runs::record(&service, &id, cancelled, &outcome);
         // The callback reads the run's end from the job table: nothing of the result is kept
         // while it is owed (for minutes, when its receiver fails).
-        let id = info.id.clone();
-        drop(info);
         // The stream, if it is still there, ends once the job table has the end.
         let report = outcome.map(|result| RunReport {
             id: id.clone(),

@@ -212,54 +212,31 @@ pub(super) fn show(service: &Service, caller: &Caller, id: &str) -> Result<RunIn
     }
 }
 
-/// An `async` run's status once it has ended.
-pub(super) fn ended(
-    id: &str,
-    created: u64,
-    cancelled: bool,
-    outcome: &Result<RunResult, ServiceError>,
-) -> RunInfo {
-    let (status, result, error) = match outcome {
-        Ok(r) if cancelled => (RunStatus::Cancelled, Some(r.clone()), None),
-        Ok(r) => (RunStatus::Finished, Some(r.clone()), None),
-        Err(e) => (
-            if cancelled {
-                RunStatus::Cancelled
-            } else {
-                RunStatus::Failed
-            },
-            None,
-            Some(RunError {
-                code: e.code().to_string(),
-                message: e.to_string(),
-            }),
-        ),
-    };
-    RunInfo {
-        id: id.to_string(),
-        status,
-        created_at_unix_ms: created,
-        finished_at_unix_ms: Some(now_ms_u64()),
-        result,
-        error,
-    }
-}
-
 pub(crate) fn now_ms_u64() -> u64 {
     u64::try_from(now_ms()).unwrap_or(u64::MAX)
 }
 
-/// Records an `async` run's end in the job table.
-pub(super) fn record(service: &Service, info: &RunInfo) {
+/// Records an `async` run's end in the job table: its status, and its result or why it has
+/// none. The result is written from where it is, never copied whole.
+pub(super) fn record(
+    service: &Service,
+    id: &str,
+    cancelled: bool,
+    outcome: &Result<RunResult, ServiceError>,
+) {
     let Ok(jobs) = service.jobs() else { return };
-    if let Err(e) = jobs.finish(
-        &info.id,
-        info.status,
-        info.finished_at_unix_ms.unwrap_or_default(),
-        info.result.as_ref(),
-        info.error.as_ref(),
-    ) {
-        tracing::error!("job table: cannot record the end of run {}: {e}", info.id);
+    let status = match (outcome, cancelled) {
+        (_, true) => RunStatus::Cancelled,
+        (Ok(_), false) => RunStatus::Finished,
+        (Err(_), false) => RunStatus::Failed,
+    };
+    let error = outcome.as_ref().err().map(|e| RunError {
+        code: e.code().to_string(),
+        message: e.to_string(),
+    });
+    let result = outcome.as_ref().ok();
+    if let Err(e) = jobs.finish(id, status, now_ms_u64(), result, error.as_ref()) {
+        tracing::error!("job table: cannot record the end of run {id}: {e}");
     }
 }
 
