@@ -494,6 +494,8 @@ fn hmac_sha256(key: &[u8], msg: &[u8]) -> Vec<u8> {
 struct Got {
     headers: Vec<(String, String)>,
     body: Vec<u8>,
+    /// The body's whole length.
+    len: usize,
 }
 
 impl Got {
@@ -508,6 +510,11 @@ impl Got {
 /// A receiver on 127.0.0.1 answering each request with the next status of `statuses` (the
 /// last one after that). Its port and what it got.
 fn receiver(statuses: Vec<u16>) -> (u16, Arc<Mutex<Vec<Got>>>) {
+    receiver_keeping(statuses, usize::MAX)
+}
+
+/// As [`receiver`], keeping at most `keep` bytes of each body (the rest is read and dropped).
+fn receiver_keeping(statuses: Vec<u16>, keep: usize) -> (u16, Arc<Mutex<Vec<Got>>>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let got = Arc::new(Mutex::new(Vec::new()));
@@ -528,11 +535,13 @@ fn receiver(statuses: Vec<u16>) -> (u16, Arc<Mutex<Vec<Got>>>) {
                 .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
                 .and_then(|(_, v)| v.parse().ok())
                 .unwrap_or(0);
-            let mut body = vec![0; len];
+            let mut body = vec![0; len.min(keep)];
             let _ = reader.read_exact(&mut body);
+            let rest = (len - body.len()) as u64;
+            let _ = std::io::copy(&mut reader.by_ref().take(rest), &mut std::io::sink());
             let n = {
                 let mut g = seen.lock().unwrap();
-                g.push(Got { headers, body });
+                g.push(Got { headers, body, len });
                 g.len()
             };
             let status = statuses[(n - 1).min(statuses.len() - 1)];
@@ -880,45 +889,6 @@ fn rss(pid: u32) -> u64 {
     kb << 10
 }
 
-/// A receiver on 127.0.0.1 that answers 500 to everything; it keeps each request's
-/// `webhook-id` and the first 64 KiB of its body, and the body's full length.
-fn failing_receiver() -> (u16, Arc<Mutex<Vec<(String, usize, Vec<u8>)>>>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let got = Arc::new(Mutex::new(Vec::new()));
-    let seen = got.clone();
-    std::thread::spawn(move || {
-        for conn in listener.incoming().flatten() {
-            let mut reader = BufReader::new(conn.try_clone().unwrap());
-            let (mut id, mut len) = (String::new(), 0usize);
-            let mut line = String::new();
-            while reader.read_line(&mut line).unwrap_or(0) > 2 {
-                if let Some((k, v)) = line.trim_end().split_once(": ") {
-                    match k.to_ascii_lowercase().as_str() {
-                        "webhook-id" => id = v.to_string(),
-                        "content-length" => len = v.parse().unwrap_or(0),
-                        _ => {}
-                    }
-                }
-                line.clear();
-            }
-            let mut head = vec![0; len.min(64 << 10)];
-            let _ = reader.read_exact(&mut head);
-            let _ = std::io::copy(
-                &mut reader.by_ref().take((len - head.len()) as u64),
-                &mut std::io::sink(),
-            );
-            seen.lock().unwrap().push((id, len, head));
-            let mut conn = conn;
-            let _ = write!(
-                conn,
-                "HTTP/1.1 500 X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-            );
-        }
-    });
-    (port, got)
-}
-
 /// Issue 27, escape 8: callbacks that keep failing held each run's whole result (about 40 MB
 /// for a run that printed 20 MB) for `retry_for`. Now an owed callback holds its run's id;
 /// each attempt reads a body of at most `[callbacks] max_body` from the job table (a larger
@@ -930,7 +900,7 @@ fn failing_callbacks_of_large_runs_hold_no_result_in_memory() {
     }
     const RUNS: usize = 16;
     const PRINTED: u64 = 20_000_000;
-    let (port, got) = failing_receiver();
+    let (port, got) = receiver_keeping(vec![500], 64 << 10);
     let dir = own_dir("callback-memory");
     let db = dir.join("jobs.sqlite");
     let config = format!(
@@ -964,9 +934,12 @@ fn failing_callbacks_of_large_runs_hold_no_result_in_memory() {
         }
     }
     // Every run has ended and had its first attempt; then some retries (1 s, 2 s, 4 s apart).
-    let first_attempts = |got: &[(String, usize, Vec<u8>)]| {
+    let first_attempts = |got: &[Got]| {
         ids.iter()
-            .filter(|id| got.iter().any(|(m, _, _)| *m == format!("msg_{id}")))
+            .filter(|id| {
+                got.iter()
+                    .any(|g| g.header("webhook-id") == format!("msg_{id}"))
+            })
             .count()
     };
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -1007,11 +980,12 @@ fn failing_callbacks_of_large_runs_hold_no_result_in_memory() {
     // Each attempt was the thin form: no result, its size, where to get it.
     let got = got.lock().unwrap().clone();
     assert!(got.len() > RUNS, "retried: {}", got.len());
-    for (message, len, body) in &got {
-        assert!(*len <= 256 << 10, "{message}: a body of {len} bytes");
-        let v: Value = serde_json::from_slice(body).unwrap();
+    for g in &got {
+        let (message, len) = (g.header("webhook-id"), g.len);
+        assert!(len <= 256 << 10, "{message}: a body of {len} bytes");
+        let v: Value = serde_json::from_slice(&g.body).unwrap();
         let id = v["id"].as_str().unwrap();
-        assert_eq!(*message, format!("msg_{id}"));
+        assert_eq!(message, format!("msg_{id}"));
         assert_eq!(v["status"], "finished", "{v}");
         assert!(v.get("result").is_none(), "{v}");
         let omitted = &v["result_omitted"];
