@@ -1,7 +1,9 @@
-//! The audit log: one JSON line per run and exec, per cancel, and per callback attempt.
+//! The audit log: one JSON line per run and exec, per cancel, and per callback attempt. It
+//! names every tenant's work, so it is the owner's alone (mode 0600), as the job table is.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -43,10 +45,40 @@ pub struct Entry<'a> {
 }
 
 pub fn sha256_hex(data: &[u8]) -> String {
-    Sha256::digest(data)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex(&Sha256::digest(data))
+}
+
+/// Bytes in lower-case hex.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The mode of the server's files that hold tenants' work: the audit log, the job table.
+const PRIVATE: u32 = 0o600;
+
+/// Makes `path` if it is missing, mode 0600 (the umask can only narrow it), or narrows an
+/// existing file to 0600 when it was readable by others: a file made by an older Kennel, or
+/// by hand.
+pub fn make_private(path: &Path) -> std::io::Result<()> {
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(PRIVATE)
+        .open(path)?;
+    tighten(path)
+}
+
+/// Narrows `path` to 0600 when its mode grants more; nothing when it does not exist.
+pub fn tighten(path: &Path) -> std::io::Result<()> {
+    let mode = match std::fs::metadata(path) {
+        Ok(m) => m.permissions().mode() & 0o7777,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    if mode & !PRIVATE != 0 {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode & PRIVATE))?;
+    }
+    Ok(())
 }
 
 pub fn now_ms() -> u128 {
@@ -135,9 +167,10 @@ impl<'a> Event<'a> {
 impl Audit {
     pub fn open(path: Option<&Path>) -> std::io::Result<Audit> {
         let file = match path {
-            Some(p) => Some(Mutex::new(
-                OpenOptions::new().create(true).append(true).open(p)?,
-            )),
+            Some(p) => {
+                make_private(p)?;
+                Some(Mutex::new(OpenOptions::new().append(true).open(p)?))
+            }
             None => None,
         };
         Ok(Audit { file })

@@ -170,6 +170,16 @@ pub struct Callbacks {
     pub timeout: Span,
     /// How long failed deliveries are retried (1 s, 2 s, 4 s, ... apart, at most 60 s).
     pub retry_for: Span,
+    /// The largest body a callback sends. A run whose end would be larger is sent without its
+    /// `result`, with `result_omitted` saying its size and where to `GET` it: the "thin"
+    /// payload of Standard Webhooks.
+    pub max_body: ByteSize,
+    /// Callbacks one token may be owed at once (runs with a `callback_url` in flight or not
+    /// yet delivered); past this its async runs with a `callback_url` get 429.
+    pub max_owed_per_token: usize,
+    /// Delivery attempts under way at once, over every token: each holds one body in memory;
+    /// a callback waiting for its next attempt holds only its run's id.
+    pub workers: usize,
 }
 
 impl Default for Callbacks {
@@ -179,6 +189,9 @@ impl Default for Callbacks {
             secret: None,
             timeout: Span(Duration::from_secs(10)),
             retry_for: Span(Duration::from_secs(600)),
+            max_body: ByteSize(256 << 10),
+            max_owed_per_token: 100,
+            workers: 4,
         }
     }
 }
@@ -191,6 +204,9 @@ impl std::fmt::Debug for Callbacks {
             .field("secret", &self.secret.as_ref().map(|_| "<redacted>"))
             .field("timeout", &self.timeout)
             .field("retry_for", &self.retry_for)
+            .field("max_body", &self.max_body)
+            .field("max_owed_per_token", &self.max_owed_per_token)
+            .field("workers", &self.workers)
             .finish()
     }
 }
@@ -385,13 +401,32 @@ impl ServerConfig {
                 }
             })?;
         }
-        if self.callbacks.timeout.0.is_zero() {
-            return Err(PolicyError::Invalid {
-                field: "callbacks.timeout",
-                why: "must be more than zero".into(),
-            });
+        let c = &self.callbacks;
+        let checks = [
+            (
+                "callbacks.timeout",
+                c.timeout.0.is_zero(),
+                "must be more than zero",
+            ),
+            (
+                "callbacks.max_body",
+                c.max_body.0 < 1024,
+                "must be at least 1KiB",
+            ),
+            (
+                "callbacks.max_owed_per_token",
+                c.max_owed_per_token == 0,
+                "must be at least 1",
+            ),
+            ("callbacks.workers", c.workers == 0, "must be at least 1"),
+        ];
+        match checks.into_iter().find(|(_, bad, _)| *bad) {
+            Some((field, _, why)) => Err(PolicyError::Invalid {
+                field,
+                why: why.into(),
+            }),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// The secret the callbacks of `token_id` are signed with, if any.

@@ -494,6 +494,8 @@ fn hmac_sha256(key: &[u8], msg: &[u8]) -> Vec<u8> {
 struct Got {
     headers: Vec<(String, String)>,
     body: Vec<u8>,
+    /// The body's whole length.
+    len: usize,
 }
 
 impl Got {
@@ -508,6 +510,11 @@ impl Got {
 /// A receiver on 127.0.0.1 answering each request with the next status of `statuses` (the
 /// last one after that). Its port and what it got.
 fn receiver(statuses: Vec<u16>) -> (u16, Arc<Mutex<Vec<Got>>>) {
+    receiver_keeping(statuses, usize::MAX)
+}
+
+/// As [`receiver`], keeping at most `keep` bytes of each body (the rest is read and dropped).
+fn receiver_keeping(statuses: Vec<u16>, keep: usize) -> (u16, Arc<Mutex<Vec<Got>>>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let got = Arc::new(Mutex::new(Vec::new()));
@@ -528,11 +535,13 @@ fn receiver(statuses: Vec<u16>) -> (u16, Arc<Mutex<Vec<Got>>>) {
                 .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
                 .and_then(|(_, v)| v.parse().ok())
                 .unwrap_or(0);
-            let mut body = vec![0; len];
+            let mut body = vec![0; len.min(keep)];
             let _ = reader.read_exact(&mut body);
+            let rest = (len - body.len()) as u64;
+            let _ = std::io::copy(&mut reader.by_ref().take(rest), &mut std::io::sink());
             let n = {
                 let mut g = seen.lock().unwrap();
-                g.push(Got { headers, body });
+                g.push(Got { headers, body, len });
                 g.len()
             };
             let status = statuses[(n - 1).min(statuses.len() - 1)];
@@ -737,3 +746,262 @@ fn async_runs_in_flight_when_the_server_is_killed_are_lost_after_a_restart() {
     drop(second);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The mode bits of a file.
+fn mode(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .permissions()
+        .mode()
+        & 0o7777
+}
+
+/// A server with one token, `alice`, whose secret is `token`, on the job table `db`; or, with
+/// no token, a server whose one caller is anonymous.
+fn tenant_server(name: &str, db: &Path, token: Option<&str>) -> Server {
+    let tokens = token.map_or_else(String::new, |t| {
+        format!("[[tokens]]\nid = \"alice\"\ntoken = \"{t}\"\n")
+    });
+    let config = format!(
+        "max_concurrent = 4\naudit_log = \"{}\"\n[pool]\npython = 0\nbash = 0\n[jobs]\n\
+         db = \"{}\"\n{tokens}",
+        db.with_file_name("audit.jsonl").display(),
+        db.display(),
+    );
+    Server::start_with(name, &config, &[], token)
+}
+
+/// The exact 404 of a run that does not exist for the caller.
+fn no_run(resp: Resp, id: &str) {
+    let (code, message) = resp.error(404);
+    assert_eq!(
+        (code.as_str(), message),
+        (
+            "not_found",
+            format!("no run {id:?} (or it ended and was answered at once)")
+        )
+    );
+}
+
+/// Issue 27, escape 5: servers sharing a job table, each with a token called `alice` but with
+/// different secrets, must not read or cancel each other's runs; a server whose `alice` has
+/// the same secret is the same tenant. The table, its WAL and shared-memory files and the
+/// audit log are the owner's alone, even when they were found readable by all.
+#[test]
+fn servers_sharing_a_job_table_see_a_token_id_as_one_tenant_only_with_the_same_secret() {
+    if !root() {
+        return;
+    }
+    const ALICE_1: &str = "alice-secret-one-0123456789";
+    const ALICE_2: &str = "alice-secret-two-0123456789";
+    let dir = own_dir("shared-table");
+    let db = dir.join("jobs.sqlite");
+    let audit = db.with_file_name("audit.jsonl");
+    // As an older Kennel or a hand left them: readable by all (an empty file is an empty
+    // SQLite database).
+    for file in [&db, &audit] {
+        std::fs::write(file, b"").unwrap();
+        std::fs::set_permissions(file, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+            .unwrap();
+    }
+    let one = tenant_server("shared-1", &db, Some(ALICE_1));
+    let two = tenant_server("shared-2", &db, Some(ALICE_2));
+    let same = tenant_server("shared-3", &db, Some(ALICE_1));
+    let ended = submit(
+        &one.client,
+        &json!({"language": "bash", "code": "echo mine", "async": true}),
+    );
+    assert_eq!(wait_done(&one.client, &ended)["result"]["stdout"], "mine\n");
+    let running = submit(
+        &one.client,
+        &sleeper("shared-table-marker", &json!({"async": true})),
+    );
+    let code = wait_for_proc(one.pid, "shared-table-marker");
+
+    for id in [&ended, &running] {
+        no_run(two.client.get(&format!("/v1/runs/{id}")), id);
+        no_run(two.client.delete(&format!("/v1/runs/{id}")), id);
+    }
+    // Untouched by the other alice's cancel.
+    assert!(alive(&code));
+    assert_eq!(wait_done_or_running(&one.client, &running), "running");
+    // The same secret on another server is the same tenant.
+    let seen = same.client.get(&format!("/v1/runs/{ended}"));
+    assert_eq!(seen.status, 200, "{}", seen.text());
+    assert_eq!(seen.json()["result"]["stdout"], "mine\n");
+    // And the other alice's own runs are hers alone.
+    let theirs = submit(
+        &two.client,
+        &json!({"language": "bash", "code": "echo theirs", "async": true}),
+    );
+    assert_eq!(
+        wait_done(&two.client, &theirs)["result"]["stdout"],
+        "theirs\n"
+    );
+    no_run(one.client.get(&format!("/v1/runs/{theirs}")), &theirs);
+
+    let side = |suffix: &str| {
+        let mut p = db.clone().into_os_string();
+        p.push(suffix);
+        PathBuf::from(p)
+    };
+    for file in [db.clone(), side("-wal"), side("-shm"), audit.clone()] {
+        assert_eq!(mode(&file), 0o600, "{}", file.display());
+    }
+
+    assert_eq!(
+        one.client.delete(&format!("/v1/runs/{running}")).status,
+        204
+    );
+    assert_eq!(wait_done(&one.client, &running)["status"], "cancelled");
+    drop((one, two, same));
+
+    // Servers without tokens: one caller each, namespaced by the server's address.
+    let first = tenant_server("shared-anonymous-1", &db, None);
+    let second = tenant_server("shared-anonymous-2", &db, None);
+    let id = submit(
+        &first.client,
+        &json!({"language": "bash", "code": "true", "async": true}),
+    );
+    assert_eq!(wait_done(&first.client, &id)["status"], "finished");
+    no_run(second.client.get(&format!("/v1/runs/{id}")), &id);
+    no_run(second.client.delete(&format!("/v1/runs/{id}")), &id);
+    drop((first, second));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A run's status, once, as its owner sees it.
+fn wait_done_or_running(client: &Client, id: &str) -> String {
+    let r = client.get(&format!("/v1/runs/{id}"));
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()["status"].as_str().unwrap().to_string()
+}
+
+/// The resident memory of a process, in bytes (VmRSS of /proc/PID/status).
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/PID/status");
+    kb << 10
+}
+
+/// Issue 27, escape 8: callbacks that keep failing held each run's whole result (about 40 MB
+/// for a run that printed 20 MB) for `retry_for`. Now an owed callback holds its run's id;
+/// each attempt reads a body of at most `[callbacks] max_body` from the job table (a larger
+/// result is left out, with where to get it), and a token's owed callbacks are bounded.
+#[test]
+fn failing_callbacks_of_large_runs_hold_no_result_in_memory() {
+    if !root() {
+        return;
+    }
+    const RUNS: usize = 16;
+    const PRINTED: u64 = 20_000_000;
+    let (port, got) = receiver_keeping(vec![500], 64 << 10);
+    let dir = own_dir("callback-memory");
+    let db = dir.join("jobs.sqlite");
+    let config = format!(
+        "max_concurrent = 2\n[maxima]\noutput = \"24MiB\"\n[pool]\npython = 0\nbash = 0\n\
+         [jobs]\ndb = \"{}\"\n[callbacks]\nallow = [\"127.0.0.1:{port}\"]\nsecret = \"{SECRET}\"\n\
+         max_owed_per_token = {RUNS}\n[[tokens]]\nid = \"a\"\ntoken = \"{TOKEN_A}\"\n\
+         quota = {{ runs = 2 }}\n",
+        db.display()
+    );
+    // glibc keeps a large buffer it has freed in its heap once its dynamic mmap threshold has
+    // grown past the buffer's size, so the RSS of a server that has run large runs shows the
+    // peak of their output in flight, not what it holds. With the threshold fixed at 1 MiB,
+    // freed buffers go back to the kernel, and RSS is what the server holds.
+    let malloc = [("MALLOC_MMAP_THRESHOLD_", "1048576")];
+    let server = Server::start_with("callback-memory", &config, &malloc, Some(TOKEN_A));
+    let at_rest = rss(server.pid);
+    let url = format!("http://127.0.0.1:{port}/hook");
+    let spec = json!({"language": "bash", "async": true, "callback_url": url,
+        "limits": {"output": "24MiB"},
+        "code": format!("head -c {PRINTED} /dev/zero | tr '\\0' x")});
+    let mut peak = at_rest;
+    let mut ids = Vec::new();
+    while ids.len() < RUNS {
+        peak = peak.max(rss(server.pid));
+        let r = server.client.post_json("/v1/runs", &spec);
+        match r.status {
+            202 => ids.push(r.json()["id"].as_str().unwrap().to_string()),
+            // Two run slots: the next run waits for one.
+            429 => std::thread::sleep(Duration::from_millis(100)),
+            s => panic!("{s}: {}", r.text()),
+        }
+    }
+    // Every run has ended and had its first attempt; then some retries (1 s, 2 s, 4 s apart).
+    let first_attempts = |got: &[Got]| {
+        ids.iter()
+            .filter(|id| {
+                got.iter()
+                    .any(|g| g.header("webhook-id") == format!("msg_{id}"))
+            })
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while first_attempts(&got.lock().unwrap()) < RUNS {
+        peak = peak.max(rss(server.pid));
+        assert!(Instant::now() < deadline, "not every run called back");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Past the bound of owed callbacks, a run with a callback is refused
+    // (the runs have ended: their slots are free).
+    let (code, message) = server.client.post_json("/v1/runs", &spec).error(429);
+    assert_eq!(code, "quota_exceeded");
+    assert!(message.contains("max_owed_per_token"), "{message}");
+    let retries = Instant::now() + Duration::from_secs(8);
+    while Instant::now() < retries {
+        peak = peak.max(rss(server.pid));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let owed = rss(server.pid);
+    let (peak_bound, owed_bound) = (at_rest + (IN_FLIGHT_MIB << 20), at_rest + (OWED_MIB << 20));
+    eprintln!(
+        "server RSS at rest {} MiB; peak while {RUNS} runs printed {} MB each (two at once) \
+         and their callbacks failed {} MiB (bound {} MiB); with their {RUNS} callbacks owed {} \
+         MiB (bound {} MiB)",
+        at_rest >> 20,
+        PRINTED / 1_000_000,
+        peak >> 20,
+        peak_bound >> 20,
+        owed >> 20,
+        owed_bound >> 20
+    );
+    assert!(
+        owed < owed_bound,
+        "{} MiB with the callbacks owed",
+        owed >> 20
+    );
+    assert!(peak < peak_bound, "a peak of {} MiB", peak >> 20);
+    // Each attempt was the thin form: no result, its size, where to get it.
+    let got = got.lock().unwrap().clone();
+    assert!(got.len() > RUNS, "retried: {}", got.len());
+    for g in &got {
+        let (message, len) = (g.header("webhook-id"), g.len);
+        assert!(len <= 256 << 10, "{message}: a body of {len} bytes");
+        let v: Value = serde_json::from_slice(&g.body).unwrap();
+        let id = v["id"].as_str().unwrap();
+        assert_eq!(message, format!("msg_{id}"));
+        assert_eq!(v["status"], "finished", "{v}");
+        assert!(v.get("result").is_none(), "{v}");
+        let omitted = &v["result_omitted"];
+        assert!(omitted["bytes"].as_u64().unwrap() > PRINTED, "{v}");
+        assert_eq!(omitted["max_body"], 256 << 10, "{v}");
+        assert_eq!(omitted["url"], format!("/v1/runs/{id}"), "{v}");
+    }
+    drop(server);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// How far above its RSS at rest the server may go while the runs print 20 MB each, two at
+/// once: their output in flight, captured, recorded in the job table.
+const IN_FLIGHT_MIB: u64 = 250;
+
+/// How far above its RSS at rest the server may be once the runs have ended and their
+/// callbacks are owed: a few bodies of at most `max_body` (256 KiB) being sent, none of the
+/// results (each was about 40 MB before).
+const OWED_MIB: u64 = 48;

@@ -3,6 +3,12 @@
 //! Webhooks: `webhook-id`, `webhook-timestamp`, `webhook-signature: v1,<base64 HMAC-SHA256>`)
 //! and how they are sent (one address, no second resolution, no redirect, bounded in time and
 //! size, retried with exponential backoff under the same `webhook-id`).
+//!
+//! A callback owed holds only its run's id: each attempt reads the body from the job table,
+//! holding one of a bounded number of worker permits while it does, so that memory goes with
+//! the workers, not with the callbacks owed. A body is at most `[callbacks] max_body`: past
+//! it, the run's `result` is left out and `result_omitted` says where to get it (Standard
+//! Webhooks' "thin" payload).
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -11,9 +17,13 @@ use base64::Engine as _;
 use hmac::{Hmac, Mac};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
+use serde::Serialize;
 use sha2::Sha256;
+use tokio::sync::Semaphore;
 
+use super::jobs::CallbackRow;
 use crate::config::Callbacks;
+use kennel_types::runs::RunInfo;
 
 /// The base64 every part of the spec uses (the secret, the signature): standard, padded.
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
@@ -197,11 +207,55 @@ pub async fn check(config: &Callbacks, url: &str) -> Result<Target, String> {
     })
 }
 
-/// One signed message, sent as often as it takes under one `webhook-id`.
-#[derive(Debug, Clone)]
-pub struct Message {
-    pub id: String,
-    pub body: Vec<u8>,
+/// A callback's body: the run as `GET /v1/runs/{id}` shows it, and, when its result was left
+/// out for its size, what the receiver needs to fetch it.
+#[derive(Debug, Serialize)]
+struct Body<'a> {
+    #[serde(flatten)]
+    info: &'a RunInfo,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    result_omitted: Option<Omitted>,
+}
+
+/// Why a callback has no `result`: it was larger than the server sends.
+#[derive(Debug, Serialize)]
+struct Omitted {
+    /// The size of the result's JSON.
+    bytes: u64,
+    /// The largest body this server sends (`[callbacks] max_body`).
+    max_body: u64,
+    /// Where the whole run is, relative to the server's address (with the run's token).
+    url: String,
+}
+
+/// The body of a run's callback, at most `max` bytes: whole when it fits, else without the
+/// result (the thin form).
+pub fn body(row: CallbackRow, max: u64) -> Vec<u8> {
+    let CallbackRow {
+        mut info,
+        result_bytes,
+    } = row;
+    if info.result.is_some() {
+        let whole = serde_json::to_vec(&Body {
+            info: &info,
+            result_omitted: None,
+        })
+        .unwrap_or_default();
+        if whole.len() as u64 <= max {
+            return whole;
+        }
+        info.result = None;
+    }
+    let result_omitted = result_bytes.map(|bytes| Omitted {
+        bytes,
+        max_body: max,
+        url: format!("/v1/runs/{}", info.id),
+    });
+    serde_json::to_vec(&Body {
+        info: &info,
+        result_omitted,
+    })
+    .unwrap_or_default()
 }
 
 /// What one attempt did, for the audit log.
@@ -218,36 +272,37 @@ impl Attempt {
     }
 }
 
-/// Sends `message` to `target` until a receiver answers 2xx or `retry_for` has passed,
+/// Sends message `id` to `target` until a receiver answers 2xx or `retry_for` has passed,
 /// waiting 1 s, 2 s, 4 s, ... (at most [`MAX_BACKOFF`]) between attempts; `on_attempt` sees
-/// each. Whether it was delivered.
+/// each. Each attempt holds a permit of `workers` and makes its body afresh with `body`; one
+/// that cannot (the run is gone from the table) ends the delivery. Whether it was delivered.
 pub async fn deliver(
     config: &Callbacks,
     secret: &Secret,
     target: &Target,
-    message: &Message,
+    id: &str,
+    workers: &Semaphore,
+    mut body: impl FnMut() -> Result<Vec<u8>, String>,
     mut on_attempt: impl FnMut(&Attempt),
 ) -> bool {
     let started = tokio::time::Instant::now();
     let mut wait = Duration::from_secs(1);
     for number in 1.. {
-        let outcome = tokio::time::timeout(config.timeout.0, send(secret, target, message)).await;
-        let attempt = match outcome {
-            Ok(Ok(status)) => Attempt {
-                number,
-                status: Some(status),
-                error: None,
-            },
-            Ok(Err(e)) => Attempt {
-                number,
-                status: None,
-                error: Some(e),
-            },
-            Err(_) => Attempt {
-                number,
-                status: None,
-                error: Some(format!("no answer within {}", config.timeout)),
-            },
+        let attempt = {
+            let Ok(_worker) = workers.acquire().await else {
+                return false;
+            };
+            match body() {
+                Ok(body) => attempt(config, secret, target, id, body, number).await,
+                Err(e) => {
+                    on_attempt(&Attempt {
+                        number,
+                        status: None,
+                        error: Some(e),
+                    });
+                    return false;
+                }
+            }
         };
         on_attempt(&attempt);
         if attempt.delivered() {
@@ -262,10 +317,39 @@ pub async fn deliver(
     false
 }
 
+/// One attempt, bounded by `[callbacks] timeout`.
+async fn attempt(
+    config: &Callbacks,
+    secret: &Secret,
+    target: &Target,
+    id: &str,
+    body: Vec<u8>,
+    number: u32,
+) -> Attempt {
+    let outcome = tokio::time::timeout(config.timeout.0, send(secret, target, id, body)).await;
+    match outcome {
+        Ok(Ok(status)) => Attempt {
+            number,
+            status: Some(status),
+            error: None,
+        },
+        Ok(Err(e)) => Attempt {
+            number,
+            status: None,
+            error: Some(e),
+        },
+        Err(_) => Attempt {
+            number,
+            status: None,
+            error: Some(format!("no answer within {}", config.timeout)),
+        },
+    }
+}
+
 /// One attempt: connect to the checked address (no resolution here), POST, read the status
 /// and at most [`MAX_ANSWER`] bytes of the answer. A redirect is not followed: it is a status
 /// like any other that is not 2xx.
-async fn send(secret: &Secret, target: &Target, message: &Message) -> Result<u16, String> {
+async fn send(secret: &Secret, target: &Target, id: &str, body: Vec<u8>) -> Result<u16, String> {
     let stream = tokio::net::TcpStream::connect(target.addr)
         .await
         .map_err(|e| format!("cannot connect to {}: {e}", target.addr))?;
@@ -282,13 +366,10 @@ async fn send(secret: &Secret, target: &Target, message: &Message) -> Result<u16
         .header(hyper::header::HOST, host)
         .header(hyper::header::CONTENT_TYPE, "application/json")
         .header(hyper::header::USER_AGENT, "kennel")
-        .header("webhook-id", &message.id)
+        .header("webhook-id", id)
         .header("webhook-timestamp", timestamp.to_string())
-        .header(
-            "webhook-signature",
-            secret.sign(&message.id, timestamp, &message.body),
-        )
-        .body(Full::new(Bytes::from(message.body.clone())))
+        .header("webhook-signature", secret.sign(id, timestamp, &body))
+        .body(Full::new(Bytes::from(body)))
         .map_err(|e| format!("request: {e}"))?;
     let answer = sender
         .send_request(request)

@@ -318,6 +318,8 @@ pub struct Service {
     async_runs: AtomicU64,
     /// The job table of `async` runs, or why there is none (they are then refused).
     jobs: Result<jobs::Jobs, String>,
+    /// Callback delivery attempts under way at once (`[callbacks] workers`).
+    callback_workers: Semaphore,
 }
 
 impl Service {
@@ -351,6 +353,7 @@ impl Service {
     ) -> Service {
         Service {
             slots: Arc::new(Semaphore::new(config.max_concurrent)),
+            callback_workers: Semaphore::new(config.callbacks.workers),
             token_slots: Mutex::new(HashMap::new()),
             config,
             engine,

@@ -6,6 +6,7 @@ use std::time::Instant;
 use std::sync::atomic::Ordering;
 
 use super::callback::{self, Target};
+use super::jobs::InsertError;
 use super::runs::{self, CancelIfGone, Registered};
 use super::{in_slot, Accepted, Caller, Live, Reply, Service, ServiceError};
 use crate::agent::{AgentError, AgentSandbox, Exec, KernelUsage, Progress};
@@ -146,10 +147,21 @@ async fn submit(
         .as_ref()
         .zip(addr.as_deref())
         .map(|(t, a)| (t.url.as_str(), a));
+    let tenant = runs::tenant(service, jobs, caller);
     let limits = &service.config.jobs;
-    jobs.purge(&caller.0, created, limits.keep.0, limits.max_per_token)
-        .and_then(|()| jobs.insert(&id, &caller.0, created, callback))
-        .map_err(|e| ServiceError::Internal(format!("job table: {e}")))?;
+    let max_owed = service.config.callbacks.max_owed_per_token;
+    jobs.purge(&tenant, created, limits.keep.0, limits.max_per_token)
+        .map_err(InsertError::from)
+        .and_then(|()| jobs.insert(&id, &tenant, created, callback, max_owed))
+        .map_err(|e| match e {
+            InsertError::TooManyOwed(n) => ServiceError::QuotaExceeded(format!(
+                "this token is owed {n} callbacks already, its bound \
+                 ([callbacks] max_owed_per_token): they are retried for [callbacks] retry_for \
+                 until their receiver answers 2xx; fix the receiver, or submit without \
+                 `callback_url`"
+            )),
+            InsertError::Db(e) => ServiceError::Internal(format!("job table: {e}")),
+        })?;
     service.async_runs.fetch_add(1, Ordering::SeqCst);
     let (watcher, watched) = match &live {
         Some(live) => {
@@ -168,19 +180,23 @@ async fn submit(
             execute(&service, &caller, &spec, req, live, &registered).await
         };
         let cancelled = registered.entry.is_cancelled();
-        let info = runs::ended(&registered.id, created, cancelled, &outcome);
+        let id = registered.id.clone();
         drop(registered);
-        runs::record(&service, &info);
+        runs::record(&service, &id, cancelled, &outcome);
+        // The callback reads the run's end from the job table: nothing of the result is kept
+        // while it is owed (for minutes, when its receiver fails).
         // The stream, if it is still there, ends once the job table has the end.
-        if let Some(tx) = watcher {
-            let _ = tx.send(outcome.map(|result| RunReport {
-                id: info.id.clone(),
-                cancelled,
-                result,
-            }));
+        let report = outcome.map(|result| RunReport {
+            id: id.clone(),
+            cancelled,
+            result,
+        });
+        match watcher {
+            Some(tx) => drop(tx.send(report)),
+            None => drop(report),
         }
         if let Some(target) = target {
-            runs::call_back(&service, &caller, &info, &target).await;
+            runs::call_back(&service, &caller, &id, &target).await;
         }
         service.async_runs.fetch_sub(1, Ordering::SeqCst);
     });

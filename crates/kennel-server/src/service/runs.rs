@@ -5,10 +5,11 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::callback::{self, Message, Secret, Target};
+use super::callback::{self, Secret, Target};
 use super::jobs::{Jobs, Pending};
 use super::{Caller, Service, ServiceError};
 use crate::audit::{now_ms, Event};
+use crate::config::ServerConfig;
 use kennel_sandbox::Canceller;
 use kennel_types::runs::{RunError, RunInfo, RunStatus};
 use kennel_types::RunResult;
@@ -19,7 +20,38 @@ pub(crate) fn new_id() -> Result<String, ServiceError> {
     let mut bytes = [0u8; 16];
     getrandom::getrandom(&mut bytes)
         .map_err(|e| ServiceError::Internal(format!("no randomness for a run id: {e}")))?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(crate::audit::hex(&bytes))
+}
+
+/// What a caller's rows in the job table are keyed by: its token itself (never stored: the
+/// table keeps an HMAC of it), so that a token of the same id on another server sharing the
+/// table, with another secret, is another tenant. A server without tokens answers whoever
+/// reaches its address, so its one caller is that address: a server restarted on it sees the
+/// runs of the one before, a server on another address does not.
+fn identity(config: &ServerConfig, token_id: &str) -> Vec<u8> {
+    match config.tokens.iter().find(|t| t.id == token_id) {
+        Some(t) => [b"token\0", t.token.as_bytes()].concat(),
+        None => format!("anonymous\0{}", config.listen).into_bytes(),
+    }
+}
+
+/// The caller's tenant in the job table.
+pub(super) fn tenant(service: &Service, jobs: &Jobs, caller: &Caller) -> String {
+    jobs.tenant(&identity(&service.config, &caller.0))
+}
+
+/// Every tenant of this server's callers, with its caller's id.
+fn tenants(service: &Service, jobs: &Jobs) -> Vec<(String, String)> {
+    let config = &service.config;
+    let ids = config.tokens.iter().map(|t| t.id.clone());
+    let ids: Vec<String> = if config.tokens.is_empty() {
+        vec![Caller::anonymous().0]
+    } else {
+        ids.collect()
+    };
+    ids.into_iter()
+        .map(|id| (jobs.tenant(&identity(config, &id)), id))
+        .collect()
 }
 
 /// A run in flight: its owner and what kills its sandbox.
@@ -140,7 +172,11 @@ pub(super) fn cancel(service: &Service, caller: &Caller, id: &str) -> Result<(),
         }
         return Ok(());
     }
-    match service.jobs().ok().map(|j| j.get(&caller.0, id)) {
+    match service
+        .jobs()
+        .ok()
+        .map(|j| j.get(&tenant(service, j, caller), id))
+    {
         Some(Ok(Some(_))) => Ok(()),
         Some(Err(e)) => Err(ServiceError::Internal(format!("job table: {e}"))),
         _ => Err(not_found(id)),
@@ -157,7 +193,7 @@ fn not_found(id: &str) -> ServiceError {
 pub(super) fn show(service: &Service, caller: &Caller, id: &str) -> Result<RunInfo, ServiceError> {
     if let Ok(jobs) = service.jobs() {
         let found = jobs
-            .get(&caller.0, id)
+            .get(&tenant(service, jobs, caller), id)
             .map_err(|e| ServiceError::Internal(format!("job table: {e}")))?;
         if let Some(info) = found {
             return Ok(info);
@@ -176,96 +212,74 @@ pub(super) fn show(service: &Service, caller: &Caller, id: &str) -> Result<RunIn
     }
 }
 
-/// An `async` run's status once it has ended.
-pub(super) fn ended(
-    id: &str,
-    created: u64,
-    cancelled: bool,
-    outcome: &Result<RunResult, ServiceError>,
-) -> RunInfo {
-    let (status, result, error) = match outcome {
-        Ok(r) if cancelled => (RunStatus::Cancelled, Some(r.clone()), None),
-        Ok(r) => (RunStatus::Finished, Some(r.clone()), None),
-        Err(e) => (
-            if cancelled {
-                RunStatus::Cancelled
-            } else {
-                RunStatus::Failed
-            },
-            None,
-            Some(RunError {
-                code: e.code().to_string(),
-                message: e.to_string(),
-            }),
-        ),
-    };
-    RunInfo {
-        id: id.to_string(),
-        status,
-        created_at_unix_ms: created,
-        finished_at_unix_ms: Some(now_ms_u64()),
-        result,
-        error,
-    }
-}
-
 pub(crate) fn now_ms_u64() -> u64 {
     u64::try_from(now_ms()).unwrap_or(u64::MAX)
 }
 
-/// Records an `async` run's end in the job table.
-pub(super) fn record(service: &Service, info: &RunInfo) {
+/// Records an `async` run's end in the job table: its status, and its result or why it has
+/// none. The result is written from where it is, never copied whole.
+pub(super) fn record(
+    service: &Service,
+    id: &str,
+    cancelled: bool,
+    outcome: &Result<RunResult, ServiceError>,
+) {
     let Ok(jobs) = service.jobs() else { return };
-    if let Err(e) = jobs.finish(
-        &info.id,
-        info.status,
-        info.finished_at_unix_ms.unwrap_or_default(),
-        info.result.as_ref(),
-        info.error.as_ref(),
-    ) {
-        tracing::error!("job table: cannot record the end of run {}: {e}", info.id);
+    let status = match (outcome, cancelled) {
+        (_, true) => RunStatus::Cancelled,
+        (Ok(_), false) => RunStatus::Finished,
+        (Err(_), false) => RunStatus::Failed,
+    };
+    let error = outcome.as_ref().err().map(|e| RunError {
+        code: e.code().to_string(),
+        message: e.to_string(),
+    });
+    let result = outcome.as_ref().ok();
+    if let Err(e) = jobs.finish(id, status, now_ms_u64(), result, error.as_ref()) {
+        tracing::error!("job table: cannot record the end of run {id}: {e}");
     }
 }
 
 /// Sends a recorded `async` run's end to its callback.
-pub(super) async fn call_back(
-    service: &Arc<Service>,
-    caller: &Caller,
-    info: &RunInfo,
-    target: &Target,
-) {
+pub(super) async fn call_back(service: &Arc<Service>, caller: &Caller, id: &str, target: &Target) {
     let Ok(jobs) = service.jobs() else { return };
-    send_callback(service, jobs, &caller.0, info, target).await;
+    send_callback(service, jobs, &caller.0, id, target).await;
 }
 
-/// Sends the run's end to its callback, signed with its token's secret, each attempt in the
-/// audit log; the job table learns whether it was delivered.
+/// Sends run `id`'s end to its callback, signed with its token's secret, each attempt's body
+/// read from the job table and each attempt in the audit log; the job table learns whether it
+/// was delivered.
 async fn send_callback(
     service: &Arc<Service>,
     jobs: &Jobs,
     token: &str,
-    info: &RunInfo,
+    id: &str,
     target: &Target,
 ) {
     let secret = service
         .config
         .callback_secret(token)
         .and_then(|s| Secret::parse(s).ok());
+    let config = &service.config.callbacks;
     let delivered = match secret {
         Some(secret) => {
-            let message = Message {
-                // One message per run: the same id on every attempt, and after a restart too.
-                id: format!("msg_{}", info.id),
-                body: serde_json::to_vec(info).unwrap_or_default(),
+            let max = config.max_body.0;
+            let body = || match jobs.callback_row(id, max) {
+                Ok(Some(row)) => Ok(callback::body(row, max)),
+                Ok(None) => Err("the run is no longer in the job table".to_string()),
+                Err(e) => Err(format!("job table: {e}")),
             };
-            callback::deliver(&service.config.callbacks, &secret, target, &message, |a| {
+            // One message per run: the same id on every attempt, and after a restart too.
+            let message = format!("msg_{id}");
+            let workers = &service.callback_workers;
+            callback::deliver(config, &secret, target, &message, workers, body, |a| {
                 service.audit.event(&Event {
                     url: Some(&target.url),
                     attempt: Some(a.number),
                     status: a.status,
                     delivered: Some(a.delivered()),
                     error: a.error.clone(),
-                    ..Event::new(token, "callback", &info.id)
+                    ..Event::new(token, "callback", id)
                 });
             })
             .await
@@ -275,21 +289,23 @@ async fn send_callback(
                 url: Some(&target.url),
                 delivered: Some(false),
                 error: Some("no callback secret for this token any more".into()),
-                ..Event::new(token, "callback", &info.id)
+                ..Event::new(token, "callback", id)
             });
             false
         }
     };
-    if let Err(e) = jobs.delivered(&info.id, delivered) {
-        tracing::error!("job table: run {}: {e}", info.id);
+    if let Err(e) = jobs.delivered(id, delivered) {
+        tracing::error!("job table: run {id}: {e}");
     }
 }
 
 /// At start: the runs a stopped server left in flight are lost, and the callbacks still owed
-/// (theirs included) are sent.
+/// to this server's callers (theirs included) are sent.
 pub(crate) fn recover(service: &Arc<Service>) {
     let Ok(jobs) = service.jobs() else { return };
-    let pending = match jobs.recover(now_ms_u64()) {
+    let tenants = tenants(service, jobs);
+    let ours: Vec<String> = tenants.iter().map(|(t, _)| t.clone()).collect();
+    let pending = match jobs.recover(now_ms_u64(), &ours) {
         Ok(p) => p,
         Err(e) => {
             tracing::error!("job table {}: cannot recover: {e}", jobs.path().display());
@@ -297,23 +313,24 @@ pub(crate) fn recover(service: &Arc<Service>) {
         }
     };
     for Pending {
-        token,
-        info,
+        id,
+        tenant,
+        status,
         url,
         addr,
     } in pending
     {
-        if info.status == RunStatus::Lost {
-            tracing::warn!(
-                "run {} was in flight when its server stopped: lost",
-                info.id
-            );
+        if status == RunStatus::Lost {
+            tracing::warn!("run {id} was in flight when its server stopped: lost");
         }
+        let Some((_, token)) = tenants.iter().find(|(t, _)| *t == tenant) else {
+            continue;
+        };
         let Ok(addr) = addr.parse() else { continue };
-        let service = service.clone();
+        let (service, token) = (service.clone(), token.clone());
         tokio::spawn(async move {
             let Ok(jobs) = service.jobs() else { return };
-            send_callback(&service, jobs, &token, &info, &Target { url, addr }).await;
+            send_callback(&service, jobs, &token, &id, &Target { url, addr }).await;
         });
     }
 }
