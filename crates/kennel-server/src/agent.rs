@@ -77,7 +77,12 @@ fn boot_program() -> String {
 /// source.
 fn boot_line(blob: &str, src: &str) -> Vec<u8> {
     let rest = format!(r#""code":"{blob}","src":"{}"}}"#, encode(src.as_bytes())) + "\n";
-    format!("{BOOT_HEAD}{:0width$}\",{rest}", rest.len(), width = BOOT_SIZE).into_bytes()
+    format!(
+        "{BOOT_HEAD}{:0width$}\",{rest}",
+        rest.len(),
+        width = BOOT_SIZE
+    )
+    .into_bytes()
 }
 
 static COMPILED: std::sync::OnceLock<String> = std::sync::OnceLock::new();
@@ -567,7 +572,12 @@ impl AgentSandbox {
     ) -> Result<AgentSandbox, Error> {
         policy.limits.timeout = Span(lifetime);
         let boot = boot_line_off_runtime().await;
-        let mut argv = vec!["/usr/bin/python3".into(), "-u".into(), "-c".into(), boot_program()];
+        let mut argv = vec![
+            "/usr/bin/python3".into(),
+            "-u".into(),
+            "-c".into(),
+            boot_program(),
+        ];
         if !preload.is_empty() {
             argv.push(preload.join(","));
         }

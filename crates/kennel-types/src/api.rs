@@ -759,9 +759,9 @@ impl SessionEnd {
                 "the session's sandbox hit its task limit and ended (pids_limit, {status}); \
                  start a new session with a higher `limits.pids`"
             ),
-            EndReason::Killed => format!(
-                "the session's sandbox was killed (killed, {status}); start a new session"
-            ),
+            EndReason::Killed => {
+                format!("the session's sandbox was killed (killed, {status}); start a new session")
+            }
             EndReason::Crashed => format!(
                 "the session's sandbox ended on its own (crashed, {status}); start a new session"
             ),

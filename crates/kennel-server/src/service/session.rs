@@ -357,10 +357,7 @@ pub(super) async fn write_file(
         ));
     }
     let _busy = session.busy();
-    let outcome = session
-        .agent
-        .write_file(&path, data, 0o644)
-        .await;
+    let outcome = session.agent.write_file(&path, data, 0o644).await;
     settle(&session, outcome, agent_error).await
 }
 
@@ -375,7 +372,10 @@ pub(super) async fn read_file(
     let _busy = session.busy();
     let max = service.config.max_body.0;
     let outcome = session.agent.read_file(&path, max).await;
-    let (size, data) = settle(&session, outcome, |e| missing_is_not_found(e, &path, "file")).await?;
+    let (size, data) = settle(&session, outcome, |e| {
+        missing_is_not_found(e, &path, "file")
+    })
+    .await?;
     if size > data.len() as u64 {
         return Err(ServiceError::TooLarge(format!(
             "{path} is {size} bytes, more than this server returns"
@@ -393,11 +393,11 @@ pub(super) async fn delete_file(
     let session = open(service, caller, id)?;
     let path = sandbox_path(path)?;
     let _busy = session.busy();
-    let outcome = session
-        .agent
-        .delete(&path)
-        .await;
-    settle(&session, outcome, |e| missing_is_not_found(e, &path, "file")).await
+    let outcome = session.agent.delete(&path).await;
+    settle(&session, outcome, |e| {
+        missing_is_not_found(e, &path, "file")
+    })
+    .await
 }
 
 /// A directory's path: /workspace when none, else /workspace, /tmp or one under them.
@@ -426,10 +426,7 @@ pub(super) async fn get_archive(
         .workspace_size
         .0
         .min(service.config.max_body.0);
-    let outcome = session
-        .agent
-        .pack(&path, max)
-        .await;
+    let outcome = session.agent.pack(&path, max).await;
     settle(&session, outcome, |e| too_large_or(e, &path, "directory")).await
 }
 

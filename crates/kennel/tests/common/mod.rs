@@ -216,3 +216,42 @@ pub fn http_answering(body: &'static str) -> u16 {
     });
     port
 }
+
+/// Writes a pure-Python wheel, `kennel-probe` 0.1 (whose module `kennel_probe` has `VALUE =
+/// 'kennel-probe-ok'`), and a PEP 503 simple index for it under `root`: `root/simple/` is
+/// the index, `root/files/` has the wheel.
+pub fn write_pip_index(root: &std::path::Path) {
+    let builder = r#"
+import base64, hashlib, os, sys, zipfile
+root = sys.argv[1]
+files = {
+    "kennel_probe/__init__.py": "VALUE = 'kennel-probe-ok'\n",
+    "kennel_probe-0.1.dist-info/METADATA": "Metadata-Version: 2.1\nName: kennel-probe\nVersion: 0.1\n",
+    "kennel_probe-0.1.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: kennel-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+}
+def digest(b):
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(b).digest()).rstrip(b"=").decode()
+record = "".join(f"{n},{digest(c.encode())},{len(c.encode())}\n" for n, c in files.items())
+files["kennel_probe-0.1.dist-info/RECORD"] = record + "kennel_probe-0.1.dist-info/RECORD,,\n"
+os.makedirs(os.path.join(root, "files"), exist_ok=True)
+os.makedirs(os.path.join(root, "simple", "kennel-probe"), exist_ok=True)
+whl = os.path.join(root, "files", "kennel_probe-0.1-py3-none-any.whl")
+with zipfile.ZipFile(whl, "w") as z:
+    for n, c in files.items():
+        z.writestr(n, c)
+sha = hashlib.sha256(open(whl, "rb").read()).hexdigest()
+with open(os.path.join(root, "simple", "kennel-probe", "index.html"), "w") as f:
+    f.write(f'<!DOCTYPE html><html><body><a href="../../files/kennel_probe-0.1-py3-none-any.whl#sha256={sha}">kennel_probe-0.1-py3-none-any.whl</a></body></html>\n')
+"#;
+    let out = Command::new(PY)
+        .arg("-c")
+        .arg(builder)
+        .arg(root)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
