@@ -133,8 +133,9 @@ impl Session {
     /// before it is forgotten.
     pub fn remaining(&self) -> Duration {
         self.mark_if_ended();
+        let by_life = self.max_lifetime.saturating_sub(self.created.elapsed());
         if let Some((_, at)) = self.ended.get() {
-            return self.idle_ttl.saturating_sub(at.elapsed());
+            return self.idle_ttl.saturating_sub(at.elapsed()).min(by_life);
         }
         let idle = self
             .last_used
@@ -146,7 +147,6 @@ impl Session {
         } else {
             self.idle_ttl.saturating_sub(idle)
         };
-        let by_life = self.max_lifetime.saturating_sub(self.created.elapsed());
         by_idle.min(by_life)
     }
 

@@ -46,8 +46,14 @@ async fn failed(session: &Session, e: AgentError) -> (ServiceError, Option<Sessi
     if !matches!(e, AgentError::Gone(_) | AgentError::Unresponsive) || session.is_closing() {
         return (agent_error(e), None);
     }
+    let unresponsive = matches!(e, AgentError::Unresponsive);
     let end = session.lost().await;
-    (ServiceError::SessionEnded(end.describe()), Some(end))
+    let message = match end.reason {
+        // Killed by us: say why.
+        EndReason::Killed if unresponsive => format!("{e}: {}", end.describe()),
+        _ => end.describe(),
+    };
+    (ServiceError::SessionEnded(message), Some(end))
 }
 
 /// A file operation's outcome: a lost sandbox as [`failed`] has it, other errors by `map`.
