@@ -6,12 +6,10 @@
 mod common;
 mod server_common;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
-use common::{require, write_pip_index, PY};
+use common::{require, write_pip_index, PortServer, PY};
 use serde_json::{json, Value};
 use server_common::{sha256_hex, test_dir, Server};
 
@@ -190,55 +188,13 @@ fn ps_in_a_session_is_short() {
     );
 }
 
-/// `python3 -m http.server` on a free port of 127.0.0.1, serving `dir`; killed by its PID.
-struct Index {
-    child: Child,
-    port: u16,
-}
-
-impl Index {
-    fn serve(dir: &Path) -> Index {
-        let mut child = Command::new(PY)
-            .args([
-                "-u",
-                "-m",
-                "http.server",
-                "0",
-                "--bind",
-                "127.0.0.1",
-                "--directory",
-            ])
-            .arg(dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("python3 starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        // "Serving HTTP on 127.0.0.1 port 40123 (http://127.0.0.1:40123/) ..."
-        let port = line
-            .split_whitespace()
-            .skip_while(|w| *w != "port")
-            .nth(1)
-            .and_then(|p| p.parse().ok());
-        let Some(port) = port else {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("http.server did not say its port: {line:?}");
-        };
-        Index { child, port }
-    }
-}
-
-impl Drop for Index {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+/// A static file server on a free port of 127.0.0.1 that prints its port, then serves the
+/// directory it is given.
+const SERVE_DIR: &str = "import functools, http.server, sys\n\
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=sys.argv[1])\n\
+    server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), handler)\n\
+    print(server.server_address[1], flush=True)\n\
+    server.serve_forever()";
 
 /// `pip install x` then `import x` in the next exec of the same session, as agents do: no
 /// PEP 668 refusal, and the running interpreter sees the new package (it had looked for it
@@ -255,7 +211,8 @@ fn pip_install_then_import_in_a_session() {
     }
     let dir = test_dir("session-pip");
     write_pip_index(&dir.join("index"));
-    let index = Index::serve(&dir.join("index"));
+    let index_dir = dir.join("index");
+    let index = PortServer::start(&[Path::new("-c"), Path::new(SERVE_DIR), &index_dir]);
     let p = index.port;
     let config = format!("allow_pins_to = [\"127.0.0.1/32\"]\n{NO_POOL}");
     let server = Server::start("session-pip", &config);

@@ -5,7 +5,7 @@
 pub mod dockerd;
 pub mod vm;
 
-use std::io::Write;
+use std::io::{BufRead, Write};
 use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
@@ -254,4 +254,45 @@ with open(os.path.join(root, "simple", "kennel-probe", "index.html"), "w") as f:
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A server process on the host; killed by its PID (and reaped) on drop.
+pub struct PortServer {
+    child: std::process::Child,
+    pub port: u16,
+}
+
+impl PortServer {
+    /// Starts `/usr/bin/python3 args...`, which must print the port it listens on as its first
+    /// line once it is listening.
+    pub fn start(args: &[&std::path::Path]) -> PortServer {
+        let mut child = Command::new(PY)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python3 starts");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = match line.trim().parse() {
+            Ok(p) => p,
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the server did not print its port: {line:?}");
+            }
+        };
+        PortServer { child, port }
+    }
+}
+
+impl Drop for PortServer {
+    fn drop(&mut self) {
+        // Child::kill signals this child's PID only.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

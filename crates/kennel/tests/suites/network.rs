@@ -1,9 +1,8 @@
 // The body of a test suite, included by one test target per tier, which names it in its
 // `RUNTIME` constant (see `tier.rs`).
-use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use common::*;
@@ -52,46 +51,8 @@ impl Drop for TempDir {
     }
 }
 
-/// A server process on the host; killed by its PID (and reaped) on drop.
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Server {
-    /// Starts `/usr/bin/python3 args...`, which must print the port it listens on as its first
-    /// line once it is listening.
-    fn start(args: &[&Path]) -> Server {
-        let mut child = Command::new(PY)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("python3 starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let port = match line.trim().parse() {
-            Ok(p) => p,
-            Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("the server did not print its port: {line:?}");
-            }
-        };
-        Server { child, port }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        // Child::kill signals this child's PID only.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+/// A server process on the host ([`PortServer`]).
+type Server = PortServer;
 
 /// A threaded static file server on a free port of 127.0.0.1, optionally in TLS. It prints its
 /// port, then serves `ROOT`. Two extra paths report what the server saw: `/sni` answers with the
