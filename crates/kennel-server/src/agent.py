@@ -1,6 +1,8 @@
 """Kennel session agent: the only program of a session sandbox.
 
-Kennel starts it as ``/usr/bin/python3 -u -c <this file> [MODULES]``. ``MODULES`` (a pooled
+Kennel starts it as ``/usr/bin/python3 -u -c <boot> [MODULES]``, where ``<boot>`` (a few
+lines) reads this file, or its bytecode, from the first line of stdin: ``{"op":"boot",...}``
+(which the agent, once running, ignores: a resumed microVM's gets it again). ``MODULES`` (a pooled
 sandbox of an image) is the image's ``preload`` list, comma-separated: the agent imports them
 before it answers anything, so every kernel it forks starts with them imported and the first
 run pays nothing for them. A module that fails to import is reported on stderr and skipped
@@ -124,7 +126,8 @@ Requests
     waits until it ends), if ``target`` (optional) is its id or absent: ``interrupt`` sends
     SIGINT, as Ctrl-C would, to the python code (a ``KeyboardInterrupt``; one sent before the
     code started is sent as it starts) or to a shell's process group; ``cancel`` ends the exec
-    as its timeout would, and its result has ``"cancelled": true``. Answer
+    as its timeout would, and its result has ``"cancelled": true`` and ``"timed_out": false``
+    (a cancel that comes once the exec's time is up leaves it timed out). Answer
     ``{"id":N,"event":"ok"}``, also when no exec runs.
 
 Exec responses
@@ -143,7 +146,7 @@ time over the exec and its peak resident size, by its own account (null when it 
 A session python exec's result also has ``"error":{"name":str,"value":str,"traceback":[str]}|
 null`` (the exception the code ended with, SystemExit aside; null when the kernel died) and
 ``"results_truncated":bool`` (rich outputs were dropped for the output limit or their number).
-``exit_code`` is null whenever ``timed_out`` is true or ``signal`` is set.
+``exit_code`` is null whenever ``timed_out`` or ``cancelled`` is true or ``signal`` is set.
 
 Errors
 ------
@@ -701,8 +704,9 @@ class ShellRun:
             signal_group(self.proc.pid, signal.SIGINT)
 
     def cancel(self):
-        self.deadline = min(self.deadline, time.monotonic())
-        self.cancelled = True
+        now = time.monotonic()
+        self.cancelled = not self.timed_out and now < self.deadline
+        self.deadline = min(self.deadline, now)
 
     def abort(self):
         if self.ended is None:
@@ -715,7 +719,7 @@ class ShellRun:
         return {
             "exit_code": code if code >= 0 else None,
             "signal": -code if code < 0 else None,
-            "timed_out": self.timed_out,
+            "timed_out": self.timed_out and not self.cancelled,
             "duration_ms": int((self.ended - self.start) * 1000),
             "cancelled": self.cancelled,
         }
@@ -827,9 +831,11 @@ class PythonRun:
             self.interrupt_asked = True
 
     def cancel(self):
-        """Ends the exec as its timeout would (SIGINT, then a kill past the grace)."""
-        self.deadline = min(self.deadline, time.monotonic())
-        self.cancelled = True
+        """Ends the exec as its timeout would (SIGINT, then a kill past the grace), but
+        reported as cancelled, not timed out (unless its time was up already)."""
+        now = time.monotonic()
+        self.cancelled = not self.timed_out and now < self.deadline
+        self.deadline = min(self.deadline, now)
 
     def abort(self):
         if self.ended is None:
@@ -842,7 +848,7 @@ class PythonRun:
         return {
             "exit_code": code,
             "signal": sig,
-            "timed_out": self.timed_out,
+            "timed_out": self.timed_out and not self.cancelled,
             "duration_ms": int((self.ended - self.start) * 1000),
             "usage": self.kernel.usage if self.status is not None else None,
             "cancelled": self.cancelled,
@@ -990,6 +996,8 @@ def run_exec(sock, state, request, fds):
         sys.stdout = sys.__stdout__ = output_stream(1, unbuffered=True)
         sys.stderr = sys.__stderr__ = output_stream(2, unbuffered=True)
         reseed_generators()
+    else:
+        see_new_packages()
     runner = plain_run
     if with_rich:
         rich = rich_module(request.get("rich_source"))
@@ -1005,6 +1013,22 @@ def run_exec(sock, state, request, fds):
         flush_std_streams()
     stdio_to_devnull()
     return status
+
+
+def see_new_packages():
+    """Lets a session's code import what ``pip install`` put in place since the kernel
+    started: the user site (``$HOME/.local``: /workspace's, where pip installs when the
+    system's site-packages is read-only) on ``sys.path`` even before it exists (``site``
+    leaves it out then), and the import system's caches of directories dropped."""
+    import importlib
+    import site
+
+    if site.ENABLE_USER_SITE:
+        user = site.getusersitepackages()
+        if user not in sys.path:
+            system = [i for i, p in enumerate(sys.path) if p.endswith("-packages")]
+            sys.path.insert(system[0] if system else len(sys.path), user)
+    importlib.invalidate_caches()
 
 
 RICH = None  # rich.py, once a session exec has loaded it
@@ -1478,6 +1502,7 @@ class Agent:
             "pack": self.op_pack,
             "unpack": self.op_unpack,
             "ping": self.op_ping,
+            "boot": self.op_boot,
         }
         self.kernel = None
         self.archive_module = None
@@ -1747,6 +1772,9 @@ class Agent:
 
     def op_idle_control(self, rid, request):
         send({"id": rid, "event": "ok"})  # no exec runs: nothing to interrupt or cancel
+
+    def op_boot(self, rid, request):
+        pass  # the agent itself, read by the boot program; sent again to a resumed microVM
 
     def op_ping(self, rid, request):
         kernel = self.kernel

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -16,32 +16,77 @@ use kennel_sandbox::engine::Engine;
 use kennel_sandbox::error::Error;
 use kennel_sandbox::{Canceller, OutputMode, OutputSink, RunIo, Started, StdinSource, Stream};
 use kennel_types::api::{
-    Command, DirEntry, ExecResult, FigureFormat, Isolation, Language, ResumeAt, RichOutput,
-    RunRequest, RunResult,
+    Command, DirEntry, EndReason, ExecResult, FigureFormat, Isolation, Language, ResumeAt,
+    RichOutput, RunRequest, RunResult, SessionEnd,
 };
 use kennel_types::policy::{Policy, Span, Tier};
 
-/// The agent's source, run as `python3 -u -c`; its docstring is the protocol.
+/// The agent's source; its docstring is the protocol.
 pub const AGENT_SRC: &str = include_str!("agent.py");
-/// How the agent starts: from `argv[2]`, its bytecode (base64 of zlib of the magic number
-/// and the marshalled code) when the sandbox's python has the same magic number as the
-/// python that compiled it, else from its source, `argv[1]`. Compiling the agent cost each
-/// pooled sandbox about 9 of its 41 ms of CPU (`bench/load.sh`). Both leave `argv`.
-const BOOT: &str = r#"import sys
+/// How the agent starts, as `python3 -u -c BOOT [PRELOADS]`: it reads the agent from its
+/// stdin, the first line there (see [`boot_line`]), and runs its bytecode when the sandbox's
+/// python has the magic number of the python that compiled it, else its source. The agent
+/// comes on stdin, not in `argv`, so that `ps` in a session shows a short command line, not
+/// the agent's 100 KB and more. Compiling the agent cost each pooled sandbox about 9 of its
+/// 41 ms of CPU (`bench/load.sh`). The line is read to its exact length, byte for byte, so
+/// that the requests after it stay on stdin for the agent.
+const BOOT: &str = r#"import os
 def _kennel_boot():
-    src, blob = sys.argv[1], sys.argv[2]
-    del sys.argv[1:3]
-    if blob:
-        import binascii, marshal, zlib
+    def read(n):
+        got = b""
+        while len(got) < n:
+            try:
+                chunk = os.read(0, n - len(got))
+            except BlockingIOError:
+                import select
+                select.select([0], [], [])
+                continue
+            if not chunk:
+                raise SystemExit("kennel agent: stdin ended before the agent came")
+            got += chunk
+        return got
+    head = read(HEAD)
+    fields = read(int(head[-SIZE - 2:-2])).split(b'"')
+    import binascii, marshal
+    if fields[3]:
+        import zlib
         from _frozen_importlib_external import MAGIC_NUMBER
-        raw = zlib.decompress(binascii.a2b_base64(blob))
+        raw = zlib.decompress(binascii.a2b_base64(fields[3]))
         if raw[:4] == MAGIC_NUMBER:
             return marshal.loads(raw[4:])
-    return compile(src, "<string>", "exec")
+    return compile(binascii.a2b_base64(fields[7]), "<string>", "exec")
 exec(_kennel_boot())
 "#;
 
+/// The boot line's head: an `op` the running agent ignores (a resumed microVM's agent gets
+/// the line again), then the size of the rest as a fixed-width string.
+const BOOT_HEAD: &str = r#"{"op":"boot","id":0,"size":""#;
+/// The digits of the rest's size.
+const BOOT_SIZE: usize = 10;
+
+/// [`BOOT`] with its constants in place.
+fn boot_program() -> String {
+    BOOT.replace("HEAD", &(BOOT_HEAD.len() + BOOT_SIZE + 2).to_string())
+        .replace("SIZE", &BOOT_SIZE.to_string())
+}
+
+/// The agent as [`BOOT`] reads it from stdin: one JSON line, `{"op":"boot","id":0,
+/// "size":"0000012345","code":BLOB,"src":SOURCE}`, where `size` counts the bytes after its
+/// own field (the newline included), `BLOB` is base64 of zlib of the magic number and the
+/// marshalled code (empty when the host could not compile it) and `SOURCE` base64 of the
+/// source.
+fn boot_line(blob: &str, src: &str) -> Vec<u8> {
+    let rest = format!(r#""code":"{blob}","src":"{}"}}"#, encode(src.as_bytes())) + "\n";
+    format!(
+        "{BOOT_HEAD}{:0width$}\",{rest}",
+        rest.len(),
+        width = BOOT_SIZE
+    )
+    .into_bytes()
+}
+
 static COMPILED: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+static BOOT_LINE: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
 
 /// What the host's python makes of the agent for `BOOT`: `""` when it cannot (no python, or
 /// one that fails), and the agent then compiles itself as before. Made once per process; the
@@ -50,15 +95,20 @@ fn compiled() -> &'static str {
     COMPILED.get_or_init(|| compile_with(COMPILER, AGENT_SRC).unwrap_or_default())
 }
 
-/// [`compiled`] for async callers: its first call waits for the host's python (about 50 ms),
-/// which belongs on the blocking pool, not on a runtime worker that serves other requests.
-async fn compiled_off_runtime() -> &'static str {
-    match COMPILED.get() {
+/// The agent's boot line ([`boot_line`]) for async callers: its first call waits for the
+/// host's python (about 50 ms), which belongs on the blocking pool, not on a runtime worker
+/// that serves other requests.
+async fn boot_line_off_runtime() -> &'static [u8] {
+    if let Some(line) = BOOT_LINE.get() {
+        return line;
+    }
+    let blob = match COMPILED.get() {
         Some(blob) => blob,
         None => tokio::task::spawn_blocking(compiled)
             .await
             .unwrap_or_default(),
-    }
+    };
+    BOOT_LINE.get_or_init(|| boot_line(blob, AGENT_SRC))
 }
 
 const COMPILER: &str = r#"import binascii, marshal, sys, zlib
@@ -434,7 +484,39 @@ pub struct AgentSandbox {
     /// The isolation and the usage probe, once the agent has started.
     live: Arc<Mutex<Option<Started>>>,
     ended: Arc<AtomicBool>,
+    /// How the sandbox ended, set once it has (before `ended`).
+    ending: Arc<OnceLock<SessionEnd>>,
     pub started: Instant,
+}
+
+/// How a sandbox's run ended, as a session reports it: the cgroup's counters first (an OOM
+/// kill is the usual way a session dies, its files counting against its memory), then the
+/// status.
+fn ending_of(result: &Result<RunResult, Error>) -> SessionEnd {
+    let ended_at_unix_ms = u64::try_from(crate::audit::now_ms()).unwrap_or(u64::MAX);
+    let Ok(r) = result else {
+        return SessionEnd {
+            reason: EndReason::Crashed,
+            exit_code: None,
+            signal: None,
+            ended_at_unix_ms,
+        };
+    };
+    let reason = if r.oom_killed {
+        EndReason::OomKilled
+    } else if r.pids_limit_hit {
+        EndReason::PidsLimit
+    } else if r.outcome.signal.is_some() || r.outcome.timed_out {
+        EndReason::Killed
+    } else {
+        EndReason::Crashed
+    };
+    SessionEnd {
+        reason,
+        exit_code: r.outcome.exit_code,
+        signal: r.outcome.signal,
+        ended_at_unix_ms,
+    }
 }
 
 /// Splits the agent's stdout into lines and its stderr into a short tail for diagnostics.
@@ -489,10 +571,13 @@ impl AgentSandbox {
         preload: &[String],
     ) -> Result<AgentSandbox, Error> {
         policy.limits.timeout = Span(lifetime);
-        let blob = compiled_off_runtime().await;
-        let mut argv = ["/usr/bin/python3", "-u", "-c", BOOT, AGENT_SRC, blob]
-            .map(String::from)
-            .to_vec();
+        let boot = boot_line_off_runtime().await;
+        let mut argv = vec![
+            "/usr/bin/python3".into(),
+            "-u".into(),
+            "-c".into(),
+            boot_program(),
+        ];
         if !preload.is_empty() {
             argv.push(preload.join(","));
         }
@@ -503,7 +588,7 @@ impl AgentSandbox {
         // a native sandbox takes one or two.
         let microvm = policy.tier == Tier::Microvm;
         let resume_at = microvm.then(|| ResumeAt {
-            stdin: b"{\"op\":\"ping\",\"id\":0}\n".to_vec(),
+            stdin: [boot, b"{\"op\":\"ping\",\"id\":0}\n"].concat(),
             ready: b"{\"id\":0,\"event\":\"pong\"".to_vec(),
         });
         let ready_within = Duration::from_secs(if microvm { 300 } else { 30 });
@@ -518,8 +603,11 @@ impl AgentSandbox {
         let cancel = Canceller::new();
         let live = Arc::new(Mutex::new(None));
         let slot = live.clone();
+        // The agent first, then the requests: a resumed microVM's agent, which has it
+        // already, ignores it.
+        let stdin = std::io::Read::chain(boot, reader);
         let io = RunIo {
-            stdin: StdinSource::Reader(Box::new(reader)),
+            stdin: StdinSource::Reader(Box::new(stdin)),
             on_output: Some(sink(line_tx, stderr_tail.clone())),
             output: OutputMode::Raw,
             cancel: Some(cancel.clone()),
@@ -529,9 +617,11 @@ impl AgentSandbox {
         };
         let (done_tx, done) = oneshot::channel();
         let ended = Arc::new(AtomicBool::new(false));
-        let flag = ended.clone();
+        let ending = Arc::new(OnceLock::new());
+        let (flag, how) = (ended.clone(), ending.clone());
         std::thread::spawn(move || {
             let result = engine.run(&req, io);
+            let _ = how.set(ending_of(&result));
             flag.store(true, Ordering::SeqCst);
             let _ = done_tx.send(result);
         });
@@ -550,6 +640,7 @@ impl AgentSandbox {
             stderr_tail,
             live,
             ended,
+            ending,
             started: Instant::now(),
         };
         match agent.call(&Request::Ping, ready_within, |_| {}).await {
@@ -802,6 +893,18 @@ impl AgentSandbox {
         self.ended.load(Ordering::SeqCst)
     }
 
+    /// How the sandbox ended, once it has ([`AgentSandbox::has_ended`]).
+    pub fn ending(&self) -> Option<SessionEnd> {
+        self.ending.get().cloned()
+    }
+
+    /// The OOM kills in the sandbox's cgroup so far, where the host can read its counters.
+    pub fn oom_kills(&self) -> Option<u64> {
+        self.usage_now()
+            .and_then(|(_, stats)| stats)
+            .map(|s| s.oom_kills)
+    }
+
     /// Ends the sandbox: the agent sees EOF and exits; a sandbox that does not end within a
     /// few seconds is killed. Returns the sandbox's own result the first time.
     pub async fn close(&self) -> Option<Result<RunResult, Error>> {
@@ -853,12 +956,21 @@ mod tests {
     use super::*;
     use serde_json::{json, Value};
 
-    /// What `BOOT` prints, run by the host's python with `src` and `blob` as the agent's.
+    /// What `BOOT` prints, run by the host's python with `src` and `blob` as the agent's on
+    /// its stdin, and a request after them.
     fn boot(src: &str, blob: &str) -> String {
-        let out = std::process::Command::new("/usr/bin/python3")
-            .args(["-c", BOOT, src, blob, "preloads"])
-            .output()
+        let mut child = std::process::Command::new("/usr/bin/python3")
+            .args(["-c", &boot_program(), "preloads"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
             .expect("/usr/bin/python3 runs (the sandboxes' python)");
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(&boot_line(blob, src)).unwrap();
+        stdin.write_all(b"{\"op\":\"ping\"}\n").unwrap();
+        drop(stdin);
+        let out = child.wait_with_output().unwrap();
         assert!(
             out.status.success(),
             "{}",
@@ -868,20 +980,41 @@ mod tests {
     }
 
     /// The bytecode runs where the magic number matches, the source where it does not (or
-    /// where there is none); either way the agent sees only its own arguments.
+    /// where there is none); either way the agent sees only its own arguments, and its
+    /// stdin from the first request on.
     #[test]
     fn the_agent_boots_from_bytecode_only_a_python_of_its_own_magic_made() {
-        let shows = "import sys; print(sys.argv[1:])";
+        let shows = "import sys; print(sys.argv[1:], sys.stdin.read())";
         let blob = compile_with(COMPILER, &format!("print('bytecode'); {shows}")).unwrap();
         let src = format!("print('source'); {shows}");
-        assert_eq!(boot(&src, &blob), "bytecode\n['preloads']\n");
+        let pinged = "['preloads'] {\"op\":\"ping\"}\n\n";
+        assert_eq!(boot(&src, &blob), format!("bytecode\n{pinged}"));
         let foreign = COMPILER.replace("MAGIC_NUMBER + ", "b'\\x00\\x00\\r\\n' + ");
         let other = compile_with(&foreign, "print('bytecode')").unwrap();
         assert_ne!(other, blob);
-        assert_eq!(boot(&src, &other), "source\n['preloads']\n");
-        assert_eq!(boot(&src, ""), "source\n['preloads']\n");
+        assert_eq!(boot(&src, &other), format!("source\n{pinged}"));
+        assert_eq!(boot(&src, ""), format!("source\n{pinged}"));
         // And the agent itself compiles.
         assert!(!compiled().is_empty());
+    }
+
+    /// The boot line is one JSON line, whose `size` counts the bytes after its own field; the
+    /// agent's command line is the short boot program.
+    #[test]
+    fn the_boot_line_is_json_and_the_command_line_short() {
+        let line = boot_line("YmxvYg==", "print(1)");
+        let text = std::str::from_utf8(&line).unwrap();
+        let v: Value = serde_json::from_str(text).unwrap();
+        assert_eq!(
+            v,
+            json!({"op": "boot", "id": 0, "size": v["size"], "code": "YmxvYg==",
+                   "src": encode(b"print(1)")})
+        );
+        let head = BOOT_HEAD.len() + BOOT_SIZE + 2;
+        let size: usize = v["size"].as_str().unwrap().parse().unwrap();
+        assert_eq!(size, line.len() - head);
+        assert!(line.ends_with(b"}\n"));
+        assert!(boot_program().len() < 1024, "{}", boot_program().len());
     }
 
     fn wire(request: &Request) -> Value {

@@ -193,13 +193,18 @@ pub async fn wait_for_signal() {
     }
 }
 
-/// Ends sessions past their idle TTL or lifetime, and those whose sandbox died.
+/// Ends sessions past their idle TTL or lifetime, and forgets those whose sandbox died an
+/// idle TTL ago; the gauge of open sessions follows those that died meanwhile.
 async fn reap_sessions(service: Arc<service::Service>, mut stop: watch::Receiver<bool>) {
     while !*stop.borrow() {
         for session in service.sessions.take_expired() {
-            metrics::inc(&service.metrics.sessions_expired);
+            if session.ended().is_none() {
+                metrics::inc(&service.metrics.sessions_expired);
+            }
             service.end_session(&session).await;
         }
+        let open = i64::try_from(service.sessions.len()).unwrap_or(i64::MAX);
+        service.metrics.active_sessions.set(open);
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_millis(500)) => {}
             _ = stop.changed() => {}

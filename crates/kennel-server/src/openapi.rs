@@ -37,7 +37,7 @@ use kennel_types::runs;
     components(schemas(
         api::RunSpec, api::LimitsSpec, api::RunResult, api::CollectedFile, api::Content,
         api::Isolation, api::SeccompInfo, api::LandlockInfo, api::LimitsInfo, api::Language,
-        api::SessionSpec, api::ExecSpec, api::ExecResult, api::Interpreter, api::SessionInfo,
+        api::SessionSpec, api::ExecSpec, api::ExecResult, api::Interpreter, api::SessionInfo, api::SessionEnd, api::EndReason,
         api::Outcome, api::RichResults, api::RichOutput, api::OutputKind, api::ExecError, api::FigureFormat,
         runs::RunReport, runs::RunInfo, runs::RunStatus, runs::RunError,
     )),

@@ -3,11 +3,11 @@
 use std::collections::HashMap;
 use std::io::Read;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use super::agent::AgentSandbox;
-use kennel_types::api::SessionInfo;
+use kennel_types::api::{SessionEnd, SessionInfo};
 use kennel_types::policy::Limits;
 
 /// The least memory a session's sandbox may have: its python agent needs some 16M to start
@@ -32,6 +32,11 @@ pub struct Session {
     busy: AtomicUsize,
     pub idle_ttl: Duration,
     pub max_lifetime: Duration,
+    /// Set when its sandbox died on its own, with when: the session then holds no quota,
+    /// answers 410 saying why, and is forgotten an idle TTL later.
+    ended: OnceLock<(SessionEnd, Instant)>,
+    /// The server is ending it (deleted, expired, shut down): its sandbox's death is ours.
+    closing: std::sync::atomic::AtomicBool,
 }
 
 /// A random 128-bit id in hex.
@@ -60,6 +65,56 @@ impl Session {
             busy: AtomicUsize::new(0),
             idle_ttl,
             max_lifetime,
+            ended: OnceLock::new(),
+            closing: false.into(),
+        }
+    }
+
+    /// Why the session's sandbox died, if it has.
+    pub fn ended(&self) -> Option<&SessionEnd> {
+        self.mark_if_ended();
+        self.ended.get().map(|(end, _)| end)
+    }
+
+    /// Notes that the server is ending the session, before it kills its sandbox.
+    pub fn closing(&self) {
+        self.closing.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the server ended the session (rather than its sandbox dying on its own).
+    pub fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::SeqCst)
+    }
+
+    /// Whether the session's sandbox still runs; marks the session ended once it does not.
+    pub fn is_open(&self) -> bool {
+        self.mark_if_ended();
+        self.ended.get().is_none()
+    }
+
+    /// Marks the session ended, if its sandbox has.
+    fn mark_if_ended(&self) {
+        if self.ended.get().is_none() {
+            if let Some(end) = self.agent.ending() {
+                let _ = self.ended.set((end, Instant::now()));
+            }
+        }
+    }
+
+    /// Waits for the end of a sandbox whose agent is gone (a sandbox still running without
+    /// its agent is killed), and marks the session ended: how it ended.
+    pub async fn lost(&self) -> SessionEnd {
+        self.agent.close().await;
+        self.mark_if_ended();
+        match self.ended() {
+            Some(end) => end.clone(),
+            // Not reached: `close` returns once the sandbox's run has, which sets its ending.
+            None => SessionEnd {
+                reason: kennel_types::api::EndReason::Crashed,
+                exit_code: None,
+                signal: None,
+                ended_at_unix_ms: u64::try_from(super::audit::now_ms()).unwrap_or(u64::MAX),
+            },
         }
     }
 
@@ -74,8 +129,14 @@ impl Session {
         Busy(self)
     }
 
-    /// Time left before the idle TTL or the lifetime ends the session.
+    /// Time left before the idle TTL or the lifetime ends the session; for an ended one,
+    /// before it is forgotten.
     pub fn remaining(&self) -> Duration {
+        self.mark_if_ended();
+        let by_life = self.max_lifetime.saturating_sub(self.created.elapsed());
+        if let Some((_, at)) = self.ended.get() {
+            return self.idle_ttl.saturating_sub(at.elapsed()).min(by_life);
+        }
         let idle = self
             .last_used
             .lock()
@@ -86,7 +147,6 @@ impl Session {
         } else {
             self.idle_ttl.saturating_sub(idle)
         };
-        let by_life = self.max_lifetime.saturating_sub(self.created.elapsed());
         by_idle.min(by_life)
     }
 
@@ -98,6 +158,7 @@ impl Session {
             max_lifetime_s: self.max_lifetime.as_secs(),
             expires_in_s: self.remaining().as_secs(),
             limits: self.limits.clone(),
+            ended: self.ended().cloned(),
         }
     }
 }
@@ -153,8 +214,14 @@ impl Sessions {
         self.len() == 0
     }
 
+    /// The sessions open: those ended are not counted (they hold no slot).
     pub fn len(&self) -> usize {
-        self.map.read().unwrap_or_else(|p| p.into_inner()).len()
+        self.map
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter(|s| s.is_open())
+            .count()
     }
 
     /// Reserves a place for a new session of `token_id`, if fewer than `max` exist or are being
@@ -173,7 +240,7 @@ impl Sessions {
             let open = self
                 .list()
                 .iter()
-                .filter(|s| s.token_id == token_id)
+                .filter(|s| s.token_id == token_id && s.is_open())
                 .count();
             let making = pending.iter().filter(|t| *t == token_id).count();
             if open + making >= quota {
@@ -218,12 +285,13 @@ impl Sessions {
             .collect()
     }
 
-    /// Removes and returns the sessions whose time is up or whose sandbox has ended.
+    /// Removes and returns the sessions whose time is up: an ended session's comes an idle
+    /// TTL after its end.
     pub fn take_expired(&self) -> Vec<Arc<Session>> {
         let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
         let dead: Vec<String> = map
             .values()
-            .filter(|s| s.remaining().is_zero() || s.agent.has_ended())
+            .filter(|s| s.remaining().is_zero())
             .map(|s| s.id.clone())
             .collect();
         dead.iter().filter_map(|id| map.remove(id)).collect()

@@ -326,7 +326,7 @@ class AgentTest(AgentCase):
         ok, result, pong = self.finals(3)
         self.assertEqual([e["id"] for e in (ok, result, pong)], [cancel, run, ping])
         self.assertLess(time.monotonic() - started, 3)
-        self.assertTrue(result["cancelled"])
+        self.assertEqual((result["cancelled"], result["timed_out"]), (True, False))
         self.assertEqual(pong["event"], "pong")
 
     def test_a_cancel_read_with_its_exec_still_cancels_it(self):
@@ -355,7 +355,7 @@ class AgentTest(AgentCase):
         time.sleep(0.3)
         self.start({"op": "cancel", "target": run})
         _, result = self.finals(2)
-        self.assertEqual((result["id"], result["cancelled"]), (run, True))
+        self.assertEqual((result["id"], result["cancelled"], result["timed_out"]), (run, True, False))
 
     def test_interrupt_and_cancel_between_execs_do_nothing(self):
         for op in ("interrupt", "cancel"):

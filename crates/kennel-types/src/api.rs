@@ -704,10 +704,69 @@ pub struct SessionInfo {
     pub created_at_unix_ms: u64,
     pub idle_ttl_s: u64,
     pub max_lifetime_s: u64,
-    /// Seconds until the session ends if it stays idle (or reaches its lifetime).
+    /// Seconds until the session ends if it stays idle (or reaches its lifetime); for one
+    /// that has ended, until the server forgets it.
     pub expires_in_s: u64,
     #[schema(value_type = Object)]
     pub limits: Limits,
+    /// Set once the session's sandbox has died on its own (its execs then get 410): why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended: Option<SessionEnd>,
+}
+
+/// How a session's sandbox died on its own. An ended session holds no quota; its id answers
+/// 410 until the server forgets it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct SessionEnd {
+    pub reason: EndReason,
+    /// The agent's exit status, if it exited.
+    pub exit_code: Option<i32>,
+    /// The signal that killed it, if one did.
+    pub signal: Option<i32>,
+    pub ended_at_unix_ms: u64,
+}
+
+/// Why a session's sandbox died.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EndReason {
+    /// It ran out of memory: the kernel's OOM killer acted in its cgroup. Files in
+    /// `/workspace` and `/tmp` count against `limits.memory`.
+    OomKilled,
+    /// It hit its task limit (`limits.pids`).
+    PidsLimit,
+    /// Something killed it with a signal.
+    Killed,
+    /// Its agent exited on its own.
+    Crashed,
+}
+
+impl SessionEnd {
+    /// One clause that says what happened and what to do about it.
+    pub fn describe(&self) -> String {
+        let status = match (self.signal, self.exit_code) {
+            (Some(s), _) => format!("signal {s}"),
+            (None, Some(c)) => format!("exit status {c}"),
+            (None, None) => "no status".into(),
+        };
+        match self.reason {
+            EndReason::OomKilled => format!(
+                "the session's sandbox ran out of memory and was killed (oom_killed, {status}); \
+                 files in /workspace and /tmp count against `limits.memory`: start a new \
+                 session with more memory, or keep less in its files"
+            ),
+            EndReason::PidsLimit => format!(
+                "the session's sandbox hit its task limit and ended (pids_limit, {status}); \
+                 start a new session with a higher `limits.pids`"
+            ),
+            EndReason::Killed => {
+                format!("the session's sandbox was killed (killed, {status}); start a new session")
+            }
+            EndReason::Crashed => format!(
+                "the session's sandbox ended on its own (crashed, {status}); start a new session"
+            ),
+        }
+    }
 }
 
 /// Runs shell commands or code in a session. `python` runs in a persistent interpreter.
@@ -767,6 +826,15 @@ pub struct ExecResult {
     /// their number to [`RichOutput::MAX`].
     #[serde(default)]
     pub results_truncated: bool,
+    /// The exec was cancelled (`POST /v1/sessions/{id}/cancel`, or its client went away);
+    /// `timed_out` is then false.
+    #[serde(default)]
+    pub cancelled: bool,
+    /// The sandbox ran out of memory during the exec (its OOM killer acted: python's
+    /// interpreter is then restarted). Files in `/workspace` and `/tmp` count against
+    /// `limits.memory`.
+    #[serde(default)]
+    pub oom_killed: bool,
 }
 
 /// One rich output of a python exec: a MIME bundle, as Jupyter's display protocol has it.

@@ -154,7 +154,11 @@ fn a_token_quota_of_its_own_holds() {
         .post_json("/v1/sessions", &json!({}))
         .error(429);
     assert_eq!(code, "quota_exceeded");
-    assert!(message.contains("1 sessions"), "{message}");
+    // In the singular for one (it said "1 sessions").
+    assert_eq!(
+        message,
+        "this token has 1 session open, its quota (quota.sessions); end one first"
+    );
     let b = server.client.with_token(Some(B));
     b.create_session(&json!({}));
     b.create_session(&json!({}));

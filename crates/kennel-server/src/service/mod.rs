@@ -427,13 +427,13 @@ impl Service {
                 .await
                 .map(Reply::Exec),
             Action::Interrupt { id } => {
-                session::owned(self, caller, &id)?
+                session::open(self, caller, &id)?
                     .agent
                     .control(Control::Interrupt);
                 Ok(Reply::Done)
             }
             Action::CancelExec { id } => {
-                session::owned(self, caller, &id)?
+                session::open(self, caller, &id)?
                     .agent
                     .control(Control::Cancel);
                 Ok(Reply::Done)
@@ -479,6 +479,7 @@ impl Service {
         // sandbox's end is awaited, or a reader sees a session that answers 404 still counted.
         let open = i64::try_from(self.sessions.len()).unwrap_or(i64::MAX);
         self.metrics.active_sessions.set(open);
+        session.closing();
         session.agent.kill();
         session.agent.close().await;
     }
@@ -510,9 +511,9 @@ impl Service {
                     .clone();
                 let permit = sem.try_acquire_owned().map_err(|_| {
                     ServiceError::QuotaExceeded(format!(
-                        "this token has {} runs under way, its quota (quota.runs); retry when \
-                         one ends",
-                        share.runs
+                        "this token has {} under way, its quota (quota.runs); retry when one \
+                         ends",
+                        count(share.runs, "run")
                     ))
                 })?;
                 Some(permit)
@@ -587,6 +588,15 @@ impl Drop for Tracked {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&self.id);
+    }
+}
+
+/// `n` things, in the singular for one: "1 session", "2 sessions".
+pub(crate) fn count(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
     }
 }
 

@@ -3,14 +3,16 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{in_slot, Caller, Live, Service, ServiceError};
+use super::{count, in_slot, Caller, Live, Service, ServiceError};
 use crate::agent::{AgentError, AgentSandbox, Exec, Progress};
 use crate::audit::Entry;
 use crate::config::ServerConfig;
 use crate::metrics::inc;
 use crate::sessions::{Full, Session, MIN_MEMORY, MIN_PIDS};
 use kennel_sandbox::native::helper::in_scratch;
-use kennel_types::api::{ExecResult, ExecSpec, Listing, SessionInfo, SessionSpec};
+use kennel_types::api::{
+    EndReason, ExecResult, ExecSpec, Listing, SessionEnd, SessionInfo, SessionSpec,
+};
 use kennel_types::policy::{ByteSize, Span, Strength};
 
 /// The caller's session `id`: another caller's does not exist, as far as this one can tell.
@@ -22,6 +24,50 @@ pub(super) fn owned(
     match service.sessions.get(id) {
         Some(s) if s.token_id == caller.0 => Ok(s),
         _ => Err(ServiceError::NotFound(format!("no session {id:?}"))),
+    }
+}
+
+/// The caller's session `id`, still open: one whose sandbox died answers 410 saying why.
+pub(super) fn open(
+    service: &Service,
+    caller: &Caller,
+    id: &str,
+) -> Result<Arc<Session>, ServiceError> {
+    let session = owned(service, caller, id)?;
+    match session.ended() {
+        Some(end) => Err(ServiceError::SessionEnded(end.describe())),
+        None => Ok(session),
+    }
+}
+
+/// An operation's error: a sandbox gone (its agent dead, or killed as unresponsive) ends the
+/// session, and the 410 says how; the rest as [`agent_error`].
+async fn failed(session: &Session, e: AgentError) -> (ServiceError, Option<SessionEnd>) {
+    if !matches!(e, AgentError::Gone(_) | AgentError::Unresponsive) || session.is_closing() {
+        return (agent_error(e), None);
+    }
+    let unresponsive = matches!(e, AgentError::Unresponsive);
+    let end = session.lost().await;
+    let message = match end.reason {
+        // Killed by us: say why.
+        EndReason::Killed if unresponsive => format!("{e}: {}", end.describe()),
+        _ => end.describe(),
+    };
+    (ServiceError::SessionEnded(message), Some(end))
+}
+
+/// A file operation's outcome: a lost sandbox as [`failed`] has it, other errors by `map`.
+async fn settle<T>(
+    session: &Session,
+    outcome: Result<T, AgentError>,
+    map: impl FnOnce(AgentError) -> ServiceError,
+) -> Result<T, ServiceError> {
+    match outcome {
+        Ok(v) => Ok(v),
+        Err(e @ (AgentError::Gone(_) | AgentError::Unresponsive)) => {
+            Err(failed(session, e).await.0)
+        }
+        Err(e) => Err(map(e)),
     }
 }
 
@@ -64,12 +110,14 @@ pub(super) async fn create(
         Ok(place) => place,
         Err(Full::Server(max)) => {
             return Err(ServiceError::Busy(format!(
-                "{max} sessions are open, the most this server keeps"
+                "{} open, the most this server keeps",
+                count(max, "session")
             )))
         }
         Err(Full::Token(quota)) => {
             return Err(ServiceError::QuotaExceeded(format!(
-                "this token has {quota} sessions open, its quota (quota.sessions); end one first"
+                "this token has {} open, its quota (quota.sessions); end one first",
+                count(quota, "session")
             )))
         }
     };
@@ -88,6 +136,14 @@ pub(super) async fn create(
             policy.limits.pids,
         )));
     }
+    // `pip install x` then `import x`, as agents do: PEP 668 refuses pip in Debian's python
+    // unless told; pip then installs to the user site ($HOME is /workspace), which the
+    // session's python puts on its path (agent.py's `see_new_packages`). The network policy
+    // still decides whether an index is reachable. The caller's own value wins.
+    policy
+        .env
+        .entry("PIP_BREAK_SYSTEM_PACKAGES".into())
+        .or_insert_with(|| "1".into());
     policy.env.extend(spec.env.clone());
     config.check_network(&caller.0, &spec.network)?;
     policy.network = spec.network.clone();
@@ -159,7 +215,7 @@ pub(super) async fn exec(
     live: Option<Live>,
 ) -> Result<ExecResult, ServiceError> {
     spec.check()?;
-    let session = owned(service, caller, id)?;
+    let session = open(service, caller, id)?;
     let max = service.config.maxima.timeout;
     let timeout = match spec.timeout {
         Some(t) if t > max => {
@@ -229,6 +285,7 @@ async fn run_exec(
         (Some(live), Progress::Rich(output)) => live.show(output),
         (None, _) => {}
     };
+    let oom_before = session.agent.oom_kills();
     let outcome = session.agent.exec(exec, on_progress).await.map(|r| r.exec);
     let entry = Entry {
         session: Some(&session.id),
@@ -236,15 +293,33 @@ async fn run_exec(
         duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
         ..Entry::new(&caller.0, "exec", spec.code.as_bytes(), &session.limits)
     };
-    let result = match outcome {
+    let mut result = match outcome {
         Ok(r) => r,
         Err(e) => {
-            service.audit.record(&Entry {
-                error: Some(e.to_string()),
-                ..entry
-            });
-            return Err(agent_error(e));
+            let message = e.to_string();
+            let (error, end) = failed(session, e).await;
+            let entry = match &end {
+                Some(end) => Entry {
+                    exit_code: end.exit_code,
+                    signal: end.signal,
+                    oom_killed: end.reason == EndReason::OomKilled,
+                    error: Some(error.to_string()),
+                    ..entry
+                },
+                None => Entry {
+                    error: Some(message),
+                    ..entry
+                },
+            };
+            service.audit.record(&entry);
+            return Err(error);
         }
+    };
+    // The cgroup's counter, where the host reads it: an OOM kill in the sandbox during the
+    // exec (python's interpreter, say, which the agent then restarts).
+    result.oom_killed = match (oom_before, session.agent.oom_kills()) {
+        (Some(before), Some(after)) => after > before,
+        _ => false,
     };
     let o = &result.outcome;
     inc(&service.metrics.execs);
@@ -255,6 +330,7 @@ async fn run_exec(
         exit_code: o.exit_code,
         signal: o.signal,
         timed_out: o.timed_out,
+        oom_killed: result.oom_killed,
         ..entry
     });
     Ok(result)
@@ -279,7 +355,7 @@ pub(super) async fn write_file(
     path: &str,
     data: &[u8],
 ) -> Result<(), ServiceError> {
-    let session = owned(service, caller, id)?;
+    let session = open(service, caller, id)?;
     let path = sandbox_path(path)?;
     if data.len() as u64 > session.limits.workspace_size.0 {
         return Err(ServiceError::TooLarge(
@@ -287,11 +363,8 @@ pub(super) async fn write_file(
         ));
     }
     let _busy = session.busy();
-    session
-        .agent
-        .write_file(&path, data, 0o644)
-        .await
-        .map_err(agent_error)
+    let outcome = session.agent.write_file(&path, data, 0o644).await;
+    settle(&session, outcome, agent_error).await
 }
 
 pub(super) async fn read_file(
@@ -300,15 +373,15 @@ pub(super) async fn read_file(
     id: &str,
     path: &str,
 ) -> Result<Vec<u8>, ServiceError> {
-    let session = owned(service, caller, id)?;
+    let session = open(service, caller, id)?;
     let path = sandbox_path(path)?;
     let _busy = session.busy();
     let max = service.config.max_body.0;
-    let (size, data) = session
-        .agent
-        .read_file(&path, max)
-        .await
-        .map_err(|e| missing_is_not_found(e, &path, "file"))?;
+    let outcome = session.agent.read_file(&path, max).await;
+    let (size, data) = settle(&session, outcome, |e| {
+        missing_is_not_found(e, &path, "file")
+    })
+    .await?;
     if size > data.len() as u64 {
         return Err(ServiceError::TooLarge(format!(
             "{path} is {size} bytes, more than this server returns"
@@ -323,14 +396,14 @@ pub(super) async fn delete_file(
     id: &str,
     path: &str,
 ) -> Result<(), ServiceError> {
-    let session = owned(service, caller, id)?;
+    let session = open(service, caller, id)?;
     let path = sandbox_path(path)?;
     let _busy = session.busy();
-    session
-        .agent
-        .delete(&path)
-        .await
-        .map_err(|e| missing_is_not_found(e, &path, "file"))
+    let outcome = session.agent.delete(&path).await;
+    settle(&session, outcome, |e| {
+        missing_is_not_found(e, &path, "file")
+    })
+    .await
 }
 
 /// A directory's path: /workspace when none, else /workspace, /tmp or one under them.
@@ -351,7 +424,7 @@ pub(super) async fn get_archive(
     id: &str,
     path: Option<String>,
 ) -> Result<Vec<u8>, ServiceError> {
-    let session = owned(service, caller, id)?;
+    let session = open(service, caller, id)?;
     let path = dir_path(path)?;
     let _busy = session.busy();
     let max = session
@@ -359,11 +432,8 @@ pub(super) async fn get_archive(
         .workspace_size
         .0
         .min(service.config.max_body.0);
-    session
-        .agent
-        .pack(&path, max)
-        .await
-        .map_err(|e| too_large_or(e, &path, "directory"))
+    let outcome = session.agent.pack(&path, max).await;
+    settle(&session, outcome, |e| too_large_or(e, &path, "directory")).await
 }
 
 pub(super) async fn put_archive(
@@ -373,16 +443,12 @@ pub(super) async fn put_archive(
     path: Option<String>,
     data: &[u8],
 ) -> Result<(), ServiceError> {
-    let session = owned(service, caller, id)?;
+    let session = open(service, caller, id)?;
     let path = dir_path(path)?;
     let _busy = session.busy();
     let max = session.limits.workspace_size.0;
-    session
-        .agent
-        .unpack(&path, data, max)
-        .await
-        .map(drop)
-        .map_err(|e| too_large_or(e, &path, "directory"))
+    let outcome = session.agent.unpack(&path, data, max).await.map(drop);
+    settle(&session, outcome, |e| too_large_or(e, &path, "directory")).await
 }
 
 /// The agent's EFBIG as 413, anything else as for the other file ops.
@@ -399,13 +465,13 @@ pub(super) async fn list_files(
     id: &str,
     path: Option<String>,
 ) -> Result<Listing, ServiceError> {
-    let session = owned(service, caller, id)?;
+    let session = open(service, caller, id)?;
     let path = dir_path(path)?;
     let _busy = session.busy();
-    let entries = session
-        .agent
-        .list(&path)
-        .await
-        .map_err(|e| missing_is_not_found(e, &path, "directory"))?;
+    let outcome = session.agent.list(&path).await;
+    let entries = settle(&session, outcome, |e| {
+        missing_is_not_found(e, &path, "directory")
+    })
+    .await?;
     Ok(Listing { path, entries })
 }

@@ -109,3 +109,11 @@ async fn the_callers_rules_come_before_any_sandbox() {
         Ok(Reply::Sessions(all)) if all.is_empty()
     ));
 }
+
+/// Counts read as English: one thing in the singular.
+#[test]
+fn counts_are_singular_for_one() {
+    assert_eq!(count(1, "session"), "1 session");
+    assert_eq!(count(0, "session"), "0 sessions");
+    assert_eq!(count(2, "run"), "2 runs");
+}

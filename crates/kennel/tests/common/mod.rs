@@ -5,7 +5,7 @@
 pub mod dockerd;
 pub mod vm;
 
-use std::io::Write;
+use std::io::{BufRead, Write};
 use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
@@ -215,4 +215,84 @@ pub fn http_answering(body: &'static str) -> u16 {
         }
     });
     port
+}
+
+/// Writes a pure-Python wheel, `kennel-probe` 0.1 (whose module `kennel_probe` has `VALUE =
+/// 'kennel-probe-ok'`), and a PEP 503 simple index for it under `root`: `root/simple/` is
+/// the index, `root/files/` has the wheel.
+pub fn write_pip_index(root: &std::path::Path) {
+    let builder = r#"
+import base64, hashlib, os, sys, zipfile
+root = sys.argv[1]
+files = {
+    "kennel_probe/__init__.py": "VALUE = 'kennel-probe-ok'\n",
+    "kennel_probe-0.1.dist-info/METADATA": "Metadata-Version: 2.1\nName: kennel-probe\nVersion: 0.1\n",
+    "kennel_probe-0.1.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: kennel-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+}
+def digest(b):
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(b).digest()).rstrip(b"=").decode()
+record = "".join(f"{n},{digest(c.encode())},{len(c.encode())}\n" for n, c in files.items())
+files["kennel_probe-0.1.dist-info/RECORD"] = record + "kennel_probe-0.1.dist-info/RECORD,,\n"
+os.makedirs(os.path.join(root, "files"), exist_ok=True)
+os.makedirs(os.path.join(root, "simple", "kennel-probe"), exist_ok=True)
+whl = os.path.join(root, "files", "kennel_probe-0.1-py3-none-any.whl")
+with zipfile.ZipFile(whl, "w") as z:
+    for n, c in files.items():
+        z.writestr(n, c)
+sha = hashlib.sha256(open(whl, "rb").read()).hexdigest()
+with open(os.path.join(root, "simple", "kennel-probe", "index.html"), "w") as f:
+    f.write(f'<!DOCTYPE html><html><body><a href="../../files/kennel_probe-0.1-py3-none-any.whl#sha256={sha}">kennel_probe-0.1-py3-none-any.whl</a></body></html>\n')
+"#;
+    let out = Command::new(PY)
+        .arg("-c")
+        .arg(builder)
+        .arg(root)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A server process on the host; killed by its PID (and reaped) on drop.
+pub struct PortServer {
+    child: std::process::Child,
+    pub port: u16,
+}
+
+impl PortServer {
+    /// Starts `/usr/bin/python3 args...`, which must print the port it listens on as its first
+    /// line once it is listening.
+    pub fn start(args: &[&std::path::Path]) -> PortServer {
+        let mut child = Command::new(PY)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python3 starts");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = match line.trim().parse() {
+            Ok(p) => p,
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the server did not print its port: {line:?}");
+            }
+        };
+        PortServer { child, port }
+    }
+}
+
+impl Drop for PortServer {
+    fn drop(&mut self) {
+        // Child::kill signals this child's PID only.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

@@ -1,9 +1,8 @@
 // The body of a test suite, included by one test target per tier, which names it in its
 // `RUNTIME` constant (see `tier.rs`).
-use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use common::*;
@@ -52,46 +51,8 @@ impl Drop for TempDir {
     }
 }
 
-/// A server process on the host; killed by its PID (and reaped) on drop.
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Server {
-    /// Starts `/usr/bin/python3 args...`, which must print the port it listens on as its first
-    /// line once it is listening.
-    fn start(args: &[&Path]) -> Server {
-        let mut child = Command::new(PY)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("python3 starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let port = match line.trim().parse() {
-            Ok(p) => p,
-            Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("the server did not print its port: {line:?}");
-            }
-        };
-        Server { child, port }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        // Child::kill signals this child's PID only.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+/// A server process on the host ([`PortServer`]).
+type Server = PortServer;
 
 /// A threaded static file server on a free port of 127.0.0.1, optionally in TLS. It prints its
 /// port, then serves `ROOT`. Two extra paths report what the server saw: `/sni` answers with the
@@ -484,43 +445,6 @@ fn python_urllib_reaches_allowed_names_over_http_and_https() {
     );
 }
 
-/// Writes a pure-Python wheel and a PEP 503 simple index for it under `root`.
-fn write_index(root: &TempDir) {
-    let builder = r#"
-import base64, hashlib, os, sys, zipfile
-root = sys.argv[1]
-files = {
-    "kennel_probe/__init__.py": "VALUE = 'kennel-probe-ok'\n",
-    "kennel_probe-0.1.dist-info/METADATA": "Metadata-Version: 2.1\nName: kennel-probe\nVersion: 0.1\n",
-    "kennel_probe-0.1.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: kennel-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-}
-def digest(b):
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(b).digest()).rstrip(b"=").decode()
-record = "".join(f"{n},{digest(c.encode())},{len(c.encode())}\n" for n, c in files.items())
-files["kennel_probe-0.1.dist-info/RECORD"] = record + "kennel_probe-0.1.dist-info/RECORD,,\n"
-os.makedirs(os.path.join(root, "files"), exist_ok=True)
-os.makedirs(os.path.join(root, "simple", "kennel-probe"), exist_ok=True)
-whl = os.path.join(root, "files", "kennel_probe-0.1-py3-none-any.whl")
-with zipfile.ZipFile(whl, "w") as z:
-    for n, c in files.items():
-        z.writestr(n, c)
-sha = hashlib.sha256(open(whl, "rb").read()).hexdigest()
-with open(os.path.join(root, "simple", "kennel-probe", "index.html"), "w") as f:
-    f.write(f'<!DOCTYPE html><html><body><a href="../../files/kennel_probe-0.1-py3-none-any.whl#sha256={sha}">kennel_probe-0.1-py3-none-any.whl</a></body></html>\n')
-"#;
-    let out = Command::new(PY)
-        .arg("-c")
-        .arg(builder)
-        .arg(root.path("index"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// `pip install` from a local simple index through the plain-HTTP proxy: one request for the
 /// project page, one for the wheel. (`--trusted-host` because pip ignores plain-http indexes
 /// without it; `--target` writes only to /workspace, so Debian's PEP 668 marker does not apply.)
@@ -538,7 +462,7 @@ fn pip_installs_from_an_allowed_index() {
     }
     let dir = TempDir::new("pip");
     let script = dir.write("serve.py", SERVE_PY);
-    write_index(&dir);
+    write_pip_index(&dir.path("index"));
     let index = Server::start(&[&script, &dir.path("index")]);
     let p = index.port;
     let wheel_size = std::fs::metadata(dir.path("index/files/kennel_probe-0.1-py3-none-any.whl"))
