@@ -10,7 +10,7 @@ use super::config::ServerConfig;
 use super::http::routes;
 use super::pattern;
 use kennel_types::api;
-use kennel_types::policy::{self, Capabilities, Limits};
+use kennel_types::policy::{self, Capabilities, Limits, Runtime};
 use kennel_types::runs;
 
 #[derive(OpenApi)]
@@ -65,16 +65,23 @@ pub fn document() -> String {
     document_for(&ServerConfig::default(), &Host::default())
 }
 
-/// What the host can do, where the document depends on it.
+/// What the host can do, where the document depends on it. The default is every value, as
+/// `docs/openapi.json` lists them; a server serves what its own host can run, so that a
+/// request the document allows is never refused for a lack of the host's (503).
 #[derive(Debug)]
 pub struct Host {
     /// Whether gVisor's `kvm` platform works here (a request naming it is refused if not).
     pub kvm: bool,
+    /// The OCI runtimes that run here (see `Engine::runtimes`).
+    pub runtimes: Vec<Runtime>,
 }
 
 impl Default for Host {
     fn default() -> Self {
-        Host { kvm: true }
+        Host {
+            kvm: true,
+            runtimes: Runtime::ALL.to_vec(),
+        }
     }
 }
 
@@ -86,6 +93,12 @@ pub fn document_for(config: &ServerConfig, host: &Host) -> String {
     constrain(&mut value, config);
     if !host.kvm {
         value["components"]["schemas"]["Platform"]["enum"] = json!(["ptrace"]);
+    }
+    let runtimes = &mut value["components"]["schemas"]["Runtime"];
+    match host.runtimes.as_slice() {
+        // No runtime at all: only a request that names none is valid.
+        [] => *runtimes = json!({"description": runtimes["description"], "not": {}}),
+        some => runtimes["enum"] = some.iter().map(|r| r.name()).collect(),
     }
     let mut text =
         serde_json::to_string_pretty(&value).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
