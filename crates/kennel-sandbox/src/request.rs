@@ -117,7 +117,7 @@ pub fn check_cpus(policy: &Policy) -> Result<(), Error> {
     if policy.tier == Tier::Microvm {
         return Ok(());
     }
-    let host = usable_cpus().len();
+    let host = host_cpus();
     // A count of CPUs is far below 2^52: exact as an f64.
     #[allow(clippy::cast_precision_loss)]
     if policy.limits.cpus > host as f64 {
@@ -130,6 +130,11 @@ pub fn check_cpus(policy: &Policy) -> Result<(), Error> {
         ));
     }
     Ok(())
+}
+
+/// How many CPUs this host gives Kennel: the most a quota may ask for.
+pub fn host_cpus() -> usize {
+    usable_cpus().len()
 }
 
 /// The CPUs this process may run on.

@@ -2207,7 +2207,7 @@ fn soak_1000_runs_and_50_sessions_leave_nothing_behind() {
 
 /// A CPU quota above the CPUs the host gives Kennel is refused with the host's count (400),
 /// as `kennel run --cpus` is, even where the server's own maximum is higher; never clamped.
-/// A stream is refused the same way, before it starts.
+/// A stream is refused the same way, before it starts, and the served document says so.
 #[test]
 fn cpus_beyond_the_host_are_refused_with_its_count() {
     let server = Server::start("cpus-host", &format!("{NO_POOL}[maxima]\ncpus = 1024\n"));
@@ -2226,4 +2226,10 @@ fn cpus_beyond_the_host_are_refused_with_its_count() {
     assert_eq!(c.post_json("/v1/sessions", &session).error(400), want);
     let fits = json!({"argv": ["/bin/true"], "limits": {"cpus": host}});
     assert_eq!(c.run(&fits)["exit_code"], 0);
+    // The served document states the host's bound, not only the config's.
+    let doc = c.get("/openapi.json").json();
+    for schema in ["LimitsSpec", "SessionLimits"] {
+        let most = &doc["components"]["schemas"][schema]["properties"]["cpus"]["maximum"];
+        assert_eq!(most.as_f64(), Some(host as f64), "{schema}");
+    }
 }
