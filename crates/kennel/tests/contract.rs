@@ -667,19 +667,16 @@ fn the_served_document_offers_only_the_runtimes_this_host_runs() {
         None,
     );
     let served = runtimes_offered(&server.client.get("/openapi.json").json());
+    // The system paths a server looks on, whatever its PATH: the shell's own answer.
+    let system = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
     let installed: Vec<String> = ["runsc", "crun", "runc"]
         .into_iter()
         .filter(|r| {
-            [
-                "/usr/local/sbin",
-                "/usr/local/bin",
-                "/usr/sbin",
-                "/usr/bin",
-                "/sbin",
-                "/bin",
-            ]
-            .iter()
-            .any(|d| Path::new(d).join(r).is_file())
+            Command::new("sh")
+                .args(["-c", &format!("command -v {r}")])
+                .env("PATH", system)
+                .output()
+                .is_ok_and(|o| o.status.success())
         })
         .map(String::from)
         .collect();
