@@ -154,7 +154,7 @@ pub async fn run(req: &RunRequest, io: RunIo) -> Result<RunResult, Error> {
             .into_iter()
             .map(|(k, v)| format!("{k}={v}"))
             .collect(),
-        cpus: pick_cpus(req.policy.limits.cpus),
+        cpus: pick_cpus(&req.policy)?,
         seccomp: serde_json::to_string(&bundle::seccomp_profile(Runtime::Runc, None))
             .map_err(|e| Step::Create.fail(e))?,
     };

@@ -28,7 +28,12 @@ pub(crate) fn build_policy(rootfs: &Path, allow: Vec<String>) -> Policy {
     p.filesystem.rootfs = Some(rootfs.to_path_buf());
     p.limits.timeout = Span(std::time::Duration::from_secs(20 * 60));
     p.limits.memory = ByteSize(4 << 30);
-    p.limits.cpus = 2.0;
+    // Two CPUs where the host has them: a quota above the host's is refused.
+    p.limits.cpus = if kennel_sandbox::request::host_cpus() >= 2 {
+        2.0
+    } else {
+        1.0
+    };
     p.limits.tmp_size = ByteSize(3 << 30);
     p.limits.workspace_size = ByteSize(64 << 20);
     p.limits.output = ByteSize(1 << 20);

@@ -8,6 +8,7 @@ use crate::image::Store;
 use crate::microvm::Microvm;
 use crate::native::Native;
 use crate::oci::Oci;
+use crate::state::StateDir;
 use crate::supervise::io::RunIo;
 use kennel_types::api::{RunRequest, RunResult};
 use kennel_types::policy::{Runtime, Tier};
@@ -37,6 +38,16 @@ impl Backend for Microvm {
     }
 
     fn health(&self) -> Result<String, (String, String)> {
+        if StateDir::Vm.check(&self.vm.root).is_err() {
+            return Err((
+                format!(
+                    "{} {} is under /tmp",
+                    StateDir::Vm.what(),
+                    self.vm.root.display()
+                ),
+                StateDir::Vm.fix().into(),
+            ));
+        }
         let manifest = self
             .vm
             .check()
@@ -121,6 +132,19 @@ impl Engine {
         }
     }
 
+    /// The OCI runtimes that can run here: those installed, and `docker` when a Docker
+    /// Engine answers. Each is probed (the installed ones once per process, the engine
+    /// each time), so call it off the async runtime.
+    pub fn runtimes(&self) -> Vec<Runtime> {
+        Runtime::ALL
+            .into_iter()
+            .filter(|&runtime| match runtime {
+                Runtime::Docker => self.docker.as_ref().is_some_and(|d| d.health().is_ok()),
+                other => crate::oci::runtime::locate(other).is_ok(),
+            })
+            .collect()
+    }
+
     /// Runs `req` on the tier its policy names. A policy's `filesystem.image` is resolved
     /// here, once, for every tier: the tier sees the image's root as its rootfs, the code gets
     /// the image's environment under its own, and the result names the image and its digest.
@@ -135,6 +159,18 @@ impl Engine {
         req.policy.tier = Tier::Microvm;
         req.policy.filesystem.image = image.map(str::to_string);
         self.on_image(&req, |req| self.microvm.warm(req))
+    }
+
+    /// Kennel's state directories that no sandbox could see, each as its error (see
+    /// [`crate::state`]): what `kennel serve` warns of at start.
+    pub fn misplaced_state(&self) -> Vec<Error> {
+        [
+            StateDir::Images.check(self.images.root()),
+            StateDir::Vm.check(&self.microvm.vm.root),
+        ]
+        .into_iter()
+        .filter_map(Result::err)
+        .collect()
     }
 
     /// Calls `f` with `req` as its tier takes it: with the image (or a microVM's base image)
@@ -167,6 +203,10 @@ impl Engine {
             }
             other => other?,
         };
+        // A microVM boots a disk made from the root on the host; every other tier shows it.
+        if req.policy.tier != Tier::Microvm {
+            StateDir::Images.check(self.images.root())?;
+        }
         // Held until the run ends: no removal deletes the root under the sandbox.
         let _held = self.images.hold(&image)?;
         let mut on_image = req.clone();

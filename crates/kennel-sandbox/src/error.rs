@@ -25,6 +25,16 @@ pub enum Error {
         why: String,
         hint: String,
     },
+    /// A directory of Kennel's own state lies where no sandbox can see it: the operator's to
+    /// fix (see [`crate::state`]), never the caller's.
+    #[error(
+        "{} {} is under /tmp, which every sandbox mounts its own root over\nhint: {}",
+        dir.what(), path.display(), dir.fix()
+    )]
+    StateDir {
+        dir: crate::state::StateDir,
+        path: std::path::PathBuf,
+    },
     /// A step of the isolation sequence failed: the run did not start as asked.
     #[error(
         "{} setup failed at step `{}` ({}): {detail}{}",

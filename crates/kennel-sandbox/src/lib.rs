@@ -25,6 +25,7 @@ pub mod microvm;
 pub mod native;
 pub mod oci;
 pub mod request;
+pub mod state;
 pub mod supervise;
 mod sys;
 pub mod watch;

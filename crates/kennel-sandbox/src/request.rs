@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kennel_types::api::RunRequest;
-use kennel_types::policy::{NetMode, Policy};
+use kennel_types::policy::{NetMode, Policy, Tier};
 
 use crate::channel::{FileMeta, InputFiles};
 use crate::error::Error;
@@ -110,14 +110,51 @@ pub fn sandbox_env(policy: &Policy) -> Vec<(String, String)> {
     env
 }
 
-/// As many CPUs as the quota, taken round-robin so that concurrent sandboxes spread out.
-pub fn pick_cpus(quota: f64) -> Vec<usize> {
-    let allowed = sys::cpu_affinity().unwrap_or_else(|_| vec![0]);
+/// Refuses a CPU quota above the CPUs this host lets Kennel use (its affinity mask, which a
+/// cpuset or `taskset` narrows), never clamping it: the code would get less than it was
+/// promised. A microVM's quota is checked against its guest's vCPUs instead.
+pub fn check_cpus(policy: &Policy) -> Result<(), Error> {
+    if policy.tier == Tier::Microvm {
+        return Ok(());
+    }
+    let host = host_cpus();
+    // A count of CPUs is far below 2^52: exact as an f64.
+    #[allow(clippy::cast_precision_loss)]
+    if policy.limits.cpus > host as f64 {
+        return Err(Error::request(
+            "limits.cpus",
+            format!(
+                "is {}, more than the {host} CPU(s) this host gives Kennel: ask for at most {host}",
+                policy.limits.cpus
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// How many CPUs this host gives Kennel: the most a quota may ask for.
+pub fn host_cpus() -> usize {
+    usable_cpus().len()
+}
+
+/// The CPUs this process may run on.
+fn usable_cpus() -> Vec<usize> {
+    sys::cpu_affinity()
+        .ok()
+        .filter(|cpus| !cpus.is_empty())
+        .unwrap_or_else(|| vec![0])
+}
+
+/// As many CPUs as the quota, taken round-robin so that concurrent sandboxes spread out; a
+/// quota above the host's CPUs is refused ([`check_cpus`]).
+pub fn pick_cpus(policy: &Policy) -> Result<Vec<usize>, Error> {
+    check_cpus(policy)?;
+    let allowed = usable_cpus();
     // The quota is validated between 0.01 and 1024: its ceiling is a small positive integer.
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    let n = (quota.ceil() as usize).clamp(1, allowed.len().max(1));
+    let n = (policy.limits.cpus.ceil() as usize).clamp(1, allowed.len());
     let start = NEXT_CPU.fetch_add(n, Ordering::Relaxed);
-    (0..n)
+    Ok((0..n)
         .map(|i| allowed[(start + i) % allowed.len()])
-        .collect()
+        .collect())
 }

@@ -50,7 +50,7 @@ def unpack(path, data, limit):
         tar = tarfile.open(fileobj=io.BytesIO(data), mode="r:*")
         members = tar.getmembers()
     except (tarfile.TarError, EOFError, OSError) as exc:
-        raise OSError(errno.EINVAL, f"not a tar archive: {exc}") from None
+        raise OSError(errno.EINVAL, not_a_tar(exc)) from None
     plan = [(member, target(path, member)) for member in members]
     total = sum(m.size for m, _ in plan if m.isreg())
     if total > limit:
@@ -67,6 +67,16 @@ def unpack(path, data, limit):
         else:
             make_link(dest, member.linkname)
     return total
+
+
+def not_a_tar(exc):
+    """One line for data tarfile cannot read. When no way of opening it works, tarfile's
+    message lists each way it tried (gzip, bzip2, xz, plain tar), one per line: that says
+    only that the data is no archive of any of them."""
+    why = str(exc).strip()
+    if not why or "\n" in why:
+        return "not a tar archive (plain, gzip, bzip2 or xz)"
+    return f"not a tar archive: {why}"
 
 
 def target(root, member):

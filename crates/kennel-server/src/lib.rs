@@ -51,6 +51,10 @@ impl Machinery {
     pub fn start(config: ServerConfig, engine: Engine) -> Result<Machinery, ServeError> {
         config.validate()?;
         let audit = audit::Audit::open(config.audit_log.as_deref()).map_err(ServeError::Audit)?;
+        // Said at start, where the operator looks; each run that needs one is refused (503).
+        for misplaced in engine.misplaced_state() {
+            tracing::warn!("{misplaced}");
+        }
         let engine = Arc::new(engine);
         // Every run of a server whose minimum is above the native tier starts cold, so pooled
         // native sandboxes would only be waste.

@@ -10,7 +10,7 @@ use super::config::ServerConfig;
 use super::http::routes;
 use super::pattern;
 use kennel_types::api;
-use kennel_types::policy::{self, Capabilities, Limits};
+use kennel_types::policy::{self, Capabilities, Limits, Runtime};
 use kennel_types::runs;
 
 #[derive(OpenApi)]
@@ -65,16 +65,27 @@ pub fn document() -> String {
     document_for(&ServerConfig::default(), &Host::default())
 }
 
-/// What the host can do, where the document depends on it.
+/// What the host can do, where the document depends on it. The default is every value, as
+/// `docs/openapi.json` lists them; a server serves what its own host can run, so that a
+/// request the document allows is never refused for a lack of the host's (503).
 #[derive(Debug)]
 pub struct Host {
     /// Whether gVisor's `kvm` platform works here (a request naming it is refused if not).
     pub kvm: bool,
+    /// The OCI runtimes that run here (see `Engine::runtimes`).
+    pub runtimes: Vec<Runtime>,
+    /// The CPUs this host gives Kennel, which no quota may exceed; `None` in the committed
+    /// copy, whose bound is the config's alone.
+    pub cpus: Option<usize>,
 }
 
 impl Default for Host {
     fn default() -> Self {
-        Host { kvm: true }
+        Host {
+            kvm: true,
+            runtimes: Runtime::ALL.to_vec(),
+            cpus: None,
+        }
     }
 }
 
@@ -83,9 +94,15 @@ pub fn document_for(config: &ServerConfig, host: &Host) -> String {
     let mut doc = ApiDoc::openapi();
     doc.info.version = env!("CARGO_PKG_VERSION").to_string();
     let mut value = serde_json::to_value(&doc).unwrap_or_default();
-    constrain(&mut value, config);
+    constrain(&mut value, config, host);
     if !host.kvm {
         value["components"]["schemas"]["Platform"]["enum"] = json!(["ptrace"]);
+    }
+    let runtimes = &mut value["components"]["schemas"]["Runtime"];
+    match host.runtimes.as_slice() {
+        // No runtime at all: only a request that names none is valid.
+        [] => *runtimes = json!({"description": runtimes["description"], "not": {}}),
+        some => runtimes["enum"] = some.iter().map(|r| r.name()).collect(),
     }
     let mut text =
         serde_json::to_string_pretty(&value).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
@@ -97,6 +114,7 @@ pub fn document_for(config: &ServerConfig, host: &Host) -> String {
 /// (`Policy::validate`), capped by this server's `[maxima]`.
 struct Bounds<'a> {
     max: &'a Limits,
+    host_cpus: Option<usize>,
 }
 
 impl Bounds<'_> {
@@ -109,6 +127,13 @@ impl Bounds<'_> {
             self.max.memory.0.min(policy::MAX_MEMORY),
         )
     }
+    /// The largest CPU quota: the config's, and no more than the host's CPUs.
+    fn cpus(&self) -> f64 {
+        let most = self.max.cpus.min(policy::MAX_CPUS);
+        // A count of CPUs is far below 2^52: exact as an f64.
+        #[allow(clippy::cast_precision_loss)]
+        self.host_cpus.map_or(most, |n| most.min(n as f64))
+    }
     fn output(&self) -> (u64, u64) {
         (0, self.max.output.0.min(policy::MAX_OUTPUT))
     }
@@ -117,9 +142,10 @@ impl Bounds<'_> {
     }
 }
 
-fn constrain(doc: &mut Value, config: &ServerConfig) {
+fn constrain(doc: &mut Value, config: &ServerConfig, host: &Host) {
     let bounds = Bounds {
         max: &config.maxima,
+        host_cpus: host.cpus,
     };
     let schemas = &mut doc["components"]["schemas"];
     inline_flattened(
@@ -243,7 +269,7 @@ fn limits_properties(b: &Bounds) -> Value {
         "cpus": {
             "type": ["number", "null"],
             "minimum": policy::MIN_CPUS,
-            "maximum": max.cpus.min(policy::MAX_CPUS),
+            "maximum": b.cpus(),
             "description": "CPU quota in CPUs (this server's bounds).",
         },
         "pids": {

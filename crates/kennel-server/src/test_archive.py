@@ -102,6 +102,13 @@ class ArchiveTest(AgentCase):
         self.assertFalse(os.path.exists(self.path("d")))
         answer = self.unpack(self.path("d"), b"not a tar at all" * 64)
         self.assertEqual(answer["errno"], "EINVAL")
+        # One line, not tarfile's list of every compression it tried.
+        self.assertEqual(answer["message"], "not a tar archive (plain, gzip, bzip2 or xz)")
+        # A real archive cut short says what tarfile found wrong with it, on one line.
+        cut = tar_of((member("a"), b"x" * 2000))[:1024]
+        answer = self.unpack(self.path("d"), cut)
+        self.assertEqual(answer["errno"], "EINVAL")
+        self.assertEqual(answer["message"], "not a tar archive: unexpected end of data")
         os.makedirs(self.path("full"))
         with open(self.path("full", "f"), "wb") as f:
             f.write(b"y" * 5000)

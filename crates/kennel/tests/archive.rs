@@ -156,7 +156,12 @@ fn archives_that_reach_outside_or_are_too_large_are_refused_whole() {
     let r = server
         .client
         .put(&url("/workspace/in"), b"this is not a tar archive at all");
-    assert_eq!(r.status, 400, "{}", r.text());
+    let (code, message) = r.error(400);
+    assert_eq!(code, "bad_request");
+    assert_eq!(
+        message,
+        "EINVAL: not a tar archive (plain, gzip, bzip2 or xz)"
+    );
     assert_eq!(
         server.client.put(&url("/etc"), &crafted("file")).status,
         400

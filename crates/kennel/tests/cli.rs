@@ -298,3 +298,232 @@ fn usage_errors_exit_125_and_help_exits_0() {
         assert!(out.contains("kennel"), "{args:?}: {out}");
     }
 }
+
+/// Runs `kennel` with `args` and `env`, its stdout a pipe whose reader is gone before it
+/// starts (`kennel openapi | head`, with `head` already done): its status and stderr.
+fn with_stdout_closed(args: &[&str], env: &[(&str, &std::path::Path)]) -> (Option<i32>, String) {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = kennel()
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .stdout(writer)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A reader that goes away (`| head`) ends every printing subcommand quietly, with the
+/// status it would have had: never Rust's panic on a failed `println!` (status 101).
+#[test]
+fn every_printing_subcommand_ends_quietly_when_stdout_is_closed() {
+    if !require("root (to build an image)", is_root()) {
+        return;
+    }
+    // Not /tmp: no sandbox could use an image store there.
+    let dir =
+        std::path::PathBuf::from(format!("/var/tmp/kennel-test-epipe-{}", std::process::id()));
+    dash_rootfs(&dir.join("root"));
+    let state = dir.join("state");
+    let env = [("KENNEL_STATE_DIR", state.as_path())];
+    let root = dir.join("root");
+    let bundle = dir.join("bundle");
+    let (doctor_status, ..) = status_of(&["doctor"], b"");
+    let cases: Vec<(Vec<&str>, Option<i32>)> = vec![
+        (vec!["openapi"], Some(0)),
+        (vec!["--help"], Some(0)),
+        (vec!["--version"], Some(0)),
+        (vec!["doctor"], doctor_status),
+        (vec!["doctor", "--json"], doctor_status),
+        (vec!["run", "--json", "--", "/bin/true"], Some(0)),
+        (vec!["run", "--", "/bin/echo", "through"], Some(0)),
+        (
+            vec!["run", "--", "/bin/sh", "-c", "echo x; exit 3"],
+            Some(3),
+        ),
+        (
+            vec![
+                "bundle",
+                "--out",
+                bundle.to_str().unwrap(),
+                "--",
+                "/bin/true",
+            ],
+            Some(0),
+        ),
+        (
+            vec![
+                "image",
+                "build",
+                "epipe",
+                "--from-dir",
+                root.to_str().unwrap(),
+            ],
+            Some(0),
+        ),
+        (
+            vec![
+                "image",
+                "build",
+                "epipe",
+                "--json",
+                "--from-dir",
+                root.to_str().unwrap(),
+            ],
+            Some(0),
+        ),
+        (vec!["image", "ls"], Some(0)),
+        (vec!["image", "ls", "--json"], Some(0)),
+        (vec!["image", "inspect", "epipe"], Some(0)),
+        (vec!["image", "tag", "epipe", "epipe-2"], Some(0)),
+        (vec!["image", "rm", "epipe-2"], Some(0)),
+    ];
+    let mut wrong = vec![];
+    for (args, want) in &cases {
+        let (status, stderr) = with_stdout_closed(args, &env);
+        // A build's progress goes to stderr, one line per step.
+        let quiet = stderr.lines().all(|l| l.starts_with("kennel image: "));
+        if status != *want || !quiet {
+            wrong.push(format!(
+                "{args:?}: status {status:?} (want {want:?}), stderr {stderr:?}"
+            ));
+        }
+    }
+    // What each did is done, though nobody read what it said.
+    let built = kennel()
+        .args(["image", "inspect", "epipe"])
+        .envs(env)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    assert!(built.status.success(), "the build happened");
+}
+
+/// `kennel openapi | head -c 16`, as a user types it: the document is larger than a pipe
+/// holds, so `head` leaves while it is being written.
+#[test]
+fn openapi_into_head_ends_quietly() {
+    let mut child = kennel()
+        .arg("openapi")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut head = [0u8; 16];
+    std::io::Read::read_exact(&mut stdout, &mut head).unwrap();
+    drop(stdout);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(&head[..1], b"{");
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+}
+
+/// Output past the limit is dropped in passthrough too: a line on stderr says so and how to
+/// keep more. The status stays the program's (as `timeout` and `docker run` keep it), unless
+/// the caller asks for truncation to fail.
+#[test]
+fn a_cut_output_says_so_and_fails_only_when_asked() {
+    let code = "import sys; sys.stdout.write('x' * 300000); sys.exit(3)";
+    let note = "kennel: stdout truncated: kept 102400 of 300000 bytes, the output limit (100K); \
+                raise --output-limit\n";
+    let (status, out, err) = status_of(&["run", "--code", code], b"");
+    assert_eq!((status, out.len(), err.as_str()), (Some(3), 102400, note));
+    let (status, out, err) = status_of(&["run", "--fail-on-truncation", "--code", code], b"");
+    assert_eq!((status, out.len(), err.as_str()), (Some(125), 102400, note));
+    let (status, out, err) = status_of(
+        &[
+            "run",
+            "--fail-on-truncation",
+            "--output-limit",
+            "1M",
+            "--code",
+            code,
+        ],
+        b"",
+    );
+    assert_eq!((status, out.len(), err.as_str()), (Some(3), 300000, ""));
+}
+
+/// A CPU quota above the host's is refused (125) with the host's count, never clamped.
+#[test]
+fn cpus_beyond_the_host_are_refused() {
+    let host = std::thread::available_parallelism().unwrap().get();
+    let more = (host + 1).to_string();
+    let (status, out, err) = status_of(&["run", "--cpus", &more, "--", "/bin/true"], b"");
+    assert_eq!((status, out.as_str()), (Some(125), ""));
+    assert_eq!(
+        err,
+        format!(
+            "kennel: invalid request: `limits.cpus` is {more}, more than the {host} CPU(s) this \
+             host gives Kennel: ask for at most {host}\n"
+        )
+    );
+    let (status, ..) = status_of(
+        &["run", "--cpus", &host.to_string(), "--", "/bin/true"],
+        b"",
+    );
+    assert_eq!(status, Some(0), "all of the host's CPUs may be asked for");
+}
+
+/// A state directory under /tmp, which every sandbox mounts its root over, is refused at
+/// once, before any work, with what to set instead; nothing is made there.
+#[test]
+fn state_directories_under_tmp_are_refused_before_any_work() {
+    let tmp = std::path::PathBuf::from(format!("/tmp/kennel-test-state-{}", std::process::id()));
+    let elsewhere =
+        std::path::PathBuf::from(format!("/var/tmp/kennel-test-state-{}", std::process::id()));
+    let root = elsewhere.join("root");
+    dash_rootfs(&root);
+    let build = kennel()
+        .args(["image", "build", "x", "--from-dir"])
+        .arg(&root)
+        .env("KENNEL_STATE_DIR", &tmp)
+        .output()
+        .unwrap();
+    let prepare = kennel()
+        .args(["vm", "prepare"])
+        .env("KENNEL_STATE_DIR", elsewhere.join("state"))
+        .env("KENNEL_VM_DIR", tmp.join("vm"))
+        .output()
+        .unwrap();
+    let made = (tmp.exists(), elsewhere.join("state").exists());
+    let _ = std::fs::remove_dir_all(&tmp);
+    let _ = std::fs::remove_dir_all(&elsewhere);
+    assert_eq!(
+        (build.status.code(), String::from_utf8_lossy(&build.stderr)),
+        (
+            Some(125),
+            format!(
+                "kennel: the image store {}/images is under /tmp, which every sandbox mounts its \
+                 own root over\nhint: set KENNEL_STATE_DIR to a directory outside /tmp (by \
+                 default /var/lib/kennel), then build the images there\n",
+                tmp.display()
+            )
+            .into()
+        )
+    );
+    assert_eq!(
+        (
+            prepare.status.code(),
+            String::from_utf8_lossy(&prepare.stderr)
+        ),
+        (
+            Some(125),
+            format!(
+                "kennel: the microVM guest's directory {}/vm is under /tmp, which every sandbox \
+                 mounts its own root over\nhint: set KENNEL_VM_DIR, or KENNEL_STATE_DIR, to a \
+                 directory outside /tmp (by default /var/lib/kennel/vm), then run `kennel vm \
+                 prepare`\n",
+                tmp.display()
+            )
+            .into()
+        )
+    );
+    assert_eq!(made, (false, false), "nothing was made");
+}

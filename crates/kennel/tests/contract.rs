@@ -465,9 +465,10 @@ fn schemathesis_finds_no_difference_between_the_document_and_the_server() {
     let dir = Scratch::new("fuzz");
     // A tar upload's body is bytes to the schema, but most bytes are not a tar archive, which
     // the server refuses (400): for that one operation 400 is an answer to valid data too.
-    // A run may name a runtime or tier this host cannot enforce (no Docker Engine runs here;
-    // this server has no microVM guest prepared): 503 `unsupported` is the documented answer
-    // for that, a fact about the host and never about the request, so it is allowed there.
+    // A run may name a tier this host cannot enforce (this server has no microVM guest
+    // prepared; the runtimes it offers are only those it runs): 503 `unsupported` is the
+    // documented answer for that, a fact about the host and never about the request, so it
+    // is allowed there.
     std::fs::write(
         dir.path("schemathesis.toml"),
         "[[operations]]\ninclude-path = \"/v1/sessions/{id}/archive\"\ninclude-method = \"PUT\"\n\
@@ -640,4 +641,56 @@ fn session_floors_are_documented_and_enforced() {
         .create_session(&json!({"limits": {"pids": 16}}));
     let r = server.client.exec(&id, "bash", "echo a | cat | cat");
     assert_eq!(r["stdout"], "a\n", "{r}");
+}
+
+/// The runtimes a document offers: the `Runtime` schema's values.
+fn runtimes_offered(doc: &Value) -> Vec<String> {
+    doc["components"]["schemas"]["Runtime"]["enum"]
+        .as_array()
+        .map(|all| {
+            all.iter()
+                .filter_map(|r| r.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A server offers only the runtimes its host can run, so that a request its document allows
+/// is not refused for a lack of the host's (503): here no Docker Engine answers, and the
+/// runtimes installed are those on the system paths. The committed copy offers all four.
+#[test]
+fn the_served_document_offers_only_the_runtimes_this_host_runs() {
+    let server = Server::start_with(
+        "contract-runtimes",
+        NO_POOL,
+        &[("DOCKER_HOST", "unix:///nonexistent/docker.sock")],
+        None,
+    );
+    let served = runtimes_offered(&server.client.get("/openapi.json").json());
+    // The system paths a server looks on, whatever its PATH: the shell's own answer.
+    let system = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+    let installed: Vec<String> = ["runsc", "crun", "runc"]
+        .into_iter()
+        .filter(|r| {
+            Command::new("sh")
+                .args(["-c", &format!("command -v {r}")])
+                .env("PATH", system)
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+        .map(String::from)
+        .collect();
+    assert_eq!(served, installed);
+    let committed: Value =
+        serde_json::from_slice(&run(Command::new(KENNEL).arg("openapi")).stdout).unwrap();
+    assert_eq!(
+        runtimes_offered(&committed),
+        ["runsc", "crun", "runc", "docker"]
+    );
+    // A runtime the document no longer offers is still refused as before: 503, not 400.
+    let r = server.client.post_json(
+        "/v1/runs",
+        &json!({"argv": ["/bin/true"], "runtime": "docker"}),
+    );
+    assert_eq!(r.error(503).0, "unsupported");
 }

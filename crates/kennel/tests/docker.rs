@@ -4,6 +4,7 @@
 //! (`escapes_docker.rs`, `limits_docker.rs`, `network_docker.rs`).
 
 mod common;
+mod server_common;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -145,6 +146,25 @@ fn without_an_engine_the_run_is_refused_with_a_hint() {
         .unwrap();
     assert_eq!(tcp.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&tcp.stderr).contains("is not a unix socket"));
+}
+
+/// With an engine, a server's document offers the docker runtime (without one it does not:
+/// contract.rs).
+#[test]
+fn a_server_with_an_engine_offers_the_docker_runtime() {
+    let Some(host) = engine() else { return };
+    let server = server_common::Server::start_with(
+        "docker-offered",
+        "[pool]\npython = 0\nbash = 0\n",
+        &[("DOCKER_HOST", &host)],
+        None,
+    );
+    let doc = server.client.get("/openapi.json").json();
+    let offered = &doc["components"]["schemas"]["Runtime"]["enum"];
+    assert!(
+        offered.as_array().unwrap().contains(&"docker".into()),
+        "{offered}"
+    );
 }
 
 /// A supervisor SIGKILLed mid-run leaves its container running; the next run removes it.

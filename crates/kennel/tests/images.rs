@@ -553,3 +553,81 @@ fn a_removed_image_stays_until_its_runs_end() {
     assert!(kennel(&["image", "rm", &other]).status.success());
     assert!(!blob.exists(), "the unused root was not deleted");
 }
+
+/// A server whose image store and microVM directory are under /tmp, which every sandbox
+/// mounts its root over: it warns at start, and answers each run that needs one 503, for its
+/// operator to fix, never the 400 of a caller's mistake naming the operator's settings.
+#[test]
+fn a_server_with_its_state_under_tmp_answers_503_for_its_operator() {
+    if !require("root (to build an image)", is_root()) {
+        return;
+    }
+    let pid = std::process::id();
+    let built = PathBuf::from(format!("/var/tmp/kennel-test-tmp-state-{pid}"));
+    let tmp = PathBuf::from(format!("/tmp/kennel-test-tmp-state-{pid}"));
+    dash_rootfs(&built.join("root"));
+    // Built outside /tmp, as `kennel image build` insists, then copied there by hand.
+    for name in ["motd", "microvm-base"] {
+        let out = Command::new(KENNEL)
+            .args(["image", "build", name, "--from-dir"])
+            .arg(built.join("root"))
+            .env("KENNEL_STATE_DIR", built.join("state"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(built.join("state"))
+        .arg(&tmp)
+        .status()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&built);
+    assert!(copied.success());
+    let server = server_common::Server::start_with(
+        "tmp-state",
+        "[pool]\npython = 0\nbash = 0\n",
+        &[("KENNEL_STATE_DIR", tmp.to_str().unwrap())],
+        None,
+    );
+    let on_image = server.client.post_json(
+        "/v1/runs",
+        &serde_json::json!({"argv": ["/bin/sh", "-c", "true"], "image": "motd"}),
+    );
+    let in_vm = server.client.post_json(
+        "/v1/runs",
+        &serde_json::json!({"argv": ["/bin/true"], "tier": "microvm"}),
+    );
+    let log = server.log_text();
+    drop(server);
+    let _ = std::fs::remove_dir_all(&tmp);
+    let store = format!(
+        "the image store {}/images is under /tmp, which every sandbox mounts its own root \
+         over\nhint: set KENNEL_STATE_DIR to a directory outside /tmp (by default \
+         /var/lib/kennel), then build the images there",
+        tmp.display()
+    );
+    let vm = format!(
+        "the microVM guest's directory {}/vm is under /tmp, which every sandbox mounts its own \
+         root over\nhint: set KENNEL_VM_DIR, or KENNEL_STATE_DIR, to a directory outside /tmp \
+         (by default /var/lib/kennel/vm), then run `kennel vm prepare`",
+        tmp.display()
+    );
+    let operator = "this server is misconfigured, for its operator to fix: ";
+    assert_eq!(
+        on_image.error(503),
+        ("unsupported".into(), format!("{operator}{store}"))
+    );
+    assert_eq!(
+        in_vm.error(503),
+        ("unsupported".into(), format!("{operator}{vm}"))
+    );
+    for said in [store, vm] {
+        let first = said.lines().next().unwrap();
+        assert!(
+            log.contains(&format!("kennel serve: warning: {first}")),
+            "said at start: {first}\n{log}"
+        );
+    }
+}

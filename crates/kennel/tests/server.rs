@@ -2204,3 +2204,32 @@ fn soak_1000_runs_and_50_sessions_leave_nothing_behind() {
         );
     }
 }
+
+/// A CPU quota above the CPUs the host gives Kennel is refused with the host's count (400),
+/// as `kennel run --cpus` is, even where the server's own maximum is higher; never clamped.
+/// A stream is refused the same way, before it starts, and the served document says so.
+#[test]
+fn cpus_beyond_the_host_are_refused_with_its_count() {
+    let server = Server::start("cpus-host", &format!("{NO_POOL}[maxima]\ncpus = 1024\n"));
+    let c = &server.client;
+    let host = std::thread::available_parallelism().unwrap().get();
+    let more = host + 1;
+    let said = format!(
+        "invalid request: `limits.cpus` is {more}, more than the {host} CPU(s) this host gives \
+         Kennel: ask for at most {host}"
+    );
+    let spec = json!({"argv": ["/bin/true"], "limits": {"cpus": more}});
+    let want = ("bad_request".to_string(), said.clone());
+    assert_eq!(c.post_json("/v1/runs", &spec).error(400), want);
+    assert_eq!(c.post_json("/v1/runs?stream=true", &spec).error(400), want);
+    let session = json!({"limits": {"cpus": more}});
+    assert_eq!(c.post_json("/v1/sessions", &session).error(400), want);
+    let fits = json!({"argv": ["/bin/true"], "limits": {"cpus": host}});
+    assert_eq!(c.run(&fits)["exit_code"], 0);
+    // The served document states the host's bound, not only the config's.
+    let doc = c.get("/openapi.json").json();
+    for schema in ["LimitsSpec", "SessionLimits"] {
+        let most = &doc["components"]["schemas"][schema]["properties"]["cpus"]["maximum"];
+        assert_eq!(most.as_f64(), Some(host as f64), "{schema}");
+    }
+}

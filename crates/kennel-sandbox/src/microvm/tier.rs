@@ -23,6 +23,7 @@ use crate::cgroup::{Probe, Stats};
 use crate::channel::{self, Confinement, Msg};
 use crate::error::{Error, SetupStep};
 use crate::request::input_files;
+use crate::state::StateDir;
 use crate::supervise::io::RunIo;
 use crate::supervise::report::network_summary;
 use crate::supervise::{supervise, Tier as SuperviseTier};
@@ -300,15 +301,7 @@ impl Microvm {
                 hint: "list the domains the code needs (network mode \"allow\"), or use the native tier for the host's network".into(),
             });
         }
-        if self.vm.root.starts_with("/tmp") {
-            return Err(Error::request(
-                "KENNEL_VM_DIR",
-                format!(
-                    "{} is under /tmp, which QEMU's sandbox hides: prepare the guest elsewhere",
-                    self.vm.root.display()
-                ),
-            ));
-        }
+        StateDir::Vm.check(&self.vm.root)?;
         if !req.host_dirs.is_empty() {
             return Err(Error::request(
                 "host_dirs",

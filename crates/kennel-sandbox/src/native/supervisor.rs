@@ -79,7 +79,7 @@ impl Native {
                 files: files.len(),
                 full_id_range: sys::getuid() == 0,
                 cgroup_join: vec![],
-                cpus: pick_cpus(policy.limits.cpus),
+                cpus: pick_cpus(policy)?,
                 host_dirs: checked_host_dirs(req)?,
                 devices: checked_devices(req)?,
             },

@@ -222,7 +222,7 @@ impl super::supervise::Tier for OciTier {
     fn plan(&mut self, files: usize) -> Result<Msg, Error> {
         let policy = &self.policy;
         let id = self.cgroup.name();
-        let cpus = pick_cpus(policy.limits.cpus);
+        let cpus = pick_cpus(policy)?;
         let path_var = sandbox_env(policy)
             .into_iter()
             .find(|(k, _)| k == "PATH")

@@ -36,7 +36,7 @@ pub fn export_bundle(req: &RunRequest, dir: &Path) -> Result<(), Error> {
     let io =
         |e: std::io::Error| Error::request("bundle directory", format!("{}: {e}", dir.display()));
     let runtime = policy.oci.runtime;
-    let cpus = pick_cpus(policy.limits.cpus);
+    let cpus = pick_cpus(policy)?;
     // Run by hand, the bundle has no one on a listener socket: its denials stay in-kernel.
     let listener = None;
     write_bundle(dir, runtime, "kennel-bundle", policy, argv, &cpus, listener).map_err(io)?;

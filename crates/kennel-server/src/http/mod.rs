@@ -213,14 +213,16 @@ async fn metrics(State(state): State<Shared>, headers: axum::http::HeaderMap) ->
 
 /// The document for this server's own config: its maxima, its network and capability rules.
 async fn openapi_json(State(state): State<Shared>) -> Response {
-    // The KVM probe runs once per process (and is cached on disk), but may take seconds.
+    // The KVM probe runs once per process (and is cached on disk), but may take seconds; the
+    // runtimes' probes ask the Docker Engine.
     let engine = state.engine.clone();
-    let kvm = tokio::task::spawn_blocking(move || engine.oci.kvm_works())
-        .await
-        .ok()
-        .flatten()
-        .unwrap_or(true);
-    let host = openapi::Host { kvm };
+    let host = tokio::task::spawn_blocking(move || openapi::Host {
+        kvm: engine.oci.kvm_works().unwrap_or(true),
+        runtimes: engine.runtimes(),
+        cpus: Some(kennel_sandbox::request::host_cpus()),
+    })
+    .await
+    .unwrap_or_default();
     (
         StatusCode::OK,
         [(header::CONTENT_TYPE, "application/json")],

@@ -216,6 +216,11 @@ impl From<Error> for ServiceError {
         match e {
             Error::Policy(_) => ServiceError::BadRequest(e.to_string()),
             Error::Unsupported { .. } => ServiceError::Unsupported(e.to_string()),
+            // The caller can do nothing about it, and retrying does not help: a 503 that says
+            // whose it is to fix.
+            Error::StateDir { .. } => ServiceError::Unsupported(format!(
+                "this server is misconfigured, for its operator to fix: {e}"
+            )),
             _ => ServiceError::SandboxFailed(e.to_string()),
         }
     }
@@ -379,7 +384,7 @@ impl Service {
     fn jobs(&self) -> Result<&jobs::Jobs, ServiceError> {
         self.jobs.as_ref().map_err(|why| {
             ServiceError::Unsupported(format!(
-                "`async` runs need the job table, which this server could not open: {why}                  (set [jobs] db, or KENNEL_STATE_DIR, to a writable place)"
+                "`async` runs need the job table, which this server could not open: {why} (set [jobs] db, or KENNEL_STATE_DIR, to a writable place)"
             ))
         })
     }

@@ -36,6 +36,8 @@ pub(super) async fn run(
     config.enforce_isolation(&caller.0, &mut req.policy, spec.names_tier())?;
     service.check_image(caller, &req.policy)?;
     check_paths(&req)?;
+    // Before the run is accepted, so that a stream is refused with a plain 400 as well.
+    kennel_sandbox::request::check_cpus(&req.policy)?;
     if spec.rich
         && !matches!(
             req.command,

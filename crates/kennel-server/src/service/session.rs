@@ -152,6 +152,7 @@ pub(super) async fn create(
         policy.filesystem.image = Some(image.clone());
     }
     policy.validate()?;
+    kennel_sandbox::request::check_cpus(&policy)?;
     service.check_image(caller, &policy)?;
     let idle_ttl = idle_ttl(config, spec.idle_ttl)?;
     let lifetime = config.sessions.max_lifetime.0;

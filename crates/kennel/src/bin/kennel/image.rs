@@ -9,8 +9,11 @@ use clap::{Args, Subcommand};
 use kennel_image::builder::{Builder, Built};
 use kennel_image::{NoProgress, Progress};
 use kennel_sandbox::image::Store;
+use kennel_sandbox::state::StateDir;
 use kennel_sandbox::{OutputSink, Stream};
 use kennel_types::image::{Base, ImageSpec};
+
+use crate::out::outln;
 
 #[derive(Subcommand)]
 pub enum ImageCmd {
@@ -93,10 +96,10 @@ pub fn main(cmd: ImageCmd) -> anyhow::Result<()> {
                     .iter()
                     .map(|r| serde_json::json!({"name": r.info.name, "record": r.record}))
                     .collect();
-                println!("{}", serde_json::to_string_pretty(&rows)?);
+                outln!("{}", serde_json::to_string_pretty(&rows)?)?;
                 return Ok(());
             }
-            println!("{:<24} {:<20} {:>10}  SOURCE", "NAME", "DIGEST", "SIZE");
+            outln!("{:<24} {:<20} {:>10}  SOURCE", "NAME", "DIGEST", "SIZE")?;
             for r in all {
                 let short = r.info.digest.get(..19).unwrap_or(&r.info.digest);
                 let source = match &r.record.source {
@@ -106,35 +109,35 @@ pub fn main(cmd: ImageCmd) -> anyhow::Result<()> {
                     kennel_types::image::ImageSource::Oci { path, .. } => format!("oci {path}"),
                     kennel_types::image::ImageSource::Dir { path } => format!("dir {path}"),
                 };
-                println!(
+                outln!(
                     "{:<24} {:<20} {:>7} MiB  {source}",
                     r.info.name,
                     short,
                     r.record.bytes >> 20
-                );
+                )?;
             }
             Ok(())
         }
         ImageCmd::Inspect { name } => {
             let r = store.resolve(&name)?;
             let out = serde_json::json!({"name": name, "rootfs": r.rootfs, "record": r.record});
-            println!("{}", serde_json::to_string_pretty(&out)?);
+            outln!("{}", serde_json::to_string_pretty(&out)?)?;
             Ok(())
         }
         ImageCmd::Tag { source, name } => {
             let digest = store.resolve(&source)?.info.digest;
             store.tag(&name, &digest)?;
-            println!("{name} {digest}");
+            outln!("{name} {digest}")?;
             Ok(())
         }
         ImageCmd::Rm { name } => {
             let (info, deleted) = store.remove(&name)?;
-            println!("removed {} ({})", info.name, info.digest);
+            outln!("removed {} ({})", info.name, info.digest)?;
             if !deleted && !store.list().iter().any(|r| r.info.digest == info.digest) {
-                println!(
+                outln!(
                     "its root is still in use by running sandboxes: it is deleted at the next \
                      `kennel image rm` or build after they end"
-                );
+                )?;
             }
             Ok(())
         }
@@ -142,6 +145,8 @@ pub fn main(cmd: ImageCmd) -> anyhow::Result<()> {
 }
 
 fn build(store: &Store, args: BuildArgs) -> anyhow::Result<()> {
+    // Before any work: no sandbox could show an image under /tmp.
+    StateDir::Images.check(store.root())?;
     let engine = crate::engine()?;
     let tty = std::io::stderr().is_terminal();
     let terminal = Terminal {
@@ -199,19 +204,19 @@ fn build(store: &Store, args: BuildArgs) -> anyhow::Result<()> {
         bail!("say what to build from: -f SPEC.toml, --apt/--pip/--preload, --from-oci PATH or --from-dir DIR");
     };
     if args.json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(
                 &serde_json::json!({"name": args.name, "reused": built.reused, "record": built.record})
             )?
-        );
+        )?;
     } else {
-        println!(
+        outln!(
             "{} {}{}",
             args.name,
             built.record.digest,
             if built.reused { " (reused)" } else { "" }
-        );
+        )?;
     }
     Ok(())
 }

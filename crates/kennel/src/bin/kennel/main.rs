@@ -1,6 +1,9 @@
 //! The `kennel` command: arguments and flags become a policy and a request, handed to the
 //! sandbox engine, the server or the MCP server.
 
+// What the command prints goes through `out`, which a closed pipe does not make panic.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
+
 use std::io::{IsTerminal, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -15,7 +18,10 @@ use kennel_types::policy::{ByteSize, NetMode, Span, Want};
 use kennel_types::{Command, Content, FileIn, Language, Policy, RunRequest, RunResult};
 
 mod image;
+mod out;
 mod vm;
+
+use out::{errln, out, outln};
 
 /// MCP's streamable-HTTP transport, served by `kennel serve` beside the API: its tools call
 /// the API as the caller who presented the token.
@@ -43,7 +49,8 @@ enum Sub {
     /// Run a program or a snippet in a fresh sandbox.
     ///
     /// Exit status: the program's own, 128+signal if it was killed, 124 on timeout, 125 when
-    /// Kennel itself failed. With --json, 0 whenever a result was printed.
+    /// Kennel itself failed (or with --fail-on-truncation, when an output stream was cut at
+    /// the output limit). With --json, 0 whenever a result was printed.
     Run(Box<RunArgs>),
     /// Show what this host can enforce, with fixes.
     Doctor {
@@ -141,9 +148,14 @@ struct RunArgs {
     /// Task limit (processes and threads).
     #[arg(long)]
     pids: Option<u32>,
-    /// Bytes kept per output stream, such as 100K.
+    /// Bytes kept per output stream, such as 100K (at most 1G). What the code writes past it
+    /// is dropped, and a line on stderr says so.
     #[arg(long)]
     output_limit: Option<ByteSize>,
+    /// Exit 125 when an output stream was cut at the output limit, instead of with the
+    /// program's own status.
+    #[arg(long)]
+    fail_on_truncation: bool,
     /// Size of the /tmp tmpfs.
     #[arg(long)]
     tmp_size: Option<ByteSize>,
@@ -230,10 +242,7 @@ fn main() -> ExitCode {
         Sub::Bundle(args) => report(bundle(*args)),
         Sub::Image(cmd) => report(image::main(cmd)),
         Sub::Vm(cmd) => report(vm::main(cmd)),
-        Sub::Openapi => {
-            print!("{}", kennel_server::openapi::document());
-            ExitCode::SUCCESS
-        }
+        Sub::Openapi => report(out!("{}", kennel_server::openapi::document())),
     }
 }
 
@@ -249,13 +258,23 @@ fn usage(e: clap::Error) -> ExitCode {
     }
 }
 
+/// The status of a command that printed its answer: 0 when done, also when stdout's reader
+/// went away (see `out`); 125 with the error on stderr otherwise.
 fn report(outcome: anyhow::Result<()>) -> ExitCode {
     match outcome {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("kennel: {e:#}");
+        Err(e) if !out::closed(&e) => {
+            errln!("kennel: {e:#}");
             ExitCode::from(KENNEL_FAILED)
         }
+        _ => ExitCode::SUCCESS,
+    }
+}
+
+/// `status`, unless printing the answer failed otherwise than by a closed stdout.
+fn printed(outcome: anyhow::Result<()>, status: ExitCode) -> ExitCode {
+    match outcome {
+        Err(e) if !out::closed(&e) => report(Err(e)),
+        _ => status,
     }
 }
 
@@ -381,13 +400,15 @@ fn bundle(args: BundleArgs) -> anyhow::Result<()> {
     let mut req = request(args.run)?;
     req.policy.tier = kennel_types::policy::Tier::Oci;
     kennel_sandbox::oci::export_bundle(&req, &args.out)?;
-    println!("{}", args.out.display());
-    Ok(())
+    outln!("{}", args.out.display())
 }
 
 fn run(args: RunArgs) -> ExitCode {
     let json = args.json;
+    let fail_on_truncation = args.fail_on_truncation;
+    let mut limit = ByteSize(0);
     let outcome = request(args).and_then(|req| {
+        limit = req.policy.limits.output;
         let engine = engine()?;
         let stdin = if std::io::stdin().is_terminal() {
             StdinSource::Null
@@ -404,26 +425,25 @@ fn run(args: RunArgs) -> ExitCode {
         Ok(engine.run(&req, io)?)
     });
     match outcome {
-        Ok(result) if json => {
-            println!(
+        Ok(result) if json => printed(
+            outln!(
                 "{}",
                 serde_json::to_string_pretty(&result).expect("results serialize")
-            );
-            ExitCode::SUCCESS
-        }
-        Ok(result) => pass_through(&result),
+            ),
+            ExitCode::SUCCESS,
+        ),
+        Ok(result) => pass_through(&result, limit, fail_on_truncation),
         Err(e) if json => {
             let err = serde_json::json!({ "error": format!("{e:#}") });
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&err).expect("errors serialize")
-            );
-            ExitCode::from(KENNEL_FAILED)
+            printed(
+                outln!(
+                    "{}",
+                    serde_json::to_string_pretty(&err).expect("errors serialize")
+                ),
+                ExitCode::from(KENNEL_FAILED),
+            )
         }
-        Err(e) => {
-            eprintln!("kennel: {e:#}");
-            ExitCode::from(KENNEL_FAILED)
-        }
+        Err(e) => report(Err(e)),
     }
 }
 
@@ -435,23 +455,22 @@ fn live(stream: Stream, chunk: &[u8]) {
 }
 
 /// The end of a run without --json: the output has already passed through; say what the
-/// exit status alone cannot.
-fn pass_through(r: &RunResult) -> ExitCode {
+/// exit status alone cannot. `limit` is the output limit the run had.
+fn pass_through(r: &RunResult, limit: ByteSize, fail_on_truncation: bool) -> ExitCode {
     let _ = std::io::stdout().flush();
+    let o = &r.outcome;
     let mut notes = vec![];
-    if r.outcome.stdout_truncated {
-        notes.push(format!(
-            "stdout truncated: kept {} of {} bytes",
-            r.outcome.stdout.len(),
-            r.outcome.stdout_bytes
-        ));
-    }
-    if r.outcome.stderr_truncated {
-        notes.push(format!(
-            "stderr truncated: kept {} of {} bytes",
-            r.outcome.stderr.len(),
-            r.outcome.stderr_bytes
-        ));
+    for (stream, truncated, total) in [
+        ("stdout", o.stdout_truncated, o.stdout_bytes),
+        ("stderr", o.stderr_truncated, o.stderr_bytes),
+    ] {
+        if truncated {
+            notes.push(format!(
+                "{stream} truncated: kept {} of {total} bytes, the output limit ({limit}); raise \
+                 --output-limit",
+                limit.0
+            ));
+        }
     }
     if r.outcome.timed_out {
         notes.push(format!("timed out after {} ms", r.outcome.duration_ms));
@@ -478,7 +497,10 @@ fn pass_through(r: &RunResult) -> ExitCode {
         ));
     }
     for n in notes {
-        eprintln!("kennel: {n}");
+        errln!("kennel: {n}");
+    }
+    if fail_on_truncation && (o.stdout_truncated || o.stderr_truncated) {
+        return ExitCode::from(KENNEL_FAILED);
     }
     ExitCode::from(u8::try_from(r.shell_status().clamp(0, 255)).unwrap_or(u8::MAX))
 }
@@ -646,34 +668,32 @@ fn engine() -> Result<Engine, kennel_sandbox::Error> {
 fn doctor(json: bool) -> ExitCode {
     let engine = match engine() {
         Ok(n) => n,
-        Err(e) => {
-            eprintln!("kennel: {e}");
-            return ExitCode::from(KENNEL_FAILED);
-        }
+        Err(e) => return report(Err(e.into())),
     };
     let checks = kennel_sandbox::doctor::checks(&engine);
-    if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&checks).expect("checks serialize")
-        );
-    } else {
-        for c in &checks {
-            println!(
-                "{} {:<16} {}",
-                if c.ok { "ok  " } else { "MISS" },
-                c.name,
-                c.detail
-            );
-            if let Some(fix) = &c.fix {
-                println!("     {:<16} fix: {fix}", "");
-            }
-        }
-    }
     let essential = ["user namespaces", "seccomp", "native sandbox"];
-    if checks.iter().any(|c| !c.ok && essential.contains(&c.name)) {
+    let status = if checks.iter().any(|c| !c.ok && essential.contains(&c.name)) {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS
+    };
+    printed(print_checks(&checks, json), status)
+}
+
+fn print_checks(checks: &[kennel_sandbox::doctor::Check], json: bool) -> anyhow::Result<()> {
+    if json {
+        return outln!("{}", serde_json::to_string_pretty(checks)?);
     }
+    for c in checks {
+        outln!(
+            "{} {:<16} {}",
+            if c.ok { "ok  " } else { "MISS" },
+            c.name,
+            c.detail
+        )?;
+        if let Some(fix) = &c.fix {
+            outln!("     {:<16} fix: {fix}", "")?;
+        }
+    }
+    Ok(())
 }

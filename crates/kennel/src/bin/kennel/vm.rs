@@ -7,9 +7,11 @@ use kennel_image::builder::Builder;
 use kennel_image::{NoProgress, Progress};
 use kennel_sandbox::image::Store;
 use kennel_sandbox::microvm::artifacts::VmDir;
+use kennel_sandbox::state::StateDir;
 use kennel_vm::{Options, Prepared};
 
 use crate::image::Terminal;
+use crate::out::{out, outln};
 
 #[derive(Subcommand)]
 pub enum VmCmd {
@@ -35,9 +37,12 @@ pub fn main(cmd: VmCmd) -> anyhow::Result<()> {
 }
 
 fn prepare(json: bool, images: &[String]) -> anyhow::Result<()> {
-    let engine = crate::engine()?;
     let store = Store::from_env();
     let vm = VmDir::from_env();
+    // Before any download: QEMU runs in a sandbox, and the base image's build runs in one.
+    StateDir::Vm.check(&vm.root)?;
+    StateDir::Images.check(store.root())?;
+    let engine = crate::engine()?;
     let tty = std::io::stderr().is_terminal();
     let terminal = Terminal {
         tty,
@@ -64,15 +69,15 @@ fn prepare(json: bool, images: &[String]) -> anyhow::Result<()> {
             .iter()
             .map(|w| serde_json::json!({ "image": w.image, "ms": w.ms }))
             .collect();
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        outln!("{}", serde_json::to_string_pretty(&out)?)?;
     } else {
-        print!("{}", human(&vm, &prepared));
+        out!("{}", human(&vm, &prepared))?;
         for w in &warmed {
-            println!(
+            outln!(
                 "  snapshot {}: ready ({:.1} s)",
                 w.image,
                 w.ms as f64 / 1000.0
-            );
+            )?;
         }
     }
     Ok(())
