@@ -218,6 +218,18 @@ impl Sessions {
             .collect()
     }
 
+    /// The time until the next session ends by its TTL or lifetime: of `token_id`'s
+    /// sessions, or of all.
+    pub fn next_end(&self, token_id: Option<&str>) -> Option<Duration> {
+        self.map
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter(|s| token_id.is_none_or(|t| s.token_id == t))
+            .map(|s| s.remaining())
+            .min()
+    }
+
     /// Removes and returns the sessions whose time is up or whose sandbox has ended.
     pub fn take_expired(&self) -> Vec<Arc<Session>> {
         let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
