@@ -11,7 +11,7 @@ use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{Method, StatusCode};
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use futures_util::StreamExt as _;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::session::SessionManager as _;
@@ -86,7 +86,7 @@ async fn front(table: Table, req: Request, next: Next) -> Response {
 async fn initialize(table: &Table, caller: &Caller, req: Request, next: Next) -> Response {
     let place = match table.reserve(&caller.0) {
         Ok(place) => place,
-        Err(full) => return cap_reached(full).into_response(),
+        Err(full) => return cap_reached(full).unread_body_response(),
     };
     let response = next.run(req).await;
     let id = response
@@ -119,7 +119,7 @@ async fn within(table: &Table, caller: &Caller, id: String, req: Request, next: 
             "no such MCP session for this caller: start one with `initialize` (a POST \
              without Mcp-Session-Id)",
         )
-        .into_response();
+        .unread_body_response();
     };
     if req.method() == Method::DELETE {
         drop(in_use);

@@ -648,7 +648,7 @@ fn thousands_of_initializes_leave_the_server_small() {
     // The bound over the server's RSS at rest. Before the cap, 3,000 sessions took it from
     // 15 to 454 MB.
     const BOUND_KIB: u64 = 48 << 10;
-    let server = two_tenants("mcp-flood", "[mcp]\nunused_ttl = \"1h\"");
+    let server = two_tenants("mcp-flood", "[mcp]\nunused_ttl = \"1h\"\nidle_ttl = \"1h\"");
     let a = server.client.clone();
     let at_rest = vm_rss_kib(server.pid);
     let (mut opened, mut refused) = (0, 0);

@@ -18,7 +18,11 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         // Only a JSON content type: a web page can send `text/plain`, a form's types or none
         // to any origin without a preflight, so reading those as JSON would let it act.
-        if !is_json(req.headers()) {
+        let json = is_json(req.headers());
+        // Read all the same, so that the connection stays usable for the client's next
+        // request (hyper closes one whose request body was left unread).
+        let ApiBytes(body) = ApiBytes::from_request(req, state).await?;
+        if !json {
             return Err(ApiError::new(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "unsupported_media_type",
@@ -26,7 +30,6 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
                  --json '{...}', or -H 'Content-Type: application/json')",
             ));
         }
-        let ApiBytes(body) = ApiBytes::from_request(req, state).await?;
         parse_json(&body).map(ApiJson)
     }
 }

@@ -17,7 +17,7 @@ use axum::extract::Request;
 use axum::http::uri::Authority;
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 
 use super::ApiError;
 use crate::config::ServerConfig;
@@ -212,7 +212,7 @@ fn forbidden(code: &'static str, message: String) -> ApiError {
 pub async fn guard(hosts: Arc<Hosts>, req: Request, next: Next) -> Response {
     match hosts.check(&req) {
         Ok(()) => next.run(req).await,
-        Err(e) => e.into_response(),
+        Err(e) => e.unread_body_response(),
     }
 }
 

@@ -106,6 +106,19 @@ impl IntoResponse for ApiError {
     }
 }
 
+impl ApiError {
+    /// The answer to a request refused before its body was read: the connection closes
+    /// after it, so that the client does not send its next request on a connection the
+    /// server drops (hyper closes one whose unread body has not all arrived).
+    pub fn unread_body_response(self) -> Response {
+        let mut response = self.into_response();
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        response
+    }
+}
+
 /// `Retry-After` in whole seconds, rounded up and at least 1 (0 would invite a busy loop).
 fn retry_after_secs(after: Duration) -> u64 {
     (after.as_secs() + u64::from(after.subsec_nanos() > 0)).max(1)
