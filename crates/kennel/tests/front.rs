@@ -530,6 +530,7 @@ fn a_web_page_cannot_drive_the_loopback_server() {
             "{results:?}"
         );
     }
+    nothing_happened(c, &audit, &before, &id);
 
     // A page whose name was rebound to the server: same-origin to the browser, which shows it
     // every answer; the server refuses the name.
@@ -548,11 +549,18 @@ fn a_web_page_cannot_drive_the_loopback_server() {
     assert!(!text.contains(&secret), "the page read the file: {text}");
     assert_eq!(results.len(), 3, "no file was read: {results:?}");
 
-    // The oracles: nothing ran, no session was made, the user's session is as it was.
+    nothing_happened(c, &audit, &before, &id);
+    let read = c.get(&format!("/v1/sessions/{id}/files/workspace/secret.txt"));
+    assert_eq!(read.text(), secret);
+}
+
+/// The oracles of a page's attempts: the audit log has no run or exec beyond `before`, and
+/// the user's session `id` is the only one.
+fn nothing_happened(c: &Client, audit: &Path, before: &[String], id: &str) {
     assert_eq!(
-        audited(&audit),
+        audited(audit),
         before,
-        "the audit log has a run from a page"
+        "the audit log has a run or exec from a page"
     );
     let sessions = c.get("/v1/sessions").json();
     let ids: Vec<&str> = sessions
@@ -561,7 +569,5 @@ fn a_web_page_cannot_drive_the_loopback_server() {
         .iter()
         .filter_map(|s| s["id"].as_str())
         .collect();
-    assert_eq!(ids, [id.as_str()], "{sessions}");
-    let read = c.get(&format!("/v1/sessions/{id}/files/workspace/secret.txt"));
-    assert_eq!(read.text(), secret);
+    assert_eq!(ids, [id], "a page made a session: {sessions}");
 }

@@ -543,13 +543,13 @@ fn an_mcp_session_answers_only_its_own_token() {
         .to_string();
 
     let list = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/list", "params": {}});
-    let answers = [
-        ("POST", victim.post_as(&b, &list)),
-        ("GET", victim.get_as(&b)),
-        ("DELETE", victim.delete_as(&b)),
-    ];
-    for (method, r) in answers {
-        let (code, message) = r.error(404);
+    let post = || victim.post_as(&b, &list);
+    let get = || victim.get_as(&b);
+    let delete = || victim.delete_as(&b);
+    let attempts: [(&str, &dyn Fn() -> Resp); 3] =
+        [("POST", &post), ("GET", &get), ("DELETE", &delete)];
+    for (method, attempt) in attempts {
+        let (code, message) = attempt().error(404);
         assert_eq!(code, "not_found", "{method}");
         assert!(message.contains("MCP session"), "{method}: {message}");
     }
