@@ -143,24 +143,24 @@ const COMMANDS: &[(&str, How)] = &[
         How::Skip("listens on every interface, which a test must not open"),
     ),
     (
-        "curl -s -XPOST localhost:8080/v1/runs -d '{\"language\":\"python\",\"code\":\"print(6*7)\"}'",
+        "curl -s localhost:8080/v1/runs --json '{\"language\":\"python\",\"code\":\"print(6*7)\"}'",
         How::Curl,
     ),
     (
-        "id=$(curl -s -XPOST localhost:8080/v1/sessions -d '{}' | jq -r .id)",
+        "id=$(curl -s localhost:8080/v1/sessions --json '{}' | jq -r .id)",
         How::Curl,
     ),
     (
-        "curl -s -XPOST localhost:8080/v1/sessions/$id/exec -d '{\"language\":\"python\",\"code\":\"x = 41\"}'",
+        "curl -s localhost:8080/v1/sessions/$id/exec --json '{\"language\":\"python\",\"code\":\"x = 41\"}'",
         How::Curl,
     ),
     (
-        "curl -s -XPOST \"localhost:8080/v1/sessions/$id/exec?stream=true\" -d \
+        "curl -s \"localhost:8080/v1/sessions/$id/exec?stream=true\" --json \
          '{\"language\":\"python\",\"code\":\"print(x + 1)\"}'",
         How::Curl,
     ),
     (
-        "curl -s -XPOST localhost:8080/v1/sessions/$id/exec -d '{\"language\":\"python\",\"code\":\"x * 2\"}'",
+        "curl -s localhost:8080/v1/sessions/$id/exec --json '{\"language\":\"python\",\"code\":\"x * 2\"}'",
         How::Curl,
     ),
 ];
