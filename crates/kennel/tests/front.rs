@@ -214,17 +214,16 @@ fn a_bad_allowed_hosts_entry_is_a_config_error() {
 
 // ---- The same attacks from a browser ----
 
-/// A tiny HTTP server on 127.0.0.1 that answers every request with one page, as a web site
-/// on another local port would; stopped when dropped.
-struct PageServer {
-    port: u16,
+/// A listener whose connections are each handled on a thread of their own; stopped when
+/// dropped.
+struct Served {
+    addr: std::net::SocketAddr,
     stop: Arc<AtomicBool>,
 }
 
-impl PageServer {
-    fn start(page: String) -> PageServer {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
+impl Served {
+    fn start(listener: TcpListener, handle: impl Fn(TcpStream) + Clone + Send + 'static) -> Served {
+        let addr = listener.local_addr().unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = stop.clone();
         std::thread::spawn(move || {
@@ -232,21 +231,30 @@ impl PageServer {
                 if stopped.load(Ordering::SeqCst) {
                     return;
                 }
-                if let Ok(mut conn) = conn {
-                    let _ = read_head(&mut conn);
-                    serve_page(&mut conn, &page);
-                }
+                let Ok(conn) = conn else { continue };
+                let handle = handle.clone();
+                std::thread::spawn(move || handle(conn));
             }
         });
-        PageServer { port, stop }
+        Served { addr, stop }
     }
 }
 
-impl Drop for PageServer {
+impl Drop for Served {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        let _ = TcpStream::connect(("127.0.0.1", self.port));
+        let _ = TcpStream::connect(self.addr);
     }
+}
+
+/// A tiny HTTP server on 127.0.0.1 that answers every request with one page, as a web site
+/// on another local port would.
+fn page_server(page: String) -> Served {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    Served::start(listener, move |mut conn| {
+        let _ = read_head(&mut conn);
+        serve_page(&mut conn, &page);
+    })
 }
 
 /// A request's head, as read from `conn`.
@@ -278,43 +286,17 @@ fn serve_page(conn: &mut TcpStream, page: &str) {
 /// byte, to the server on 127.0.0.1 (the name "rebound" to it). It listens on 127.0.0.2 at
 /// the server's own port, so that the page and the server share one origin, as after a real
 /// rebinding.
-struct Relay {
-    port: u16,
-    stop: Arc<AtomicBool>,
-}
-
-impl Relay {
-    fn start(port: u16, page: String) -> Relay {
-        let listener = TcpListener::bind(("127.0.0.2", port))
-            .unwrap_or_else(|e| panic!("binding 127.0.0.2:{port} for the rebinding relay: {e}"));
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopped = stop.clone();
-        std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                if stopped.load(Ordering::SeqCst) {
-                    return;
-                }
-                let Ok(mut conn) = conn else { continue };
-                let page = page.clone();
-                std::thread::spawn(move || {
-                    let head = read_head(&mut conn);
-                    if head.starts_with(b"GET /rebind.html ") {
-                        serve_page(&mut conn, &page);
-                    } else {
-                        pipe_to_server(conn, &head, port);
-                    }
-                });
-            }
-        });
-        Relay { port, stop }
-    }
-}
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        let _ = TcpStream::connect(("127.0.0.2", self.port));
-    }
+fn relay(port: u16, page: String) -> Served {
+    let listener = TcpListener::bind(("127.0.0.2", port))
+        .unwrap_or_else(|e| panic!("binding 127.0.0.2:{port} for the rebinding relay: {e}"));
+    Served::start(listener, move |mut conn| {
+        let head = read_head(&mut conn);
+        if head.starts_with(b"GET /rebind.html ") {
+            serve_page(&mut conn, &page);
+        } else {
+            pipe_to_server(conn, &head, port);
+        }
+    })
 }
 
 /// Copies `conn` (whose first bytes were `head`) to the server on 127.0.0.1:`port` and back.
@@ -519,8 +501,8 @@ fn a_web_page_cannot_drive_the_loopback_server() {
 
     // A page on another local port: its requests reach the server, and are refused before
     // anything runs (the browser, which gets no CORS answer, hides the status from it).
-    let page = PageServer::start(cross_site_page(server.port, &id));
-    let url = format!("http://127.0.0.1:{}/", page.port);
+    let page = page_server(cross_site_page(server.port, &id));
+    let url = format!("http://127.0.0.1:{}/", page.addr.port());
     let results = chromium_results(&url, None, &dir.join("profile-cross-site"));
     eprintln!("cross-site page: {results:?}");
     for name in ["run text/plain", "run form", "session", "exec", "mcp"] {
@@ -534,8 +516,8 @@ fn a_web_page_cannot_drive_the_loopback_server() {
 
     // A page whose name was rebound to the server: same-origin to the browser, which shows it
     // every answer; the server refuses the name.
-    let relay = Relay::start(server.port, rebinding_page());
-    let url = format!("http://evil.test:{}/rebind.html", relay.port);
+    let relay = relay(server.port, rebinding_page());
+    let url = format!("http://evil.test:{}/rebind.html", relay.addr.port());
     let rule = "MAP evil.test 127.0.0.2";
     let results = chromium_results(&url, Some(rule), &dir.join("profile-rebinding"));
     eprintln!("rebinding page: {results:?}");
