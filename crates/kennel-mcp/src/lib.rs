@@ -8,12 +8,14 @@
 //! stderr, what was truncated or killed) and as structured content.
 
 pub mod api;
+mod http;
 mod local;
 pub mod opened;
 mod python;
 mod remote;
 pub mod render;
 mod schemas;
+mod sessions;
 pub mod tools;
 
 use std::sync::Arc;
@@ -21,66 +23,7 @@ use std::sync::Arc;
 use rmcp::ServiceExt as _;
 
 pub use api::{Api, ApiError, Local, Remote};
-use kennel_server::service::Service;
-use opened::Registry;
-
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
-use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
-
-/// MCP's streamable-HTTP transport, as `kennel serve` mounts it at `/mcp`: rmcp's service
-/// behind [`end_session`].
-///
-/// The `/mcp` service over `kennel serve`'s own [`Service`]: each tool call acts as the
-/// caller its HTTP request authenticated. Host checks are left to the server's own rules
-/// (loopback, or a token), not rmcp's localhost-only default.
-pub fn http_service(service: Arc<Service>) -> axum::Router {
-    let api: Arc<dyn Api> = Arc::new(Local::mounted(service));
-    let registry = Registry::default();
-    let sessions = registry.clone();
-    let service: StreamableHttpService<KennelTools, LocalSessionManager> =
-        StreamableHttpService::new(
-            move || Ok(KennelTools::for_http(api.clone(), sessions.clone())),
-            Arc::new(LocalSessionManager::default()),
-            StreamableHttpServerConfig::default().disable_allowed_hosts(),
-        );
-    axum::Router::new()
-        .fallback_service(service)
-        .layer(axum::middleware::from_fn(move |req, next| {
-            end_session(registry.clone(), req, next)
-        }))
-}
-
-/// `DELETE /mcp` ends the MCP session, and with it the Kennel sessions it opened (before the
-/// answer, so a client that lists sessions next sees none of them). rmcp answers it
-/// `202 Accepted`, which MCP clients log as a failed termination ("Session termination
-/// failed: 202": they expect 200 or 204): it becomes `204 No Content`.
-async fn end_session(
-    registry: Registry,
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    use axum::http::{Method, StatusCode};
-    if req.method() != Method::DELETE {
-        return next.run(req).await;
-    }
-    let opened = req
-        .headers()
-        .get("mcp-session-id")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|id| registry.take(id));
-    let mut response = next.run(req).await;
-    if !response.status().is_success() {
-        return response;
-    }
-    if let Some(opened) = opened {
-        opened.close_all().await;
-    }
-    if response.status() == StatusCode::ACCEPTED {
-        *response.status_mut() = StatusCode::NO_CONTENT;
-        *response.body_mut() = axum::body::Body::empty();
-    }
-    response
-}
+pub use http::http_service;
 
 pub use tools::KennelTools;
 

@@ -2,8 +2,7 @@
 //! away (stdio closed, `DELETE /mcp`, an idle MCP session dropped) leaves no sandbox behind to
 //! wait for the idle TTL.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::api::Api;
 
@@ -48,23 +47,6 @@ impl Drop for Opened {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(close(ids));
         }
-    }
-}
-
-/// Each HTTP MCP session's [`Opened`], by its `Mcp-Session-Id`, so that `DELETE /mcp` can
-/// close them before it answers. Weak: the MCP session's handler owns them.
-#[derive(Clone, Default, Debug)]
-pub struct Registry(Arc<Mutex<HashMap<String, Weak<Opened>>>>);
-
-impl Registry {
-    pub fn insert(&self, mcp_session: &str, opened: &Arc<Opened>) {
-        let mut map = lock(&self.0);
-        map.retain(|_, o| o.strong_count() > 0);
-        map.insert(mcp_session.to_string(), Arc::downgrade(opened));
-    }
-
-    pub fn take(&self, mcp_session: &str) -> Option<Arc<Opened>> {
-        lock(&self.0).remove(mcp_session)?.upgrade()
     }
 }
 

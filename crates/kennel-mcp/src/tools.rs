@@ -18,10 +18,11 @@ use serde_json::{json, Value};
 use tokio::task::JoinHandle;
 
 use super::api::{Api, ApiError, OutputFn};
-use super::opened::{Opened, Registry};
+use super::opened::Opened;
 use super::python;
 use super::render::{self, Shown};
 use super::schemas;
+use super::sessions::Table;
 use kennel_server::service::Caller;
 use kennel_types::api::{Content, EntryKind, ExecSpec, Language, LimitsSpec, RunSpec, SessionSpec};
 use kennel_types::error::PolicyError;
@@ -191,8 +192,8 @@ pub struct KennelTools {
     tool_router: ToolRouter<KennelTools>,
     /// The sessions this MCP session opened, closed when it ends.
     opened: Arc<Opened>,
-    /// Over HTTP: where `DELETE /mcp` finds `opened` by the MCP session's id.
-    registry: Option<Registry>,
+    /// Over HTTP: the MCP sessions, where `DELETE /mcp` finds `opened` by the session's id.
+    registry: Option<Table>,
     /// The current request's MCP session id (HTTP only).
     mcp_session: Option<String>,
 }
@@ -415,6 +416,10 @@ impl KennelTools {
             .and_then(|p| p.headers.get("mcp-session-id"))
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
+        // Every tool starts here: the session has called one, and is kept the longer TTL.
+        if let (Some(table), Some(id)) = (&self.registry, &mcp_session) {
+            table.used_tool(id);
+        }
         KennelTools {
             api: caller.map_or_else(|| self.api.clone(), |c| self.api.for_caller(c)),
             tool_router: self.tool_router.clone(),
@@ -435,7 +440,7 @@ impl KennelTools {
     }
 
     /// The handler of one MCP session over HTTP, whose sessions `DELETE /mcp` closes.
-    pub fn for_http(api: Arc<dyn Api>, registry: Registry) -> KennelTools {
+    pub(crate) fn for_http(api: Arc<dyn Api>, registry: Table) -> KennelTools {
         KennelTools {
             registry: Some(registry),
             ..KennelTools::new(api)
@@ -451,7 +456,7 @@ impl KennelTools {
     fn remember(&self, id: &str) {
         self.opened.add(id, self.api.clone());
         if let (Some(registry), Some(mcp)) = (&self.registry, &self.mcp_session) {
-            registry.insert(mcp, &self.opened);
+            registry.set_opened(mcp, &self.opened);
         }
     }
 

@@ -154,6 +154,30 @@ impl Default for Jobs {
     }
 }
 
+/// MCP sessions at `/mcp` (`kennel serve`'s streamable-HTTP transport).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Mcp {
+    /// MCP sessions one token (the one caller of a server without tokens) may have open at
+    /// once; past this an `initialize` gets 429 until one ends.
+    pub sessions_per_token: usize,
+    /// An MCP session that has called a tool ends after this long with no request under way
+    /// (with the Kennel sessions it opened).
+    pub idle_ttl: Span,
+    /// One that has called no tool yet ends sooner: after this long with no request under way.
+    pub unused_ttl: Span,
+}
+
+impl Default for Mcp {
+    fn default() -> Self {
+        Mcp {
+            sessions_per_token: 32,
+            idle_ttl: Span(Duration::from_secs(600)),
+            unused_ttl: Span(Duration::from_secs(60)),
+        }
+    }
+}
+
 /// Where `async` runs may send their end (`callback_url`), and how.
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -215,6 +239,13 @@ impl std::fmt::Debug for Callbacks {
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
     pub listen: SocketAddr,
+    /// Names the server answers to besides its loopback ones (`localhost`, `127.0.0.1`,
+    /// `[::1]`, and its own address): `name` (any port) or `name:port`. A request whose `Host`
+    /// is another name gets 403, so that a web page cannot reach a loopback server through
+    /// DNS rebinding; a server on a non-loopback address (which needs tokens) takes any `Host`
+    /// unless this lists some. A request from a web page (`Origin`) is taken only from the
+    /// server's own origin or a name listed here.
+    pub allowed_hosts: Vec<String>,
     /// Bearer tokens; `KENNEL_TOKENS` (comma-separated `id:token` or bare tokens) adds more.
     pub tokens: Vec<Token>,
     /// Largest request body accepted.
@@ -257,6 +288,8 @@ pub struct ServerConfig {
     pub jobs: Jobs,
     /// Callbacks of `async` runs.
     pub callbacks: Callbacks,
+    /// MCP sessions at `/mcp`.
+    pub mcp: Mcp,
 }
 
 impl Default for ServerConfig {
@@ -273,6 +306,7 @@ impl Default for ServerConfig {
         };
         ServerConfig {
             listen: "127.0.0.1:8080".parse().expect("a valid address"),
+            allowed_hosts: vec![],
             tokens: vec![],
             max_body: ByteSize(64 << 20),
             max_concurrent: 16,
@@ -292,6 +326,7 @@ impl Default for ServerConfig {
             images: vec![],
             jobs: Jobs::default(),
             callbacks: Callbacks::default(),
+            mcp: Mcp::default(),
         }
     }
 }
@@ -369,6 +404,7 @@ impl ServerConfig {
             return bad("jobs.max_per_token", "must be at least 1");
         }
         self.check_callbacks()?;
+        self.check_front()?;
         for quota in std::iter::once(&self.quota).chain(self.tokens.iter().map(|t| &t.quota)) {
             self.check_quota(quota)?;
         }
@@ -427,6 +463,35 @@ impl ServerConfig {
             }),
             None => Ok(()),
         }
+    }
+
+    /// The names of `allowed_hosts`, and `[mcp]`'s cap and TTLs.
+    fn check_front(&self) -> Result<(), PolicyError> {
+        for entry in &self.allowed_hosts {
+            crate::http::HostName::parse(entry).map_err(|why| PolicyError::Invalid {
+                field: "allowed_hosts",
+                why,
+            })?;
+        }
+        let bad = |field: &'static str, why: &str| {
+            Err(PolicyError::Invalid {
+                field,
+                why: why.into(),
+            })
+        };
+        if self.mcp.sessions_per_token == 0 {
+            return bad("mcp.sessions_per_token", "must be at least 1");
+        }
+        if self.mcp.unused_ttl.0.is_zero() {
+            return bad("mcp.unused_ttl", "must be more than zero");
+        }
+        if self.mcp.idle_ttl.0 < self.mcp.unused_ttl.0 {
+            return bad(
+                "mcp.idle_ttl",
+                "must be at least mcp.unused_ttl (a session that called a tool is kept longer)",
+            );
+        }
+        Ok(())
     }
 
     /// The secret the callbacks of `token_id` are signed with, if any.

@@ -285,6 +285,18 @@ impl Sessions {
             .collect()
     }
 
+    /// The time until the next session that holds a place ends by its TTL or lifetime: of
+    /// `token_id`'s sessions, or of all. An ended session holds none, so it is left out.
+    pub fn next_end(&self, token_id: Option<&str>) -> Option<Duration> {
+        self.map
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter(|s| s.ended().is_none() && token_id.is_none_or(|t| s.token_id == t))
+            .map(|s| s.remaining())
+            .min()
+    }
+
     /// Removes and returns the sessions whose time is up: an ended session's comes an idle
     /// TTL after its end.
     pub fn take_expired(&self) -> Vec<Arc<Session>> {

@@ -138,7 +138,7 @@ fn exec_and_hang_up(server: &Server, id: &str, code: &str, stream: bool) {
     let mut tcp = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
     write!(
         tcp,
-        "POST /v1/sessions/{id}/exec{query} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+        "POST /v1/sessions/{id}/exec{query} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
          Content-Length: {}\r\n\r\n{body}",
         body.len()
     )

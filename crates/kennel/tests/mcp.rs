@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use server_common::{descendants, describe, survivors, Server, KENNEL};
+use server_common::{descendants, describe, survivors, vm_rss_kib, Client, Resp, Server, KENNEL};
 
 const PYTHON: &str = "/usr/bin/python3";
 
@@ -414,4 +414,266 @@ fn sessions_end_with_the_mcp_session() {
             );
         }
     }
+}
+
+// ---- MCP sessions over HTTP: owners and caps (issue 27, escapes 3 and 4) ----
+
+const TOKEN_A: &str = "mcp-tenant-a-0123456789abcdef";
+const TOKEN_B: &str = "mcp-tenant-b-0123456789abcdef";
+
+/// A server with the tokens `a` and `b`, no pool, and `extra` config.
+fn two_tenants(name: &str, extra: &str) -> Server {
+    let tokens = format!("a:{TOKEN_A},b:{TOKEN_B}");
+    let config = format!("{extra}\n[pool]\npython = 0\nbash = 0\n");
+    Server::start_with(name, &config, &[("KENNEL_TOKENS", &tokens)], Some(TOKEN_A))
+}
+
+/// MCP's streamable HTTP spoken by hand: one JSON-RPC message per POST, answered as SSE.
+struct HttpMcp {
+    client: Client,
+    session: String,
+    next: u64,
+}
+
+const ACCEPT: (&str, &str) = ("Accept", "application/json, text/event-stream");
+
+/// An `initialize` as `client`: the raw answer.
+fn initialize(client: &Client) -> Resp {
+    let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {"protocolVersion": "2025-03-26", "capabilities": {},
+                   "clientInfo": {"name": "kennel-test", "version": "0"}}});
+    client.post_with("/mcp", &init.to_string(), &[ACCEPT])
+}
+
+/// The JSON-RPC message of an SSE answer.
+fn message_of(r: &Resp) -> Value {
+    let text = r.text();
+    let data = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .map(str::trim)
+        .find(|d| d.starts_with('{'))
+        .unwrap_or_else(|| panic!("no JSON-RPC message in {}: {text:?}", r.status));
+    serde_json::from_str(data).unwrap()
+}
+
+impl HttpMcp {
+    /// A new MCP session of `client`'s token.
+    fn open(client: &Client) -> HttpMcp {
+        let r = initialize(client);
+        assert_eq!(r.status, 200, "initialize: {}", r.text());
+        assert_eq!(message_of(&r)["result"]["serverInfo"]["name"], "kennel");
+        let session = r
+            .header("mcp-session-id")
+            .expect("an Mcp-Session-Id")
+            .to_string();
+        let mcp = HttpMcp {
+            client: client.clone(),
+            session,
+            next: 0,
+        };
+        let note = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+        let r = mcp.post_as(&mcp.client, &note);
+        assert_eq!(r.status, 202, "initialized: {}", r.text());
+        mcp
+    }
+
+    /// POSTs `msg` on this session, as `client` (its token may not be the owner's).
+    fn post_as(&self, client: &Client, msg: &Value) -> Resp {
+        let id = ("Mcp-Session-Id", self.session.as_str());
+        client.post_with("/mcp", &msg.to_string(), &[ACCEPT, id])
+    }
+
+    fn request_as(&mut self, client: &Client, method: &str, params: Value) -> Resp {
+        self.next += 1;
+        let msg = json!({"jsonrpc": "2.0", "id": self.next, "method": method, "params": params});
+        self.post_as(client, &msg)
+    }
+
+    /// A request of the owner, which must succeed: its result.
+    fn request(&mut self, method: &str, params: Value) -> Value {
+        let client = self.client.clone();
+        let r = self.request_as(&client, method, params);
+        assert_eq!(r.status, 200, "{method}: {}", r.text());
+        let v = message_of(&r);
+        assert!(v.get("error").is_none(), "{method}: {v}");
+        v["result"].clone()
+    }
+
+    fn call_tool(&mut self, name: &str, arguments: Value) -> Value {
+        self.request("tools/call", json!({"name": name, "arguments": arguments}))
+    }
+
+    fn get_as(&self, client: &Client) -> Resp {
+        let headers = [
+            ("Accept", "text/event-stream"),
+            ("Mcp-Session-Id", self.session.as_str()),
+        ];
+        client.get_with("/mcp", &headers)
+    }
+
+    fn delete_as(&self, client: &Client) -> Resp {
+        client.delete_with("/mcp", &[("Mcp-Session-Id", self.session.as_str())])
+    }
+}
+
+/// The ids of the caller's Kennel sessions.
+fn session_ids(client: &Client) -> Vec<String> {
+    let listed = client.get("/v1/sessions").json();
+    listed
+        .as_array()
+        .unwrap_or_else(|| panic!("not a list: {listed}"))
+        .iter()
+        .filter_map(|s| s["id"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// Another tenant's `Mcp-Session-Id` is the 404 of an unknown one, whatever the method: it
+/// can neither list tools on the session nor end it (with the Kennel sessions it opened).
+#[test]
+fn an_mcp_session_answers_only_its_own_token() {
+    let server = two_tenants("mcp-owner", "");
+    let a = server.client.clone();
+    let b = a.with_token(Some(TOKEN_B));
+    let mut victim = HttpMcp::open(&a);
+    let made = victim.call_tool("create_session", json!({}));
+    let kennel_session = made["structuredContent"]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no session id in {made}"))
+        .to_string();
+
+    let list = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/list", "params": {}});
+    let post = || victim.post_as(&b, &list);
+    let get = || victim.get_as(&b);
+    let delete = || victim.delete_as(&b);
+    let attempts: [(&str, &dyn Fn() -> Resp); 3] =
+        [("POST", &post), ("GET", &get), ("DELETE", &delete)];
+    for (method, attempt) in attempts {
+        let (code, message) = attempt().error(404);
+        assert_eq!(code, "not_found", "{method}");
+        assert!(message.contains("MCP session"), "{method}: {message}");
+    }
+    // An id nobody has answers the same.
+    let nobody = HttpMcp {
+        session: "0123456789abcdef0123456789abcdef".into(),
+        ..HttpMcp::open(&b)
+    };
+    let (code, _) = nobody.post_as(&b, &list).error(404);
+    assert_eq!(code, "not_found");
+
+    // The victim's MCP session and its Kennel session still work.
+    let tools = victim.request("tools/list", json!({}));
+    assert!(
+        tools["tools"].as_array().is_some_and(|t| !t.is_empty()),
+        "{tools}"
+    );
+    assert_eq!(session_ids(&a), [kennel_session.clone()]);
+    let exec = victim.call_tool(
+        "session_exec",
+        json!({"session_id": kennel_session, "language": "python", "code": "print(6*7)"}),
+    );
+    assert_eq!(exec["structuredContent"]["stdout"], "42\n", "{exec}");
+    // Its owner may end it, with its Kennel session.
+    assert_eq!(victim.delete_as(&a).status, 204);
+    assert_eq!(session_ids(&a), Vec::<String>::new());
+}
+
+/// One token holds at most `[mcp] sessions_per_token`: past it an `initialize` gets 429
+/// naming the cap, with a Retry-After for when its first idle session ends; another token
+/// has its own; ending one frees a place.
+#[test]
+fn mcp_sessions_are_capped_per_token() {
+    let server = two_tenants(
+        "mcp-cap",
+        "[mcp]\nsessions_per_token = 3\nunused_ttl = \"30s\"\nidle_ttl = \"1h\"",
+    );
+    let a = server.client.clone();
+    let b = a.with_token(Some(TOKEN_B));
+    let open: Vec<HttpMcp> = (0..3).map(|_| HttpMcp::open(&a)).collect();
+    let r = initialize(&a);
+    let retry: u64 = r
+        .header("retry-after")
+        .unwrap_or_else(|| panic!("no Retry-After: {r:?}"))
+        .parse()
+        .unwrap();
+    assert!((1..=30).contains(&retry), "Retry-After {retry}");
+    let (code, message) = r.error(429);
+    assert_eq!(code, "quota_exceeded");
+    assert!(
+        message.contains("mcp.sessions_per_token") && message.contains('3'),
+        "{message}"
+    );
+    HttpMcp::open(&b);
+    assert_eq!(open[0].delete_as(&a).status, 204);
+    HttpMcp::open(&a);
+    assert_eq!(initialize(&a).status, 429);
+}
+
+/// An MCP session that never called a tool ends after `[mcp] unused_ttl`; one that did is
+/// kept for `idle_ttl`.
+#[test]
+fn an_mcp_session_that_never_called_a_tool_ends_sooner() {
+    let server = two_tenants(
+        "mcp-unused",
+        "[mcp]\nunused_ttl = \"1s\"\nidle_ttl = \"1h\"",
+    );
+    let a = server.client.clone();
+    let mut unused = HttpMcp::open(&a);
+    let mut used = HttpMcp::open(&a);
+    let r = used.call_tool("run_command", json!({"argv": ["true"]}));
+    assert_eq!(r["structuredContent"]["exit_code"], 0, "{r}");
+    // Asked less often than its TTL, so that asking does not keep it alive.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        std::thread::sleep(Duration::from_secs(3));
+        let r = unused.request_as(&a, "tools/list", json!({}));
+        if r.status == 404 {
+            break;
+        }
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(
+            Instant::now() < deadline,
+            "the unused MCP session never ended"
+        );
+    }
+    used.request("tools/list", json!({}));
+}
+
+/// The attack of issue 27: one token sends 3,000 `initialize` requests. Past its cap each
+/// is a 429 that keeps nothing, so the server's memory stays near its size at rest (no
+/// time is measured).
+#[test]
+fn thousands_of_initializes_leave_the_server_small() {
+    const ATTEMPTS: usize = 3000;
+    // The bound over the server's RSS at rest. Before the cap, 3,000 sessions took it from
+    // 15 to 454 MB.
+    const BOUND_KIB: u64 = 48 << 10;
+    let server = two_tenants("mcp-flood", "[mcp]\nunused_ttl = \"1h\"\nidle_ttl = \"1h\"");
+    let a = server.client.clone();
+    let at_rest = vm_rss_kib(server.pid);
+    let (mut opened, mut refused) = (0, 0);
+    for _ in 0..ATTEMPTS {
+        match initialize(&a).status {
+            200 => opened += 1,
+            429 => refused += 1,
+            other => panic!("initialize answered {other}"),
+        }
+    }
+    let attacked = vm_rss_kib(server.pid);
+    eprintln!(
+        "server RSS at rest {at_rest} KiB, after {ATTEMPTS} initializes {attacked} KiB \
+         (+{} KiB; bound +{BOUND_KIB} KiB); {opened} opened, {refused} refused",
+        attacked.saturating_sub(at_rest)
+    );
+    assert_eq!(
+        (opened, refused),
+        (32, ATTEMPTS - 32),
+        "the default cap is 32"
+    );
+    assert!(
+        attacked <= at_rest + BOUND_KIB,
+        "server RSS went from {at_rest} KiB to {attacked} KiB"
+    );
+    // The other tenant is still served.
+    HttpMcp::open(&a.with_token(Some(TOKEN_B)));
 }

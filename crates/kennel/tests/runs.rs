@@ -185,7 +185,7 @@ fn cancel_both_ways(name: &str, extra: Value, pooled: bool) {
     let mut conn = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
     write!(
         conn,
-        "POST /v1/runs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN_A}\r\n\
+        "POST /v1/runs HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN_A}\r\n\
          Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
@@ -333,7 +333,7 @@ fn stream_until_started(server: &Server, body: &Value, wait: Duration) -> (TcpSt
     let mut conn = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
     write!(
         conn,
-        "POST /v1/runs?stream=true HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN_A}\r\n\
+        "POST /v1/runs?stream=true HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN_A}\r\n\
          Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )

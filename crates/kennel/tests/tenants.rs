@@ -157,11 +157,48 @@ fn a_token_quota_of_its_own_holds() {
     // In the singular for one (it said "1 sessions").
     assert_eq!(
         message,
-        "this token has 1 session open, its quota (quota.sessions); end one first"
+        "this token has 1 session open, its quota (quota.sessions); end one first \
+         (DELETE /v1/sessions/{id}), or retry when one expires (Retry-After)"
     );
     let b = server.client.with_token(Some(B));
     b.create_session(&json!({}));
     b.create_session(&json!({}));
+}
+
+/// A place under a sessions quota frees only when one of the token's sessions ends: its 429
+/// says when the first of them runs out of its TTL, not a fixed second.
+#[test]
+fn a_sessions_quota_says_when_a_place_frees() {
+    let config = format!(
+        "{NO_POOL}[sessions]\nmax_sessions = 4\nidle_ttl = \"5m\"\n{}",
+        tokens("quota = { sessions = 1 }")
+    );
+    let server = Server::start_with("quota-retry-after", &config, &[], Some(A));
+    let c = &server.client;
+    let r = c.post_json("/v1/sessions", &json!({"idle_ttl": "2m"}));
+    assert_eq!(r.status, 201, "{}", r.text());
+    let id = r.json()["id"].as_str().unwrap().to_string();
+    let expires = || {
+        let info = c.get(&format!("/v1/sessions/{id}")).json();
+        info["expires_in_s"].as_u64().unwrap()
+    };
+    let before = expires();
+    let r = c.post_json("/v1/sessions", &json!({}));
+    let after = expires();
+    let retry: u64 = r
+        .header("retry-after")
+        .unwrap_or_else(|| panic!("no Retry-After: {r:?}"))
+        .parse()
+        .unwrap();
+    let (code, message) = r.error(429);
+    assert_eq!(code, "quota_exceeded");
+    assert!(message.contains("Retry-After"), "{message}");
+    // `expires_in_s` rounds down and Retry-After up.
+    assert!(
+        (after..=before + 1).contains(&retry),
+        "Retry-After {retry}, the session expires in {before}..{after} s"
+    );
+    assert!(retry > 100, "the session's 2 minutes, not 1 s: {retry}");
 }
 
 #[test]

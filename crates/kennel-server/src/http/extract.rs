@@ -2,7 +2,7 @@
 
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
-use axum::http::StatusCode;
+use axum::http::{header, HeaderMap, StatusCode};
 use serde::de::DeserializeOwned;
 
 use super::ApiError;
@@ -16,10 +16,41 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        // Any content type is read as JSON: `curl -d` users should not need a header.
+        // Only a JSON content type: a web page can send `text/plain`, a form's types or none
+        // to any origin without a preflight, so reading those as JSON would let it act.
+        let json = is_json(req.headers());
+        // Read all the same, so that the connection stays usable for the client's next
+        // request (hyper closes one whose request body was left unread).
         let ApiBytes(body) = ApiBytes::from_request(req, state).await?;
+        if !json {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "the body must be JSON sent as `Content-Type: application/json` (with curl: \
+                 --json '{...}', or -H 'Content-Type: application/json')",
+            ));
+        }
         parse_json(&body).map(ApiJson)
     }
+}
+
+/// Whether the request says its body is JSON: `application/json` or `application/*+json`,
+/// with any parameters (`; charset=utf-8`), in any case.
+fn is_json(headers: &HeaderMap) -> bool {
+    let Some(value) = headers.get(header::CONTENT_TYPE) else {
+        return false;
+    };
+    let essence = value
+        .to_str()
+        .unwrap_or("")
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    essence
+        .strip_prefix("application/")
+        .is_some_and(|sub| sub == "json" || (sub.ends_with("+json") && !sub.contains('/')))
 }
 
 /// Parses a JSON body; the error names the field at fault (`limits.timeout: ...`).
@@ -95,5 +126,40 @@ impl<S: Send + Sync> FromRequest<S> for ApiBytes {
                     ApiError::bad_request(rejection.body_text())
                 }
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(value: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_TYPE, value.parse().unwrap());
+        h
+    }
+
+    #[test]
+    fn only_json_content_types_are_json() {
+        for ok in [
+            "application/json",
+            "Application/JSON",
+            "application/json; charset=utf-8",
+            "application/merge-patch+json",
+        ] {
+            assert!(is_json(&with(ok)), "{ok}");
+        }
+        for bad in [
+            "text/plain",
+            "text/plain; charset=utf-8",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data; boundary=x",
+            "application/jsonp",
+            "text/json",
+            "",
+        ] {
+            assert!(!is_json(&with(bad)), "{bad}");
+        }
+        assert!(!is_json(&HeaderMap::new()));
     }
 }

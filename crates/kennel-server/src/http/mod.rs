@@ -3,13 +3,16 @@
 //! render the service's answer.
 
 mod extract;
+mod front;
 pub mod routes;
 mod stream;
 
 pub use crate::service::Caller;
 pub use extract::{ApiBytes, ApiJson, ApiPath, ApiQuery};
+pub use front::{HostName, Hosts};
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -27,12 +30,14 @@ use super::{openapi, request_log};
 /// What the handlers share: the service they call.
 pub type Shared = Arc<Service>;
 
-/// An error answer: `{"error": {"code": ..., "message": ...}}`.
+/// An error answer: `{"error": {"code": ..., "message": ...}}`, with `Retry-After` on a 429
+/// that knows when a retry may succeed.
 #[derive(Debug)]
 pub struct ApiError {
     pub status: StatusCode,
     pub code: &'static str,
     pub message: String,
+    pub retry_after: Option<Duration>,
 }
 
 impl ApiError {
@@ -41,6 +46,7 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            retry_after: None,
         }
     }
 
@@ -52,13 +58,13 @@ impl ApiError {
         ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
     }
 
-    pub fn busy(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::TOO_MANY_REQUESTS, "busy", message)
-    }
-
-    /// The caller's own quota is used up (other callers may still be served).
-    pub fn quota(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::TOO_MANY_REQUESTS, "quota_exceeded", message)
+    /// The caller's own quota is used up (other callers may still be served); a retry may
+    /// succeed after `retry_after`, when that is known.
+    pub fn quota(message: impl Into<String>, retry_after: Option<Duration>) -> ApiError {
+        ApiError {
+            retry_after,
+            ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "quota_exceeded", message)
+        }
     }
 }
 
@@ -80,8 +86,10 @@ pub fn status(e: &ServiceError) -> StatusCode {
 
 impl From<ServiceError> for ApiError {
     fn from(e: ServiceError) -> ApiError {
-        let code = e.code();
-        ApiError::new(status(&e), code, e.to_string())
+        ApiError {
+            retry_after: e.retry_after(),
+            ..ApiError::new(status(&e), e.code(), e.to_string())
+        }
     }
 }
 
@@ -89,13 +97,31 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = Json(json!({"error": {"code": self.code, "message": self.message}}));
         let mut response = (self.status, body).into_response();
-        if self.status == StatusCode::TOO_MANY_REQUESTS {
+        if let Some(after) = self.retry_after {
             response
                 .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                .insert(header::RETRY_AFTER, retry_after_secs(after).into());
         }
         response
     }
+}
+
+impl ApiError {
+    /// The answer to a request refused before its body was read: the connection closes
+    /// after it, so that the client does not send its next request on a connection the
+    /// server drops (hyper closes one whose unread body has not all arrived).
+    pub fn unread_body_response(self) -> Response {
+        let mut response = self.into_response();
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        response
+    }
+}
+
+/// `Retry-After` in whole seconds, rounded up and at least 1 (0 would invite a busy loop).
+fn retry_after_secs(after: Duration) -> u64 {
+    (after.as_secs() + u64::from(after.subsec_nanos() > 0)).max(1)
 }
 
 async fn authenticate(State(state): State<Shared>, mut req: Request, next: Next) -> Response {
@@ -284,11 +310,15 @@ pub fn router(state: Shared, mounts: &[Mount]) -> Router {
     for mount in mounts {
         routes = routes.nest_service(mount.path, (mount.make)(state.clone()));
     }
+    let hosts = Arc::new(Hosts::of(&state.config));
     routes
         .fallback(fallback)
         .method_not_allowed_fallback(wrong_method)
         .layer(axum::extract::DefaultBodyLimit::max(max_body))
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
+        .layer(middleware::from_fn(move |req, next| {
+            front::guard(hosts.clone(), req, next)
+        }))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             count_outcomes,

@@ -178,10 +178,10 @@ pub enum ServiceError {
     SessionEnded(String),
     /// The server is full (its run slots or its sessions); retry later.
     #[error("{0}")]
-    Busy(String),
+    Busy(Refusal),
     /// The caller's own quota is used up (other callers may still be served).
     #[error("{0}")]
-    QuotaExceeded(String),
+    QuotaExceeded(Refusal),
     /// This host cannot enforce a layer the request needs.
     #[error("{0}")]
     Unsupported(String),
@@ -193,7 +193,66 @@ pub enum ServiceError {
     Internal(String),
 }
 
+/// Why a full server or a used-up quota refused, and when a retry may succeed, where that can
+/// be known: soon for a run slot, which frees when any run ends; when the next session's
+/// time runs out for a place among sessions. On the wire it is the message alone (the time
+/// goes in HTTP's `Retry-After`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
+pub struct Refusal {
+    pub message: String,
+    pub retry_after: Option<std::time::Duration>,
+}
+
+impl Refusal {
+    /// A refusal worth retrying after `after`.
+    pub fn retry_in(message: impl Into<String>, after: std::time::Duration) -> Refusal {
+        Refusal {
+            message: message.into(),
+            retry_after: Some(after),
+        }
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl From<String> for Refusal {
+    fn from(message: String) -> Refusal {
+        Refusal {
+            message,
+            retry_after: None,
+        }
+    }
+}
+
+impl From<&str> for Refusal {
+    fn from(message: &str) -> Refusal {
+        Refusal::from(message.to_string())
+    }
+}
+
+impl From<Refusal> for String {
+    fn from(r: Refusal) -> String {
+        r.message
+    }
+}
+
+/// A run slot frees when any run ends: retrying soon is worth it.
+const RUN_SLOT_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl ServiceError {
+    /// When a retry may succeed, where that can be known (a 429's `Retry-After`).
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            ServiceError::Busy(r) | ServiceError::QuotaExceeded(r) => r.retry_after,
+            _ => None,
+        }
+    }
+
     /// The stable code of the API's error answer.
     pub fn code(&self) -> &'static str {
         match self {
@@ -515,21 +574,22 @@ impl Service {
                     .or_insert_with(|| Arc::new(Semaphore::new(share.runs)))
                     .clone();
                 let permit = sem.try_acquire_owned().map_err(|_| {
-                    ServiceError::QuotaExceeded(format!(
-                        "this token has {} under way, its quota (quota.runs); retry when one \
-                         ends",
-                        count(share.runs, "run")
+                    ServiceError::QuotaExceeded(Refusal::retry_in(
+                        format!(
+                            "this token has {} under way, its quota (quota.runs); retry when \
+                             one ends",
+                            count(share.runs, "run")
+                        ),
+                        RUN_SLOT_RETRY,
                     ))
                 })?;
                 Some(permit)
             }
             None => None,
         };
-        let server = self
-            .slots
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| ServiceError::Busy("too many runs at once".into()))?;
+        let server = self.slots.clone().try_acquire_owned().map_err(|_| {
+            ServiceError::Busy(Refusal::retry_in("too many runs at once", RUN_SLOT_RETRY))
+        })?;
         Ok(RunSlot {
             _server: server,
             _own: own,

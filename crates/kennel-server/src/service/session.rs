@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{count, in_slot, Caller, Live, Service, ServiceError};
+use super::{count, in_slot, Caller, Live, Refusal, Service, ServiceError};
 use crate::agent::{AgentError, AgentSandbox, Exec, Progress};
 use crate::audit::Entry;
 use crate::config::ServerConfig;
@@ -108,17 +108,22 @@ pub(super) async fn create(
         .reserve(&caller.0, config.sessions.max_sessions, quota)
     {
         Ok(place) => place,
+        // A place frees when a session ends: by its TTL at the latest, unless ended sooner.
         Err(Full::Server(max)) => {
-            return Err(ServiceError::Busy(format!(
-                "{} open, the most this server keeps",
-                count(max, "session")
-            )))
+            return Err(ServiceError::Busy(Refusal {
+                message: format!("{} open, the most this server keeps", count(max, "session")),
+                retry_after: service.sessions.next_end(None),
+            }))
         }
         Err(Full::Token(quota)) => {
-            return Err(ServiceError::QuotaExceeded(format!(
-                "this token has {} open, its quota (quota.sessions); end one first",
-                count(quota, "session")
-            )))
+            return Err(ServiceError::QuotaExceeded(Refusal {
+                message: format!(
+                    "this token has {} open, its quota (quota.sessions); end one first \
+                     (DELETE /v1/sessions/{{id}}), or retry when one expires (Retry-After)",
+                    count(quota, "session")
+                ),
+                retry_after: service.sessions.next_end(Some(&caller.0)),
+            }))
         }
     };
     let mut policy = config.base_policy_for(&caller.0);

@@ -59,7 +59,10 @@ async fn a_streaming_run_refused_before_it_starts_is_never_accepted() {
         live: Some(live),
     };
     let refused = full.handle(&Caller::anonymous(), action).await.unwrap_err();
-    assert_eq!(refused, ServiceError::Busy("too many runs at once".into()));
+    assert_eq!(
+        refused,
+        ServiceError::Busy(Refusal::retry_in("too many runs at once", RUN_SLOT_RETRY))
+    );
     // An HTTP caller answers it as a plain 429, not as an event of a stream.
     assert!(accepted.await.is_err());
 }

@@ -232,7 +232,14 @@ impl Client {
     }
 
     pub fn delete(&self, path: &str) -> Resp {
-        let req = self.auth(self.agent.delete(self.url(path)));
+        self.delete_with(path, &[])
+    }
+
+    pub fn delete_with(&self, path: &str, headers: &[(&str, &str)]) -> Resp {
+        let mut req = self.auth(self.agent.delete(self.url(path)));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
         Self::finish(req.call(), &format!("DELETE {path}"))
     }
 
@@ -240,8 +247,16 @@ impl Client {
         self.post_with(path, body, &[])
     }
 
+    /// A POST of `body`, sent as JSON (`Content-Type: application/json`) unless `headers`
+    /// name another type.
     pub fn post_with(&self, path: &str, body: &str, headers: &[(&str, &str)]) -> Resp {
         let mut req = self.auth(self.agent.post(self.url(path)));
+        if !headers
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+        {
+            req = req.header("Content-Type", "application/json");
+        }
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
@@ -288,6 +303,7 @@ impl Client {
         let started = Instant::now();
         let req = self.auth(self.agent.post(self.url(path)));
         let r = req
+            .header("Content-Type", "application/json")
             .send(body.to_string())
             .unwrap_or_else(|e| panic!("POST {path}: {e}"));
         let status = r.status().as_u16();
@@ -791,6 +807,82 @@ pub fn retry_busy(mut f: impl FnMut() -> Resp) -> (Resp, u32) {
         assert!(busy < 10_000, "busy forever");
         std::thread::sleep(Duration::from_millis(10 + (u64::from(busy) % 5) * 5));
     }
+}
+
+/// One request written by hand on a fresh connection (`head`: the request line and headers,
+/// without `Content-Length`, `Connection` or the blank line), for the `Host` and `Origin` a
+/// client library sets on its own; the answer, read to the connection's end.
+pub fn raw_request(port: u16, head: &str, body: &[u8]) -> Resp {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connecting");
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let head = head.trim_end();
+    write!(
+        s,
+        "{head}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .and_then(|()| s.write_all(body))
+    .expect("sending the request");
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).expect("reading the answer");
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no head in {:?}", String::from_utf8_lossy(&raw)));
+    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {head:?}"));
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    let chunked = headers.iter().any(|(k, v)| {
+        k.eq_ignore_ascii_case("transfer-encoding") && v.eq_ignore_ascii_case("chunked")
+    });
+    let rest = &raw[split + 4..];
+    let body = if chunked {
+        dechunk(rest)
+    } else {
+        rest.to_vec()
+    };
+    Resp {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// A chunked body's bytes.
+fn dechunk(mut rest: &[u8]) -> Vec<u8> {
+    let mut body = Vec::new();
+    while let Some(end) = rest.windows(2).position(|w| w == b"\r\n") {
+        let size = String::from_utf8_lossy(&rest[..end]);
+        let size = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16)
+            .unwrap_or_else(|_| panic!("a bad chunk size {size:?}"));
+        if size == 0 {
+            break;
+        }
+        let start = end + 2;
+        body.extend_from_slice(&rest[start..start + size]);
+        rest = &rest[start + size + 2..];
+    }
+    body
+}
+
+/// The resident memory of process `pid` (`VmRSS` of /proc/PID/status), in KiB.
+pub fn vm_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_else(|e| panic!("reading /proc/{pid}/status: {e}"));
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmRSS in /proc/{pid}/status"))
 }
 
 /// Sends a POST over a raw connection and returns it unread: dropping it is a client that went
