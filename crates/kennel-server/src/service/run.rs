@@ -161,7 +161,8 @@ async fn submit(
                  ([callbacks] max_owed_per_token): they are retried for [callbacks] retry_for \
                  until their receiver answers 2xx; fix the receiver, or submit without \
                  `callback_url`"
-            )),
+            )
+            .into()),
             InsertError::Db(e) => ServiceError::Internal(format!("job table: {e}")),
         })?;
     service.async_runs.fetch_add(1, Ordering::SeqCst);
