@@ -43,6 +43,14 @@ pub struct Pending {
     pub addr: String,
 }
 
+/// A run in the table: its status (its `result` left out) and the row its result is in.
+#[derive(Debug)]
+pub struct Found {
+    pub info: RunInfo,
+    /// The row of the stored result, if the run has one: [`Jobs::read_result`] reads it.
+    pub result: Option<i64>,
+}
+
 /// The table, behind a lock: statements are short, and SQLite serialises writers anyway.
 #[derive(Debug)]
 pub struct Jobs {
@@ -196,16 +204,46 @@ impl Jobs {
         Ok(())
     }
 
-    /// The run `id` of `token`; another token's does not exist for it.
-    pub fn get(&self, token: &str, id: &str) -> rusqlite::Result<Option<RunInfo>> {
+    /// The run `id` of `token`, without its result (which may be many megabytes: the answer
+    /// reads it in pieces with [`Jobs::read_result`]); another token's does not exist for it.
+    pub fn get(&self, token: &str, id: &str) -> rusqlite::Result<Option<Found>> {
+        // `typeof` reads the column's type from the row's header, not its value.
         self.db()
             .query_row(
-                "SELECT id, status, created_ms, finished_ms, result, error FROM jobs \
-                 WHERE id = ?1 AND token = ?2",
+                "SELECT id, status, created_ms, finished_ms, NULL, error, rowid, \
+                 typeof(result) != 'null' FROM jobs WHERE id = ?1 AND token = ?2",
                 params![id, token],
-                |r| info_of(r, 0),
+                |r| {
+                    let stored: bool = r.get(7)?;
+                    Ok(Found {
+                        info: info_of(r, 0)?,
+                        result: stored.then(|| r.get(6)).transpose()?,
+                    })
+                },
             )
             .optional()
+    }
+
+    /// Up to `buf.len()` bytes of the stored result's JSON, from `offset`, of the row
+    /// [`Jobs::get`] found for run `id` (0 at its end). Read with SQLite's incremental blob
+    /// I/O, so that only these bytes are in memory. An error if the row is gone or is
+    /// another run's now (rows are purged, and row ids may be reused).
+    pub fn read_result(
+        &self,
+        row: i64,
+        id: &str,
+        offset: usize,
+        buf: &mut [u8],
+    ) -> rusqlite::Result<usize> {
+        let db = self.db();
+        let at: String = db.query_row("SELECT id FROM jobs WHERE rowid = ?1", [row], |r| {
+            r.get(0)
+        })?;
+        if at != id {
+            return Err(rusqlite::Error::QueryReturnedNoRows);
+        }
+        let blob = db.blob_open(rusqlite::MAIN_DB, "jobs", "result", row, true)?;
+        blob.read_at(buf, offset)
     }
 
     /// Forgets ended runs older than `keep`, and those of `token` past the newest `max`.
@@ -291,7 +329,7 @@ mod tests {
         assert_eq!(pending.len(), 1, "{pending:?}");
         assert_eq!(pending[0].info.status, RunStatus::Lost);
         assert_eq!(pending[0].info.error.as_ref().unwrap().code, "lost");
-        let b = jobs.get("t1", "b").unwrap().unwrap();
+        let b = jobs.get("t1", "b").unwrap().unwrap().info;
         assert_eq!(
             (b.status, b.finished_at_unix_ms),
             (RunStatus::Lost, Some(5))
