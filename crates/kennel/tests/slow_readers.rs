@@ -176,9 +176,10 @@ fn an_unread_stream_is_closed_and_its_run_ends() {
     // The token's one run slot is taken until the stream is gone: a run gets in once the
     // server has closed the stream (this client reads nothing meanwhile).
     let (next, _) = retry_busy(|| {
-        server
-            .client
-            .post_json("/v1/runs", &json!({"language": "bash", "code": "echo next"}))
+        server.client.post_json(
+            "/v1/runs",
+            &json!({"language": "bash", "code": "echo next"}),
+        )
     });
     assert_eq!(next.status, 200, "{}", next.text());
     assert_eq!(next.json()["stdout"], "next\n");
@@ -243,10 +244,17 @@ fn unread_answers_of_a_large_result_hold_little_memory() {
     assert_eq!(done["status"], "finished", "{done}");
     let result = &done["result"];
     assert_eq!(
-        (result["stdout_bytes"].as_u64(), result["stderr_bytes"].as_u64()),
+        (
+            result["stdout_bytes"].as_u64(),
+            result["stderr_bytes"].as_u64()
+        ),
         (Some(10 << 20), Some(10 << 20))
     );
-    assert!(result["stdout"].as_str().unwrap().bytes().all(|b| b == b'x'));
+    assert!(result["stdout"]
+        .as_str()
+        .unwrap()
+        .bytes()
+        .all(|b| b == b'x'));
     assert_eq!(result["stderr"].as_str().unwrap().len(), 10 << 20);
     let rest = peak_rss_mib(server.pid, 4);
     let readers: Vec<TcpStream> = (0..30)

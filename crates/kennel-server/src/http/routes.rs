@@ -46,7 +46,11 @@ fn stored_run(info: &RunInfo, result: StoredResult) -> Response {
     const PIECE: usize = 64 << 10;
     let mut head = serde_json::to_string(info).unwrap_or_else(|_| "{}".into());
     head.pop(); // its closing brace: the result goes before it
-    head.push_str(if head.len() > 1 { ",\"result\":" } else { "\"result\":" });
+    head.push_str(if head.len() > 1 {
+        ",\"result\":"
+    } else {
+        "\"result\":"
+    });
     let result = std::sync::Arc::new(result);
     let body = futures_util::stream::unfold(Some(0usize), move |at| {
         let result = result.clone();

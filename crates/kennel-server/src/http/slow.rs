@@ -35,7 +35,12 @@ pub async fn admit(State(state): State<Shared>, req: Request, next: Next) -> Res
     };
     let response = next.run(req).await;
     match ticket {
-        Some(ticket) => response.map(|body| Body::new(Held { body, _ticket: ticket })),
+        Some(ticket) => response.map(|body| {
+            Body::new(Held {
+                body,
+                _ticket: ticket,
+            })
+        }),
         None => response,
     }
 }
@@ -109,7 +114,11 @@ impl<T> SendTimeout<T> {
     }
 
     /// What a write that returned `polled` comes to: past the limit of waiting, an error.
-    fn watch<R>(&mut self, cx: &mut Context<'_>, polled: Poll<io::Result<R>>) -> Poll<io::Result<R>> {
+    fn watch<R>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<io::Result<R>>,
+    ) -> Poll<io::Result<R>> {
         if polled.is_ready() {
             self.stalled = None;
             return polled;

@@ -150,7 +150,11 @@ fn result_of(reply: Reply) -> Value {
             serde_json::to_value(r)
         }
         Reply::Exec(mut r) => {
-            (r.outcome.stdout.clear(), r.outcome.stderr.clear(), r.results.clear());
+            (
+                r.outcome.stdout.clear(),
+                r.outcome.stderr.clear(),
+                r.results.clear(),
+            );
             serde_json::to_value(r)
         }
         _ => Ok(Value::Null),

@@ -48,12 +48,7 @@ enum Full {
 
 impl Counts {
     /// A ticket, unless `max` are open in all or `per_token` for `token`.
-    fn take(
-        self: &Arc<Self>,
-        token: &str,
-        max: usize,
-        per_token: usize,
-    ) -> Result<Ticket, Full> {
+    fn take(self: &Arc<Self>, token: &str, max: usize, per_token: usize) -> Result<Ticket, Full> {
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
         if open.total >= max {
             return Err(Full::Server);
@@ -120,7 +115,10 @@ mod tests {
         let b1 = counts.take("b", 3, 2).ok();
         assert!(matches!(counts.take("b", 3, 2), Err(Full::Server)));
         drop(a1);
-        assert!(counts.take("b", 3, 2).is_ok(), "a freed ticket is taken again");
+        assert!(
+            counts.take("b", 3, 2).is_ok(),
+            "a freed ticket is taken again"
+        );
         drop((a2, b1));
         assert_eq!(counts.open.lock().unwrap().total, 0);
         assert!(counts.open.lock().unwrap().by_token.is_empty());

@@ -236,9 +236,8 @@ impl Jobs {
         buf: &mut [u8],
     ) -> rusqlite::Result<usize> {
         let db = self.db();
-        let at: String = db.query_row("SELECT id FROM jobs WHERE rowid = ?1", [row], |r| {
-            r.get(0)
-        })?;
+        let at: String =
+            db.query_row("SELECT id FROM jobs WHERE rowid = ?1", [row], |r| r.get(0))?;
         if at != id {
             return Err(rusqlite::Error::QueryReturnedNoRows);
         }

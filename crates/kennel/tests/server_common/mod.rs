@@ -163,7 +163,10 @@ impl Streamed {
             "the result repeats no streamed output: {r}"
         );
         let none = [json!(null), json!([])];
-        assert!(none.contains(&r["results"]), "the result repeats no display: {r}");
+        assert!(
+            none.contains(&r["results"]),
+            "the result repeats no display: {r}"
+        );
         let shown: Vec<Value> = self
             .events
             .iter()
