@@ -43,9 +43,17 @@ fn peak_rss_mib(pid: u32, samples: u32) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// Sends `request` (a whole HTTP/1.1 request) as the token and reads only the status line
-/// (the first bytes the server sends); the rest of the answer is left unread.
+/// Sends a request as the token and reads only the status line (the first bytes the server
+/// sends); the rest of the answer is left unread.
 fn send_unread(port: u16, method: &str, path: &str, body: &Value) -> (TcpStream, String) {
+    let mut s = send(port, method, path, body);
+    let mut status = [0u8; 12];
+    s.read_exact(&mut status).expect("the status line");
+    (s, String::from_utf8_lossy(&status).into_owned())
+}
+
+/// Sends a request as the token over a raw connection, which is left open and unread.
+fn send(port: u16, method: &str, path: &str, body: &Value) -> TcpStream {
     let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connecting");
     let body = body.to_string();
     write!(
@@ -55,9 +63,7 @@ fn send_unread(port: u16, method: &str, path: &str, body: &Value) -> (TcpStream,
         body.len()
     )
     .expect("sending the request");
-    let mut status = [0u8; 12];
-    s.read_exact(&mut status).expect("the status line");
-    (s, String::from_utf8_lossy(&status).into_owned())
+    s
 }
 
 /// Code that prints without end to stdout and stderr, until its timeout.
@@ -292,7 +298,7 @@ fn the_request_cap_of_a_token_is_exact() {
     let server = Server::start_with("request-cap", &config, &[], Some(TOKEN));
     let sleeper = json!({"language": "bash", "code": "sleep 60", "limits": {"timeout": "90s"}});
     let held: Vec<TcpStream> = (0..2)
-        .map(|_| post_with_token(server.port, "/v1/runs", &sleeper))
+        .map(|_| send(server.port, "POST", "/v1/runs", &sleeper))
         .collect();
     let (code, message) = retry_until_refused(&server.client);
     assert_eq!(code, "quota_exceeded", "{message}");
@@ -303,20 +309,6 @@ fn the_request_cap_of_a_token_is_exact() {
     let b = server.client.with_token(Some(other));
     assert_eq!(b.get("/v1/sessions").status, 200, "another token is served");
     drop(held);
-}
-
-/// A POST as the token over a raw connection, left open and unread.
-fn post_with_token(port: u16, path: &str, body: &Value) -> TcpStream {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connecting");
-    let body = body.to_string();
-    write!(
-        s,
-        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .expect("sending the request");
-    s
 }
 
 /// A GET as the token until it is refused (the held requests may not have reached the server

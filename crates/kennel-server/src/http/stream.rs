@@ -144,22 +144,23 @@ fn send_waiting(tx: &mpsc::Sender<StreamMsg>, msg: StreamMsg) {
 fn result_of(reply: Reply) -> Value {
     let value = match reply {
         Reply::Run(mut r) => {
-            let outcome = &mut r.result.outcome;
-            (outcome.stdout.clear(), outcome.stderr.clear());
+            clear_output(&mut r.result.outcome);
             r.result.rich.results.clear();
             serde_json::to_value(r)
         }
         Reply::Exec(mut r) => {
-            (
-                r.outcome.stdout.clear(),
-                r.outcome.stderr.clear(),
-                r.results.clear(),
-            );
+            clear_output(&mut r.outcome);
+            r.results.clear();
             serde_json::to_value(r)
         }
         _ => Ok(Value::Null),
     };
     value.unwrap_or_default()
+}
+
+fn clear_output(outcome: &mut kennel_types::api::Outcome) {
+    outcome.stdout.clear();
+    outcome.stderr.clear();
 }
 
 /// A stdout or stderr event's data: the chunk once, as `{"text"}` when it is UTF-8 and as
