@@ -70,7 +70,7 @@ fn send(port: u16, method: &str, path: &str, body: &Value) -> TcpStream {
 fn flood(marker: &str, timeout: &str) -> Value {
     json!({"language": "bash",
            "code": format!("x=$(head -c 4000 /dev/zero | tr '\\0' x); \
-                            while :; do echo \"$x\"; echo \"$x\" >&2; done; : {marker}"),
+                            yes \"$x\" >&2 & yes \"$x\"; : {marker}"),
            "limits": {"output": "10M", "timeout": timeout}})
 }
 
@@ -166,7 +166,7 @@ fn an_unread_stream_is_closed_and_its_run_ends() {
     let audit = dir.join("audit.jsonl");
     let config = format!(
         "audit_log = \"{}\"\n{}[pool]\npython = 0\nbash = 0\n[connections]\n\
-         send_timeout = \"4s\"\n",
+         send_timeout = \"6s\"\n",
         audit.display(),
         tokens("runs = 1")
     );
@@ -176,7 +176,7 @@ fn an_unread_stream_is_closed_and_its_run_ends() {
         server.port,
         "POST",
         "/v1/runs?stream=true",
-        &flood(marker, "2s"),
+        &flood(marker, "3s"),
     );
     assert_eq!(status, "HTTP/1.1 200");
     // The token's one run slot is taken until the stream is gone: a run gets in once the
