@@ -452,7 +452,7 @@ async fn exec(
     };
     let feeder = feed_stdin(input, first, stdin);
     let cap = match mode {
-        OutputMode::Capture => req.policy.limits.output.0,
+        OutputMode::Capture | OutputMode::Forward => req.policy.limits.output.0,
         OutputMode::Raw => 0,
     };
     let (mut out, mut err) = (Captured::default(), Captured::default());
@@ -464,11 +464,11 @@ async fn exec(
         tokio::select! {
             item = output.next() => match item {
                 Some(Ok(LogOutput::StdOut { message })) => {
-                    let kept = out.keep(&message, cap);
+                    let kept = take(&mut out, &message, cap, mode);
                     deliver(&sink, Stream::Stdout, kept, &message, mode);
                 }
                 Some(Ok(LogOutput::StdErr { message })) => {
-                    let kept = err.keep(&message, cap);
+                    let kept = take(&mut err, &message, cap, mode);
                     deliver(&sink, Stream::Stderr, kept, &message, mode);
                 }
                 Some(Ok(_)) => {}
@@ -514,6 +514,15 @@ async fn exec(
     })
 }
 
+/// Counts `message` into `captured`, keeping its part under `cap` unless `mode` forwards it
+/// only; that part.
+fn take<'a>(captured: &mut Captured, message: &'a [u8], cap: u64, mode: OutputMode) -> &'a [u8] {
+    match mode {
+        OutputMode::Forward => captured.pass(message, cap),
+        OutputMode::Capture | OutputMode::Raw => captured.keep(message, cap),
+    }
+}
+
 fn deliver(
     sink: &Option<kennel_sandbox::OutputSink>,
     stream: Stream,
@@ -523,7 +532,7 @@ fn deliver(
 ) {
     if let Some(sink) = sink {
         let chunk = match mode {
-            OutputMode::Capture => kept,
+            OutputMode::Capture | OutputMode::Forward => kept,
             OutputMode::Raw => whole,
         };
         if !chunk.is_empty() {

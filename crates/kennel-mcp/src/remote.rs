@@ -160,10 +160,11 @@ fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
 }
 
 /// Reads an SSE stream: output events to `output`; the result event's data, or the error
-/// event's error.
+/// event's error. The result event repeats none of the output the events carried (its
+/// `stdout`, `stderr` and `results` are empty): it is put back here.
 fn read_events(reader: impl std::io::BufRead, output: &OutputFn) -> Result<Vec<u8>, ApiError> {
-    use base64::Engine as _;
     let (mut event, mut data) = (String::new(), String::new());
+    let mut carried = Carried::default();
     for line in reader.lines() {
         let line = line.map_err(|e| ApiError::Unreachable(format!("reading the stream: {e}")))?;
         if let Some(name) = line.strip_prefix("event:") {
@@ -171,16 +172,15 @@ fn read_events(reader: impl std::io::BufRead, output: &OutputFn) -> Result<Vec<u
         } else if let Some(d) = line.strip_prefix("data:") {
             data.push_str(d.strip_prefix(' ').unwrap_or(d));
         } else if line.is_empty() && !data.is_empty() {
+            let value = || serde_json::from_str::<serde_json::Value>(&data).unwrap_or_default();
             match event.as_str() {
                 "stdout" | "stderr" => {
-                    let chunk: serde_json::Value = serde_json::from_str(&data).unwrap_or_default();
-                    let b64 = chunk["b64"].as_str().unwrap_or_default();
-                    let bytes = base64::engine::general_purpose::STANDARD
-                        .decode(b64)
-                        .unwrap_or_default();
+                    let bytes = chunk_bytes(&value());
                     output(&event, &bytes);
+                    carried.output(&event).extend_from_slice(&bytes);
                 }
-                "result" => return Ok(data.into_bytes()),
+                "display" => carried.shown.push(value()),
+                "result" => return Ok(carried.into_result(value())),
                 "error" => {
                     return Err(serde_json::from_str::<ServiceError>(&data).map_or_else(
                         |_| ApiError::Unreachable(format!("the server failed: {data}")),
@@ -195,6 +195,53 @@ fn read_events(reader: impl std::io::BufRead, output: &OutputFn) -> Result<Vec<u
     Err(ApiError::Unreachable(
         "the stream ended without a result".into(),
     ))
+}
+
+/// The bytes of an output event: each chunk comes once, as `{"text"}` when it is UTF-8 and as
+/// `{"b64"}` when it is not.
+fn chunk_bytes(chunk: &serde_json::Value) -> Vec<u8> {
+    use base64::Engine as _;
+    match (chunk["text"].as_str(), chunk["b64"].as_str()) {
+        (Some(text), _) => text.as_bytes().to_vec(),
+        (None, Some(b64)) => base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .unwrap_or_default(),
+        (None, None) => Vec::new(),
+    }
+}
+
+/// What a stream's events carried, which its result event leaves out.
+#[derive(Default)]
+struct Carried {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    shown: Vec<serde_json::Value>,
+}
+
+impl Carried {
+    fn output(&mut self, stream: &str) -> &mut Vec<u8> {
+        if stream == "stdout" {
+            &mut self.stdout
+        } else {
+            &mut self.stderr
+        }
+    }
+
+    /// The result event's data with the output put back.
+    fn into_result(self, mut result: serde_json::Value) -> Vec<u8> {
+        if !result.is_object() {
+            return serde_json::to_vec(&result).unwrap_or_default();
+        }
+        for (name, bytes) in [("stdout", &self.stdout), ("stderr", &self.stderr)] {
+            if result[name].as_str().is_some_and(str::is_empty) {
+                result[name] = String::from_utf8_lossy(bytes).into_owned().into();
+            }
+        }
+        if !self.shown.is_empty() {
+            result["results"] = self.shown.into();
+        }
+        serde_json::to_vec(&result).unwrap_or_default()
+    }
 }
 
 /// An error answer: the service's own error when it is one, else what the server said.

@@ -290,6 +290,38 @@ pub struct ServerConfig {
     pub callbacks: Callbacks,
     /// MCP sessions at `/mcp`.
     pub mcp: Mcp,
+    /// Requests and streams open at once, and how long a client may leave an answer unread.
+    pub connections: Connections,
+}
+
+/// What open requests may hold: each holds its answer (or its stream) until the client has
+/// read it, so their number is capped per token and per server, and a client that stops
+/// reading is cut off.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Connections {
+    /// Requests under way at once, their answers being sent included; past this the server
+    /// answers 429 (`busy`).
+    pub max_requests: usize,
+    /// The same for one token; past this it gets 429 (`quota_exceeded`).
+    pub requests_per_token: usize,
+    /// Streamed runs and execs (`?stream=true`) one token may have open at once; past this it
+    /// gets 429 (`quota_exceeded`).
+    pub streams_per_token: usize,
+    /// A connection whose client takes nothing of its answer for this long is closed (a
+    /// stream's run is then cancelled, as when its client goes away).
+    pub send_timeout: Span,
+}
+
+impl Default for Connections {
+    fn default() -> Self {
+        Connections {
+            max_requests: 512,
+            requests_per_token: 64,
+            streams_per_token: 8,
+            send_timeout: Span(Duration::from_secs(30)),
+        }
+    }
 }
 
 impl Default for ServerConfig {
@@ -327,6 +359,7 @@ impl Default for ServerConfig {
             jobs: Jobs::default(),
             callbacks: Callbacks::default(),
             mcp: Mcp::default(),
+            connections: Connections::default(),
         }
     }
 }
@@ -399,6 +432,16 @@ impl ServerConfig {
                 field: "images",
                 why: format!("{bad:?} is not an image name"),
             });
+        }
+        let c = &self.connections;
+        if c.max_requests == 0 || c.requests_per_token == 0 || c.streams_per_token == 0 {
+            return bad(
+                "connections",
+                "max_requests, requests_per_token and streams_per_token must be at least 1",
+            );
+        }
+        if c.send_timeout.0.is_zero() {
+            return bad("connections.send_timeout", "must be more than 0s");
         }
         if self.jobs.max_per_token == 0 {
             return bad("jobs.max_per_token", "must be at least 1");

@@ -138,6 +138,10 @@ pub async fn serve(
         })?;
     let addr = listener.local_addr()?;
     let grace = config.shutdown_grace.0;
+    let listener = http::slow::Listener {
+        inner: listener,
+        timeout: config.connections.send_timeout.0,
+    };
     let machinery = Arc::new(Machinery::start(config, engine)?);
     if let Some(ready) = ready {
         let _ = ready.send(addr);

@@ -667,10 +667,16 @@ fn constrain_query(op: &mut Value) {
                 "type": "object",
                 "description": "For a run, first a `run` event (data `{\"id\"}`: the id that \
                                 `DELETE /v1/runs/{id}` cancels it by); `stdout`/`stderr` \
-                                events (data `{\"text\", \"b64\"}`) and, for a \
-                                python session exec, `display` events (data: a RichOutput) \
-                                as they come, then one `result` event (data: the result) or \
-                                `error` event (data: `{\"code\", \"message\"}`).",
+                                events, each chunk once (data `{\"text\"}` when it is \
+                                UTF-8, else `{\"b64\"}`, its base64; a character may be cut \
+                                between two chunks, so join the bytes) and, for python with \
+                                rich outputs, `display` events (data: a RichOutput) as they \
+                                come, then one `result` event (data: the result, whose \
+                                `stdout`, `stderr` and `results` are empty: the events \
+                                before it carried them; `stdout_bytes` and the rest count \
+                                as ever) or `error` event (data: `{\"code\", \"message\"}`). \
+                                A client that reads nothing for `connections.send_timeout` \
+                                is cut off, which cancels the run.",
                 "required": ["data"],
                 "properties": {
                     "event": {"type": "string",

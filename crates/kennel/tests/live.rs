@@ -23,7 +23,7 @@ fn streamed_gap(server: &Server) -> Duration {
     let at = |text: &str| {
         s.events
             .iter()
-            .find(|e| e.name == "stdout" && e.json()["text"].as_str().unwrap().contains(text))
+            .find(|e| e.name == "stdout" && String::from_utf8_lossy(&e.bytes()).contains(text))
             .unwrap_or_else(|| panic!("no {text:?} in {:?}", s.events))
             .at
     };

@@ -155,7 +155,7 @@ fn cancel_both_ways(name: &str, extra: Value, pooled: bool) {
     assert_eq!(server.client.delete(&format!("/v1/runs/{id}")).status, 204);
     let streamed = streamed.join().unwrap();
     assert_eq!(streamed.events[0].name, "run", "{:?}", streamed.events);
-    let r = streamed.result().json();
+    let r = streamed.full_result();
     assert!(
         sent.elapsed() < Duration::from_secs(15),
         "{:?}",
@@ -299,7 +299,7 @@ fn a_microvm_run_is_cancelled_by_id_and_by_disconnect() {
     let code = descendants(server.pid);
     assert!(!code.is_empty(), "the VM runs under the server");
     assert_eq!(server.client.delete(&format!("/v1/runs/{id}")).status, 204);
-    let r = streamed.join().unwrap().result().json();
+    let r = streamed.join().unwrap().full_result();
     assert_eq!(
         (&r["cancelled"], &r["signal"]),
         (&json!(true), &json!(9)),
@@ -444,7 +444,7 @@ fn a_streamed_async_run_streams_as_any_run_and_outlives_its_stream() {
         "{:?}",
         streamed.events
     );
-    let r = streamed.result().json();
+    let r = streamed.full_result();
     assert_eq!(
         (r["id"].as_str(), &r["stdout"]),
         (Some(id.as_str()), &json!("hi\n")),

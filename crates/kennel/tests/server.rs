@@ -699,7 +699,7 @@ fn check_slow_stream(st: &Streamed, plain: &Value) {
         first.at,
         result.at
     );
-    let r = result.json();
+    let r = st.full_result();
     assert_eq!(r["exit_code"], 0);
     assert_eq!(r["stdout"], "first\nsecond\n");
     assert_eq!(shape(&r), shape(plain), "streamed {r}\nplain {plain}");
@@ -757,8 +757,8 @@ fn streaming_runs_send_output_as_it_comes() {
     let st = c.stream("/v1/runs?stream=true", &spec, |_| {});
     assert_eq!(st.output("stdout"), b"out\n");
     assert_eq!(st.output("stderr"), b"err\n");
-    assert_eq!(st.result().json()["exit_code"], 3);
-    assert_eq!(st.result().json()["stderr"], "err\n");
+    assert_eq!(st.full_result()["exit_code"], 3);
+    assert_eq!(st.full_result()["stderr"], "err\n");
 
     // A refused request is refused before any stream starts.
     let st = c.stream(
@@ -781,13 +781,13 @@ fn streaming_session_execs_send_output_as_it_comes() {
     let plain = c.exec_resp(&id, &spec).json();
     let st = c.stream(&path, &spec, |_| {});
     check_slow_stream(&st, &plain);
-    assert_eq!(st.result().json()["interpreter"]["restarted"], false);
+    assert_eq!(st.full_result()["interpreter"]["restarted"], false);
 
     let spec = json!({"language": "bash", "code": "echo first; sleep 1; echo second"});
     let plain = c.exec_resp(&id, &spec).json();
     let st = c.stream(&path, &spec, |_| {});
     check_slow_stream(&st, &plain);
-    assert_eq!(st.result().json()["interpreter"], Value::Null);
+    assert_eq!(st.full_result()["interpreter"], Value::Null);
 
     // State is shared between streamed and plain execs.
     c.stream(
@@ -816,7 +816,7 @@ fn streaming_applies_the_output_cap() {
         let out = st.stdout();
         assert_eq!(out.len(), 1024, "streamed stdout is capped");
         assert!(out.iter().all(|&b| b == b'x'));
-        let r = st.result().json();
+        let r = st.full_result();
         assert_eq!(r["stdout_truncated"], true, "{r}");
         assert_eq!(r["stdout_bytes"], 5000);
         assert_eq!(s(&r["stdout"]).len(), 1024);
@@ -1489,7 +1489,7 @@ fn past_max_concurrent_the_server_answers_429_with_retry_after() {
 
     let st = long.join().unwrap();
     assert_eq!(st.stdout(), b"started\ndone\n");
-    assert_eq!(st.result().json()["exit_code"], 0);
+    assert_eq!(st.full_result()["exit_code"], 0);
 
     // The slot is free again.
     assert_eq!(

@@ -371,7 +371,28 @@ class SSEParser:
 
 class Outcome:
     """What one SSE event means: a chunk or a rich output, the final result's JSON, or an
-    error raised."""
+    error raised. The ``result`` event repeats none of the output the stream carried (its
+    ``stdout``, ``stderr`` and ``results`` are empty): :meth:`collect` keeps that output and
+    puts it back into the result."""
+
+    def __init__(self) -> None:
+        self.output: Dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
+        self.shown: List[Any] = []
+
+    def collect(self, event: str, data: str) -> Tuple[Optional[Piece], Optional[Dict[str, Any]]]:
+        """:meth:`decode`, keeping the output for the result."""
+        piece, result = self.decode(event, data)
+        if isinstance(piece, OutputChunk):
+            self.output[piece.stream] += piece.data
+        elif piece is not None:
+            self.shown.append(json.loads(data))
+        if result is not None:
+            for name, raw in self.output.items():
+                if not result.get(name):
+                    result[name] = raw.decode("utf-8", "replace")
+            if self.shown:
+                result["results"] = self.shown
+        return piece, result
 
     @staticmethod
     def decode(event: str, data: str) -> Tuple[Optional[Piece], Optional[Dict[str, Any]]]:

@@ -43,6 +43,7 @@ class AsyncStream(Generic[R]):
         self._result: Optional[R] = None
         self._error: Optional[KennelError] = None
         self._done = False
+        self._outcome = c.Outcome()
         self._iter = self._events()
 
     async def _events(self) -> AsyncIterator[c.Piece]:
@@ -82,7 +83,7 @@ class AsyncStream(Generic[R]):
 
     def _handle(self, event: str, data: str) -> Optional[c.Piece]:
         try:
-            chunk, result = c.Outcome.decode(event, data)
+            chunk, result = self._outcome.collect(event, data)
         except KennelError as e:
             self._error, self._done = e, True
             raise

@@ -41,6 +41,7 @@ class Stream(Generic[R]):
         self._result: Optional[R] = None
         self._error: Optional[KennelError] = None
         self._done = False
+        self._outcome = c.Outcome()
         self._iter = self._events()
 
     def _events(self) -> Iterator[c.Piece]:
@@ -75,7 +76,7 @@ class Stream(Generic[R]):
 
     def _handle(self, event: str, data: str) -> Iterator[c.Piece]:
         try:
-            chunk, result = c.Outcome.decode(event, data)
+            chunk, result = self._outcome.collect(event, data)
         except KennelError as e:
             self._error, self._done = e, True
             raise

@@ -91,14 +91,27 @@ export class Stream<R> implements AsyncIterable<Piece> {
 
   private async *pieces(): AsyncGenerator<Piece> {
     if (this.response.body === null) throw new KennelError(null, "stream_ended", "no body");
+    // The `result` event repeats none of the output the stream carried (its `stdout`,
+    // `stderr` and `results` are empty): it is kept here and put back into the result.
+    const output: Record<"stdout" | "stderr", Uint8Array[]> = { stdout: [], stderr: [] };
+    const shown: unknown[] = [];
     for await (const { event, data } of events(this.response.body)) {
       const value = JSON.parse(data);
       if (event === "stdout" || event === "stderr") {
-        const bytes = fromBase64(value.b64 ?? "");
-        yield { kind: "output", stream: event, data: bytes, text: value.text ?? "" };
+        // Each chunk comes once: `{"text"}` when it is UTF-8, else `{"b64"}`.
+        const bytes =
+          value.b64 !== undefined ? fromBase64(value.b64) : new TextEncoder().encode(value.text ?? "");
+        const text = value.text ?? new TextDecoder().decode(bytes);
+        output[event].push(bytes);
+        yield { kind: "output", stream: event, data: bytes, text };
       } else if (event === "display") {
+        shown.push(value);
         yield new RichOutput(value);
       } else if (event === "result") {
+        for (const name of ["stdout", "stderr"] as const) {
+          if (!value[name]) value[name] = new TextDecoder().decode(concat(output[name]));
+        }
+        if (shown.length > 0) value.results = shown;
         this.final = this.parse(value as never);
         return;
       } else if (event === "error") {
@@ -107,4 +120,15 @@ export class Stream<R> implements AsyncIterable<Piece> {
     }
     throw new KennelError(null, "stream_ended", "the stream ended without a result");
   }
+}
+
+/** The bytes of `parts`, one after another. */
+function concat(parts: Uint8Array[]): Uint8Array {
+  const all = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
+  let at = 0;
+  for (const p of parts) {
+    all.set(p, at);
+    at += p.length;
+  }
+  return all;
 }

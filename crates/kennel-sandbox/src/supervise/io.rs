@@ -61,6 +61,9 @@ pub enum OutputMode {
     Capture,
     /// Keep nothing; the sink sees everything.
     Raw,
+    /// Keep nothing, but count as `Capture` does, and the sink sees what `Capture` would keep:
+    /// for a stream that carries the output instead of the result.
+    Forward,
 }
 
 /// Stops a run from outside: the sandbox is killed as on a timeout. Cloneable; cancelling
@@ -197,7 +200,7 @@ pub(crate) fn reader(
                     sink(stream, seen);
                 }
             };
-            output::drain(p, cap, on_chunk).unwrap_or_default()
+            output::drain(p, cap, mode != OutputMode::Forward, on_chunk).unwrap_or_default()
         })
     })
 }

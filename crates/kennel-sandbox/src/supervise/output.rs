@@ -15,11 +15,23 @@ pub enum Stream {
 pub struct Captured {
     pub head: Vec<u8>,
     pub total: u64,
+    /// The bytes under the cap that were passed on without being kept ([`Captured::pass`]).
+    pub passed: u64,
 }
 
 impl Captured {
     pub fn truncated(&self) -> bool {
-        self.total > self.head.len() as u64
+        self.total > self.head.len() as u64 + self.passed
+    }
+
+    /// Counts `chunk` and returns the part under `cap`, as [`Captured::keep`] does, but keeps
+    /// none of it: for output that goes on to a stream instead of into the result.
+    pub fn pass<'a>(&mut self, chunk: &'a [u8], cap: u64) -> &'a [u8] {
+        let room = usize::try_from(cap.saturating_sub(self.passed)).unwrap_or(usize::MAX);
+        let passed = &chunk[..chunk.len().min(room)];
+        self.passed += passed.len() as u64;
+        self.total += chunk.len() as u64;
+        passed
     }
 
     /// Counts `chunk` and keeps what fits under `cap`; returns the part kept.
@@ -33,11 +45,13 @@ impl Captured {
     }
 }
 
-/// Reads `source` to its end, keeping at most `cap` bytes. `on_chunk` sees each read as it
-/// arrives, as (the part kept, never more than the cap in all; the whole read).
+/// Reads `source` to its end, keeping at most `cap` bytes (none when `!keep`: they are only
+/// counted). `on_chunk` sees each read as it arrives, as (the part under the cap, never more
+/// than the cap in all; the whole read).
 pub fn drain(
     mut source: impl Read,
     cap: u64,
+    keep: bool,
     mut on_chunk: impl FnMut(&[u8], &[u8]),
 ) -> io::Result<Captured> {
     let mut out = Captured::default();
@@ -49,7 +63,11 @@ pub fn drain(
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         };
-        let kept = out.keep(&buf[..n], cap);
+        let kept = if keep {
+            out.keep(&buf[..n], cap)
+        } else {
+            out.pass(&buf[..n], cap)
+        };
         on_chunk(kept, &buf[..n]);
     }
 }
@@ -62,7 +80,7 @@ mod tests {
     fn keeps_the_head_and_counts_the_rest() {
         let data = vec![b'x'; 300_000];
         let mut seen = 0;
-        let c = drain(&data[..], 1000, |kept, _| seen += kept.len()).unwrap();
+        let c = drain(&data[..], 1000, true, |kept, _| seen += kept.len()).unwrap();
         assert_eq!(c.head.len(), 1000);
         assert_eq!(c.total, 300_000);
         assert!(c.truncated());
@@ -71,8 +89,20 @@ mod tests {
 
     #[test]
     fn short_output_is_not_truncated() {
-        let c = drain(&b"hi\n"[..], 1000, |_, _| {}).unwrap();
+        let c = drain(&b"hi\n"[..], 1000, true, |_, _| {}).unwrap();
         assert_eq!(c.head, b"hi\n");
+        assert!(!c.truncated());
+    }
+
+    #[test]
+    fn passed_output_is_counted_and_not_kept() {
+        let data = vec![b'x'; 300_000];
+        let mut seen = 0;
+        let c = drain(&data[..], 1000, false, |under, _| seen += under.len()).unwrap();
+        assert_eq!((c.head.len(), c.passed, c.total), (0, 1000, 300_000));
+        assert!(c.truncated());
+        assert_eq!(seen, 1000);
+        let c = drain(&b"hi\n"[..], 1000, false, |_, _| {}).unwrap();
         assert!(!c.truncated());
     }
 }

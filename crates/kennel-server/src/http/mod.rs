@@ -5,6 +5,7 @@
 mod extract;
 mod front;
 pub mod routes;
+pub mod slow;
 mod stream;
 
 pub use crate::service::Caller;
@@ -315,6 +316,8 @@ pub fn router(state: Shared, mounts: &[Mount]) -> Router {
         .fallback(fallback)
         .method_not_allowed_fallback(wrong_method)
         .layer(axum::extract::DefaultBodyLimit::max(max_body))
+        // Inside authentication: it counts the caller's requests.
+        .layer(middleware::from_fn_with_state(state.clone(), slow::admit))
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .layer(middleware::from_fn(move |req, next| {
             front::guard(hosts.clone(), req, next)

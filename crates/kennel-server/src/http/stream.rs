@@ -1,5 +1,8 @@
 //! Server-Sent Events: a run's or an exec's output as it comes, then its result. The output
-//! comes from the service through the action's [`Live`] sink.
+//! comes from the service through the action's [`Live`] sink, by a bounded channel: a client
+//! that reads slowly slows the code (its output pipe fills and it blocks on its writes, while
+//! its timeout runs), and one that reads nothing is cut off by the connection's send timeout
+//! (`connections.send_timeout`), which cancels the run as a client going away does.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -13,7 +16,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::{ApiError, Shared};
-use crate::service::{Action, Caller, Live, Reply, ServiceError};
+use crate::service::{Action, Caller, Live, Reply, ServiceError, Ticket};
 use kennel_sandbox::{OutputSink, Stream};
 use kennel_types::api::RichOutput;
 
@@ -34,6 +37,10 @@ impl StreamQuery {
                 .is_some_and(|v| v.contains("text/event-stream"))
     }
 }
+
+/// Messages the channel to the SSE response holds: with chunks of at most 64 KiB (a pipe
+/// read), what an unread stream holds in the server is bounded by this.
+const CAPACITY: usize = 4;
 
 /// What goes to the SSE response.
 enum StreamMsg {
@@ -57,16 +64,16 @@ pub async fn answer(
     if !stream {
         return Ok(service.handle(&caller, action(None)).await?.into_response());
     }
-    let (tx, rx) = mpsc::unbounded_channel();
+    let ticket = service.open_stream(&caller)?;
+    let (tx, rx) = mpsc::channel(CAPACITY);
     let chunks = tx.clone();
     let sink: OutputSink = Arc::new(move |s: Stream, b: &[u8]| {
-        let _ = chunks.send(StreamMsg::Chunk(s, b.to_vec()));
+        send_waiting(&chunks, StreamMsg::Chunk(s, b.to_vec()));
     });
     let shown = tx.clone();
     let rich = Arc::new(move |output: &RichOutput| {
-        let _ = shown.send(StreamMsg::Rich(
-            serde_json::to_value(output).unwrap_or_default(),
-        ));
+        let value = serde_json::to_value(output).unwrap_or_default();
+        send_waiting(&shown, StreamMsg::Rich(value));
     });
     let (live, accepted) = Live::new(sink);
     let live = live.with_rich(rich);
@@ -102,26 +109,77 @@ pub async fn answer(
             Ok(Err(e)) => StreamMsg::Error(json!({"code": e.code(), "message": e.to_string()})),
             Err(e) => StreamMsg::Error(json!({"code": "internal", "message": e.to_string()})),
         };
-        let _ = tx.send(last);
+        let _ = tx.send(last).await;
     });
-    Ok(sse(first, rx))
+    Ok(sse(first, rx, ticket))
 }
 
-/// The `result` event's data.
+/// Sends `msg`, waiting for room in the channel: the wait is what slows a run whose client
+/// reads slowly. The channel's end going away (the client did, or was cut off) ends the wait.
+fn send_waiting(tx: &mpsc::Sender<StreamMsg>, msg: StreamMsg) {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        // A sandbox's output reader: a thread of its own, outside the runtime.
+        Err(_) => {
+            let _ = tx.blocking_send(msg);
+        }
+        // A pooled run or a session's exec, which reads its agent's answers in a task: the
+        // worker hands its other tasks over while this one waits.
+        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => {
+            let _ = tokio::task::block_in_place(|| tx.blocking_send(msg));
+        }
+        // A single-threaded runtime (the docker tier's own, for one run) cannot wait in its
+        // thread: another thread waits, and this one with it.
+        Ok(_) => {
+            std::thread::scope(|s| {
+                let _ = s.spawn(|| tx.blocking_send(msg)).join();
+            });
+        }
+    }
+}
+
+/// The `result` event's data: the result without the output the stream has carried already.
+/// Its `stdout` and `stderr` are empty (`stdout_bytes` and the rest still count the output),
+/// and so is `results` (the `display` events were they).
 fn result_of(reply: Reply) -> Value {
     let value = match reply {
-        Reply::Run(r) => serde_json::to_value(r),
-        Reply::Exec(r) => serde_json::to_value(r),
+        Reply::Run(mut r) => {
+            clear_output(&mut r.result.outcome);
+            r.result.rich.results.clear();
+            serde_json::to_value(r)
+        }
+        Reply::Exec(mut r) => {
+            clear_output(&mut r.outcome);
+            r.results.clear();
+            serde_json::to_value(r)
+        }
         _ => Ok(Value::Null),
     };
     value.unwrap_or_default()
 }
 
+fn clear_output(outcome: &mut kennel_types::api::Outcome) {
+    outcome.stdout.clear();
+    outcome.stderr.clear();
+}
+
+/// A stdout or stderr event's data: the chunk once, as `{"text"}` when it is UTF-8 and as
+/// `{"b64"}` (base64) when it is not, as a result's files have it. A chunk is one read of the
+/// code's pipe, so a character may be cut between two: a client joins the bytes.
+fn chunk_data(data: Vec<u8>) -> Value {
+    match String::from_utf8(data) {
+        Ok(text) => json!({ "text": text }),
+        Err(e) => json!({ "b64": base64::engine::general_purpose::STANDARD.encode(e.as_bytes()) }),
+    }
+}
+
 /// The SSE response: a run's `run` event with `{"id"}` first, `stdout`/`stderr` events with
-/// `{"text", "b64"}` and `display` events (a python session exec's rich outputs, as they
-/// come), then one `result` (or `error`) event.
-fn sse(first: Option<StreamMsg>, rx: mpsc::UnboundedReceiver<StreamMsg>) -> Response {
-    let stream = futures_util::stream::unfold((first, rx), |(mut first, mut rx)| async move {
+/// `{"text"}` or `{"b64"}` and `display` events (a python session exec's rich outputs, as they
+/// come), then one `result` (or `error`) event. It holds the stream's `ticket` while it is
+/// open.
+fn sse(first: Option<StreamMsg>, rx: mpsc::Receiver<StreamMsg>, ticket: Ticket) -> Response {
+    let state = (first, rx, ticket);
+    let stream = futures_util::stream::unfold(state, |(mut first, mut rx, ticket)| async move {
         let next = match first.take() {
             Some(msg) => msg,
             None => rx.recv().await?,
@@ -136,17 +194,15 @@ fn sse(first: Option<StreamMsg>, rx: mpsc::UnboundedReceiver<StreamMsg>) -> Resp
                 } else {
                     "stderr"
                 };
-                let body = json!({
-                    "text": String::from_utf8_lossy(&data),
-                    "b64": base64::engine::general_purpose::STANDARD.encode(&data),
-                });
-                Event::default().event(name).data(body.to_string())
+                Event::default()
+                    .event(name)
+                    .data(chunk_data(data).to_string())
             }
             StreamMsg::Rich(v) => Event::default().event("display").data(v.to_string()),
             StreamMsg::Result(v) => Event::default().event("result").data(v.to_string()),
             StreamMsg::Error(v) => Event::default().event("error").data(v.to_string()),
         };
-        Some((Ok::<_, Infallible>(event), (first, rx)))
+        Some((Ok::<_, Infallible>(event), (first, rx, ticket)))
     });
     Sse::new(stream)
         .keep_alive(KeepAlive::default())

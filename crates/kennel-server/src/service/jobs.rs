@@ -67,6 +67,14 @@ pub struct Pending {
     pub addr: String,
 }
 
+/// A run in the table: its status (its `result` left out) and the row its result is in.
+#[derive(Debug)]
+pub struct Found {
+    pub info: RunInfo,
+    /// The row of the stored result, if the run has one: [`Jobs::read_result`] reads it.
+    pub result: Option<i64>,
+}
+
 /// What a run's callback sends: its status as `GET /v1/runs/{id}` shows it, without its
 /// result when that is larger than the bound.
 #[derive(Debug)]
@@ -303,14 +311,22 @@ impl Jobs {
         Ok(())
     }
 
-    /// The run `id` of `tenant`; another tenant's does not exist for it.
-    pub fn get(&self, tenant: &str, id: &str) -> rusqlite::Result<Option<RunInfo>> {
+    /// The run `id` of `tenant`, without its result (which may be many megabytes: the answer
+    /// reads it in pieces with [`Jobs::read_result`]); another tenant's does not exist for it.
+    pub fn get(&self, tenant: &str, id: &str) -> rusqlite::Result<Option<Found>> {
+        // `typeof` reads the column's type from the row's header, not its value.
         self.db()
             .query_row(
-                "SELECT id, status, created_ms, finished_ms, result, error FROM jobs \
-                 WHERE id = ?1 AND tenant = ?2",
+                "SELECT id, status, created_ms, finished_ms, NULL, error, rowid, \
+                 typeof(result) != 'null' FROM jobs WHERE id = ?1 AND tenant = ?2",
                 params![id, tenant],
-                |r| info_of(r, 0),
+                |r| {
+                    let stored: bool = r.get(7)?;
+                    Ok(Found {
+                        info: info_of(r, 0)?,
+                        result: stored.then(|| r.get(6)).transpose()?,
+                    })
+                },
             )
             .optional()
     }
@@ -334,6 +350,27 @@ impl Jobs {
                 },
             )
             .optional()
+    }
+
+    /// Up to `buf.len()` bytes of the stored result's JSON, from `offset`, of the row
+    /// [`Jobs::get`] found for run `id` (0 at its end). Read with SQLite's incremental blob
+    /// I/O, so that only these bytes are in memory. An error if the row is gone or is
+    /// another run's now (rows are purged, and row ids may be reused).
+    pub fn read_result(
+        &self,
+        row: i64,
+        id: &str,
+        offset: usize,
+        buf: &mut [u8],
+    ) -> rusqlite::Result<usize> {
+        let db = self.db();
+        let at: String =
+            db.query_row("SELECT id FROM jobs WHERE rowid = ?1", [row], |r| r.get(0))?;
+        if at != id {
+            return Err(rusqlite::Error::QueryReturnedNoRows);
+        }
+        let blob = db.blob_open(rusqlite::MAIN_DB, "jobs", "result", row, true)?;
+        blob.read_at(buf, offset)
     }
 
     /// Forgets ended runs older than `keep`, and those of `tenant` past the newest `max`.
@@ -498,7 +535,7 @@ mod tests {
         );
         let a = jobs.callback_row("a", 1 << 20).unwrap().unwrap();
         assert_eq!(a.info.error.as_ref().unwrap().code, "lost");
-        let b = jobs.get(&t1, "b").unwrap().unwrap();
+        let b = jobs.get(&t1, "b").unwrap().unwrap().info;
         assert_eq!(
             (b.status, b.finished_at_unix_ms),
             (RunStatus::Lost, Some(5))
@@ -507,7 +544,7 @@ mod tests {
             jobs.get(&t2, "b").unwrap().is_none(),
             "another tenant's run"
         );
-        assert_eq!(jobs.get(&t2, "c").unwrap().unwrap().status, RunStatus::Lost);
+        assert_eq!(jobs.get(&t2, "c").unwrap().unwrap().info.status, RunStatus::Lost);
         let pending = jobs.recover(6, &[t2.clone()]).unwrap();
         assert_eq!(pending.len(), 1, "{pending:?}");
         assert_eq!(pending[0].id, "c");

@@ -6,11 +6,15 @@
 //! caller's network pins and minimum isolation, session bookkeeping, collection, audit and
 //! metrics. An entry only parses its own input and renders the answer in its own form.
 
+mod admit;
 pub mod callback;
 pub mod jobs;
 mod run;
 mod runs;
 mod session;
+
+pub use admit::Ticket;
+pub use runs::StoredResult;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -143,6 +147,9 @@ pub enum Reply {
     /// An `async` run accepted (running), or a run's status.
     RunAccepted(Box<RunInfo>),
     RunStatus(Box<RunInfo>),
+    /// An ended run's status (its `result` left out) and its result, read from the job table
+    /// as the answer is sent.
+    StoredRun(Box<RunInfo>, StoredResult),
     SessionCreated(SessionInfo),
     Session(SessionInfo),
     Sessions(Vec<SessionInfo>),
@@ -299,6 +306,9 @@ impl From<kennel_sandbox::error::PolicyError> for ServiceError {
 pub struct Live {
     sink: OutputSink,
     rich: Option<RichSink>,
+    /// Whether the result keeps the output the sink sees too (an `async` run's, for the job
+    /// table); otherwise the stream alone carries it, and a cold run keeps none of it.
+    keep: bool,
     accepted: Arc<Mutex<Option<oneshot::Sender<Accepted>>>>,
 }
 
@@ -325,6 +335,7 @@ impl Live {
         let live = Live {
             sink,
             rich: None,
+            keep: false,
             accepted: Arc::new(Mutex::new(Some(tx))),
         };
         (live, rx)
@@ -336,6 +347,11 @@ impl Live {
             rich: Some(rich),
             ..self
         }
+    }
+
+    /// The same, with the output kept in the result as well.
+    fn keeping(self) -> Live {
+        Live { keep: true, ..self }
     }
 
     fn accept(&self, accepted: Accepted) {
@@ -384,6 +400,9 @@ pub struct Service {
     jobs: Result<jobs::Jobs, String>,
     /// Callback delivery attempts under way at once (`[callbacks] workers`).
     callback_workers: Semaphore,
+    /// Requests under way, and streams open (`[connections]`).
+    requests: Arc<admit::Counts>,
+    streams: Arc<admit::Counts>,
 }
 
 impl Service {
@@ -431,6 +450,8 @@ impl Service {
             runs: runs::Registry::default(),
             async_runs: AtomicU64::new(0),
             jobs: Err("this service was made without a job table".into()),
+            requests: Arc::default(),
+            streams: Arc::default(),
         }
     }
 
@@ -472,7 +493,11 @@ impl Service {
                 Ok(Reply::Done)
             }
             Action::ShowRun { id } => {
-                runs::show(self, caller, &id).map(|i| Reply::RunStatus(Box::new(i)))
+                let (info, stored) = runs::show(self, caller, &id)?;
+                Ok(match stored {
+                    Some(result) => Reply::StoredRun(Box::new(info), result),
+                    None => Reply::RunStatus(Box::new(info)),
+                })
             }
             Action::CreateSession { spec } => session::create(self, caller, &spec)
                 .await

@@ -180,6 +180,8 @@ async fn submit(
     tokio::spawn(async move {
         let outcome = {
             let _slot = slot;
+            // The job table keeps the result, output included, for whoever asks later.
+            let live = live.map(Live::keeping);
             execute(&service, &caller, &spec, req, live, &registered).await
         };
         let cancelled = registered.entry.is_cancelled();
@@ -314,10 +316,15 @@ async fn run_cold(
     let cancel = Canceller::new();
     let _tracked = state.track(cancel.clone());
     run.entry.attach(cancel.clone());
+    // A streamed run's output goes to its stream only: its result leaves it out.
+    let output = match &live {
+        Some(live) if !live.keep => OutputMode::Forward,
+        _ => OutputMode::Capture,
+    };
     let io = RunIo {
         stdin: StdinSource::Null,
         on_output: live.map(|l| l.sink),
-        output: OutputMode::Capture,
+        output,
         cancel: Some(cancel),
         on_started: None,
     };

@@ -189,26 +189,67 @@ fn not_found(id: &str) -> ServiceError {
     ))
 }
 
-/// `GET /v1/runs/{id}`: an `async` run from the job table, or a run in flight.
-pub(super) fn show(service: &Service, caller: &Caller, id: &str) -> Result<RunInfo, ServiceError> {
+/// `GET /v1/runs/{id}`: an `async` run from the job table, or a run in flight. An ended
+/// run's result stays in the table: the answer reads it from there as it is sent.
+pub(super) fn show(
+    service: &Arc<Service>,
+    caller: &Caller,
+    id: &str,
+) -> Result<(RunInfo, Option<StoredResult>), ServiceError> {
     if let Ok(jobs) = service.jobs() {
         let found = jobs
             .get(&tenant(service, jobs, caller), id)
             .map_err(|e| ServiceError::Internal(format!("job table: {e}")))?;
-        if let Some(info) = found {
-            return Ok(info);
+        if let Some(found) = found {
+            let stored = found.result.map(|row| StoredResult {
+                service: service.clone(),
+                row,
+                id: id.to_string(),
+            });
+            return Ok((found.info, stored));
         }
     }
     match service.runs.owned(caller, id) {
-        Some(_) => Ok(RunInfo {
-            id: id.to_string(),
-            status: RunStatus::Running,
-            created_at_unix_ms: 0,
-            finished_at_unix_ms: None,
-            result: None,
-            error: None,
-        }),
+        Some(_) => Ok((
+            RunInfo {
+                id: id.to_string(),
+                status: RunStatus::Running,
+                created_at_unix_ms: 0,
+                finished_at_unix_ms: None,
+                result: None,
+                error: None,
+            },
+            None,
+        )),
         None => Err(not_found(id)),
+    }
+}
+
+/// An ended run's result as the job table keeps it (its JSON), read piece by piece as the
+/// answer is sent, so that a client that reads slowly holds no copy of it in the server.
+pub struct StoredResult {
+    service: Arc<Service>,
+    row: i64,
+    id: String,
+}
+
+impl std::fmt::Debug for StoredResult {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "StoredResult({})", self.id)
+    }
+}
+
+impl StoredResult {
+    /// Up to `max` bytes of the result's JSON from `offset`; none at its end.
+    pub fn read(&self, offset: usize, max: usize) -> Result<Vec<u8>, ServiceError> {
+        let mut buf = vec![0; max];
+        let n = self
+            .service
+            .jobs()?
+            .read_result(self.row, &self.id, offset, &mut buf)
+            .map_err(|e| ServiceError::Internal(format!("job table: {e}")))?;
+        buf.truncate(n);
+        Ok(buf)
     }
 }
 

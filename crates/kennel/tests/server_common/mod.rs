@@ -109,17 +109,24 @@ impl Event {
             .unwrap_or_else(|e| panic!("event data is not JSON ({e}): {:?}", self.data))
     }
 
-    /// The bytes of a stdout/stderr event, from its `b64`, checked against its `text`.
+    /// The bytes of a stdout/stderr event: each chunk is sent once, as `{"text"}` when it is
+    /// UTF-8 and as `{"b64"}` when it is not.
     pub fn bytes(&self) -> Vec<u8> {
         let v = self.json();
-        let b64 = v["b64"].as_str().expect("an output event has b64");
-        let bytes = base64_decode(b64);
-        assert_eq!(
-            v["text"].as_str().expect("an output event has text"),
-            String::from_utf8_lossy(&bytes),
-            "text and b64 agree"
-        );
-        bytes
+        let fields = v.as_object().expect("an output event is an object");
+        assert_eq!(fields.len(), 1, "one encoding per chunk: {v}");
+        match (v["text"].as_str(), v["b64"].as_str()) {
+            (Some(text), None) => text.as_bytes().to_vec(),
+            (None, Some(b64)) => {
+                let bytes = base64_decode(b64);
+                assert!(
+                    std::str::from_utf8(&bytes).is_err(),
+                    "a UTF-8 chunk comes as text: {v}"
+                );
+                bytes
+            }
+            _ => panic!("an output event has text or b64: {v}"),
+        }
     }
 }
 
@@ -143,6 +150,36 @@ impl Streamed {
             .filter(|e| e.name == stream)
             .flat_map(|e| e.bytes())
             .collect()
+    }
+
+    /// The result as a client puts it together: the `result` event repeats none of the
+    /// output the events before it carried (checked here: its `stdout`, `stderr` and
+    /// `results` are empty), which goes back into it.
+    pub fn full_result(&self) -> Value {
+        let mut r = self.result().json();
+        assert_eq!(
+            (&r["stdout"], &r["stderr"]),
+            (&json!(""), &json!("")),
+            "the result repeats no streamed output: {r}"
+        );
+        let none = [json!(null), json!([])];
+        assert!(
+            none.contains(&r["results"]),
+            "the result repeats no display: {r}"
+        );
+        let shown: Vec<Value> = self
+            .events
+            .iter()
+            .filter(|e| e.name == "display")
+            .map(Event::json)
+            .collect();
+        if !shown.is_empty() {
+            r["results"] = shown.into();
+        }
+        for stream in ["stdout", "stderr"] {
+            r[stream] = String::from_utf8_lossy(&self.output(stream)).into();
+        }
+        r
     }
 
     /// The final `result` event, which must be the last event and the only result.
