@@ -109,15 +109,20 @@ impl Exit {
     }
 }
 
+/// The child `pid` for rustix, `None` for any child (-1): rustix's `waitpid(None)` is
+/// waitpid(0), the caller's process group, so any child is its `wait`.
+fn child_of(pid: libc::pid_t) -> io::Result<Option<Pid>> {
+    match pid {
+        -1 => Ok(None),
+        p if p > 0 => Ok(Pid::from_raw(p)),
+        _ => Err(einval()),
+    }
+}
+
 /// Waits for the child `pid`, or for any child with -1; `None` means no child is left (ECHILD).
 pub fn wait_pid(pid: libc::pid_t) -> io::Result<Option<(libc::pid_t, Exit)>> {
     use rustix::process::WaitOptions;
-    // rustix's `waitpid(None)` is waitpid(0), the caller's process group; any child is `wait`.
-    let child = match pid {
-        -1 => None,
-        p if p > 0 => Pid::from_raw(p),
-        _ => return Err(einval()),
-    };
+    let child = child_of(pid)?;
     loop {
         let waited = match child {
             Some(child) => rustix::process::waitpid(Some(child), WaitOptions::empty()),
@@ -150,11 +155,7 @@ pub enum Reaped {
 /// Reaps the child `pid` (any child with -1) if it has ended, without waiting.
 pub fn try_wait_pid(pid: libc::pid_t) -> io::Result<Reaped> {
     use rustix::process::WaitOptions;
-    let child = match pid {
-        -1 => None,
-        p if p > 0 => Pid::from_raw(p),
-        _ => return Err(einval()),
-    };
+    let child = child_of(pid)?;
     loop {
         let waited = match child {
             Some(child) => rustix::process::waitpid(Some(child), WaitOptions::NOHANG),
