@@ -5,7 +5,8 @@
 //! `on_violation = "kill"`, reports the first tripwire call instead of answering it, so the
 //! supervisor kills the sandbox while the call is still pending.
 //!
-//! Bounded whatever the code does: the tally has one entry per rule and at most
+//! Bounded whatever the code does: the tally has one entry per rule (per family for the
+//! socket rules, per ABI for the other ABIs' calls) and at most
 //! [`MAX_EXEC_LOG`] programs, and the thread answers at most [`PER_WINDOW`] calls per
 //! [`WINDOW`] (a flood of denied calls waits, the counts keep counting).
 
@@ -19,7 +20,7 @@ use kennel_types::security::{
     ExecEntry, OnViolation, SecurityEvent, SecurityEvents, Tripwires, MAX_EXEC_LOG,
 };
 
-use crate::native::seccomp::{self, EXEC_CALLS};
+use crate::native::seccomp::{self, ForeignAbi, EXEC_CALLS};
 use crate::sys;
 
 /// Why a result's denied calls were not reported, where its tier hands over no listener.
@@ -234,11 +235,38 @@ enum Answer {
     Trip(&'static str),
 }
 
-fn handle(listener: &OwnedFd, watch: &Watch, rules: &Rules, n: &sys::Notice) -> Answer {
-    if let Some(&(_, name)) = EXEC_CALLS
+/// What a notified call is, from its ABI and number alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Call {
+    /// A call of another ABI, whose number must not be read as an x86-64 one (i386's 59 is no
+    /// execve): denied and reported under its ABI's name.
+    Foreign(ForeignAbi),
+    /// One of [`EXEC_CALLS`], by name.
+    Exec(&'static str),
+    /// An x86-64 call one of the filter's rules denies.
+    Denied,
+}
+
+fn classify(arch: u32, nr: i32) -> Call {
+    if let Some(abi) = ForeignAbi::of(arch, nr) {
+        return Call::Foreign(abi);
+    }
+    match EXEC_CALLS
         .iter()
-        .find(|(nr, _)| *nr == libc::c_long::from(n.nr))
+        .find(|(exec, _)| *exec == libc::c_long::from(nr))
     {
+        Some(&(_, name)) => Call::Exec(name),
+        None => Call::Denied,
+    }
+}
+
+fn handle(listener: &OwnedFd, watch: &Watch, rules: &Rules, n: &sys::Notice) -> Answer {
+    let call = classify(n.arch, n.nr);
+    if let Call::Foreign(abi) = call {
+        record(watch, abi.name(), seccomp::DENIED_ERRNO, &n.args, false);
+        return Answer::Errno(seccomp::DENIED_ERRNO);
+    }
+    if let Call::Exec(name) = call {
         if !watch.with(|t| std::mem::replace(&mut t.command_started, true)) {
             return Answer::Continue;
         }
@@ -255,26 +283,33 @@ fn handle(listener: &OwnedFd, watch: &Watch, rules: &Rules, n: &sys::Notice) -> 
     };
     let tripwire = rules.tripwires.trips(rule.name);
     let trip = tripwire && rules.kill;
-    watch.with(|t| {
-        match t.denied.iter_mut().find(|d| d.syscall == rule.name) {
-            Some(d) => d.count += 1,
-            None => t.denied.push(Denied {
-                syscall: rule.name,
-                count: 1,
-                errno: rule.errno,
-                first_args: n.args,
-                tripwire,
-            }),
-        }
-        if trip && t.tripped.is_none() {
-            t.tripped = Some(rule.name);
-        }
-    });
+    record(
+        watch,
+        rule.event_name(&n.args),
+        rule.errno,
+        &n.args,
+        tripwire,
+    );
     if trip {
+        watch.with(|t| t.tripped = t.tripped.or(Some(rule.name)));
         Answer::Trip(rule.name)
     } else {
         Answer::Errno(rule.errno)
     }
+}
+
+/// Counts one denied call under `name`, keeping the arguments of the first.
+fn record(watch: &Watch, name: &'static str, errno: i32, args: &[u64; 6], tripwire: bool) {
+    watch.with(|t| match t.denied.iter_mut().find(|d| d.syscall == name) {
+        Some(d) => d.count += 1,
+        None => t.denied.push(Denied {
+            syscall: name,
+            count: 1,
+            errno,
+            first_args: *args,
+            tripwire,
+        }),
+    });
 }
 
 /// The program's path and argv[0], read from the caller's memory; `None` when they cannot be
@@ -314,4 +349,78 @@ fn read_cstr(pid: u32, addr: u64) -> Option<String> {
         at += got as u64;
     }
     Some(String::from_utf8_lossy(&out).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const AUDIT_ARCH_X86_64: u32 = 0xC000_003E;
+    const AUDIT_ARCH_I386: u32 = 0x4000_0003;
+
+    /// The ABI decides before the number: i386's 59 and 11 (oldolduname, execve there) and an
+    /// x32 execve are denials of their ABI, never an exec let through; x86-64's are execs.
+    #[test]
+    fn another_abi_s_call_is_never_read_as_an_x86_64_one() {
+        assert_eq!(
+            classify(AUDIT_ARCH_I386, 59),
+            Call::Foreign(ForeignAbi::I386)
+        );
+        assert_eq!(
+            classify(AUDIT_ARCH_I386, 11),
+            Call::Foreign(ForeignAbi::I386)
+        );
+        assert_eq!(
+            classify(AUDIT_ARCH_X86_64, 0x4000_0000 | 520),
+            Call::Foreign(ForeignAbi::X32)
+        );
+        assert_eq!(classify(AUDIT_ARCH_X86_64, 59), Call::Exec("execve"));
+        assert_eq!(classify(AUDIT_ARCH_X86_64, 322), Call::Exec("execveat"));
+        assert_eq!(classify(AUDIT_ARCH_X86_64, 101), Call::Denied);
+    }
+
+    /// Denied calls of one rule that names them by value are counted per name; another ABI's
+    /// calls under its ABI's name, with the first call's arguments; all answered ENOSYS.
+    #[test]
+    fn denials_are_tallied_by_the_name_reports_give_them() {
+        let watch = Watch::default();
+        let rules = Rules {
+            kill: false,
+            tripwires: Tripwires::default(),
+        };
+        // Denials never touch the listener (only an exec's entry reads through it).
+        let listener = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+        let socket = |family: u64| [family, 1, 0, 0, 0, 0];
+        let nr = |n: libc::c_long| i32::try_from(n).unwrap();
+        for (arch, nr, args) in [
+            (AUDIT_ARCH_X86_64, nr(libc::SYS_socket), socket(40)),
+            (AUDIT_ARCH_X86_64, nr(libc::SYS_socket), socket(40)),
+            (AUDIT_ARCH_X86_64, nr(libc::SYS_socket), socket(17)),
+            (AUDIT_ARCH_I386, 20, [7, 0, 0, 0, 0, 0]),
+            (AUDIT_ARCH_X86_64, 0x4000_0000 | 39, [0; 6]),
+        ] {
+            let notice = sys::Notice {
+                id: 1,
+                pid: 1,
+                arch,
+                nr,
+                args,
+            };
+            let answer = handle(&listener, &watch, &rules, &notice);
+            assert!(matches!(answer, Answer::Errno(libc::ENOSYS)), "{nr:#x}");
+        }
+        let tally = watch.tally();
+        let counts: Vec<(&str, u64)> = tally.denied.iter().map(|d| (d.syscall, d.count)).collect();
+        assert_eq!(
+            counts,
+            [
+                ("socket(AF_VSOCK)", 2),
+                ("socket(AF_PACKET)", 1),
+                ("i386", 1),
+                ("x32", 1)
+            ]
+        );
+        assert_eq!(tally.denied[2].first_args, [7, 0, 0, 0, 0, 0]);
+        assert!(tally.denied.iter().all(|d| !d.tripwire));
+    }
 }

@@ -318,6 +318,21 @@ pub fn seccomp_profile(runtime: Runtime, listener: Option<(&Path, bool)>) -> Lin
                     syscalls.push(deny(Some(vec![masked(index, bit, bit)])));
                 }
             }
+            // "None of these values" is one rule per block of the values between them, and one
+            // for all above them (see `outside`).
+            When::ArgNotIn { index, allowed, .. } => {
+                let (blocks, above) = outside(allowed);
+                for (mask, first) in blocks {
+                    syscalls.push(deny(Some(vec![masked(index, mask, first)])));
+                }
+                let ge = LinuxSeccompArgBuilder::default()
+                    .index(index as usize)
+                    .value(above)
+                    .op(LinuxSeccompOperator::ScmpCmpGe)
+                    .build()
+                    .expect("every argument field is set");
+                syscalls.push(deny(Some(vec![ge])));
+            }
         }
     }
     let mut profile = LinuxSeccompBuilder::default();
@@ -346,6 +361,41 @@ pub fn seccomp_profile(runtime: Runtime, listener: Option<(&Path, bool)>) -> Lin
         .syscalls(syscalls)
         .build()
         .expect("every seccomp field is set")
+}
+
+/// The values outside `allowed` as conditions that are each a rule of their own: runc splits
+/// several conditions on one argument into separate rules (ORed, so "!= each allowed value"
+/// would deny everything), and libseccomp compares whole 64-bit arguments. Below the highest
+/// allowed value: aligned blocks, each `(mask, first)` for a masked equality on the low 32
+/// bits (as the kernel reads an `int`); above it, one `>=` on the whole argument, returned
+/// second, which also denies a call whose upper 32 bits are set (where the native filter,
+/// looking at the low 32 bits only, lets an allowed value through).
+pub fn outside(allowed: &[u32]) -> (Vec<(u32, u32)>, u64) {
+    let mut sorted = allowed.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut blocks = vec![];
+    let mut next = 0u64;
+    for &value in &sorted {
+        let value = u64::from(value);
+        // The gap [next, value): the largest aligned power-of-two blocks that fit.
+        while next < value {
+            let mut size = if next == 0 {
+                1 << 32
+            } else {
+                1u64 << next.trailing_zeros()
+            };
+            while next + size > value {
+                size >>= 1;
+            }
+            let mask = u32::try_from(!(size - 1) & u64::from(u32::MAX)).unwrap_or(u32::MAX);
+            let first = u32::try_from(next).unwrap_or(u32::MAX);
+            blocks.push((mask, first));
+            next += size;
+        }
+        next = value + 1;
+    }
+    (blocks, next)
 }
 
 /// The OCI name of one of the policy's capabilities.

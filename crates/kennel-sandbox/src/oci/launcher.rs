@@ -8,7 +8,7 @@ use std::process::Command;
 use serde::{Deserialize, Serialize};
 
 use super::bundle::SCRATCH;
-use super::runtime::{Start, PID_FILE};
+use super::runtime::{quiet, Start, DELETE_LIMIT, PID_FILE};
 use super::steps::Step;
 use crate::channel::{self, ChannelError, FileMeta, InputFiles, Msg, CTL_FD};
 use crate::native::helper::{collect, fail_and_exit};
@@ -20,6 +20,13 @@ pub const LAUNCHER_ARG: &str = "__kennel-oci-launcher";
 
 /// Exit status of a launcher whose setup failed (the details went to the supervisor).
 const SETUP_FAILED: i32 = 125;
+
+/// Exit status of a launcher that tore its container down because its supervisor died (the
+/// shell's for SIGTERM, the signal that said so; nobody is left to read it).
+const TORN_DOWN: i32 = 128 + libc::SIGTERM;
+
+/// The launcher's parent-death signal once it watches its supervisor (`Step::WatchSupervisor`).
+const SUPERVISOR_DIED: libc::c_int = libc::SIGTERM;
 
 /// What the launcher needs, sent once before the input files.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -51,6 +58,8 @@ pub struct LaunchPlan {
     pub collect_size: u64,
     /// The spec's seccomp `listenerPath`, for a watched container (runc, crun).
     pub listener: Option<PathBuf>,
+    /// The runtime's `delete --force` of the container, run if the supervisor dies.
+    pub teardown: Vec<String>,
 }
 
 impl channel::Planned for LaunchPlan {
@@ -87,6 +96,7 @@ pub fn launcher_main() -> ! {
             Step::PrivateNetwork => private_network(&plan, &mut ctl),
             Step::MountScratch => mount_scratch(&plan),
             Step::WriteInputFiles => write_input_files(&plan, &files),
+            Step::WatchSupervisor => watch_supervisor(),
             Step::ListenForSeccomp => listen_for_seccomp(&plan, &ctl),
             Step::StartRuntime => start_container(&plan, &mut ctl).map(|w| waited = Some(w)),
             _ => Ok(()),
@@ -120,7 +130,55 @@ pub fn launcher_main() -> ! {
         let _ = channel::send(&mut ctl, &Msg::Collected(meta), &data);
     }
     let _ = channel::send(&mut ctl, &Msg::Done, &[]);
+    // A supervisor that died while the files were collected leaves a stopped container.
+    if sys::take_signal(SUPERVISOR_DIED) {
+        quiet(&plan.teardown, DELETE_LIMIT);
+    }
     sys::exit_now(0)
+}
+
+/// From here the supervisor's death reaches the launcher as a signal it waits for, instead of
+/// killing it: SIGTERM, blocked with SIGCHLD (both taken by [`wait_for`]) before any thread
+/// starts, so that no other thread takes them. Until here it was SIGKILL, so a death in between
+/// is never missed; nothing needed a teardown yet.
+fn watch_supervisor() -> Result<(), Fail> {
+    sys::block_signals(&[SUPERVISOR_DIED, libc::SIGCHLD]).ctx(|| "sigprocmask".into())?;
+    sys::set_parent_death_signal(SUPERVISOR_DIED).ctx(|| "PR_SET_PDEATHSIG".into())
+}
+
+/// Waits for the child `pid` (any child with -1) to end; `Err` when the supervisor died first
+/// (or someone else sent SIGTERM), `Ok(None)` when no child is left.
+fn wait_for(pid: i32) -> Result<Option<(i32, sys::Exit)>, SupervisorDied> {
+    loop {
+        match sys::try_wait_pid(pid) {
+            Ok(sys::Reaped::Ended(pid, exit)) => return Ok(Some((pid, exit))),
+            Ok(sys::Reaped::NoChild) | Err(_) => return Ok(None),
+            Ok(sys::Reaped::Running) => {}
+        }
+        // A child that ended since the look above left SIGCHLD pending: no wake-up is lost.
+        match sys::wait_signal(&[SUPERVISOR_DIED, libc::SIGCHLD]) {
+            Ok(SUPERVISOR_DIED) => return Err(SupervisorDied),
+            Ok(_) => {}
+            Err(_) => return Ok(None),
+        }
+    }
+}
+
+/// The supervisor is gone: [`tear_down`] is due.
+struct SupervisorDied;
+
+/// Ends what the launcher started, its supervisor being gone: the runtime's `run` first, if it
+/// still runs (so that it cannot create the container after the delete), and the container's
+/// init, which takes its pid namespace with it; then the runtime's `delete --force` removes the
+/// container's state (and runc's cgroup). Both are unreaped children of the launcher, so their
+/// pids are still theirs. The cgroup and the bundle are left to the next start's sweep, as
+/// for any supervisor that died.
+fn tear_down(plan: &LaunchPlan, run: Option<i32>, init: Option<i32>) -> ! {
+    for pid in run.into_iter().chain(init) {
+        let _ = sys::kill(pid, libc::SIGKILL);
+    }
+    quiet(&plan.teardown, DELETE_LIMIT);
+    sys::exit_now(TORN_DOWN)
 }
 
 /// The code's status from the runtime's: runtimes exit with the code's status, and with 128 + n
@@ -345,10 +403,17 @@ fn start_container(plan: &LaunchPlan, ctl: &mut UnixStream) -> Result<Waited, Fa
         ))
     };
     let pid_file = plan.bundle.join(PID_FILE);
+    // A supervisor that died during the setup: no container is started for nobody.
+    if sys::take_signal(SUPERVISOR_DIED) {
+        sys::exit_now(TORN_DOWN)
+    }
     if !plan.start.detached {
         let pid = spawn(&plan.start.argv)?;
         let _ = channel::send(ctl, &Msg::InitPid { pid }, &[]);
-        let exit = sys::wait_pid(pid).ok().flatten().map(|(_, e)| e);
+        let exit = match wait_for(pid) {
+            Ok(ended) => ended.map(|(_, e)| e),
+            Err(SupervisorDied) => tear_down(plan, Some(pid), None),
+        };
         return match exit {
             Some(exit) if pid_file.exists() => Ok(Waited::Runtime(exit)),
             other => Err(not_started(other)),
@@ -356,10 +421,11 @@ fn start_container(plan: &LaunchPlan, ctl: &mut UnixStream) -> Result<Waited, Fa
     }
     // `run --detach` exits once the code runs; its init then re-parents here.
     sys::set_child_subreaper().ctx(|| "PR_SET_CHILD_SUBREAPER".into())?;
-    let started = sys::wait_pid(spawn(&plan.start.argv)?)
-        .ok()
-        .flatten()
-        .map(|(_, e)| e);
+    let run = spawn(&plan.start.argv)?;
+    let started = match wait_for(run) {
+        Ok(ended) => ended.map(|(_, e)| e),
+        Err(SupervisorDied) => tear_down(plan, Some(run), None),
+    };
     if !matches!(started, Some(sys::Exit::Code(0))) {
         return Err(not_started(started));
     }
@@ -369,10 +435,11 @@ fn start_container(plan: &LaunchPlan, ctl: &mut UnixStream) -> Result<Waited, Fa
         .ok_or_else(|| not_started(started))?;
     let _ = channel::send(ctl, &Msg::InitPid { pid: init }, &[]);
     loop {
-        match sys::wait_pid(-1) {
+        match wait_for(-1) {
             Ok(Some((pid, exit))) if pid == init => return Ok(Waited::Code(exit)),
             Ok(Some(_)) => {}
-            _ => return Err(not_started(None)),
+            Ok(None) => return Err(not_started(None)),
+            Err(SupervisorDied) => tear_down(plan, None, Some(init)),
         }
     }
 }

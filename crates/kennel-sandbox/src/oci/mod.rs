@@ -262,6 +262,7 @@ impl super::supervise::Tier for OciTier {
             collect_size: policy.limits.collect_size.0,
             listener: bundle::watched(rt, policy)
                 .then(|| self.bundle.join(bundle::LISTENER_SOCKET)),
+            teardown: self.runtime.delete_argv(id),
         })))
     }
 

@@ -242,13 +242,19 @@ impl Installed {
         let entries = self.state_entries(id);
         let is_lock = |e: &std::ffi::OsString| e.to_string_lossy().ends_with(".lock");
         if entries.iter().any(|e| !is_lock(e)) {
-            let mut argv = self.command(None, false);
-            argv.extend(["delete".into(), "--force".into(), id.into()]);
-            quiet(&argv, Duration::from_secs(20));
+            quiet(&self.delete_argv(id), DELETE_LIMIT);
         }
         for entry in entries.iter().filter(|e| is_lock(e)) {
             let _ = std::fs::remove_file(self.state_dir().join(entry));
         }
+    }
+
+    /// `delete --force` of container `id`: kills what runs of it and removes its state (and
+    /// runc's cgroup), whatever state it is in.
+    pub fn delete_argv(&self, id: &str) -> Vec<String> {
+        let mut argv = self.command(None, false);
+        argv.extend(["delete".into(), "--force".into(), id.into()]);
+        argv
     }
 
     /// The containers in Kennel's state directory for this runtime whose supervisor is gone
@@ -288,8 +294,11 @@ impl Installed {
     }
 }
 
+/// How long a runtime's `delete --force` may take before it is killed.
+pub const DELETE_LIMIT: Duration = Duration::from_secs(20);
+
 /// Runs a runtime command with its output discarded, killing it after `limit`.
-fn quiet(argv: &[String], limit: Duration) -> bool {
+pub fn quiet(argv: &[String], limit: Duration) -> bool {
     let Ok(mut child) = Command::new(&argv[0])
         .args(&argv[1..])
         .stdin(Stdio::null())

@@ -21,6 +21,7 @@ pub enum Step {
     PrivateNetwork,
     MountScratch,
     WriteInputFiles,
+    WatchSupervisor,
     ListenForSeccomp,
     StartRuntime,
     // The supervisor again, after the runtime ends (or is killed).
@@ -30,7 +31,7 @@ pub enum Step {
 }
 
 impl Step {
-    pub const ALL: [Step; 16] = [
+    pub const ALL: [Step; 17] = [
         Step::LocateRuntime,
         Step::CreateCgroup,
         Step::WriteBundle,
@@ -42,6 +43,7 @@ impl Step {
         Step::PrivateNetwork,
         Step::MountScratch,
         Step::WriteInputFiles,
+        Step::WatchSupervisor,
         Step::ListenForSeccomp,
         Step::StartRuntime,
         Step::DeleteContainer,
@@ -50,7 +52,7 @@ impl Step {
     ];
 
     /// The steps the launcher performs, in order.
-    pub const LAUNCHER: [Step; 9] = [
+    pub const LAUNCHER: [Step; 10] = [
         Step::JoinCgroup,
         Step::PinCpus,
         Step::PrivateMounts,
@@ -58,6 +60,7 @@ impl Step {
         Step::PrivateNetwork,
         Step::MountScratch,
         Step::WriteInputFiles,
+        Step::WatchSupervisor,
         Step::ListenForSeccomp,
         Step::StartRuntime,
     ];
@@ -83,6 +86,7 @@ impl Step {
             Step::MountScratch => "mount_scratch",
             Step::WriteInputFiles => "write_input_files",
             Step::ListenForSeccomp => "listen_for_seccomp",
+            Step::WatchSupervisor => "watch_supervisor",
             Step::StartRuntime => "start_runtime",
             Step::DeleteContainer => "delete_container",
             Step::RemoveBundle => "remove_bundle",
@@ -96,7 +100,7 @@ impl Step {
             Step::LocateRuntime => "a missing runtime is refused with an install hint before anything is created",
             Step::CreateCgroup => "Kennel's own cgroup, beneath the supervisor's, holds the exact limits and counts OOM kills and task-limit hits; the runtime's cgroup is created inside it",
             Step::WriteBundle => "config.json is the validated policy in OCI form, and the root is a skeleton of mount points owned by Kennel, never the host's /",
-            Step::SpawnLauncher => "a fresh single-threaded process can change its mount namespace and outlive the runtime to collect files; it dies with the supervisor",
+            Step::SpawnLauncher => "a fresh single-threaded process can change its mount namespace and outlive the runtime to collect files; it ends with the supervisor, and takes the container with it (see watch_supervisor)",
             Step::JoinCgroup => "the launcher enters Kennel's cgroup before it starts the runtime, so the runtime, gVisor's sandbox and the code are all bounded and counted there",
             Step::PinCpus => "the launcher pins itself to as many CPUs as the quota; the runtime and the code inherit it, so nproc agrees with the limit",
             Step::PrivateMounts => "the scratch tmpfs and any hidden mount stay in the launcher's own mount namespace; the host's mounts are never touched",
@@ -105,6 +109,7 @@ impl Step {
             Step::MountScratch => "/tmp and /workspace are size-capped tmpfs, as in the native tier, where Kennel can place input files and read results after the runtime is gone",
             Step::WriteInputFiles => "the files are in place, owned by the sandbox's root, before the code starts",
             Step::ListenForSeccomp => "runc and crun hand the container's seccomp listener to the spec's listenerPath, a socket in the bundle; the launcher passes it on to the supervisor, which answers the denied calls (and logs the execs) before the code's first execve returns",
+            Step::WatchSupervisor => "the container does not die with the launcher (the runtime starts it without a parent-death signal, and its pid namespace's init is the code's own), so the launcher's own parent-death signal becomes SIGTERM, blocked with SIGCHLD before any thread starts: it waits for either, and on the supervisor's death kills the runtime's run if it still runs and has the runtime `delete --force` the container; until here a dead supervisor's SIGKILL ends the launcher before any container exists",
             Step::StartRuntime => "runc and crun `run --detach` the container, and the launcher, their subreaper, waits for the code itself; runsc's `run` builds its sandbox and waits in the foreground",
             Step::DeleteContainer => "`delete --force` removes the runtime's state even after a kill or a crash",
             Step::RemoveBundle => "nothing of the run survives it",
@@ -135,6 +140,9 @@ mod tests {
         assert!(pos(Step::WriteInputFiles) < pos(Step::StartRuntime));
         // The socket listens before the runtime, which connects to it, starts.
         assert!(pos(Step::ListenForSeccomp) < pos(Step::StartRuntime));
+        // The supervisor's death is watched for before there is a container to orphan, and the
+        // signals are blocked before the listener's thread, which would otherwise take them.
+        assert!(pos(Step::WatchSupervisor) < pos(Step::ListenForSeccomp));
         // The proxy must listen before the code can run.
         assert!(pos(Step::PrivateNetwork) < pos(Step::StartRuntime));
         let cleanup: Vec<usize> = Step::CLEANUP.iter().map(|s| pos(*s)).collect();

@@ -109,15 +109,20 @@ impl Exit {
     }
 }
 
+/// The child `pid` for rustix, `None` for any child (-1): rustix's `waitpid(None)` is
+/// waitpid(0), the caller's process group, so any child is its `wait`.
+fn child_of(pid: libc::pid_t) -> io::Result<Option<Pid>> {
+    match pid {
+        -1 => Ok(None),
+        p if p > 0 => Ok(Pid::from_raw(p)),
+        _ => Err(einval()),
+    }
+}
+
 /// Waits for the child `pid`, or for any child with -1; `None` means no child is left (ECHILD).
 pub fn wait_pid(pid: libc::pid_t) -> io::Result<Option<(libc::pid_t, Exit)>> {
     use rustix::process::WaitOptions;
-    // rustix's `waitpid(None)` is waitpid(0), the caller's process group; any child is `wait`.
-    let child = match pid {
-        -1 => None,
-        p if p > 0 => Pid::from_raw(p),
-        _ => return Err(einval()),
-    };
+    let child = child_of(pid)?;
     loop {
         let waited = match child {
             Some(child) => rustix::process::waitpid(Some(child), WaitOptions::empty()),
@@ -133,6 +138,39 @@ pub fn wait_pid(pid: libc::pid_t) -> io::Result<Option<(libc::pid_t, Exit)>> {
             Err(rustix::io::Errno::CHILD) => return Ok(None),
             Err(e) => return Err(e.into()),
         }
+    }
+}
+
+/// What a look at the children found, without waiting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reaped {
+    /// A child ended (and is reaped now).
+    Ended(libc::pid_t, Exit),
+    /// None has ended yet.
+    Running,
+    /// No child is left (ECHILD).
+    NoChild,
+}
+
+/// Reaps the child `pid` (any child with -1) if it has ended, without waiting.
+pub fn try_wait_pid(pid: libc::pid_t) -> io::Result<Reaped> {
+    use rustix::process::WaitOptions;
+    let child = child_of(pid)?;
+    loop {
+        let waited = match child {
+            Some(child) => rustix::process::waitpid(Some(child), WaitOptions::NOHANG),
+            None => rustix::process::wait(WaitOptions::NOHANG),
+        };
+        return match waited {
+            Ok(Some((pid, status))) => Ok(Reaped::Ended(
+                pid.as_raw_pid(),
+                Exit::from_status(status.as_raw()),
+            )),
+            Ok(None) => Ok(Reaped::Running),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(rustix::io::Errno::CHILD) => Ok(Reaped::NoChild),
+            Err(e) => Err(e.into()),
+        };
     }
 }
 
@@ -673,6 +711,20 @@ pub fn wait_signal(sigs: &[libc::c_int]) -> io::Result<libc::c_int> {
     } else {
         Err(io::Error::from_raw_os_error(ret))
     }
+}
+
+/// Takes `sig` if it is pending (it must be blocked, see [`block_signals`]), without waiting.
+pub fn take_signal(sig: libc::c_int) -> bool {
+    let Ok(set) = sigset(&[sig]) else {
+        return false;
+    };
+    let zero = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `set` is initialised and `zero` a valid timespec, both live for the call; the
+    // siginfo pointer may be null.
+    unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &zero) == sig }
 }
 
 fn sigset(sigs: &[libc::c_int]) -> io::Result<libc::sigset_t> {

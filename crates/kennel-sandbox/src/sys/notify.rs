@@ -39,11 +39,13 @@ pub fn install_seccomp(program: &[libc::sock_filter], listen: bool) -> io::Resul
     Ok(Some(unsafe { OwnedFd::from_raw_fd(fd) }))
 }
 
-/// One notified call: who made it (a pid in the listener's pid namespace), which and with what.
+/// One notified call: who made it (a pid in the listener's pid namespace), which (its number
+/// means a call of the ABI `arch` names) and with what.
 #[derive(Debug, Clone, Copy)]
 pub struct Notice {
     pub id: u64,
     pub pid: u32,
+    pub arch: u32,
     pub nr: i32,
     pub args: [u64; 6],
 }
@@ -64,6 +66,7 @@ pub fn notif_recv(listener: BorrowedFd<'_>) -> io::Result<Notice> {
     Ok(Notice {
         id: n.id,
         pid: n.pid,
+        arch: n.data.arch,
         nr: n.data.nr,
         args: n.data.args,
     })

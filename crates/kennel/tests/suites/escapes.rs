@@ -1316,16 +1316,21 @@ fn acct_and_quotactl_are_denied() {
 }
 
 /// A 32-bit syscall through `int 0x80` (i386 getpid), the classic way around an x86-64-only
-/// filter: the process is killed with SIGSYS (31) before it returns. Bare, it returns the pid.
+/// filter. Bare, it returns the pid. Kennel's own filter (the native tier, and a microVM's
+/// guest) denies every i386 call with ENOSYS whatever its number, and reports it as `i386`;
+/// under runc, crun and docker the runtime's libseccomp filter kills the process with SIGSYS
+/// (its bad-architecture action, which the OCI spec cannot set) before any listener hears of
+/// it, so nothing is reported there.
 #[test]
-fn i386_syscalls_kill_the_process() {
+fn i386_syscalls_are_denied() {
     let code = r#"
-import ctypes, mmap, os
+import ctypes, errno, mmap, os
 buf = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
 buf.write(bytes([0xb8, 20, 0, 0, 0, 0xcd, 0x80, 0xc3]))  # mov eax, 20; int 0x80; ret
 getpid32 = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(buf)))
 print("calling", flush=True)
-print(getpid32() == os.getpid())
+r = getpid32()
+print(r == os.getpid() or errno.errorcode.get(-r, r))
 "#;
     let bare = Command::new(PY).args(["-c", code]).output().unwrap();
     if !require("ia32 emulation in the kernel", bare.status.success()) {
@@ -1351,8 +1356,30 @@ print(int80(39) == os.getpid(), int80(250))
         return;
     }
     let r = py(&[], code);
-    assert_eq!(r["stdout"], "calling\n");
-    assert_signal(&r, libc::SIGSYS);
+    if oci() {
+        assert_eq!(r["stdout"], "calling\n");
+        assert_signal(&r, libc::SIGSYS);
+        assert_eq!(reported(&r, "i386"), None, "{r}");
+        return;
+    }
+    assert_eq!(r["stdout"], "calling\nENOSYS\n", "{r}");
+    assert_eq!(r["exit_code"], 0, "{r}");
+    let e = reported(&r, "i386").unwrap_or_else(|| panic!("the i386 call unreported: {r}"));
+    assert_eq!((e["count"].as_u64(), e["errno"].as_str()), (Some(1), Some("ENOSYS")));
+}
+
+/// The `denied_syscall` event the run reports under `name`, if any.
+fn reported<'a>(r: &'a Value, name: &str) -> Option<&'a Value> {
+    r["security_events"]["events"]
+        .as_array()?
+        .iter()
+        .find(|e| e["kind"] == "denied_syscall" && e["syscall"] == name)
+}
+
+/// Whether this tier reports the calls it denies: Kennel's own filter (native, a microVM's
+/// guest), and runc and crun, which hand over their listener; not gVisor nor a Docker Engine.
+fn watched_tier() -> bool {
+    !gvisor() && !docker()
 }
 
 /// The code died of `signal`: so the result says, but for a Docker Engine, whose API reports a
@@ -1368,7 +1395,7 @@ fn assert_signal(r: &Value, signal: i32) {
 }
 
 /// An x32-ABI syscall number (getpid | 0x40000000): ENOSYS from the filter whatever the
-/// kernel's x32 support, so no x32 back door.
+/// kernel's x32 support, so no x32 back door; Kennel's filter reports it as `x32`.
 #[test]
 fn x32_syscalls_are_denied() {
     let code = format!("{SYSCALL_PRELUDE}\nprint(sys_errno(0x40000000 | 39))");
@@ -1378,17 +1405,18 @@ fn x32_syscalls_are_denied() {
         assert_eq!(probe_inside("print(sys_errno(0x40000000 | 39))"), "ENOSYS");
         return;
     }
+    let r = py(&[], &code);
     if oci() {
         // The OCI profile lists only the x86_64 ABI, and libseccomp treats x32 as a foreign
-        // one: the runtime's filter kills the process with SIGSYS instead of answering ENOSYS.
-        let r = py(&[], &code);
+        // one: the runtime's filter kills the process with SIGSYS instead of answering ENOSYS,
+        // and no listener hears of it.
         assert_signal(&r, libc::SIGSYS);
+        assert_eq!(reported(&r, "x32"), None, "{r}");
         return;
     }
-    assert_eq!(
-        probe_inside("print(sys_errno(0x40000000 | 39))"),
-        expect_denied("ENOSYS")
-    );
+    assert_eq!(r["stdout"], expect_denied("ENOSYS\n"), "{r}");
+    let e = reported(&r, "x32").unwrap_or_else(|| panic!("the x32 call unreported: {r}"));
+    assert_eq!((e["count"].as_u64(), e["errno"].as_str()), (Some(1), Some("ENOSYS")));
 }
 
 /// TIOCSTI on a terminal (a pty the code opens itself), pushing keystrokes into a terminal; also
@@ -1464,6 +1492,87 @@ fn packet_socket_is_denied() {
     assert_denied_by_seccomp(
         "print(os_errno(socket.socket, socket.AF_PACKET, socket.SOCK_DGRAM, 0))",
     );
+}
+
+/// `vsock(op)`: the errno name of a vsock socket's creation, bind (a port in the vsock space,
+/// which the network namespace does not divide) or non-blocking connect (to CID 2, the
+/// hypervisor's side), or "OK".
+const VSOCK_PROBE: &str = r#"
+def vsock(op, port):
+    try:
+        s = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)
+    except OSError as e:
+        return errno.errorcode.get(e.errno, str(e.errno))
+    s.setblocking(False)
+    try:
+        if op == "bind":
+            s.bind((socket.VMADDR_CID_ANY, port))
+        else:
+            s.connect((socket.VMADDR_CID_HOST, port))
+        return "OK"
+    except OSError as e:
+        return errno.errorcode.get(e.errno, str(e.errno))
+    finally:
+        s.close()
+"#;
+
+/// AF_VSOCK is not namespaced: a sandbox without a network could bind ports in the host's vsock
+/// space and reach the hypervisor. Creating the socket is denied (the family is outside the
+/// allowlist), so neither bind nor connect happens, and the tiers that watch report both
+/// calls as `socket(AF_VSOCK)`. Bare, the bind succeeds (or fails otherwise where the host has
+/// no vsock); the connect, which would reach this host's hypervisor, is made inside only.
+#[test]
+fn vsock_sockets_are_denied_and_reported() {
+    let port = 40_000 + std::process::id() % 20_000;
+    let bare = Command::new(PY)
+        .arg("-c")
+        .arg(format!("{SYSCALL_PRELUDE}\n{VSOCK_PROBE}\nprint(vsock('bind', {port}))"))
+        .output()
+        .unwrap();
+    let bare = String::from_utf8_lossy(&bare.stdout).trim().to_string();
+    assert!(!bare.is_empty() && bare != "ENOSYS", "bare: {bare:?}");
+    let code = format!(
+        "{SYSCALL_PRELUDE}\n{VSOCK_PROBE}\nprint(vsock('bind', {port}), vsock('connect', {port}))"
+    );
+    let r = py(&[], &code);
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert_eq!(r["stdout"], expect_denied("ENOSYS ENOSYS\n"), "bare: {bare}; {r}");
+    if !watched_tier() {
+        assert_eq!(r["security_events"]["syscalls_watched"], false, "{r}");
+        return;
+    }
+    let e = reported(&r, "socket(AF_VSOCK)").unwrap_or_else(|| panic!("unreported: {r}"));
+    assert_eq!(e["count"], 2, "{e}");
+    assert_eq!(e["errno"], "ENOSYS", "{e}");
+    assert_eq!(e["tripwire"], false, "{e}");
+    assert_eq!(e["first_args"][0], "0x28", "{e}");
+}
+
+/// Only unix, inet, inet6 and netlink sockets are made: every other family, by socket and by
+/// socketpair, is denied (a sample: AF_UNSPEC, AX25, APPLETALK, KEY, PACKET, ALG, VSOCK, XDP,
+/// MCTP, one past the kernel's last, and vsock with junk in the upper 32 bits of the family,
+/// which the kernel ignores), while the allowed ones still work as bare.
+#[test]
+fn socket_families_outside_the_allowlist_are_denied() {
+    assert_denied_by_seccomp(
+        r#"
+def sock(family, kind=socket.SOCK_DGRAM):
+    return os_errno(lambda: socket.socket(family, kind).close())
+print(*[sock(f) for f in (0, 3, 5, 15, 17, 38, 40, 44, 45, 46)], sock(40, socket.SOCK_STREAM))
+print(sys_errno(41, 0x1_0000_0028, 1, 0))
+print(*[os_errno(socket.socketpair, f, socket.SOCK_STREAM) for f in (17, 40)])
+print(os_errno(socket.socketpair, socket.AF_NETLINK, socket.SOCK_RAW, 9))
+"#,
+    );
+    let allowed = r#"
+def sock(family, kind=socket.SOCK_DGRAM, proto=0):
+    return os_errno(lambda: socket.socket(family, kind, proto).close())
+print(sock(socket.AF_UNIX), sock(socket.AF_INET), sock(socket.AF_INET6), sock(16, 3, 0))
+print(os_errno(lambda: [s.close() for s in socket.socketpair(socket.AF_UNIX)]))
+"#;
+    let (inside, bare) = probe_both(allowed);
+    assert_eq!(bare, "OK OK OK OK\nOK");
+    assert_eq!(inside, bare);
 }
 
 /// A TCP service on the host's 127.0.0.1: the sandbox's loopback is its own, with nothing

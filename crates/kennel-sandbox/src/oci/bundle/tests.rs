@@ -49,6 +49,60 @@ fn argument_conditions_become_ored_rules_and_anded_args() {
     assert!(clone.iter().all(|c| c.args().as_ref().unwrap().len() == 1));
 }
 
+/// The values outside an allowlist, as blocks: every value below the highest allowed one is in
+/// exactly one block or allowed, and everything above it is one `>=`.
+#[test]
+fn an_allowlist_becomes_blocks_of_what_it_leaves_out() {
+    let allowed = seccomp::ALLOWED_FAMILIES;
+    let (blocks, above) = outside(allowed);
+    assert_eq!(
+        blocks,
+        [
+            (u32::MAX, 0),
+            (u32::MAX, 3),
+            (!3, 4),
+            (!1, 8),
+            (u32::MAX, 11),
+            (!3, 12)
+        ]
+    );
+    assert_eq!(above, 17);
+    for v in 0..64u32 {
+        let hits = blocks.iter().filter(|(m, f)| v & m == *f).count();
+        let denied = hits + usize::from(u64::from(v) >= above);
+        assert_eq!(denied, usize::from(!allowed.contains(&v)), "{v}");
+    }
+    assert_eq!(outside(&[0]), (vec![], 1));
+    assert_eq!(outside(&[]), (vec![], 0));
+}
+
+/// socket and socketpair of a family outside the allowlist: one rule per block, each on the
+/// first argument alone, as runc would otherwise split them.
+#[test]
+fn the_family_allowlist_is_single_condition_rules() {
+    let profile = seccomp_profile(Runtime::Crun, None);
+    for call in ["socket", "socketpair"] {
+        let family: Vec<LinuxSyscall> = rules_for(&profile, call)
+            .into_iter()
+            .filter(|s| {
+                s.args()
+                    .as_ref()
+                    .is_some_and(|a| a.len() == 1 && a[0].index() == 0)
+            })
+            .collect();
+        assert_eq!(family.len(), 7, "{call}");
+        assert!(family
+            .iter()
+            .all(|s| s.errno_ret() == Some(libc::ENOSYS as u32)));
+        let ge = family
+            .iter()
+            .flat_map(|s| s.args().clone().unwrap())
+            .find(|a| a.op() == LinuxSeccompOperator::ScmpCmpGe)
+            .expect("the rule for the families above");
+        assert_eq!(ge.value(), libc::AF_PACKET as u64);
+    }
+}
+
 #[test]
 fn every_kept_capability_has_its_oci_name() {
     use kennel_types::policy::Capabilities as Caps;
