@@ -294,6 +294,11 @@ export interface components {
         } | {
             base64: string;
         };
+        /**
+         * @description Why a session's sandbox died.
+         * @enum {string}
+         */
+        EndReason: "oom_killed" | "pids_limit" | "killed" | "crashed";
         /** @description Every error answer: a stable `code` and a message naming the problem. */
         Error: {
             error: {
@@ -321,12 +326,23 @@ export interface components {
         };
         /** @description What an exec did. */
         ExecResult: {
+            /**
+             * @description The exec was cancelled (`POST /v1/sessions/{id}/cancel`, or its client went away);
+             *     `timed_out` is then false.
+             */
+            cancelled?: boolean;
             /** Format: int64 */
             duration_ms: number;
             error?: null | components["schemas"]["ExecError"];
             /** Format: int32 */
             exit_code?: number | null;
             interpreter?: null | components["schemas"]["Interpreter"];
+            /**
+             * @description The sandbox ran out of memory during the exec (its OOM killer acted: python's
+             *     interpreter is then restarted). Files in `/workspace` and `/tmp` count against
+             *     `limits.memory`.
+             */
+            oom_killed?: boolean;
             /**
              * @description For python: the value of the last expression and what the code displayed (figures
              *     included), in the order they came.
@@ -719,13 +735,34 @@ export interface components {
             truncated?: boolean;
             unwatched?: string | null;
         };
+        /**
+         * @description How a session's sandbox died on its own. An ended session holds no quota; its id answers
+         *     410 until the server forgets it.
+         */
+        SessionEnd: {
+            /** Format: int64 */
+            ended_at_unix_ms: number;
+            /**
+             * Format: int32
+             * @description The agent's exit status, if it exited.
+             */
+            exit_code?: number | null;
+            reason: components["schemas"]["EndReason"];
+            /**
+             * Format: int32
+             * @description The signal that killed it, if one did.
+             */
+            signal?: number | null;
+        };
         /** @description A session as the API lists it. */
         SessionInfo: {
             /** Format: int64 */
             created_at_unix_ms: number;
+            ended?: null | components["schemas"]["SessionEnd"];
             /**
              * Format: int64
-             * @description Seconds until the session ends if it stays idle (or reaches its lifetime).
+             * @description Seconds until the session ends if it stays idle (or reaches its lifetime); for one
+             *     that has ended, until the server forgets it.
              */
             expires_in_s: number;
             id: string;
