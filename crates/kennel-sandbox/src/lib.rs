@@ -30,6 +30,13 @@ pub mod supervise;
 mod sys;
 pub mod watch;
 
+/// Has this process give a freed buffer of 1 MiB or more back to the kernel at once. A server
+/// handles buffers of many megabytes (a run's output, a result); glibc would otherwise keep each
+/// freed one in its heap, so that the server's RSS grows to its busiest moment and stays there.
+pub fn return_large_frees() -> std::io::Result<()> {
+    sys::set_mmap_threshold(1 << 20)
+}
+
 pub use engine::{Backend, Engine};
 pub use error::{Error, PolicyError, SetupStep};
 pub use native::{maybe_run_helper, Native};

@@ -130,6 +130,10 @@ pub async fn serve(
     mounts: &[http::Mount],
 ) -> Result<(), ServeError> {
     config.validate()?;
+    // Only tuning: a server that cannot set it still serves, with a larger RSS after big runs.
+    if let Err(e) = kennel_sandbox::return_large_frees() {
+        tracing::warn!("cannot have large freed buffers returned to the kernel: {e}");
+    }
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|source| ServeError::Listen {

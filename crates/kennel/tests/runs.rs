@@ -910,12 +910,9 @@ fn failing_callbacks_of_large_runs_hold_no_result_in_memory() {
          quota = {{ runs = 2 }}\n",
         db.display()
     );
-    // glibc keeps a large buffer it has freed in its heap once its dynamic mmap threshold has
-    // grown past the buffer's size, so the RSS of a server that has run large runs shows the
-    // peak of their output in flight, not what it holds. With the threshold fixed at 1 MiB,
-    // freed buffers go back to the kernel, and RSS is what the server holds.
-    let malloc = [("MALLOC_MMAP_THRESHOLD_", "1048576")];
-    let server = Server::start_with("callback-memory", &config, &malloc, Some(TOKEN_A));
+    // The server fixes glibc's mmap threshold at 1 MiB itself (`return_large_frees`), so freed
+    // output buffers go back to the kernel and its RSS is what it holds, as in production.
+    let server = Server::start_with("callback-memory", &config, &[], Some(TOKEN_A));
     let at_rest = rss(server.pid);
     let url = format!("http://127.0.0.1:{port}/hook");
     let spec = json!({"language": "bash", "async": true, "callback_url": url,

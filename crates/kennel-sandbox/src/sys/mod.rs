@@ -200,6 +200,19 @@ pub fn set_no_new_privs() -> io::Result<()> {
 }
 
 /// 0 when the parent lies outside this process's pid namespace.
+/// Fixes glibc's mmap threshold at `bytes`: every allocation at least that large is its own
+/// mapping, unmapped when freed. Without it glibc raises the threshold past the largest buffer
+/// freed so far, and keeps later buffers of that size in its heap after they are freed.
+pub fn set_mmap_threshold(bytes: libc::c_int) -> io::Result<()> {
+    // SAFETY: mallopt takes two integers and only changes the allocator's tuning; glibc takes
+    // its own lock, so a call while other threads allocate is sound.
+    if unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, bytes) } == 1 {
+        Ok(())
+    } else {
+        Err(io::Error::new(io::ErrorKind::InvalidInput, "mallopt refused the threshold"))
+    }
+}
+
 pub fn getppid() -> libc::pid_t {
     Pid::as_raw(rustix::process::getppid())
 }
