@@ -567,7 +567,7 @@ fn an_mcp_session_answers_only_its_own_token() {
         tools["tools"].as_array().is_some_and(|t| !t.is_empty()),
         "{tools}"
     );
-    assert_eq!(session_ids(&a), [kennel_session.clone()]);
+    assert_eq!(session_ids(&a), std::slice::from_ref(&kennel_session));
     let exec = victim.call_tool(
         "session_exec",
         json!({"session_id": kennel_session, "language": "python", "code": "print(6*7)"}),

@@ -569,8 +569,10 @@ except OSError as e:
 /// dropped, and the flag says so.
 #[test]
 fn output_flood_is_counted_and_truncated() {
+    // A gibibyte through a docker log stream or a TCG guest's port takes tens of seconds on a
+    // loaded 2-CPU machine: the default 30 s would make this a test of the machine's speed.
     let r = py(
-        &[],
+        &["--timeout", "120s"],
         "import sys\nb = b'x' * (1 << 20)\nfor _ in range(1024): sys.stdout.buffer.write(b)",
     );
     assert_eq!(r["exit_code"], 0, "{}", r["stderr"]);
