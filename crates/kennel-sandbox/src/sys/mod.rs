@@ -209,7 +209,10 @@ pub fn set_mmap_threshold(bytes: libc::c_int) -> io::Result<()> {
     if unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, bytes) } == 1 {
         Ok(())
     } else {
-        Err(io::Error::new(io::ErrorKind::InvalidInput, "mallopt refused the threshold"))
+        Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "mallopt refused the threshold",
+        ))
     }
 }
 

@@ -522,12 +522,15 @@ mod tests {
         jobs.insert("c", &t2, 1, Some(("http://h/", "127.0.0.1:9")), 10)
             .unwrap();
         // Ours: alive, so untouched.
-        assert!(jobs.recover(5, &[t1.clone()]).unwrap().is_empty());
+        assert!(jobs
+            .recover(5, std::slice::from_ref(&t1))
+            .unwrap()
+            .is_empty());
         jobs.db()
             .execute("UPDATE jobs SET owner = '1:0'", [])
             .unwrap();
         // Only the callbacks of this server's tenants are taken over; every run is lost.
-        let pending = jobs.recover(5, &[t1.clone()]).unwrap();
+        let pending = jobs.recover(5, std::slice::from_ref(&t1)).unwrap();
         assert_eq!(pending.len(), 1, "{pending:?}");
         assert_eq!(
             (pending[0].id.as_str(), pending[0].status),
@@ -544,8 +547,11 @@ mod tests {
             jobs.get(&t2, "b").unwrap().is_none(),
             "another tenant's run"
         );
-        assert_eq!(jobs.get(&t2, "c").unwrap().unwrap().info.status, RunStatus::Lost);
-        let pending = jobs.recover(6, &[t2.clone()]).unwrap();
+        assert_eq!(
+            jobs.get(&t2, "c").unwrap().unwrap().info.status,
+            RunStatus::Lost
+        );
+        let pending = jobs.recover(6, std::slice::from_ref(&t2)).unwrap();
         assert_eq!(pending.len(), 1, "{pending:?}");
         assert_eq!(pending[0].id, "c");
         let _ = std::fs::remove_dir_all(dir);

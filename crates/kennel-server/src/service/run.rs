@@ -156,13 +156,15 @@ async fn submit(
         .map_err(InsertError::from)
         .and_then(|()| jobs.insert(&id, &tenant, created, callback, max_owed))
         .map_err(|e| match e {
-            InsertError::TooManyOwed(n) => ServiceError::QuotaExceeded(format!(
-                "this token is owed {n} callbacks already, its bound \
+            InsertError::TooManyOwed(n) => ServiceError::QuotaExceeded(
+                format!(
+                    "this token is owed {n} callbacks already, its bound \
                  ([callbacks] max_owed_per_token): they are retried for [callbacks] retry_for \
                  until their receiver answers 2xx; fix the receiver, or submit without \
                  `callback_url`"
-            )
-            .into()),
+                )
+                .into(),
+            ),
             InsertError::Db(e) => ServiceError::Internal(format!("job table: {e}")),
         })?;
     service.async_runs.fetch_add(1, Ordering::SeqCst);
