@@ -4,8 +4,9 @@
 //! socket, exec root and pid file, and a cgroup of its own in every hierarchy,
 //! `kennel-test-dockerd-<pid>` beneath this test process's cgroup there, so the containers'
 //! cgroups (Kennel's `kennel-docker` parent, beneath the engine's own) are beneath it too and
-//! never at the root of a hierarchy. It is stopped (SIGTERM, then SIGKILL, by its PID) when
-//! the test binary exits, and its cgroups are removed; those of dead test processes are
+//! not at the root of a hierarchy (but for the v2 one beside v1, where runc puts them at its
+//! root). It is stopped (SIGTERM, then SIGKILL, by its PID) when the test binary exits, and its
+//! cgroups are removed (with that v2 parent, if it made it); those of dead test processes are
 //! removed when the next engine starts. Its data root is kept between runs under /var/cache,
 //! so imported images are imported once per machine.
 
@@ -29,6 +30,11 @@ struct Engine {
 }
 
 static ENGINE: Mutex<Option<Engine>> = Mutex::new(None);
+
+/// Kennel's cgroup parent at the root of the v2 hierarchy beside v1 (hybrid hosts), when it was
+/// not there before the engine started: runc makes the containers' v2 cgroups there, relative
+/// to that hierarchy's root rather than to the engine's own cgroup, and leaves the parent.
+static UNIFIED_PARENT: Mutex<Option<PathBuf>> = Mutex::new(None);
 
 /// The socket of the private engine, started on first use; `None` where the test must skip
 /// (outside CI, without root or dockerd). Sets `DOCKER_HOST` for every `kennel` the test runs.
@@ -54,6 +60,10 @@ fn start() -> String {
     let socket = run_dir.join("docker.sock");
     let log = std::fs::File::create(run_dir.join("dockerd.log")).expect("the engine's log");
     let cgroups = make_engine_cgroups();
+    let unified_parent = Path::new("/sys/fs/cgroup/unified").join("kennel-docker");
+    if hybrid() && !unified_parent.exists() {
+        *UNIFIED_PARENT.lock().unwrap() = Some(unified_parent);
+    }
     // SAFETY: registers a plain extern "C" function with no arguments, run once at exit.
     unsafe {
         libc::atexit(stop_at_exit);
@@ -225,7 +235,8 @@ fn remove_stale_engine_cgroups(own: &Path) {
 
 /// Removes the engine's cgroups, with the `kennel-docker` parent it made in them, once it has
 /// stopped: what of the engine is still in them (containerd or a shim outliving a killed
-/// engine) is killed first, then the directories go depth-first.
+/// engine) is killed first, then the directories go depth-first. Then the v2 parent at the
+/// root of a hybrid host's v2 hierarchy, if the engine made it (see UNIFIED_PARENT).
 fn remove_engine_cgroups() {
     let trees: Vec<PathBuf> = own_cgroups()
         .into_iter()
@@ -248,6 +259,16 @@ fn remove_engine_cgroups() {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+    // Only if empty: another engine's containers may be in it now.
+    if let Some(parent) = UNIFIED_PARENT.lock().ok().and_then(|mut p| p.take()) {
+        let _ = std::fs::remove_dir(parent);
+    }
+}
+
+/// Whether this host mounts the v2 hierarchy beside v1 ones, at /sys/fs/cgroup/unified.
+fn hybrid() -> bool {
+    Path::new("/sys/fs/cgroup/unified/cgroup.procs").is_file()
+        && !Path::new("/sys/fs/cgroup/cgroup.procs").exists()
 }
 
 /// The pids in the cgroup `dir` and in every cgroup beneath it.
