@@ -243,7 +243,9 @@ fn remove_engine_cgroups() {
         .map(|own| own.join(cgroup_name()))
         .filter(|dir| dir.is_dir())
         .collect();
-    let deadline = Instant::now() + Duration::from_secs(10);
+    // A cgroup can refuse rmdir for a while after its processes end (the engine's orphans,
+    // a shim say, are reaped by whoever adopts them): seen past 10 s under load.
+    let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let left: Vec<u32> = trees.iter().flat_map(|t| pids_in(t)).collect();
         for pid in &left {
@@ -253,7 +255,12 @@ fn remove_engine_cgroups() {
                 libc::kill(pid.cast_signed(), libc::SIGKILL);
             }
         }
-        let removed = trees.iter().all(|t| remove_tree(t).is_ok() || !t.is_dir());
+        // Every tree, each time (no short cut at the first still busy).
+        let busy = trees
+            .iter()
+            .filter(|t| remove_tree(t).is_err() && t.is_dir())
+            .count();
+        let removed = busy == 0;
         if removed || Instant::now() > deadline {
             break;
         }
