@@ -2,7 +2,7 @@
 # After the test suite: lists what the tests left behind that is named after Kennel (every
 # cgroup directory under /sys/fs/cgroup and every mount whose point or source has "kennel" in
 # its name, in any case) and exits 1 if there is any, 0 otherwise. Kennel's own cgroups
-# (`kennel-<pid>-<start>-<n>`), the private dockerd's (`kennel-test-dockerd-<pid>`) and
+# (`kennel-<pid>-<start>-<n>`), the private dockerd's (`test-kennel-dockerd-<pid>`) and
 # everything the tests mount are removed when their run or test binary ends, so a name here is
 # a leak.
 set -uo pipefail

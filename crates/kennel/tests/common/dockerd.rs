@@ -2,7 +2,7 @@
 //! the first test that needs it, in a mount namespace of its own, with user namespaces
 //! remapped, no iptables and no bridge (the host's network and mounts are untouched), its own
 //! socket, exec root and pid file, and a cgroup of its own in every hierarchy,
-//! `kennel-test-dockerd-<pid>` beneath this test process's cgroup there, so the containers'
+//! `test-kennel-dockerd-<pid>` beneath this test process's cgroup there, so the containers'
 //! cgroups (Kennel's `kennel-docker` parent, beneath the engine's own) are beneath it too and
 //! not at the root of a hierarchy (but for the v2 one beside v1, where runc puts them at its
 //! root). It is stopped (SIGTERM, then SIGKILL, by its PID) when the test binary exits, and its
@@ -17,8 +17,10 @@ use std::time::{Duration, Instant};
 
 const DATA_ROOT: &str = "/var/cache/kennel-tests/docker";
 const DOCKERD: &str = "/usr/sbin/dockerd";
-/// The prefix of the engine's own cgroups; the test process's pid follows.
-const ENGINE_CGROUP_PREFIX: &str = "kennel-test-dockerd-";
+/// The prefix of the engine's own cgroups; the test process's pid follows. Not `kennel-`:
+/// a Kennel supervisor sweeps its siblings named so that are stale, and one built before
+/// `is_stale` took only a run's numeric name would take the engine's for one and kill it.
+const ENGINE_CGROUP_PREFIX: &str = "test-kennel-dockerd-";
 /// Joins the cgroups named before `--` (its pid into each `cgroup.procs`), then execs the
 /// command after it: the engine is in them from its first instruction, before it starts any
 /// process of its own (containerd), which then inherits them.
