@@ -569,14 +569,20 @@ fn remove_dir(dir: &Path) {
 
 /// Whether `name` is a run's (`kennel-<pid>-<start time>-<n>`, the name its cgroup, bundle
 /// and container share) whose supervisor is gone: no process with that pid and start time.
+/// Any other name, even one starting `kennel-` (a test's Docker Engine's cgroup, say), is not:
+/// what is in it was never Kennel's to kill.
 pub fn is_stale(name: &str) -> bool {
     let Some(rest) = name.strip_prefix(PREFIX) else {
         return false;
     };
     let mut parts = rest.splitn(3, '-');
-    let (Some(pid), Some(started)) = (parts.next(), parts.next()) else {
+    let (Some(pid), Some(started), Some(n)) = (parts.next(), parts.next(), parts.next()) else {
         return false;
     };
+    let number = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !(number(pid) && number(started) && number(n)) {
+        return false;
+    }
     start_time(pid).as_deref() != Some(started)
 }
 
@@ -609,4 +615,28 @@ pub fn describe() -> Result<String, CgroupError> {
         .map(|d| d.display().to_string())
         .collect();
     Ok(format!("{kind} beneath {}", dirs.join(", ")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_runs_name_can_be_stale() {
+        // No process has pid 0's start time in /proc: a run's name with it is stale.
+        assert!(is_stale("kennel-0-1-0"));
+        let own = std::process::id().to_string();
+        let started = start_time(&own).unwrap();
+        assert!(!is_stale(&format!("kennel-{own}-{started}-0")));
+        for other in [
+            "kennel-test-dockerd-1",
+            "kennel-docker",
+            "kennel-0-1",
+            "kennel-0-1-x",
+            "kennel--1-0",
+            "other-0-1-0",
+        ] {
+            assert!(!is_stale(other), "{other}");
+        }
+    }
 }

@@ -89,8 +89,8 @@ fn a_run_leaves_no_container_and_its_cgroups_are_beneath_the_engines() {
         .unwrap()
         .contains(&"user".into()));
     // Every cgroup of the container is beneath Kennel's parent, beneath the engine's own
-    // cgroup (this test's), never at the root of a hierarchy: /sys/fs/cgroup/<controller>
-    // (v1), then this process's path there, then kennel-docker.
+    // cgroup (beneath this test's), never at the root of a hierarchy: /sys/fs/cgroup/<controller>
+    // (v1), then this process's path there, the engine's cgroup, then kennel-docker.
     let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
     for dir in r["isolation"]["limits"]["cgroups"].as_array().unwrap() {
         let dir = dir.as_str().unwrap();
@@ -107,8 +107,9 @@ fn a_run_leaves_no_container_and_its_cgroups_are_beneath_the_engines() {
             })
             .unwrap();
         let parent = format!(
-            "/sys/fs/cgroup/{ctrl}{}/kennel-docker/",
-            mine.trim_end_matches('/')
+            "/sys/fs/cgroup/{ctrl}{}/{}/kennel-docker/",
+            mine.trim_end_matches('/'),
+            common::dockerd::cgroup_name()
         );
         assert!(
             dir.starts_with(&parent),
