@@ -383,11 +383,15 @@ class ExecResult:
     results: List[RichOutput] = field(default_factory=list)
     error: Optional[ExecError] = None
     results_truncated: bool = False
+    #: The exec was ended by ``cancel`` (or its client going away), not by its timeout.
+    cancelled: bool = False
+    #: The sandbox ran out of memory during the exec (files in /workspace and /tmp count).
+    oom_killed: bool = False
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def ok(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out
+        return self.exit_code == 0 and not self.timed_out and not self.cancelled
 
     @property
     def value(self) -> Optional[RichOutput]:
@@ -413,6 +417,8 @@ class ExecResult:
             results=[RichOutput.from_dict(r) for r in d.get("results") or []],
             error=ExecError.from_dict(error) if error is not None else None,
             results_truncated=d.get("results_truncated", False),
+            cancelled=d.get("cancelled", False),
+            oom_killed=d.get("oom_killed", False),
             raw=d,
         )
 
