@@ -125,6 +125,23 @@ fn healthz_metrics_and_openapi() {
     let platforms = &doc["components"]["schemas"]["Platform"]["enum"];
     assert!(platforms == &json!(["ptrace", "kvm"]) || platforms == &json!(["ptrace"]));
     printed["components"]["schemas"]["Platform"]["enum"] = platforms.clone();
+    // And the runtimes this host runs (docker only where an engine answers), a subset of all.
+    let runtimes = &doc["components"]["schemas"]["Runtime"]["enum"];
+    let all = printed["components"]["schemas"]["Runtime"]["enum"].clone();
+    assert!(
+        runtimes
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| all.as_array().unwrap().contains(r)),
+        "{runtimes} within {all}"
+    );
+    printed["components"]["schemas"]["Runtime"]["enum"] = runtimes.clone();
+    // And `cpus` at most the host's CPUs.
+    for schema in ["LimitsSpec", "SessionLimits"] {
+        let served = doc["components"]["schemas"][schema]["properties"]["cpus"]["maximum"].clone();
+        printed["components"]["schemas"][schema]["properties"]["cpus"]["maximum"] = served;
+    }
     assert_eq!(doc, printed);
 }
 
