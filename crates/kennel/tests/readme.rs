@@ -642,7 +642,6 @@ fn check_dockerd_setup(block: &str) {
         "--userns-remap=default",
         "--iptables=false",
         "--bridge=none",
-        "--cgroup-parent",
     ] {
         assert!(
             block.contains(needed),
