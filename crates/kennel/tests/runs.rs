@@ -878,15 +878,9 @@ fn wait_done_or_running(client: &Client, id: &str) -> String {
     r.json()["status"].as_str().unwrap().to_string()
 }
 
-/// The resident memory of a process, in bytes (VmRSS of /proc/PID/status).
+/// The resident memory of a process, in bytes.
 fn rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc/PID/status");
-    kb << 10
+    vm_rss_kib(pid) << 10
 }
 
 /// Issue 27, escape 8: callbacks that keep failing held each run's whole result (about 40 MB

@@ -140,7 +140,12 @@ fn healthz_metrics_and_openapi() {
     // And `cpus` at most the host's CPUs.
     for schema in ["LimitsSpec", "SessionLimits"] {
         let served = doc["components"]["schemas"][schema]["properties"]["cpus"]["maximum"].clone();
-        printed["components"]["schemas"][schema]["properties"]["cpus"]["maximum"] = served;
+        let most = &mut printed["components"]["schemas"][schema]["properties"]["cpus"]["maximum"];
+        assert!(
+            served.as_f64().unwrap() <= most.as_f64().unwrap(),
+            "{schema}: {served} > {most}"
+        );
+        *most = served;
     }
     assert_eq!(doc, printed);
 }

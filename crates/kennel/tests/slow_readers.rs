@@ -21,15 +21,9 @@ fn tokens(quota: &str) -> String {
     format!("[[tokens]]\nid = \"a\"\ntoken = \"{TOKEN}\"\nquota = {{ {quota} }}\n")
 }
 
-/// The server's resident memory, in MiB, from /proc/PID/status.
+/// The server's resident memory, in MiB.
 fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("the status");
-    let kb: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("a VmRSS line");
-    kb / 1024.0
+    vm_rss_kib(pid) as f64 / 1024.0
 }
 
 /// The largest RSS seen in `samples` samples a quarter second apart: the attack's memory, as
