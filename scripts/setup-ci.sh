@@ -95,13 +95,18 @@ fi
 
 # The API contract tests (crates/kennel/tests/contract.rs) check /openapi.json with
 # openapi-spec-validator, generate a client from it with openapi-python-client, and fuzz the
-# server against it with schemathesis; each installed for /usr/bin/python3 only when missing.
-for tool in openapi_spec_validator:openapi-spec-validator \
-    openapi_python_client:openapi-python-client schemathesis:schemathesis; do
+# server against it with schemathesis; each pinned (a new schemathesis once turned on a check
+# of its own, and CI failed on a tool's change, not ours) and installed for /usr/bin/python3
+# when missing or at another version.
+for tool in openapi_spec_validator:openapi-spec-validator==0.9.0 \
+    openapi_python_client:openapi-python-client==0.29.1 schemathesis:schemathesis==4.32.5; do
     module=${tool%%:*} package=${tool#*:}
-    if ! /usr/bin/python3 -c "import $module" 2>/dev/null; then
+    name=${package%%==*} version=${package#*==}
+    have=$(/usr/bin/python3 -c "import importlib.metadata as m; print(m.version('$name'))" \
+        2>/dev/null || true)
+    if [[ $have != "$version" ]]; then
         [[ $(id -u) -eq 0 ]] || die "$package is missing; run this script as root"
-        say "installing $package for /usr/bin/python3 (pip install $package)"
+        say "installing $package for /usr/bin/python3 (found: ${have:-none})"
         /usr/bin/python3 -m pip install --quiet --break-system-packages "$package" \
             || die "cannot install $package (pip install $package)"
         /usr/bin/python3 -c "import $module" || die "$package does not import after installing"
