@@ -392,11 +392,7 @@ pub fn warm_up_argv(rootfs: &std::path::Path) -> Vec<String> {
 }
 
 fn setup(step: Step, detail: String) -> Error {
-    Error::Setup {
-        step: SetupStep::Microvm(step),
-        errno: None,
-        detail,
-    }
+    Error::setup(step, None, detail)
 }
 
 /// The request as the guest's native tier runs it: its root the guest's disk, its stdin and

@@ -381,11 +381,7 @@ fn sweep_stale(runtime: &Installed) {
 }
 
 fn setup(step: Step, e: std::io::Error) -> Error {
-    Error::Setup {
-        step: step.into(),
-        errno: e.raw_os_error(),
-        detail: e.to_string(),
-    }
+    Error::setup(step, e.raw_os_error(), e.to_string())
 }
 
 /// The host uid of the code's user, which owns the scratch space.
