@@ -16,7 +16,8 @@ use kennel_sandbox::oci::bundle::Node;
 use kennel_sandbox::Error;
 use sha2::{Digest, Sha256};
 
-use crate::steps::Step;
+use crate::steps::fail;
+use kennel_sandbox::steps::docker::Step;
 
 /// The tag of the host view's skeleton with these nodes.
 pub fn view_tag(nodes: &[Node]) -> String {
@@ -75,11 +76,11 @@ pub async fn ensure_view(docker: &Docker, nodes: &[Node]) -> Result<String, Erro
     if has(docker, &tag).await {
         return Ok(tag);
     }
-    let layer = skeleton(nodes).map_err(|e| Step::Image.fail(e))?;
+    let layer = skeleton(nodes).map_err(|e| fail(Step::Image, e))?;
     // A staging directory of the image store: removed when dropped, and swept after a crash.
     let staging = Store::from_env().staging()?;
     let path = staging.scratch().join("layer.tar");
-    std::fs::write(&path, &layer).map_err(|e| Step::Image.fail(e))?;
+    std::fs::write(&path, &layer).map_err(|e| fail(Step::Image, e))?;
     load(docker, &tag, &path).await.map(|()| tag)
 }
 
@@ -100,7 +101,10 @@ pub async fn ensure_image(docker: &Docker, digest: &str, rootfs: &Path) -> Resul
     })();
     match written {
         Ok(()) => load(docker, &tag, &path).await.map(|()| tag),
-        Err(e) => Err(Step::Image.fail(format!("packing {}: {e}", rootfs.display()))),
+        Err(e) => Err(fail(
+            Step::Image,
+            format!("packing {}: {e}", rootfs.display()),
+        )),
     }
 }
 
@@ -113,8 +117,8 @@ fn sha256_file(path: &Path) -> io::Result<String> {
 
 /// Loads a one-layer image from the layer tarball at `layer`, tagged `tag`.
 async fn load(docker: &Docker, tag: &str, layer: &Path) -> Result<(), Error> {
-    let fail = |e: io::Error| Step::Image.fail(e);
-    let diff_id = sha256_file(layer).map_err(fail)?;
+    let failed = |e: io::Error| fail(Step::Image, e);
+    let diff_id = sha256_file(layer).map_err(failed)?;
     let config = serde_json::json!({
         "architecture": "amd64",
         "os": "linux",
@@ -182,15 +186,21 @@ async fn load(docker: &Docker, tag: &str, layer: &Path) -> Result<(), Error> {
     }
     let packed = tokio::task::spawn_blocking(move || writer.join())
         .await
-        .map_err(|e| Step::Image.fail(e))?
-        .map_err(|_| Step::Image.fail("the tarball's writer panicked"))?;
+        .map_err(|e| fail(Step::Image, e))?
+        .map_err(|_| fail(Step::Image, "the tarball's writer panicked"))?;
     if let Some(e) = failure {
-        return Err(Step::Image.fail(format!("the engine refused the image {tag}: {e}")));
+        return Err(fail(
+            Step::Image,
+            format!("the engine refused the image {tag}: {e}"),
+        ));
     }
-    packed.map_err(fail)?;
+    packed.map_err(failed)?;
     if has(docker, tag).await {
         Ok(())
     } else {
-        Err(Step::Image.fail(format!("the engine loaded no image {tag}")))
+        Err(fail(
+            Step::Image,
+            format!("the engine loaded no image {tag}"),
+        ))
     }
 }

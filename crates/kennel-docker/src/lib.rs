@@ -12,7 +12,7 @@ mod image;
 mod report;
 mod run;
 pub mod spec;
-pub mod steps;
+mod steps;
 
 use kennel_sandbox::{Backend, Error, RunIo};
 use kennel_types::api::{RunRequest, RunResult};

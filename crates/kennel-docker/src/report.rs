@@ -3,7 +3,7 @@
 use kennel_sandbox::cgroup::Probe;
 use kennel_sandbox::oci::bundle;
 use kennel_sandbox::supervise::on_image;
-use kennel_sandbox::supervise::report::network_summary;
+use kennel_sandbox::supervise::report::PROXY_PORTS;
 use kennel_types::api::{Isolation, LandlockInfo, LimitsInfo, RunRequest, RuntimeInfo};
 use kennel_types::policy::{Runtime, Tier};
 
@@ -29,7 +29,6 @@ pub fn isolation(
     }
     namespaces.extend(["ipc", "uts", "cgroup"].map(String::from));
     let isolation = Isolation {
-        tier: Tier::Oci.name().into(),
         namespaces,
         host_uid: host_id,
         host_gid: host_id,
@@ -47,8 +46,6 @@ pub fn isolation(
         },
         no_new_privs: true,
         capabilities: plan.capabilities(policy),
-        filesystem: "host-system-ro".into(),
-        network: network_summary(&policy.network),
         runtime: Some(RuntimeInfo {
             name: "docker".into(),
             version: format!(
@@ -57,8 +54,9 @@ pub fn isolation(
             ),
             platform: None,
         }),
-        image: None,
-        accel: None,
+        // A root of its own (`filesystem.rootfs`) comes with an image only, which `on_image`
+        // names.
+        ..Isolation::for_policy(Tier::Oci, policy, PROXY_PORTS)
     };
     on_image(isolation, req)
 }

@@ -16,17 +16,18 @@ use kennel_sandbox::native::helper::Dir;
 use kennel_sandbox::oci::bundle;
 use kennel_sandbox::request::{checked_argv, input_files, pick_cpus, sandbox_env};
 use kennel_sandbox::supervise::output::Captured;
-use kennel_sandbox::supervise::report::collected_file;
+use kennel_sandbox::supervise::report::{build_result, Outcome};
 use kennel_sandbox::{Error, OutputMode, RunIo, Started, StdinSource, Stream};
-use kennel_types::api::{Outcome, RunRequest, RunResult};
+use kennel_types::api::{RunRequest, RunResult};
 use kennel_types::image::ImageInfo;
 use kennel_types::policy::{NetMode, Runtime, Tier};
 use tokio::io::AsyncWriteExt;
 
 use crate::connect::{connect, Facts};
 use crate::spec::{self, Plan};
-use crate::steps::Step;
+use crate::steps::fail;
 use crate::{image, report};
+use kennel_sandbox::steps::docker::Step;
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
@@ -156,7 +157,7 @@ pub async fn run(req: &RunRequest, io: RunIo) -> Result<RunResult, Error> {
             .collect(),
         cpus: pick_cpus(&req.policy)?,
         seccomp: serde_json::to_string(&bundle::seccomp_profile(Runtime::Runc, None))
-            .map_err(|e| Step::Create.fail(e))?,
+            .map_err(|e| fail(Step::Create, e))?,
     };
     let name = format!(
         "kennel-{}-{}",
@@ -174,7 +175,7 @@ pub async fn run(req: &RunRequest, io: RunIo) -> Result<RunResult, Error> {
             config,
         )
         .await
-        .map_err(|e| Step::Create.fail(e))?;
+        .map_err(|e| fail(Step::Create, e))?;
     let named = view.named;
     let result = in_container(&docker, &facts, &name, &plan, req, argv, files, io)
         .await
@@ -225,7 +226,7 @@ async fn remove(docker: &Docker, name: &str) {
         link: false,
     };
     if let Err(e) = docker.remove_container(name, Some(options)).await {
-        eprintln!("kennel: {}: {name}: {e}", Step::Remove.name());
+        eprintln!("kennel: docker {}: {name}: {e}", Step::Remove);
     }
 }
 
@@ -249,10 +250,13 @@ fn owner(pid: u32, plan: &Plan) -> Result<(u32, u32), Error> {
         .collect();
     match fields[..] {
         [0, host, range] if host != 0 => Ok((host, range)),
-        _ => Err(Step::Start.fail(format!(
-            "the container's uid map ({}) does not map its root to an unprivileged range",
-            map.trim()
-        ))),
+        _ => Err(fail(
+            Step::Start,
+            format!(
+                "the container's uid map ({}) does not map its root to an unprivileged range",
+                map.trim()
+            ),
+        )),
     }
 }
 
@@ -271,34 +275,34 @@ async fn in_container(
     docker
         .start_container::<String>(name, None)
         .await
-        .map_err(|e| Step::Start.fail(e))?;
+        .map_err(|e| fail(Step::Start, e))?;
     let state = docker
         .inspect_container(name, None)
         .await
-        .map_err(|e| Step::Start.fail(e))?
+        .map_err(|e| fail(Step::Start, e))?
         .state
         .unwrap_or_default();
     let pid = state
         .pid
         .and_then(|p| u32::try_from(p).ok())
         .filter(|p| *p > 0)
-        .ok_or_else(|| Step::Start.fail("the container has no process"))?;
-    let probe = Probe::of_process(pid).map_err(|e| Step::Start.fail(e))?;
+        .ok_or_else(|| fail(Step::Start, "the container has no process"))?;
+    let probe = Probe::of_process(pid).map_err(|e| fail(Step::Start, e))?;
     let (host_id, id_range) = owner(pid, plan)?;
     let proxy = match policy.network.mode {
         NetMode::Allow => {
-            let pid = i32::try_from(pid).map_err(|e| Step::Network.fail(e))?;
+            let pid = i32::try_from(pid).map_err(|e| fail(Step::Network, e))?;
             Some(
                 kennel_sandbox::egress::start_proxy(pid, policy.network.allowlist()?)
-                    .map_err(|e| Step::Network.fail(e))?,
+                    .map_err(|e| fail(Step::Network, e))?,
             )
         }
         NetMode::None | NetMode::Full => None,
     };
-    let root = Root::of_process(pid).map_err(|e| Step::Files.fail(e))?;
+    let root = Root::of_process(pid).map_err(|e| fail(Step::Files, e))?;
     for (meta, data) in &files {
         root.write(meta, data, host_id)
-            .map_err(|e| Step::Files.fail(format!("{}: {e}", meta.path)))?;
+            .map_err(|e| fail(Step::Files, format!("{}: {e}", meta.path)))?;
     }
     let isolation = report::isolation(facts, plan, req, &probe, host_id, id_range);
     if let Some(f) = io.on_started {
@@ -327,10 +331,10 @@ async fn in_container(
     let collected = req
         .collect
         .iter()
-        .map(|path| collected_file(root.collect(path, policy.limits.collect_size.0)))
+        .map(|path| root.collect(path, policy.limits.collect_size.0))
         .collect();
-    let stats = probe.read();
-    let oom = docker
+    let mut stats = probe.read();
+    let engine_oom = docker
         .inspect_container(name, None)
         .await
         .ok()
@@ -339,42 +343,42 @@ async fn in_container(
         .unwrap_or(false);
     kill(docker, name).await;
     let network_log = proxy.map(|p| p.stop()).unwrap_or_default();
-    let oom = oom || stats.oom_kills > 0;
+    // The engine's own word on an OOM kill counts as the cgroup's.
+    stats.oom_kills = stats.oom_kills.max(u64::from(engine_oom));
     // The engine reports a death by signal as 128 + its number; the one signal whose source
     // is known is the OOM killer's, which the cgroup counted.
-    let ran = if oom && ran.exit_code == Some(128 + 9) {
-        Outcome {
-            exit_code: None,
-            signal: Some(9),
-            ..ran
-        }
-    } else {
-        ran
+    let exited = match ran.exit {
+        Some(code) if stats.oom_kills > 0 && code == 128 + 9 => (None, Some(9)),
+        exit => (exit, None),
     };
-    let mut result = RunResult {
-        outcome: Outcome {
-            duration_ms: u64::try_from(duration.as_millis()).unwrap_or(u64::MAX),
-            ..ran
-        },
-        oom_killed: oom,
-        pids_limit_hit: stats.pids_max_hits > 0,
-        cpu_ms: stats.cpu_ns / 1_000_000,
-        memory_peak_bytes: stats.memory_peak,
-        files: collected,
-        isolation,
-        network_log,
-        rich: kennel_types::api::RichResults::default(),
-        security_events: kennel_types::security::SecurityEvents {
-            unwatched: Some(
-                "the docker runtime does not report the system calls its profile denies".into(),
-            ),
-            ..Default::default()
-        },
-        exec_log: vec![],
-        killed_by: None,
+    let outcome = Outcome {
+        exited: Some(exited),
+        killed: ran.killed,
+        timed_out: ran.timed_out,
+        stats: Some(stats),
+        usage: None,
+        collected,
+        stdout: ran.stdout,
+        stderr: ran.stderr,
+        duration,
     };
+    let mut result = build_result(req, outcome, isolation);
+    result.network_log = network_log;
+    result.security_events.unwatched =
+        Some("the docker runtime does not report the system calls its profile denies".into());
     result.add_derived_events();
     Ok(result)
+}
+
+/// How the code's exec ended, as the engine tells it.
+struct Ended {
+    /// The exec's exit code, a signal as 128 + its number (the engine does not tell them apart).
+    exit: Option<i32>,
+    /// Kennel killed the container (at the deadline or on a cancel).
+    killed: bool,
+    timed_out: bool,
+    stdout: Captured,
+    stderr: Captured,
 }
 
 /// Feeds the request's stdin, then the live one, to the code, and closes it.
@@ -423,8 +427,8 @@ async fn exec(
     mode: OutputMode,
     sink: Option<kennel_sandbox::OutputSink>,
     cancel: Option<&kennel_sandbox::Canceller>,
-) -> Result<Outcome, Error> {
-    let fail = |e: bollard::errors::Error| Step::Exec.fail(e);
+) -> Result<Ended, Error> {
+    let failed = |e: bollard::errors::Error| fail(Step::Exec, e);
     let created = docker
         .create_exec(
             name,
@@ -440,11 +444,11 @@ async fn exec(
             },
         )
         .await
-        .map_err(fail)?;
+        .map_err(failed)?;
     let StartExecResults::Attached { mut output, input } =
-        docker.start_exec(&created.id, None).await.map_err(fail)?
+        docker.start_exec(&created.id, None).await.map_err(failed)?
     else {
-        return Err(Step::Exec.fail("the engine did not attach to the code"));
+        return Err(fail(Step::Exec, "the engine did not attach to the code"));
     };
     let first = match &req.stdin {
         Some(content) => Some(content.to_bytes()?),
@@ -497,20 +501,12 @@ async fn exec(
         .ok()
         .and_then(|e| e.exit_code)
         .and_then(|c| i32::try_from(c).ok());
-    let killed = killed_at.is_some();
-    Ok(Outcome {
-        // A killed run ends by SIGKILL; otherwise the engine reports the code's status, with
-        // a signal as 128 + its number (it does not tell the two apart).
-        exit_code: if killed { None } else { exit },
-        signal: killed.then_some(9),
+    Ok(Ended {
+        exit,
+        killed: killed_at.is_some(),
         timed_out,
-        duration_ms: 0,
-        stdout: String::from_utf8_lossy(&out.head).into_owned(),
-        stderr: String::from_utf8_lossy(&err.head).into_owned(),
-        stdout_bytes: out.total,
-        stderr_bytes: err.total,
-        stdout_truncated: out.truncated(),
-        stderr_truncated: err.truncated(),
+        stdout: out,
+        stderr: err,
     })
 }
 

@@ -8,9 +8,10 @@ pub use kennel_types::error::PolicyError;
 
 use serde::{Deserialize, Serialize};
 
-use crate::microvm::steps::Step as VmStep;
-use crate::native::steps::Step;
-use crate::oci::steps::Step as OciStep;
+use crate::steps::docker::Step as DockerStep;
+use crate::steps::microvm::Step as VmStep;
+use crate::steps::native::Step;
+use crate::steps::oci::Step as OciStep;
 
 /// Everything that can stop Kennel from running a request. A run that happened, however it
 /// ended (non-zero exit, timeout, OOM), is a `RunResult`, never an `Error`.
@@ -62,16 +63,32 @@ impl Error {
     pub fn request(field: &'static str, why: impl Into<String>) -> Error {
         Error::Policy(PolicyError::request(field, why))
     }
+
+    /// `step` failed for `detail` (with the errno it kept): the error a step's table gives
+    /// every step of it.
+    pub fn setup(
+        step: impl Into<SetupStep>,
+        errno: Option<i32>,
+        detail: impl Into<String>,
+    ) -> Error {
+        Error::Setup {
+            step: step.into(),
+            errno,
+            detail: detail.into(),
+        }
+    }
 }
 
-/// A step of either tier's sequence: what a helper reports over the control channel when one
-/// fails, as data (see `native::steps` and `oci::steps` for the tables).
+/// A step of any tier's sequence: what a helper reports over the control channel when one
+/// fails, as data (the tables are `crate::steps`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "tier", content = "step", rename_all = "snake_case")]
 pub enum SetupStep {
     Native(Step),
     Oci(OciStep),
     Microvm(VmStep),
+    /// The oci tier's docker runtime, which `kennel-docker` runs in the supervisor's process.
+    Docker(DockerStep),
 }
 
 impl SetupStep {
@@ -80,6 +97,7 @@ impl SetupStep {
             SetupStep::Native(s) => s.name(),
             SetupStep::Oci(s) => s.name(),
             SetupStep::Microvm(s) => s.name(),
+            SetupStep::Docker(s) => s.name(),
         }
     }
 
@@ -89,6 +107,7 @@ impl SetupStep {
             SetupStep::Native(s) => s.reason(),
             SetupStep::Oci(s) => s.reason(),
             SetupStep::Microvm(s) => s.reason(),
+            SetupStep::Docker(s) => s.reason(),
         }
     }
 
@@ -98,6 +117,7 @@ impl SetupStep {
             SetupStep::Native(_) => "sandbox",
             SetupStep::Oci(_) => "oci sandbox",
             SetupStep::Microvm(_) => "microvm",
+            SetupStep::Docker(_) => "docker sandbox",
         }
     }
 }
@@ -120,11 +140,24 @@ impl From<OciStep> for SetupStep {
     }
 }
 
+impl From<DockerStep> for SetupStep {
+    fn from(s: DockerStep) -> SetupStep {
+        SetupStep::Docker(s)
+    }
+}
+
 fn hint_suffix(step: SetupStep, errno: Option<i32>) -> String {
-    let SetupStep::Native(step) = step else {
-        return String::new();
+    let hint = match step {
+        SetupStep::Native(step) => native_hint(step, errno),
+        SetupStep::Docker(step) => docker_hint(step),
+        SetupStep::Oci(_) | SetupStep::Microvm(_) => None,
     };
-    let hint = match (step, errno) {
+    hint.map_or_else(String::new, |hint| format!("\nhint: {hint}"))
+}
+
+/// What the host can change when a native step fails with `errno`.
+fn native_hint(step: Step, errno: Option<i32>) -> Option<&'static str> {
+    Some(match (step, errno) {
         (Step::UnshareNamespaces, Some(libc::EPERM | libc::ENOSPC)) => {
             "user namespaces look disabled or exhausted: check `sysctl user.max_user_namespaces` \
              and, on Debian/Ubuntu, `kernel.unprivileged_userns_clone=1` or the AppArmor \
@@ -139,16 +172,40 @@ fn hint_suffix(step: SetupStep, errno: Option<i32>) -> String {
              `layers.landlock = \"best_effort\"` to run without it"
         }
         (Step::InstallSeccomp, _) => "the kernel needs CONFIG_SECCOMP_FILTER",
-        _ => return String::new(),
-    };
-    format!("\nhint: {hint}")
+        _ => return None,
+    })
+}
+
+/// Where to look when the engine refuses a docker step: it says why in its answer (the
+/// detail), and its own log says more.
+fn docker_hint(step: DockerStep) -> Option<&'static str> {
+    Some(match step {
+        DockerStep::Connect => {
+            "start a Docker Engine (Debian's docker.io) and point DOCKER_HOST at its unix socket"
+        }
+        DockerStep::Image => {
+            "the engine could not store the image: see `docker system df` for its space and \
+             the engine's log"
+        }
+        DockerStep::Create | DockerStep::Start => {
+            "the engine refused the container: its answer above says why (an image with no \
+             /bin/sh cannot hold the container), and the engine's log says more"
+        }
+        DockerStep::Network => {
+            "the proxy is bound inside the container's network namespace: Kennel must run as \
+             root on the engine's own host"
+        }
+        DockerStep::Files | DockerStep::Exec | DockerStep::Collect | DockerStep::Remove => {
+            return None
+        }
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// A failed step travels over the control channel as data: every step of both tables
+    /// A failed step travels over the control channel as data: every step of every table
     /// comes back as itself, under the name its table gives it.
     #[test]
     fn every_setup_step_crosses_the_channel_as_itself() {
@@ -156,7 +213,8 @@ mod tests {
             .iter()
             .map(|&s| SetupStep::from(s))
             .chain(OciStep::ALL.iter().map(|&s| SetupStep::from(s)))
-            .chain(VmStep::ALL.iter().map(|&s| SetupStep::from(s)));
+            .chain(VmStep::ALL.iter().map(|&s| SetupStep::from(s)))
+            .chain(DockerStep::ALL.iter().map(|&s| SetupStep::from(s)));
         for step in all {
             let wire = serde_json::to_value(step).unwrap();
             assert_eq!(wire["step"], step.name(), "{step:?}");
@@ -190,5 +248,14 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("hint: /proc could not be mounted"), "{text}");
+        let text = Error::setup(DockerStep::Start, None, "no such file: /bin/sh").to_string();
+        assert!(
+            text.starts_with("docker sandbox setup failed at step `start` ("),
+            "{text}"
+        );
+        assert!(
+            text.contains("\nhint: the engine refused the container"),
+            "{text}"
+        );
     }
 }

@@ -26,6 +26,7 @@ pub mod native;
 pub mod oci;
 pub mod request;
 pub mod state;
+pub mod steps;
 pub mod supervise;
 mod sys;
 pub mod watch;

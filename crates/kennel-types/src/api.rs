@@ -337,6 +337,49 @@ pub struct Isolation {
     pub runtime: Option<RuntimeInfo>,
 }
 
+/// Where Kennel's allowlist proxy listens inside a sandbox (on 127.0.0.1), as the network
+/// summary of [`Isolation::for_policy`] names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProxyPorts {
+    /// HTTP, with CONNECT.
+    pub http: u16,
+    /// SOCKS5.
+    pub socks: u16,
+}
+
+impl Isolation {
+    /// The isolation `policy` asks of `tier`, as far as the policy alone tells it, written once
+    /// for every tier: the filesystem (`host-system-ro` or `rootfs:DIR`), the network (an
+    /// allowlist names the `proxy`'s ports) and the capabilities the policy leaves the code.
+    /// The tier fills in what it learns as it runs (namespaces, ids, seccomp, Landlock,
+    /// limits) and overrides what it does otherwise (code run as nobody keeps no capability).
+    pub fn for_policy(tier: crate::policy::Tier, policy: &Policy, proxy: ProxyPorts) -> Isolation {
+        let network = &policy.network;
+        Isolation {
+            tier: tier.name().into(),
+            capabilities: policy.capabilities.names(),
+            filesystem: policy
+                .filesystem
+                .rootfs
+                .as_ref()
+                .map_or("host-system-ro".into(), |r| {
+                    format!("rootfs:{}", r.display())
+                }),
+            network: match network.mode {
+                crate::policy::NetMode::None => "none (private namespace, loopback only)".into(),
+                crate::policy::NetMode::Full => "full (the host's network namespace)".into(),
+                crate::policy::NetMode::Allow => format!(
+                    "allowlist through Kennel's proxy (HTTP 127.0.0.1:{}, SOCKS5 127.0.0.1:{}): {}",
+                    proxy.http,
+                    proxy.socks,
+                    network.allow.join(", ")
+                ),
+            },
+            ..Isolation::default()
+        }
+    }
+}
+
 /// Which OCI runtime ran a sandbox, as it reported its version.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RuntimeInfo {
@@ -1035,5 +1078,36 @@ mod tests {
         );
         let refused = caps(&strict, Some(Capabilities::Default)).unwrap_err();
         assert!(refused.to_string().contains("capabilities"), "{refused}");
+    }
+
+    /// Every tier reports the filesystem, the network and the capabilities of its policy in
+    /// the same words.
+    #[test]
+    fn the_isolation_a_policy_asks_for() {
+        use crate::policy::{NetMode, Tier};
+        let ports = ProxyPorts {
+            http: 3128,
+            socks: 1080,
+        };
+        let mut policy = Policy::default();
+        let plain = Isolation::for_policy(Tier::Native, &policy, ports);
+        assert_eq!(plain.tier, "native");
+        assert_eq!(plain.filesystem, "host-system-ro");
+        assert_eq!(plain.network, "none (private namespace, loopback only)");
+        assert_eq!(plain.capabilities, policy.capabilities.names());
+        policy.filesystem.rootfs = Some("/srv/root".into());
+        policy.network.mode = NetMode::Allow;
+        policy.network.allow = vec!["pypi.org:443".into(), "*.example.com".into()];
+        let iso = Isolation::for_policy(Tier::Oci, &policy, ports);
+        assert_eq!(iso.tier, "oci");
+        assert_eq!(iso.filesystem, "rootfs:/srv/root");
+        assert_eq!(
+            iso.network,
+            "allowlist through Kennel's proxy (HTTP 127.0.0.1:3128, SOCKS5 127.0.0.1:1080): \
+             pypi.org:443, *.example.com"
+        );
+        policy.network.mode = NetMode::Full;
+        let full = Isolation::for_policy(Tier::Microvm, &policy, ports);
+        assert_eq!(full.network, "full (the host's network namespace)");
     }
 }

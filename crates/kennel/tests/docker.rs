@@ -334,7 +334,7 @@ fn an_image_of_the_engine_by_its_own_name() {
     assert!(
         v["error"]
             .as_str()
-            .is_some_and(|e| e.contains("docker: start")),
+            .is_some_and(|e| e.contains("docker sandbox setup failed at step `start`")),
         "{v}"
     );
     // python-data as the engine has it, once imported (the images tests' store names it).

@@ -2,7 +2,8 @@
 //!
 //! `tier` is the translation for the one supervision loop; `relay` owns one VM on the host
 //! (QEMU in a native sandbox, frames to and from the guest); `guest` is the guest's `/init`;
-//! `steps` lists the sequence; `artifacts`, `initrd` and `root` are what a VM boots from.
+//! `crate::steps::microvm` lists the sequence (`steps` charges a failure to one of its steps);
+//! `artifacts`, `initrd` and `root` are what a VM boots from.
 
 pub mod artifacts;
 pub mod guest;

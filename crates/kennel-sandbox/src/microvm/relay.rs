@@ -19,12 +19,13 @@ use super::plan::{
     VM_MOUNT,
 };
 use super::snapshot;
-use super::steps::{at, Failed, Step};
+use super::steps::{at, Failed};
 use crate::channel::{self, InputFiles, Msg, CTL_FD};
 use crate::error::Error;
 use crate::native::helper::fail_and_exit;
 use crate::native::steps::{Context, Fail};
 use crate::native::Native;
+use crate::steps::microvm::Step;
 use crate::supervise::io::{Canceller, RunIo};
 use crate::sys;
 

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use super::plan::{VmMode, VmPlan};
 use super::relay::RELAY_ARG;
-use super::steps::Step;
 use crate::channel::{self, Msg};
 use crate::error::{Error, SetupStep};
+use crate::steps::microvm::Step;
 use crate::supervise::spawn_helper;
 use crate::sys;
 

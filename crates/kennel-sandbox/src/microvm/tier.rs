@@ -16,7 +16,6 @@ use super::plan::{
 };
 use super::relay::{RELAY_ARG, RUN_ROOT};
 use super::snapshot;
-use super::steps::Step;
 use super::vmm::{self, Accel, Boot, Qemu, Ram, Vmm};
 use super::{initrd, root};
 use crate::cgroup::{Probe, Stats};
@@ -24,8 +23,9 @@ use crate::channel::{self, Confinement, Msg};
 use crate::error::{Error, SetupStep};
 use crate::request::input_files;
 use crate::state::StateDir;
+use crate::steps::microvm::Step;
 use crate::supervise::io::RunIo;
-use crate::supervise::report::network_summary;
+use crate::supervise::report::PROXY_PORTS;
 use crate::supervise::{supervise, Tier as SuperviseTier};
 use crate::sys::{self, Spawned};
 
@@ -392,11 +392,7 @@ pub fn warm_up_argv(rootfs: &std::path::Path) -> Vec<String> {
 }
 
 fn setup(step: Step, detail: String) -> Error {
-    Error::Setup {
-        step: SetupStep::Microvm(step),
-        errno: None,
-        detail,
-    }
+    Error::setup(step, None, detail)
 }
 
 /// The request as the guest's native tier runs it: its root the guest's disk, its stdin and
@@ -557,7 +553,6 @@ impl MicrovmTier {
 fn isolation(run: &MicrovmTier) -> Isolation {
     let guest = run.guest.clone().unwrap_or_default();
     Isolation {
-        tier: Tier::Microvm.name().into(),
         namespaces: guest.namespaces,
         host_uid: crate::native::sandbox_root_host_uid(),
         host_gid: crate::native::sandbox_root_host_uid(),
@@ -570,16 +565,15 @@ fn isolation(run: &MicrovmTier) -> Isolation {
             fallback_reason: guest.limits.fallback_reason,
         },
         no_new_privs: guest.no_new_privs,
+        // What the guest reported; `on_image` names the image the guest's root is.
         capabilities: guest.capabilities,
-        filesystem: "image".into(),
-        image: None,
-        network: network_summary(&run.policy.network),
         accel: Some(run.accel.name().into()),
         runtime: Some(RuntimeInfo {
             name: Qemu.name().into(),
             version: run.qemu_version.clone(),
             platform: None,
         }),
+        ..Isolation::for_policy(Tier::Microvm, &run.policy, PROXY_PORTS)
     }
 }
 

@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 
 use super::mounts::{self, Kind, View};
 use super::ops::RealOs;
-use super::steps::{self, Ctx, Fail, FsPlan, Step};
+use super::steps::{self, Ctx, Fail, FsPlan};
 use crate::channel::{self, ChannelError, Collected, InputFiles, Msg, Plan, CTL_FD};
+use crate::steps::native::Step;
 use crate::sys::{self, Exit, Fork};
 
 use crate::oci::launcher::LAUNCHER_ARG;
@@ -182,7 +183,7 @@ fn helper_main() -> ! {
         landlock: None,
         listener: None,
     };
-    if let Err((step, fail)) = steps::run_steps(steps::HELPER_STEPS, &mut ctx, &mut os) {
+    if let Err((step, fail)) = steps::run_steps(Step::HELPER, &mut ctx, &mut os) {
         fail_and_exit(&mut os.ctl, step, fail);
     }
     match sys::fork() {
@@ -207,7 +208,7 @@ fn helper_main() -> ! {
 
 /// Pid 1 of the sandbox: builds the filesystem, starts the program, reaps, collects.
 fn init_main(mut ctx: Ctx, mut os: RealOs) -> ! {
-    if let Err((step, fail)) = steps::run_steps(steps::INIT_STEPS, &mut ctx, &mut os) {
+    if let Err((step, fail)) = steps::run_steps(Step::INIT, &mut ctx, &mut os) {
         fail_and_exit(&mut os.ctl, step, fail);
     }
     let program = match sys::fork() {
@@ -266,7 +267,7 @@ pub(crate) fn collect(path: &str, open_path: &Path, cap: u64) -> (Collected, Vec
 
 /// Pid 2: locks itself down and becomes the code.
 fn program_main(mut ctx: Ctx, mut os: RealOs) -> ! {
-    match steps::run_steps(steps::PROGRAM_STEPS, &mut ctx, &mut os) {
+    match steps::run_steps(Step::PROGRAM, &mut ctx, &mut os) {
         Ok(()) => unreachable_exit(),
         Err((Step::Exec, fail)) => {
             // The sandbox is up and the code could not start: a result, not a setup failure.

@@ -2,7 +2,7 @@
 //!
 //! `supervisor` is the tier's translation for the one supervision loop (`crate::supervise`):
 //! the plan, the id maps, the kill and the isolation. `helper` sets the sandbox up from the
-//! inside; `steps` lists that sequence in order.
+//! inside; `steps` runs the sequence `crate::steps::native` lists in order.
 
 pub mod helper;
 pub mod landlock;

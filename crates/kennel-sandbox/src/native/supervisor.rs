@@ -12,14 +12,14 @@ use kennel_types::api::{Isolation, LandlockInfo, LimitsInfo, RunRequest, RunResu
 use kennel_types::policy::{NetMode, Policy, Want};
 
 use super::helper::HELPER_ARG;
-use super::steps::Step;
 use super::{seccomp, HOST_ID_BASE, ID_RANGE};
 use crate::cgroup::{Cgroup, CgroupError, Probe};
 use crate::channel::{self, Confinement, Msg, Plan};
 use crate::error::{Error, SetupStep};
 use crate::request::{check_rootfs, checked_argv, input_files, pick_cpus, sandbox_env};
+use crate::steps::native::Step;
 use crate::supervise::io::RunIo;
-use crate::supervise::report::network_summary;
+use crate::supervise::report::PROXY_PORTS;
 use crate::supervise::{supervise, Tier};
 use crate::sys::{self, Spawned};
 
@@ -379,7 +379,6 @@ fn isolation(
         (sys::getuid(), sys::getgid(), 1)
     };
     Isolation {
-        tier: "native".into(),
         namespaces: c.namespaces,
         host_uid,
         host_gid,
@@ -402,18 +401,10 @@ fn isolation(
             }),
         },
         no_new_privs: c.no_new_privs,
-        capabilities: plan.policy.capabilities.names(),
-        filesystem: plan
-            .policy
-            .filesystem
-            .rootfs
-            .as_ref()
-            .map_or("host-system-ro".into(), |r| {
-                format!("rootfs:{}", r.display())
-            }),
-        network: network_summary(&plan.policy.network),
-        runtime: None,
-        image: None,
-        accel: None,
+        ..Isolation::for_policy(
+            kennel_types::policy::Tier::Native,
+            &plan.policy,
+            PROXY_PORTS,
+        )
     }
 }

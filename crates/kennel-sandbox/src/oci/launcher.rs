@@ -9,10 +9,10 @@ use serde::{Deserialize, Serialize};
 
 use super::bundle::SCRATCH;
 use super::runtime::{quiet, Start, DELETE_LIMIT, PID_FILE};
-use super::steps::Step;
 use crate::channel::{self, ChannelError, FileMeta, InputFiles, Msg, CTL_FD};
 use crate::native::helper::{collect, fail_and_exit};
 use crate::native::steps::{Context, Fail};
+use crate::steps::oci::Step;
 use crate::sys;
 
 /// The first argument that turns the helper binary into an OCI launcher.
@@ -87,7 +87,7 @@ pub fn launcher_main() -> ! {
         Err(e) => fail_and_exit(&mut ctl, Step::SpawnLauncher, Fail::new(e.to_string())),
     };
     let mut waited = None;
-    for step in Step::LAUNCHER {
+    for &step in Step::LAUNCHER {
         let done = match step {
             Step::JoinCgroup => join_cgroup(&plan),
             Step::PinCpus => sys::set_cpu_affinity(&plan.cpus).ctx(|| "sched_setaffinity".into()),

@@ -3,12 +3,11 @@
 //! This module is the tier's translation for the one supervision loop (`crate::supervise`): it
 //! locates the runtime, creates Kennel's cgroup, writes the bundle and plans the launcher,
 //! which runs the runtime; it kills with the runtime's `kill` and removes the container, the
-//! bundle and the cgroups afterwards. `steps` lists the sequence in order.
+//! bundle and the cgroups afterwards. `crate::steps::oci` lists the sequence in order.
 
 pub mod bundle;
 pub mod launcher;
 pub mod runtime;
-pub mod steps;
 mod write;
 
 pub use write::export_bundle;
@@ -27,13 +26,13 @@ use crate::channel::{self, Confinement, InputFiles, Msg};
 use crate::error::{Error, SetupStep};
 use crate::native::{HOST_ID_BASE, ID_RANGE};
 use crate::request::{check_rootfs, checked_argv, input_files, pick_cpus, sandbox_env};
+use crate::steps::oci::Step;
 use crate::supervise::io::RunIo;
-use crate::supervise::report::{network_summary, Report};
+use crate::supervise::report::{Report, PROXY_PORTS};
 use crate::supervise::supervise;
 use crate::sys::{self, Spawned};
 use launcher::{LaunchPlan, LAUNCHER_ARG};
 use runtime::Installed;
-use steps::Step;
 
 /// Where bundles are written; each is removed after its run.
 pub const BUNDLE_DIR: &str = "/run/kennel/bundles";
@@ -341,7 +340,7 @@ impl super::supervise::Tier for OciTier {
     /// The clean-up steps of the table, in its order; each is best effort, and none stops the
     /// next (the cgroup goes last, after anything left in it is killed).
     fn cleanup(&mut self) {
-        for step in Step::CLEANUP {
+        for &step in Step::CLEANUP {
             match step {
                 Step::DeleteContainer => self
                     .runtime
@@ -382,11 +381,7 @@ fn sweep_stale(runtime: &Installed) {
 }
 
 fn setup(step: Step, e: std::io::Error) -> Error {
-    Error::Setup {
-        step: step.into(),
-        errno: e.raw_os_error(),
-        detail: e.to_string(),
-    }
+    Error::setup(step, e.raw_os_error(), e.to_string())
 }
 
 /// The host uid of the code's user, which owns the scratch space.
@@ -448,7 +443,6 @@ fn isolation(run: &OciTier) -> Isolation {
         (NOBODY, 0)
     };
     Isolation {
-        tier: Tier::Oci.name().into(),
         namespaces,
         host_uid,
         host_gid: host_uid,
@@ -465,21 +459,12 @@ fn isolation(run: &OciTier) -> Isolation {
         },
         no_new_privs: true,
         capabilities: bundle::kept_capabilities(policy),
-        filesystem: policy
-            .filesystem
-            .rootfs
-            .as_ref()
-            .map_or("host-system-ro".into(), |r| {
-                format!("rootfs:{}", r.display())
-            }),
-        network: network_summary(&policy.network),
         runtime: Some(RuntimeInfo {
             name: rt.name().into(),
             version: run.runtime.version.clone(),
             platform: run.platform.map(|p| p.name().to_string()),
         }),
-        image: None,
-        accel: None,
+        ..Isolation::for_policy(Tier::Oci, policy, PROXY_PORTS)
     }
 }
 

@@ -407,11 +407,7 @@ fn send_plan(ctl: &mut UnixStream, plan: &Msg, files: &InputFiles) -> std::io::R
 }
 
 fn setup(step: SetupStep, e: std::io::Error, what: &str) -> Error {
-    Error::Setup {
-        step,
-        errno: e.raw_os_error(),
-        detail: format!("{what}: {e}"),
-    }
+    Error::setup(step, e.raw_os_error(), format!("{what}: {e}"))
 }
 
 /// A setup failure's detail, with what the helper (or the runtime it ran) printed.

@@ -7,8 +7,7 @@ use super::output::Captured;
 use crate::channel::{Collected, Confinement};
 use crate::error::SetupStep;
 use kennel_net::{self as proxy, Proxy};
-use kennel_types::api::{CollectedFile, Content, Isolation, RunRequest, RunResult};
-use kennel_types::policy::NetMode;
+use kennel_types::api::{CollectedFile, Content, Isolation, ProxyPorts, RunRequest, RunResult};
 
 /// What the control channel told the supervisor, in either tier (an OCI launcher reports the
 /// runtime's pid as `init_pid` and no confinement: the runtime applies it).
@@ -34,8 +33,11 @@ pub(crate) struct Report {
     pub(crate) proxy: Option<Proxy>,
 }
 
-/// How a run ended, as any tier learned it: the result is made from this and the isolation.
-pub(crate) struct Outcome {
+/// How a run ended, as any tier learned it: the result is made from this and the isolation,
+/// by [`build_result`] for every tier (docker's, in its own crate, too).
+#[derive(Debug)]
+pub struct Outcome {
+    /// The code's exit status and its signal, as reported.
     pub exited: Option<(Option<i32>, Option<i32>)>,
     /// Kennel killed the code (a timeout or a cancel): it ended by SIGKILL, whatever it said.
     pub killed: bool,
@@ -43,13 +45,18 @@ pub(crate) struct Outcome {
     /// The cgroup's counters; without a cgroup, `usage` stands in for them.
     pub stats: Option<crate::cgroup::Stats>,
     pub usage: Option<libc::rusage>,
+    /// The files read back, in the order asked.
     pub collected: Vec<(Collected, Vec<u8>)>,
     pub stdout: Captured,
     pub stderr: Captured,
+    /// From the code's start to its end.
     pub duration: Duration,
 }
 
-pub(crate) fn build_result(req: &RunRequest, o: Outcome, isolation: Isolation) -> RunResult {
+/// The result of a run that ended as `o` says, under `isolation`: the outcome, the counters and
+/// the collected files (each path asked answered). The network log and the security events are
+/// the tier's to add.
+pub fn build_result(req: &RunRequest, o: Outcome, isolation: Isolation) -> RunResult {
     let rusage_cpu_ms = o.usage.map_or(0, |u| {
         let ms =
             |t: libc::timeval| t.tv_sec.cast_unsigned() * 1000 + t.tv_usec.cast_unsigned() / 1000;
@@ -117,15 +124,9 @@ fn collected_files(req: &RunRequest, collected: Vec<(Collected, Vec<u8>)>) -> Ve
     files
 }
 
-pub fn network_summary(network: &kennel_types::policy::Network) -> String {
-    match network.mode {
-        NetMode::None => "none (private namespace, loopback only)".into(),
-        NetMode::Full => "full (the host's network namespace)".into(),
-        NetMode::Allow => format!(
-            "allowlist through Kennel's proxy (HTTP 127.0.0.1:{}, SOCKS5 127.0.0.1:{}): {}",
-            proxy::HTTP_PORT,
-            proxy::SOCKS_PORT,
-            network.allow.join(", ")
-        ),
-    }
-}
+/// Where the proxy listens in every tier's sandbox, as the isolation's network summary names
+/// it (`Isolation::for_policy`).
+pub const PROXY_PORTS: ProxyPorts = ProxyPorts {
+    http: proxy::HTTP_PORT,
+    socks: proxy::SOCKS_PORT,
+};
