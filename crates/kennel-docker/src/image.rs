@@ -11,9 +11,9 @@ use std::path::Path;
 use bollard::image::ImportImageOptions;
 use bollard::Docker;
 use futures_util::StreamExt;
-use kennel_sandbox::image::Store;
-use kennel_sandbox::oci::bundle::Node;
+use kennel_sandbox::kit::Node;
 use kennel_sandbox::Error;
+use kennel_sandbox::Store;
 use sha2::{Digest, Sha256};
 
 use crate::steps::Step;

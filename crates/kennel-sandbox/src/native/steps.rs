@@ -6,46 +6,18 @@
 //! filesystem view and forks the *program* process, which locks itself down and execs the code.
 
 use std::fmt;
-use std::io;
 
 use serde::{Deserialize, Serialize};
 
 use super::landlock::Outcome;
-use super::mounts::{self, Op};
 use super::ops::Os;
-use super::seccomp;
 use crate::channel::{Confinement, FileMeta, Msg, Plan};
+use crate::profile::mounts::{self, Op};
+use crate::profile::{seccomp, HOSTNAME};
 use kennel_types::policy::NetMode;
 
-/// A failure inside a step, with the errno kept.
-#[derive(Debug, Clone)]
-pub struct Fail {
-    pub errno: Option<i32>,
-    pub detail: String,
-}
-
-impl Fail {
-    pub fn new(detail: impl Into<String>) -> Fail {
-        Fail {
-            errno: None,
-            detail: detail.into(),
-        }
-    }
-}
-
-/// Adds what was being done to an `io::Error`, keeping its errno.
-pub trait Context<T> {
-    fn ctx(self, what: impl FnOnce() -> String) -> Result<T, Fail>;
-}
-
-impl<T> Context<T> for io::Result<T> {
-    fn ctx(self, what: impl FnOnce() -> String) -> Result<T, Fail> {
-        self.map_err(|e| Fail {
-            errno: e.raw_os_error(),
-            detail: format!("{}: {e}", what()),
-        })
-    }
-}
+// Failure reporting is every helper's, not the native tier's alone.
+pub use crate::fail::{Context, Fail};
 
 macro_rules! steps {
     ($( $(#[$doc:meta])* $name:ident = $text:literal, $why:literal; )*) => {
@@ -224,7 +196,6 @@ const BASE_NAMESPACES: &[(libc::c_int, &str)] = &[
     (libc::CLONE_NEWCGROUP, "cgroup"),
 ];
 const CLONE_NEWTIME: libc::c_int = 0x80;
-pub const HOSTNAME: &str = "kennel";
 const CTL_FD: i32 = crate::channel::CTL_FD;
 
 /// Runs `steps` in order; the first failure stops the sequence and names its step.
