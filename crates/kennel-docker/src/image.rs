@@ -11,13 +11,13 @@ use std::path::Path;
 use bollard::image::ImportImageOptions;
 use bollard::Docker;
 use futures_util::StreamExt;
-use kennel_sandbox::image::Store;
-use kennel_sandbox::oci::bundle::Node;
+use kennel_sandbox::kit::Node;
 use kennel_sandbox::Error;
+use kennel_sandbox::Store;
 use sha2::{Digest, Sha256};
 
 use crate::steps::fail;
-use kennel_sandbox::steps::docker::Step;
+use kennel_sandbox::kit::DockerStep as Step;
 
 /// The tag of the host view's skeleton with these nodes.
 pub fn view_tag(nodes: &[Node]) -> String {

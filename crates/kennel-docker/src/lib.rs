@@ -7,6 +7,8 @@
 //! root before the container is removed. A separate crate: the engine's client is async and
 //! brings an HTTP stack that the sandbox crate and its helper do without.
 
+#![forbid(unsafe_code)]
+
 pub mod connect;
 mod image;
 mod report;
@@ -60,8 +62,8 @@ impl Backend for Docker {
 /// The tag of the skeleton image the host's own view runs on (a hash of its top-level entries).
 pub fn host_view_tag() -> String {
     let root = std::path::PathBuf::from("/");
-    let dir = kennel_sandbox::native::helper::Dir::new(root.clone());
-    let (nodes, _) = kennel_sandbox::oci::bundle::system_view(&dir, &root, false);
+    let dir = kennel_sandbox::kit::Dir::new(root.clone());
+    let (nodes, _) = kennel_sandbox::kit::system_view(&dir, &root, false);
     image::view_tag(&nodes)
 }
 

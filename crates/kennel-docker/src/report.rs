@@ -1,9 +1,6 @@
 //! The isolation a docker run had, as the engine and the container's process show it.
 
-use kennel_sandbox::cgroup::Probe;
-use kennel_sandbox::oci::bundle;
-use kennel_sandbox::supervise::on_image;
-use kennel_sandbox::supervise::report::PROXY_PORTS;
+use kennel_sandbox::kit::{self, on_image, Probe, PROXY_PORTS};
 use kennel_types::api::{Isolation, LandlockInfo, LimitsInfo, RunRequest, RuntimeInfo};
 use kennel_types::policy::{Runtime, Tier};
 
@@ -34,7 +31,7 @@ pub fn isolation(
         host_gid: host_id,
         id_range,
         // The same profile as runc's.
-        seccomp: bundle::seccomp_info(Runtime::Runc),
+        seccomp: kit::seccomp_info(Runtime::Runc),
         landlock: LandlockInfo {
             enforced: false,
             abi: None,

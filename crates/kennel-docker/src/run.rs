@@ -10,13 +10,10 @@ use bollard::container::{
 use bollard::exec::{CreateExecOptions, StartExecResults};
 use bollard::Docker;
 use futures_util::StreamExt;
-use kennel_sandbox::beneath::Root;
-use kennel_sandbox::cgroup::Probe;
-use kennel_sandbox::native::helper::Dir;
-use kennel_sandbox::oci::bundle;
-use kennel_sandbox::request::{checked_argv, input_files, pick_cpus, sandbox_env};
-use kennel_sandbox::supervise::output::Captured;
-use kennel_sandbox::supervise::report::{build_result, Outcome};
+use kennel_sandbox::kit::{
+    self, build_result, checked_argv, input_files, pick_cpus, sandbox_env, Captured, Dir, Outcome,
+    Probe, Root,
+};
 use kennel_sandbox::{Error, OutputMode, RunIo, Started, StdinSource, Stream};
 use kennel_types::api::{RunRequest, RunResult};
 use kennel_types::image::ImageInfo;
@@ -27,7 +24,7 @@ use crate::connect::{connect, Facts};
 use crate::spec::{self, Plan};
 use crate::steps::fail;
 use crate::{image, report};
-use kennel_sandbox::steps::docker::Step;
+use kennel_sandbox::kit::DockerStep as Step;
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
@@ -93,7 +90,7 @@ async fn view(docker: &Docker, req: &RunRequest) -> Result<View, Error> {
     let rootfs = req.policy.filesystem.rootfs.clone();
     let source = rootfs.clone().unwrap_or_else(|| "/".into());
     let dir = Dir::new(source.clone());
-    let (nodes, mounts) = bundle::system_view(&dir, &source, rootfs.is_some());
+    let (nodes, mounts) = kit::system_view(&dir, &source, rootfs.is_some());
     let imported = match (&req.image, &rootfs) {
         (Some(info), Some(root)) => Some(image::ensure_image(docker, &info.digest, root).await?),
         _ => None,
@@ -117,7 +114,7 @@ async fn view(docker: &Docker, req: &RunRequest) -> Result<View, Error> {
                 // again, as the native tier remounts them.
                 if from != "/dev/null" {
                     let rel = target.trim_start_matches('/');
-                    for sub in kennel_sandbox::native::mounts::View::submounts(&dir, rel) {
+                    for sub in kennel_sandbox::kit::View::submounts(&dir, rel) {
                         binds.push(
                             format!("{}/{sub}:/{sub}:ro", source.display()).replace("//", "/"),
                         );
@@ -156,7 +153,7 @@ pub async fn run(req: &RunRequest, io: RunIo) -> Result<RunResult, Error> {
             .map(|(k, v)| format!("{k}={v}"))
             .collect(),
         cpus: pick_cpus(&req.policy)?,
-        seccomp: serde_json::to_string(&bundle::seccomp_profile(Runtime::Runc, None))
+        seccomp: serde_json::to_string(&kit::seccomp_profile(Runtime::Runc, None))
             .map_err(|e| fail(Step::Create, e))?,
     };
     let name = format!(
@@ -268,7 +265,7 @@ async fn in_container(
     plan: &Plan,
     req: &RunRequest,
     argv: Vec<String>,
-    files: kennel_sandbox::channel::InputFiles,
+    files: kennel_sandbox::kit::InputFiles,
     io: RunIo,
 ) -> Result<RunResult, Error> {
     let policy = &req.policy;
@@ -293,7 +290,7 @@ async fn in_container(
         NetMode::Allow => {
             let pid = i32::try_from(pid).map_err(|e| fail(Step::Network, e))?;
             Some(
-                kennel_sandbox::egress::start_proxy(pid, policy.network.allowlist()?)
+                kennel_sandbox::kit::start_proxy(pid, policy.network.allowlist()?)
                     .map_err(|e| fail(Step::Network, e))?,
             )
         }

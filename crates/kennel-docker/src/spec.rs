@@ -4,8 +4,8 @@ use std::collections::HashMap;
 
 use bollard::container::Config;
 use bollard::models::{HostConfig, HostConfigCgroupnsModeEnum, ResourcesUlimits};
-use kennel_sandbox::native::mounts::{PROC_MASKED_DIRS, PROC_MASKED_FILES, PROC_READ_ONLY};
-use kennel_sandbox::native::steps::HOSTNAME;
+use kennel_sandbox::kit::HOSTNAME;
+use kennel_sandbox::kit::{PROC_MASKED_DIRS, PROC_MASKED_FILES, PROC_READ_ONLY};
 use kennel_types::policy::{NetMode, Policy};
 
 /// The uid and gid the code runs as when the engine does not remap user namespaces: root in

@@ -1,7 +1,7 @@
-//! How a docker step fails: `Error::Setup` naming its step of `kennel_sandbox::steps::docker`,
+//! How a docker step fails: `Error::Setup` naming its step of `kennel_sandbox::kit::DockerStep`,
 //! with the engine's answer (or what Kennel found) as the detail.
 
-use kennel_sandbox::steps::docker::Step;
+use kennel_sandbox::kit::DockerStep as Step;
 use kennel_sandbox::Error;
 
 /// The error of `step` failing for `why`.

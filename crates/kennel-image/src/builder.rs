@@ -5,8 +5,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use kennel_sandbox::image::{Staging, Store};
 use kennel_sandbox::{Engine, OutputSink};
+use kennel_sandbox::{Staging, Store};
 use kennel_types::image::{check_name, ImageRecord, ImageSource, ImageSpec};
 use kennel_types::PolicyError;
 use sha2::{Digest, Sha256};

@@ -29,7 +29,7 @@ pub(crate) fn build_policy(rootfs: &Path, allow: Vec<String>) -> Policy {
     p.limits.timeout = Span(std::time::Duration::from_secs(20 * 60));
     p.limits.memory = ByteSize(4 << 30);
     // Two CPUs where the host has them: a quota above the host's is refused.
-    p.limits.cpus = if kennel_sandbox::request::host_cpus() >= 2 {
+    p.limits.cpus = if kennel_sandbox::host_cpus() >= 2 {
         2.0
     } else {
         1.0
@@ -111,7 +111,7 @@ pub fn install(
     // user namespace do not reach files of unmapped owners such as host root.
     crate::builder::chown_tree(
         &rootfs.join("usr/local"),
-        kennel_sandbox::native::sandbox_root_host_uid(),
+        kennel_sandbox::sandbox_root_host_uid(),
     )?;
     let result = engine.run(&req, io);
     crate::builder::chown_tree(&rootfs.join("usr/local"), 0)?;

@@ -7,6 +7,8 @@
 //! `kennel serve` ([`Remote`]). Results come back as readable text (exit status, stdout,
 //! stderr, what was truncated or killed) and as structured content.
 
+#![forbid(unsafe_code)]
+
 pub mod api;
 mod http;
 mod local;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::api::{Api, ApiError, OutputFn};
-use kennel_sandbox::engine::Engine;
+use kennel_sandbox::Engine;
 use kennel_sandbox::{OutputSink, Stream};
 use kennel_server::service::{Action, Caller, Live, Reply, Service, ServiceError};
 use kennel_server::{Machinery, ServeError, ServerConfig};

@@ -6,6 +6,8 @@
 //! `proxy` accepts, `http_proxy` and `socks` read their protocols' requests, and `conn` is the
 //! one path every connection then takes (decide, check the first message, dial, splice, log).
 
+#![forbid(unsafe_code)]
+
 mod conn;
 mod denial;
 mod first;

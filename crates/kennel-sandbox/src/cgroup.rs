@@ -427,10 +427,6 @@ impl Cgroup {
             .collect()
     }
 
-    pub fn stats(&self) -> Stats {
-        self.probe().read()
-    }
-
     /// A handle on the counters of a cgroup created beneath this one (by an OCI runtime).
     pub fn probe_child(&self, name: &str) -> Probe {
         Probe(self.layout.child(name))

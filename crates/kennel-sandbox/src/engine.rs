@@ -48,10 +48,12 @@ impl Backend for Microvm {
                 StateDir::Vm.fix().into(),
             ));
         }
-        let manifest = self
-            .vm
-            .check()
-            .map_err(|why| (why, "run `kennel vm prepare` as root".to_string()))?;
+        let manifest = self.vm.check().map_err(|why| {
+            (
+                why.to_string(),
+                "run `kennel vm prepare` as root".to_string(),
+            )
+        })?;
         let (accel, why) = crate::microvm::vmm::accel(&self.vm);
         let accel = match accel {
             crate::microvm::vmm::Accel::Kvm => format!("KVM ({why})"),

@@ -3,12 +3,11 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use kennel_types::api::RunRequest;
+use kennel_types::api::{in_scratch, RunRequest};
 use kennel_types::policy::{NetMode, Policy, Tier};
 
 use crate::channel::{FileMeta, InputFiles};
 use crate::error::Error;
-use crate::native::helper::in_scratch;
 use crate::sys;
 
 const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";

@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::Error;
-use crate::native::mounts::NEW_ROOT;
+use crate::profile::mounts::NEW_ROOT;
 
 /// A state directory that sandboxes must see.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

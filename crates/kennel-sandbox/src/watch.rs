@@ -20,7 +20,7 @@ use kennel_types::security::{
     ExecEntry, OnViolation, SecurityEvent, SecurityEvents, Tripwires, MAX_EXEC_LOG,
 };
 
-use crate::native::seccomp::{self, ForeignAbi, EXEC_CALLS};
+use crate::profile::seccomp::{self, ForeignAbi, EXEC_CALLS};
 use crate::sys;
 
 /// Why a result's denied calls were not reported, where its tier hands over no listener.

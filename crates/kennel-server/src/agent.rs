@@ -11,9 +11,9 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 
-use kennel_sandbox::cgroup::Stats;
-use kennel_sandbox::engine::Engine;
-use kennel_sandbox::error::Error;
+use kennel_sandbox::Engine;
+use kennel_sandbox::Error;
+use kennel_sandbox::Stats;
 use kennel_sandbox::{Canceller, OutputMode, OutputSink, RunIo, Started, StdinSource, Stream};
 use kennel_types::api::{
     Command, DirEntry, EndReason, ExecResult, FigureFormat, Isolation, Language, ResumeAt,
@@ -935,7 +935,7 @@ impl AgentSandbox {
     }
 
     /// What the sandbox's seccomp watcher has seen, where its tier reports denied calls.
-    pub fn watch(&self) -> Option<Arc<kennel_sandbox::watch::Watch>> {
+    pub fn watch(&self) -> Option<Arc<kennel_sandbox::Watch>> {
         let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
         live.as_ref().and_then(|s| s.watch.clone())
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use kennel_sandbox::error::PolicyError;
+use kennel_sandbox::PolicyError;
 use kennel_types::policy::{ByteSize, Limits, Policy, Runtime, Span, Strength, Tier};
 use kennel_types::security::OnViolation;
 
@@ -641,9 +641,9 @@ impl ServerConfig {
         &self,
         token_id: &str,
         network: &kennel_types::policy::Network,
-    ) -> Result<(), kennel_sandbox::error::Error> {
+    ) -> Result<(), kennel_sandbox::Error> {
         if network.mode == kennel_types::policy::NetMode::Full && !self.allow_full_network {
-            return Err(kennel_sandbox::error::Error::request(
+            return Err(kennel_sandbox::Error::request(
                 "network.mode",
                 "\"full\" is not permitted by this server (allow_full_network = false)",
             ));
@@ -664,7 +664,7 @@ impl ServerConfig {
                 continue;
             };
             if !allowed.iter().any(|net| net.contains(&ip)) {
-                return Err(kennel_sandbox::error::Error::request(
+                return Err(kennel_sandbox::Error::request(
                     "network.resolve",
                     format!(
                         "pins {name} to {ip}, a {kind} address; this server lets runs reach such \
@@ -697,7 +697,7 @@ impl ServerConfig {
         token_id: &str,
         policy: &mut Policy,
         chosen: bool,
-    ) -> Result<(), kennel_sandbox::error::Error> {
+    ) -> Result<(), kennel_sandbox::Error> {
         let min = self.min_isolation(token_id);
         if min == Strength::Microvm {
             // TCG is no isolation boundary by QEMU's own account: only the operator may accept it.
@@ -707,7 +707,7 @@ impl ServerConfig {
             return Ok(());
         }
         if chosen {
-            return Err(kennel_sandbox::error::Error::request(
+            return Err(kennel_sandbox::Error::request(
                 "tier",
                 format!(
                     "asks for {:?} isolation, but this caller must use at least {min:?}: use \

@@ -1,5 +1,7 @@
 //! `kennel serve`: the HTTP API that agents call, with sessions, streaming and a warm pool.
 
+#![forbid(unsafe_code)]
+
 pub mod agent;
 pub mod audit;
 pub mod config;
@@ -19,14 +21,14 @@ use tokio::sync::watch;
 
 pub use config::ServerConfig;
 
-use kennel_sandbox::engine::Engine;
+use kennel_sandbox::Engine;
 use kennel_types::policy::Strength;
 
 /// Why the server could not start or stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error(transparent)]
-    Config(#[from] kennel_sandbox::error::PolicyError),
+    Config(#[from] kennel_sandbox::PolicyError),
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: std::net::SocketAddr,
@@ -184,7 +186,7 @@ fn open_jobs(config: &ServerConfig) -> Result<service::jobs::Jobs, String> {
     let path = config.jobs.db.clone().unwrap_or_else(|| {
         std::env::var_os("KENNEL_STATE_DIR")
             .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| kennel_sandbox::image::DEFAULT_STATE_DIR.into())
+            .unwrap_or_else(|| kennel_sandbox::DEFAULT_STATE_DIR.into())
             .join("jobs.sqlite")
     });
     service::jobs::Jobs::open(&path).map_err(|e| e.to_string())

@@ -12,7 +12,7 @@ pub const NO_NUL: &str = "^[^\\u0000]*$";
 pub const ENV_KEY: &str = "^[^=\\u0000]+$";
 
 /// One path segment that is neither `.` nor `..`, of at most 255 characters (the kernel's
-/// NAME_MAX counts bytes, which a pattern cannot: see `native::helper::in_scratch`).
+/// NAME_MAX counts bytes, which a pattern cannot: see `kennel_types::api::in_scratch`).
 const SEGMENT: &str = "(?:[^/.\\u0000][^/\\u0000]{0,254}|\\.[^/.\\u0000][^/\\u0000]{0,253}\
                        |\\.\\.[^/\\u0000]{1,253})";
 

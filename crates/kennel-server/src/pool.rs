@@ -9,8 +9,8 @@ use std::time::Duration;
 use tokio::sync::{watch, Notify};
 
 use super::agent::AgentSandbox;
-use kennel_sandbox::engine::Engine;
-use kennel_sandbox::microvm::artifacts::BASE_IMAGE;
+use kennel_sandbox::Engine;
+use kennel_sandbox::BASE_IMAGE;
 use kennel_types::api::{Command, Language, RunRequest};
 use kennel_types::policy::{Limits, Policy, Tier};
 

@@ -224,6 +224,26 @@ impl RunRequest {
     }
 }
 
+/// Whether `path` is where a request's input file or collected file may live: beneath
+/// `/workspace` or `/tmp`, segment by segment a plain name.
+pub fn in_scratch(path: &str) -> bool {
+    // None empty (no `//`, no trailing `/`), none `.` or `..`, no NUL, none longer than the
+    // kernel's NAME_MAX, the whole within PATH_MAX. The same rule is the OpenAPI pattern
+    // `server::pattern::scratch_path`.
+    const NAME_MAX: usize = 255;
+    const PATH_MAX: usize = 4095;
+    let rest = path
+        .strip_prefix("/workspace/")
+        .or_else(|| path.strip_prefix("/tmp/"));
+    rest.is_some_and(|rest| {
+        path.len() <= PATH_MAX
+            && !rest.contains('\0')
+            && rest
+                .split('/')
+                .all(|seg| !matches!(seg, "" | "." | "..") && seg.len() <= NAME_MAX)
+    })
+}
+
 /// A file returned from the sandbox.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CollectedFile {

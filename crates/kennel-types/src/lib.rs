@@ -3,6 +3,8 @@
 //!
 //! Nothing here starts a process: the types are data, validated once.
 
+#![forbid(unsafe_code)]
+
 pub mod api;
 pub mod error;
 pub mod image;

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use kennel_image::builder::{Builder, Built};
-use kennel_sandbox::microvm::artifacts::BASE_IMAGE;
+use kennel_sandbox::BASE_IMAGE;
 use kennel_types::image::ImageSpec;
 use kennel_types::PolicyError;
 

@@ -12,7 +12,7 @@ use std::fs::{File, OpenOptions, TryLockError};
 use std::path::{Path, PathBuf};
 
 use kennel_image::Progress;
-use kennel_sandbox::microvm::artifacts::{Manifest, VmDir};
+use kennel_sandbox::{Manifest, VmDir};
 
 use crate::PrepareError;
 

@@ -1,5 +1,5 @@
 //! `kennel vm prepare`: the microVM tier's guest, made ready on the host, in the layout of
-//! `kennel_sandbox::microvm::artifacts` (which the tier reads).
+//! `kennel_sandbox::VmDir` (which the tier reads).
 //!
 //! From the host's apt (nothing installed, nothing run from a package's scripts):
 //! 1. QEMU and the libraries it lacks on a Debian host, unpacked (`dpkg -x`) into `qemu/`;
@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use kennel_image::builder::Builder;
 use kennel_image::Progress;
-use kennel_sandbox::microvm::artifacts::{Manifest, VmDir, BASE_IMAGE};
+use kennel_sandbox::{Manifest, VmDir, BASE_IMAGE};
 use serde::Serialize;
 
 pub use error::PrepareError;

@@ -52,12 +52,11 @@ pub fn resolve(
             .args(WANTED),
         KMOD_HINT,
     )?;
-    let paths = insmod_paths(&String::from_utf8_lossy(&out.stdout)).map_err(|detail| {
-        PrepareError::Modules {
-            detail,
+    let paths =
+        insmod_paths(&String::from_utf8_lossy(&out.stdout)).map_err(|e| PrepareError::Modules {
+            detail: e.to_string(),
             hint: KMOD_HINT,
-        }
-    })?;
+        })?;
     // modprobe names files under the directory it was given; anything else is not copied.
     let modules = kernel_pkg.join("lib/modules").join(release);
     match paths.iter().find(|p| !p.starts_with(&modules)) {
@@ -84,10 +83,16 @@ pub fn numbered(index: usize, path: &Path) -> Option<String> {
     Some(format!("{index:02}-{base}"))
 }
 
+/// A line of `modprobe --show-depends` output that names no module: modprobe's output format
+/// is not the one this parser knows.
+#[derive(Debug, thiserror::Error)]
+#[error("modprobe printed a line that is not `insmod` or `builtin`: {0:?}")]
+pub struct UnknownLine(pub String);
+
 /// The module files of `modprobe --show-depends` output, in load order, each once (modprobe
 /// repeats the shared dependencies of each name it is given). A `builtin NAME` line is a
 /// module compiled into the kernel: nothing to load.
-pub fn insmod_paths(output: &str) -> Result<Vec<PathBuf>, String> {
+pub fn insmod_paths(output: &str) -> Result<Vec<PathBuf>, UnknownLine> {
     let mut paths: Vec<PathBuf> = vec![];
     for line in output.lines().map(str::trim).filter(|l| !l.is_empty()) {
         if line.starts_with("builtin ") {
@@ -96,9 +101,7 @@ pub fn insmod_paths(output: &str) -> Result<Vec<PathBuf>, String> {
         let path = line
             .strip_prefix("insmod ")
             .and_then(module_path)
-            .ok_or_else(|| {
-                format!("modprobe printed a line that is not `insmod` or `builtin`: {line:?}")
-            })?;
+            .ok_or_else(|| UnknownLine(line.to_string()))?;
         let path = PathBuf::from(path);
         if !paths.contains(&path) {
             paths.push(path);

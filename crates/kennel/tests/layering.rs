@@ -42,7 +42,8 @@ fn no_module_imports_a_module_that_imports_it_back() {
 
 /// Writes `files` (path, content) under a fresh directory and returns it.
 fn fixture(files: &[(&str, &str)]) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("layering-{}", std::process::id()));
+    let dir =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("layering-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     for (path, content) in files {
         let path = dir.join(path);
@@ -56,12 +57,24 @@ fn fixture(files: &[(&str, &str)]) -> PathBuf {
 fn the_checker_finds_cycles_through_reexports_parents_and_children() {
     let dir = fixture(&[
         ("crates/a/Cargo.toml", "[package]\nname = \"a\"\n"),
-        ("crates/a/src/lib.rs", "mod x;\nmod y;\nmod z;\nmod quiet;\npub use x::X;\n"),
+        (
+            "crates/a/src/lib.rs",
+            "mod x;\nmod y;\nmod z;\nmod quiet;\npub use x::X;\n",
+        ),
         // x -> y through a path, y -> x through the root's re-export: a cycle.
-        ("crates/a/src/x.rs", "pub struct X;\nfn f() { crate::y::g() }\n"),
-        ("crates/a/src/y.rs", "use crate::{X as Renamed};\npub fn g() {}\n"),
+        (
+            "crates/a/src/x.rs",
+            "pub struct X;\nfn f() { crate::y::g() }\n",
+        ),
+        (
+            "crates/a/src/y.rs",
+            "use crate::{X as Renamed};\npub fn g() {}\n",
+        ),
         // A parent that names its child, and a child that names its parent: a cycle.
-        ("crates/a/src/z/mod.rs", "mod w;\npub struct Z;\nfn f() { w::h() }\n"),
+        (
+            "crates/a/src/z/mod.rs",
+            "mod w;\npub struct Z;\nfn f() { w::h() }\n",
+        ),
         ("crates/a/src/z/w.rs", "use super::Z;\npub fn h() {}\n"),
         // Neither a test module's `super`, nor a string, nor a comment imports anything.
         (
@@ -70,10 +83,7 @@ fn the_checker_finds_cycles_through_reexports_parents_and_children() {
              #[cfg(test)]\nmod tests {\n    use super::*;\n}\n",
         ),
         ("crates/b/Cargo.toml", "[package]\nname = \"b\"\n"),
-        (
-            "crates/b/src/lib.rs",
-            "mod base;\nmod tier;\n",
-        ),
+        ("crates/b/src/lib.rs", "mod base;\nmod tier;\n"),
         ("crates/b/src/base.rs", "use crate::tier::T;\n"),
         ("crates/b/src/tier.rs", "pub struct T;\n"),
     ]);

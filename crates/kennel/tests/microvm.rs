@@ -12,7 +12,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{parse_result, require, vm, KENNEL, PY};
-use kennel_sandbox::microvm::artifacts::BASE_IMAGE;
+use kennel_sandbox::BASE_IMAGE;
 use serde_json::Value;
 
 /// A directory of this test's own, removed when dropped (even when the test fails).

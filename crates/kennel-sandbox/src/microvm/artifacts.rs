@@ -48,6 +48,17 @@ pub struct Manifest {
     pub packages: Vec<String>,
 }
 
+/// Why a VM directory cannot boot a guest (the caller adds the hint: `kennel vm prepare`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unprepared {
+    /// No prepare completed there: its manifest, written last, is absent.
+    #[error("no prepared guest in {}", .0.display())]
+    NoGuest(PathBuf),
+    /// A prepared file the guest boots from is gone.
+    #[error("{} is missing", .0.display())]
+    Missing(PathBuf),
+}
+
 /// The prepared artifacts of one VM directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VmDir {
@@ -115,15 +126,15 @@ impl VmDir {
     }
 
     /// Whether the prepared pieces the tier boots from are all present.
-    pub fn check(&self) -> Result<Manifest, String> {
+    pub fn check(&self) -> Result<Manifest, Unprepared> {
         let manifest = self
             .manifest()
-            .ok_or_else(|| format!("no prepared guest in {}", self.root.display()))?;
+            .ok_or_else(|| Unprepared::NoGuest(self.root.clone()))?;
         let missing = |p: &Path| !p.is_file();
         let mut needed = vec![self.qemu_binary(), self.microvm_firmware(), self.vmlinux()];
         needed.extend(manifest.modules.iter().map(|m| self.modules_dir().join(m)));
         match needed.iter().find(|p| missing(p)) {
-            Some(p) => Err(format!("{} is missing", p.display())),
+            Some(p) => Err(Unprepared::Missing(p.clone())),
             None => Ok(manifest),
         }
     }

@@ -12,12 +12,11 @@ use kennel_types::api::{Content, FileIn};
 
 use super::initrd::{GUEST_ROOT, MODULE_LIST, SYSROOT};
 use super::net::{self, Links, Peer};
-use super::plan::{Fresh, GuestEnd, GuestPlan, GuestSecurity};
 use super::steps::{at, Failed};
 use super::vmm::AGENT_PORT;
 use crate::cgroup::Stats;
-use crate::channel::{self, Collected, InputFiles, Msg};
-use crate::native::steps::{Context, Fail};
+use crate::channel::{self, Collected, Fresh, GuestEnd, GuestPlan, GuestSecurity, InputFiles, Msg};
+use crate::fail::{Context, Fail};
 use crate::native::Native;
 use crate::steps::microvm::Step;
 use crate::supervise::io::{RunIo, StdinSource};

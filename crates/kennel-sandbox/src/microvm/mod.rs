@@ -9,7 +9,6 @@ pub mod artifacts;
 pub mod guest;
 pub mod initrd;
 pub mod net;
-pub mod plan;
 pub mod qmp;
 pub mod relay;
 pub mod root;
@@ -29,4 +28,4 @@ fn temp_name(stem: &str) -> String {
     format!(".{stem}.{}-{n}.tmp", std::process::id())
 }
 
-pub use tier::{Microvm, VmConfig};
+pub use tier::Microvm;

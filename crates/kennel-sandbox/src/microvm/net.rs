@@ -24,6 +24,15 @@ const CHUNK: usize = 32 << 10;
 /// Where frames to the other side go: the agent port (guest) or socket (host).
 pub type Peer = Arc<Mutex<Box<dyn Write + Send>>>;
 
+/// How a guest broke the connection protocol.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    #[error("connection {0} opened twice")]
+    OpenedTwice(u32),
+    #[error("more than {MAX_LINKS} connections at once")]
+    TooMany,
+}
+
 /// The open connections of one VM, on either side of the agent port.
 pub struct Links {
     peer: Peer,
@@ -72,17 +81,17 @@ impl Links {
 
     /// The host side: the guest opened `id`; `stream` is its connection to the proxy. An id in
     /// use, or one past [`MAX_LINKS`], is the guest breaking protocol.
-    pub fn inbound(self: &Arc<Self>, id: u32, stream: TcpStream) -> Result<(), String> {
+    pub fn inbound(self: &Arc<Self>, id: u32, stream: TcpStream) -> Result<(), LinkError> {
         if self
             .open
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .contains_key(&id)
         {
-            return Err(format!("connection {id} opened twice"));
+            return Err(LinkError::OpenedTwice(id));
         }
         if !self.register(id, &stream) {
-            return Err(format!("more than {MAX_LINKS} connections at once"));
+            return Err(LinkError::TooMany);
         }
         let links = self.clone();
         std::thread::spawn(move || links.pump(id, stream));

@@ -14,16 +14,16 @@ use std::time::{Duration, Instant};
 use kennel_types::api::{Command, HostDir, ResumeAt, RunRequest, RunResult};
 
 use super::net::{self, Connector, Links, Peer};
-use super::plan::{
+use super::snapshot;
+use super::steps::{at, Failed};
+use crate::channel::{self, InputFiles, Msg};
+use crate::channel::{
     Fresh, GuestPlan, VmMode, VmPlan, AGENT_SOCKET, CONSOLE, IO_MOUNT, QMP_SOCKET, SNAP_MOUNT,
     VM_MOUNT,
 };
-use super::snapshot;
-use super::steps::{at, Failed};
-use crate::channel::{self, InputFiles, Msg, CTL_FD};
 use crate::error::Error;
-use crate::native::helper::fail_and_exit;
-use crate::native::steps::{Context, Fail};
+use crate::fail::{Context, Fail};
+use crate::helper::{adopt_control_socket, fail_and_exit};
 use crate::native::Native;
 use crate::steps::microvm::Step;
 use crate::supervise::io::{Canceller, RunIo};
@@ -40,16 +40,9 @@ const EXIT_GRACE: Duration = Duration::from_secs(5);
 /// How much of the guest's console is kept, for the errors of a guest that fails.
 const CONSOLE_KEPT: usize = 8 << 10;
 
+/// The relay: reads its plan, starts the VMM in its jail and passes frames until the run ends.
 pub fn relay_main() -> ! {
-    let mut ctl = match sys::adopt_inherited_fd(CTL_FD) {
-        Ok(fd) => UnixStream::from(fd),
-        Err(e) => {
-            eprintln!("kennel: {RELAY_ARG} is internal and needs the supervisor's socket: {e}");
-            sys::exit_now(125)
-        }
-    };
-    let _ = sys::set_cloexec(CTL_FD);
-    let _ = sys::close_fds_from(CTL_FD + 1);
+    let mut ctl = adopt_control_socket(RELAY_ARG);
     // SIGTERM is the supervisor's "stop now": taken by a thread, so the VMM's sandbox is
     // cancelled and cleaned up rather than orphaned.
     if let Err(e) = sys::block_signals(&[libc::SIGTERM]) {
@@ -649,7 +642,7 @@ mod tests {
             max_blob: 1024,
             proxy: false,
             mode: VmMode::Boot,
-            guest: super::super::plan::GuestPlan {
+            guest: crate::channel::GuestPlan {
                 build: channel::BUILD.into(),
                 request: RunRequest::new(Command::Argv(vec!["true".into()])),
                 files: 0,

@@ -23,9 +23,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::artifacts::VmDir;
-use super::plan::{RAM_FILE, STATE_FILE};
 use super::qmp::Qmp;
-use crate::native::steps::{Context, Fail};
+use crate::channel::{RAM_FILE, STATE_FILE};
+use crate::fail::{Context, Fail};
 
 /// How long saving may take (the device state is small; the bound is for a stuck QEMU).
 const SAVE_BOUND: Duration = Duration::from_secs(60);

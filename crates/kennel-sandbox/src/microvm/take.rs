@@ -1,18 +1,19 @@
 //! Taking a snapshot: a relay in snapshot mode boots the guest to its agent's hello, saves it
 //! and quits. No code runs, so there is no output to cap and no result to build: the relay's
-//! control channel says `Done` or why it failed, within a bound.
+//! control channel says `Done` or why it failed, within a bound. Reaping a relay, which a run's
+//! end does too ([`super::tier`]), is here, so that the tier imports this module and not the
+//! other way round.
 
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use super::plan::{VmMode, VmPlan};
 use super::relay::RELAY_ARG;
-use crate::channel::{self, Msg};
+use crate::channel::{self, Msg, VmMode, VmPlan};
 use crate::error::{Error, SetupStep};
 use crate::steps::microvm::Step;
 use crate::supervise::spawn_helper;
-use crate::sys;
+use crate::sys::{self, Spawned};
 
 /// How long a snapshot may take beyond the boot bound (saving streams ~100 MB under TCG).
 const SAVE_ALLOWANCE: Duration = Duration::from_secs(60);
@@ -43,7 +44,7 @@ pub fn take(helper: &Path, plan: VmPlan) -> Result<(), Error> {
         // SIGTERM first: the relay stops QEMU's sandbox and removes it.
         let _ = sys::kill(child.id().cast_signed(), libc::SIGTERM);
     }
-    super::tier::reap_relay(&mut child);
+    reap_relay(&mut child);
     outcome
 }
 
@@ -90,4 +91,15 @@ fn timeout() -> Error {
         errno: None,
         detail: "the guest was not booted and saved in time".into(),
     }
+}
+
+/// Reaps a relay, which stops QEMU's sandbox and removes it on its own way out: given the time
+/// for that, then killed.
+pub(super) fn reap_relay(child: &mut Spawned) {
+    let until = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < until && matches!(child.try_wait(), Ok(None)) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }

@@ -3,30 +3,30 @@
 
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kennel_net::Proxy;
 use kennel_types::api::{Isolation, LimitsInfo, ResumeAt, RunRequest, RunResult, RuntimeInfo};
 use kennel_types::policy::{ByteSize, Capabilities, NetMode, Policy, Tier};
 
 use super::artifacts::{Manifest, VmDir};
-use super::plan::{
-    GuestEnd, GuestPlan, VmMode, VmPlan, AGENT_SOCKET, CONSOLE, IO_MOUNT, QMP_SOCKET, RAM_FILE,
-    SNAP_MOUNT, VM_MOUNT,
-};
 use super::relay::{RELAY_ARG, RUN_ROOT};
 use super::snapshot;
+use super::take::{reap_relay, take};
 use super::vmm::{self, Accel, Boot, Qemu, Ram, Vmm};
 use super::{initrd, root};
 use crate::cgroup::{Probe, Stats};
-use crate::channel::{self, Confinement, Msg};
+use crate::channel::{
+    self, Confinement, GuestEnd, GuestPlan, Msg, VmMode, VmPlan, AGENT_SOCKET, CONSOLE, IO_MOUNT,
+    QMP_SOCKET, RAM_FILE, SNAP_MOUNT, VM_MOUNT,
+};
 use crate::error::{Error, SetupStep};
 use crate::request::input_files;
 use crate::state::StateDir;
 use crate::steps::microvm::Step;
 use crate::supervise::io::RunIo;
 use crate::supervise::report::PROXY_PORTS;
-use crate::supervise::{supervise, Tier as SuperviseTier};
+use crate::supervise::{supervise, Supervised};
 use crate::sys::{self, Spawned};
 
 /// The guest's fixed size: one guest serves every policy, whose limits are a cgroup inside it.
@@ -123,7 +123,7 @@ impl Microvm {
         self.check_request(req)?;
         let manifest = self.vm.check().map_err(|why| Error::Unsupported {
             layer: "the microvm tier",
-            why,
+            why: why.to_string(),
             hint: "run `kennel vm prepare` (as root) to unpack QEMU and the guest kernel".into(),
         })?;
         let (accel, why) = vmm::accel(&self.vm).clone();
@@ -140,7 +140,7 @@ impl Microvm {
             .ok_or_else(|| Error::request("filesystem.image", "the microvm tier boots an image"))?;
         let rootfs = policy.filesystem.rootfs.clone().unwrap_or_default();
         let disk = root::ensure(&self.vm, &image.digest, &rootfs)
-            .map_err(|d| setup(Step::GuestRoot, d))?;
+            .map_err(|e| setup(Step::GuestRoot, e.to_string()))?;
         let initrd = initrd::ensure(&self.vm, &manifest, &self.helper)
             .map_err(|e| setup(Step::Initramfs, format!("building the initramfs: {e}")))?;
         sweep_run_dirs();
@@ -280,7 +280,7 @@ impl Microvm {
         };
         saving.proxy = false;
         saving.guest.files = 0;
-        let taken = super::take::take(&self.helper, saving);
+        let taken = take(&self.helper, saving);
         let committed = taken.and_then(|()| snapshot::commit(&dir, &tmp, manifest).map_err(failed));
         if committed.is_err() {
             let _ = std::fs::remove_dir_all(&tmp);
@@ -411,17 +411,6 @@ fn guest_request(req: &RunRequest) -> RunRequest {
     g
 }
 
-/// Reaps a relay, which stops QEMU's sandbox and removes it on its own way out: given the time
-/// for that, then killed.
-pub(super) fn reap_relay(child: &mut Spawned) {
-    let until = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < until && matches!(child.try_wait(), Ok(None)) {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-}
-
 /// Removes the socket directories of relays that are gone (a SIGKILLed supervisor's).
 fn sweep_run_dirs() {
     let Ok(dir) = std::fs::read_dir(RUN_ROOT) else {
@@ -446,7 +435,7 @@ struct MicrovmTier {
     end: Option<GuestEnd>,
 }
 
-impl SuperviseTier for MicrovmTier {
+impl Supervised for MicrovmTier {
     const ROLE: &'static str = RELAY_ARG;
     const KILL_GRACE: Duration = Duration::from_secs(5);
     const REPORTS_CONFINEMENT: bool = false;
@@ -517,7 +506,7 @@ impl SuperviseTier for MicrovmTier {
     }
 
     fn isolation(&self, _confinement: Option<Confinement>) -> Isolation {
-        isolation(self)
+        isolation(self, crate::native::sandbox_root_host_ids())
     }
 
     fn cleanup(&mut self) {}
@@ -549,13 +538,14 @@ impl MicrovmTier {
 }
 
 /// The isolation in force: a guest kernel behind QEMU (jailed on the host), and inside the
-/// guest the native tier's layers as the guest reported them.
-fn isolation(run: &MicrovmTier) -> Isolation {
+/// guest the native tier's layers as the guest reported them. `host_ids` are the uid and gid
+/// QEMU's jail (a native sandbox) maps its root to.
+fn isolation(run: &MicrovmTier, (host_uid, host_gid): (u32, u32)) -> Isolation {
     let guest = run.guest.clone().unwrap_or_default();
     Isolation {
         namespaces: guest.namespaces,
-        host_uid: crate::native::sandbox_root_host_uid(),
-        host_gid: crate::native::sandbox_root_host_uid(),
+        host_uid,
+        host_gid,
         id_range: guest.id_range,
         seccomp: guest.seccomp,
         landlock: guest.landlock,
@@ -585,4 +575,26 @@ pub fn describe(manifest: &Manifest) -> String {
         manifest.kernel_release,
         manifest.modules.len()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// QEMU's jail maps its root to the supervisor's own ids when it is not root: the gid
+    /// reported is the supervisor's gid, not its uid (issue 28).
+    #[test]
+    fn a_vm_under_a_non_root_supervisor_reports_its_gid() {
+        let run = MicrovmTier {
+            plan: None,
+            accel: Accel::Tcg,
+            qemu_version: "QEMU 9".into(),
+            policy: Policy::default(),
+            guest: None,
+            end: None,
+        };
+        let iso = isolation(&run, (1000, 1001));
+        assert_eq!((iso.host_uid, iso.host_gid), (1000, 1001));
+        assert_eq!(iso.tier, "microvm");
+    }
 }

@@ -3,8 +3,9 @@
 //! each a translator from [`Boot`] to its own command line or API (see ARCHITECTURE.md for
 //! what each would need); none is shipped until a test can run it.
 
+use std::io;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -210,26 +211,25 @@ pub fn host_tsc_khz() -> Option<u64> {
 pub fn accel(vm: &VmDir) -> &'static (Accel, String) {
     static PROBED: OnceLock<(Accel, String)> = OnceLock::new();
     PROBED.get_or_init(|| match probe_kvm(vm) {
-        Ok(detail) => (Accel::Kvm, detail),
-        Err(why) => (Accel::Tcg, why),
+        Ok(detail) => (Accel::Kvm, detail.into()),
+        Err(why) => (Accel::Tcg, why.to_string()),
     })
 }
 
 /// A KVM guest is usable when /dev/kvm opens and QEMU gets a KVM microvm through its reset
 /// (vCPUs stopped) within a bound. On a paravirtual /dev/kvm (`kvm_pvm`) QEMU aborts there, on
 /// an MSR it cannot set: such a host is told apart from a working one, not assumed either way.
-fn probe_kvm(vm: &VmDir) -> Result<String, String> {
+fn probe_kvm(vm: &VmDir) -> Result<&'static str, NoKvm> {
     let dev = Path::new("/dev/kvm");
     if !dev.exists() {
-        return Err("no /dev/kvm".into());
+        return Err(NoKvm::NoDevice);
     }
     std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open(dev)
-        .map_err(|e| format!("/dev/kvm does not open: {e}"))?;
-    let libraries = std::env::join_paths(vm.qemu_library_dirs())
-        .map_err(|e| format!("QEMU's library path: {e}"))?;
+        .map_err(NoKvm::Open)?;
+    let libraries = std::env::join_paths(vm.qemu_library_dirs()).map_err(NoKvm::LibraryPath)?;
     let mut child = Command::new(vm.qemu_binary())
         .arg("-L")
         .arg(vm.qemu_data_dir())
@@ -257,7 +257,7 @@ fn probe_kvm(vm: &VmDir) -> Result<String, String> {
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("cannot start QEMU to probe KVM: {e}"))?;
+        .map_err(NoKvm::Spawn)?;
     let bound = Instant::now() + Duration::from_secs(3);
     loop {
         match child.try_wait() {
@@ -267,36 +267,58 @@ fn probe_kvm(vm: &VmDir) -> Result<String, String> {
                     let _ = std::io::Read::read_to_string(&mut e, &mut err);
                 }
                 let first = err.lines().next().unwrap_or("").trim().to_string();
-                return Err(format!("QEMU cannot start a KVM guest ({status}): {first}"));
+                return Err(NoKvm::GuestFailed { status, first });
             }
             Ok(None) if Instant::now() >= bound => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return open_to_the_jail(dev).map(|()| "a KVM microvm passed its reset".into());
+                return open_to_the_jail(dev).map(|()| "a KVM microvm passed its reset");
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => return Err(format!("waiting for the KVM probe: {e}")),
+            Err(e) => return Err(NoKvm::Wait(e)),
         }
     }
 }
 
 /// QEMU runs as an unprivileged, unmapped uid in its sandbox: only a /dev/kvm that everyone
 /// may read and write is one it can open there (Debian's udev rule gives it 0666).
-fn open_to_the_jail(dev: &Path) -> Result<(), String> {
+fn open_to_the_jail(dev: &Path) -> Result<(), NoKvm> {
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(dev)
-        .map_err(|e| format!("/dev/kvm: {e}"))?
+        .map_err(NoKvm::Stat)?
         .permissions()
         .mode();
     if mode & 0o006 == 0o006 {
         Ok(())
     } else {
-        Err(format!(
-            "/dev/kvm (mode {:o}) is not open to the unprivileged uid QEMU runs as in its sandbox; \
-             a udev rule KERNEL==\"kvm\", MODE=\"0666\" makes it usable",
-            mode & 0o777
-        ))
+        Err(NoKvm::ClosedToJail { mode: mode & 0o777 })
     }
+}
+
+/// Why a KVM guest is not usable here: the microvm tier then runs under TCG, and says why.
+#[derive(Debug, thiserror::Error)]
+pub enum NoKvm {
+    #[error("no /dev/kvm")]
+    NoDevice,
+    #[error("/dev/kvm does not open: {0}")]
+    Open(io::Error),
+    #[error("QEMU's library path: {0}")]
+    LibraryPath(std::env::JoinPathsError),
+    #[error("cannot start QEMU to probe KVM: {0}")]
+    Spawn(io::Error),
+    /// QEMU exited before the probe's bound: `first` is the first line it printed.
+    #[error("QEMU cannot start a KVM guest ({status}): {first}")]
+    GuestFailed { status: ExitStatus, first: String },
+    #[error("waiting for the KVM probe: {0}")]
+    Wait(io::Error),
+    #[error("/dev/kvm: {0}")]
+    Stat(io::Error),
+    /// QEMU runs as an unmapped uid in its jail, which only a world-usable /dev/kvm admits.
+    #[error(
+        "/dev/kvm (mode {mode:o}) is not open to the unprivileged uid QEMU runs as in its \
+         sandbox; a udev rule KERNEL==\"kvm\", MODE=\"0666\" makes it usable"
+    )]
+    ClosedToJail { mode: u32 },
 }
 
 #[cfg(test)]

@@ -2,17 +2,15 @@
 //!
 //! `supervisor` is the tier's translation for the one supervision loop (`crate::supervise`):
 //! the plan, the id maps, the kill and the isolation. `helper` sets the sandbox up from the
-//! inside; `steps` runs the sequence `crate::steps::native` lists in order.
+//! inside; `steps` runs the sequence `crate::steps::native` lists in order. The policy it
+//! enforces is `crate::profile`'s.
 
 pub mod helper;
 pub mod landlock;
-pub mod mounts;
 pub mod ops;
-pub mod seccomp;
 pub mod steps;
 pub(crate) mod supervisor;
 
-pub use helper::{maybe_run_helper, HELPER_ARG};
 pub use supervisor::Native;
 
 /// The host uid/gid that uid 0 inside a sandbox maps to when Kennel runs as root; the range
@@ -25,8 +23,33 @@ pub const ID_RANGE: u32 = 65536;
 /// a full range), the supervisor's own uid otherwise. What a host-side step (the image
 /// builder's) gives its files to, for the sandbox to own them.
 pub fn sandbox_root_host_uid() -> u32 {
-    match crate::sys::getuid() {
-        0 => HOST_ID_BASE,
-        uid => uid,
+    sandbox_root_host_ids().0
+}
+
+/// The host uid and gid a native sandbox's root is: both `HOST_ID_BASE` under a root
+/// supervisor, the supervisor's own uid and gid otherwise.
+pub fn sandbox_root_host_ids() -> (u32, u32) {
+    root_host_ids(crate::sys::getuid(), crate::sys::getgid())
+}
+
+/// [`sandbox_root_host_ids`] for a supervisor running as `uid`:`gid`.
+fn root_host_ids(uid: u32, gid: u32) -> (u32, u32) {
+    match uid {
+        0 => (HOST_ID_BASE, HOST_ID_BASE),
+        _ => (uid, gid),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A root supervisor maps a full range from the base; any other maps its own ids, whose
+    /// gid is not its uid.
+    #[test]
+    fn a_sandbox_root_is_the_base_under_root_and_the_supervisor_otherwise() {
+        assert_eq!(root_host_ids(0, 0), (HOST_ID_BASE, HOST_ID_BASE));
+        assert_eq!(root_host_ids(0, 5), (HOST_ID_BASE, HOST_ID_BASE));
+        assert_eq!(root_host_ids(1000, 1001), (1000, 1001));
     }
 }

@@ -2,45 +2,16 @@
 //! in the table's slices (`Step::HELPER`, `Step::INIT`, `Step::PROGRAM`) by the helper, the
 //! init and the program process. `tests` records the calls they make, in order.
 
-use std::io;
-
 use super::landlock::Outcome;
-use super::mounts::{self, Op};
 use super::ops::Os;
-use super::seccomp;
 use crate::channel::{Confinement, FileMeta, Msg, Plan};
+use crate::profile::mounts::{self, Op};
+use crate::profile::{seccomp, HOSTNAME};
 use crate::steps::native::Step;
 use kennel_types::policy::NetMode;
 
-/// A failure inside a step, with the errno kept.
-#[derive(Debug, Clone)]
-pub struct Fail {
-    pub errno: Option<i32>,
-    pub detail: String,
-}
-
-impl Fail {
-    pub fn new(detail: impl Into<String>) -> Fail {
-        Fail {
-            errno: None,
-            detail: detail.into(),
-        }
-    }
-}
-
-/// Adds what was being done to an `io::Error`, keeping its errno.
-pub trait Context<T> {
-    fn ctx(self, what: impl FnOnce() -> String) -> Result<T, Fail>;
-}
-
-impl<T> Context<T> for io::Result<T> {
-    fn ctx(self, what: impl FnOnce() -> String) -> Result<T, Fail> {
-        self.map_err(|e| Fail {
-            errno: e.raw_os_error(),
-            detail: format!("{}: {e}", what()),
-        })
-    }
-}
+// Failure reporting is every helper's, not the native tier's alone.
+pub use crate::fail::{Context, Fail};
 
 /// The mount operations, planned before the init starts mounting.
 #[derive(Debug, Clone, Default)]
@@ -76,7 +47,6 @@ const BASE_NAMESPACES: &[(libc::c_int, &str)] = &[
     (libc::CLONE_NEWCGROUP, "cgroup"),
 ];
 const CLONE_NEWTIME: libc::c_int = 0x80;
-pub const HOSTNAME: &str = "kennel";
 const CTL_FD: i32 = crate::channel::CTL_FD;
 
 /// Runs `steps` in order; the first failure stops the sequence and names its step.

@@ -12,15 +12,16 @@ use kennel_types::api::{Isolation, LandlockInfo, LimitsInfo, RunRequest, RunResu
 use kennel_types::policy::{NetMode, Policy, Want};
 
 use super::helper::HELPER_ARG;
-use super::{seccomp, HOST_ID_BASE, ID_RANGE};
+use super::{HOST_ID_BASE, ID_RANGE};
 use crate::cgroup::{Cgroup, CgroupError, Probe};
 use crate::channel::{self, Confinement, Msg, Plan};
 use crate::error::{Error, SetupStep};
+use crate::profile::{mounts, seccomp};
 use crate::request::{check_rootfs, checked_argv, input_files, pick_cpus, sandbox_env};
 use crate::steps::native::Step;
 use crate::supervise::io::RunIo;
 use crate::supervise::report::PROXY_PORTS;
-use crate::supervise::{supervise, Tier};
+use crate::supervise::{supervise, Supervised};
 use crate::sys::{self, Spawned};
 
 /// Runs requests in native sandboxes.
@@ -38,7 +39,7 @@ type Limiter = Result<Cgroup, CgroupError>;
 
 impl Native {
     /// A native runner whose helper is the current executable (which must call
-    /// [`super::maybe_run_helper`] first thing in `main`).
+    /// [`crate::role::maybe_run_helper`] first thing in `main`).
     ///
     /// The small `kennel-sandbox-helper` beside it is used instead where it exists: it is the
     /// same helper code, and it starts faster.
@@ -115,10 +116,9 @@ fn checked_host_dirs(req: &RunRequest) -> Result<Vec<HostDir>, Error> {
         let shown = root.join(inside).symlink_metadata();
         let new_top = !inside.is_empty()
             && !inside.contains('/')
-            && !super::mounts::PROVIDED.contains(&inside)
+            && !mounts::PROVIDED.contains(&inside)
             && shown.is_err()
-            && (req.policy.filesystem.rootfs.is_some()
-                || !super::mounts::SYSTEM_DIRS.contains(&inside));
+            && (req.policy.filesystem.rootfs.is_some() || !mounts::SYSTEM_DIRS.contains(&inside));
         let ok = w.target.starts_with('/')
             && !w.target.split('/').any(|c| c == ".." || c == ".")
             && w.source.is_dir()
@@ -167,7 +167,7 @@ impl NativeTier {
     }
 }
 
-impl Tier for NativeTier {
+impl Supervised for NativeTier {
     const ROLE: &'static str = HELPER_ARG;
     const KILL_GRACE: Duration = Duration::from_secs(5);
     const REPORTS_CONFINEMENT: bool = true;

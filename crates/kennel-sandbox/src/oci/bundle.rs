@@ -16,13 +16,13 @@ use oci_spec::runtime::{
     Spec, SpecBuilder, UserBuilder,
 };
 
-use crate::native::mounts::{
+use crate::native::{HOST_ID_BASE, ID_RANGE};
+use crate::profile::mounts::{
     shown_names, Kind, View, PROC_MASKED_DIRS, PROC_MASKED_FILES, PROC_READ_ONLY, SECRET_DIRS,
     SECRET_FILES,
 };
-use crate::native::seccomp::{self, When};
-use crate::native::steps::HOSTNAME;
-use crate::native::{HOST_ID_BASE, ID_RANGE};
+use crate::profile::seccomp::{self, When};
+use crate::profile::HOSTNAME;
 use kennel_types::policy::{NetMode, Policy, Runtime};
 
 /// The launcher's scratch mounts, relative to the bundle, bound in as /tmp and /workspace.

@@ -5,21 +5,16 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use serde::{Deserialize, Serialize};
-
 use super::bundle::SCRATCH;
-use super::runtime::{quiet, Start, DELETE_LIMIT, PID_FILE};
-use crate::channel::{self, ChannelError, FileMeta, InputFiles, Msg, CTL_FD};
-use crate::native::helper::{collect, fail_and_exit};
-use crate::native::steps::{Context, Fail};
+use super::runtime::{quiet, DELETE_LIMIT, PID_FILE};
+use crate::channel::{self, ChannelError, FileMeta, InputFiles, LaunchPlan, Msg};
+use crate::fail::{Context, Fail};
+use crate::helper::{adopt_control_socket, collect, fail_and_exit};
 use crate::steps::oci::Step;
 use crate::sys;
 
 /// The first argument that turns the helper binary into an OCI launcher.
 pub const LAUNCHER_ARG: &str = "__kennel-oci-launcher";
-
-/// Exit status of a launcher whose setup failed (the details went to the supervisor).
-const SETUP_FAILED: i32 = 125;
 
 /// Exit status of a launcher that tore its container down because its supervisor died (the
 /// shell's for SIGTERM, the signal that said so; nobody is left to read it).
@@ -28,60 +23,10 @@ const TORN_DOWN: i32 = 128 + libc::SIGTERM;
 /// The launcher's parent-death signal once it watches its supervisor (`Step::WatchSupervisor`).
 const SUPERVISOR_DIED: libc::c_int = libc::SIGTERM;
 
-/// What the launcher needs, sent once before the input files.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct LaunchPlan {
-    /// The supervisor's [`channel::BUILD`].
-    pub build: String,
-    pub bundle: PathBuf,
-    /// Files the launcher writes "0" into to join Kennel's cgroup before the runtime starts.
-    pub cgroup_join: Vec<String>,
-    /// CPUs the runtime and the code are pinned to.
-    pub cpus: Vec<usize>,
-    /// The runtime's `run` command line.
-    pub start: Start,
-    /// A cgroup2 mount point to hide from the runtime (hybrid hosts).
-    pub hide_cgroup2: Option<String>,
-    /// Whether to make a network namespace of the launcher's own for the allowlist proxy.
-    pub private_network: bool,
-    pub tmp_size: u64,
-    pub workspace_size: u64,
-    /// The host uid and gid of the sandbox's root, which own the scratch space.
-    pub owner: u32,
-    /// The code's argv[0], its PATH, and the directory its system view comes from ("/" or
-    /// the policy's rootfs): to tell a missing program from a runtime that failed.
-    pub program: String,
-    pub path_var: String,
-    pub view_root: PathBuf,
-    pub files: usize,
-    pub collect: Vec<String>,
-    pub collect_size: u64,
-    /// The spec's seccomp `listenerPath`, for a watched container (runc, crun).
-    pub listener: Option<PathBuf>,
-    /// The runtime's `delete --force` of the container, run if the supervisor dies.
-    pub teardown: Vec<String>,
-}
-
-impl channel::Planned for LaunchPlan {
-    fn build(&self) -> &str {
-        &self.build
-    }
-    fn files(&self) -> usize {
-        self.files
-    }
-}
-
+/// The launcher: reads its plan, prepares the scratch space, runs the runtime to the code's
+/// end and collects the files.
 pub fn launcher_main() -> ! {
-    let mut ctl = match sys::adopt_inherited_fd(CTL_FD) {
-        Ok(fd) => UnixStream::from(fd),
-        Err(e) => {
-            eprintln!("kennel: {LAUNCHER_ARG} is internal and needs the supervisor's socket: {e}");
-            sys::exit_now(SETUP_FAILED)
-        }
-    };
-    // Neither the runtime nor the code may inherit the socket or anything leaked into kennel.
-    let _ = sys::set_cloexec(CTL_FD);
-    let _ = sys::close_fds_from(CTL_FD + 1);
+    let mut ctl = adopt_control_socket(LAUNCHER_ARG);
     let (plan, files) = match read_plan(&mut ctl) {
         Ok(p) => p,
         Err(e) => fail_and_exit(&mut ctl, Step::SpawnLauncher, Fail::new(e.to_string())),

@@ -22,7 +22,7 @@ use kennel_types::api::{Isolation, LandlockInfo, LimitsInfo, RunRequest, RunResu
 use kennel_types::policy::{NetMode, Platform, Policy, Runtime, Tier};
 
 use crate::cgroup::{self, Cgroup, Probe};
-use crate::channel::{self, Confinement, InputFiles, Msg};
+use crate::channel::{self, Confinement, InputFiles, LaunchPlan, Msg};
 use crate::error::{Error, SetupStep};
 use crate::native::{HOST_ID_BASE, ID_RANGE};
 use crate::request::{check_rootfs, checked_argv, input_files, pick_cpus, sandbox_env};
@@ -31,7 +31,7 @@ use crate::supervise::io::RunIo;
 use crate::supervise::report::{Report, PROXY_PORTS};
 use crate::supervise::supervise;
 use crate::sys::{self, Spawned};
-use launcher::{LaunchPlan, LAUNCHER_ARG};
+use launcher::LAUNCHER_ARG;
 use runtime::Installed;
 
 /// Where bundles are written; each is removed after its run.
@@ -157,13 +157,19 @@ impl Oci {
     }
 
     /// Runs `/bin/true` in a gVisor guest on KVM, killed at `deadline` (the run's timeout).
-    fn probe_kvm(&self, runsc: &Installed, deadline: Duration) -> Result<(), String> {
+    fn probe_kvm(
+        &self,
+        runsc: &Installed,
+        deadline: Duration,
+    ) -> Result<(), runtime::ProbeFailure> {
+        use runtime::ProbeFailure;
         let mut req = RunRequest::new(kennel_types::api::Command::Argv(vec!["/bin/true".into()]));
         req.policy.tier = Tier::Oci;
         req.policy.oci.runtime = Runtime::Runsc;
         req.policy.limits.timeout = kennel_types::policy::Span(deadline);
-        let argv = checked_argv(&req).map_err(|e| e.to_string())?;
-        let files = input_files(&req).map_err(|e| e.to_string())?;
+        let not_run = |e: Error| ProbeFailure::NotRun(e.to_string());
+        let argv = checked_argv(&req).map_err(not_run)?;
+        let files = input_files(&req).map_err(not_run)?;
         let started = Instant::now();
         let outcome = self.run_on(
             &req,
@@ -173,24 +179,19 @@ impl Oci {
             runsc.clone(),
             Some(Platform::Kvm),
         );
-        let gave_up = || {
-            format!(
-                "a gVisor guest on it did not run /bin/true within {} ms",
-                deadline.as_millis()
-            )
-        };
         match outcome {
             Ok(r) if r.outcome.exit_code == Some(0) => Ok(()),
-            Ok(r) if r.outcome.timed_out => Err(gave_up()),
-            Ok(r) => Err(format!(
-                "/bin/true in a gVisor guest on it exited {:?} (signal {:?}): {}",
-                r.outcome.exit_code,
-                r.outcome.signal,
-                r.outcome.stderr.lines().next().unwrap_or_default()
-            )),
+            Ok(r) if r.outcome.timed_out => Err(ProbeFailure::TimedOut(deadline)),
+            Ok(r) => Err(ProbeFailure::Exited {
+                code: r.outcome.exit_code,
+                signal: r.outcome.signal,
+                stderr: r.outcome.stderr.lines().next().unwrap_or_default().into(),
+            }),
             // The runtime killed at the deadline reports only a status (137).
-            Err(_) if started.elapsed() >= deadline => Err(gave_up()),
-            Err(e) => Err(e.to_string().lines().next().unwrap_or_default().into()),
+            Err(_) if started.elapsed() >= deadline => Err(ProbeFailure::TimedOut(deadline)),
+            Err(e) => Err(ProbeFailure::NotRun(
+                e.to_string().lines().next().unwrap_or_default().into(),
+            )),
         }
     }
 }
@@ -203,7 +204,7 @@ impl OciTier {
     }
 }
 
-impl super::supervise::Tier for OciTier {
+impl super::supervise::Supervised for OciTier {
     const ROLE: &'static str = LAUNCHER_ARG;
     const KILL_GRACE: Duration = Duration::from_secs(10);
     /// The runtime applies the confinement: the sandbox has started once the runtime runs.

@@ -6,8 +6,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
+use crate::channel::Start;
 use crate::error::Error;
 use kennel_types::policy::{Platform, Runtime};
 
@@ -23,14 +22,6 @@ pub const PID_FILE: &str = "container.pid";
 /// (crun, runsc), which then holds the limits alone.
 pub fn makes_cgroups(runtime: Runtime) -> bool {
     runtime == Runtime::Runc
-}
-
-/// The runtime command that starts a container, and whether it returns once the code runs
-/// (`--detach`) or when it ends.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Start {
-    pub argv: Vec<String>,
-    pub detached: bool,
 }
 
 /// A runtime found on this host.
@@ -87,7 +78,7 @@ pub fn locate(runtime: Runtime) -> Result<Installed, Error> {
         .map(|d| Path::new(d).join(runtime.name()))
         .find(|p| p.is_file())
         .ok_or_else(|| missing(format!("{} is not installed", runtime.name())))?;
-    let version = version(runtime, &path).map_err(missing)?;
+    let version = version(runtime, &path).map_err(|e| missing(e.to_string()))?;
     let found = Installed {
         runtime,
         path,
@@ -100,9 +91,12 @@ pub fn locate(runtime: Runtime) -> Result<Installed, Error> {
 /// The first line of `<runtime> --version`, kept in a file beside the runtimes' state and
 /// keyed by the binary's inode, size and mtime: runsc takes ~30 ms to say it, which each
 /// `kennel run` would otherwise pay.
-fn version(runtime: Runtime, path: &Path) -> Result<String, String> {
+fn version(runtime: Runtime, path: &Path) -> Result<String, VersionError> {
     use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let meta = std::fs::metadata(path).map_err(|source| VersionError::Stat {
+        path: path.to_path_buf(),
+        source,
+    })?;
     let key = format!(
         "{} {} {} {}.{}",
         path.display(),
@@ -123,7 +117,10 @@ fn version(runtime: Runtime, path: &Path) -> Result<String, String> {
         .arg("--version")
         .stdin(Stdio::null())
         .output()
-        .map_err(|e| format!("{} --version failed: {e}", path.display()))?;
+        .map_err(|source| VersionError::Run {
+            path: path.to_path_buf(),
+            source,
+        })?;
     let version = String::from_utf8_lossy(&out.stdout)
         .lines()
         .next()
@@ -137,6 +134,21 @@ fn version(runtime: Runtime, path: &Path) -> Result<String, String> {
         let _ = std::fs::rename(&tmp, &cache);
     }
     Ok(version)
+}
+
+/// Why a runtime's version could not be learnt (it then counts as not installed).
+#[derive(Debug, thiserror::Error)]
+enum VersionError {
+    #[error("{}: {source}", path.display())]
+    Stat {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{} --version failed: {source}", path.display())]
+    Run {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -338,12 +350,30 @@ pub enum KvmUnusable {
     /// The probe guest did not run: `why`, with which KVM module explains it, if one does.
     #[error("{why}{}", flavour.map(|f| format!(" ({f})")).unwrap_or_default())]
     GuestFailed {
-        why: String,
+        why: ProbeFailure,
         flavour: Option<&'static str>,
     },
     /// An earlier probe's answer on this boot, kept with its words.
     #[error("{0}")]
     Remembered(String),
+}
+
+/// Why the probe guest did not run `/bin/true` on gVisor's KVM platform.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProbeFailure {
+    /// It did not end within the probe's deadline (a broken KVM never runs one).
+    #[error("a gVisor guest on it did not run /bin/true within {} ms", .0.as_millis())]
+    TimedOut(Duration),
+    /// It ran and failed: its status, and the first line of its stderr.
+    #[error("/bin/true in a gVisor guest on it exited {code:?} (signal {signal:?}): {stderr}")]
+    Exited {
+        code: Option<i32>,
+        signal: Option<i32>,
+        stderr: String,
+    },
+    /// The probe run could not happen: the first line of why.
+    #[error("{0}")]
+    NotRun(String),
 }
 
 /// Whether gVisor's KVM platform runs guests on this host, or why not.
@@ -355,7 +385,7 @@ pub enum KvmUnusable {
 pub fn kvm_usable(
     runsc: &Installed,
     deadline: Duration,
-    probe: impl FnOnce(Duration) -> Result<(), String>,
+    probe: impl FnOnce(Duration) -> Result<(), ProbeFailure>,
 ) -> Result<(), KvmUnusable> {
     static ANSWER: OnceLock<Result<(), KvmUnusable>> = OnceLock::new();
     ANSWER
@@ -390,7 +420,7 @@ pub fn kvm_usable(
 /// `deadline`, or why not.
 fn probe_kvm(
     deadline: Duration,
-    probe: impl FnOnce(Duration) -> Result<(), String>,
+    probe: impl FnOnce(Duration) -> Result<(), ProbeFailure>,
 ) -> Result<(), KvmUnusable> {
     open_kvm()?;
     probe(deadline).map_err(|why| KvmUnusable::GuestFailed {
@@ -455,7 +485,7 @@ mod tests {
         let mut given = None;
         let answer = probe_kvm(Duration::from_millis(1500), |d| {
             given = Some(d);
-            Err("the guest did not start".into())
+            Err(ProbeFailure::NotRun("the guest did not start".into()))
         });
         let why = answer.expect_err("a failed probe is a refusal").to_string();
         match given {

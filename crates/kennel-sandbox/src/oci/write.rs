@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use super::bundle::{self, Node};
 use super::owner;
 use crate::error::Error;
-use crate::native::helper::Dir;
+use crate::profile::Dir;
 use crate::request::{check_rootfs, checked_argv, pick_cpus, sandbox_env};
 use kennel_types::api::RunRequest;
 use kennel_types::policy::{Policy, Runtime, Tier};

@@ -4,9 +4,9 @@
 //! tier's role with its control socket, feeds stdin, reads the output with its caps, sends the
 //! plan and the input files, reads the helper's reports, enforces the wall-clock deadline and
 //! cancellation from outside (with a grace for the kill to land), reaps, reads the usage and
-//! builds the result. A tier only translates, through [`Tier`]: what its plan is, how it
+//! builds the result. A tier only translates, through [`Supervised`]: what its plan is, how it
 //! answers the helper's requests, how it kills, what isolation it describes, and what it
-//! removes afterwards. A new tier implements `Tier` and nothing of this loop.
+//! removes afterwards. A new tier implements `Supervised` and nothing of this loop.
 
 pub mod io;
 pub mod output;
@@ -31,7 +31,7 @@ use output::{Captured, Stream};
 use report::{build_result, Outcome, Report};
 
 /// What one tier does for one run; everything else is [`supervise`]'s.
-pub(crate) trait Tier {
+pub(crate) trait Supervised {
     /// The helper binary's role for this tier (its first argument).
     const ROLE: &'static str;
     /// How long a killed sandbox may take to report its end before Kennel stops waiting.
@@ -87,7 +87,7 @@ pub(crate) trait Tier {
 
 /// Runs `req` under `tier` to its end: a `RunResult` however the code ended, an `Error` when
 /// the run could not happen as asked. The tier is cleaned up on every path.
-pub(crate) fn supervise<T: Tier>(
+pub(crate) fn supervise<T: Supervised>(
     tier: &mut T,
     helper: &Path,
     req: &RunRequest,
@@ -99,7 +99,7 @@ pub(crate) fn supervise<T: Tier>(
     outcome
 }
 
-fn run<T: Tier>(
+fn run<T: Supervised>(
     tier: &mut T,
     helper: &Path,
     req: &RunRequest,
@@ -139,7 +139,7 @@ struct Running {
     started: Instant,
 }
 
-fn watch<T: Tier>(
+fn watch<T: Supervised>(
     tier: &mut T,
     running: &mut Running,
     req: &RunRequest,
@@ -248,7 +248,7 @@ fn watch<T: Tier>(
 
 /// Reads the control channel until the sandbox ends, enforcing the wall-clock deadline and
 /// cancellation from outside.
-fn events<T: Tier>(
+fn events<T: Supervised>(
     tier: &mut T,
     ctl: &mut UnixStream,
     helper: i32,
@@ -331,14 +331,14 @@ fn watcher(
     Watcher::start(fd, p.on_violation, p.tripwires.clone(), on_trip).ok()
 }
 
-fn kill<T: Tier>(tier: &T, helper: i32, report: &mut Report) {
+fn kill<T: Supervised>(tier: &T, helper: i32, report: &mut Report) {
     if !report.killed {
         tier.kill(helper, report.init_pid);
         report.killed = true;
     }
 }
 
-fn on_frame<T: Tier>(
+fn on_frame<T: Supervised>(
     tier: &mut T,
     ctl: &mut UnixStream,
     helper: i32,

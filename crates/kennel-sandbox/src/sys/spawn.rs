@@ -5,7 +5,7 @@
 //! about 2 ms of CPU per sandbox (`bench/profile-startup.md`). glibc's `posix_spawn` is a
 //! `clone(CLONE_VM | CLONE_VFORK)` that copies nothing. What the hook did is done otherwise:
 //! the control socket reaches fd 3 by a file action, and the helper sets its own parent-death
-//! signal (`native::helper::die_with_spawner`).
+//! signal (`role::die_with_spawner`).
 
 use std::ffi::{CString, OsStr};
 use std::fs::File;

@@ -246,7 +246,7 @@ async fn openapi_json(State(state): State<Shared>) -> Response {
     let host = tokio::task::spawn_blocking(move || openapi::Host {
         kvm: engine.oci.kvm_works().unwrap_or(true),
         runtimes: engine.runtimes(),
-        cpus: Some(kennel_sandbox::request::host_cpus()),
+        cpus: Some(kennel_sandbox::host_cpus()),
     })
     .await
     .unwrap_or_default();

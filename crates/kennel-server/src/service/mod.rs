@@ -29,8 +29,8 @@ use super::config::ServerConfig;
 use super::metrics::Metrics;
 use super::pool::Pool;
 use super::sessions::Sessions;
-use kennel_sandbox::engine::Engine;
-use kennel_sandbox::error::Error;
+use kennel_sandbox::Engine;
+use kennel_sandbox::Error;
 use kennel_sandbox::{Canceller, OutputSink, Stream};
 use kennel_types::api::{
     ExecResult, ExecSpec, Listing, RichOutput, RunSpec, SessionInfo, SessionSpec,
@@ -292,8 +292,8 @@ impl From<Error> for ServiceError {
     }
 }
 
-impl From<kennel_sandbox::error::PolicyError> for ServiceError {
-    fn from(e: kennel_sandbox::error::PolicyError) -> ServiceError {
+impl From<kennel_sandbox::PolicyError> for ServiceError {
+    fn from(e: kennel_sandbox::PolicyError) -> ServiceError {
         ServiceError::BadRequest(e.to_string())
     }
 }

@@ -12,9 +12,9 @@ use super::{in_slot, Accepted, Caller, Live, Reply, Service, ServiceError};
 use crate::agent::{AgentError, AgentSandbox, Exec, KernelUsage, Progress};
 use crate::audit::Entry;
 use crate::metrics::inc;
-use kennel_sandbox::cgroup::Stats;
-use kennel_sandbox::native::helper::in_scratch;
+use kennel_sandbox::Stats;
 use kennel_sandbox::{Canceller, OutputMode, RunIo, StdinSource, Stream};
+use kennel_types::api::in_scratch;
 use kennel_types::api::{
     CollectedFile, Command, Content, ExecResult, Language, Outcome, RichResults, RunRequest,
     RunResult, RunSpec,
@@ -37,7 +37,7 @@ pub(super) async fn run(
     service.check_image(caller, &req.policy)?;
     check_paths(&req)?;
     // Before the run is accepted, so that a stream is refused with a plain 400 as well.
-    kennel_sandbox::request::check_cpus(&req.policy)?;
+    kennel_sandbox::check_cpus(&req.policy)?;
     if spec.rich
         && !matches!(
             req.command,
@@ -510,8 +510,8 @@ async fn run_pooled(
 /// start of `bash -c`, which a cold run's log leaves out as the request's own command.
 fn watched(
     result: &mut RunResult,
-    watch: Option<&kennel_sandbox::watch::Watch>,
-    before: Option<&kennel_sandbox::watch::Tally>,
+    watch: Option<&kennel_sandbox::Watch>,
+    before: Option<&kennel_sandbox::Tally>,
     language: &Language,
 ) {
     match (watch, before) {
@@ -525,7 +525,7 @@ fn watched(
             result.killed_by = result.killed_by.take().or(killed_by);
         }
         _ if !result.security_events.syscalls_watched => {
-            result.security_events.unwatched = Some(kennel_sandbox::watch::UNWATCHED_TIER.into());
+            result.security_events.unwatched = Some(kennel_sandbox::UNWATCHED_TIER.into());
         }
         _ => {}
     }

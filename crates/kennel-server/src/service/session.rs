@@ -9,7 +9,7 @@ use crate::audit::Entry;
 use crate::config::ServerConfig;
 use crate::metrics::inc;
 use crate::sessions::{Full, Session, MIN_MEMORY, MIN_PIDS};
-use kennel_sandbox::native::helper::in_scratch;
+use kennel_types::api::in_scratch;
 use kennel_types::api::{
     EndReason, ExecResult, ExecSpec, Listing, SessionEnd, SessionInfo, SessionSpec,
 };
@@ -157,7 +157,7 @@ pub(super) async fn create(
         policy.filesystem.image = Some(image.clone());
     }
     policy.validate()?;
-    kennel_sandbox::request::check_cpus(&policy)?;
+    kennel_sandbox::check_cpus(&policy)?;
     service.check_image(caller, &policy)?;
     let idle_ttl = idle_ttl(config, spec.idle_ttl)?;
     let lifetime = config.sessions.max_lifetime.0;

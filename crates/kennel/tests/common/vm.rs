@@ -7,7 +7,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use kennel_sandbox::microvm::artifacts::VmDir;
+use kennel_sandbox::VmDir;
 use serde_json::Value;
 
 /// The state directory the tests share on a machine (images.rs builds its images there too).

@@ -5,7 +5,7 @@ use std::io;
 use super::*;
 use crate::channel::Plan;
 use crate::native::landlock::Outcome;
-use crate::native::mounts::View;
+use crate::profile::mounts::View;
 use kennel_types::policy::Policy;
 
 #[derive(Default)]

@@ -8,8 +8,8 @@ use anyhow::{bail, Context as _};
 use clap::{Args, Subcommand};
 use kennel_image::builder::{Builder, Built};
 use kennel_image::{NoProgress, Progress};
-use kennel_sandbox::image::Store;
-use kennel_sandbox::state::StateDir;
+use kennel_sandbox::StateDir;
+use kennel_sandbox::Store;
 use kennel_sandbox::{OutputSink, Stream};
 use kennel_types::image::{Base, ImageSpec};
 

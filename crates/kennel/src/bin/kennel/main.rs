@@ -1,6 +1,7 @@
 //! The `kennel` command: arguments and flags become a policy and a request, handed to the
 //! sandbox engine, the server or the MCP server.
 
+#![forbid(unsafe_code)]
 // What the command prints goes through `out`, which a closed pipe does not make panic.
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
@@ -399,7 +400,7 @@ where
 fn bundle(args: BundleArgs) -> anyhow::Result<()> {
     let mut req = request(args.run)?;
     req.policy.tier = kennel_types::policy::Tier::Oci;
-    kennel_sandbox::oci::export_bundle(&req, &args.out)?;
+    kennel_sandbox::export_bundle(&req, &args.out)?;
     outln!("{}", args.out.display())
 }
 
@@ -670,7 +671,7 @@ fn doctor(json: bool) -> ExitCode {
         Ok(n) => n,
         Err(e) => return report(Err(e.into())),
     };
-    let checks = kennel_sandbox::doctor::checks(&engine);
+    let checks = kennel_sandbox::doctor(&engine);
     let essential = ["user namespaces", "seccomp", "native sandbox"];
     let status = if checks.iter().any(|c| !c.ok && essential.contains(&c.name)) {
         ExitCode::from(1)
@@ -680,7 +681,7 @@ fn doctor(json: bool) -> ExitCode {
     printed(print_checks(&checks, json), status)
 }
 
-fn print_checks(checks: &[kennel_sandbox::doctor::Check], json: bool) -> anyhow::Result<()> {
+fn print_checks(checks: &[kennel_sandbox::Check], json: bool) -> anyhow::Result<()> {
     if json {
         return outln!("{}", serde_json::to_string_pretty(checks)?);
     }

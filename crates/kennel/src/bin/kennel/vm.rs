@@ -5,9 +5,9 @@ use std::io::IsTerminal;
 use clap::Subcommand;
 use kennel_image::builder::Builder;
 use kennel_image::{NoProgress, Progress};
-use kennel_sandbox::image::Store;
-use kennel_sandbox::microvm::artifacts::VmDir;
-use kennel_sandbox::state::StateDir;
+use kennel_sandbox::StateDir;
+use kennel_sandbox::Store;
+use kennel_sandbox::VmDir;
 use kennel_vm::{Options, Prepared};
 
 use crate::image::Terminal;
@@ -90,7 +90,7 @@ struct Warmed {
 }
 
 fn warm(engine: &kennel_sandbox::Engine, images: &[String]) -> anyhow::Result<Vec<Warmed>> {
-    let base = kennel_sandbox::microvm::artifacts::BASE_IMAGE;
+    let base = kennel_sandbox::BASE_IMAGE;
     let mut names = vec![base.to_string()];
     names.extend(images.iter().filter(|n| *n != base).cloned());
     let mut warmed = vec![];

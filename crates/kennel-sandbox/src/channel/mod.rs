@@ -7,7 +7,16 @@ use std::io::{self, Read, Write};
 
 use serde::{Deserialize, Serialize};
 
-use kennel_types::policy::Policy;
+mod microvm;
+mod native;
+mod oci;
+
+pub use microvm::{
+    Fresh, GuestEnd, GuestPlan, GuestSecurity, VmMode, VmPlan, AGENT_SOCKET, CONSOLE, IO_MOUNT,
+    QMP_SOCKET, RAM_FILE, SNAP_MOUNT, STATE_FILE, VM_MOUNT,
+};
+pub use native::Plan;
+pub use oci::{LaunchPlan, Start};
 
 /// The file descriptor on which a helper finds its control socket.
 pub const CTL_FD: i32 = 3;
@@ -28,31 +37,6 @@ pub type InputFiles = Vec<(FileMeta, Vec<u8>)>;
 /// This build of the sandbox crate (a hash of its sources): a helper refuses a plan from
 /// another build.
 pub const BUILD: &str = env!("KENNEL_SANDBOX_BUILD");
-
-/// What the helper needs to build the sandbox, sent once, before anything else.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Plan {
-    /// The supervisor's [`BUILD`].
-    pub build: String,
-    pub argv: Vec<String>,
-    pub env: Vec<(String, String)>,
-    pub policy: Policy,
-    pub collect: Vec<String>,
-    /// How many files follow as `Msg::File` frames.
-    pub files: usize,
-    /// Whether the supervisor maps a full id range (it is privileged) or a single id.
-    pub full_id_range: bool,
-    /// Files the helper writes "0" into to join the sandbox's cgroup; empty when rlimits stand
-    /// in for cgroups.
-    pub cgroup_join: Vec<String>,
-    /// CPUs the sandbox is pinned to.
-    pub cpus: Vec<usize>,
-    /// Host directories shown inside (Kennel's own: the image builder's pip step, the microvm
-    /// tier's QEMU).
-    pub host_dirs: Vec<kennel_types::api::HostDir>,
-    /// Host devices shown in /dev beyond the usual few (the microvm tier's /dev/kvm).
-    pub devices: Vec<String>,
-}
 
 /// What the isolation looked like from inside, just before `execve`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -80,15 +64,15 @@ pub enum Msg {
     // supervisor → helper
     Plan(Box<Plan>),
     /// To an OCI launcher instead of a plan.
-    Launch(Box<crate::oci::launcher::LaunchPlan>),
+    Launch(Box<LaunchPlan>),
     File(FileMeta),
     /// To a microvm relay instead of a plan.
-    Vm(Box<crate::microvm::plan::VmPlan>),
+    Vm(Box<VmPlan>),
     /// From a microvm relay to its guest agent.
-    Guest(Box<crate::microvm::plan::GuestPlan>),
+    Guest(Box<GuestPlan>),
     /// To a guest resumed mid-run from a snapshot, before anything else: its own entropy and
     /// the clock (what a started guest gets with its plan); it answers `GuestStarted` again.
-    Fresh(crate::microvm::plan::Fresh),
+    Fresh(Fresh),
     /// The code's stdin, to a guest agent: a chunk as the blob, then `StdinEnd`.
     Stdin,
     StdinEnd,
@@ -131,7 +115,7 @@ pub enum Msg {
     /// From a guest agent (through the relay): the isolation its own sandbox verified.
     GuestStarted(Box<kennel_types::api::Isolation>),
     /// From a guest agent (through the relay): what the guest counted, after the exit.
-    GuestEnded(Box<crate::microvm::plan::GuestEnd>),
+    GuestEnded(Box<GuestEnd>),
     /// Between a guest and its relay: a TCP connection to the proxy's `port` opened by the
     /// code (guest to host), its bytes as blobs (both ways), and either side's end of it.
     Conn {
@@ -165,15 +149,6 @@ pub enum ChannelError {
 pub trait Planned {
     fn build(&self) -> &str;
     fn files(&self) -> usize;
-}
-
-impl Planned for Plan {
-    fn build(&self) -> &str {
-        &self.build
-    }
-    fn files(&self) -> usize {
-        self.files
-    }
 }
 
 /// Reads a helper's plan, which `pick` takes out of its message or gives back (`what` names
@@ -321,6 +296,7 @@ pub fn recv_bounded(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kennel_types::policy::Policy;
 
     #[test]
     fn frames_round_trip_with_blobs() {

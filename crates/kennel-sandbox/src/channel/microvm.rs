@@ -1,4 +1,4 @@
-//! What the microvm tier's processes tell each other: the supervisor's plan for the relay, the
+//! The microvm tier's plans: what its processes tell each other: the supervisor's plan for the relay, the
 //! relay's plan for the guest agent, and the guest's account of the run.
 
 use std::path::PathBuf;
@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 use kennel_types::api::{ResumeAt, RunRequest};
 use kennel_types::policy::Policy;
 
+use super::Planned;
 use crate::cgroup::Stats;
-use crate::channel::Planned;
 
 /// The supervisor's plan for the relay: how to start the VMM in its jail, and the guest's plan.
 #[derive(Debug, Clone, Serialize, Deserialize)]

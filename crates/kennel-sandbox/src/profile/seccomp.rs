@@ -86,6 +86,8 @@ pub struct Rule {
     pub when: When,
     /// [`DENIED_ERRNO`], but for calls whose callers expect the kernel's own answer.
     pub errno: i32,
+    /// Why the call is denied: the table's documentation, which no code reads.
+    #[allow(dead_code)]
     pub reason: &'static str,
     /// Whether a watched sandbox reports the call to its supervisor (which answers with the
     /// same errno); `false` for calls that libc makes and expects to fail as a matter of
