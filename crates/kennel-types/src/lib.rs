@@ -3,6 +3,8 @@
 //!
 //! Nothing here starts a process: the types are data, validated once.
 
+#![warn(missing_docs)]
+
 pub mod api;
 pub mod error;
 pub mod image;
