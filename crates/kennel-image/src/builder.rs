@@ -103,7 +103,7 @@ impl Builder<'_> {
         spec: &ImageSpec,
         spec_dir: &Path,
     ) -> Result<Built, BuildError> {
-        check_name(name).map_err(|why| PolicyError::request("name", why))?;
+        check_name(name).map_err(|e| PolicyError::request("name", e.to_string()))?;
         spec.validate()?;
         let spec_json = serde_json::to_vec(spec)
             .map_err(|e| BuildError::io("encoding the spec", io::Error::other(e)))?;
@@ -168,7 +168,7 @@ impl Builder<'_> {
     /// Imports `name` from an OCI image layout (a directory or a tarball) or a `docker save`
     /// tarball.
     pub fn from_oci(&self, name: &str, path: &Path) -> Result<Built, BuildError> {
-        check_name(name).map_err(|why| PolicyError::request("name", why))?;
+        check_name(name).map_err(|e| PolicyError::request("name", e.to_string()))?;
         let key = if path.is_file() {
             key(&[b"kennel-image-oci-1", &hash_file(path)?])
         } else {
@@ -200,7 +200,7 @@ impl Builder<'_> {
 
     /// Copies `name` from a directory. Not keyed: a directory can change under the same name.
     pub fn from_dir(&self, name: &str, dir: &Path) -> Result<Built, BuildError> {
-        check_name(name).map_err(|why| PolicyError::request("name", why))?;
+        check_name(name).map_err(|e| PolicyError::request("name", e.to_string()))?;
         let staging = self.store.staging()?;
         self.progress.step(&format!("copying {}", dir.display()));
         copy::copy_tree(dir, &staging.rootfs(), self.progress)?;

@@ -109,7 +109,7 @@ impl Store {
 
     /// The image `name` points at now, with its root and record.
     pub fn resolve(&self, name: &str) -> Result<Resolved, Error> {
-        check_name(name).map_err(|why| Error::request("image", why))?;
+        check_name(name).map_err(|e| Error::request("image", e.to_string()))?;
         let target = std::fs::read_link(self.name_link(name)).map_err(|_| Self::missing(name))?;
         let dir = self.root.join("names").join(target);
         let text =
@@ -237,7 +237,7 @@ impl Store {
 
     /// Points `name` at the image with `digest`.
     pub fn tag(&self, name: &str, digest: &str) -> Result<(), Error> {
-        check_name(name).map_err(|why| Error::request("name", why))?;
+        check_name(name).map_err(|e| Error::request("name", e.to_string()))?;
         let dir_name = digest_dir_name(digest)
             .ok_or_else(|| Error::request("digest", "is not a sha256 digest"))?;
         self.link(&format!("../{dir_name}"), &self.name_link(name))

@@ -148,6 +148,14 @@ fn constrain(doc: &mut Value, config: &ServerConfig, host: &Host) {
         host_cpus: host.cpus,
     };
     let schemas = &mut doc["components"]["schemas"];
+    for schema in schemas
+        .as_object_mut()
+        .into_iter()
+        .flat_map(|s| s.values_mut())
+    {
+        hoist_descriptions(schema);
+    }
+    describe_event_kinds(&mut schemas["SecurityEvent"]);
     inline_flattened(
         schemas,
         &["RunResult", "ExecResult"],
@@ -214,6 +222,65 @@ fn inline_flattened(schemas: &mut Value, names: &[&str], parts: &[&str]) {
     }
 }
 
+/// utoipa writes an optional field's doc comment inside its `oneOf` (`[null, {$ref,
+/// description}]`), where generated clients do not look for it: moved up to the property,
+/// beside the `oneOf`, in `schema` and every schema within it.
+fn hoist_descriptions(schema: &mut Value) {
+    for property in schema
+        .get_mut("properties")
+        .and_then(Value::as_object_mut)
+        .into_iter()
+        .flat_map(|p| p.values_mut())
+    {
+        if property.get("description").is_none() {
+            if let Some(description) = take_inner_description(property) {
+                property["description"] = description;
+            }
+        }
+        hoist_descriptions(property);
+    }
+    for key in ["oneOf", "anyOf", "allOf"] {
+        for member in schema
+            .get_mut(key)
+            .and_then(Value::as_array_mut)
+            .into_iter()
+            .flatten()
+        {
+            hoist_descriptions(member);
+        }
+    }
+    if let Some(items) = schema.get_mut("items") {
+        hoist_descriptions(items);
+    }
+}
+
+/// The first description among the alternatives of `property`, taken out of them.
+fn take_inner_description(property: &mut Value) -> Option<Value> {
+    for key in ["oneOf", "anyOf"] {
+        let members = property.get_mut(key).and_then(Value::as_array_mut);
+        for member in members.into_iter().flatten() {
+            if let Some(description) = member.as_object_mut().and_then(|m| m.remove("description"))
+            {
+                return Some(description);
+            }
+        }
+    }
+    None
+}
+
+/// The tag of a security event, which utoipa writes without a description.
+fn describe_event_kinds(events: &mut Value) {
+    let variants = events.get_mut("oneOf").and_then(Value::as_array_mut);
+    for variant in variants.into_iter().flatten() {
+        if let Some(kind) = variant.pointer_mut("/properties/kind") {
+            kind["description"] = json!(
+                "The event's kind (`denied_syscall`, `network_refused` or `limit_hit`), which \
+                 says which other fields it has."
+            );
+        }
+    }
+}
+
 fn error_schema() -> Value {
     json!({
         "type": "object",
@@ -222,8 +289,15 @@ fn error_schema() -> Value {
         "additionalProperties": false,
         "properties": {"error": {
             "type": "object",
+            "description": "What went wrong.",
             "required": ["code", "message"],
-            "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
+            "properties": {
+                "code": {"type": "string", "description": "A stable, machine-readable code \
+                    for the kind of refusal (`bad_request`, `not_found`, `quota_exceeded`, \
+                    ...); the HTTP status goes with it."},
+                "message": {"type": "string", "description": "What went wrong in words, and \
+                    what to do about it, for a person to read."},
+            },
         }},
     })
 }
@@ -344,9 +418,11 @@ const BASE64: &str = "^(?:[A-Za-z0-9+/]{4})*\
 fn constrain_content(content: &mut Value) {
     content["oneOf"] = json!([
         {"type": "object", "required": ["text"], "additionalProperties": false,
-         "properties": {"text": {"type": "string"}}},
+         "properties": {"text": {"type": "string",
+             "description": "The bytes as UTF-8 text."}}},
         {"type": "object", "required": ["base64"], "additionalProperties": false,
-         "properties": {"base64": {"type": "string", "pattern": BASE64}}},
+         "properties": {"base64": {"type": "string", "pattern": BASE64,
+             "description": "The bytes in standard base64, with padding."}}},
     ]);
 }
 

@@ -10,7 +10,7 @@ use crate::error::PolicyError;
 use std::collections::BTreeMap;
 
 use crate::policy::{ByteSize, Capabilities, Limits, Policy, Span};
-use crate::security::OnViolation;
+use crate::security::{OnViolation, SecurityEvent};
 
 /// A language whose snippets Kennel knows how to start.
 #[derive(
@@ -35,6 +35,7 @@ pub enum Language {
 }
 
 impl Language {
+    /// The language's name on the wire and on the command line: `python`, `bash` or `sh`.
     pub fn name(self) -> &'static str {
         match self {
             Language::Python => "python",
@@ -73,8 +74,16 @@ impl std::str::FromStr for Language {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum Command {
+    /// A program and its arguments, run as given (a first item without `/` is looked up on
+    /// the sandbox's `PATH`).
     Argv(Vec<String>),
-    Code { language: Language, code: String },
+    /// A snippet, passed to the language's interpreter with `-c`.
+    Code {
+        /// The interpreter that runs the snippet.
+        language: Language,
+        /// The snippet's source, at most [`MAX_CODE_BYTES`].
+        code: String,
+    },
 }
 
 /// The longest snippet passed on the command line of the interpreter (the kernel's limit on
@@ -115,11 +124,14 @@ impl Command {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum Content {
+    /// The bytes as UTF-8 text: `{"text": "..."}`.
     Text(String),
+    /// The bytes in standard base64 with padding: `{"base64": "..."}`.
     Base64(String),
 }
 
 impl Content {
+    /// Text when the bytes are UTF-8, base64 otherwise.
     pub fn from_bytes(bytes: Vec<u8>) -> Content {
         match String::from_utf8(bytes) {
             Ok(text) => Content::Text(text),
@@ -129,6 +141,7 @@ impl Content {
         }
     }
 
+    /// The bytes, decoding base64; invalid base64 is a request error naming `files`.
     pub fn to_bytes(&self) -> Result<Vec<u8>, PolicyError> {
         match self {
             Content::Text(t) => Ok(t.clone().into_bytes()),
@@ -145,6 +158,7 @@ impl Content {
 pub struct FileIn {
     /// Where it appears inside the sandbox: under `/workspace` or `/tmp`.
     pub path: String,
+    /// The file's bytes.
     pub content: Content,
     /// Permission bits; 0644 by default.
     #[serde(default = "default_mode")]
@@ -159,14 +173,18 @@ fn default_mode() -> u32 {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunRequest {
+    /// What to run.
     pub command: Command,
+    /// The bytes on the code's stdin; an empty stdin (end of file at once) when unset.
     #[serde(default)]
     pub stdin: Option<Content>,
+    /// Files placed in the sandbox before the code starts.
     #[serde(default)]
     pub files: Vec<FileIn>,
     /// Paths under `/workspace` or `/tmp` to return after the run.
     #[serde(default)]
     pub collect: Vec<String>,
+    /// What the sandbox may do; the default policy when unset.
     #[serde(default)]
     pub policy: Policy,
     /// Host directories shown inside (native tier only). Never read from a request: only Kennel
@@ -194,7 +212,9 @@ pub struct RunRequest {
 /// The point a run is saved at, and resumed from: see [`RunRequest::resume_at`].
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ResumeAt {
+    /// The bytes the code reads before it is saved (the session agent's first request).
     pub stdin: Vec<u8>,
+    /// The start of the line the code writes once it is ready to be saved.
     pub ready: Vec<u8>,
 }
 
@@ -202,13 +222,17 @@ pub struct ResumeAt {
 /// step) or read-only (the microvm tier's guest artifacts, shown to its jailed QEMU).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostDir {
+    /// The directory on the host.
     pub source: std::path::PathBuf,
     /// An absolute path inside the sandbox: a directory of its root, or a new top-level name.
     pub target: String,
+    /// Whether the sandbox sees it read-only.
     pub read_only: bool,
 }
 
 impl RunRequest {
+    /// A request to run `command` under the default policy, with no stdin, files or
+    /// collection.
     pub fn new(command: Command) -> RunRequest {
         RunRequest {
             command,
@@ -247,9 +271,12 @@ pub fn in_scratch(path: &str) -> bool {
 /// A file returned from the sandbox.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CollectedFile {
+    /// The path inside the sandbox, as the request's `collect` named it.
     pub path: String,
-    /// Its size inside the sandbox.
+    /// Its size inside the sandbox, in bytes (0 when it was not returned).
     pub size: u64,
+    /// Its bytes (the first `limits.collect_size` of them): `{"text": ...}` when they are
+    /// UTF-8, else `{"base64": ...}`. Absent when the file was not returned (`error` says why).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<Content>,
     /// True when only the first `limits.collect_size` bytes were returned.
@@ -265,13 +292,26 @@ pub struct RunResult {
     /// The exit and the output, as an exec's result has them.
     #[serde(flatten)]
     pub outcome: Outcome,
+    /// The kernel's OOM killer acted in the sandbox (it reached `limits.memory`, which files
+    /// in `/workspace` and `/tmp` count against). Always false without cgroups.
     pub oom_killed: bool,
+    /// The code tried to start a task past `limits.pids` (a fork or thread failed). Always
+    /// false without cgroups.
     pub pids_limit_hit: bool,
+    /// CPU time the code used, user and system together, in milliseconds: the cgroup's count,
+    /// or the process tree's own where there is no cgroup.
     pub cpu_ms: u64,
+    /// The most memory the sandbox held at once, in bytes, tmpfs pages included: the cgroup's
+    /// peak, or the largest resident set of one process where there is no cgroup (0 when the
+    /// tier could not tell).
     pub memory_peak_bytes: u64,
+    /// The files the request asked to `collect`, in its order, each with its content or the
+    /// reason it is missing; empty when it asked for none.
     pub files: Vec<CollectedFile>,
+    /// The isolation that was really in force, as the sandbox checked it from inside.
     pub isolation: Isolation,
-    /// Every connection the code asked Kennel's proxy for (network mode `allow`).
+    /// Every connection the code asked Kennel's proxy for, allowed or denied, in order
+    /// (network mode `allow`; empty otherwise).
     #[serde(default)]
     pub network_log: Vec<crate::net::NetEvent>,
     /// A `rich` run's rich outputs, error as data and truncation, as an exec's.
@@ -296,14 +336,15 @@ pub struct RunResult {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RichResults {
     /// The value of the last expression and what the code displayed (figures included), in
-    /// the order they came.
+    /// the order they came. Absent when there are none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub results: Vec<RichOutput>,
-    /// The exception the code ended with, as data (stderr has its traceback too).
+    /// The exception the code ended with, as data (stderr has its traceback too). Absent when
+    /// it raised none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<ExecError>,
-    /// Whether rich outputs were dropped: their total size is held to the output limit, and
-    /// their number to [`RichOutput::MAX`].
+    /// Whether rich outputs were dropped: their total size is held to the output limit
+    /// (`limits.output`), and their number to 64 (`RichOutput::MAX`). Absent when false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub results_truncated: bool,
 }
@@ -321,38 +362,90 @@ impl RunResult {
             (None, None) => 125,
         }
     }
+
+    /// Adds the events the result's own fields already tell (limits reached, connections
+    /// refused) after the denied calls a watcher reported, replacing any such events from
+    /// before (a result rebuilt from a sandbox's keeps its denied calls only).
+    pub fn add_derived_events(&mut self) {
+        let o = &self.outcome;
+        let limits = [
+            ("pids", self.pids_limit_hit),
+            ("memory", self.oom_killed),
+            ("output", o.stdout_truncated || o.stderr_truncated),
+            ("time", o.timed_out),
+        ];
+        let events = &mut self.security_events.events;
+        events.retain(|e| matches!(e, SecurityEvent::DeniedSyscall { .. }));
+        for (limit, _) in limits.into_iter().filter(|(_, hit)| *hit) {
+            events.push(SecurityEvent::LimitHit {
+                limit: limit.to_string(),
+            });
+        }
+        for e in self.network_log.iter().filter(|e| e.decision == "denied") {
+            let same = events.iter_mut().find_map(|x| match x {
+                SecurityEvent::NetworkRefused {
+                    host, port, count, ..
+                } if *host == e.host && *port == e.port => Some(count),
+                _ => None,
+            });
+            match same {
+                Some(count) => *count += 1,
+                None => events.push(SecurityEvent::NetworkRefused {
+                    host: e.host.clone(),
+                    port: e.port,
+                    count: 1,
+                    reason: e.reason.clone(),
+                }),
+            }
+        }
+    }
 }
 
 /// Which isolation was really in force for a run.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Isolation {
+    /// The tier that ran the sandbox: `native`, `oci` or `microvm`.
     pub tier: String,
-    /// The namespaces the sandbox was given.
+    /// The namespaces the sandbox was given (`user`, `mount`, `pid`, `network`, `ipc`, `uts`,
+    /// `cgroup`); in the `microvm` tier, those inside the guest.
     pub namespaces: Vec<String>,
-    /// The host uid and gid that the sandbox's uid 0 maps to.
+    /// The host uid that the sandbox's uid 0 maps to (gVisor's `nobody` for runsc, whose own
+    /// kernel keeps the ids).
     pub host_uid: u32,
+    /// The host gid that the sandbox's gid 0 maps to.
     pub host_gid: u32,
-    /// How many ids are mapped inside the sandbox (0..id_range).
+    /// How many ids are mapped inside the sandbox (0..id_range); 1 when only uid 0 is, 0 when
+    /// the runtime keeps ids of its own (runsc).
     pub id_range: u32,
+    /// The seccomp filter on the code's system calls.
     pub seccomp: SeccompInfo,
+    /// The Landlock filesystem layer (native tier, and the microvm tier's guest).
     pub landlock: LandlockInfo,
+    /// How the run's limits were enforced: cgroups, or rlimits where cgroups were missing.
     pub limits: LimitsInfo,
+    /// Whether `no_new_privs` was set, so that no exec (setuid, file capabilities) could gain
+    /// privileges.
     pub no_new_privs: bool,
     /// Capabilities left to the sandboxed code, inside its own user namespace (policy
     /// `capabilities`: a small default set, or none).
     pub capabilities: Vec<String>,
-    /// `host-system-ro`, `rootfs:DIR` or `image:NAME`.
+    /// What the sandbox's `/` was, read-only: `host-system-ro` (the host's system
+    /// directories), `rootfs:DIR`, `image:NAME`, `docker-image:NAME`, or `image` (the
+    /// microvm tier's guest disk).
     pub filesystem: String,
-    /// The image the root came from, with its digest (runs with an `image` only).
+    /// The image the root came from, with its digest; absent for runs without an `image`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<crate::image::ImageInfo>,
+    /// The network the code had, in words: `none (private namespace, loopback only)`, `full
+    /// (the host's network namespace)`, or the allowlist and the proxy's addresses.
     pub network: String,
-    /// How the guest's CPU ran (the `microvm` tier only): `kvm`, hardware virtualisation, or
-    /// `tcg`, QEMU's software emulation, which QEMU's security policy gives no isolation
-    /// guarantee.
+    /// How the guest's CPU ran (the `microvm` tier only; absent otherwise): `kvm`, hardware
+    /// virtualisation, or `tcg`, QEMU's software emulation, which QEMU's security policy gives
+    /// no isolation guarantee.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accel: Option<String>,
-    /// The OCI runtime that ran the sandbox (the `oci` tier only).
+    /// The program that ran the sandbox: the OCI runtime (the `oci` tier) or QEMU (the
+    /// `microvm` tier); absent in the native tier.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<RuntimeInfo>,
 }
@@ -400,40 +493,52 @@ impl Isolation {
     }
 }
 
-/// Which OCI runtime ran a sandbox, as it reported its version.
+/// Which runtime ran a sandbox, as it reported its version.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RuntimeInfo {
+    /// `runsc`, `crun`, `runc`, `docker`, or the VMM of the microvm tier (`qemu-microvm`).
     pub name: String,
+    /// Its version, as it printed it.
     pub version: String,
-    /// runsc's platform (`ptrace` or `kvm`).
+    /// runsc's platform (`ptrace` or `kvm`); absent for every other runtime.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub platform: Option<String>,
 }
 
+/// The seccomp filter a sandbox ran under.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SeccompInfo {
+    /// Whether the filter was in force (checked in `/proc/self/status` from inside).
     pub enforced: bool,
+    /// The profile's name and version, such as `kennel-default-v1`.
     pub profile: String,
-    /// The errno every denied syscall returns.
+    /// The errno every denied syscall returns: `ENOSYS`, or `EPERM` under runsc.
     pub denied_errno: String,
+    /// The system calls the profile denies, by name.
     pub denied_syscalls: Vec<String>,
 }
 
+/// The Landlock layer a sandbox ran under.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct LandlockInfo {
+    /// Whether Landlock confined the code's filesystem access (false in the `oci` tier,
+    /// whose runtimes have no Landlock layer).
     pub enforced: bool,
-    /// The Landlock ABI version the kernel offered.
+    /// The Landlock ABI version the kernel offered; null when it offered none or the tier
+    /// did not ask.
     pub abi: Option<u32>,
 }
 
+/// How a sandbox's limits were enforced.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct LimitsInfo {
-    /// `cgroup-v1`, `cgroup-v2` or `rlimit`.
+    /// `cgroup-v1`, `cgroup-v2` or `rlimit`; in the microvm tier, prefixed `guest ` (the
+    /// guest's own cgroup).
     pub mechanism: String,
-    /// The cgroup directories, removed after the run.
+    /// The cgroup directories, removed after the run; absent without cgroups.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub cgroups: Vec<String>,
-    /// Why cgroups were not used, where they were not.
+    /// Why cgroups were not used, and what stood in for them; absent where they were used.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fallback_reason: Option<String>,
 }
@@ -444,18 +549,21 @@ pub struct LimitsInfo {
 pub struct RunSpec {
     // Absent, not null, when unused (both ways): the document's `oneOf` tells a code run from
     // an argv run by which fields are present.
+    /// The language of `code`; given with `code`, never with `argv`.
     #[serde(
         default,
         deserialize_with = "present",
         skip_serializing_if = "Option::is_none"
     )]
     pub language: Option<Language>,
+    /// A snippet in `language`, at most 120 KiB; given with `language`, never with `argv`.
     #[serde(
         default,
         deserialize_with = "present",
         skip_serializing_if = "Option::is_none"
     )]
     pub code: Option<String>,
+    /// A program and its arguments, instead of `language` and `code`.
     #[serde(
         default,
         deserialize_with = "present",
@@ -473,6 +581,7 @@ pub struct RunSpec {
     /// Environment variables for the code, beyond Kennel's clean defaults.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Limits for the run; each one unset takes the server's default.
     #[serde(default)]
     pub limits: LimitsSpec,
     /// Network access: none by default; `allow` with domains; `full` only where the server
@@ -554,14 +663,18 @@ pub struct LimitsSpec {
     /// Memory, such as "512M".
     #[schema(value_type = Option<String>)]
     pub memory: Option<ByteSize>,
+    /// CPU quota in CPUs, such as 0.5; the sandbox is also pinned to that many CPUs.
     pub cpus: Option<f64>,
+    /// Tasks: processes and threads together.
     #[serde(default, deserialize_with = "whole_u32")]
     pub pids: Option<u32>,
     /// Bytes kept per output stream, such as "100K".
     #[schema(value_type = Option<String>)]
     pub output: Option<ByteSize>,
+    /// Size of the `/tmp` tmpfs, such as "256M".
     #[schema(value_type = Option<String>)]
     pub tmp_size: Option<ByteSize>,
+    /// Size of the `/workspace` tmpfs, such as "256M".
     #[schema(value_type = Option<String>)]
     pub workspace_size: Option<ByteSize>,
 }
@@ -736,8 +849,13 @@ impl RunSpec {
 /// Interpreter news from a python exec.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Interpreter {
+    /// A fresh interpreter was started for this exec or after it: the session's Python state
+    /// (variables, imports) is lost.
     pub restarted: bool,
+    /// The interpreter died on its own (a segfault, `os._exit`, the OOM killer), during the
+    /// exec or since the last one; false when Kennel killed it (a timeout it did not stop at).
     pub crashed: bool,
+    /// What happened, in words; null when the interpreter neither crashed nor restarted.
     pub reason: Option<String>,
 }
 
@@ -748,8 +866,10 @@ pub struct SessionSpec {
     /// Limits for the session's sandbox; `timeout` is the default per exec.
     #[serde(default)]
     pub limits: LimitsSpec,
+    /// Environment variables for every exec, beyond Kennel's clean defaults.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Network access for the session's sandbox, as for runs: none by default.
     #[serde(default)]
     pub network: crate::policy::Network,
     /// End the session after this long unused (bounded by the server's setting).
@@ -763,13 +883,22 @@ pub struct SessionSpec {
 /// A session as the API lists it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SessionInfo {
+    /// The session's id: the `{id}` of its `/v1/sessions/{id}` paths.
     pub id: String,
+    /// When the session was created, in milliseconds since the Unix epoch.
     pub created_at_unix_ms: u64,
+    /// Seconds the session may stay unused before the server ends it.
     pub idle_ttl_s: u64,
+    /// Seconds the session may live at most, used or not (the server's
+    /// `sessions.max_lifetime`).
     pub max_lifetime_s: u64,
     /// Seconds until the session ends if it stays idle (or reaches its lifetime); for one
     /// that has ended, until the server forgets it.
     pub expires_in_s: u64,
+    /// The limits of the session's sandbox, as a policy's `[limits]` writes them: `timeout`
+    /// (the default per exec, such as "30s"), `memory`, `output`, `tmp_size`,
+    /// `workspace_size` and `collect_size` (sizes such as "512M"), `cpus`, `pids` and
+    /// `open_files`.
     #[schema(value_type = Object)]
     pub limits: Limits,
     /// Set once the session's sandbox has died on its own (its execs then get 410): why.
@@ -781,11 +910,13 @@ pub struct SessionInfo {
 /// 410 until the server forgets it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SessionEnd {
+    /// Why the sandbox died.
     pub reason: EndReason,
-    /// The agent's exit status, if it exited.
+    /// The agent's exit status, if it exited; null when a signal killed it.
     pub exit_code: Option<i32>,
-    /// The signal that killed it, if one did.
+    /// The signal that killed it, if one did; null when it exited.
     pub signal: Option<i32>,
+    /// When the server saw the sandbox dead, in milliseconds since the Unix epoch.
     pub ended_at_unix_ms: u64,
 }
 
@@ -836,8 +967,11 @@ impl SessionEnd {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExecSpec {
+    /// `python` (the session's persistent interpreter), `bash` or `sh` (a fresh shell).
     pub language: Language,
+    /// Shell commands or python code, without NUL bytes.
     pub code: String,
+    /// Text for the code's stdin; empty when unset.
     pub stdin: Option<String>,
     /// Per-exec timeout (default: the session's).
     #[schema(value_type = Option<String>)]
@@ -874,19 +1008,22 @@ impl ExecSpec {
 /// What an exec did.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ExecResult {
+    /// The exit and the output, as a run's result has them.
     #[serde(flatten)]
     pub outcome: Outcome,
-    /// For python: whether the interpreter crashed or was restarted (its state is then lost).
+    /// For python: whether the interpreter crashed or was restarted (its state is then lost);
+    /// null for a shell's exec.
     pub interpreter: Option<Interpreter>,
     /// For python: the value of the last expression and what the code displayed (figures
-    /// included), in the order they came.
+    /// included), in the order they came; empty for a shell's exec.
     #[serde(default)]
     pub results: Vec<RichOutput>,
-    /// For python: the exception the code ended with, as data (stderr has its traceback too).
+    /// For python: the exception the code ended with, as data (stderr has its traceback too);
+    /// null when it raised none, and for a shell's exec.
     #[serde(default)]
     pub error: Option<ExecError>,
-    /// Whether rich outputs were dropped: their total size is held to the output limit, and
-    /// their number to [`RichOutput::MAX`].
+    /// Whether rich outputs were dropped: their total size is held to the output limit
+    /// (`limits.output`), and their number to 64 (`RichOutput::MAX`).
     #[serde(default)]
     pub results_truncated: bool,
     /// The exec was cancelled (`POST /v1/sessions/{id}/cancel`, or its client went away);
@@ -903,6 +1040,7 @@ pub struct ExecResult {
 /// One rich output of a python exec: a MIME bundle, as Jupyter's display protocol has it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RichOutput {
+    /// Whether it is the exec's value or something the code displayed.
     pub kind: OutputKind,
     /// MIME type to content: text for text types, base64 for `image/png` and `image/jpeg`,
     /// any JSON value for `application/json`. `text/plain` is always there.
@@ -943,24 +1081,32 @@ pub enum OutputKind {
 /// "traceback": [lines]}`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ExecError {
+    /// The exception's class name, such as `ZeroDivisionError`.
     pub name: String,
+    /// The exception's message, as `str(exc)` gives it.
     pub value: String,
+    /// The traceback's lines, as Python prints them.
     pub traceback: Vec<String>,
 }
 
 /// A directory's entries, as a session's file listing answers them.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Listing {
+    /// The directory listed, inside the sandbox.
     pub path: String,
+    /// Its entries.
     pub entries: Vec<DirEntry>,
 }
 
 /// One entry of a [`Listing`]; a symlink is listed as one, never followed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DirEntry {
+    /// The entry's name in its directory.
     pub name: String,
+    /// What the entry is.
     #[serde(rename = "type")]
     pub kind: EntryKind,
+    /// Its size in bytes, as `lstat` gives it.
     #[serde(default)]
     pub size: u64,
     /// The permission bits.
@@ -968,12 +1114,17 @@ pub struct DirEntry {
     pub mode: u32,
 }
 
+/// What a directory entry is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EntryKind {
+    /// A regular file.
     File,
+    /// A directory.
     Dir,
+    /// A symbolic link, not followed.
     Symlink,
+    /// Anything else: a FIFO, a socket, a device.
     Other,
 }
 
@@ -981,22 +1132,37 @@ pub enum EntryKind {
 /// exec's (`ExecResult`) and the session agent's answer to an exec share.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Outcome {
-    // Plain comments: a doc comment would become the field's description in the OpenAPI
-    // document. `exit_code` is `None` when the program was killed by a signal.
+    // These doc comments are the fields' descriptions in the OpenAPI document, under
+    // `RunResult` and `ExecResult`, whose objects hold them.
+    /// The code's exit status, 0 to 255; null when it did not exit on its own: a signal ended
+    /// it, or a python exec was interrupted (at its timeout, or by a cancel).
     pub exit_code: Option<i32>,
+    /// The signal that ended the code (9, SIGKILL, when Kennel killed it at the timeout or on
+    /// a cancel); null when it exited, or when a python exec was interrupted but not killed.
     pub signal: Option<i32>,
+    /// The code ran past `limits.timeout` and was stopped: killed, or for a python exec
+    /// interrupted.
     pub timed_out: bool,
+    /// Wall-clock time from the code's start to its end, in milliseconds.
     pub duration_ms: u64,
-    // The kept head of the output (the agent sends it as events, not in its answer).
+    // The agent sends the output as events, not in its answer: hence the defaults.
+    /// The first `limits.output` bytes the code wrote to stdout, as text (bytes that are not
+    /// UTF-8 become U+FFFD); empty in a streamed answer's `result` event, whose `stdout`
+    /// events carried it.
     #[serde(default)]
     #[schema(required = true)]
     pub stdout: String,
+    /// The first `limits.output` bytes the code wrote to stderr, as `stdout` has its own.
     #[serde(default)]
     #[schema(required = true)]
     pub stderr: String,
+    /// How many bytes the code wrote to stdout, the dropped ones included.
     pub stdout_bytes: u64,
+    /// How many bytes the code wrote to stderr, the dropped ones included.
     pub stderr_bytes: u64,
+    /// Whether stdout went past `limits.output` and the rest was dropped.
     pub stdout_truncated: bool,
+    /// Whether stderr went past `limits.output` and the rest was dropped.
     pub stderr_truncated: bool,
 }
 

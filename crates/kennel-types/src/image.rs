@@ -5,15 +5,28 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
+use thiserror::Error;
 
 use crate::error::PolicyError;
 
 /// The longest image name.
 pub const MAX_NAME: usize = 64;
 
+/// A string refused as an image name: names are file names in the store.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error(
+    "{name:?} is not an image name: use a lower-case letter or digit, then up to {} of a-z, \
+     0-9, '.', '_' and '-'",
+    MAX_NAME - 1
+)]
+pub struct BadImageName {
+    /// The name as it was given.
+    pub name: String,
+}
+
 /// An image name: a lower-case letter or digit, then up to 63 of `a-z 0-9 . _ -`. Names are
 /// file names in the store, so nothing else is allowed.
-pub fn check_name(name: &str) -> Result<(), String> {
+pub fn check_name(name: &str) -> Result<(), BadImageName> {
     let ok_first = name
         .bytes()
         .next()
@@ -24,11 +37,9 @@ pub fn check_name(name: &str) -> Result<(), String> {
     if ok_first && ok_rest && name.len() <= MAX_NAME {
         Ok(())
     } else {
-        Err(format!(
-            "{name:?} is not an image name: use a lower-case letter or digit, then up to \
-             {} of a-z, 0-9, '.', '_' and '-'",
-            MAX_NAME - 1
-        ))
+        Err(BadImageName {
+            name: name.to_string(),
+        })
     }
 }
 
@@ -39,14 +50,20 @@ pub enum Variant {
     /// Essential packages and apt (mmdebstrap's `minbase` without apt is `essential`).
     #[default]
     Apt,
+    /// Essential and `Priority: required` packages, and apt.
     Minbase,
+    /// Only the `Essential: yes` packages.
     Essential,
+    /// The `Priority: required` packages.
     Required,
+    /// Required and `Priority: important` packages.
     Important,
+    /// Important and `Priority: standard` packages.
     Standard,
 }
 
 impl Variant {
+    /// The variant's name, as mmdebstrap and a spec write it.
     pub fn name(self) -> &'static str {
         match self {
             Variant::Apt => "apt",
@@ -65,6 +82,7 @@ impl Variant {
 pub struct Base {
     /// A Debian suite the host's apt sources serve, such as `bookworm`.
     pub suite: String,
+    /// Which of the suite's packages the bootstrap installs; `apt` by default.
     #[serde(default)]
     pub variant: Variant,
 }
@@ -73,6 +91,7 @@ pub struct Base {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileCopy {
+    /// The file on the host, relative to the spec's directory.
     pub src: PathBuf,
     /// An absolute path in the image.
     pub dest: String,
@@ -84,6 +103,7 @@ pub struct FileCopy {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ImageSpec {
+    /// The Debian system the image starts from.
     pub base: Base,
     /// Debian packages, by name (optionally `name=version`).
     #[serde(default)]
@@ -92,6 +112,7 @@ pub struct ImageSpec {
     /// `/usr/local`; the versions pip chose are recorded in the image's record.
     #[serde(default)]
     pub pip: Vec<String>,
+    /// Files copied into the image after the packages are installed.
     #[serde(default)]
     pub files: Vec<FileCopy>,
     /// Environment variables every sandbox of the image gets (a run's own `env` wins).
@@ -215,15 +236,27 @@ fn word(s: &str, ok: impl Fn(u8) -> bool) -> bool {
 pub enum ImageSource {
     /// Built from a spec: Debian's suite and the packages asked for.
     Spec {
+        /// The Debian suite.
         suite: String,
+        /// The bootstrap variant.
         variant: String,
+        /// The Debian packages the spec asked for.
         apt: Vec<String>,
+        /// The pip requirements the spec asked for.
         pip: Vec<String>,
     },
     /// Imported from an OCI image layout or a `docker save` tarball.
-    Oci { path: String, layers: usize },
+    Oci {
+        /// The layout's directory or the tarball, as given to the import.
+        path: String,
+        /// How many layers were applied.
+        layers: usize,
+    },
     /// Copied from a directory.
-    Dir { path: String },
+    Dir {
+        /// The directory, as given to the import.
+        path: String,
+    },
 }
 
 /// What Kennel records of a built image, beside its root (`kennel image inspect`).
@@ -232,12 +265,17 @@ pub enum ImageSource {
 pub struct ImageRecord {
     /// The content digest of the root (`sha256:...`): paths, types, modes, owners, contents.
     pub digest: String,
+    /// Where the image came from.
     pub source: ImageSource,
+    /// When the image was built, in seconds since the Unix epoch.
     pub created_unix: u64,
-    /// Files and bytes in the root.
+    /// How many files the root holds.
     pub files: u64,
+    /// How many bytes the root's files hold.
     pub bytes: u64,
+    /// Environment variables every sandbox of the image gets.
     pub env: BTreeMap<String, String>,
+    /// Python modules that pooled sandboxes of the image import before a run.
     pub preload: Vec<String>,
     /// The Python distributions installed, as `pip freeze` wrote them after the build.
     #[serde(default)]
@@ -250,7 +288,9 @@ pub struct ImageRecord {
 /// An image named by a result: which one, exactly.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ImageInfo {
+    /// The image's name in the store, as the request gave it.
     pub name: String,
+    /// The content digest of its root (`sha256:...`), which names its exact contents.
     pub digest: String,
 }
 
@@ -334,5 +374,11 @@ mod tests {
         for bad in ["", "-x", ".x", "Py", "a/b", "..", "a b", &"a".repeat(65)] {
             assert!(check_name(bad).is_err(), "{bad}");
         }
+        let err = check_name("Py").unwrap_err().to_string();
+        assert!(
+            err.starts_with("\"Py\" is not an image name: use a lower-case"),
+            "{err}"
+        );
+        assert!(err.contains("up to 63 of"), "{err}");
     }
 }

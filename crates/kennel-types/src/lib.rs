@@ -4,6 +4,7 @@
 //! Nothing here starts a process: the types are data, validated once.
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod api;
 pub mod error;

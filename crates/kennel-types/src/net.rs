@@ -21,11 +21,14 @@ pub const DEFAULT_PORTS: [u16; 2] = [443, 80];
 pub struct Rule {
     /// Lower-case domain without the `*.` of a wildcard.
     pub domain: String,
+    /// Whether the rule was `*.domain`: it matches the domain's subdomains, not the domain.
     pub wildcard: bool,
+    /// The ports it allows.
     pub ports: Vec<u16>,
 }
 
 impl Rule {
+    /// Parses one rule as a policy's `network.allow` writes it; an error names that field.
     pub fn parse(text: &str) -> Result<Rule, PolicyError> {
         let bad = |why: &str| PolicyError::Invalid {
             field: "network.allow",
@@ -75,6 +78,8 @@ impl Rule {
         })
     }
 
+    /// Whether a connection to `host:port` is allowed by this rule (names compare without
+    /// case or a trailing dot).
     pub fn matches(&self, host: &str, port: u16) -> bool {
         let host = host.trim_end_matches('.').to_ascii_lowercase();
         let name_ok = if self.wildcard {
@@ -166,23 +171,31 @@ fn forbidden_v6(ip: Ipv6Addr) -> Option<&'static str> {
 /// What the proxy allows: the rules, and the names pinned to addresses.
 #[derive(Debug, Clone, Default)]
 pub struct Allowlist {
+    /// The rules; a connection is allowed when one matches.
     pub rules: Vec<Rule>,
+    /// Lower-case names the resolver answers with the given address (which may be private).
     pub pins: BTreeMap<String, IpAddr>,
 }
 
 /// One connection the sandbox asked for, and what the proxy decided.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct NetEvent {
+    /// The host the code asked for, as it named it (a name or an address).
     pub host: String,
+    /// The port it asked for.
     pub port: u16,
     /// `connect` (HTTP CONNECT), `http` (plain HTTP) or `socks5`.
     pub protocol: String,
     /// `allowed` or `denied`.
     pub decision: String,
+    /// Why: `on the allowlist`, or what refused it (not on the allowlist, a forbidden address,
+    /// a name that did not resolve).
     pub reason: String,
-    /// The address dialled, for allowed connections.
+    /// The address dialled (`IP:PORT`), for allowed connections; null for denied ones.
     pub address: Option<String>,
+    /// Bytes the code sent through the connection (0 when denied).
     pub bytes_up: u64,
+    /// Bytes the code received through the connection (0 when denied).
     pub bytes_down: u64,
 }
 

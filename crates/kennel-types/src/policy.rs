@@ -221,6 +221,7 @@ impl Capabilities {
         self.kept().iter().fold(0, |m, (n, _)| m | 1 << n)
     }
 
+    /// The kept capabilities' names, as the result's `isolation.capabilities` lists them.
     pub fn names(self) -> Vec<String> {
         self.kept().iter().map(|(_, n)| n.to_string()).collect()
     }
@@ -309,6 +310,7 @@ pub enum NetMode {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Network {
+    /// How much network: `none` (the default), `allow` or `full`.
     pub mode: NetMode,
     /// Domains (`example.com`, `*.example.com`) with optional ports (`:443`, `:80,8080`;
     /// 443 and 80 by default).
@@ -397,6 +399,7 @@ pub enum Tier {
 }
 
 impl Tier {
+    /// The tier's name, as a policy and the result's `isolation.tier` write it.
     pub fn name(self) -> &'static str {
         match self {
             Tier::Native => "native",
@@ -431,13 +434,16 @@ pub enum Runtime {
     /// gVisor: a user-space kernel between the code and the host.
     #[default]
     Runsc,
+    /// crun: a container on the host's kernel.
     Crun,
+    /// runc: a container on the host's kernel.
     Runc,
     /// A Docker Engine, through its API: a container on the host's kernel.
     Docker,
 }
 
 impl Runtime {
+    /// Every runtime, in the order the document lists them.
     pub const ALL: [Runtime; 4] = [
         Runtime::Runsc,
         Runtime::Crun,
@@ -445,6 +451,7 @@ impl Runtime {
         Runtime::Docker,
     ];
 
+    /// The runtime's name, as a policy writes it.
     pub fn name(self) -> &'static str {
         match self {
             Runtime::Runsc => "runsc",
@@ -485,11 +492,14 @@ impl FromStr for Runtime {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Platform {
+    /// ptrace: works on any host, at a cost on every system call.
     Ptrace,
+    /// KVM: hardware virtualisation, where `/dev/kvm` works.
     Kvm,
 }
 
 impl Platform {
+    /// The platform's name, as a policy writes it.
     pub fn name(self) -> &'static str {
         match self {
             Platform::Ptrace => "ptrace",
@@ -517,6 +527,7 @@ impl FromStr for Platform {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Oci {
+    /// The runtime that runs the bundle; `runsc` (gVisor) by default.
     pub runtime: Runtime,
     /// runsc only: chosen automatically (KVM where it works, else ptrace) when unset.
     pub platform: Option<Platform>,
@@ -586,11 +597,17 @@ pub enum Strength {
 pub struct Policy {
     /// `native` (the default) or `oci`, with the runtime under `[oci]`.
     pub tier: Tier,
+    /// Options of the `oci` tier.
     pub oci: Oci,
+    /// Options of the `microvm` tier.
     pub microvm: Microvm,
+    /// The run's hard limits.
     pub limits: Limits,
+    /// What the sandbox sees as `/`.
     pub filesystem: Filesystem,
+    /// Network access; none by default.
     pub network: Network,
+    /// Which layers must be present, and what the native tier watches.
     pub layers: Layers,
     /// `default` (a small set, inside the sandbox's user namespace only) or `none`.
     pub capabilities: Capabilities,
@@ -603,14 +620,21 @@ pub struct Policy {
     pub tripwires: crate::security::Tripwires,
 }
 
-/// Bounds that keep a policy sane whatever its source (the server's OpenAPI document states
-/// them too).
+// Bounds that keep a policy sane whatever its source (the server's OpenAPI document states
+// them too).
+/// The most memory a sandbox may have, and the largest `/tmp` or `/workspace`: 64 GiB.
 pub const MAX_MEMORY: u64 = 64 << 30;
+/// The least memory a sandbox may have: 8 MiB.
 pub const MIN_MEMORY: u64 = 8 << 20;
+/// The fewest tasks a sandbox may have.
 pub const MIN_PIDS: u32 = 4;
+/// The most tasks a sandbox may have.
 pub const MAX_PIDS: u32 = 1 << 20;
+/// The most output kept per stream: 1 GiB.
 pub const MAX_OUTPUT: u64 = 1 << 30;
+/// The smallest CPU quota.
 pub const MIN_CPUS: f64 = 0.01;
+/// The largest CPU quota.
 pub const MAX_CPUS: f64 = 1024.0;
 /// The smallest `/tmp` or `/workspace`.
 pub const MIN_SCRATCH: u64 = 1 << 20;
@@ -735,7 +759,7 @@ impl Policy {
             }
         }
         if let Some(name) = &self.filesystem.image {
-            crate::image::check_name(name).map_err(|why| field("filesystem.image", why))?;
+            crate::image::check_name(name).map_err(|e| field("filesystem.image", e.to_string()))?;
             if self.filesystem.rootfs.is_some() {
                 return Err(field(
                     "filesystem.image",

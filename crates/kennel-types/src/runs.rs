@@ -9,11 +9,14 @@ use crate::api::RunResult;
 /// whether it was cancelled, and what the sandbox did.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RunReport {
+    /// The run's id, by which `DELETE /v1/runs/{id}` cancels it and `GET /v1/runs/{id}`
+    /// shows it.
     pub id: String,
     /// The run was cancelled (`DELETE /v1/runs/{id}`, or its client went away): the sandbox
     /// was killed, so the code ended by SIGKILL with the output it had written.
     #[serde(default)]
     pub cancelled: bool,
+    /// What the sandbox did.
     #[serde(flatten)]
     pub result: RunResult,
 }
@@ -36,6 +39,7 @@ pub enum RunStatus {
 }
 
 impl RunStatus {
+    /// The status's name on the wire and in the job table.
     pub fn name(self) -> &'static str {
         match self {
             RunStatus::Running => "running",
@@ -46,6 +50,7 @@ impl RunStatus {
         }
     }
 
+    /// The status named `name`; `None` for a name no status has.
     pub fn from_name(name: &str) -> Option<RunStatus> {
         [
             RunStatus::Running,
@@ -57,32 +62,33 @@ impl RunStatus {
         .into_iter()
         .find(|s| s.name() == name)
     }
-
-    /// Whether the run has ended (its status will not change again).
-    pub fn is_done(self) -> bool {
-        self != RunStatus::Running
-    }
 }
 
 /// Why a run failed or was lost, as the API's error answer has it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RunError {
+    /// A stable code, as an error answer's (`sandbox_failed`, `lost`).
     pub code: String,
+    /// What went wrong, in words.
     pub message: String,
 }
 
 /// A run as `GET /v1/runs/{id}` shows it, and as its callback is sent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RunInfo {
+    /// The run's id, as `POST /v1/runs` answered it.
     pub id: String,
+    /// Where the run is.
     pub status: RunStatus,
+    /// When the run was submitted, in milliseconds since the Unix epoch.
     pub created_at_unix_ms: u64,
+    /// When the run ended, in milliseconds since the Unix epoch; absent while it runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at_unix_ms: Option<u64>,
-    /// What the sandbox did (`finished`, `cancelled`).
+    /// What the sandbox did (`finished`, `cancelled`); absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<RunResult>,
-    /// Why there is no result (`failed`, `lost`).
+    /// Why there is no result (`failed`, `lost`); absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<RunError>,
 }

@@ -15,13 +15,13 @@ pub enum OnViolation {
 }
 
 impl std::str::FromStr for OnViolation {
-    type Err = crate::PolicyError;
+    type Err = crate::error::PolicyError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "report" => Ok(OnViolation::Report),
             "kill" => Ok(OnViolation::Kill),
-            other => Err(crate::PolicyError::Invalid {
+            other => Err(crate::error::PolicyError::Invalid {
                 field: "on_violation",
                 why: format!("unknown action {other:?}: use report or kill"),
             }),
@@ -33,13 +33,21 @@ impl std::str::FromStr for OnViolation {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum TripwireGroup {
+    /// Reading or writing another process: ptrace, process_vm_readv, process_vm_writev.
     Ptrace,
+    /// Mounting or moving filesystems: mount, umount2, pivot_root and the new mount API.
     Mount,
+    /// Loading eBPF programs.
     Bpf,
+    /// Loading a new kernel.
     Kexec,
+    /// Loading or removing kernel modules.
     Modules,
+    /// The kernel's keyrings: keyctl, add_key, request_key.
     Keyctl,
+    /// Performance counters, a frequent kernel attack surface.
     PerfEventOpen,
+    /// userfaultfd, a frequent help in kernel exploits.
     Userfaultfd,
     /// Nested namespaces, user namespaces above all: unshare, setns and a namespace-creating
     /// clone (the `clone` rule matches only CLONE_NEW* flags).
@@ -47,6 +55,7 @@ pub enum TripwireGroup {
 }
 
 impl TripwireGroup {
+    /// Every group, in the order a policy lists them.
     pub const ALL: [TripwireGroup; 9] = [
         TripwireGroup::Ptrace,
         TripwireGroup::Mount,
@@ -126,11 +135,13 @@ pub struct SecurityEvents {
     /// Whether the system calls the seccomp filter denied were reported (the native tier, the
     /// microvm tier's guest); `false` where the tier cannot report them, `unwatched` says why.
     pub syscalls_watched: bool,
+    /// Why denied calls were not reported (the tier cannot watch them, or the policy says
+    /// `layers.watch = false`); absent when they were.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unwatched: Option<String>,
     /// One event per denied call (with its count), refused destination and limit reached.
     pub events: Vec<SecurityEvent>,
-    /// Whether details were dropped past the caps (counts still count).
+    /// Whether details were dropped past the caps (counts still count); absent when false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub truncated: bool,
 }
@@ -141,7 +152,9 @@ pub struct SecurityEvents {
 pub enum SecurityEvent {
     /// A system call the seccomp filter denied, as often as it was made.
     DeniedSyscall {
+        /// The call's name, as the seccomp profile's `denied_syscalls` lists it.
         syscall: String,
+        /// How many times the code made it.
         count: u64,
         /// The errno the code got (`ENOSYS`, `EPERM` for the clock).
         errno: String,
@@ -152,13 +165,20 @@ pub enum SecurityEvent {
     },
     /// Connections the allowlist proxy refused, by destination.
     NetworkRefused {
+        /// The host the code asked for, as it named it.
         host: String,
+        /// The port it asked for.
         port: u16,
+        /// How many connections to it were refused.
         count: u64,
+        /// Why the first one was refused (not on the allowlist, a forbidden address).
         reason: String,
     },
     /// A limit the run reached: `pids`, `memory`, `output` or `time`.
-    LimitHit { limit: String },
+    LimitHit {
+        /// The limit: `pids`, `memory`, `output` or `time`.
+        limit: String,
+    },
 }
 
 impl SecurityEvent {
@@ -178,50 +198,12 @@ impl SecurityEvent {
 pub struct ExecEntry {
     /// The path given to execve (relative to the caller's directory when relative).
     pub path: String,
+    /// The program's `argv[0]`, as the code passed it.
     pub argv0: String,
 }
 
 /// The most exec log entries a result keeps.
 pub const MAX_EXEC_LOG: usize = 64;
-
-impl crate::api::RunResult {
-    /// Adds the events the result's own fields already tell (limits reached, connections
-    /// refused) after the denied calls a watcher reported, replacing any such events from
-    /// before (a result rebuilt from a sandbox's keeps its denied calls only).
-    pub fn add_derived_events(&mut self) {
-        let o = &self.outcome;
-        let limits = [
-            ("pids", self.pids_limit_hit),
-            ("memory", self.oom_killed),
-            ("output", o.stdout_truncated || o.stderr_truncated),
-            ("time", o.timed_out),
-        ];
-        let events = &mut self.security_events.events;
-        events.retain(|e| matches!(e, SecurityEvent::DeniedSyscall { .. }));
-        for (limit, _) in limits.into_iter().filter(|(_, hit)| *hit) {
-            events.push(SecurityEvent::LimitHit {
-                limit: limit.to_string(),
-            });
-        }
-        for e in self.network_log.iter().filter(|e| e.decision == "denied") {
-            let same = events.iter_mut().find_map(|x| match x {
-                SecurityEvent::NetworkRefused {
-                    host, port, count, ..
-                } if *host == e.host && *port == e.port => Some(count),
-                _ => None,
-            });
-            match same {
-                Some(count) => *count += 1,
-                None => events.push(SecurityEvent::NetworkRefused {
-                    host: e.host.clone(),
-                    port: e.port,
-                    count: 1,
-                    reason: e.reason.clone(),
-                }),
-            }
-        }
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -178,6 +178,10 @@ export interface components {
              *     quota as a run answered at once does, and is never cancelled by a client going away.
              */
             async?: boolean;
+            /**
+             * @description `none` drops every capability; `default` (a small set inside the sandbox's user
+             *     namespace) is what runs get unless the server's policy says `none`.
+             */
             capabilities?: null | components["schemas"]["Capabilities"];
             /** @description Paths under /workspace or /tmp returned in the result. */
             collect?: string[];
@@ -199,17 +203,25 @@ export interface components {
              *     lists which images each token may use.
              */
             image?: string | null;
+            /** @description Limits for the run; each one unset takes the server's default. */
             limits?: components["schemas"]["LimitsSpec"];
             /**
              * @description Network access: none by default; `allow` with domains; `full` only where the server
              *     permits it.
              */
             network?: components["schemas"]["Network"];
+            /**
+             * @description What a denied call in the tripwire set does: `report` (the default) or `kill` the
+             *     sandbox at once. A server may make `kill` the rule for a token.
+             */
             on_violation?: null | components["schemas"]["OnViolation"];
+            /** @description gVisor's platform (`ptrace` or `kvm`); chosen automatically when unset. */
             platform?: null | components["schemas"]["Platform"];
+            /** @description The OCI runtime: `runsc` (gVisor), `crun` or `runc`; implies tier `oci`. */
             runtime?: null | components["schemas"]["Runtime"];
             /** @description Text for the code's stdin. */
             stdin?: string | null;
+            /** @description `native` (the default), `oci` or `microvm` (a guest kernel per run). */
             tier?: null | components["schemas"]["Tier"];
             /** @description The tripwire groups; all of them unless given. */
             tripwires?: components["schemas"]["TripwireGroup"][] | null;
@@ -229,6 +241,10 @@ export interface components {
              *     quota as a run answered at once does, and is never cancelled by a client going away.
              */
             async?: boolean;
+            /**
+             * @description `none` drops every capability; `default` (a small set inside the sandbox's user
+             *     namespace) is what runs get unless the server's policy says `none`.
+             */
             capabilities?: null | components["schemas"]["Capabilities"];
             /** @description The snippet: at most 120 KiB of UTF-8, without NUL bytes. */
             code: string;
@@ -253,13 +269,19 @@ export interface components {
              */
             image?: string | null;
             language: components["schemas"]["Language"];
+            /** @description Limits for the run; each one unset takes the server's default. */
             limits?: components["schemas"]["LimitsSpec"];
             /**
              * @description Network access: none by default; `allow` with domains; `full` only where the server
              *     permits it.
              */
             network?: components["schemas"]["Network"];
+            /**
+             * @description What a denied call in the tripwire set does: `report` (the default) or `kill` the
+             *     sandbox at once. A server may make `kill` the rule for a token.
+             */
             on_violation?: null | components["schemas"]["OnViolation"];
+            /** @description gVisor's platform (`ptrace` or `kvm`); chosen automatically when unset. */
             platform?: null | components["schemas"]["Platform"];
             /**
              * @description Python: rich results, as a session exec has them (the last expression's value, what
@@ -267,22 +289,29 @@ export interface components {
              *     agent, pooled or started for it, which runs the code as `python3 -c` would otherwise.
              */
             rich?: boolean;
+            /** @description The OCI runtime: `runsc` (gVisor), `crun` or `runc`; implies tier `oci`. */
             runtime?: null | components["schemas"]["Runtime"];
             /** @description Text for the code's stdin. */
             stdin?: string | null;
+            /** @description `native` (the default), `oci` or `microvm` (a guest kernel per run). */
             tier?: null | components["schemas"]["Tier"];
             /** @description The tripwire groups; all of them unless given. */
             tripwires?: components["schemas"]["TripwireGroup"][] | null;
         } & (unknown & unknown & unknown & unknown);
         /** @description A file returned from the sandbox. */
         CollectedFile: {
+            /**
+             * @description Its bytes (the first `limits.collect_size` of them): `{"text": ...}` when they are
+             *     UTF-8, else `{"base64": ...}`. Absent when the file was not returned (`error` says why).
+             */
             content?: null | components["schemas"]["Content"];
             /** @description Why the file was not returned (missing, a symlink, not a regular file). */
             error?: string | null;
+            /** @description The path inside the sandbox, as the request's `collect` named it. */
             path: string;
             /**
              * Format: int64
-             * @description Its size inside the sandbox.
+             * @description Its size inside the sandbox, in bytes (0 when it was not returned).
              */
             size: number;
             /** @description True when only the first `limits.collect_size` bytes were returned. */
@@ -290,8 +319,10 @@ export interface components {
         };
         /** @description Bytes on the wire: text where they are UTF-8, base64 otherwise. */
         Content: {
+            /** @description The bytes as UTF-8 text. */
             text: string;
         } | {
+            /** @description The bytes in standard base64, with padding. */
             base64: string;
         };
         /**
@@ -301,8 +332,11 @@ export interface components {
         EndReason: "oom_killed" | "pids_limit" | "killed" | "crashed";
         /** @description Every error answer: a stable `code` and a message naming the problem. */
         Error: {
+            /** @description What went wrong. */
             error: {
+                /** @description A stable, machine-readable code for the kind of refusal (`bad_request`, `not_found`, `quota_exceeded`, ...); the HTTP status goes with it. */
                 code: string;
+                /** @description What went wrong in words, and what to do about it, for a person to read. */
                 message: string;
             };
         };
@@ -311,6 +345,7 @@ export interface components {
          *     can race it).
          */
         ExecEntry: {
+            /** @description The program's `argv[0]`, as the code passed it. */
             argv0: string;
             /** @description The path given to execve (relative to the caller's directory when relative). */
             path: string;
@@ -320,8 +355,11 @@ export interface components {
          *     "traceback": [lines]}`.
          */
         ExecError: {
+            /** @description The exception's class name, such as `ZeroDivisionError`. */
             name: string;
+            /** @description The traceback's lines, as Python prints them. */
             traceback: string[];
+            /** @description The exception's message, as `str(exc)` gives it. */
             value: string;
         };
         /** @description What an exec did. */
@@ -331,11 +369,26 @@ export interface components {
              *     `timed_out` is then false.
              */
             cancelled?: boolean;
-            /** Format: int64 */
+            /**
+             * Format: int64
+             * @description Wall-clock time from the code's start to its end, in milliseconds.
+             */
             duration_ms: number;
+            /**
+             * @description For python: the exception the code ended with, as data (stderr has its traceback too);
+             *     null when it raised none, and for a shell's exec.
+             */
             error?: null | components["schemas"]["ExecError"];
-            /** Format: int32 */
+            /**
+             * Format: int32
+             * @description The code's exit status, 0 to 255; null when it did not exit on its own: a signal ended
+             *     it, or a python exec was interrupted (at its timeout, or by a cancel).
+             */
             exit_code?: number | null;
+            /**
+             * @description For python: whether the interpreter crashed or was restarted (its state is then lost);
+             *     null for a shell's exec.
+             */
             interpreter?: null | components["schemas"]["Interpreter"];
             /**
              * @description The sandbox ran out of memory during the exec (its OOM killer acted: python's
@@ -345,24 +398,46 @@ export interface components {
             oom_killed?: boolean;
             /**
              * @description For python: the value of the last expression and what the code displayed (figures
-             *     included), in the order they came.
+             *     included), in the order they came; empty for a shell's exec.
              */
             results?: components["schemas"]["RichOutput"][];
             /**
-             * @description Whether rich outputs were dropped: their total size is held to the output limit, and
-             *     their number to [`RichOutput::MAX`].
+             * @description Whether rich outputs were dropped: their total size is held to the output limit
+             *     (`limits.output`), and their number to 64 (`RichOutput::MAX`).
              */
             results_truncated?: boolean;
-            /** Format: int32 */
+            /**
+             * Format: int32
+             * @description The signal that ended the code (9, SIGKILL, when Kennel killed it at the timeout or on
+             *     a cancel); null when it exited, or when a python exec was interrupted but not killed.
+             */
             signal?: number | null;
+            /** @description The first `limits.output` bytes the code wrote to stderr, as `stdout` has its own. */
             stderr: string;
-            /** Format: int64 */
+            /**
+             * Format: int64
+             * @description How many bytes the code wrote to stderr, the dropped ones included.
+             */
             stderr_bytes: number;
+            /** @description Whether stderr went past `limits.output` and the rest was dropped. */
             stderr_truncated: boolean;
+            /**
+             * @description The first `limits.output` bytes the code wrote to stdout, as text (bytes that are not
+             *     UTF-8 become U+FFFD); empty in a streamed answer's `result` event, whose `stdout`
+             *     events carried it.
+             */
             stdout: string;
-            /** Format: int64 */
+            /**
+             * Format: int64
+             * @description How many bytes the code wrote to stdout, the dropped ones included.
+             */
             stdout_bytes: number;
+            /** @description Whether stdout went past `limits.output` and the rest was dropped. */
             stdout_truncated: boolean;
+            /**
+             * @description The code ran past `limits.timeout` and was stopped: killed, or for a python exec
+             *     interrupted.
+             */
             timed_out: boolean;
         };
         /** @description Runs shell commands or code in a session. `python` runs in a persistent interpreter. */
@@ -374,7 +449,9 @@ export interface components {
              *     `[]` a figure comes back as its text alone).
              */
             figure_formats?: components["schemas"]["FigureFormat"][] | null;
+            /** @description `python` (the session's persistent interpreter), `bash` or `sh` (a fresh shell). */
             language: components["schemas"]["Language"];
+            /** @description Text for the code's stdin; empty when unset. */
             stdin?: string | null;
             /** @description Per-exec timeout (default: the session's). From 1ms to 300s (this server's bounds). */
             timeout?: string | number | null;
@@ -386,21 +463,32 @@ export interface components {
         FigureFormat: "png" | "svg";
         /** @description An image named by a result: which one, exactly. */
         ImageInfo: {
+            /** @description The content digest of its root (`sha256:...`), which names its exact contents. */
             digest: string;
+            /** @description The image's name in the store, as the request gave it. */
             name: string;
         };
         /** @description Interpreter news from a python exec. */
         Interpreter: {
+            /**
+             * @description The interpreter died on its own (a segfault, `os._exit`, the OOM killer), during the
+             *     exec or since the last one; false when Kennel killed it (a timeout it did not stop at).
+             */
             crashed: boolean;
+            /** @description What happened, in words; null when the interpreter neither crashed nor restarted. */
             reason?: string | null;
+            /**
+             * @description A fresh interpreter was started for this exec or after it: the session's Python state
+             *     (variables, imports) is lost.
+             */
             restarted: boolean;
         };
         /** @description Which isolation was really in force for a run. */
         Isolation: {
             /**
-             * @description How the guest's CPU ran (the `microvm` tier only): `kvm`, hardware virtualisation, or
-             *     `tcg`, QEMU's software emulation, which QEMU's security policy gives no isolation
-             *     guarantee.
+             * @description How the guest's CPU ran (the `microvm` tier only; absent otherwise): `kvm`, hardware
+             *     virtualisation, or `tcg`, QEMU's software emulation, which QEMU's security policy gives
+             *     no isolation guarantee.
              */
             accel?: string | null;
             /**
@@ -408,37 +496,72 @@ export interface components {
              *     `capabilities`: a small default set, or none).
              */
             capabilities: string[];
-            /** @description `host-system-ro`, `rootfs:DIR` or `image:NAME`. */
+            /**
+             * @description What the sandbox's `/` was, read-only: `host-system-ro` (the host's system
+             *     directories), `rootfs:DIR`, `image:NAME`, `docker-image:NAME`, or `image` (the
+             *     microvm tier's guest disk).
+             */
             filesystem: string;
-            /** Format: int32 */
+            /**
+             * Format: int32
+             * @description The host gid that the sandbox's gid 0 maps to.
+             */
             host_gid: number;
             /**
              * Format: int32
-             * @description The host uid and gid that the sandbox's uid 0 maps to.
+             * @description The host uid that the sandbox's uid 0 maps to (gVisor's `nobody` for runsc, whose own
+             *     kernel keeps the ids).
              */
             host_uid: number;
             /**
              * Format: int32
-             * @description How many ids are mapped inside the sandbox (0..id_range).
+             * @description How many ids are mapped inside the sandbox (0..id_range); 1 when only uid 0 is, 0 when
+             *     the runtime keeps ids of its own (runsc).
              */
             id_range: number;
+            /** @description The image the root came from, with its digest; absent for runs without an `image`. */
             image?: null | components["schemas"]["ImageInfo"];
+            /** @description The Landlock filesystem layer (native tier, and the microvm tier's guest). */
             landlock: components["schemas"]["LandlockInfo"];
+            /** @description How the run's limits were enforced: cgroups, or rlimits where cgroups were missing. */
             limits: components["schemas"]["LimitsInfo"];
-            /** @description The namespaces the sandbox was given. */
+            /**
+             * @description The namespaces the sandbox was given (`user`, `mount`, `pid`, `network`, `ipc`, `uts`,
+             *     `cgroup`); in the `microvm` tier, those inside the guest.
+             */
             namespaces: string[];
+            /**
+             * @description The network the code had, in words: `none (private namespace, loopback only)`, `full
+             *     (the host's network namespace)`, or the allowlist and the proxy's addresses.
+             */
             network: string;
+            /**
+             * @description Whether `no_new_privs` was set, so that no exec (setuid, file capabilities) could gain
+             *     privileges.
+             */
             no_new_privs: boolean;
+            /**
+             * @description The program that ran the sandbox: the OCI runtime (the `oci` tier) or QEMU (the
+             *     `microvm` tier); absent in the native tier.
+             */
             runtime?: null | components["schemas"]["RuntimeInfo"];
+            /** @description The seccomp filter on the code's system calls. */
             seccomp: components["schemas"]["SeccompInfo"];
+            /** @description The tier that ran the sandbox: `native`, `oci` or `microvm`. */
             tier: string;
         };
+        /** @description The Landlock layer a sandbox ran under. */
         LandlockInfo: {
             /**
              * Format: int32
-             * @description The Landlock ABI version the kernel offered.
+             * @description The Landlock ABI version the kernel offered; null when it offered none or the tier
+             *     did not ask.
              */
             abi?: number | null;
+            /**
+             * @description Whether Landlock confined the code's filesystem access (false in the `oci` tier,
+             *     whose runtimes have no Landlock layer).
+             */
             enforced: boolean;
         };
         /**
@@ -446,12 +569,16 @@ export interface components {
          * @enum {string}
          */
         Language: "python" | "bash" | "sh";
+        /** @description How a sandbox's limits were enforced. */
         LimitsInfo: {
-            /** @description The cgroup directories, removed after the run. */
+            /** @description The cgroup directories, removed after the run; absent without cgroups. */
             cgroups?: string[];
-            /** @description Why cgroups were not used, where they were not. */
+            /** @description Why cgroups were not used, and what stood in for them; absent where they were used. */
             fallback_reason?: string | null;
-            /** @description `cgroup-v1`, `cgroup-v2` or `rlimit`. */
+            /**
+             * @description `cgroup-v1`, `cgroup-v2` or `rlimit`; in the microvm tier, prefixed `guest ` (the
+             *     guest's own cgroup).
+             */
             mechanism: string;
         };
         /**
@@ -476,19 +603,33 @@ export interface components {
         };
         /** @description One connection the sandbox asked for, and what the proxy decided. */
         NetEvent: {
-            /** @description The address dialled, for allowed connections. */
+            /** @description The address dialled (`IP:PORT`), for allowed connections; null for denied ones. */
             address?: string | null;
-            /** Format: int64 */
+            /**
+             * Format: int64
+             * @description Bytes the code received through the connection (0 when denied).
+             */
             bytes_down: number;
-            /** Format: int64 */
+            /**
+             * Format: int64
+             * @description Bytes the code sent through the connection (0 when denied).
+             */
             bytes_up: number;
             /** @description `allowed` or `denied`. */
             decision: string;
+            /** @description The host the code asked for, as it named it (a name or an address). */
             host: string;
-            /** Format: int32 */
+            /**
+             * Format: int32
+             * @description The port it asked for.
+             */
             port: number;
             /** @description `connect` (HTTP CONNECT), `http` (plain HTTP) or `socks5`. */
             protocol: string;
+            /**
+             * @description Why: `on the allowlist`, or what refused it (not on the allowlist, a forbidden address,
+             *     a name that did not resolve).
+             */
             reason: string;
         };
         /**
@@ -538,22 +679,35 @@ export interface components {
             data: {
                 [key: string]: unknown;
             };
+            /** @description Whether it is the exec's value or something the code displayed. */
             kind: components["schemas"]["OutputKind"];
         };
         /** @description Why a run failed or was lost, as the API's error answer has it. */
         RunError: {
+            /** @description A stable code, as an error answer's (`sandbox_failed`, `lost`). */
             code: string;
+            /** @description What went wrong, in words. */
             message: string;
         };
         /** @description A run as `GET /v1/runs/{id}` shows it, and as its callback is sent. */
         RunInfo: {
-            /** Format: int64 */
+            /**
+             * Format: int64
+             * @description When the run was submitted, in milliseconds since the Unix epoch.
+             */
             created_at_unix_ms: number;
+            /** @description Why there is no result (`failed`, `lost`); absent otherwise. */
             error?: null | components["schemas"]["RunError"];
-            /** Format: int64 */
+            /**
+             * Format: int64
+             * @description When the run ended, in milliseconds since the Unix epoch; absent while it runs.
+             */
             finished_at_unix_ms?: number | null;
+            /** @description The run's id, as `POST /v1/runs` answered it. */
             id: string;
+            /** @description What the sandbox did (`finished`, `cancelled`); absent otherwise. */
             result?: null | components["schemas"]["RunResult"];
+            /** @description Where the run is. */
             status: components["schemas"]["RunStatus"];
         };
         /**
@@ -566,10 +720,21 @@ export interface components {
              *     was killed, so the code ended by SIGKILL with the output it had written.
              */
             cancelled?: boolean;
-            /** Format: int64 */
+            /**
+             * Format: int64
+             * @description CPU time the code used, user and system together, in milliseconds: the cgroup's count,
+             *     or the process tree's own where there is no cgroup.
+             */
             cpu_ms: number;
-            /** Format: int64 */
+            /**
+             * Format: int64
+             * @description Wall-clock time from the code's start to its end, in milliseconds.
+             */
             duration_ms: number;
+            /**
+             * @description The exception the code ended with, as data (stderr has its traceback too). Absent when
+             *     it raised none.
+             */
             error?: null | components["schemas"]["ExecError"];
             /**
              * @description The programs the code executed (each execve, PATH lookups that failed included), in
@@ -577,52 +742,114 @@ export interface components {
              *     code's memory while it runs, so code can race it.
              */
             exec_log?: components["schemas"]["ExecEntry"][];
-            /** Format: int32 */
+            /**
+             * Format: int32
+             * @description The code's exit status, 0 to 255; null when it did not exit on its own: a signal ended
+             *     it, or a python exec was interrupted (at its timeout, or by a cancel).
+             */
             exit_code?: number | null;
+            /**
+             * @description The files the request asked to `collect`, in its order, each with its content or the
+             *     reason it is missing; empty when it asked for none.
+             */
             files: components["schemas"]["CollectedFile"][];
+            /**
+             * @description The run's id, by which `DELETE /v1/runs/{id}` cancels it and `GET /v1/runs/{id}`
+             *     shows it.
+             */
             id: string;
+            /** @description The isolation that was really in force, as the sandbox checked it from inside. */
             isolation: components["schemas"]["Isolation"];
             /**
              * @description Why Kennel killed the sandbox before the code ended, when a tripwire did:
              *     `tripwire:SYSCALL`.
              */
             killed_by?: string | null;
-            /** Format: int64 */
+            /**
+             * Format: int64
+             * @description The most memory the sandbox held at once, in bytes, tmpfs pages included: the cgroup's
+             *     peak, or the largest resident set of one process where there is no cgroup (0 when the
+             *     tier could not tell).
+             */
             memory_peak_bytes: number;
-            /** @description Every connection the code asked Kennel's proxy for (network mode `allow`). */
+            /**
+             * @description Every connection the code asked Kennel's proxy for, allowed or denied, in order
+             *     (network mode `allow`; empty otherwise).
+             */
             network_log?: components["schemas"]["NetEvent"][];
+            /**
+             * @description The kernel's OOM killer acted in the sandbox (it reached `limits.memory`, which files
+             *     in `/workspace` and `/tmp` count against). Always false without cgroups.
+             */
             oom_killed: boolean;
+            /**
+             * @description The code tried to start a task past `limits.pids` (a fork or thread failed). Always
+             *     false without cgroups.
+             */
             pids_limit_hit: boolean;
             /**
              * @description The value of the last expression and what the code displayed (figures included), in
-             *     the order they came.
+             *     the order they came. Absent when there are none.
              */
             results?: components["schemas"]["RichOutput"][];
             /**
-             * @description Whether rich outputs were dropped: their total size is held to the output limit, and
-             *     their number to [`RichOutput::MAX`].
+             * @description Whether rich outputs were dropped: their total size is held to the output limit
+             *     (`limits.output`), and their number to 64 (`RichOutput::MAX`). Absent when false.
              */
             results_truncated?: boolean;
             /** @description What the policy stopped: denied system calls, refused connections, limits reached. */
             security_events?: components["schemas"]["SecurityEvents"];
-            /** Format: int32 */
+            /**
+             * Format: int32
+             * @description The signal that ended the code (9, SIGKILL, when Kennel killed it at the timeout or on
+             *     a cancel); null when it exited, or when a python exec was interrupted but not killed.
+             */
             signal?: number | null;
+            /** @description The first `limits.output` bytes the code wrote to stderr, as `stdout` has its own. */
             stderr: string;
-            /** Format: int64 */
+            /**
+             * Format: int64
+             * @description How many bytes the code wrote to stderr, the dropped ones included.
+             */
             stderr_bytes: number;
+            /** @description Whether stderr went past `limits.output` and the rest was dropped. */
             stderr_truncated: boolean;
+            /**
+             * @description The first `limits.output` bytes the code wrote to stdout, as text (bytes that are not
+             *     UTF-8 become U+FFFD); empty in a streamed answer's `result` event, whose `stdout`
+             *     events carried it.
+             */
             stdout: string;
-            /** Format: int64 */
+            /**
+             * Format: int64
+             * @description How many bytes the code wrote to stdout, the dropped ones included.
+             */
             stdout_bytes: number;
+            /** @description Whether stdout went past `limits.output` and the rest was dropped. */
             stdout_truncated: boolean;
+            /**
+             * @description The code ran past `limits.timeout` and was stopped: killed, or for a python exec
+             *     interrupted.
+             */
             timed_out: boolean;
         };
         /** @description What the run did and which isolation was in force. */
         RunResult: {
-            /** Format: int64 */
+            /**
+             * Format: int64
+             * @description CPU time the code used, user and system together, in milliseconds: the cgroup's count,
+             *     or the process tree's own where there is no cgroup.
+             */
             cpu_ms: number;
-            /** Format: int64 */
+            /**
+             * Format: int64
+             * @description Wall-clock time from the code's start to its end, in milliseconds.
+             */
             duration_ms: number;
+            /**
+             * @description The exception the code ended with, as data (stderr has its traceback too). Absent when
+             *     it raised none.
+             */
             error?: null | components["schemas"]["ExecError"];
             /**
              * @description The programs the code executed (each execve, PATH lookups that failed included), in
@@ -630,43 +857,90 @@ export interface components {
              *     code's memory while it runs, so code can race it.
              */
             exec_log?: components["schemas"]["ExecEntry"][];
-            /** Format: int32 */
+            /**
+             * Format: int32
+             * @description The code's exit status, 0 to 255; null when it did not exit on its own: a signal ended
+             *     it, or a python exec was interrupted (at its timeout, or by a cancel).
+             */
             exit_code?: number | null;
+            /**
+             * @description The files the request asked to `collect`, in its order, each with its content or the
+             *     reason it is missing; empty when it asked for none.
+             */
             files: components["schemas"]["CollectedFile"][];
+            /** @description The isolation that was really in force, as the sandbox checked it from inside. */
             isolation: components["schemas"]["Isolation"];
             /**
              * @description Why Kennel killed the sandbox before the code ended, when a tripwire did:
              *     `tripwire:SYSCALL`.
              */
             killed_by?: string | null;
-            /** Format: int64 */
+            /**
+             * Format: int64
+             * @description The most memory the sandbox held at once, in bytes, tmpfs pages included: the cgroup's
+             *     peak, or the largest resident set of one process where there is no cgroup (0 when the
+             *     tier could not tell).
+             */
             memory_peak_bytes: number;
-            /** @description Every connection the code asked Kennel's proxy for (network mode `allow`). */
+            /**
+             * @description Every connection the code asked Kennel's proxy for, allowed or denied, in order
+             *     (network mode `allow`; empty otherwise).
+             */
             network_log?: components["schemas"]["NetEvent"][];
+            /**
+             * @description The kernel's OOM killer acted in the sandbox (it reached `limits.memory`, which files
+             *     in `/workspace` and `/tmp` count against). Always false without cgroups.
+             */
             oom_killed: boolean;
+            /**
+             * @description The code tried to start a task past `limits.pids` (a fork or thread failed). Always
+             *     false without cgroups.
+             */
             pids_limit_hit: boolean;
             /**
              * @description The value of the last expression and what the code displayed (figures included), in
-             *     the order they came.
+             *     the order they came. Absent when there are none.
              */
             results?: components["schemas"]["RichOutput"][];
             /**
-             * @description Whether rich outputs were dropped: their total size is held to the output limit, and
-             *     their number to [`RichOutput::MAX`].
+             * @description Whether rich outputs were dropped: their total size is held to the output limit
+             *     (`limits.output`), and their number to 64 (`RichOutput::MAX`). Absent when false.
              */
             results_truncated?: boolean;
             /** @description What the policy stopped: denied system calls, refused connections, limits reached. */
             security_events?: components["schemas"]["SecurityEvents"];
-            /** Format: int32 */
+            /**
+             * Format: int32
+             * @description The signal that ended the code (9, SIGKILL, when Kennel killed it at the timeout or on
+             *     a cancel); null when it exited, or when a python exec was interrupted but not killed.
+             */
             signal?: number | null;
+            /** @description The first `limits.output` bytes the code wrote to stderr, as `stdout` has its own. */
             stderr: string;
-            /** Format: int64 */
+            /**
+             * Format: int64
+             * @description How many bytes the code wrote to stderr, the dropped ones included.
+             */
             stderr_bytes: number;
+            /** @description Whether stderr went past `limits.output` and the rest was dropped. */
             stderr_truncated: boolean;
+            /**
+             * @description The first `limits.output` bytes the code wrote to stdout, as text (bytes that are not
+             *     UTF-8 become U+FFFD); empty in a streamed answer's `result` event, whose `stdout`
+             *     events carried it.
+             */
             stdout: string;
-            /** Format: int64 */
+            /**
+             * Format: int64
+             * @description How many bytes the code wrote to stdout, the dropped ones included.
+             */
             stdout_bytes: number;
+            /** @description Whether stdout went past `limits.output` and the rest was dropped. */
             stdout_truncated: boolean;
+            /**
+             * @description The code ran past `limits.timeout` and was stopped: killed, or for a python exec
+             *     interrupted.
+             */
             timed_out: boolean;
         };
         /** @description A run: `language` + `code`, or `argv` (exactly one of the two). */
@@ -681,45 +955,73 @@ export interface components {
          * @enum {string}
          */
         Runtime: "runsc" | "crun" | "runc" | "docker";
-        /** @description Which OCI runtime ran a sandbox, as it reported its version. */
+        /** @description Which runtime ran a sandbox, as it reported its version. */
         RuntimeInfo: {
+            /** @description `runsc`, `crun`, `runc`, `docker`, or the VMM of the microvm tier (`qemu-microvm`). */
             name: string;
-            /** @description runsc's platform (`ptrace` or `kvm`). */
+            /** @description runsc's platform (`ptrace` or `kvm`); absent for every other runtime. */
             platform?: string | null;
+            /** @description Its version, as it printed it. */
             version: string;
         };
+        /** @description The seccomp filter a sandbox ran under. */
         SeccompInfo: {
-            /** @description The errno every denied syscall returns. */
+            /** @description The errno every denied syscall returns: `ENOSYS`, or `EPERM` under runsc. */
             denied_errno: string;
+            /** @description The system calls the profile denies, by name. */
             denied_syscalls: string[];
+            /** @description Whether the filter was in force (checked in `/proc/self/status` from inside). */
             enforced: boolean;
+            /** @description The profile's name and version, such as `kennel-default-v1`. */
             profile: string;
         };
         /** @description One kind of thing the policy stopped. */
         SecurityEvent: {
-            /** Format: int64 */
+            /**
+             * Format: int64
+             * @description How many times the code made it.
+             */
             count: number;
             /** @description The errno the code got (`ENOSYS`, `EPERM` for the clock). */
             errno: string;
             /** @description The six raw arguments of the first such call, in hex. */
             first_args: string[];
-            /** @enum {string} */
+            /**
+             * @description The event's kind (`denied_syscall`, `network_refused` or `limit_hit`), which says which other fields it has.
+             * @enum {string}
+             */
             kind: "denied_syscall";
+            /** @description The call's name, as the seccomp profile's `denied_syscalls` lists it. */
             syscall: string;
             /** @description Whether the call is in the policy's tripwire set. */
             tripwire: boolean;
         } | {
-            /** Format: int64 */
+            /**
+             * Format: int64
+             * @description How many connections to it were refused.
+             */
             count: number;
+            /** @description The host the code asked for, as it named it. */
             host: string;
-            /** @enum {string} */
+            /**
+             * @description The event's kind (`denied_syscall`, `network_refused` or `limit_hit`), which says which other fields it has.
+             * @enum {string}
+             */
             kind: "network_refused";
-            /** Format: int32 */
+            /**
+             * Format: int32
+             * @description The port it asked for.
+             */
             port: number;
+            /** @description Why the first one was refused (not on the allowlist, a forbidden address). */
             reason: string;
         } | {
-            /** @enum {string} */
+            /**
+             * @description The event's kind (`denied_syscall`, `network_refused` or `limit_hit`), which says which other fields it has.
+             * @enum {string}
+             */
             kind: "limit_hit";
+            /** @description The limit: `pids`, `memory`, `output` or `time`. */
             limit: string;
         };
         /** @description What the run's policy stopped, and whether its tier could watch for it. */
@@ -731,8 +1033,12 @@ export interface components {
              *     microvm tier's guest); `false` where the tier cannot report them, `unwatched` says why.
              */
             syscalls_watched: boolean;
-            /** @description Whether details were dropped past the caps (counts still count). */
+            /** @description Whether details were dropped past the caps (counts still count); absent when false. */
             truncated?: boolean;
+            /**
+             * @description Why denied calls were not reported (the tier cannot watch them, or the policy says
+             *     `layers.watch = false`); absent when they were.
+             */
             unwatched?: string | null;
         };
         /**
@@ -740,24 +1046,32 @@ export interface components {
          *     410 until the server forgets it.
          */
         SessionEnd: {
-            /** Format: int64 */
+            /**
+             * Format: int64
+             * @description When the server saw the sandbox dead, in milliseconds since the Unix epoch.
+             */
             ended_at_unix_ms: number;
             /**
              * Format: int32
-             * @description The agent's exit status, if it exited.
+             * @description The agent's exit status, if it exited; null when a signal killed it.
              */
             exit_code?: number | null;
+            /** @description Why the sandbox died. */
             reason: components["schemas"]["EndReason"];
             /**
              * Format: int32
-             * @description The signal that killed it, if one did.
+             * @description The signal that killed it, if one did; null when it exited.
              */
             signal?: number | null;
         };
         /** @description A session as the API lists it. */
         SessionInfo: {
-            /** Format: int64 */
+            /**
+             * Format: int64
+             * @description When the session was created, in milliseconds since the Unix epoch.
+             */
             created_at_unix_ms: number;
+            /** @description Set once the session's sandbox has died on its own (its execs then get 410): why. */
             ended?: null | components["schemas"]["SessionEnd"];
             /**
              * Format: int64
@@ -765,11 +1079,25 @@ export interface components {
              *     that has ended, until the server forgets it.
              */
             expires_in_s: number;
+            /** @description The session's id: the `{id}` of its `/v1/sessions/{id}` paths. */
             id: string;
-            /** Format: int64 */
+            /**
+             * Format: int64
+             * @description Seconds the session may stay unused before the server ends it.
+             */
             idle_ttl_s: number;
+            /**
+             * @description The limits of the session's sandbox, as a policy's `[limits]` writes them: `timeout`
+             *     (the default per exec, such as "30s"), `memory`, `output`, `tmp_size`,
+             *     `workspace_size` and `collect_size` (sizes such as "512M"), `cpus`, `pids` and
+             *     `open_files`.
+             */
             limits: Record<string, never>;
-            /** Format: int64 */
+            /**
+             * Format: int64
+             * @description Seconds the session may live at most, used or not (the server's
+             *     `sessions.max_lifetime`).
+             */
             max_lifetime_s: number;
         };
         /** @description Limits for a session's sandbox; `timeout` is the default per exec. */
@@ -800,6 +1128,7 @@ export interface components {
             /** @description A Kennel image for the session's sandbox, as for runs. */
             image?: string | null;
             limits?: components["schemas"]["SessionLimits"];
+            /** @description Network access for the session's sandbox, as for runs: none by default. */
             network?: components["schemas"]["Network"];
         };
         /**
