@@ -225,3 +225,8 @@ impl<R: Read> Read for Hashing<R> {
         Ok(n)
     }
 }
+
+/// `sha256:0123456789ab`: enough of a digest to tell layers apart on a progress line.
+pub(crate) fn short(digest: &str) -> String {
+    digest.chars().take("sha256:".len() + 12).collect()
+}

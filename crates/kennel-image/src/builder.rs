@@ -11,39 +11,11 @@ use kennel_types::image::{check_name, ImageRecord, ImageSource, ImageSpec};
 use kennel_types::PolicyError;
 use sha2::{Digest, Sha256};
 
+/// The error of a build, where [`Builder`] is (its home is [`crate::error`]).
+pub use crate::error::BuildError;
 use crate::paths;
 use crate::walk::walk;
 use crate::{copy, debian, digest, layer, oci, pip, ImageError, Progress, Stats};
-
-/// Why a build failed, with what to do about it.
-#[derive(Debug, thiserror::Error)]
-pub enum BuildError {
-    #[error(transparent)]
-    Image(#[from] ImageError),
-    #[error(transparent)]
-    Sandbox(#[from] kennel_sandbox::Error),
-    #[error(transparent)]
-    Spec(#[from] PolicyError),
-    #[error("{tool} is not installed\nhint: {hint}")]
-    MissingTool { tool: &'static str, hint: String },
-    #[error("{step} failed: {detail}\nhint: {hint}")]
-    Step {
-        step: &'static str,
-        detail: String,
-        hint: String,
-    },
-    #[error("{what}: {source}")]
-    Io { what: String, source: io::Error },
-}
-
-impl BuildError {
-    pub(crate) fn io(what: impl Into<String>, source: io::Error) -> BuildError {
-        BuildError::Io {
-            what: what.into(),
-            source,
-        }
-    }
-}
 
 /// What a build made.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -273,17 +245,6 @@ fn count(root: &Path) -> Result<(u64, u64), BuildError> {
         Ok(())
     })?;
     Ok((files, bytes))
-}
-
-/// Gives every entry beneath `dir` (and itself) to `uid`, as its group too: to the sandbox's
-/// root before a build step writes there, back to root after.
-pub(crate) fn chown_tree(dir: &Path, uid: u32) -> Result<(), BuildError> {
-    let chown = |p: &Path| {
-        std::os::unix::fs::lchown(p, Some(uid), Some(uid)).map_err(ImageError::io("chown", p))
-    };
-    chown(dir)?;
-    walk(dir, |rel, _| chown(&dir.join(rel)))?;
-    Ok(())
 }
 
 /// Copies one spec file into the image at `dest`, never through a symlink of the image.

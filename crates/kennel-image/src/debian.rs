@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 
 use kennel_types::image::ImageSpec;
 
-use crate::builder::BuildError;
+use crate::error::BuildError;
 
 /// The host's apt sources, in the order apt reads them: deb822 `.sources` files, or the
 /// one-line `sources.list`. mmdebstrap takes either as a mirror argument.

@@ -6,8 +6,8 @@ use std::path::Path;
 use oci_spec::image::ImageConfiguration;
 use serde::Deserialize;
 
-use crate::blob::{Expected, LayerBlob, Layout};
-use crate::oci::{short, ImageConfig, Imported};
+use crate::blob::{short, Expected, LayerBlob, Layout};
+use crate::imported::{ImageConfig, Imported};
 use crate::{ImageError, Progress};
 
 /// One image of a `docker save` manifest.json.

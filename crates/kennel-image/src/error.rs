@@ -101,3 +101,33 @@ impl ImageError {
         }
     }
 }
+
+/// Why a build failed, with what to do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error(transparent)]
+    Image(#[from] ImageError),
+    #[error(transparent)]
+    Sandbox(#[from] kennel_sandbox::Error),
+    #[error(transparent)]
+    Spec(#[from] kennel_types::PolicyError),
+    #[error("{tool} is not installed\nhint: {hint}")]
+    MissingTool { tool: &'static str, hint: String },
+    #[error("{step} failed: {detail}\nhint: {hint}")]
+    Step {
+        step: &'static str,
+        detail: String,
+        hint: String,
+    },
+    #[error("{what}: {source}")]
+    Io { what: String, source: io::Error },
+}
+
+impl BuildError {
+    pub(crate) fn io(what: impl Into<String>, source: io::Error) -> BuildError {
+        BuildError::Io {
+            what: what.into(),
+            source,
+        }
+    }
+}

@@ -16,15 +16,11 @@ use tar::EntryType;
 use crate::compress::decompress;
 use crate::paths::{check_parents, relative, remove_any, Parents};
 use crate::{ImageError, Progress, Stats};
-use metered::Metered;
+use metered::{Metered, METADATA_ALLOWANCE};
 
 const WHITEOUT: &[u8] = b".wh.";
 /// The marker's name once [`WHITEOUT`] is stripped from `.wh..wh..opq`.
 const OPAQUE: &[u8] = b".wh..opq";
-/// How much tar metadata (headers, GNU long names, PAX records) may come before one entry's
-/// data. The tar crate reads long names and PAX records whole into memory, so without a cap a
-/// small gzip layer could inflate one into gigabytes; real ones are a few KiB.
-const METADATA_ALLOWANCE: u64 = 1 << 20;
 
 /// Applies one layer (an uncompressed or gzip-compressed tar stream; detect by magic) onto
 /// `root`, in order, with OCI whiteouts: `.wh.NAME` deletes NAME (file or whole dir) from
@@ -97,6 +93,20 @@ impl Applied {
             path = p.parent();
         }
     }
+}
+
+/// Why an entry's mode or owner cannot be read (an [`ImageError::Entry`]'s reason).
+#[derive(Debug, thiserror::Error)]
+enum MetaError {
+    #[error("its mode field is malformed ({0})")]
+    Mode(io::Error),
+    #[error("its {what} field is malformed ({source})")]
+    Field {
+        what: &'static str,
+        source: io::Error,
+    },
+    #[error("its {what} {value} is out of range")]
+    Range { what: &'static str, value: u64 },
 }
 
 /// One entry's header fields, checked.
@@ -189,7 +199,9 @@ impl Unpacker<'_> {
                 return Ok(());
             }
         }
-        let meta = self.meta(entry.header()).map_err(refuse)?;
+        let meta = self
+            .meta(entry.header())
+            .map_err(|e| refuse(e.to_string()))?;
         let full = self.root.join(&rel);
         // Old tar writers marked directories only by a trailing slash.
         let is_dir = kind.is_dir() || (kind == EntryType::Regular && raw.ends_with(b"/"));
@@ -249,13 +261,11 @@ impl Unpacker<'_> {
     }
 
     /// The entry's mode and owner. Owners above u32 do not exist on Linux.
-    fn meta(&self, header: &tar::Header) -> Result<Meta, String> {
-        let mode = header
-            .mode()
-            .map_err(|e| format!("its mode field is malformed ({e})"))?;
-        let id = |value: io::Result<u64>, what: &str| -> Result<u32, String> {
-            let value = value.map_err(|e| format!("its {what} field is malformed ({e})"))?;
-            u32::try_from(value).map_err(|_| format!("its {what} {value} is out of range"))
+    fn meta(&self, header: &tar::Header) -> Result<Meta, MetaError> {
+        let mode = header.mode().map_err(MetaError::Mode)?;
+        let id = |value: io::Result<u64>, what: &'static str| -> Result<u32, MetaError> {
+            let value = value.map_err(|source| MetaError::Field { what, source })?;
+            u32::try_from(value).map_err(|_| MetaError::Range { what, value })
         };
         Ok(Meta {
             mode: mode & 0o7777,

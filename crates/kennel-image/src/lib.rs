@@ -23,10 +23,11 @@ pub mod pip;
 mod blob;
 mod compress;
 mod docker;
+mod imported;
 mod paths;
 mod walk;
 
-pub use error::ImageError;
+pub use error::{BuildError, ImageError};
 
 /// Counts for progress lines and for the image's record.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]

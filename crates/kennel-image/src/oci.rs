@@ -8,53 +8,15 @@ use std::path::{Path, PathBuf};
 use oci_spec::image::{Arch, Descriptor, ImageConfiguration, ImageIndex, ImageManifest};
 use oci_spec::image::{MediaType, Os};
 
-use crate::blob::{Expected, LayerBlob, Layout};
+use crate::blob::{short, Expected, LayerBlob, Layout};
+pub use crate::imported::{ImageConfig, Imported};
 use crate::layer::unpack_tarball;
-use crate::{docker, ImageError, Progress, Stats};
+use crate::{docker, ImageError, Progress};
 
 const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
 const DOCKER_MANIFEST_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
 /// Indexes may nest; real ones go one or two deep. The cap stops a cycle of indexes.
 const MAX_INDEX_DEPTH: usize = 4;
-
-/// What an imported image's config said (for the Kennel image's record).
-#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct ImageConfig {
-    pub env: Vec<String>,
-    pub cmd: Vec<String>,
-    pub entrypoint: Vec<String>,
-    pub workdir: Option<String>,
-    pub user: Option<String>,
-}
-
-impl From<&ImageConfiguration> for ImageConfig {
-    fn from(image: &ImageConfiguration) -> ImageConfig {
-        let config = image.config().as_ref();
-        let list = |get: fn(&oci_spec::image::Config) -> &Option<Vec<String>>| {
-            config.and_then(|c| get(c).clone()).unwrap_or_default()
-        };
-        // Docker writes "" for an unset working dir or user.
-        let text = |get: fn(&oci_spec::image::Config) -> &Option<String>| {
-            config
-                .and_then(|c| get(c).clone())
-                .filter(|s| !s.is_empty())
-        };
-        ImageConfig {
-            env: list(|c| c.env()),
-            cmd: list(|c| c.cmd()),
-            entrypoint: list(|c| c.entrypoint()),
-            workdir: text(|c| c.working_dir()),
-            user: text(|c| c.user()),
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Imported {
-    pub config: ImageConfig,
-    pub layers: usize,
-    pub stats: Stats,
-}
 
 /// Imports an OCI image layout (a directory with oci-layout + index.json + blobs/sha256/...)
 /// or a tarball of one, or a `docker save` tarball (manifest.json; newer docker versions'
@@ -298,9 +260,4 @@ fn expected(desc: &Descriptor) -> Result<Expected, ImageError> {
 /// 64 hex digits, so the name cannot climb out of blobs/.
 fn blob_name(desc: &Descriptor) -> Result<String, ImageError> {
     Ok(format!("blobs/sha256/{}", expected(desc)?.hex))
-}
-
-/// `sha256:0123456789ab`: enough of a digest to tell layers apart on a progress line.
-pub(crate) fn short(digest: &str) -> String {
-    digest.chars().take("sha256:".len() + 12).collect()
 }

@@ -9,7 +9,7 @@ use kennel_sandbox::{Engine, OutputSink, RunIo};
 use kennel_types::api::{Command, Content, FileIn, HostDir, RunRequest};
 use kennel_types::policy::{ByteSize, NetMode, Policy, Span};
 
-use crate::builder::BuildError;
+use crate::error::BuildError;
 
 /// Where the host's CA roots are placed for pip: these hosts reach PyPI through a TLS-inspecting
 /// egress whose root is in the host's bundle only, and the image keeps Debian's own.
@@ -109,12 +109,12 @@ pub fn install(
     };
     // The sandbox's root may write only what its own host uid owns: capabilities inside a
     // user namespace do not reach files of unmapped owners such as host root.
-    crate::builder::chown_tree(
+    crate::walk::chown_tree(
         &rootfs.join("usr/local"),
         kennel_sandbox::sandbox_root_host_uid(),
     )?;
     let result = engine.run(&req, io);
-    crate::builder::chown_tree(&rootfs.join("usr/local"), 0)?;
+    crate::walk::chown_tree(&rootfs.join("usr/local"), 0)?;
     let result = result?;
     let out = &result.outcome;
     if out.exit_code != Some(0) || out.timed_out {

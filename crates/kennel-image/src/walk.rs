@@ -49,3 +49,13 @@ pub(crate) fn open_checked(path: &Path, meta: &Metadata) -> Result<File, ImageEr
     }
     Ok(file)
 }
+
+/// Gives every entry beneath `dir` (and itself) to `uid`, as its group too: to the sandbox's
+/// root before a build step writes there, back to root after.
+pub(crate) fn chown_tree(dir: &Path, uid: u32) -> Result<(), ImageError> {
+    let chown = |p: &Path| {
+        std::os::unix::fs::lchown(p, Some(uid), Some(uid)).map_err(ImageError::io("chown", p))
+    };
+    chown(dir)?;
+    walk(dir, |rel, _| chown(&dir.join(rel)))
+}

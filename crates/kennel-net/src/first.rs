@@ -11,7 +11,7 @@ use crate::tls::{parse_client_hello, Hello};
 
 /// The most a first message may take before it is judged (a ClientHello of Kennel's largest,
 /// or an HTTP head four times the proxy's own cap).
-pub(crate) const MAX_FIRST: usize = crate::proxy::MAX_HEAD * 4;
+pub(crate) const MAX_FIRST: usize = http_head::MAX_HEAD * 4;
 
 /// The longest method word taken for HTTP: anything longer is another protocol.
 const MAX_METHOD: usize = 20;

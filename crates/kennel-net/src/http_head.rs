@@ -5,6 +5,10 @@ use std::borrow::Cow;
 
 use httparse::{Header, ParserConfig, Request, Status, EMPTY_HEADER};
 
+/// The largest request head the proxy reads (an HTTP request's, or the first bytes of a
+/// connection it sniffs); a longer one is refused.
+pub(crate) const MAX_HEAD: usize = 16 << 10;
+
 /// Header slots tried first; a head with more is parsed again with room for the most a head
 /// can hold, so that no head under the size cap is refused for its number of headers.
 const FEW_HEADERS: usize = 64;

@@ -8,8 +8,7 @@ use kennel_types::net::NetEvent;
 
 use crate::conn::{relay, Answer, Conn, Protocol, Target};
 use crate::denial::Denial;
-use crate::http_head::{self, split_host_port, Head, Parsed};
-use crate::proxy::MAX_HEAD;
+use crate::http_head::{self, split_host_port, Head, Parsed, MAX_HEAD};
 
 /// HTTP's answers: a short plain-text response naming the reason.
 struct Http;

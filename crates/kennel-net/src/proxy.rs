@@ -18,7 +18,6 @@ use crate::socks::serve_socks;
 
 pub const HTTP_PORT: u16 = 3128;
 pub const SOCKS_PORT: u16 = 1080;
-pub(crate) const MAX_HEAD: usize = 16 << 10;
 const MAX_CONNECTIONS: usize = 128;
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 

@@ -7,7 +7,6 @@ pub mod audit;
 pub mod config;
 pub mod http;
 pub mod metrics;
-pub mod openapi;
 pub mod pattern;
 pub mod pool;
 pub mod request_log;
@@ -20,6 +19,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 pub use config::ServerConfig;
+/// The OpenAPI document, which `kennel openapi` prints (kept at this path for the binary).
+pub use http::openapi;
 
 use kennel_sandbox::Engine;
 use kennel_types::policy::Strength;
@@ -182,14 +183,14 @@ pub async fn serve(
 }
 
 /// The job table of `async` runs: `[jobs] db`, or `jobs.sqlite` in the state directory.
-fn open_jobs(config: &ServerConfig) -> Result<service::jobs::Jobs, String> {
+fn open_jobs(config: &ServerConfig) -> Result<service::jobs::Jobs, service::jobs::JobsError> {
     let path = config.jobs.db.clone().unwrap_or_else(|| {
         std::env::var_os("KENNEL_STATE_DIR")
             .map(std::path::PathBuf::from)
             .unwrap_or_else(|| kennel_sandbox::DEFAULT_STATE_DIR.into())
             .join("jobs.sqlite")
     });
-    service::jobs::Jobs::open(&path).map_err(|e| e.to_string())
+    service::jobs::Jobs::open(&path)
 }
 
 /// Resolves on SIGTERM or SIGINT.

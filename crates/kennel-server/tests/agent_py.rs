@@ -5,7 +5,7 @@ use std::process::Command;
 
 #[test]
 fn the_session_agent_passes_its_unit_tests() {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/agent");
     let out = Command::new("/usr/bin/python3")
         .args([
             "-B",

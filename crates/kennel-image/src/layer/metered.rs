@@ -4,7 +4,10 @@ use std::cell::Cell;
 use std::io::{self, Read};
 use std::rc::Rc;
 
-use super::METADATA_ALLOWANCE;
+/// How much tar metadata (headers, GNU long names, PAX records) may come before one entry's
+/// data. The tar crate reads long names and PAX records whole into memory, so without a cap a
+/// small gzip layer could inflate one into gigabytes; real ones are a few KiB.
+pub(super) const METADATA_ALLOWANCE: u64 = 1 << 20;
 
 /// A reader that fails once it has given out its allowance (`None`: no limit). The unpacker
 /// sets the allowance before each tar header and lifts it for the entry's data.

@@ -5,7 +5,7 @@ use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, StatusCode};
 use serde::de::DeserializeOwned;
 
-use super::ApiError;
+use super::error::ApiError;
 
 /// A JSON body whose rejections (malformed JSON, unknown fields, wrong types, too large) come
 /// back as our error shape, with serde's message naming the problem.

@@ -10,7 +10,6 @@
 //! names the server cannot know (its DNS names, a proxy's, NAT addresses), so it takes any
 //! `Host` unless `allowed_hosts` lists some. `Origin` is checked wherever the server listens.
 
-use std::net::IpAddr;
 use std::sync::Arc;
 
 use axum::extract::Request;
@@ -19,73 +18,12 @@ use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::Response;
 
-use super::ApiError;
+use super::error::ApiError;
+use crate::config::entries::HostName;
 use crate::config::ServerConfig;
 
 /// The loopback names every server answers to, with its own address.
 const LOOPBACK: [&str; 3] = ["localhost", "127.0.0.1", "[::1]"];
-
-/// A name the server answers to: a host with any port, or with one port.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HostName {
-    /// Lower case, an IPv6 address without its brackets.
-    host: String,
-    port: Option<u16>,
-}
-
-impl HostName {
-    /// An `allowed_hosts` entry: `name`, `name:port`, `127.0.0.2`, `[::1]:8080`.
-    pub fn parse(entry: &str) -> Result<HostName, String> {
-        authority(entry).ok_or_else(|| {
-            format!("{entry:?} is not a host name or `name:port` (no scheme, path or user)")
-        })
-    }
-
-    fn of_ip(ip: IpAddr) -> HostName {
-        HostName {
-            host: ip.to_string(),
-            port: None,
-        }
-    }
-
-    /// Whether `other` (a request's host and port) is this name.
-    fn matches(&self, other: &HostName) -> bool {
-        self.host == other.host && self.port.is_none_or(|p| other.port == Some(p))
-    }
-
-    /// As rmcp's `allowed_hosts` takes it.
-    fn to_entry(&self) -> String {
-        let host = if self.host.contains(':') {
-            format!("[{}]", self.host)
-        } else {
-            self.host.clone()
-        };
-        match self.port {
-            Some(p) => format!("{host}:{p}"),
-            None => host,
-        }
-    }
-}
-
-/// `host[:port]` as a `Host` header or a config entry carries it; `None` for anything else
-/// (a user part, a path, an empty host).
-fn authority(text: &str) -> Option<HostName> {
-    if let Ok(v6) = text.parse::<std::net::Ipv6Addr>() {
-        return Some(HostName::of_ip(v6.into()));
-    }
-    if text.contains(['@', '/', '?', '#']) {
-        return None;
-    }
-    let a: Authority = text.parse().ok()?;
-    let host = a.host().trim_start_matches('[').trim_end_matches(']');
-    if host.is_empty() {
-        return None;
-    }
-    Some(HostName {
-        host: host.to_ascii_lowercase(),
-        port: a.port_u16(),
-    })
-}
 
 /// The names a server answers to, from its config.
 #[derive(Debug, Clone)]
@@ -177,7 +115,7 @@ impl Hosts {
             "https" => 443,
             _ => return false,
         };
-        let Some(mut page) = authority(rest) else {
+        let Some(mut page) = HostName::authority(rest) else {
             return false;
         };
         page.port = Some(page.port.unwrap_or(default));
@@ -199,7 +137,7 @@ fn request_host(req: &Request) -> Result<HostName, ApiError> {
             "a Host header is required (HTTP/1.1 clients send one)",
         ));
     };
-    authority(text).ok_or_else(|| {
+    HostName::authority(text).ok_or_else(|| {
         ApiError::bad_request(format!("the Host header {text:?} is not a host[:port]"))
     })
 }

@@ -2,18 +2,22 @@
 //! The handlers ([`routes`]) only parse a request into a [`crate::service::Action`] and
 //! render the service's answer.
 
+mod error;
 mod extract;
 mod front;
+pub mod openapi;
 pub mod routes;
+mod shared;
 pub mod slow;
 mod stream;
 
 pub use crate::service::Caller;
+pub use error::{status, ApiError};
 pub use extract::{ApiBytes, ApiJson, ApiPath, ApiQuery};
-pub use front::{HostName, Hosts};
+pub use front::Hosts;
+pub use shared::{Mount, Shared};
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -24,106 +28,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 
-use super::metrics::inc;
-use super::service::{Service, ServiceError};
-use super::{openapi, request_log};
-
-/// What the handlers share: the service they call.
-pub type Shared = Arc<Service>;
-
-/// An error answer: `{"error": {"code": ..., "message": ...}}`, with `Retry-After` on a 429
-/// that knows when a retry may succeed.
-#[derive(Debug)]
-pub struct ApiError {
-    pub status: StatusCode,
-    pub code: &'static str,
-    pub message: String,
-    pub retry_after: Option<Duration>,
-}
-
-impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status,
-            code,
-            message: message.into(),
-            retry_after: None,
-        }
-    }
-
-    pub fn bad_request(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
-    }
-
-    pub fn not_found(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
-    }
-
-    /// The caller's own quota is used up (other callers may still be served); a retry may
-    /// succeed after `retry_after`, when that is known.
-    pub fn quota(message: impl Into<String>, retry_after: Option<Duration>) -> ApiError {
-        ApiError {
-            retry_after,
-            ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "quota_exceeded", message)
-        }
-    }
-}
-
-/// The status of each refusal of the service.
-pub fn status(e: &ServiceError) -> StatusCode {
-    match e {
-        ServiceError::BadRequest(_) => StatusCode::BAD_REQUEST,
-        ServiceError::NotFound(_) => StatusCode::NOT_FOUND,
-        ServiceError::Forbidden(_) => StatusCode::FORBIDDEN,
-        ServiceError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-        ServiceError::SessionEnded(_) => StatusCode::GONE,
-        ServiceError::Busy(_) | ServiceError::QuotaExceeded(_) => StatusCode::TOO_MANY_REQUESTS,
-        ServiceError::Unsupported(_) => StatusCode::SERVICE_UNAVAILABLE,
-        ServiceError::SandboxFailed(_) | ServiceError::Internal(_) => {
-            StatusCode::INTERNAL_SERVER_ERROR
-        }
-    }
-}
-
-impl From<ServiceError> for ApiError {
-    fn from(e: ServiceError) -> ApiError {
-        ApiError {
-            retry_after: e.retry_after(),
-            ..ApiError::new(status(&e), e.code(), e.to_string())
-        }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let body = Json(json!({"error": {"code": self.code, "message": self.message}}));
-        let mut response = (self.status, body).into_response();
-        if let Some(after) = self.retry_after {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, retry_after_secs(after).into());
-        }
-        response
-    }
-}
-
-impl ApiError {
-    /// The answer to a request refused before its body was read: the connection closes
-    /// after it, so that the client does not send its next request on a connection the
-    /// server drops (hyper closes one whose unread body has not all arrived).
-    pub fn unread_body_response(self) -> Response {
-        let mut response = self.into_response();
-        response
-            .headers_mut()
-            .insert(header::CONNECTION, HeaderValue::from_static("close"));
-        response
-    }
-}
-
-/// `Retry-After` in whole seconds, rounded up and at least 1 (0 would invite a busy loop).
-fn retry_after_secs(after: Duration) -> u64 {
-    (after.as_secs() + u64::from(after.subsec_nanos() > 0)).max(1)
-}
+use crate::metrics::inc;
+use crate::request_log;
 
 async fn authenticate(State(state): State<Shared>, mut req: Request, next: Next) -> Response {
     let public = matches!(req.uri().path(), "/healthz" | "/openapi.json");
@@ -206,7 +112,7 @@ fn panic_response(panic: Box<dyn std::any::Any + Send>) -> Response {
 }
 
 async fn healthz(State(state): State<Shared>) -> Json<serde_json::Value> {
-    use super::pool::{Kind, Profile};
+    use crate::pool::{Kind, Profile};
     let ready = |names: &std::collections::BTreeMap<String, usize>, kind: fn(&str) -> Kind| {
         names
             .keys()
@@ -229,7 +135,7 @@ async fn healthz(State(state): State<Shared>) -> Json<serde_json::Value> {
 
 async fn metrics(State(state): State<Shared>, headers: axum::http::HeaderMap) -> Response {
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
-    let format = super::metrics::Format::negotiate(accept);
+    let format = crate::metrics::Format::negotiate(accept);
     let mut r = state.metrics.render(format).into_response();
     r.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -265,16 +171,6 @@ async fn fallback() -> ApiError {
 async fn wrong_method() -> ApiError {
     let msg = "this endpoint does not take that method; see /openapi.json";
     ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", msg)
-}
-
-/// A service nested beside the API at `path`, made from the [`Service`]: MCP's
-/// streamable-HTTP transport at `/mcp`, whose tools act as the authenticated caller (the
-/// request's [`Caller`] extension). The binary supplies it, so the server does not depend on
-/// what it mounts.
-#[derive(Debug, Clone, Copy)]
-pub struct Mount {
-    pub path: &'static str,
-    pub make: fn(Shared) -> Router,
 }
 
 /// The API, with `mounts` beside it (behind the same authentication and logs).

@@ -9,8 +9,10 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::Deserialize;
 
+use super::error::ApiError;
+use super::extract::{ApiBytes, ApiJson, ApiPath, ApiQuery};
+use super::shared::Shared;
 use super::stream::{answer, StreamQuery};
-use super::{ApiBytes, ApiError, ApiJson, ApiPath, ApiQuery, Shared};
 use crate::service::{Action, Caller, Reply, StoredResult};
 use axum::body::{Body, Bytes};
 use kennel_types::api::{ExecResult, ExecSpec, RunSpec, SessionInfo, SessionSpec};

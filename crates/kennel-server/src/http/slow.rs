@@ -17,7 +17,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Sleep;
 
-use super::{ApiError, Shared};
+use super::error::ApiError;
+use super::shared::Shared;
 use crate::service::{Caller, Ticket};
 
 /// Admits the request under the caller's and the server's caps (429 past them); the ticket

@@ -15,7 +15,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use super::{ApiError, Shared};
+use super::error::ApiError;
+use super::shared::Shared;
 use crate::service::{Action, Caller, Live, Reply, ServiceError, Ticket};
 use kennel_sandbox::{OutputSink, Stream};
 use kennel_types::api::RichOutput;

@@ -13,111 +13,22 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use base64::Engine as _;
-use hmac::{Hmac, Mac};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use serde::Serialize;
-use sha2::Sha256;
 use tokio::sync::Semaphore;
 
 use super::jobs::CallbackRow;
+use crate::config::entries::{Allowed, Secret};
 use crate::config::Callbacks;
+use kennel_types::policy::Span;
 use kennel_types::runs::RunInfo;
-
-/// The base64 every part of the spec uses (the secret, the signature): standard, padded.
-const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
 /// The most of a receiver's answer that is read: its status is all that counts.
 const MAX_ANSWER: usize = 64 << 10;
 
 /// The longest wait between two attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
-
-/// A signing secret: `whsec_` + base64 of its bytes.
-#[derive(Clone)]
-pub struct Secret(Vec<u8>);
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret(<redacted>)")
-    }
-}
-
-impl Secret {
-    pub fn parse(text: &str) -> Result<Secret, String> {
-        let b64 = text.strip_prefix("whsec_").ok_or_else(|| {
-            "must start with `whsec_` (Standard Webhooks' secret format: whsec_ + base64)"
-                .to_string()
-        })?;
-        let bytes = B64
-            .decode(b64)
-            .map_err(|e| format!("the part after `whsec_` is not base64 ({e})"))?;
-        if !(24..=64).contains(&bytes.len()) {
-            return Err(format!(
-                "holds {} bytes; use 24 to 64 random bytes (`openssl rand -base64 32`)",
-                bytes.len()
-            ));
-        }
-        Ok(Secret(bytes))
-    }
-
-    /// The `webhook-signature` header of a message.
-    pub fn sign(&self, id: &str, timestamp: u64, body: &[u8]) -> String {
-        let mut mac =
-            Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes a key of any length");
-        mac.update(format!("{id}.{timestamp}.").as_bytes());
-        mac.update(body);
-        format!("v1,{}", B64.encode(mac.finalize().into_bytes()))
-    }
-}
-
-/// One entry of `[callbacks] allow`: a host, with or without a port.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Allowed {
-    host: String,
-    port: Option<u16>,
-}
-
-impl Allowed {
-    pub fn parse(entry: &str) -> Result<Allowed, String> {
-        let bad = || format!("{entry:?} is not `host` or `host:port`");
-        let (host, port) = split_host_port(entry).ok_or_else(bad)?;
-        if host.is_empty() || host.contains(['/', '@', ' ']) {
-            return Err(bad());
-        }
-        Ok(Allowed {
-            host: host.to_ascii_lowercase(),
-            port,
-        })
-    }
-
-    fn admits(&self, host: &str, port: u16) -> bool {
-        self.host == host && self.port.is_none_or(|p| p == port)
-    }
-
-    /// The address this entry names itself, which is then allowed whatever its kind.
-    fn ip(&self) -> Option<IpAddr> {
-        self.host.parse().ok()
-    }
-}
-
-/// `host`, `host:port`, `[v6]` or `[v6]:port`; `None` for a port that is not a number.
-fn split_host_port(s: &str) -> Option<(&str, Option<u16>)> {
-    if let Some(rest) = s.strip_prefix('[') {
-        let (host, after) = rest.split_once(']')?;
-        return match after {
-            "" => Some((host, None)),
-            p => Some((host, Some(p.strip_prefix(':')?.parse().ok()?))),
-        };
-    }
-    match s.rsplit_once(':') {
-        // A bare IPv6 address has colons and no port.
-        Some((host, _)) if host.contains(':') => Some((s, None)),
-        Some((host, port)) => Some((host, Some(port.parse().ok()?))),
-        None => Some((s, None)),
-    }
-}
 
 /// Where one run's callback goes: the checked address, and the URL's host and path for the
 /// request itself.
@@ -140,28 +51,69 @@ impl Target {
     }
 }
 
+/// Why a `callback_url` is refused (a 400): each says what the server's rules are.
+#[derive(Debug, thiserror::Error)]
+pub enum UrlError {
+    #[error("`callback_url` {url:?} is not a URL ({source})")]
+    NotUrl {
+        url: String,
+        source: hyper::http::uri::InvalidUri,
+    },
+    #[error(
+        "`callback_url`: https callbacks are not supported by this server yet; use http:// to \
+         a receiver on a network you trust"
+    )]
+    Https,
+    #[error("`callback_url` {url:?} must be an http:// URL")]
+    Scheme { url: String },
+    #[error("`callback_url` {url:?} has no host")]
+    NoHost { url: String },
+    #[error("`callback_url` may not hold a user name or password")]
+    UserInfo,
+    #[error(
+        "`callback_url`: {host}:{port} is not on this server's callback allowlist \
+         ([callbacks] allow)"
+    )]
+    NotAllowed { host: String, port: u16 },
+    #[error("`callback_url`: cannot resolve {host}: {source}")]
+    Resolve {
+        host: String,
+        source: std::io::Error,
+    },
+    #[error("`callback_url`: {host} resolves to no address")]
+    NoAddress { host: String },
+    #[error(
+        "`callback_url`: {host} is {ip}, a {kind} address; callbacks reach such addresses only \
+         where [callbacks] allow lists the address itself"
+    )]
+    Internal {
+        host: String,
+        ip: IpAddr,
+        kind: &'static str,
+    },
+}
+
 /// Checks a `callback_url` against the server's rules and resolves its host, once: the
 /// address a delivery connects to. Every refusal says why, for a 400.
-pub async fn check(config: &Callbacks, url: &str) -> Result<Target, String> {
-    let uri: hyper::Uri = url
-        .parse()
-        .map_err(|e| format!("`callback_url` {url:?} is not a URL ({e})"))?;
+pub async fn check(config: &Callbacks, url: &str) -> Result<Target, UrlError> {
+    let uri: hyper::Uri = url.parse().map_err(|source| UrlError::NotUrl {
+        url: url.to_string(),
+        source,
+    })?;
     match uri.scheme_str() {
         Some("http") => {}
-        Some("https") => {
-            return Err(
-                "`callback_url`: https callbacks are not supported by this server \
-                        yet; use http:// to a receiver on a network you trust"
-                    .into(),
-            )
+        Some("https") => return Err(UrlError::Https),
+        _ => {
+            return Err(UrlError::Scheme {
+                url: url.to_string(),
+            })
         }
-        _ => return Err(format!("`callback_url` {url:?} must be an http:// URL")),
     }
-    let authority = uri
-        .authority()
-        .ok_or_else(|| format!("`callback_url` {url:?} has no host"))?;
+    let authority = uri.authority().ok_or_else(|| UrlError::NoHost {
+        url: url.to_string(),
+    })?;
     if authority.as_str().contains('@') {
-        return Err("`callback_url` may not hold a user name or password".into());
+        return Err(UrlError::UserInfo);
     }
     let host = authority
         .host()
@@ -176,28 +128,28 @@ pub async fn check(config: &Callbacks, url: &str) -> Result<Target, String> {
         .filter(|a| a.admits(&host, port))
         .collect();
     if allowed.is_empty() {
-        return Err(format!(
-            "`callback_url`: {host}:{port} is not on this server's callback allowlist \
-             ([callbacks] allow)"
-        ));
+        return Err(UrlError::NotAllowed { host, port });
     }
-    let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), port))
+    let resolved: std::io::Result<Vec<SocketAddr>> = tokio::net::lookup_host((host.as_str(), port))
         .await
-        .map_err(|e| format!("`callback_url`: cannot resolve {host}: {e}"))?
-        .collect();
-    let first = *addrs
-        .first()
-        .ok_or_else(|| format!("`callback_url`: {host} resolves to no address"))?;
+        .map(Iterator::collect);
+    let addrs = match resolved {
+        Ok(addrs) => addrs,
+        Err(source) => return Err(UrlError::Resolve { host, source }),
+    };
+    let Some(&first) = addrs.first() else {
+        return Err(UrlError::NoAddress { host });
+    };
     // Every address the name has must pass, or a rebinding name could pick its own.
     for addr in &addrs {
         let listed = allowed.iter().any(|a| a.ip() == Some(addr.ip()));
         if let Some(kind) = kennel_types::net::forbidden(addr.ip()) {
             if !listed {
-                return Err(format!(
-                    "`callback_url`: {host} is {}, a {kind} address; callbacks reach such \
-                     addresses only where [callbacks] allow lists the address itself",
-                    addr.ip()
-                ));
+                return Err(UrlError::Internal {
+                    host,
+                    ip: addr.ip(),
+                    kind,
+                });
             }
         }
     }
@@ -258,12 +210,46 @@ pub fn body(row: CallbackRow, max: u64) -> Vec<u8> {
     .unwrap_or_default()
 }
 
+/// Why a callback's body could not be made: the delivery then ends.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    #[error("the run is no longer in the job table")]
+    Gone,
+    #[error("job table: {0}")]
+    Table(#[from] rusqlite::Error),
+}
+
+/// Why one request to a receiver got no status.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    #[error("cannot connect to {addr}: {source}")]
+    Connect {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("http: {0}")]
+    Http(#[from] hyper::Error),
+    #[error("request: {0}")]
+    Request(#[from] hyper::http::Error),
+}
+
+/// Why an attempt did not deliver, beside a receiver's status that is not 2xx.
+#[derive(Debug, thiserror::Error)]
+pub enum AttemptError {
+    #[error(transparent)]
+    Body(#[from] BodyError),
+    #[error(transparent)]
+    Send(#[from] SendError),
+    #[error("no answer within {0}")]
+    Timeout(Span),
+}
+
 /// What one attempt did, for the audit log.
 #[derive(Debug)]
 pub struct Attempt {
     pub number: u32,
     pub status: Option<u16>,
-    pub error: Option<String>,
+    pub error: Option<AttemptError>,
 }
 
 impl Attempt {
@@ -282,7 +268,7 @@ pub async fn deliver(
     target: &Target,
     id: &str,
     workers: &Semaphore,
-    mut body: impl FnMut() -> Result<Vec<u8>, String>,
+    mut body: impl FnMut() -> Result<Vec<u8>, BodyError>,
     mut on_attempt: impl FnMut(&Attempt),
 ) -> bool {
     let started = tokio::time::Instant::now();
@@ -298,7 +284,7 @@ pub async fn deliver(
                     on_attempt(&Attempt {
                         number,
                         status: None,
-                        error: Some(e),
+                        error: Some(e.into()),
                     });
                     return false;
                 }
@@ -336,12 +322,12 @@ async fn attempt(
         Ok(Err(e)) => Attempt {
             number,
             status: None,
-            error: Some(e),
+            error: Some(e.into()),
         },
         Err(_) => Attempt {
             number,
             status: None,
-            error: Some(format!("no answer within {}", config.timeout)),
+            error: Some(AttemptError::Timeout(config.timeout)),
         },
     }
 }
@@ -349,14 +335,15 @@ async fn attempt(
 /// One attempt: connect to the checked address (no resolution here), POST, read the status
 /// and at most [`MAX_ANSWER`] bytes of the answer. A redirect is not followed: it is a status
 /// like any other that is not 2xx.
-async fn send(secret: &Secret, target: &Target, id: &str, body: Vec<u8>) -> Result<u16, String> {
+async fn send(secret: &Secret, target: &Target, id: &str, body: Vec<u8>) -> Result<u16, SendError> {
     let stream = tokio::net::TcpStream::connect(target.addr)
         .await
-        .map_err(|e| format!("cannot connect to {}: {e}", target.addr))?;
+        .map_err(|source| SendError::Connect {
+            addr: target.addr,
+            source,
+        })?;
     let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .map_err(|e| format!("http: {e}"))?;
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
     let driver = tokio::spawn(conn);
     let timestamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -369,12 +356,8 @@ async fn send(secret: &Secret, target: &Target, id: &str, body: Vec<u8>) -> Resu
         .header("webhook-id", id)
         .header("webhook-timestamp", timestamp.to_string())
         .header("webhook-signature", secret.sign(id, timestamp, &body))
-        .body(Full::new(Bytes::from(body)))
-        .map_err(|e| format!("request: {e}"))?;
-    let answer = sender
-        .send_request(request)
-        .await
-        .map_err(|e| format!("http: {e}"))?;
+        .body(Full::new(Bytes::from(body)))?;
+    let answer = sender.send_request(request).await?;
     let status = answer.status().as_u16();
     // Read (and drop) a bounded part of the answer, so that the receiver is not cut off
     // mid-write; a longer one is simply not read further.
@@ -388,37 +371,6 @@ async fn send(secret: &Secret, target: &Target, id: &str, body: Vec<u8>) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The example of the Standard Webhooks specification's reference libraries.
-    #[test]
-    fn signs_as_the_specification_does() {
-        let secret = Secret::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
-        let body = br#"{"test": 2432232314}"#;
-        assert_eq!(
-            secret.sign("msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, body),
-            "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
-        );
-    }
-
-    #[test]
-    fn secrets_are_checked() {
-        assert!(Secret::parse("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").is_err());
-        assert!(Secret::parse("whsec_!!").is_err());
-        assert!(Secret::parse("whsec_c2hvcnQ=").is_err(), "5 bytes");
-    }
-
-    #[test]
-    fn allowlist_entries() {
-        let a = Allowed::parse("Hooks.Example.com").unwrap();
-        assert!(a.admits("hooks.example.com", 80) && a.admits("hooks.example.com", 8080));
-        let a = Allowed::parse("127.0.0.1:9000").unwrap();
-        assert!(a.admits("127.0.0.1", 9000) && !a.admits("127.0.0.1", 9001));
-        assert_eq!(a.ip(), Some("127.0.0.1".parse().unwrap()));
-        let a = Allowed::parse("[::1]:9000").unwrap();
-        assert!(a.admits("::1", 9000));
-        assert!(Allowed::parse("host:port").is_err());
-        assert!(Allowed::parse("http://x/").is_err());
-    }
 
     fn config(allow: &[&str]) -> Callbacks {
         Callbacks {
@@ -449,7 +401,7 @@ mod tests {
             ("http://u:p@127.0.0.1:9000/", "user name"),
             ("not a url", "not a URL"),
         ] {
-            let e = check(&c, url).await.unwrap_err();
+            let e = check(&c, url).await.unwrap_err().to_string();
             assert!(e.contains(why), "{url}: {e}");
         }
     }

@@ -50,6 +50,9 @@ pub enum JobsError {
          ({SCHEMA_VERSION}); run the newer Kennel, or set [jobs] db to a file of its own"
     )]
     Newer { path: PathBuf, version: i64 },
+    /// A service made without one (`Service::new` alone, as tests make it).
+    #[error("this service was made without a job table")]
+    NotOpened,
 }
 
 /// The reason a run that was in flight when its server stopped is given.

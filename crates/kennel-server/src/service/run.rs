@@ -5,10 +5,14 @@ use std::time::Instant;
 
 use std::sync::atomic::Ordering;
 
+use super::action::{Accepted, Caller, Live};
 use super::callback::{self, Target};
+use super::error::ServiceError;
 use super::jobs::InsertError;
-use super::runs::{self, CancelIfGone, Registered};
-use super::{in_slot, Accepted, Caller, Live, Reply, Service, ServiceError};
+use super::registry::Registered;
+use super::reply::Reply;
+use super::runs::{self, CancelIfGone};
+use super::state::{in_slot, RunSlot, Service};
 use crate::agent::{AgentError, AgentSandbox, Exec, KernelUsage, Progress};
 use crate::audit::Entry;
 use crate::metrics::inc;
@@ -53,7 +57,7 @@ pub(super) async fn run(
     }
     let target = check_async(service, caller, &spec).await?;
     let slot = service.run_slot(caller)?;
-    let registered = runs::register(service, caller)?;
+    let registered = service.runs.register(caller)?;
     if spec.run_async {
         let job = Job {
             spec,
@@ -113,14 +117,14 @@ async fn check_async(
     callback::check(&service.config.callbacks, url)
         .await
         .map(Some)
-        .map_err(ServiceError::BadRequest)
+        .map_err(|e| ServiceError::BadRequest(e.to_string()))
 }
 
 /// An `async` run, checked and holding its slot, before it enters the job table.
 struct Job {
     spec: RunSpec,
     req: RunRequest,
-    slot: super::RunSlot,
+    slot: RunSlot,
     registered: Registered,
     target: Option<Target>,
 }

@@ -1,27 +1,19 @@
-//! Runs by id: the registry of runs in flight (each with its owner and what kills its
-//! sandbox), cancelling, `async` runs in the job table, and their callbacks.
+//! Runs by id: cancelling one in flight (the registry is [`super::registry`]), `async` runs
+//! in the job table, and their callbacks.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use super::callback::{self, Secret, Target};
+use super::action::Caller;
+use super::callback::{self, BodyError, Target};
+use super::error::ServiceError;
 use super::jobs::{Jobs, Pending};
-use super::{Caller, Service, ServiceError};
+use super::registry::RunEntry;
+use super::state::Service;
 use crate::audit::{now_ms, Event};
+use crate::config::entries::Secret;
 use crate::config::ServerConfig;
-use kennel_sandbox::Canceller;
 use kennel_types::runs::{RunError, RunInfo, RunStatus};
 use kennel_types::RunResult;
-
-/// A new run id: 128 random bits from the kernel, in hex. Unguessable, so that an id is no
-/// handle on another token's run even before the owner check.
-pub(crate) fn new_id() -> Result<String, ServiceError> {
-    let mut bytes = [0u8; 16];
-    getrandom::getrandom(&mut bytes)
-        .map_err(|e| ServiceError::Internal(format!("no randomness for a run id: {e}")))?;
-    Ok(crate::audit::hex(&bytes))
-}
 
 /// What a caller's rows in the job table are keyed by: its token itself (never stored: the
 /// table keeps an HMAC of it), so that a token of the same id on another server sharing the
@@ -52,92 +44,6 @@ fn tenants(service: &Service, jobs: &Jobs) -> Vec<(String, String)> {
     ids.into_iter()
         .map(|id| (jobs.tenant(&identity(config, &id)), id))
         .collect()
-}
-
-/// A run in flight: its owner and what kills its sandbox.
-#[derive(Debug)]
-pub(crate) struct RunEntry {
-    owner: String,
-    cancelled: AtomicBool,
-    /// The sandbox's kill switch once it has one (a cold run's supervisor, a pooled run's
-    /// agent sandbox), attached when it is known.
-    cancellers: Mutex<Vec<Canceller>>,
-}
-
-impl RunEntry {
-    /// Kills the run's sandbox, now or as soon as it has one. Whether this was the first
-    /// cancel.
-    fn cancel(&self) -> bool {
-        let first = !self.cancelled.swap(true, Ordering::SeqCst);
-        for c in self.lock().iter() {
-            c.cancel();
-        }
-        first
-    }
-
-    /// The sandbox's kill switch: pulled at once when the run is cancelled already.
-    pub(crate) fn attach(&self, c: Canceller) {
-        let mut all = self.lock();
-        if self.cancelled.load(Ordering::SeqCst) {
-            c.cancel();
-        }
-        all.push(c);
-    }
-
-    pub(crate) fn is_cancelled(&self) -> bool {
-        self.cancelled.load(Ordering::SeqCst)
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Canceller>> {
-        self.cancellers.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-/// The runs in flight, by id.
-#[derive(Debug, Default)]
-pub(crate) struct Registry(Mutex<HashMap<String, Arc<RunEntry>>>);
-
-impl Registry {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<RunEntry>>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The caller's run `id` in flight; another caller's is none of its business.
-    fn owned(&self, caller: &Caller, id: &str) -> Option<Arc<RunEntry>> {
-        self.lock().get(id).filter(|e| e.owner == caller.0).cloned()
-    }
-}
-
-/// A run's place in the registry, left when dropped (the run has ended).
-pub(crate) struct Registered {
-    service: Arc<Service>,
-    pub(crate) id: String,
-    pub(crate) entry: Arc<RunEntry>,
-}
-
-impl Drop for Registered {
-    fn drop(&mut self) {
-        self.service.runs.lock().remove(&self.id);
-    }
-}
-
-/// Enters a new run of `caller` in the registry.
-pub(crate) fn register(
-    service: &Arc<Service>,
-    caller: &Caller,
-) -> Result<Registered, ServiceError> {
-    let id = new_id()?;
-    let entry = Arc::new(RunEntry {
-        owner: caller.0.clone(),
-        cancelled: AtomicBool::new(false),
-        cancellers: Mutex::new(Vec::new()),
-    });
-    service.runs.lock().insert(id.clone(), entry.clone());
-    Ok(Registered {
-        service: service.clone(),
-        id,
-        entry,
-    })
 }
 
 /// Cancels the run when its caller goes away (the action dropped before the run ends: an
@@ -307,8 +213,8 @@ async fn send_callback(
             let max = config.max_body.0;
             let body = || match jobs.callback_row(id, max) {
                 Ok(Some(row)) => Ok(callback::body(row, max)),
-                Ok(None) => Err("the run is no longer in the job table".to_string()),
-                Err(e) => Err(format!("job table: {e}")),
+                Ok(None) => Err(BodyError::Gone),
+                Err(e) => Err(BodyError::Table(e)),
             };
             // One message per run: the same id on every attempt, and after a restart too.
             let message = format!("msg_{id}");
@@ -319,7 +225,7 @@ async fn send_callback(
                     attempt: Some(a.number),
                     status: a.status,
                     delivered: Some(a.delivered()),
-                    error: a.error.clone(),
+                    error: a.error.as_ref().map(ToString::to_string),
                     ..Event::new(token, "callback", id)
                 });
             })

@@ -3,7 +3,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{count, in_slot, Caller, Live, Refusal, Service, ServiceError};
+use super::action::{Accepted, Caller, Live};
+use super::error::{count, Refusal, ServiceError};
+use super::state::{in_slot, Service};
 use crate::agent::{AgentError, AgentSandbox, Exec, Progress};
 use crate::audit::Entry;
 use crate::config::ServerConfig;
@@ -181,7 +183,7 @@ pub(super) async fn create(
 
 /// The idle TTL a session asked for, refused (never clamped) outside this server's bounds.
 fn idle_ttl(config: &ServerConfig, asked: Option<Span>) -> Result<Duration, ServiceError> {
-    let (lo, hi) = crate::openapi::session_ttl_bounds(config);
+    let (lo, hi) = config.session_ttl_bounds();
     let Some(t) = asked else {
         return Ok(config.sessions.idle_ttl.0);
     };
@@ -241,7 +243,7 @@ pub(super) async fn exec(
     let (service, caller) = (service.clone(), caller.clone());
     let id = session.agent.reserve();
     let mut gone = CancelIfGone(Some((session.clone(), id)));
-    let result = in_slot(slot, live, super::Accepted::default(), |live| async move {
+    let result = in_slot(slot, live, Accepted::default(), |live| async move {
         run_exec(&service, &caller, &session, &spec, id, timeout, live).await
     })
     .await;

@@ -1,4 +1,12 @@
+use std::sync::Arc;
+
+use super::error::{count, RUN_SLOT_RETRY};
 use super::*;
+use crate::audit::Audit;
+use crate::config::ServerConfig;
+use crate::pool::Pool;
+use kennel_sandbox::Engine;
+use kennel_types::api::{RunSpec, SessionSpec};
 use kennel_types::policy::Strength;
 
 #[test]

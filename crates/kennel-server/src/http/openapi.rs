@@ -6,9 +6,9 @@
 use serde_json::{json, Map, Value};
 use utoipa::OpenApi;
 
-use super::config::ServerConfig;
-use super::http::routes;
-use super::pattern;
+use super::routes;
+use crate::config::ServerConfig;
+use crate::pattern;
 use kennel_types::api;
 use kennel_types::policy::{self, Capabilities, Limits, Runtime};
 use kennel_types::runs;
@@ -640,18 +640,18 @@ fn session_limits(limits: &Value, b: &Bounds) -> Value {
     );
     session["properties"]["memory"] = size_schema(
         "Memory, such as \"512M\"; a session's agent needs some of it.",
-        (lo.max(super::sessions::MIN_MEMORY), hi),
+        (lo.max(crate::sessions::MIN_MEMORY), hi),
     );
     let pids = &mut session["properties"]["pids"];
     let lo = pids["minimum"].as_u64().unwrap_or(0);
-    pids["minimum"] = json!(lo.max(u64::from(super::sessions::MIN_PIDS)));
+    pids["minimum"] = json!(lo.max(u64::from(crate::sessions::MIN_PIDS)));
     pids["description"] =
         json!("Tasks: processes and threads together; a session's agent and its execs need some.");
     session
 }
 
 fn constrain_session_spec(spec: &mut Value, config: &ServerConfig) {
-    let (lo, hi) = session_ttl_bounds(config);
+    let (lo, hi) = config.session_ttl_bounds();
     let props = &mut spec["properties"];
     props["limits"] = json!({"$ref": "#/components/schemas/SessionLimits"});
     props["env"] = env_schema();
@@ -659,13 +659,6 @@ fn constrain_session_spec(spec: &mut Value, config: &ServerConfig) {
         "End the session after this long unused (default: this server's idle TTL).",
         (lo, hi),
     );
-}
-
-/// The idle TTLs a session may ask for: from one second (or the server's own TTL, if
-/// shorter) to the server's TTL.
-pub fn session_ttl_bounds(config: &ServerConfig) -> (u64, u64) {
-    let hi = config.sessions.idle_ttl.millis();
-    (hi.min(1000), hi)
 }
 
 fn constrain_exec_spec(spec: &mut Value, b: &Bounds) {
@@ -812,7 +805,7 @@ mod tests {
     /// `kennel openapi > docs/openapi.json` after changing the API.
     #[test]
     fn committed_openapi_matches_the_code() {
-        let committed = include_str!("../../../docs/openapi.json");
+        let committed = include_str!("../../../../docs/openapi.json");
         assert!(
             committed == super::document(),
             "docs/openapi.json is stale: run `kennel openapi > docs/openapi.json`"

@@ -1,5 +1,7 @@
 //! `kennel serve` configuration: TOML with unknown keys rejected, validated once.
 
+pub mod entries;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -11,6 +13,16 @@ use serde::{Deserialize, Serialize};
 use kennel_sandbox::PolicyError;
 use kennel_types::policy::{ByteSize, Limits, Policy, Runtime, Span, Strength, Tier};
 use kennel_types::security::OnViolation;
+
+use entries::{Allowed, HostName, Secret};
+
+/// An image the caller's token may not use (a 403).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`image` {name:?} is not an image this token may use (the server's `images` lists them)")]
+pub struct ImageRefused {
+    /// The image's name, as the run gave it.
+    pub name: String,
+}
 
 /// A bearer token and the name it is audited under.
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
@@ -465,19 +477,15 @@ impl ServerConfig {
             .chain(self.tokens.iter().map(|t| &t.callback_secret))
             .flatten();
         for secret in secrets {
-            crate::service::callback::Secret::parse(secret).map_err(|why| {
-                PolicyError::Invalid {
-                    field: "callbacks.secret",
-                    why,
-                }
+            Secret::parse(secret).map_err(|why| PolicyError::Invalid {
+                field: "callbacks.secret",
+                why: why.to_string(),
             })?;
         }
         for entry in &self.callbacks.allow {
-            crate::service::callback::Allowed::parse(entry).map_err(|why| {
-                PolicyError::Invalid {
-                    field: "callbacks.allow",
-                    why,
-                }
+            Allowed::parse(entry).map_err(|why| PolicyError::Invalid {
+                field: "callbacks.allow",
+                why: why.to_string(),
             })?;
         }
         let c = &self.callbacks;
@@ -511,9 +519,9 @@ impl ServerConfig {
     /// The names of `allowed_hosts`, and `[mcp]`'s cap and TTLs.
     fn check_front(&self) -> Result<(), PolicyError> {
         for entry in &self.allowed_hosts {
-            crate::http::HostName::parse(entry).map_err(|why| PolicyError::Invalid {
+            HostName::parse(entry).map_err(|why| PolicyError::Invalid {
                 field: "allowed_hosts",
-                why,
+                why: why.to_string(),
             })?;
         }
         let bad = |field: &'static str, why: &str| {
@@ -610,9 +618,16 @@ impl ServerConfig {
         })
     }
 
+    /// The idle TTLs a session may ask for, in milliseconds: from one second (or the
+    /// server's own TTL, if shorter) to the server's TTL.
+    pub fn session_ttl_bounds(&self) -> (u64, u64) {
+        let hi = self.sessions.idle_ttl.millis();
+        (hi.min(1000), hi)
+    }
+
     /// Refuses an image the caller `token_id` may not use: the names its token lists, or the
     /// server's `images`; every image when the server has no tokens.
-    pub fn check_image(&self, token_id: &str, policy: &Policy) -> Result<(), String> {
+    pub fn check_image(&self, token_id: &str, policy: &Policy) -> Result<(), ImageRefused> {
         let Some(name) = &policy.filesystem.image else {
             return Ok(());
         };
@@ -628,10 +643,7 @@ impl ServerConfig {
         if list.iter().any(|n| n == "*" || n == name) {
             Ok(())
         } else {
-            Err(format!(
-                "`image` {name:?} is not an image this token may use (the server's `images` \
-                 lists them)"
-            ))
+            Err(ImageRefused { name: name.clone() })
         }
     }
 

@@ -1,7 +1,7 @@
 """Tests of a session exec's rich results (rich.py, loaded by agent.py's kernel), over the
 agent's JSON-lines protocol.
 
-Run: cd crates/kennel-server/src && /usr/bin/python3 -m unittest test_rich -v
+Run: cd crates/kennel-server/src/agent && /usr/bin/python3 -m unittest test_rich -v
 
 matplotlib is not on this host's python; its figures are tested against the python-data
 image by the server's tests (crates/kennel/tests/rich.rs).

@@ -1,6 +1,6 @@
 """Tests of the session agent (agent.py), driven over its JSON-lines protocol.
 
-Run: cd crates/kennel-server/src && /usr/bin/python3 -m unittest test_agent -v
+Run: cd crates/kennel-server/src/agent && /usr/bin/python3 -m unittest test_agent -v
 
 Outside a sandbox /workspace does not exist, so the tests work under a fresh /tmp directory,
 which is also the agent's cwd (and so the kernel's and the default exec cwd).

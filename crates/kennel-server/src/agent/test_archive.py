@@ -1,7 +1,7 @@
 """Tests of a session's tar transfer (archive.py, loaded by agent.py), over the agent's
 JSON-lines protocol.
 
-Run: cd crates/kennel-server/src && /usr/bin/python3 -m unittest test_archive -v
+Run: cd crates/kennel-server/src/agent && /usr/bin/python3 -m unittest test_archive -v
 """
 
 import base64

@@ -1,0 +1,189 @@
+//! A running agent sandbox: its conversation with the agent, and what the host reads of it.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, oneshot};
+
+use kennel_sandbox::Error;
+use kennel_sandbox::Stats;
+use kennel_sandbox::{Canceller, Started, Stream};
+use kennel_types::api::{Isolation, RunResult, SessionEnd};
+
+use super::boot::LAZY;
+use super::error::{unexpected, AgentError};
+use super::protocol::{decode, Answer, Event, Progress, Request};
+use super::requests::Requests;
+
+/// How long a file operation may take before the sandbox is killed as unresponsive.
+pub(super) const FILE_OP: Duration = Duration::from_secs(60);
+
+#[derive(Debug)]
+pub(super) struct Conversation {
+    pub(super) lines: mpsc::UnboundedReceiver<Answer>,
+}
+
+/// A running agent sandbox.
+#[derive(Debug)]
+pub struct AgentSandbox {
+    pub(super) conversation: tokio::sync::Mutex<Conversation>,
+    pub(super) requests: Requests,
+    /// Whether the lazy modules were sent (`define`).
+    pub(super) defined: AtomicBool,
+    pub(super) cancel: Canceller,
+    pub(super) done: Mutex<Option<oneshot::Receiver<Result<RunResult, Error>>>>,
+    pub(super) stderr_tail: Arc<Mutex<Vec<u8>>>,
+    /// The isolation and the usage probe, once the agent has started.
+    pub(super) live: Arc<Mutex<Option<Started>>>,
+    pub(super) ended: Arc<AtomicBool>,
+    /// How the sandbox ended, set once it has (before `ended`).
+    pub(super) ending: Arc<OnceLock<SessionEnd>>,
+    pub started: Instant,
+}
+
+impl AgentSandbox {
+    /// The last of the agent's stderr, as `": ..."` to follow "the sandbox has ended", or
+    /// nothing.
+    fn stderr_tail(&self) -> String {
+        let tail = self.stderr_tail.lock().unwrap_or_else(|p| p.into_inner());
+        if tail.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", String::from_utf8_lossy(&tail).trim())
+        }
+    }
+
+    /// Sends one request and waits for its final event, passing output and rich outputs to
+    /// `on_progress`. Past `within` the sandbox is killed.
+    pub async fn call(
+        &self,
+        request: &Request<'_>,
+        within: Duration,
+        on_progress: impl FnMut(Progress<'_>),
+    ) -> Result<Event, AgentError> {
+        self.call_as(None, request, within, on_progress).await
+    }
+
+    /// [`AgentSandbox::call`] with the request's reserved id, if it has one.
+    pub(super) async fn call_as(
+        &self,
+        id: Option<u64>,
+        request: &Request<'_>,
+        within: Duration,
+        mut on_progress: impl FnMut(Progress<'_>),
+    ) -> Result<Event, AgentError> {
+        let mut conv = self.conversation.lock().await;
+        let id = match self.requests.send(request, id) {
+            Ok(id) => id,
+            Err(AgentError::Gone(_)) => return Err(AgentError::Gone(self.stderr_tail())),
+            Err(e) => return Err(e),
+        };
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let answer = match tokio::time::timeout_at(deadline, conv.lines.recv()).await {
+                Ok(Some(a)) if a.id != Some(id) => continue,
+                Ok(Some(a)) => a,
+                Ok(None) => return Err(AgentError::Gone(self.stderr_tail())),
+                Err(_) => {
+                    self.cancel.cancel();
+                    return Err(AgentError::Unresponsive);
+                }
+            };
+            match answer.event {
+                Event::Stdout { b64 } => {
+                    on_progress(Progress::Output(Stream::Stdout, &decode(&b64)))
+                }
+                Event::Stderr { b64 } => {
+                    on_progress(Progress::Output(Stream::Stderr, &decode(&b64)))
+                }
+                Event::Display { output } => on_progress(Progress::Rich(&output)),
+                Event::Error { errno, message } => {
+                    return Err(AgentError::Refused(format!("{errno}: {message}")))
+                }
+                Event::Malformed(e) => return Err(AgentError::Protocol(e)),
+                last => return Ok(last),
+            }
+        }
+    }
+
+    /// Sends the lazy modules, once, before the first request that needs them.
+    pub(super) async fn define(&self) -> Result<(), AgentError> {
+        if self.defined.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let sources = LAZY.into_iter().collect();
+        match self
+            .call(&Request::Define { sources }, FILE_OP, |_| {})
+            .await?
+        {
+            Event::Ok { .. } => {
+                self.defined.store(true, Ordering::SeqCst);
+                Ok(())
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Whether the sandbox has ended on its own (the agent died, or its lifetime ran out).
+    pub fn has_ended(&self) -> bool {
+        self.ended.load(Ordering::SeqCst)
+    }
+
+    /// How the sandbox ended, once it has ([`AgentSandbox::has_ended`]).
+    pub fn ending(&self) -> Option<SessionEnd> {
+        self.ending.get().cloned()
+    }
+
+    /// The OOM kills in the sandbox's cgroup so far, where the host can read its counters.
+    pub fn oom_kills(&self) -> Option<u64> {
+        self.usage_now()
+            .and_then(|(_, stats)| stats)
+            .map(|s| s.oom_kills)
+    }
+
+    /// Ends the sandbox: the agent sees EOF and exits; a sandbox that does not end within a
+    /// few seconds is killed. Returns the sandbox's own result the first time.
+    pub async fn close(&self) -> Option<Result<RunResult, Error>> {
+        self.requests.hang_up();
+        let done = self.done.lock().unwrap_or_else(|p| p.into_inner()).take()?;
+        let mut done = std::pin::pin!(done);
+        match tokio::time::timeout(Duration::from_secs(5), &mut done).await {
+            Ok(r) => r.ok(),
+            Err(_) => {
+                self.cancel.cancel();
+                done.await.ok()
+            }
+        }
+    }
+
+    /// The digest of the image the sandbox runs on, once it has started on one.
+    pub fn image_digest(&self) -> Option<String> {
+        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        live.as_ref()
+            .and_then(|s| s.isolation.image.as_ref().map(|i| i.digest.clone()))
+    }
+
+    /// The isolation in force and the usage so far, read while the sandbox still runs.
+    pub fn usage_now(&self) -> Option<(Isolation, Option<Stats>)> {
+        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        live.as_ref()
+            .map(|s| (s.isolation.clone(), s.usage.as_ref().map(|p| p.read())))
+    }
+
+    /// What the sandbox's seccomp watcher has seen, where its tier reports denied calls.
+    pub fn watch(&self) -> Option<Arc<kennel_sandbox::Watch>> {
+        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        live.as_ref().and_then(|s| s.watch.clone())
+    }
+
+    /// A handle that kills the sandbox (for shutdown).
+    pub fn canceller(&self) -> Canceller {
+        self.cancel.clone()
+    }
+
+    /// Kills the sandbox at once.
+    pub fn kill(&self) {
+        self.cancel.cancel();
+    }
+}

@@ -1,0 +1,189 @@
+//! What a caller asks of the service: who asks ([`Caller`]), the [`Action`], and where a
+//! live caller's output goes ([`Live`]).
+
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::oneshot;
+
+use kennel_sandbox::{OutputSink, Stream};
+use kennel_types::api::{ExecSpec, RichOutput, RunSpec, SessionSpec};
+
+/// Who asks: the id of the bearer token that authenticated the request ("anonymous" when the
+/// server has no tokens). Every action is done as one caller, who sees only its own sessions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller(pub String);
+
+impl Caller {
+    /// The one caller of a server without tokens.
+    pub fn anonymous() -> Caller {
+        Caller("anonymous".to_string())
+    }
+}
+
+/// Everything a caller can ask of the service. Each variant says when it is refused.
+#[derive(Debug)]
+pub enum Action {
+    /// A one-shot run in a fresh sandbox (from the warm pool when one fits). Refused past the
+    /// caller's run quota or the server's run slots, `async` ones included (they hold a slot
+    /// until they end); a `callback_url` off the server's allowlist is refused. A caller that
+    /// goes away (the action dropped before it ends) cancels it, unless it is `async` or
+    /// `detach`ed.
+    Run {
+        spec: Box<RunSpec>,
+        live: Option<Live>,
+    },
+    /// Kills one of the caller's runs in flight (its result then says `cancelled`); nothing
+    /// for an `async` run that has ended. Another caller's run does not exist for it.
+    CancelRun {
+        id: String,
+    },
+    /// One of the caller's `async` runs (or a run in flight): its status, and its result
+    /// once it has ended.
+    ShowRun {
+        id: String,
+    },
+    /// A sandbox kept between steps. Refused past the session caps, and for a caller whose
+    /// minimum isolation is above the native tier (sessions are native only).
+    CreateSession {
+        spec: SessionSpec,
+    },
+    /// The caller's sessions, oldest first.
+    ListSessions,
+    /// One of the caller's sessions; another caller's does not exist for it.
+    ShowSession {
+        id: String,
+    },
+    /// Ends a session and destroys its sandbox, whatever it is doing.
+    EndSession {
+        id: String,
+    },
+    /// Code in a session; takes a run slot as a run does. A caller that goes away (the
+    /// action dropped before it ends) cancels it.
+    Exec {
+        id: String,
+        spec: ExecSpec,
+        live: Option<Live>,
+    },
+    /// SIGINT to the exec running in a session, as Ctrl-C (python: a KeyboardInterrupt, the
+    /// session kept); nothing when none runs.
+    Interrupt {
+        id: String,
+    },
+    /// Ends the exec running in a session as its timeout would (SIGINT, then a kill of code
+    /// that does not stop within 2 s); nothing when none runs.
+    CancelExec {
+        id: String,
+    },
+    /// Files in and out of a session, confined to /workspace and /tmp; `path` with or
+    /// without its leading `/`.
+    WriteFile {
+        id: String,
+        path: String,
+        data: Vec<u8>,
+    },
+    ReadFile {
+        id: String,
+        path: String,
+    },
+    DeleteFile {
+        id: String,
+        path: String,
+    },
+    /// A directory (/workspace when `path` is `None`).
+    ListFiles {
+        id: String,
+        path: Option<String>,
+    },
+    /// A directory (/workspace when `path` is `None`) as a tar archive, at most the session's
+    /// workspace size.
+    GetArchive {
+        id: String,
+        path: Option<String>,
+    },
+    /// A tar archive extracted under a directory (/workspace when `path` is `None`): refused
+    /// whole, before anything is written, for a member that would land outside it or is not
+    /// a file, directory or symlink, and past the session's workspace size.
+    PutArchive {
+        id: String,
+        path: Option<String>,
+        data: Vec<u8>,
+    },
+}
+
+/// A caller that streams a run's or an exec's output: the output goes to its sink as it
+/// comes, and it learns when the work is accepted (its checks passed and it holds a run
+/// slot), so that a refusal can still be answered as a plain error rather than as part of a
+/// stream.
+#[derive(Clone)]
+pub struct Live {
+    pub(super) sink: OutputSink,
+    rich: Option<RichSink>,
+    /// Whether the result keeps the output the sink sees too (an `async` run's, for the job
+    /// table); otherwise the stream alone carries it, and a cold run keeps none of it.
+    pub(super) keep: bool,
+    accepted: Arc<Mutex<Option<oneshot::Sender<Accepted>>>>,
+}
+
+/// What a live caller learns when its work is accepted: a run's id (an exec has none).
+#[derive(Debug, Clone, Default)]
+pub struct Accepted {
+    pub run: Option<String>,
+}
+
+/// Where a live caller's rich outputs go as they come.
+pub type RichSink = Arc<dyn Fn(&RichOutput) + Send + Sync>;
+
+impl std::fmt::Debug for Live {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Live")
+    }
+}
+
+impl Live {
+    /// A live output to `sink`, and what resolves once the work is accepted (or is dropped
+    /// unresolved when the action is refused first).
+    pub fn new(sink: OutputSink) -> (Live, oneshot::Receiver<Accepted>) {
+        let (tx, rx) = oneshot::channel();
+        let live = Live {
+            sink,
+            rich: None,
+            keep: false,
+            accepted: Arc::new(Mutex::new(Some(tx))),
+        };
+        (live, rx)
+    }
+
+    /// The same, with rich outputs going to `rich`.
+    pub fn with_rich(self, rich: RichSink) -> Live {
+        Live {
+            rich: Some(rich),
+            ..self
+        }
+    }
+
+    /// The same, with the output kept in the result as well.
+    pub(super) fn keeping(self) -> Live {
+        Live { keep: true, ..self }
+    }
+
+    pub(super) fn accept(&self, accepted: Accepted) {
+        let sender = self
+            .accepted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(tx) = sender {
+            let _ = tx.send(accepted);
+        }
+    }
+
+    pub(super) fn send(&self, stream: Stream, data: &[u8]) {
+        (self.sink)(stream, data);
+    }
+
+    pub(super) fn show(&self, output: &RichOutput) {
+        if let Some(rich) = &self.rich {
+            rich(output);
+        }
+    }
+}

@@ -1,0 +1,29 @@
+//! What the service answers an action.
+
+use kennel_types::api::{ExecResult, Listing, SessionInfo};
+use kennel_types::runs::{RunInfo, RunReport};
+
+use super::runs::StoredResult;
+
+/// What an action answered.
+#[derive(Debug)]
+pub enum Reply {
+    /// Boxed: a run's result is many times the size of any other reply.
+    Run(Box<RunReport>),
+    /// An `async` run accepted (running), or a run's status.
+    RunAccepted(Box<RunInfo>),
+    RunStatus(Box<RunInfo>),
+    /// An ended run's status (its `result` left out) and its result, read from the job table
+    /// as the answer is sent.
+    StoredRun(Box<RunInfo>, StoredResult),
+    SessionCreated(SessionInfo),
+    Session(SessionInfo),
+    Sessions(Vec<SessionInfo>),
+    Exec(ExecResult),
+    File(Vec<u8>),
+    /// A tar archive.
+    Archive(Vec<u8>),
+    Listing(Listing),
+    /// Done, with nothing to say (a session ended, a file written or deleted).
+    Done,
+}
