@@ -1,7 +1,8 @@
-//! What the MCP tools call: Kennel's service, in the kennel-types vocabulary. [`Local`] calls
-//! the [`Service`](kennel_server::service::Service) in this process (`kennel mcp`, and
-//! `kennel serve`'s `/mcp`); [`Remote`] speaks HTTP to a `kennel serve` elsewhere
-//! (`kennel mcp --server URL`). Both answer with the same types and the same errors.
+//! What the MCP tools call: Kennel's service, in the kennel-types vocabulary.
+//! [`Local`](crate::Local) calls the [`Service`](kennel_server::service::Service) in this
+//! process (`kennel mcp`, and `kennel serve`'s `/mcp`); [`Remote`](crate::Remote) speaks HTTP
+//! to a `kennel serve` elsewhere (`kennel mcp --server URL`). Both answer with the same types
+//! and the same errors.
 
 use std::sync::Arc;
 
@@ -11,9 +12,6 @@ use kennel_server::service::{Caller, ServiceError};
 use kennel_types::api::{
     ExecResult, ExecSpec, Listing, RunResult, RunSpec, SessionInfo, SessionSpec,
 };
-
-pub use crate::local::Local;
-pub use crate::remote::Remote;
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]

@@ -17,7 +17,8 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::session::SessionManager as _;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 
-use super::api::{Api, Local};
+use super::api::Api;
+use super::local::Local;
 use super::sessions::{Full, Table, WeakTable};
 use super::tools::KennelTools;
 use kennel_server::http::{ApiError, Hosts};

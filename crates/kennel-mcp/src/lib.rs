@@ -24,8 +24,10 @@ use std::sync::Arc;
 
 use rmcp::ServiceExt as _;
 
-pub use api::{Api, ApiError, Local, Remote};
+pub use api::{Api, ApiError};
 pub use http::http_service;
+pub use local::Local;
+pub use remote::Remote;
 
 pub use tools::KennelTools;
 

@@ -36,6 +36,30 @@ pub struct RunCodeArgs {
     /// The program text, run as `python3 -c CODE` or `bash -c CODE` with /workspace as the
     /// working directory. Print what you want to see: only stdout and stderr come back.
     pub code: String,
+    /// The files, the timeout and the isolation, as run_command has them.
+    #[serde(flatten)]
+    pub options: RunOptions,
+    /// python: return the value of the final expression (as a notebook shows it) and
+    /// matplotlib plots (as images), as session_exec does.
+    #[serde(default)]
+    pub rich: bool,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunCommandArgs {
+    /// The program and its arguments, such as ["ls", "-la", "/usr/bin"]. No shell is
+    /// involved: use run_code with language "bash" for pipes and globs.
+    pub argv: Vec<String>,
+    /// The files, the timeout and the isolation, as run_code has them.
+    #[serde(flatten)]
+    pub options: RunOptions,
+}
+
+/// What run_code and run_command share, flattened into each one's arguments (the tools'
+/// input schemas list these properties beside their own).
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+pub struct RunOptions {
     /// Files to create before the code starts, as path → text content. A relative path is
     /// under /workspace (the working directory); an absolute one must be under /workspace/
     /// or /tmp/.
@@ -51,43 +75,6 @@ pub struct RunCodeArgs {
     pub tier: Option<String>,
     /// A stronger isolation than the default process sandbox: "runsc" (gVisor, a user-space
     /// kernel, for hostile code; slower to start), "crun" or "runc" (an OCI container).
-    pub runtime: Option<String>,
-    /// A named image with preinstalled packages to run on (such as "python-data"), instead of
-    /// the host's system; the server lists which images may be used.
-    pub image: Option<String>,
-    /// python: return the value of the final expression (as a notebook shows it) and
-    /// matplotlib plots (as images), as session_exec does.
-    #[serde(default)]
-    pub rich: bool,
-    /// Files to bring back after the run: paths under /workspace (relative ones are) or
-    /// /tmp. Text comes back as text, an image (png, jpeg, gif, webp) as image content, other
-    /// bytes as base64.
-    #[serde(default)]
-    pub collect: Vec<String>,
-    /// "none" drops every capability from the code (by default it keeps a small set that
-    /// holds only inside the sandbox, so that chown and the like work as on a normal system).
-    pub capabilities: Option<Capabilities>,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RunCommandArgs {
-    /// The program and its arguments, such as ["ls", "-la", "/usr/bin"]. No shell is
-    /// involved: use run_code with language "bash" for pipes and globs.
-    pub argv: Vec<String>,
-    /// Files to create before the program starts, as path → text content (relative paths are
-    /// under /workspace).
-    #[serde(default)]
-    pub files: BTreeMap<String, String>,
-    /// Wall-clock limit such as "30s", "500ms" or "2m" (default 30s).
-    pub timeout: Option<String>,
-    /// The isolation tier: "native" (the default process sandbox), "oci" (an OCI runtime:
-    /// the server's, unless `runtime` names one) or "microvm" (a guest kernel of its own, the
-    /// strongest isolation; seconds to start under emulation). For gVisor or a container,
-    /// give `runtime` instead.
-    pub tier: Option<String>,
-    /// A stronger isolation than the default process sandbox: "runsc" (gVisor), "crun" or
-    /// "runc".
     pub runtime: Option<String>,
     /// A named image with preinstalled packages to run on (such as "python-data"), instead of
     /// the host's system; the server lists which images may be used.
@@ -356,33 +343,6 @@ async fn progress_sent(task: Option<JoinHandle<()>>) {
     }
 }
 
-/// What run_code and run_command share, from their arguments.
-#[derive(Debug, Default)]
-struct RunOptions {
-    files: BTreeMap<String, String>,
-    timeout: Option<String>,
-    tier: Option<String>,
-    runtime: Option<String>,
-    image: Option<String>,
-    collect: Vec<String>,
-    capabilities: Option<Capabilities>,
-}
-
-/// The [`RunOptions`] of run_code's or run_command's arguments.
-macro_rules! run_options {
-    ($a:expr) => {
-        RunOptions {
-            files: $a.files,
-            timeout: $a.timeout,
-            tier: $a.tier,
-            runtime: $a.runtime,
-            image: $a.image,
-            collect: $a.collect,
-            capabilities: $a.capabilities,
-        }
-    };
-}
-
 /// A run's spec from a tool's arguments: the files and collected paths (relative ones under
 /// /workspace), the timeout, the tier, the runtime, the image and the capabilities.
 fn run_spec(o: RunOptions) -> Result<RunSpec, CallToolResult> {
@@ -475,8 +435,8 @@ call: use create_session for multi-step work.",
     ) -> Result<CallToolResult, ErrorData> {
         let this = self.for_caller(&ctx);
         let a = params.0;
-        let timeout = a.timeout.clone();
-        let spec = match run_spec(run_options!(a)) {
+        let timeout = a.options.timeout.clone();
+        let spec = match run_spec(a.options) {
             Ok(spec) => spec,
             Err(e) => return Ok(e),
         };
@@ -509,8 +469,8 @@ killed.",
                 "`argv` must name a program, such as [\"ls\", \"-la\"]".into(),
             ));
         }
-        let timeout = a.timeout.clone();
-        let spec = match run_spec(run_options!(a)) {
+        let timeout = a.options.timeout.clone();
+        let spec = match run_spec(a.options) {
             Ok(spec) => spec,
             Err(e) => return Ok(e),
         };
@@ -906,6 +866,45 @@ mod tests {
         .unwrap_err();
         let data = e.structured_content.unwrap();
         assert_eq!(data["error"]["code"], "invalid_arguments");
+    }
+
+    #[test]
+    fn the_run_tools_list_their_shared_options_and_refuse_others() {
+        let shared = [
+            "files",
+            "timeout",
+            "tier",
+            "runtime",
+            "image",
+            "collect",
+            "capabilities",
+        ];
+        let tools = KennelTools::tool_router().list_all();
+        for (name, own) in [
+            ("run_code", &["language", "code", "rich"][..]),
+            ("run_command", &["argv"][..]),
+        ] {
+            let t = tools.iter().find(|t| t.name == name).unwrap();
+            let listed: std::collections::BTreeSet<&str> = t.input_schema["properties"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .map(String::as_str)
+                .collect();
+            let want = own.iter().chain(&shared).copied().collect();
+            assert_eq!(listed, want, "{name}");
+            assert_eq!(t.input_schema["additionalProperties"], false, "{name}");
+        }
+        // Flattened, the options still leave no room for an unknown argument.
+        let e = serde_json::from_value::<RunCommandArgs>(json!({"argv": ["ls"], "bogus": 1}))
+            .unwrap_err();
+        assert!(e.to_string().contains("bogus"), "{e}");
+        let a: RunCodeArgs = serde_json::from_value(
+            json!({"language": "sh", "code": "true", "timeout": "1s", "collect": ["a"]}),
+        )
+        .unwrap();
+        assert_eq!(a.options.timeout.as_deref(), Some("1s"));
+        assert_eq!(a.options.collect, ["a"]);
     }
 
     #[test]

@@ -6,23 +6,24 @@
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
 use std::io::{IsTerminal, Write};
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use anyhow::{bail, Context as _};
+use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use kennel_sandbox::{Engine, OutputSink, RunIo, StdinSource, Stream};
 use kennel_server::ServerConfig;
-use kennel_types::policy::{ByteSize, NetMode, Span, Want};
-use kennel_types::{Command, Content, FileIn, Language, Policy, RunRequest, RunResult};
+use kennel_types::policy::ByteSize;
+use kennel_types::RunResult;
 
 mod image;
 mod out;
+mod run;
 mod vm;
 
 use out::{errln, out, outln};
+use run::RunArgs;
 
 /// MCP's streamable-HTTP transport, served by `kennel serve` beside the API: its tools call
 /// the API as the caller who presented the token.
@@ -127,106 +128,6 @@ struct BundleArgs {
     out: PathBuf,
     #[command(flatten)]
     run: RunArgs,
-}
-
-#[derive(Args)]
-struct RunArgs {
-    /// Print one JSON result object instead of passing the output through.
-    #[arg(long)]
-    json: bool,
-    /// A TOML policy file; flags override it.
-    #[arg(long)]
-    policy: Option<PathBuf>,
-    /// Wall-clock limit, such as 30s or 500ms.
-    #[arg(long)]
-    timeout: Option<Span>,
-    /// Memory limit, such as 512M.
-    #[arg(long)]
-    memory: Option<ByteSize>,
-    /// CPU quota in CPUs, such as 1 or 0.5.
-    #[arg(long)]
-    cpus: Option<f64>,
-    /// Task limit (processes and threads).
-    #[arg(long)]
-    pids: Option<u32>,
-    /// Bytes kept per output stream, such as 100K (at most 1G). What the code writes past it
-    /// is dropped, and a line on stderr says so.
-    #[arg(long)]
-    output_limit: Option<ByteSize>,
-    /// Exit 125 when an output stream was cut at the output limit, instead of with the
-    /// program's own status.
-    #[arg(long)]
-    fail_on_truncation: bool,
-    /// Size of the /tmp tmpfs.
-    #[arg(long)]
-    tmp_size: Option<ByteSize>,
-    /// Size of the /workspace tmpfs.
-    #[arg(long)]
-    workspace_size: Option<ByteSize>,
-    /// A directory to use read-only as / instead of the host's system directories.
-    #[arg(long, conflicts_with = "image")]
-    rootfs: Option<PathBuf>,
-    /// A Kennel image to use read-only as / (`kennel image ls`).
-    #[arg(long, value_name = "NAME")]
-    image: Option<String>,
-    /// An image of the Docker Engine's own (`python:3.11-slim`) as /; implies --runtime
-    /// docker. Kennel pulls nothing: the engine must have it.
-    #[arg(long, value_name = "NAME", conflicts_with_all = ["image", "rootfs"])]
-    docker_image: Option<String>,
-    /// Refuse to run unless cgroups hold the limits (instead of falling back to rlimits).
-    #[arg(long)]
-    require_cgroups: bool,
-    /// Capabilities the code keeps inside its user namespace: default (chown, dac_override,
-    /// fowner, fsetid, kill, setuid, setgid, net_bind_service) or none.
-    #[arg(long, value_name = "SET")]
-    capabilities: Option<kennel_types::policy::Capabilities>,
-    /// What a denied call in the tripwire set (ptrace, mount, bpf, kexec, modules, keyctl,
-    /// perf_event_open, userfaultfd, namespaces) does: report (the default: it fails with
-    /// ENOSYS and the result says so) or kill the sandbox at once.
-    #[arg(long, value_name = "ACTION")]
-    on_violation: Option<kennel_types::security::OnViolation>,
-    /// Run even where Landlock is unavailable (it is required by default).
-    #[arg(long)]
-    landlock_best_effort: bool,
-    /// The isolation tier: native (the default), oci, or microvm (a guest kernel per run;
-    /// `kennel vm prepare` first).
-    #[arg(long, value_name = "TIER")]
-    tier: Option<kennel_types::policy::Tier>,
-    /// The OCI runtime: runsc (gVisor), crun or runc. Implies --tier oci.
-    #[arg(long, value_name = "RUNTIME")]
-    runtime: Option<kennel_types::policy::Runtime>,
-    /// gVisor's platform: ptrace or kvm (chosen automatically by default).
-    #[arg(long, value_name = "PLATFORM")]
-    platform: Option<kennel_types::policy::Platform>,
-    /// Allow a domain through Kennel's proxy: NAME[:PORT[,PORT]] or *.NAME (ports 443 and 80
-    /// by default). Repeat for more.
-    #[arg(long = "allow-net", value_name = "DOMAIN[:PORTS]")]
-    allow_net: Vec<String>,
-    /// Pin NAME to IP for the proxy's resolver (as curl's --resolve); pins may be private.
-    #[arg(long = "resolve", value_name = "NAME:IP")]
-    resolve: Vec<String>,
-    /// Network mode: none (the default), allow (implied by --allow-net) or full (the host's).
-    #[arg(long, value_name = "MODE")]
-    network: Option<String>,
-    /// An environment variable for the code, KEY=VALUE; the environment is otherwise clean.
-    #[arg(long = "env", value_name = "KEY=VALUE")]
-    env: Vec<String>,
-    /// A host file to place in the sandbox, HOST[:SANDBOX_PATH] (default /workspace/NAME).
-    #[arg(long = "file", value_name = "HOST[:PATH]")]
-    files: Vec<String>,
-    /// A file to return in the result, under /workspace or /tmp.
-    #[arg(long = "collect", value_name = "PATH")]
-    collect: Vec<String>,
-    /// The language of --code.
-    #[arg(long, requires = "code")]
-    lang: Option<Language>,
-    /// A snippet to run, in --lang (python by default).
-    #[arg(long)]
-    code: Option<String>,
-    /// The program and its arguments. A script given by a host path outside the system
-    /// directories (./job.sh) is copied into /workspace and run from there.
-    #[arg(last = true)]
-    argv: Vec<String>,
 }
 
 fn main() -> ExitCode {
@@ -398,7 +299,7 @@ where
 }
 
 fn bundle(args: BundleArgs) -> anyhow::Result<()> {
-    let mut req = request(args.run)?;
+    let mut req = args.run.request()?;
     req.policy.tier = kennel_types::policy::Tier::Oci;
     kennel_sandbox::export_bundle(&req, &args.out)?;
     outln!("{}", args.out.display())
@@ -408,7 +309,7 @@ fn run(args: RunArgs) -> ExitCode {
     let json = args.json;
     let fail_on_truncation = args.fail_on_truncation;
     let mut limit = ByteSize(0);
-    let outcome = request(args).and_then(|req| {
+    let outcome = args.request().and_then(|req| {
         limit = req.policy.limits.output;
         let engine = engine()?;
         let stdin = if std::io::stdin().is_terminal() {
@@ -504,159 +405,6 @@ fn pass_through(r: &RunResult, limit: ByteSize, fail_on_truncation: bool) -> Exi
         return ExitCode::from(KENNEL_FAILED);
     }
     ExitCode::from(u8::try_from(r.shell_status().clamp(0, 255)).unwrap_or(u8::MAX))
-}
-
-fn request(args: RunArgs) -> anyhow::Result<RunRequest> {
-    let mut policy = match &args.policy {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            Policy::from_toml(&text).with_context(|| format!("in {}", path.display()))?
-        }
-        None => Policy::default(),
-    };
-    let l = &mut policy.limits;
-    l.timeout = args.timeout.unwrap_or(l.timeout);
-    l.memory = args.memory.unwrap_or(l.memory);
-    l.cpus = args.cpus.unwrap_or(l.cpus);
-    l.pids = args.pids.unwrap_or(l.pids);
-    l.output = args.output_limit.unwrap_or(l.output);
-    l.tmp_size = args.tmp_size.unwrap_or(l.tmp_size);
-    l.workspace_size = args.workspace_size.unwrap_or(l.workspace_size);
-    if args.rootfs.is_some() {
-        policy.filesystem.rootfs = args.rootfs.clone();
-        policy.filesystem.image = None;
-    }
-    if args.image.is_some() {
-        policy.filesystem.image = args.image.clone();
-        policy.filesystem.rootfs = None;
-    }
-    if args.require_cgroups {
-        policy.layers.cgroups = Want::Required;
-    }
-    if let Some(caps) = args.capabilities {
-        policy.capabilities = caps;
-    }
-    if let Some(on) = args.on_violation {
-        policy.on_violation = on;
-    }
-    if args.landlock_best_effort {
-        policy.layers.landlock = Some(Want::BestEffort);
-    }
-    if let Some(runtime) = args.runtime {
-        policy.tier = kennel_types::policy::Tier::Oci;
-        policy.oci.runtime = runtime;
-    }
-    if args.docker_image.is_some() {
-        policy.tier = kennel_types::policy::Tier::Oci;
-        policy.oci.runtime = kennel_types::policy::Runtime::Docker;
-        policy.oci.docker_image = args.docker_image.clone();
-    }
-    policy.tier = args.tier.unwrap_or(policy.tier);
-    if args.platform.is_some() {
-        policy.oci.platform = args.platform;
-    }
-    if !args.allow_net.is_empty() {
-        policy.network.mode = NetMode::Allow;
-        policy.network.allow.extend(args.allow_net.iter().cloned());
-    }
-    policy.network.resolve.extend(args.resolve.iter().cloned());
-    if let Some(mode) = &args.network {
-        policy.network.mode = match mode.as_str() {
-            "none" => NetMode::None,
-            "allow" => NetMode::Allow,
-            "full" => NetMode::Full,
-            other => bail!("--network {other:?}: use none, allow or full"),
-        };
-    }
-    for kv in &args.env {
-        let (k, v) = kv
-            .split_once('=')
-            .with_context(|| format!("--env {kv:?} is not KEY=VALUE"))?;
-        policy.env.insert(k.to_string(), v.to_string());
-    }
-    policy.validate()?;
-    let mut files = args
-        .files
-        .iter()
-        .map(|f| host_file(f, policy.limits.workspace_size))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let command = match (&args.code, args.argv.is_empty()) {
-        (Some(_), false) => bail!("give either --code or a program after --, not both"),
-        (Some(code), true) => Command::Code {
-            language: args.lang.unwrap_or(Language::Python),
-            code: code.clone(),
-        },
-        (None, true) => bail!("nothing to run: give a program after -- or a snippet with --code"),
-        (None, false) => Command::Argv(stage_script(
-            args.argv,
-            &mut files,
-            policy.limits.workspace_size,
-        )?),
-    };
-    Ok(RunRequest {
-        files,
-        collect: args.collect,
-        policy,
-        ..RunRequest::new(command)
-    })
-}
-
-/// Reads `HOST[:PATH]` into a file for the sandbox, keeping its permission bits.
-fn host_file(spec: &str, max: ByteSize) -> anyhow::Result<FileIn> {
-    let (host, inside) = match spec.rsplit_once(':') {
-        Some((h, i)) if i.starts_with('/') => (h, i.to_string()),
-        _ => (spec, format!("/workspace/{}", file_name(Path::new(spec))?)),
-    };
-    let size = std::fs::metadata(host)
-        .with_context(|| format!("reading --file {host}"))?
-        .len();
-    if size > max.0 {
-        bail!("--file {host} is {size} bytes, more than the workspace holds ({max}); raise --workspace-size");
-    }
-    let data = std::fs::read(host).with_context(|| format!("reading --file {host}"))?;
-    let mode = std::fs::metadata(host)?.permissions().mode() & 0o777;
-    Ok(FileIn {
-        path: inside,
-        content: Content::from_bytes(data),
-        mode,
-    })
-}
-
-fn file_name(p: &Path) -> anyhow::Result<String> {
-    Ok(p.file_name()
-        .with_context(|| format!("{} has no file name", p.display()))?
-        .to_string_lossy()
-        .into_owned())
-}
-
-/// A program named by a host path that the sandbox cannot see (`./job.sh`) is copied in.
-fn stage_script(
-    mut argv: Vec<String>,
-    files: &mut Vec<FileIn>,
-    max: ByteSize,
-) -> anyhow::Result<Vec<String>> {
-    let first = Path::new(&argv[0]);
-    let visible = [
-        "/usr",
-        "/bin",
-        "/sbin",
-        "/lib",
-        "/lib64",
-        "/etc",
-        "/workspace",
-        "/tmp",
-    ]
-    .iter()
-    .any(|d| first.starts_with(d));
-    if argv[0].contains('/') && !visible && first.is_file() {
-        let staged = host_file(&argv[0], max)?;
-        argv[0] = staged.path.clone();
-        if !files.iter().any(|f| f.path == staged.path) {
-            files.push(staged);
-        }
-    }
-    Ok(argv)
 }
 
 /// The engine of this binary: every tier, the docker runtime included.
