@@ -172,6 +172,7 @@ impl Engine {
         ]
         .into_iter()
         .filter_map(Result::err)
+        .map(Error::from)
         .collect()
     }
 

@@ -28,14 +28,8 @@ pub enum Error {
     },
     /// A directory of Kennel's own state lies where no sandbox can see it: the operator's to
     /// fix (see [`crate::state`]), never the caller's.
-    #[error(
-        "{} {} is under /tmp, which every sandbox mounts its own root over\nhint: {}",
-        dir.what(), path.display(), dir.fix()
-    )]
-    StateDir {
-        dir: crate::state::StateDir,
-        path: std::path::PathBuf,
-    },
+    #[error(transparent)]
+    StateDir(#[from] crate::state::Misplaced),
     /// A step of the isolation sequence failed: the run did not start as asked.
     #[error(
         "{} setup failed at step `{}` ({}): {detail}{}",

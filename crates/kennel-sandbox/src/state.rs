@@ -9,7 +9,6 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::error::Error;
 use crate::profile::mounts::NEW_ROOT;
 
 /// A state directory that sandboxes must see.
@@ -45,15 +44,29 @@ impl StateDir {
     }
 
     /// Refuses `path` when it lies under `/tmp`, as written or once its symlinks are resolved.
-    pub fn check(self, path: &Path) -> Result<(), Error> {
+    pub fn check(self, path: &Path) -> Result<(), Misplaced> {
         if under_tmp(path) {
-            return Err(Error::StateDir {
+            return Err(Misplaced {
                 dir: self,
                 path: path.to_path_buf(),
             });
         }
         Ok(())
     }
+}
+
+/// A state directory under `/tmp`, where no sandbox can see it: the operator's to fix, never
+/// a caller's (`Error::StateDir` carries it).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{} {} is under /tmp, which every sandbox mounts its own root over\nhint: {}",
+    dir.what(), path.display(), dir.fix()
+)]
+pub struct Misplaced {
+    /// Which directory.
+    pub dir: StateDir,
+    /// Where it is.
+    pub path: PathBuf,
 }
 
 /// Whether `path` is `/tmp` or beneath it: the deepest part of it that exists with its

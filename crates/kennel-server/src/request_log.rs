@@ -25,7 +25,7 @@ pub async fn log_request(req: Request, next: Next) -> Response {
     let path = req.uri().path().to_owned();
     let response = next.run(req).await;
     let status = response.status().as_u16();
-    let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    let ms = kennel_types::millis(started.elapsed());
     let caller = response
         .extensions()
         .get::<Caller>()

@@ -13,9 +13,11 @@ pub mod net;
 pub mod policy;
 pub mod runs;
 pub mod security;
+pub mod time;
 
 pub use api::{
     CollectedFile, Command, Content, FileIn, Isolation, Language, RunRequest, RunResult,
 };
 pub use error::PolicyError;
 pub use policy::Policy;
+pub use time::millis;

@@ -103,7 +103,7 @@ impl FromStr for Span {
 impl Span {
     /// The span in whole milliseconds (every parsed span is one).
     pub fn millis(self) -> u64 {
-        u64::try_from(self.0.as_millis()).unwrap_or(u64::MAX)
+        crate::time::millis(self.0)
     }
 }
 

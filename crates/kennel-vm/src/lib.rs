@@ -24,7 +24,7 @@ pub mod vmlinux;
 mod run;
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use kennel_image::builder::Builder;
 use kennel_image::Progress;
@@ -106,11 +106,11 @@ pub fn prepare(vm: &VmDir, opts: &Options<'_>) -> Result<Prepared, PrepareError>
     dir::sweep(vm);
     let artifacts_started = Instant::now();
     let artifacts = artifacts(vm, opts.progress)?;
-    let artifacts_ms = millis(artifacts_started.elapsed());
+    let artifacts_ms = kennel_types::millis(artifacts_started.elapsed());
     let base_started = Instant::now();
     opts.progress.step(&format!("base image {BASE_IMAGE}"));
     let built = base::build(opts.builder)?;
-    let base_image_ms = millis(base_started.elapsed());
+    let base_image_ms = kennel_types::millis(base_started.elapsed());
     let manifest = artifacts.manifest;
     let sizes = Sizes {
         qemu_bytes: dir::bytes(&vm.qemu_prefix()),
@@ -133,7 +133,7 @@ pub fn prepare(vm: &VmDir, opts: &Options<'_>) -> Result<Prepared, PrepareError>
             bytes: built.record.bytes,
         },
         manifest,
-        elapsed_ms: millis(started.elapsed()),
+        elapsed_ms: kennel_types::millis(started.elapsed()),
         artifacts_ms,
         base_image_ms,
     })
@@ -279,8 +279,4 @@ fn qemu_version(layout: &VmDir) -> Result<String, PrepareError> {
                 .into(),
         }),
     }
-}
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

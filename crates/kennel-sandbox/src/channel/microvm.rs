@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use kennel_types::api::{ResumeAt, RunRequest};
 use kennel_types::policy::Policy;
 
-use super::Planned;
+use super::planned::Planned;
 use crate::cgroup::Stats;
 
 /// The supervisor's plan for the relay: how to start the VMM in its jail, and the guest's plan.

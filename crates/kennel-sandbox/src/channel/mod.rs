@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 mod microvm;
 mod native;
 mod oci;
+mod planned;
 
 pub use microvm::{
     Fresh, GuestEnd, GuestPlan, GuestSecurity, VmMode, VmPlan, AGENT_SOCKET, CONSOLE, IO_MOUNT,
@@ -17,9 +18,9 @@ pub use microvm::{
 };
 pub use native::Plan;
 pub use oci::{LaunchPlan, Start};
+pub use planned::Planned;
 
-/// The file descriptor on which a helper finds its control socket.
-pub const CTL_FD: i32 = 3;
+pub use crate::sys::CTL_FD;
 
 const MAX_JSON: u32 = 16 << 20;
 const MAX_BLOB: u64 = 1 << 30;
@@ -143,12 +144,6 @@ pub enum ChannelError {
          ({0}); rebuild both: cargo build --workspace"
     )]
     OtherBuild(String),
-}
-
-/// A helper's plan: from which build it comes, and how many input files follow it.
-pub trait Planned {
-    fn build(&self) -> &str;
-    fn files(&self) -> usize;
 }
 
 /// Reads a helper's plan, which `pick` takes out of its message or gives back (`what` names

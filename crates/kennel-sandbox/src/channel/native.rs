@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use kennel_types::policy::Policy;
 
-use super::Planned;
+use super::planned::Planned;
 
 /// What the helper needs to build the sandbox, sent once, before anything else.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::Planned;
+use super::planned::Planned;
 
 /// What the launcher needs, sent once before the input files.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -49,7 +49,7 @@ pub fn ensure(vm: &VmDir, manifest: &Manifest, helper: &Path) -> io::Result<Path
         return Ok(path);
     }
     std::fs::create_dir_all(vm.initrd_dir())?;
-    let tmp = vm.initrd_dir().join(super::temp_name(&key));
+    let tmp = vm.initrd_dir().join(super::temp::temp_name(&key));
     let written = write(&tmp, vm, manifest, helper).and_then(|()| std::fs::rename(&tmp, &path));
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);

@@ -42,7 +42,7 @@ pub fn ensure(vm: &VmDir, digest: &str, rootfs: &Path) -> Result<PathBuf, RootDi
         dir: vm.roots_dir(),
         source,
     })?;
-    let tmp = vm.roots_dir().join(super::temp_name(&name));
+    let tmp = vm.roots_dir().join(super::temp::temp_name(&name));
     let made = mkfs(&tmp, rootfs).and_then(|()| {
         std::fs::rename(&tmp, &path).map_err(|source| RootDiskError::Rename {
             tmp: tmp.clone(),

@@ -218,7 +218,7 @@ impl Microvm {
                 Accel::Kvm => vec!["kvm".into()],
                 Accel::Tcg => vec![],
             },
-            boot_timeout_ms: u64::try_from(self.config.boot_timeout.as_millis()).unwrap_or(30_000),
+            boot_timeout_ms: kennel_types::millis(self.config.boot_timeout),
             max_json: 1 << 20,
             max_blob: policy.limits.collect_size.0.max(1 << 20),
             proxy: policy.network.mode == NetMode::Allow,

@@ -12,7 +12,7 @@ use kennel_types::api::{Isolation, LandlockInfo, LimitsInfo, RunRequest, RunResu
 use kennel_types::policy::{NetMode, Policy, Want};
 
 use super::helper::HELPER_ARG;
-use super::{HOST_ID_BASE, ID_RANGE};
+use super::ids::{HOST_ID_BASE, ID_RANGE};
 use crate::cgroup::{Cgroup, CgroupError, Probe};
 use crate::channel::{self, Confinement, Msg, Plan};
 use crate::error::{Error, SetupStep};

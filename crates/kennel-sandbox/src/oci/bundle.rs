@@ -606,5 +606,16 @@ pub fn spec(input: &Input, system_mounts: Vec<Mount>) -> Spec {
         .expect("every spec field is set")
 }
 
+/// The host uid of the code's user, which owns the scratch space.
+pub(super) fn owner(policy: &Policy) -> u32 {
+    if runs_as_nobody(policy) {
+        RUNSC_HOST_VIEW_ID
+    } else if maps_ids(policy.oci.runtime) {
+        HOST_ID_BASE
+    } else {
+        0
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -249,7 +249,7 @@ impl super::supervise::Supervised for OciTier {
             private_network: policy.network.mode == NetMode::Allow,
             tmp_size: policy.limits.tmp_size.0,
             workspace_size: policy.limits.workspace_size.0,
-            owner: owner(policy),
+            owner: bundle::owner(policy),
             program: self.argv[0].clone(),
             path_var,
             view_root: policy
@@ -383,17 +383,6 @@ fn sweep_stale(runtime: &Installed) {
 
 fn setup(step: Step, e: std::io::Error) -> Error {
     Error::setup(step, e.raw_os_error(), e.to_string())
-}
-
-/// The host uid of the code's user, which owns the scratch space.
-fn owner(policy: &Policy) -> u32 {
-    if bundle::runs_as_nobody(policy) {
-        bundle::RUNSC_HOST_VIEW_ID
-    } else if bundle::maps_ids(policy.oci.runtime) {
-        HOST_ID_BASE
-    } else {
-        0
-    }
 }
 
 /// Refuses what this tier cannot do here, before anything is created.

@@ -3,8 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
+use super::bundle::owner;
 use super::bundle::{self, Node};
-use super::owner;
 use crate::error::Error;
 use crate::profile::Dir;
 use crate::request::{check_rootfs, checked_argv, pick_cpus, sandbox_env};

@@ -71,7 +71,7 @@ pub fn build_result(req: &RunRequest, o: Outcome, isolation: Isolation) -> RunRe
             exit_code,
             signal,
             timed_out: o.timed_out,
-            duration_ms: u64::try_from(o.duration.as_millis()).unwrap_or(u64::MAX),
+            duration_ms: kennel_types::millis(o.duration),
             stdout_bytes: o.stdout.total,
             stderr_bytes: o.stderr.total,
             stdout_truncated: o.stdout.truncated(),

@@ -21,35 +21,20 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use rustix::process::{Pid, Signal};
 
 mod notify;
+mod ret;
 mod spawn;
+mod wait;
 pub use notify::{
     install_seccomp, notif_answer, notif_id_valid, notif_recv, notif_sync_wakeup, read_remote,
     recv_with_fds, wait_notice, Notice, Ready,
 };
-pub use spawn::{spawn, Spawned};
+pub use spawn::{spawn, Spawned, CTL_FD};
+pub use wait::{kill, wait4, Exit};
 
-fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
-    if ret == -1 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(ret)
-    }
-}
-
-fn check_long(ret: libc::c_long) -> io::Result<libc::c_long> {
-    if ret == -1 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(ret)
-    }
-}
+use ret::{check, check_long, einval};
 
 fn cstring(s: &str) -> io::Result<CString> {
     CString::new(s).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
-}
-
-fn einval() -> io::Error {
-    io::Error::from_raw_os_error(libc::EINVAL)
 }
 
 /// A named signal for rustix (Kennel sends only standard signals, never real-time ones).
@@ -82,31 +67,6 @@ pub fn fork() -> io::Result<Fork> {
     } else {
         Fork::Parent(pid)
     })
-}
-
-/// How a child ended, as `waitpid` tells it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Exit {
-    Code(i32),
-    Signal(i32),
-}
-
-impl Exit {
-    fn from_status(status: libc::c_int) -> Exit {
-        if libc::WIFSIGNALED(status) {
-            Exit::Signal(libc::WTERMSIG(status))
-        } else {
-            Exit::Code(libc::WEXITSTATUS(status))
-        }
-    }
-
-    /// The shell's convention: the code, or 128 + the signal.
-    pub fn shell_status(self) -> i32 {
-        match self {
-            Exit::Code(c) => c,
-            Exit::Signal(s) => 128 + s,
-        }
-    }
 }
 
 /// The child `pid` for rustix, `None` for any child (-1): rustix's `waitpid(None)` is
@@ -249,12 +209,6 @@ pub fn become_root_in_namespace(set_groups: bool) -> io::Result<()> {
     check(unsafe { libc::setresgid(0, 0, 0) })?;
     // SAFETY: as above.
     check(unsafe { libc::setresuid(0, 0, 0) }).map(drop)
-}
-
-// libc, not rustix: rustix has no form of kill(-1), which the init uses to end everything left.
-pub fn kill(pid: libc::pid_t, sig: libc::c_int) -> io::Result<()> {
-    // SAFETY: kill takes integers only.
-    check(unsafe { libc::kill(pid, sig) }).map(drop)
 }
 
 pub fn mount(
@@ -621,28 +575,6 @@ pub fn execve(path: &CStr, argv: &[CString], envp: &[CString]) -> io::Error {
 pub fn exit_now(code: i32) -> ! {
     // SAFETY: _exit never returns and takes an integer only.
     unsafe { libc::_exit(code) }
-}
-
-/// `wait4` on a specific child, returning its exit and resource usage.
-pub fn wait4(pid: libc::pid_t, nohang: bool) -> io::Result<Option<(Exit, libc::rusage)>> {
-    let mut status = 0;
-    // SAFETY: rusage is plain old data; all-zero is valid.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    let flags = if nohang { libc::WNOHANG } else { 0 };
-    loop {
-        // SAFETY: `status` and `usage` are valid and writable for the duration of the call.
-        let ret = unsafe { libc::wait4(pid, &mut status, flags, &mut usage) };
-        match ret {
-            0 => return Ok(None),
-            r if r > 0 => return Ok(Some((Exit::from_status(status), usage))),
-            _ => {
-                let err = io::Error::last_os_error();
-                if err.raw_os_error() != Some(libc::EINTR) {
-                    return Err(err);
-                }
-            }
-        }
-    }
 }
 
 /// Takes ownership of a descriptor inherited at a fixed number (the helper's control socket).

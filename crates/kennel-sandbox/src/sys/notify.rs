@@ -5,7 +5,7 @@
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
-use super::{check, check_long, einval};
+use super::ret::{check, check_long, einval};
 
 /// Installs a seccomp filter on the calling thread; with `listen`, its
 /// `SECCOMP_RET_USER_NOTIF` calls go to the returned listener (close-on-exec, as the kernel

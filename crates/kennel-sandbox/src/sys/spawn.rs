@@ -15,7 +15,11 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use super::{check, einval, wait4, Exit};
+use super::ret::{check, einval};
+use super::wait::{kill, wait4, Exit};
+
+/// The file descriptor on which a helper finds its control socket.
+pub const CTL_FD: i32 = 3;
 
 /// A helper process started by [`spawn`], with the parent's ends of its standard streams.
 #[derive(Debug)]
@@ -36,7 +40,7 @@ impl Spawned {
         if self.exit.is_some() {
             return Ok(());
         }
-        super::kill(self.pid, libc::SIGKILL)
+        kill(self.pid, libc::SIGKILL)
     }
 
     /// Waits for the process to end; `None` when somebody else reaped it (`sys::wait4`).
@@ -127,7 +131,7 @@ fn spawn_raw(argv: &[CString], sources: &[OwnedFd; 3], ctl: RawFd) -> io::Result
     for (target, fd) in sources.iter().enumerate() {
         actions.dup2(fd.as_raw_fd(), target as RawFd)?;
     }
-    actions.dup2(ctl, crate::channel::CTL_FD)?;
+    actions.dup2(ctl, CTL_FD)?;
     let attr = SpawnAttr::new()?;
     let mut pid: libc::pid_t = 0;
     // SAFETY: `argv` and `envp` are NULL-terminated arrays of pointers to NUL-terminated

@@ -51,7 +51,7 @@ impl AgentSandbox {
         }
         let request = Request::Exec {
             code: Code::new(exec.language, exec.code),
-            timeout_ms: u64::try_from(exec.timeout.as_millis()).unwrap_or(u64::MAX),
+            timeout_ms: kennel_types::millis(exec.timeout),
             one_shot: exec.one_shot,
             rich: exec.one_shot && exec.rich,
             output_limit: exec.output_limit,

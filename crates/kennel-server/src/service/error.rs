@@ -126,7 +126,7 @@ impl From<Error> for ServiceError {
             Error::Unsupported { .. } => ServiceError::Unsupported(e.to_string()),
             // The caller can do nothing about it, and retrying does not help: a 503 that says
             // whose it is to fix.
-            Error::StateDir { .. } => ServiceError::Unsupported(format!(
+            Error::StateDir(_) => ServiceError::Unsupported(format!(
                 "this server is misconfigured, for its operator to fix: {e}"
             )),
             _ => ServiceError::SandboxFailed(e.to_string()),

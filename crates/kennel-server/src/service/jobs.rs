@@ -384,7 +384,7 @@ impl Jobs {
         keep: Duration,
         max: usize,
     ) -> rusqlite::Result<()> {
-        let oldest = now_ms.saturating_sub(u64::try_from(keep.as_millis()).unwrap_or(u64::MAX));
+        let oldest = now_ms.saturating_sub(kennel_types::millis(keep));
         let db = self.db();
         // A run whose callback is still owed stays until it is sent or given up.
         db.execute(

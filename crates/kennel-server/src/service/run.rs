@@ -274,7 +274,7 @@ async fn execute(
         pooled,
         run: Some(&run.id),
         cancelled: run.entry.is_cancelled(),
-        duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        duration_ms: kennel_types::millis(started.elapsed()),
         ..Entry::new(&caller.0, "run", code.as_bytes(), &req.policy.limits)
     };
     match &outcome {
@@ -369,7 +369,7 @@ impl Seen {
         let cut = |b: &[u8]| b.len() as u64 >= limit;
         let outcome = Outcome {
             timed_out: timed_out || sandbox.outcome.timed_out,
-            duration_ms: u64::try_from(self.began.elapsed().as_millis()).unwrap_or(u64::MAX),
+            duration_ms: kennel_types::millis(self.began.elapsed()),
             stdout_bytes: self.stdout.len() as u64,
             stderr_bytes: self.stderr.len() as u64,
             stdout_truncated: cut(&self.stdout),

@@ -298,7 +298,7 @@ async fn run_exec(
     let entry = Entry {
         session: Some(&session.id),
         language: Some(spec.language.name()),
-        duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        duration_ms: kennel_types::millis(started.elapsed()),
         ..Entry::new(&caller.0, "exec", spec.code.as_bytes(), &session.limits)
     };
     let mut result = match outcome {

@@ -147,7 +147,7 @@ pub fn main(cmd: ImageCmd) -> anyhow::Result<()> {
 fn build(store: &Store, args: BuildArgs) -> anyhow::Result<()> {
     // Before any work: no sandbox could show an image under /tmp.
     StateDir::Images.check(store.root())?;
-    let engine = crate::engine()?;
+    let engine = crate::engine::engine()?;
     let tty = std::io::stderr().is_terminal();
     let terminal = Terminal {
         tty,

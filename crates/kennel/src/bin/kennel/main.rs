@@ -12,16 +12,18 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
-use kennel_sandbox::{Engine, OutputSink, RunIo, StdinSource, Stream};
+use kennel_sandbox::{OutputSink, RunIo, StdinSource, Stream};
 use kennel_server::ServerConfig;
 use kennel_types::policy::ByteSize;
 use kennel_types::RunResult;
 
+mod engine;
 mod image;
 mod out;
 mod run;
 mod vm;
 
+use engine::engine;
 use out::{errln, out, outln};
 use run::RunArgs;
 
@@ -405,13 +407,6 @@ fn pass_through(r: &RunResult, limit: ByteSize, fail_on_truncation: bool) -> Exi
         return ExitCode::from(KENNEL_FAILED);
     }
     ExitCode::from(u8::try_from(r.shell_status().clamp(0, 255)).unwrap_or(u8::MAX))
-}
-
-/// The engine of this binary: every tier, the docker runtime included.
-fn engine() -> Result<Engine, kennel_sandbox::Error> {
-    let mut engine = Engine::from_current_exe()?;
-    engine.docker = Some(Arc::new(kennel_docker::Docker));
-    Ok(engine)
 }
 
 fn doctor(json: bool) -> ExitCode {

@@ -42,7 +42,7 @@ fn prepare(json: bool, images: &[String]) -> anyhow::Result<()> {
     // Before any download: QEMU runs in a sandbox, and the base image's build runs in one.
     StateDir::Vm.check(&vm.root)?;
     StateDir::Images.check(store.root())?;
-    let engine = crate::engine()?;
+    let engine = crate::engine::engine()?;
     let tty = std::io::stderr().is_terminal();
     let terminal = Terminal {
         tty,
@@ -99,7 +99,7 @@ fn warm(engine: &kennel_sandbox::Engine, images: &[String]) -> anyhow::Result<Ve
         engine
             .warm_microvm(Some(&image))
             .map_err(|e| anyhow::anyhow!("the snapshot of {image}: {e}"))?;
-        let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let ms = kennel_types::millis(started.elapsed());
         warmed.push(Warmed { image, ms });
     }
     Ok(warmed)

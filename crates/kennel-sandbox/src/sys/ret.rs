@@ -1,0 +1,23 @@
+//! Raw return values into `io::Result`: shared by every part of `sys`.
+
+use std::io;
+
+pub(super) fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+pub(super) fn check_long(ret: libc::c_long) -> io::Result<libc::c_long> {
+    if ret == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+pub(super) fn einval() -> io::Error {
+    io::Error::from_raw_os_error(libc::EINVAL)
+}
