@@ -188,45 +188,44 @@ class Crate:
     def scan(self):
         for m, code in self.code.items():
             found = {}
+            spans = inline_spans(code)
             for u in re.finditer(r"(?<![\w:])use\s+([^;]+);", code):
                 for path in expand_use(u.group(1)):
-                    found.setdefault((path, inline_at(code, u.start())), None)
+                    found.setdefault((path, inline_at(spans, u.start())), None)
             pattern = r"(?<![\w$:])((?:crate|super|self)(?:::" + IDENT + ")+)"
             for p in re.finditer(pattern, code):
-                found.setdefault((p.group(1), inline_at(code, p.start())), None)
+                found.setdefault((p.group(1), inline_at(spans, p.start())), None)
             kids = self.children(m)
             if kids:
                 child = r"(?<![\w$:.])((?:" + "|".join(map(re.escape, kids)) + ")(?:::" + IDENT + ")+)"
                 for p in re.finditer(child, code):
-                    found.setdefault((p.group(1), inline_at(code, p.start())), None)
+                    found.setdefault((p.group(1), inline_at(spans, p.start())), None)
             for path, inline in found:
-                target = self.resolve_path(m + inline, path)
+                target = self.resolve(m + inline, path)
                 if target is not None and target != m:
                     self.edges.setdefault(m, {}).setdefault(target, path)
 
-    def resolve_path(self, module, path):
-        segs = path.split("::")
-        if segs[0] in ("self",) and len(segs) > 1 and segs[1] in self.children(module):
-            return self.resolve(module, "::".join(segs[1:]))
-        return self.resolve(module, path)
 
-
-
-def inline_at(code, pos):
-    """The inline modules (`mod name { .. }`) open at `pos` in a file's code, outermost first."""
-    chain, depth, opened = [], 0, []
-    for m in re.finditer(r"\bmod\s+(" + IDENT + r")\s*\{|[{}]", code[:pos]):
-        text = m.group(0)
-        if text == "}":
+def inline_spans(code):
+    """Each inline module (`mod name { .. }`) of a file's code: its name and the span it covers."""
+    spans, depth, opened = [], 0, []
+    for m in re.finditer(r"\bmod\s+(" + IDENT + r")\s*\{|[{}]", code):
+        if m.group(0) == "}":
             depth -= 1
-            if opened and opened[-1][1] == depth:
-                opened.pop()
+            if opened and opened[-1][2] == depth:
+                name, start, _ = opened.pop()
+                spans.append((name, start, m.end()))
         else:
             if m.group(1):
-                opened.append((m.group(1), depth))
+                opened.append((m.group(1), m.start(), depth))
             depth += 1
-    chain = [name for name, _ in opened]
-    return tuple(chain)
+    spans += [(name, start, len(code)) for name, start, _ in opened]
+    return sorted(spans, key=lambda span: span[1])
+
+
+def inline_at(spans, pos):
+    """The inline modules open at `pos`, outermost first."""
+    return tuple(name for name, start, end in spans if start <= pos < end)
 
 
 def crates(workspace):
