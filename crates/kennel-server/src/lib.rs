@@ -78,13 +78,16 @@ impl Machinery {
         if config.min_isolation == Some(Strength::Microvm) {
             policy.microvm.require_kvm = !config.allow_tcg;
         }
-        let pool = Arc::new(pool::Pool::new(
-            engine.clone(),
-            policy,
-            &sizes,
-            config.pool.max_age.0,
-            config.maxima.timeout.0,
-        ));
+        let pool = Arc::new(
+            pool::Pool::new(
+                engine.clone(),
+                policy,
+                &sizes,
+                config.pool.max_age.0,
+                config.maxima.timeout.0,
+            )
+            .serving_sessions(config.sessions.max_lifetime.0),
+        );
         let jobs = open_jobs(&config);
         if let Err(why) = &jobs {
             tracing::warn!("async runs are refused: {why}");

@@ -169,6 +169,8 @@ pub struct Pool {
     max_age: Duration,
     /// The longest timeout a run served from the pool may have.
     longest_run: Duration,
+    /// The longest a session served from the pool may live; zero while it serves none.
+    longest_session: Duration,
     engine: Arc<Engine>,
     policy: Policy,
     /// The pooled sandboxes' [`shape`] per tier and image (`None`: the host view), which
@@ -209,6 +211,7 @@ impl Pool {
             sizes: counts,
             max_age,
             longest_run: longest_run.max(policy.limits.timeout.0),
+            longest_session: Duration::ZERO,
             engine,
             shapes,
             policy,
@@ -224,16 +227,39 @@ impl Pool {
         let Command::Code { language, .. } = &req.command else {
             return None;
         };
-        let tier = req.policy.tier;
-        let image = image_of(&req.policy);
-        let mut policy = req.policy.clone();
+        let fits = req.policy.limits.timeout.0 <= self.longest_run;
+        fits.then(|| self.kind_of(&req.policy, Profile::of(*language)))
+            .flatten()
+    }
+
+    /// Makes the pool's microVM clones live long enough to serve sessions that live at most
+    /// `max_lifetime`, and lets [`Pool::serves_session`] hand them out.
+    pub fn serving_sessions(mut self, max_lifetime: Duration) -> Pool {
+        self.longest_session = max_lifetime;
+        self
+    }
+
+    /// The kind whose pooled sandboxes are exactly the sandbox a session under `policy` would
+    /// get cold, if any: microVM clones only (a cold microVM session boots a guest, a native
+    /// one starts in milliseconds), of the session's image and [`shape`]. A session's agent
+    /// runs python, as a clone's does.
+    pub fn serves_session(&self, policy: &Policy) -> Option<Kind> {
+        let fits = policy.tier == Tier::Microvm && !self.longest_session.is_zero();
+        fits.then(|| self.kind_of(policy, Profile::Python))
+            .flatten()
+    }
+
+    /// The pooled kind of `profile` whose sandboxes have `policy`'s shape, if one is pooled.
+    fn kind_of(&self, policy: &Policy, profile: Profile) -> Option<Kind> {
+        let tier = policy.tier;
+        let image = image_of(policy);
+        let mut policy = policy.clone();
         policy.filesystem.image.clone_from(&image);
         let fits = POOLED_TIERS.contains(&tier)
-            && self.shapes.get(&(tier, image.clone())) == Some(&shape(&policy))
-            && req.policy.limits.timeout.0 <= self.longest_run;
-        fits.then(|| Kind {
+            && self.shapes.get(&(tier, image.clone())) == Some(&shape(&policy));
+        fits.then_some(Kind {
             tier,
-            profile: Profile::of(*language),
+            profile,
             image,
         })
     }
@@ -297,8 +323,10 @@ impl Pool {
 
     /// Keeps every profile filled until shutdown; old or dead sandboxes are replaced.
     pub async fn refill(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
-        // A sandbox must outlive its stay in the pool plus the longest run it may serve.
-        let lifetime = self.max_age + self.longest_run + Duration::from_secs(10);
+        // A sandbox must outlive its stay in the pool plus the longest run or session it may
+        // serve.
+        let serves = self.longest_run.max(self.longest_session);
+        let lifetime = self.max_age + serves + Duration::from_secs(10);
         // Starts under way, per kind: each replacement starts the moment a sandbox is taken,
         // not when the starts before it are done (a preloaded start takes a second; waiting
         // for a batch would cap the refill at one sandbox a second).
@@ -554,6 +582,41 @@ mod tests {
             None,
             "a microVM of another root"
         );
+    }
+
+    #[test]
+    fn a_session_is_served_only_by_a_clone_of_its_shape() {
+        let engine = Arc::new(Engine::with_helper("/nonexistent".into()));
+        let sizes = Sizes {
+            python: 1,
+            microvm: BTreeMap::from([(BASE_IMAGE.to_string(), 1)]),
+            ..Sizes::default()
+        };
+        let minute = Duration::from_secs(60);
+        let vm = Policy {
+            tier: Tier::Microvm,
+            ..Policy::default()
+        };
+        let plain = Pool::new(engine.clone(), Policy::default(), &sizes, minute, minute);
+        assert_eq!(plain.serves_session(&vm), None, "not serving sessions");
+        let pool = Pool::new(engine, Policy::default(), &sizes, minute, minute)
+            .serving_sessions(Duration::from_secs(3600));
+        assert_eq!(pool.serves_session(&vm), Some(Kind::clone_of(BASE_IMAGE)));
+        assert_eq!(
+            pool.serves_session(&Policy::default()),
+            None,
+            "native sessions start cold"
+        );
+        let mut bigger = vm.clone();
+        bigger.limits.memory = kennel_types::policy::ByteSize(1 << 30);
+        assert_eq!(pool.serves_session(&bigger), None, "another shape");
+        let mut other = vm.clone();
+        other.env.insert("X".into(), "1".into());
+        assert_eq!(pool.serves_session(&other), None, "another environment");
+        // The per-exec default timeout is applied by the agent, not the sandbox.
+        let mut slow = vm;
+        slow.limits.timeout = kennel_types::policy::Span(Duration::from_secs(600));
+        assert_eq!(pool.serves_session(&slow), Some(Kind::clone_of(BASE_IMAGE)));
     }
 
     #[test]

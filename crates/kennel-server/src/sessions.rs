@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use super::agent::AgentSandbox;
-use kennel_types::api::{SessionEnd, SessionInfo};
+use kennel_types::api::{Isolation, SessionEnd, SessionInfo};
 use kennel_types::policy::Limits;
 
 /// The least memory a session's sandbox may have: its python agent needs some 16M to start
@@ -25,6 +25,8 @@ pub struct Session {
     pub token_id: String,
     pub agent: AgentSandbox,
     pub limits: Limits,
+    /// The isolation in force, as the sandbox reported it when it started.
+    pub isolation: Isolation,
     pub created_unix_ms: u128,
     created: Instant,
     last_used: Mutex<Instant>,
@@ -54,11 +56,14 @@ impl Session {
         idle_ttl: Duration,
         max_lifetime: Duration,
     ) -> Session {
+        // Known once the sandbox has started, which it has: its agent answered.
+        let isolation = agent.usage_now().map(|(i, _)| i).unwrap_or_default();
         Session {
             id: new_id(),
             token_id,
             agent,
             limits,
+            isolation,
             created_unix_ms: super::audit::now_ms(),
             created: Instant::now(),
             last_used: Mutex::new(Instant::now()),
@@ -158,6 +163,7 @@ impl Session {
             max_lifetime_s: self.max_lifetime.as_secs(),
             expires_in_s: self.remaining().as_secs(),
             limits: self.limits.clone(),
+            isolation: self.isolation.clone(),
             ended: self.ended().cloned(),
         }
     }

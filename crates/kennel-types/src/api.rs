@@ -778,21 +778,17 @@ impl RunSpec {
     /// The engine request under `base` policy, with limits bounded by `max`.
     pub fn to_request(&self, base: &Policy, max: &Limits) -> Result<RunRequest, PolicyError> {
         self.check_strings()?;
-        let mut policy = base.clone();
-        policy.limits = self.limits.apply(&base.limits, max)?;
-        policy.env.extend(self.env.clone());
-        policy.network = self.network.clone();
-        if let Some(runtime) = self.runtime {
-            policy.tier = crate::policy::Tier::Oci;
-            policy.oci.runtime = runtime;
-        }
-        policy.tier = self.tier.unwrap_or(policy.tier);
-        policy.oci.platform = self.platform;
-        if let Some(image) = &self.image {
-            // An image replaces whatever root the server's policy shows by default.
-            policy.filesystem.rootfs = None;
-            policy.filesystem.image = Some(image.clone());
-        }
+        let shared = SessionSpec {
+            limits: self.limits.clone(),
+            env: self.env.clone(),
+            network: self.network.clone(),
+            idle_ttl: None,
+            image: self.image.clone(),
+            tier: self.tier,
+            runtime: self.runtime,
+            platform: self.platform,
+        };
+        let mut policy = shared.to_policy(base, max)?;
         match self.capabilities {
             Some(Capabilities::Default) if base.capabilities == Capabilities::None => {
                 return Err(PolicyError::request(
@@ -878,6 +874,75 @@ pub struct SessionSpec {
     /// A Kennel image for the session's sandbox, as for runs.
     #[schema(pattern = "^[a-z0-9][a-z0-9._-]{0,63}$")]
     pub image: Option<String>,
+    /// `native` (the default), `oci` or `microvm` (a guest kernel for the session), as for
+    /// runs.
+    pub tier: Option<crate::policy::Tier>,
+    /// The OCI runtime: `runsc` (gVisor), `crun`, `runc` or `docker`; implies tier `oci`.
+    pub runtime: Option<crate::policy::Runtime>,
+    /// gVisor's platform (`ptrace` or `kvm`); chosen automatically when unset.
+    pub platform: Option<crate::policy::Platform>,
+}
+
+impl SessionSpec {
+    /// Whether the request names its isolation (a tier or a runtime).
+    pub fn names_tier(&self) -> bool {
+        self.tier.is_some() || self.runtime.is_some()
+    }
+
+    /// The session sandbox's policy under `base`, with limits bounded by `max`: the fields a
+    /// session shares with a run, read as [`RunSpec::to_request`] reads them.
+    pub fn to_policy(&self, base: &Policy, max: &Limits) -> Result<Policy, PolicyError> {
+        let mut policy = base.clone();
+        policy.limits = self.limits.apply(&base.limits, max)?;
+        policy.env.extend(self.env.clone());
+        policy.network = self.network.clone();
+        place(
+            &mut policy,
+            self.tier,
+            self.runtime,
+            self.platform,
+            self.image.as_deref(),
+        )?;
+        Ok(policy)
+    }
+}
+
+/// Puts `policy` in the tier, runtime, platform and image a request names. A runtime implies
+/// the oci tier; beside another tier it is refused, never dropped.
+fn place(
+    policy: &mut Policy,
+    tier: Option<crate::policy::Tier>,
+    runtime: Option<crate::policy::Runtime>,
+    platform: Option<crate::policy::Platform>,
+    image: Option<&str>,
+) -> Result<(), PolicyError> {
+    use crate::policy::Tier;
+    match (tier, runtime) {
+        (Some(t), Some(r)) if t != Tier::Oci => {
+            return Err(PolicyError::request(
+                "runtime",
+                format!(
+                    "{:?} is an OCI runtime, which the {} tier does not use: drop `runtime` \
+                     or use tier \"oci\"",
+                    r.name(),
+                    t.name()
+                ),
+            ))
+        }
+        (_, Some(r)) => {
+            policy.tier = Tier::Oci;
+            policy.oci.runtime = r;
+        }
+        (Some(t), None) => policy.tier = t,
+        (None, None) => {}
+    }
+    policy.oci.platform = platform;
+    if let Some(image) = image {
+        // An image replaces whatever root the server's policy shows by default.
+        policy.filesystem.rootfs = None;
+        policy.filesystem.image = Some(image.to_string());
+    }
+    Ok(())
 }
 
 /// A session as the API lists it.
@@ -901,6 +966,9 @@ pub struct SessionInfo {
     /// `open_files`.
     #[schema(value_type = Object)]
     pub limits: Limits,
+    /// The isolation the session's sandbox runs under, as a run's result reports it: read
+    /// from the sandbox once it had started.
+    pub isolation: Isolation,
     /// Set once the session's sandbox has died on its own (its execs then get 410): why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended: Option<SessionEnd>,
@@ -1177,6 +1245,58 @@ impl Outcome {
 mod tests {
     use super::*;
     use crate::policy::Capabilities;
+
+    #[test]
+    fn a_session_is_placed_as_a_run_is() {
+        use crate::policy::{Runtime, Tier};
+        let base = Policy::default();
+        let max = Limits::default();
+        let session = |tier, runtime| SessionSpec {
+            tier,
+            runtime,
+            image: Some("python-data".into()),
+            ..SessionSpec::default()
+        };
+        let run = |tier, runtime| RunSpec {
+            tier,
+            runtime,
+            image: Some("python-data".into()),
+            ..spec(None)
+        };
+        let cases = [
+            (None, None, Ok((Tier::Native, Runtime::Runsc))),
+            (None, Some(Runtime::Crun), Ok((Tier::Oci, Runtime::Crun))),
+            (
+                Some(Tier::Oci),
+                Some(Runtime::Runc),
+                Ok((Tier::Oci, Runtime::Runc)),
+            ),
+            (
+                Some(Tier::Microvm),
+                None,
+                Ok((Tier::Microvm, Runtime::Runsc)),
+            ),
+            (Some(Tier::Native), Some(Runtime::Docker), Err("runtime")),
+            (Some(Tier::Microvm), Some(Runtime::Runsc), Err("runtime")),
+        ];
+        for (tier, runtime, want) in cases {
+            let got = session(tier, runtime).to_policy(&base, &max);
+            let ran = run(tier, runtime).to_request(&base, &max);
+            match want {
+                Ok(placed) => {
+                    let got = got.unwrap();
+                    assert_eq!((got.tier, got.oci.runtime), placed);
+                    assert_eq!(got.filesystem.image.as_deref(), Some("python-data"));
+                    assert_eq!(ran.unwrap().policy, got, "{tier:?} {runtime:?}");
+                }
+                Err(field) => {
+                    let (e, r) = (got.unwrap_err().to_string(), ran.unwrap_err().to_string());
+                    assert!(e.contains(&format!("`{field}`")), "{e}");
+                    assert_eq!(e, r);
+                }
+            }
+        }
+    }
 
     fn spec(caps: Option<Capabilities>) -> RunSpec {
         RunSpec {

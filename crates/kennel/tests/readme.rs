@@ -174,6 +174,10 @@ const COMMANDS: &[(&str, How)] = &[
         "curl -s -XPOST localhost:8080/v1/sessions/$id/exec -H 'content-type: application/json' -d '{\"language\":\"python\",\"code\":\"x * 2\"}'",
         How::Curl,
     ),
+    (
+        "curl -s -XPOST localhost:8080/v1/sessions -H 'content-type: application/json' -d '{\"runtime\":\"runsc\"}' | jq -c .isolation.runtime",
+        How::Curl,
+    ),
 ];
 
 /// The README's other blocks, by a line that only that block has, and how each is checked.
@@ -550,6 +554,10 @@ fn check_curl(out: &Output) {
     assert!(
         stream.contains(r#""results":[{"kind":"value","data":{"text/plain":"82"}}]"#),
         "x * 2 came back as the exec's value: {stdout}"
+    );
+    assert!(
+        stream.contains(r#"{"name":"runsc","#),
+        "the gVisor session says runsc ran it: {stdout}"
     );
 }
 

@@ -1087,6 +1087,11 @@ export interface components {
              */
             idle_ttl_s: number;
             /**
+             * @description The isolation the session's sandbox runs under, as a run's result reports it: read
+             *     from the sandbox once it had started.
+             */
+            isolation: components["schemas"]["Isolation"];
+            /**
              * @description The limits of the session's sandbox, as a policy's `[limits]` writes them: `timeout`
              *     (the default per exec, such as "30s"), `memory`, `output`, `tmp_size`,
              *     `workspace_size` and `collect_size` (sizes such as "512M"), `cpus`, `pids` and
@@ -1130,6 +1135,15 @@ export interface components {
             limits?: components["schemas"]["SessionLimits"];
             /** @description Network access for the session's sandbox, as for runs: none by default. */
             network?: components["schemas"]["Network"];
+            /** @description gVisor's platform (`ptrace` or `kvm`); chosen automatically when unset. */
+            platform?: null | components["schemas"]["Platform"];
+            /** @description The OCI runtime: `runsc` (gVisor), `crun`, `runc` or `docker`; implies tier `oci`. */
+            runtime?: null | components["schemas"]["Runtime"];
+            /**
+             * @description `native` (the default), `oci` or `microvm` (a guest kernel for the session), as for
+             *     runs.
+             */
+            tier?: null | components["schemas"]["Tier"];
         };
         /**
          * @description How strongly a sandbox is isolated, weakest first: the order a server's minimum compares.
@@ -1382,7 +1396,7 @@ export interface operations {
                     "application/json": components["schemas"]["SessionInfo"];
                 };
             };
-            /** @description A malformed request, a limit or `idle_ttl` outside this server's bounds */
+            /** @description A malformed request, a limit or `idle_ttl` outside this server's bounds, a `runtime` beside a tier other than `oci`, or a tier below this caller's minimum isolation */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1427,7 +1441,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description The server keeps as many sessions as it may; see Retry-After */
+            /** @description The server keeps as many sessions as it may, or this token's quota is used up; see Retry-After */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -1435,6 +1449,13 @@ export interface operations {
                 content: {
                     "application/json": components["schemas"]["Error"];
                 };
+            };
+            /** @description This host cannot enforce a layer the session needs (a runtime it does not have, no microVM guest prepared) */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
             };
         };
     };

@@ -743,9 +743,17 @@ impl ServerConfig {
 
     /// The policy every sandbox of this server starts from.
     pub fn base_policy(&self) -> Policy {
+        // `pip install x` then `import x`, as agents do: PEP 668 refuses pip in Debian's
+        // python unless told; pip then installs to the user site ($HOME is /workspace), which
+        // a session's python puts on its path (agent.py's `see_new_packages`). The network
+        // policy still decides whether an index is reachable. The server's and the caller's
+        // own values win. Runs and sessions alike, so that a pooled sandbox serves both.
+        let mut env = self.env.clone();
+        env.entry("PIP_BREAK_SYSTEM_PACKAGES".into())
+            .or_insert_with(|| "1".into());
         Policy {
             limits: self.defaults.clone(),
-            env: self.env.clone(),
+            env,
             capabilities: self.capabilities,
             ..Policy::default()
         }

@@ -146,10 +146,14 @@ pub async fn cancel_run(
 #[utoipa::path(tag = "session_routes", post, path = "/v1/sessions", request_body = SessionSpec,
     responses(
         (status = 201, description = "The session, started", body = SessionInfo),
-        (status = 400, description = "A malformed request, a limit or `idle_ttl` outside this server's bounds"),
+        (status = 400, description = "A malformed request, a limit or `idle_ttl` outside this server's bounds, \
+            a `runtime` beside a tier other than `oci`, or a tier below this caller's minimum isolation"),
         (status = 403, description = "An `image` this token may not use"),
         (status = 404, description = "An `image` this server does not have"),
-        (status = 429, description = "The server keeps as many sessions as it may; see Retry-After"),
+        (status = 429, description = "The server keeps as many sessions as it may, or this token's quota \
+            is used up; see Retry-After"),
+        (status = 503, description = "This host cannot enforce a layer the session needs (a runtime \
+            it does not have, no microVM guest prepared)"),
     ))]
 pub async fn create(
     State(state): State<Shared>,

@@ -15,7 +15,7 @@ use kennel_types::api::in_scratch;
 use kennel_types::api::{
     EndReason, ExecResult, ExecSpec, Listing, SessionEnd, SessionInfo, SessionSpec,
 };
-use kennel_types::policy::{ByteSize, Span, Strength};
+use kennel_types::policy::{ByteSize, Policy, Span};
 
 /// The caller's session `id`: another caller's does not exist, as far as this one can tell.
 pub(super) fn owned(
@@ -97,13 +97,9 @@ pub(super) async fn create(
     spec: &SessionSpec,
 ) -> Result<SessionInfo, ServiceError> {
     let config = &service.config;
-    if config.min_isolation(&caller.0) > Strength::Native {
-        return Err(ServiceError::BadRequest(
-            "sessions run in the native tier only, and this caller must use a stronger one; \
-             send single runs to /v1/runs instead"
-                .into(),
-        ));
-    }
+    // Every field is checked before a place is taken: a bad one costs the token nothing.
+    let policy = policy_for(service, caller, spec)?;
+    let idle_ttl = idle_ttl(config, spec.idle_ttl)?;
     let quota = config.share(&caller.0).map(|s| s.sessions);
     let _place = match service
         .sessions
@@ -128,43 +124,9 @@ pub(super) async fn create(
             }))
         }
     };
-    let mut policy = config.base_policy_for(&caller.0);
-    policy.limits = spec.limits.apply(&policy.limits, &config.maxima)?;
-    if policy.limits.memory.0 < MIN_MEMORY {
-        return Err(ServiceError::BadRequest(format!(
-            "`limits.memory` is {}, below the {} a session's agent needs",
-            policy.limits.memory,
-            ByteSize(MIN_MEMORY)
-        )));
-    }
-    if policy.limits.pids < MIN_PIDS {
-        return Err(ServiceError::BadRequest(format!(
-            "`limits.pids` is {}, below the {MIN_PIDS} a session's agent and its execs need",
-            policy.limits.pids,
-        )));
-    }
-    // `pip install x` then `import x`, as agents do: PEP 668 refuses pip in Debian's python
-    // unless told; pip then installs to the user site ($HOME is /workspace), which the
-    // session's python puts on its path (agent.py's `see_new_packages`). The network policy
-    // still decides whether an index is reachable. The caller's own value wins.
-    policy
-        .env
-        .entry("PIP_BREAK_SYSTEM_PACKAGES".into())
-        .or_insert_with(|| "1".into());
-    policy.env.extend(spec.env.clone());
-    config.check_network(&caller.0, &spec.network)?;
-    policy.network = spec.network.clone();
-    if let Some(image) = &spec.image {
-        policy.filesystem.rootfs = None;
-        policy.filesystem.image = Some(image.clone());
-    }
-    policy.validate()?;
-    kennel_sandbox::check_cpus(&policy)?;
-    service.check_image(caller, &policy)?;
-    let idle_ttl = idle_ttl(config, spec.idle_ttl)?;
     let lifetime = config.sessions.max_lifetime.0;
     let limits = policy.limits.clone();
-    let agent = AgentSandbox::start(service.engine.clone(), policy, lifetime, &[]).await?;
+    let agent = start_agent(service, policy, lifetime).await?;
     let session = Arc::new(Session::new(
         caller.0.clone(),
         agent,
@@ -179,6 +141,61 @@ pub(super) async fn create(
         .active_sessions
         .set(i64::try_from(service.sessions.len()).unwrap_or(i64::MAX));
     Ok(session.info())
+}
+
+/// How long a session's sandbox outlives the session's lifetime: the reaper ends the session
+/// at its lifetime, as the server's own act, before the sandbox's timeout could kill it.
+const LIFETIME_MARGIN: Duration = Duration::from_secs(10);
+
+/// The policy of the session `spec` asks for, under the caller's rules as a run's is: its
+/// network, its minimum isolation, its images; with limits its agent can live under.
+fn policy_for(
+    service: &Service,
+    caller: &Caller,
+    spec: &SessionSpec,
+) -> Result<Policy, ServiceError> {
+    let config = &service.config;
+    config.check_network(&caller.0, &spec.network)?;
+    let mut policy = spec.to_policy(&config.base_policy_for(&caller.0), &config.maxima)?;
+    config.enforce_isolation(&caller.0, &mut policy, spec.names_tier())?;
+    if policy.limits.memory.0 < MIN_MEMORY {
+        return Err(ServiceError::BadRequest(format!(
+            "`limits.memory` is {}, below the {} a session's agent needs",
+            policy.limits.memory,
+            ByteSize(MIN_MEMORY)
+        )));
+    }
+    if policy.limits.pids < MIN_PIDS {
+        return Err(ServiceError::BadRequest(format!(
+            "`limits.pids` is {}, below the {MIN_PIDS} a session's agent and its execs need",
+            policy.limits.pids,
+        )));
+    }
+    policy.validate()?;
+    kennel_sandbox::check_cpus(&policy)?;
+    service.check_image(caller, &policy)?;
+    Ok(policy)
+}
+
+/// The session's sandbox: a microVM clone from the pool when one is exactly what `policy`
+/// would boot cold (fresh, never handed out before), else one started for it.
+async fn start_agent(
+    service: &Service,
+    policy: Policy,
+    lifetime: Duration,
+) -> Result<AgentSandbox, ServiceError> {
+    let pool = &service.pool;
+    let pooled = pool.serves_session(&policy).and_then(|k| pool.take(&k));
+    inc(if pooled.is_some() {
+        &service.metrics.pool_hits
+    } else {
+        &service.metrics.pool_misses
+    });
+    if let Some(agent) = pooled {
+        return Ok(agent);
+    }
+    let lifetime = lifetime + LIFETIME_MARGIN;
+    Ok(AgentSandbox::start(service.engine.clone(), policy, lifetime, &[]).await?)
 }
 
 /// The idle TTL a session asked for, refused (never clamped) outside this server's bounds.

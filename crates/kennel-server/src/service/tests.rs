@@ -7,7 +7,7 @@ use crate::config::ServerConfig;
 use crate::pool::Pool;
 use kennel_sandbox::Engine;
 use kennel_types::api::{RunSpec, SessionSpec};
-use kennel_types::policy::Strength;
+use kennel_types::policy::{Runtime, Strength, Tier};
 
 #[test]
 fn an_error_is_its_code_and_message_on_the_wire() {
@@ -86,12 +86,37 @@ async fn the_callers_rules_come_before_any_sandbox() {
         .handle(
             &caller,
             Action::CreateSession {
-                spec: SessionSpec::default(),
+                spec: SessionSpec {
+                    tier: Some(Tier::Native),
+                    ..SessionSpec::default()
+                },
             },
         )
         .await
         .unwrap_err();
-    assert!(matches!(&session, ServiceError::BadRequest(m) if m.contains("native tier only")));
+    // A session is held to the caller's minimum as a run is, with the run's answer.
+    assert!(
+        matches!(&session, ServiceError::BadRequest(m) if m.contains("`tier`") && m.contains("Gvisor")),
+        "{session:?}"
+    );
+    let mismatched = strict
+        .handle(
+            &caller,
+            Action::CreateSession {
+                spec: SessionSpec {
+                    tier: Some(Tier::Microvm),
+                    runtime: Some(Runtime::Runsc),
+                    ..SessionSpec::default()
+                },
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&mismatched, ServiceError::BadRequest(m) if m.contains("`runtime`")),
+        "{mismatched:?}"
+    );
+    assert_eq!(strict.sessions.len(), 0, "no session was made");
     let outside = RunSpec {
         collect: vec!["/etc/passwd".into()],
         ..code_run()
