@@ -77,12 +77,12 @@ impl Default for Metrics {
             ),
             (
                 "kennel_pool_hits",
-                "Runs served by a pre-started sandbox",
+                "Runs and microvm sessions served by a pre-started sandbox",
                 &m.pool_hits,
             ),
             (
                 "kennel_pool_misses",
-                "Runs that had to start cold",
+                "Runs and microvm sessions that had to start cold",
                 &m.pool_misses,
             ),
             (

@@ -1247,6 +1247,15 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            /** @description The body is not sent as `Content-Type: application/json`. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
             /** @description Too many runs at once, or this token's quota (async runs included) is used up; see Retry-After */
             429: {
                 headers: {
@@ -1434,6 +1443,15 @@ export interface operations {
             };
             /** @description The body is larger than this server takes. */
             413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The body is not sent as `Content-Type: application/json`. */
+            415: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1800,6 +1818,15 @@ export interface operations {
             };
             /** @description The body is larger than this server takes. */
             413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The body is not sent as `Content-Type: application/json`. */
+            415: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -997,6 +997,10 @@ def run_exec(sock, state, request, fds):
         sys.stderr = sys.__stderr__ = output_stream(2, unbuffered=True)
         reseed_generators()
     else:
+        if not SEEDED:
+            # A session's kernel may be a microVM clone's, whose generators are its
+            # snapshot's: its first exec seeds them as a fresh interpreter's would be.
+            reseed_generators()
         see_new_packages()
     runner = plain_run
     if with_rich:
@@ -1064,12 +1068,17 @@ def lazy_module(name, given=None, source=None):
     return module
 
 
+SEEDED = False  # whether this kernel has seeded its generators since it started
+
+
 def reseed_generators():
     """Seeds Python's and numpy's global generators from the kernel's pool, as a fresh
     ``python3 -c`` would be: a microVM clone's kernel was started before its snapshot, and
     every clone of it would otherwise draw the same numbers."""
+    global SEEDED
     import random
 
+    SEEDED = True
     random.seed()
     numpy = sys.modules.get("numpy")
     if numpy is not None:

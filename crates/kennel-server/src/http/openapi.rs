@@ -682,9 +682,20 @@ fn constrain_path(path: &str, item: &mut Value) {
             op["parameters"] = Value::Array(params.into_iter().chain(kept).collect());
         }
         constrain_query(op);
+        // Every JSON body is read by `ApiJson`, which refuses any other content type.
+        let json_body = op["requestBody"]["content"]
+            .get("application/json")
+            .is_some();
         let responses = op["responses"].as_object_mut();
         let Some(responses) = responses else { continue };
         add_error(responses, "401", "A valid bearer token is required.");
+        if json_body {
+            add_error(
+                responses,
+                "415",
+                "The body is not sent as `Content-Type: application/json`.",
+            );
+        }
         if method == "post" || method == "put" {
             add_error(
                 responses,

@@ -15,7 +15,7 @@ use kennel_types::api::in_scratch;
 use kennel_types::api::{
     EndReason, ExecResult, ExecSpec, Listing, SessionEnd, SessionInfo, SessionSpec,
 };
-use kennel_types::policy::{ByteSize, Policy, Span};
+use kennel_types::policy::{ByteSize, Policy, Span, Tier};
 
 /// The caller's session `id`: another caller's does not exist, as far as this one can tell.
 pub(super) fn owned(
@@ -185,14 +185,17 @@ async fn start_agent(
     lifetime: Duration,
 ) -> Result<AgentSandbox, ServiceError> {
     let pool = &service.pool;
-    let pooled = pool.serves_session(&policy).and_then(|k| pool.take(&k));
-    inc(if pooled.is_some() {
-        &service.metrics.pool_hits
-    } else {
-        &service.metrics.pool_misses
-    });
-    if let Some(agent) = pooled {
-        return Ok(agent);
+    // Only microvm sessions count, hit or miss: the pool never serves another session.
+    if policy.tier == Tier::Microvm {
+        let pooled = pool.serves_session(&policy).and_then(|k| pool.take(&k));
+        inc(if pooled.is_some() {
+            &service.metrics.pool_hits
+        } else {
+            &service.metrics.pool_misses
+        });
+        if let Some(agent) = pooled {
+            return Ok(agent);
+        }
     }
     let lifetime = lifetime + LIFETIME_MARGIN;
     Ok(AgentSandbox::start(service.engine.clone(), policy, lifetime, &[]).await?)
