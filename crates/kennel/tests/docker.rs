@@ -9,35 +9,12 @@ mod server_common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::dockerd::{engine_get, kennel_containers};
 use common::{kennel_output, parse_result, KENNEL};
 use serde_json::Value;
 
 fn engine() -> Option<String> {
     common::dockerd::ensure()
-}
-
-/// The engine's answer to a GET on `path`, through its socket (curl is in setup-ci's list).
-fn engine_get(host: &str, path: &str) -> Value {
-    let socket = host.trim_start_matches("unix://");
-    let out = Command::new("curl")
-        .args([
-            "-s",
-            "--unix-socket",
-            socket,
-            &format!("http://docker{path}"),
-        ])
-        .output()
-        .expect("curl runs");
-    serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
-}
-
-/// Kennel's containers on the engine, running or not.
-fn kennel_containers(host: &str) -> Vec<Value> {
-    let filter = "%7B%22label%22%3A%5B%22org.kennel.supervisor%22%5D%7D"; // {"label":["org.kennel.supervisor"]}
-    engine_get(host, &format!("/containers/json?all=1&filters={filter}"))
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
 }
 
 /// The tags of the engine's images.

@@ -1,17 +1,20 @@
-//! Sessions as a new user meets them, through the real server: a sandbox that dies (out of
-//! memory, its files counting against it) says why and frees its slot; a cancelled exec says
-//! it was cancelled; `ps` in a session is short; `pip install x` then `import x` works, the
-//! network policy still deciding whether the index is reachable.
+//! The session suite in the native tier (`suites/sessions.rs`; the other tiers include it
+//! too), then what only the native target checks, through the real server: bad tier fields
+//! get the answer a run gets and cost nothing; a sandbox that dies (out of memory, its files
+//! counting against it) says why and frees its slot; `ps` in a session is short; `pip install
+//! x` then `import x` works, the network policy still deciding whether the index is reachable.
+
+/// The runtime this target runs the suite under (`None`: the native tier).
+const RUNTIME: Option<&str> = None;
 
 mod common;
 mod server_common;
 
+include!("suites/sessions.rs");
+
+use server_common::{sha256_hex, test_dir, Resp};
 use std::path::Path;
 use std::process::Command;
-
-use common::{require, write_pip_index, PortServer, PY};
-use serde_json::{json, Value};
-use server_common::{sha256_hex, test_dir, Server};
 
 const TOKEN: &str = "sessions-test-0123456789abcdef";
 const NO_POOL: &str = "[pool]\npython = 0\nbash = 0\n";
@@ -120,53 +123,6 @@ fn a_session_killed_by_oom_says_why_and_frees_its_slot() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `POST /v1/sessions/{id}/cancel` ends the running exec, whose result says `cancelled`, not
-/// `timed_out` (as a cancelled run's does), for python and for a shell.
-#[test]
-fn a_cancelled_exec_says_cancelled_not_timed_out() {
-    let server = Server::start("session-cancel", NO_POOL);
-    let c = server.client.clone();
-    let id = c.create_session(&json!({}));
-    for (language, code) in [
-        (
-            "python",
-            "import time\nprint('started', flush=True)\ntime.sleep(60)",
-        ),
-        ("bash", "echo started; sleep 60"),
-    ] {
-        let spec = json!({"language": language, "code": code});
-        let path = format!("/v1/sessions/{id}/exec?stream=true");
-        let canceller = c.clone();
-        let cancel = format!("/v1/sessions/{id}/cancel");
-        let mut sent = false;
-        let streamed = c.stream(&path, &spec, |e| {
-            if e.name == "stdout" && !sent {
-                sent = true;
-                assert_eq!(canceller.post(&cancel, "").status, 204);
-            }
-        });
-        assert_eq!(streamed.stdout(), b"started\n");
-        let r = streamed.result().json();
-        assert_eq!(
-            (&r["cancelled"], &r["timed_out"]),
-            (&json!(true), &json!(false)),
-            "{language}: {r}"
-        );
-        assert_eq!(r["exit_code"], Value::Null, "{language}: {r}");
-    }
-    // An exec that runs out of time is timed out, not cancelled.
-    let r = c.exec_resp(
-        &id,
-        &json!({"language": "bash", "code": "sleep 60", "timeout": "1s"}),
-    );
-    let r = r.json();
-    assert_eq!(
-        (&r["cancelled"], &r["timed_out"]),
-        (&json!(false), &json!(true)),
-        "{r}"
-    );
-}
-
 /// The agent comes on its stdin, not in its argv: its command line is the short boot program
 /// (it was the agent's source and bytecode, some 130 KB, printed by `ps` for it and its
 /// interpreter), and everything `ps aux` shows is small.
@@ -256,4 +212,96 @@ fn pip_install_then_import_in_a_session() {
     drop(server);
     drop(index);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A token that must use gVisor or stronger, with room for one session.
+const STRICT: &str = "sessions-strict-0123456789abcdef";
+
+/// Where no Docker Engine listens: the docker runtime is missing on the server.
+const NO_ENGINE: &str = "unix:///nonexistent/kennel-test-docker.sock";
+
+/// An error without the place in the body where JSON parsing failed (` at line 1 column N`):
+/// a run's body holds its code besides the same fields.
+fn without_position((code, message): (String, String)) -> (String, String) {
+    let message = match message.rsplit_once(" at line ") {
+        Some((head, _)) => head.to_string(),
+        None => message,
+    };
+    (code, message)
+}
+
+/// The answers of `POST /v1/sessions` and of `POST /v1/runs` to the same tier fields.
+fn session_and_run(c: &server_common::Client, fields: &Value) -> (Resp, Resp) {
+    let mut run = json!({"language": "python", "code": "print(1)"});
+    run.as_object_mut()
+        .unwrap()
+        .extend(fields.as_object().unwrap().clone());
+    (
+        c.post_json("/v1/sessions", fields),
+        c.post_json("/v1/runs", &run),
+    )
+}
+
+/// Each bad tier field gets the error a run of the same fields gets (the status, the code,
+/// the message, which names the field), and costs nothing: the caller's session list stays
+/// empty and a token whose quota is one session still opens one afterwards. `platform` kvm
+/// is bad only where runsc cannot use KVM: where a run of it works, the session opens.
+#[test]
+fn bad_tier_fields_are_refused_as_for_runs_and_cost_nothing() {
+    let config = format!(
+        "images = [\"*\"]\n{NO_POOL}[[tokens]]\nid = \"a\"\ntoken = \"{TOKEN}\"\nquota = {{ sessions = 1 }}\n\
+         [[tokens]]\nid = \"strict\"\ntoken = \"{STRICT}\"\nmin_isolation = \"gvisor\"\n\
+         quota = {{ sessions = 1 }}\n"
+    );
+    let env = [("DOCKER_HOST", NO_ENGINE)];
+    let server = Server::start_with("session-bad-fields", &config, &env, Some(TOKEN));
+    let open = &server.client;
+    let strict = open.with_token(Some(STRICT));
+    let cases = [
+        (open, json!({"tier": "bogus"}), Some((400, "`tier`"))),
+        (open, json!({"runtime": "bogus"}), Some((400, "`runtime`"))),
+        (
+            open,
+            json!({"tier": "native", "runtime": "crun"}),
+            Some((400, "`runtime`")),
+        ),
+        (
+            open,
+            json!({"tier": "microvm", "runtime": "runsc"}),
+            Some((400, "`runtime`")),
+        ),
+        (open, json!({"platform": "kvm"}), Some((400, "platform"))),
+        (open, json!({"runtime": "runsc", "platform": "kvm"}), None),
+        (
+            open,
+            json!({"image": "no-such-image"}),
+            Some((404, "\"no-such-image\"")),
+        ),
+        (open, json!({"runtime": "docker"}), Some((503, "docker"))),
+        (&strict, json!({"tier": "native"}), Some((400, "`tier`"))),
+    ];
+    for (c, fields, expected) in cases {
+        let (session, run) = session_and_run(c, &fields);
+        if run.status == 200 {
+            // This host runs it: so does a session.
+            assert_eq!(expected, None, "{fields}: the run was not refused");
+            assert_eq!(session.status, 201, "{fields}: {}", session.text());
+            let id = session.json()["id"].as_str().unwrap().to_string();
+            assert_eq!(c.delete(&format!("/v1/sessions/{id}")).status, 204);
+            continue;
+        }
+        let refused = without_position(session.error(run.status));
+        assert_eq!(refused, without_position(run.error(run.status)), "{fields}");
+        if let Some((status, names)) = expected {
+            assert_eq!(run.status, status, "{fields}: {refused:?}");
+            assert!(refused.1.contains(names), "{fields}: {refused:?}");
+        }
+        assert_eq!(c.get("/v1/sessions").json(), json!([]), "{fields}");
+    }
+    assert_eq!(open.metric("kennel_active_sessions"), 0.0);
+    // Nothing was taken from either token's quota of one.
+    for c in [open, &strict] {
+        let id = c.create_session(&json!({}));
+        assert_eq!(c.exec(&id, "python", "print(1)")["stdout"], "1\n");
+    }
 }

@@ -125,6 +125,30 @@ fn start() -> String {
     host
 }
 
+/// The engine's answer to a GET on `path`, through its socket (curl is in setup-ci's list).
+pub fn engine_get(host: &str, path: &str) -> serde_json::Value {
+    let socket = host.trim_start_matches("unix://");
+    let out = Command::new("curl")
+        .args([
+            "-s",
+            "--unix-socket",
+            socket,
+            &format!("http://docker{path}"),
+        ])
+        .output()
+        .expect("curl runs");
+    serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null)
+}
+
+/// Kennel's containers on the engine, running or not.
+pub fn kennel_containers(host: &str) -> Vec<serde_json::Value> {
+    let filter = "%7B%22label%22%3A%5B%22org.kennel.supervisor%22%5D%7D"; // {"label":["org.kennel.supervisor"]}
+    engine_get(host, &format!("/containers/json?all=1&filters={filter}"))
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
 /// Whether the engine answers `GET /_ping` on `socket`.
 fn answers(socket: &Path) -> bool {
     use std::io::{Read, Write};

@@ -156,6 +156,11 @@ pub fn kennel_cgroups_of(pid: u32) -> Vec<String> {
 
 /// Paths of cgroups named after Kennel anywhere under /sys/fs/cgroup.
 pub fn kennel_cgroups() -> Vec<String> {
+    cgroups_named(|name| name.starts_with("kennel-"))
+}
+
+/// Paths of the cgroups anywhere under /sys/fs/cgroup whose name `wanted` accepts.
+pub fn cgroups_named(wanted: impl Fn(&str) -> bool) -> Vec<String> {
     let mut found = vec![];
     let mut stack = vec![std::path::PathBuf::from("/sys/fs/cgroup")];
     while let Some(dir) = stack.pop() {
@@ -165,7 +170,7 @@ pub fn kennel_cgroups() -> Vec<String> {
         for e in entries.flatten() {
             if e.file_type().is_ok_and(|t| t.is_dir()) {
                 let name = e.file_name().to_string_lossy().into_owned();
-                if name.starts_with("kennel-") {
+                if wanted(&name) {
                     found.push(e.path().display().to_string());
                 }
                 if dir.components().count() < 8 {

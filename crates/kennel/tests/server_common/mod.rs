@@ -547,15 +547,24 @@ impl Server {
 
     /// Waits until /healthz shows this many warm sandboxes per profile.
     pub fn wait_pool(&self, python: u64, shell: u64) {
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let what = format!("the pool did not fill to {python}/{shell}");
+        self.wait_healthz(&what, Duration::from_secs(60), |h| {
+            h["pool"]["python"] == python && h["pool"]["shell"] == shell
+        });
+    }
+
+    /// Waits up to `within` until /healthz answers what `ready` accepts; past that, fails with
+    /// `what`, the last answer and the server's log.
+    pub fn wait_healthz(&self, what: &str, within: Duration, ready: impl Fn(&Value) -> bool) {
+        let deadline = Instant::now() + within;
         loop {
             let h = self.client.healthz();
-            if h["pool"]["python"] == python && h["pool"]["shell"] == shell {
+            if ready(&h) {
                 return;
             }
             assert!(
                 Instant::now() < deadline,
-                "the pool did not fill to {python}/{shell}: {h}; log: {}",
+                "{what}: {h}; log: {}",
                 self.log_text()
             );
             std::thread::sleep(Duration::from_millis(50));

@@ -1,0 +1,10 @@
+//! The session suite again, in the oci tier with crun: the same tests, the same oracles, with
+//! each expected difference between tiers stated where it is tested.
+
+/// The runtime this target runs the suite under (`None`: the native tier).
+const RUNTIME: Option<&str> = Some("crun");
+
+mod common;
+mod server_common;
+
+include!("suites/sessions.rs");

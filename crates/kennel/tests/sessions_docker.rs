@@ -1,0 +1,11 @@
+//! The session suite again, in the oci tier with docker (a private Docker Engine that this
+//! binary starts, user namespaces remapped): the same tests, the same oracles, with each
+//! expected difference between tiers stated where it is tested.
+
+/// The runtime this target runs the suite under (`None`: the native tier).
+const RUNTIME: Option<&str> = Some("docker");
+
+mod common;
+mod server_common;
+
+include!("suites/sessions.rs");
