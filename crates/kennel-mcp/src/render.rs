@@ -5,8 +5,8 @@ use serde_json::{json, Value};
 
 use super::api::ApiError;
 use kennel_types::api::{
-    CollectedFile, Content, ExecError, ExecResult, Interpreter, Outcome, OutputKind, RichOutput,
-    RunResult,
+    CollectedFile, Content, ExecError, ExecResult, Interpreter, Isolation, Outcome, OutputKind,
+    RichOutput, RunResult,
 };
 
 /// The MIME types of rich outputs that go to the client as MCP image content.
@@ -255,6 +255,21 @@ fn rich_line(r: &RichOutput) -> String {
     }
 }
 
+/// The isolation a sandbox runs under, in one line for a model: its tier, the program that
+/// runs it (an OCI runtime, QEMU) and, in a microVM, how the guest's CPU ran.
+pub fn isolation_line(iso: &Isolation) -> String {
+    let mut line = format!("isolation: {}", iso.tier);
+    if let Some(rt) = &iso.runtime {
+        line.push_str(&format!(", runtime {}", rt.name));
+    }
+    match iso.accel.as_deref() {
+        Some("tcg") => line.push_str(" (tcg: QEMU's emulation, no hardware isolation)"),
+        Some(accel) => line.push_str(&format!(" ({accel})")),
+        None => {}
+    }
+    line
+}
+
 /// The structured result: the API's own, with the bulky isolation report cut to its tier, in
 /// the oci tier its runtime's name, in the microvm tier how the guest's CPU ran (`kvm` or
 /// `tcg`, which has no isolation guarantee: a model should be able to see which), and on an
@@ -334,7 +349,6 @@ pub fn api_error(e: &ApiError) -> (String, Value) {
 mod tests {
     use super::*;
     use kennel_server::service::ServiceError;
-    use kennel_types::api::Isolation;
 
     fn outcome() -> Outcome {
         Outcome {
@@ -459,6 +473,37 @@ mod tests {
         // Other tiers have no accel, and say none.
         let native = structured(json!({"isolation": {"tier": "native"}}));
         assert_eq!(native, json!({"isolation_tier": "native"}));
+    }
+
+    #[test]
+    fn the_isolation_line_names_the_tier_the_runtime_and_emulation() {
+        let runtime = |name: &str| kennel_types::api::RuntimeInfo {
+            name: name.into(),
+            version: "1".into(),
+            platform: None,
+        };
+        let gvisor = Isolation {
+            tier: "oci".into(),
+            runtime: Some(runtime("runsc")),
+            ..Isolation::default()
+        };
+        assert_eq!(isolation_line(&gvisor), "isolation: oci, runtime runsc");
+        let vm = Isolation {
+            tier: "microvm".into(),
+            runtime: Some(runtime("qemu-microvm")),
+            accel: Some("tcg".into()),
+            ..Isolation::default()
+        };
+        assert_eq!(
+            isolation_line(&vm),
+            "isolation: microvm, runtime qemu-microvm (tcg: QEMU's emulation, no hardware \
+             isolation)"
+        );
+        let native = Isolation {
+            tier: "native".into(),
+            ..Isolation::default()
+        };
+        assert_eq!(isolation_line(&native), "isolation: native");
     }
 
     #[test]

@@ -35,34 +35,48 @@ fn outcome() -> serde_json::Map<String, Value> {
 
 const OUTCOME_REQUIRED: [&str; 4] = ["exit_code", "timed_out", "stdout", "stderr"];
 
+/// The isolation a sandbox runs under, as `render::structured` cuts it down: what a run's
+/// result and a new session share.
+fn isolation() -> serde_json::Map<String, Value> {
+    properties([
+        (
+            "isolation_tier",
+            json!({"type": "string", "enum": ["native", "oci", "microvm"]}),
+        ),
+        (
+            "isolation_runtime",
+            json!({"type": "string", "description": "the OCI runtime (runsc is gVisor) or \
+            the microVM's VMM"}),
+        ),
+        (
+            "isolation_accel",
+            json!({"type": "string", "enum": ["kvm", "tcg"]}),
+        ),
+        ("isolation_image", json!({"type": "object"})),
+    ])
+}
+
+/// A schema's properties, by name.
+fn properties<const N: usize>(named: [(&str, Value); N]) -> serde_json::Map<String, Value> {
+    named.map(|(k, v)| (k.to_string(), v)).into_iter().collect()
+}
+
 /// run_code and run_command.
 pub fn run() -> Arc<JsonObject> {
     let mut props = outcome();
-    props.extend(
-        [
-            ("oom_killed", json!({"type": "boolean"})),
-            ("pids_limit_hit", json!({"type": "boolean"})),
-            ("cpu_ms", json!({"type": "integer"})),
-            ("memory_peak_bytes", json!({"type": "integer"})),
-            (
-                "files",
-                json!({"type": "array", "items": {"type": "object",
+    props.extend(properties([
+        ("oom_killed", json!({"type": "boolean"})),
+        ("pids_limit_hit", json!({"type": "boolean"})),
+        ("cpu_ms", json!({"type": "integer"})),
+        ("memory_peak_bytes", json!({"type": "integer"})),
+        (
+            "files",
+            json!({"type": "array", "items": {"type": "object",
                 "properties": {"path": {"type": "string"}, "size": {"type": "integer"}},
                 "required": ["path"]}}),
-            ),
-            (
-                "isolation_tier",
-                json!({"type": "string", "enum": ["native", "oci", "microvm"]}),
-            ),
-            ("isolation_runtime", json!({"type": "string"})),
-            (
-                "isolation_accel",
-                json!({"type": "string", "enum": ["kvm", "tcg"]}),
-            ),
-            ("isolation_image", json!({"type": "object"})),
-        ]
-        .map(|(k, v)| (k.to_string(), v)),
-    );
+        ),
+    ]));
+    props.extend(isolation());
     let mut required = OUTCOME_REQUIRED.to_vec();
     required.push("isolation_tier");
     object(Value::Object(props), &required)
@@ -71,27 +85,24 @@ pub fn run() -> Arc<JsonObject> {
 /// session_exec.
 pub fn exec() -> Arc<JsonObject> {
     let mut props = outcome();
-    props.extend(
-        [
-            ("interpreter", json!({"type": ["object", "null"]})),
-            (
-                "results",
-                json!({"type": "array", "description": "python: the last expression's \
+    props.extend(properties([
+        ("interpreter", json!({"type": ["object", "null"]})),
+        (
+            "results",
+            json!({"type": "array", "description": "python: the last expression's \
                 value and what the code displayed; images are sent as image content",
                 "items": {"type": "object", "required": ["kind", "data"], "properties": {
                     "kind": {"type": "string", "enum": ["value", "display"]},
                     "data": {"type": "object"}}}}),
-            ),
-            (
-                "error",
-                json!({"type": ["object", "null"], "properties": {
+        ),
+        (
+            "error",
+            json!({"type": ["object", "null"], "properties": {
                 "name": {"type": "string"}, "value": {"type": "string"},
                 "traceback": {"type": "array", "items": {"type": "string"}}}}),
-            ),
-            ("results_truncated", json!({"type": "boolean"})),
-        ]
-        .map(|(k, v)| (k.to_string(), v)),
-    );
+        ),
+        ("results_truncated", json!({"type": "boolean"})),
+    ]));
     object(Value::Object(props), &OUTCOME_REQUIRED)
 }
 
@@ -106,13 +117,16 @@ pub fn python() -> Arc<JsonObject> {
     )
 }
 
-/// create_session.
+/// create_session: the session's id, its time and limits, and the isolation it runs under.
 pub fn session() -> Arc<JsonObject> {
-    object(
-        json!({"session_id": {"type": "string"}, "idle_ttl_s": {"type": "integer"},
-               "expires_in_s": {"type": "integer"}, "limits": {"type": "object"}}),
-        &["session_id"],
-    )
+    let mut props = isolation();
+    props.extend(properties([
+        ("session_id", json!({"type": "string"})),
+        ("idle_ttl_s", json!({"type": "integer"})),
+        ("expires_in_s", json!({"type": "integer"})),
+        ("limits", json!({"type": "object"})),
+    ]));
+    object(Value::Object(props), &["session_id", "isolation_tier"])
 }
 
 /// close_session.

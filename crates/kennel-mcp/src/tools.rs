@@ -26,7 +26,7 @@ use super::sessions::Table;
 use kennel_server::service::Caller;
 use kennel_types::api::{Content, EntryKind, ExecSpec, Language, LimitsSpec, RunSpec, SessionSpec};
 use kennel_types::error::PolicyError;
-use kennel_types::policy::{Capabilities, Runtime, Span, Tier};
+use kennel_types::policy::{Capabilities, Platform, Runtime, Span, Tier};
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -36,9 +36,12 @@ pub struct RunCodeArgs {
     /// The program text, run as `python3 -c CODE` or `bash -c CODE` with /workspace as the
     /// working directory. Print what you want to see: only stdout and stderr come back.
     pub code: String,
-    /// The files, the timeout and the isolation, as run_command has them.
+    /// The files, the timeout and the capabilities, as run_command has them.
     #[serde(flatten)]
     pub options: RunOptions,
+    /// Where the sandbox runs, as for run_command and create_session.
+    #[serde(flatten)]
+    pub placement: Placement,
     /// python: return the value of the final expression (as a notebook shows it) and
     /// matplotlib plots (as images), as session_exec does.
     #[serde(default)]
@@ -51,9 +54,12 @@ pub struct RunCommandArgs {
     /// The program and its arguments, such as ["ls", "-la", "/usr/bin"]. No shell is
     /// involved: use run_code with language "bash" for pipes and globs.
     pub argv: Vec<String>,
-    /// The files, the timeout and the isolation, as run_code has them.
+    /// The files, the timeout and the capabilities, as run_code has them.
     #[serde(flatten)]
     pub options: RunOptions,
+    /// Where the sandbox runs, as for run_code and create_session.
+    #[serde(flatten)]
+    pub placement: Placement,
 }
 
 /// What run_code and run_command share, flattened into each one's arguments (the tools'
@@ -68,17 +74,6 @@ pub struct RunOptions {
     /// Wall-clock limit such as "30s", "500ms" or "2m" (default 30s). The code is killed when
     /// it runs out.
     pub timeout: Option<String>,
-    /// The isolation tier: "native" (the default process sandbox), "oci" (an OCI runtime:
-    /// the server's, unless `runtime` names one) or "microvm" (a guest kernel of its own, the
-    /// strongest isolation; seconds to start under emulation). For gVisor or a container,
-    /// give `runtime` instead.
-    pub tier: Option<String>,
-    /// A stronger isolation than the default process sandbox: "runsc" (gVisor, a user-space
-    /// kernel, for hostile code; slower to start), "crun" or "runc" (an OCI container).
-    pub runtime: Option<String>,
-    /// A named image with preinstalled packages to run on (such as "python-data"), instead of
-    /// the host's system; the server lists which images may be used.
-    pub image: Option<String>,
     /// Files to bring back after the run: paths under /workspace (relative ones are) or
     /// /tmp. Text comes back as text, an image (png, jpeg, gif, webp) as image content, other
     /// bytes as base64.
@@ -89,6 +84,50 @@ pub struct RunOptions {
     pub capabilities: Option<Capabilities>,
 }
 
+/// Where a sandbox runs: what run_code, run_command and create_session share, flattened into
+/// each one's arguments (beside [`RunOptions`], not inside it: serde's `deny_unknown_fields`
+/// sees through one level of `flatten` only), and read into the API's fields by
+/// [`Placement::read`].
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+pub struct Placement {
+    /// The isolation tier: "native" (the default process sandbox), "oci" (an OCI runtime:
+    /// the server's, unless `runtime` names one) or "microvm" (a guest kernel of its own, the
+    /// strongest isolation; seconds to start under emulation). For gVisor or a container,
+    /// give `runtime` instead.
+    pub tier: Option<String>,
+    /// A stronger isolation than the default process sandbox: "runsc" (gVisor, a user-space
+    /// kernel, for hostile code; slower to start), "crun" or "runc" (an OCI container).
+    pub runtime: Option<String>,
+    /// gVisor's platform with runtime "runsc": "ptrace" or "kvm" (default: the server's
+    /// choice for this host).
+    pub platform: Option<String>,
+    /// A named image with preinstalled packages to run on (such as "python-data"), instead of
+    /// the host's system; the server lists which images may be used.
+    pub image: Option<String>,
+}
+
+/// A [`Placement`] read into the API's types.
+#[derive(Debug)]
+struct Placed {
+    tier: Option<Tier>,
+    runtime: Option<Runtime>,
+    platform: Option<Platform>,
+    image: Option<String>,
+}
+
+impl Placement {
+    /// The API's fields, or the tool's error result naming the argument that is wrong and
+    /// its choices.
+    fn read(self) -> Result<Placed, CallToolResult> {
+        Ok(Placed {
+            tier: tier(&self.tier)?,
+            runtime: choice("runtime", &self.runtime)?,
+            platform: choice("platform", &self.platform)?,
+            image: self.image,
+        })
+    }
+}
+
 #[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSessionArgs {
@@ -97,9 +136,9 @@ pub struct CreateSessionArgs {
     /// End the session after it has been unused this long, such as "10m" (default and
     /// maximum: the server's idle TTL).
     pub idle_ttl: Option<String>,
-    /// A named image with preinstalled packages to run on (such as "python-data"), instead of
-    /// the host's system; the server lists which images may be used.
-    pub image: Option<String>,
+    /// Where the session's sandbox runs, as for run_code: the whole session stays there.
+    #[serde(flatten)]
+    pub placement: Placement,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -231,12 +270,16 @@ fn span(field: &str, v: &Option<String>) -> Result<Option<Span>, CallToolResult>
     }
 }
 
-/// Reads the `runtime` argument as the API's runtime, its error naming the choices.
-fn runtime(v: &Option<String>) -> Result<Option<Runtime>, CallToolResult> {
+/// Reads the argument `field` as one of the API's names (a runtime, a platform), its error
+/// naming the choices.
+fn choice<T: serde::de::DeserializeOwned>(
+    field: &str,
+    v: &Option<String>,
+) -> Result<Option<T>, CallToolResult> {
     v.as_ref()
         .map(|r| serde_json::from_value(json!(r)))
         .transpose()
-        .map_err(|e| invalid(format!("`runtime`: {e}")))
+        .map_err(|e| invalid(format!("`{field}`: {e}")))
 }
 
 /// Reads the `tier` argument as the API's tier, its error naming the choices.
@@ -344,8 +387,9 @@ async fn progress_sent(task: Option<JoinHandle<()>>) {
 }
 
 /// A run's spec from a tool's arguments: the files and collected paths (relative ones under
-/// /workspace), the timeout, the tier, the runtime, the image and the capabilities.
-fn run_spec(o: RunOptions) -> Result<RunSpec, CallToolResult> {
+/// /workspace), the timeout, the capabilities and the placement.
+fn run_spec(o: RunOptions, placement: Placement) -> Result<RunSpec, CallToolResult> {
+    let placed = placement.read()?;
     Ok(RunSpec {
         files: o
             .files
@@ -357,11 +401,32 @@ fn run_spec(o: RunOptions) -> Result<RunSpec, CallToolResult> {
             timeout: span("timeout", &o.timeout)?,
             ..LimitsSpec::default()
         },
-        tier: tier(&o.tier)?,
-        runtime: runtime(&o.runtime)?,
-        image: o.image,
+        tier: placed.tier,
+        runtime: placed.runtime,
+        platform: placed.platform,
+        image: placed.image,
         capabilities: o.capabilities,
         ..RunSpec::default()
+    })
+}
+
+/// A session's spec from create_session's arguments: the default exec timeout, the idle TTL
+/// and the placement.
+fn session_spec(a: CreateSessionArgs) -> Result<SessionSpec, CallToolResult> {
+    let timeout = span("timeout", &a.timeout)?;
+    let idle_ttl = span("idle_ttl", &a.idle_ttl)?;
+    let placed = a.placement.read()?;
+    Ok(SessionSpec {
+        limits: LimitsSpec {
+            timeout,
+            ..LimitsSpec::default()
+        },
+        idle_ttl,
+        tier: placed.tier,
+        runtime: placed.runtime,
+        platform: placed.platform,
+        image: placed.image,
+        ..SessionSpec::default()
     })
 }
 
@@ -436,7 +501,7 @@ call: use create_session for multi-step work.",
         let this = self.for_caller(&ctx);
         let a = params.0;
         let timeout = a.options.timeout.clone();
-        let spec = match run_spec(a.options) {
+        let spec = match run_spec(a.options, a.placement) {
             Ok(spec) => spec,
             Err(e) => return Ok(e),
         };
@@ -470,7 +535,7 @@ killed.",
             ));
         }
         let timeout = a.options.timeout.clone();
-        let spec = match run_spec(a.options) {
+        let spec = match run_spec(a.options, a.placement) {
             Ok(spec) => spec,
             Err(e) => return Ok(e),
         };
@@ -504,8 +569,10 @@ network; default limit 30s). Answers as pydantic's mcp-run-python does.",
     #[tool(
         description = "Start a persistent sandbox session and return its session_id. Use it \
 with session_exec (python keeps its variables and imports between calls), write_file, \
-read_file and list_files. A session ends after being idle for a while (the server's idle \
-TTL); end it with close_session when done.",
+read_file and list_files. It runs where `tier`, `runtime` and `image` say, as run_code does \
+(runtime \"runsc\" for gVisor, tier \"microvm\" for a guest kernel), for its whole life; the \
+answer says the isolation in force. A session ends after being idle for a while (the server's \
+idle TTL); end it with close_session when done.",
         annotations(open_world_hint = false),
         output_schema = schemas::session()
     )]
@@ -515,30 +582,21 @@ TTL); end it with close_session when done.",
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let this = self.for_caller(&ctx);
-        let a = params.0;
-        let (timeout, idle_ttl) = match (span("timeout", &a.timeout), span("idle_ttl", &a.idle_ttl))
-        {
-            (Ok(t), Ok(i)) => (t, i),
-            (Err(e), _) | (_, Err(e)) => return Ok(e),
-        };
-        let spec = SessionSpec {
-            limits: LimitsSpec {
-                timeout,
-                ..LimitsSpec::default()
-            },
-            idle_ttl,
-            image: a.image,
-            ..SessionSpec::default()
+        let spec = match session_spec(params.0) {
+            Ok(spec) => spec,
+            Err(e) => return Ok(e),
         };
         Ok(match this.api.create_session(spec).await {
             Ok(info) => {
                 this.remember(&info.id);
                 let text = format!(
-                    "session_id: {}\nThe session ends after {}s unused; call close_session \
-                     when done.",
-                    info.id, info.idle_ttl_s
+                    "session_id: {}\n{}\nThe session ends after {}s unused; call \
+                     close_session when done.",
+                    info.id,
+                    render::isolation_line(&info.isolation),
+                    info.idle_ttl_s
                 );
-                let mut data = serde_json::to_value(&info).unwrap_or_default();
+                let mut data = render::structured(serde_json::to_value(&info).unwrap_or_default());
                 data["session_id"] = json!(info.id);
                 result(text, data, false)
             }
@@ -826,18 +884,23 @@ mod tests {
         assert_eq!(sandbox_path("/tmp/x"), "/tmp/x");
     }
 
-    #[test]
-    fn the_tier_is_passed_on_with_the_runtime() {
-        let opts = |tier: Option<&str>, runtime: Option<&str>| RunOptions {
+    /// A run's spec with only this placement.
+    fn placed(tier: Option<&str>, runtime: Option<&str>) -> Result<RunSpec, CallToolResult> {
+        let placement = Placement {
             tier: tier.map(str::to_string),
             runtime: runtime.map(str::to_string),
-            ..RunOptions::default()
+            ..Placement::default()
         };
-        let none = run_spec(opts(None, None)).unwrap();
+        run_spec(RunOptions::default(), placement)
+    }
+
+    #[test]
+    fn the_tier_is_passed_on_with_the_runtime() {
+        let none = placed(None, None).unwrap();
         assert_eq!((none.tier, none.runtime), (None, None));
-        let vm = run_spec(opts(Some("microvm"), None)).unwrap();
+        let vm = placed(Some("microvm"), None).unwrap();
         assert_eq!(vm.tier, Some(Tier::Microvm));
-        let oci = run_spec(opts(Some("oci"), Some("crun"))).unwrap();
+        let oci = placed(Some("oci"), Some("crun")).unwrap();
         assert_eq!(
             (oci.tier, oci.runtime),
             (Some(Tier::Oci), Some(Runtime::Crun))
@@ -846,11 +909,7 @@ mod tests {
 
     #[test]
     fn an_unknown_tier_is_invalid_arguments_naming_the_choices() {
-        let e = run_spec(RunOptions {
-            tier: Some("vm".into()),
-            ..RunOptions::default()
-        })
-        .unwrap_err();
+        let e = placed(Some("vm"), None).unwrap_err();
         assert_eq!(e.is_error, Some(true));
         let data = e.structured_content.unwrap();
         assert_eq!(data["error"]["code"], "invalid_arguments");
@@ -859,30 +918,20 @@ mod tests {
             "`tier`: unknown tier \"vm\": use native, oci or microvm"
         );
         // The same kind of answer as an unknown runtime's.
-        let e = run_spec(RunOptions {
-            runtime: Some("vm".into()),
-            ..RunOptions::default()
-        })
-        .unwrap_err();
+        let e = placed(None, Some("vm")).unwrap_err();
         let data = e.structured_content.unwrap();
         assert_eq!(data["error"]["code"], "invalid_arguments");
     }
 
     #[test]
-    fn the_run_tools_list_their_shared_options_and_refuse_others() {
-        let shared = [
-            "files",
-            "timeout",
-            "tier",
-            "runtime",
-            "image",
-            "collect",
-            "capabilities",
-        ];
+    fn the_placing_tools_list_their_shared_options_and_refuse_others() {
+        let placement = ["tier", "runtime", "platform", "image"];
+        let shared = ["files", "timeout", "collect", "capabilities"];
         let tools = KennelTools::tool_router().list_all();
-        for (name, own) in [
-            ("run_code", &["language", "code", "rich"][..]),
-            ("run_command", &["argv"][..]),
+        for (name, own, shared) in [
+            ("run_code", &["language", "code", "rich"][..], &shared[..]),
+            ("run_command", &["argv"][..], &shared[..]),
+            ("create_session", &["timeout", "idle_ttl"][..], &[][..]),
         ] {
             let t = tools.iter().find(|t| t.name == name).unwrap();
             let listed: std::collections::BTreeSet<&str> = t.input_schema["properties"]
@@ -891,7 +940,12 @@ mod tests {
                 .keys()
                 .map(String::as_str)
                 .collect();
-            let want = own.iter().chain(&shared).copied().collect();
+            let want = own
+                .iter()
+                .chain(shared)
+                .chain(&placement)
+                .copied()
+                .collect();
             assert_eq!(listed, want, "{name}");
             assert_eq!(t.input_schema["additionalProperties"], false, "{name}");
         }
@@ -905,12 +959,52 @@ mod tests {
         .unwrap();
         assert_eq!(a.options.timeout.as_deref(), Some("1s"));
         assert_eq!(a.options.collect, ["a"]);
+        let e = serde_json::from_value::<CreateSessionArgs>(json!({"runtime": "runsc", "x": 1}))
+            .unwrap_err();
+        assert!(e.to_string().contains("`x`"), "{e}");
+    }
+
+    #[test]
+    fn a_session_is_placed_as_a_run_is() {
+        let args = |v: Value| serde_json::from_value::<CreateSessionArgs>(v).unwrap();
+        let s = session_spec(args(json!({"runtime": "runsc", "platform": "ptrace",
+            "image": "python-data", "idle_ttl": "1m"})))
+        .unwrap();
+        assert_eq!(
+            (s.tier, s.runtime, s.platform, s.image.as_deref()),
+            (
+                None,
+                Some(Runtime::Runsc),
+                Some(Platform::Ptrace),
+                Some("python-data")
+            )
+        );
+        assert_eq!(s.idle_ttl, Some("1m".parse().unwrap()));
+        let vm = session_spec(args(json!({"tier": "microvm"}))).unwrap();
+        assert_eq!((vm.tier, vm.runtime), (Some(Tier::Microvm), None));
+        let none = session_spec(args(json!({}))).unwrap();
+        assert_eq!((none.tier, none.runtime, none.platform), (None, None, None));
+        // A wrong name is the tool's error naming the argument, as a run's is.
+        let e = session_spec(args(json!({"platform": "xen"}))).unwrap_err();
+        let data = e.structured_content.unwrap();
+        assert_eq!(data["error"]["code"], "invalid_arguments");
+        let message = data["error"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with("`platform`: unknown variant `xen`"),
+            "{message}"
+        );
+        let e = session_spec(args(json!({"tier": "vm"}))).unwrap_err();
+        let data = e.structured_content.unwrap();
+        assert_eq!(
+            data["error"]["message"],
+            "`tier`: unknown tier \"vm\": use native, oci or microvm"
+        );
     }
 
     #[test]
     fn the_run_tools_take_a_tier() {
         let tools = KennelTools::tool_router().list_all();
-        for name in ["run_code", "run_command"] {
+        for name in ["run_code", "run_command", "create_session"] {
             let t = tools.iter().find(|t| t.name == name).unwrap();
             let tier = &t.input_schema["properties"]["tier"];
             let doc = tier["description"].as_str().unwrap_or_default();

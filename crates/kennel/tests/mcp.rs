@@ -272,13 +272,21 @@ fn closing_stdin_ends_every_sandbox() {
     );
 }
 
+/// Whether the oci tier can run under `runtime` here (root, and the runtime in /usr/bin); in
+/// CI it must.
+fn oci_runtime_ready(runtime: &str) -> bool {
+    common::require("root (the oci tier)", common::is_root())
+        && common::require(
+            runtime,
+            std::path::Path::new("/usr/bin").join(runtime).exists(),
+        )
+}
+
 /// The run tools take the tier's runtime, as the API does: the result says which isolation
 /// was in force, and an unknown runtime is a tool error that lists the known ones.
 #[test]
 fn run_tools_choose_the_runtime() {
-    if !common::require("root (the oci tier)", common::is_root())
-        || !common::require("crun", std::path::Path::new("/usr/bin/crun").exists())
-    {
+    if !oci_runtime_ready("crun") {
         return;
     }
     let mut mcp = Mcp::start(&[]);
@@ -299,6 +307,48 @@ fn run_tools_choose_the_runtime() {
         r.to_string()
             .contains("unknown variant `docker-ish`, expected one of `runsc`, `crun`, `runc`"),
         "{r}"
+    );
+}
+
+/// create_session takes the placement the run tools take: a session in runsc says so, in its
+/// text and its structured answer, and its code runs under gVisor's kernel (whose uname is
+/// fixed in gVisor's source); a platform that does not exist is a tool error naming it.
+#[test]
+fn create_session_places_the_session_in_runsc() {
+    if !oci_runtime_ready("runsc") {
+        return;
+    }
+    let mut mcp = Mcp::start(&[]);
+    let created = mcp.call_tool("create_session", json!({"runtime": "runsc"}));
+    let s = &created["structuredContent"];
+    assert_eq!(s["isolation_tier"], "oci", "{created}");
+    assert_eq!(s["isolation_runtime"], "runsc", "{created}");
+    let text = created["content"][0]["text"].as_str().unwrap_or_default();
+    assert!(
+        text.lines().any(|l| l == "isolation: oci, runtime runsc"),
+        "{text}"
+    );
+    let sid = s["session_id"].as_str().unwrap().to_string();
+    let r = mcp.call_tool(
+        "session_exec",
+        json!({"session_id": sid, "language": "python",
+               "code": "import os; u = os.uname(); print(u.release); print(u.version)"}),
+    );
+    assert_eq!(
+        r["structuredContent"]["stdout"], "4.4.0\n#1 SMP Sun Jan 10 15:06:54 PST 2016\n",
+        "{r}"
+    );
+    let closed = mcp.call_tool("close_session", json!({"session_id": sid}));
+    assert_eq!(closed["structuredContent"]["closed"], true, "{closed}");
+    let bad = mcp.call_tool(
+        "create_session",
+        json!({"runtime": "runsc", "platform": "xen"}),
+    );
+    assert_eq!(bad["isError"], true, "{bad}");
+    assert!(
+        bad.to_string()
+            .contains("`platform`: unknown variant `xen`, expected `ptrace` or `kvm`"),
+        "{bad}"
     );
 }
 

@@ -12,6 +12,9 @@
         s.write_file("/workspace/a.txt", b"hi")
         assert s.read_file("/workspace/a.txt") == b"hi"
 
+    with client.session(runtime="runsc") as s:  # placed as runs are: gVisor here,
+        assert s.isolation.tier == "oci"        # tier="microvm" for a guest kernel
+
     with client.session() as s:            # rich results, as in a notebook
         r = s.run_code("import matplotlib.pyplot as plt; plt.plot([1, 2]); plt.show(); 6 * 7")
         r.results[0].save("plot.png")      # the figure (r.results[0].png is its bytes)
@@ -42,7 +45,8 @@ from .client import Client, Session, Stream
 from .errors import (BadRequest, Busy, ConnectionFailed, ConnectionLost, Forbidden, KennelError,
                      NotFound, RequestTimeout, SessionEnded, TransportError, Unauthorized)
 from .results import (CollectedFile, ExecError, ExecResult, FileEntry, Interpreter, Isolation,
-                      NetEvent, OutputChunk, RichOutput, RunInfo, RunResult, SessionInfo)
+                      NetEvent, OutputChunk, RichOutput, RunInfo, RunResult, SessionEnd,
+                      SessionInfo)
 from .webhooks import WebhookVerificationError, verify_webhook
 
 __version__ = "0.1.0"
@@ -51,5 +55,5 @@ __all__ = [
     "AsyncClient", "AsyncSession", "AsyncStream", "BadRequest", "Busy", "Client",
     "CollectedFile", "ConnectionFailed", "ConnectionLost", "RequestTimeout", "TransportError", "ExecError", "ExecResult", "FileEntry", "Interpreter", "Isolation", "KennelError",
     "Forbidden", "NetEvent", "NotFound", "OutputChunk", "RichOutput", "RunResult", "Session", "SessionEnded",
-    "SessionInfo", "Stream", "Unauthorized", "RunInfo", "WebhookVerificationError", "verify_webhook",
+    "SessionEnd", "SessionInfo", "Stream", "Unauthorized", "RunInfo", "WebhookVerificationError", "verify_webhook",
 ]

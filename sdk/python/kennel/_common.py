@@ -14,7 +14,7 @@ import httpx
 
 from .errors import (ConnectionFailed, ConnectionLost, KennelError, RequestTimeout,
                      TransportError, error_for)
-from .results import OutputChunk, RichOutput
+from .results import Isolation, OutputChunk, RichOutput, SessionEnd, SessionInfo
 
 # What a stream yields: output as it is written, and a python session exec's rich outputs.
 Piece = Union[OutputChunk, RichOutput]
@@ -94,11 +94,11 @@ def run_body(
     image: Optional[str] = None,
     tier: Optional[str] = None,
     runtime: Optional[str] = None,
+    platform: Optional[str] = None,
     rich: bool = False,
     on_violation: Optional[str] = None,
 ) -> Dict[str, Any]:
-    """A ``RunSpec`` with only the fields given. ``tier`` and ``runtime`` go as they are: the
-    server knows which ones it has, and answers 400 for the others."""
+    """A ``RunSpec`` with only the fields given; where it runs as :func:`placement` says."""
     body: Dict[str, Any] = {}
     if argv is not None:
         if isinstance(argv, str):
@@ -121,17 +121,21 @@ def run_body(
     net = network_spec(network)
     if net is not None:
         body["network"] = net
-    if image is not None:
-        body["image"] = image
-    if tier is not None:
-        body["tier"] = _text("tier", tier)
-    if runtime is not None:
-        body["runtime"] = _text("runtime", runtime)
+    body.update(placement(tier=tier, runtime=runtime, platform=platform, image=image))
     if rich:
         body["rich"] = True
     if on_violation is not None:
         body["on_violation"] = _text("on_violation", on_violation)
     return body
+
+
+def placement(*, tier: Optional[str] = None, runtime: Optional[str] = None,
+              platform: Optional[str] = None, image: Optional[str] = None) -> Dict[str, str]:
+    """Where a run's or a session's sandbox runs, as the API takes it: only the fields given.
+    They go as they are: the server knows which tiers, runtimes, platforms and images it has,
+    and answers 400 (or 404 for an image) naming the field for the others."""
+    given = {"tier": tier, "runtime": runtime, "platform": platform, "image": image}
+    return {name: _text(name, value) for name, value in given.items() if value is not None}
 
 
 def _text(name: str, value: Any) -> str:
@@ -149,7 +153,11 @@ def session_body(
     network: Any = None,
     idle_ttl: Timeout = None,
     image: Optional[str] = None,
+    tier: Optional[str] = None,
+    runtime: Optional[str] = None,
+    platform: Optional[str] = None,
 ) -> Dict[str, Any]:
+    """A ``SessionSpec`` with only the fields given; where it runs as :func:`placement` says."""
     body: Dict[str, Any] = {}
     lim = limits_spec(limits)
     if lim:
@@ -161,9 +169,29 @@ def session_body(
         body["network"] = net
     if idle_ttl is not None:
         body["idle_ttl"] = span(idle_ttl)
-    if image is not None:
-        body["image"] = image
+    body.update(placement(tier=tier, runtime=runtime, platform=platform, image=image))
     return body
+
+
+class SessionFields:
+    """What :class:`kennel.Session` and :class:`kennel.AsyncSession` read from their
+    :class:`SessionInfo` (``info``, as of creation or the last ``refresh``)."""
+
+    info: SessionInfo
+
+    @property
+    def isolation(self) -> Optional[Isolation]:
+        """The isolation the session's sandbox runs under, as a run's result reports it:
+        ``isolation.tier`` (``"native"``, ``"oci"``, ``"microvm"``), ``isolation.runtime``
+        (``{"name": "runsc", ...}`` in the oci tier), ``isolation.accel`` (``"kvm"`` or
+        ``"tcg"``) in a microVM."""
+        return self.info.isolation
+
+    @property
+    def ended(self) -> Optional[SessionEnd]:
+        """Set once the sandbox has died on its own (an OOM kill, a crash), as of the last
+        ``refresh``: why. Its execs then raise :class:`kennel.SessionEnded`."""
+        return self.info.ended
 
 
 def exec_body(language: str, code: str, stdin: Optional[str], timeout: Timeout,

@@ -128,8 +128,9 @@ class AsyncStream(Generic[R]):
         await self.aclose()
 
 
-class AsyncSession:
-    """The asyncio twin of :class:`kennel.Session`."""
+class AsyncSession(c.SessionFields):
+    """The asyncio twin of :class:`kennel.Session`, with its :attr:`isolation` and
+    :attr:`ended`."""
 
     def __init__(self, client: "AsyncClient", info: SessionInfo):
         self._client = client
@@ -330,12 +331,14 @@ class AsyncClient:
                        env: Optional[Mapping[str, str]] = None,
                        limits: Optional[Mapping[str, Any]] = None,
                        network: Any = None, image: Optional[str] = None,
-                       tier: Optional[str] = None, runtime: Optional[str] = None, rich: bool = False,
+                       tier: Optional[str] = None, runtime: Optional[str] = None,
+                       platform: Optional[str] = None, rich: bool = False,
                        on_violation: Optional[str] = None) -> RunResult:
         return await self.run(c.run_body(language=language, code=code, stdin=stdin, files=files,
                                          collect=collect, env=env, limits=limits,
                                          network=network, image=image, tier=tier,
-                                         runtime=runtime, rich=rich, on_violation=on_violation))
+                                         runtime=runtime, platform=platform, rich=rich,
+                                         on_violation=on_violation))
 
     async def run_command(self, argv: Sequence[str], *, stdin: Optional[str] = None,
                           files: Optional[Mapping[str, c.FileData]] = None,
@@ -344,11 +347,13 @@ class AsyncClient:
                           limits: Optional[Mapping[str, Any]] = None,
                           network: Any = None, image: Optional[str] = None,
                           tier: Optional[str] = None, runtime: Optional[str] = None,
+                          platform: Optional[str] = None,
                           on_violation: Optional[str] = None) -> RunResult:
         return await self.run(c.run_body(argv=list(argv), stdin=stdin, files=files,
                                          collect=collect, env=env, limits=limits,
                                          network=network, image=image, tier=tier,
-                                         runtime=runtime, on_violation=on_violation))
+                                         runtime=runtime, platform=platform,
+                                         on_violation=on_violation))
 
     async def stream_code(self, code: str, language: str = "python", *,
                           stdin: Optional[str] = None,
@@ -358,11 +363,13 @@ class AsyncClient:
                           limits: Optional[Mapping[str, Any]] = None,
                           network: Any = None, image: Optional[str] = None,
                           tier: Optional[str] = None,
-                          runtime: Optional[str] = None, rich: bool = False,
+                          runtime: Optional[str] = None,
+                          platform: Optional[str] = None, rich: bool = False,
                           on_violation: Optional[str] = None) -> AsyncStream[RunResult]:
         body = c.run_body(language=language, code=code, stdin=stdin, files=files,
                           collect=collect, env=env, limits=limits, network=network, image=image,
-                          tier=tier, runtime=runtime, rich=rich, on_violation=on_violation)
+                          tier=tier, runtime=runtime, platform=platform, rich=rich,
+                          on_violation=on_violation)
         return await self._stream("/v1/runs", body, RunResult.from_dict)
 
     async def stream_command(self, argv: Sequence[str], **opts: Any) -> AsyncStream[RunResult]:
@@ -370,11 +377,16 @@ class AsyncClient:
                                   RunResult.from_dict)
 
     def session(self, *, limits: Optional[Mapping[str, Any]] = None,
-                env: Optional[Mapping[str, str]] = None, network: Any = None, image: Optional[str] = None,
-                idle_ttl: c.Timeout = None) -> _SessionStarter:
+                env: Optional[Mapping[str, str]] = None, network: Any = None,
+                idle_ttl: c.Timeout = None, tier: Optional[str] = None,
+                runtime: Optional[str] = None, platform: Optional[str] = None,
+                image: Optional[str] = None) -> _SessionStarter:
         """``async with client.session() as s:`` (ended on exit), or
-        ``s = await client.session()`` (end it with ``await s.close()``)."""
-        body = c.session_body(limits=limits, env=env, network=network, idle_ttl=idle_ttl, image=image)
+        ``s = await client.session()`` (end it with ``await s.close()``); the options are
+        :meth:`kennel.Client.session`'s (``tier=``, ``runtime=``, ``platform=``, ``image=``
+        place its sandbox)."""
+        body = c.session_body(limits=limits, env=env, network=network, idle_ttl=idle_ttl,
+                              tier=tier, runtime=runtime, platform=platform, image=image)
 
         async def create() -> AsyncSession:
             r = await self._request("POST", "/v1/sessions", json=body)

@@ -121,12 +121,13 @@ class Stream(Generic[R]):
         self.close()
 
 
-class Session:
+class Session(c.SessionFields):
     """A sandbox kept between an agent's steps (``POST /v1/sessions``).
 
     Python code runs in one persistent interpreter, so variables, imports and functions survive
     between :meth:`run_code` calls. Use it as a context manager (``with client.session() as
-    s:``) or call :meth:`close` to end it.
+    s:``) or call :meth:`close` to end it. :attr:`isolation` is what its sandbox runs under;
+    :attr:`ended` says why it died on its own, as of the last :meth:`refresh`.
     """
 
     def __init__(self, client: "Client", info: SessionInfo):
@@ -355,7 +356,8 @@ class Client:
                  files: Optional[Mapping[str, c.FileData]] = None,
                  collect: Optional[Sequence[str]] = None, env: Optional[Mapping[str, str]] = None,
                  limits: Optional[Mapping[str, Any]] = None, network: Any = None, image: Optional[str] = None,
-                 tier: Optional[str] = None, runtime: Optional[str] = None, rich: bool = False,
+                 tier: Optional[str] = None, runtime: Optional[str] = None,
+                 platform: Optional[str] = None, rich: bool = False,
                  on_violation: Optional[str] = None) -> RunResult:
         """Runs a snippet in a fresh sandbox.
 
@@ -365,14 +367,16 @@ class Client:
         ``timeout`` is seconds); ``network`` a dict (``{"mode": "allow", "allow": [...]}``), a
         mode string, or a list of domains to allow. ``tier`` is the isolation: ``"native"``
         (the server's default), ``"oci"`` or ``"microvm"`` (a guest kernel of its own, the
-        strongest); ``runtime`` the oci tier's runtime (``"runsc"``, ``"crun"``, ``"runc"``),
-        which implies ``tier="oci"``. ``result.isolation`` says what was in force. With
-        ``rich=True`` (python) the result has rich results as a session exec's: ``results``
-        (``result.value``, figures), ``error`` as data.
+        strongest); ``runtime`` the oci tier's runtime (``"runsc"``, ``"crun"``, ``"runc"``,
+        ``"docker"``), which implies ``tier="oci"``; ``platform`` gVisor's (``"ptrace"`` or
+        ``"kvm"``; the server chooses when unset). ``result.isolation`` says what was in
+        force. With ``rich=True`` (python) the result has rich results as a session exec's:
+        ``results`` (``result.value``, figures), ``error`` as data.
         """
         return self.run(c.run_body(language=language, code=code, stdin=stdin, files=files,
                                    collect=collect, env=env, limits=limits, network=network, image=image,
-                                   tier=tier, runtime=runtime, rich=rich, on_violation=on_violation))
+                                   tier=tier, runtime=runtime, platform=platform, rich=rich,
+                                   on_violation=on_violation))
 
     def run_command(self, argv: Sequence[str], *, stdin: Optional[str] = None,
                     files: Optional[Mapping[str, c.FileData]] = None,
@@ -380,11 +384,13 @@ class Client:
                     env: Optional[Mapping[str, str]] = None,
                     limits: Optional[Mapping[str, Any]] = None, network: Any = None, image: Optional[str] = None,
                     tier: Optional[str] = None, runtime: Optional[str] = None,
+                    platform: Optional[str] = None,
                     on_violation: Optional[str] = None) -> RunResult:
         """Runs an argv (no shell) in a fresh sandbox; options as for :meth:`run_code`."""
         return self.run(c.run_body(argv=list(argv), stdin=stdin, files=files, collect=collect,
                                    env=env, limits=limits, network=network, image=image,
-                                   tier=tier, runtime=runtime, on_violation=on_violation))
+                                   tier=tier, runtime=runtime, platform=platform,
+                                   on_violation=on_violation))
 
     def stream_code(self, code: str, language: str = "python", *, stdin: Optional[str] = None,
                     files: Optional[Mapping[str, c.FileData]] = None,
@@ -392,14 +398,16 @@ class Client:
                     env: Optional[Mapping[str, str]] = None,
                     limits: Optional[Mapping[str, Any]] = None,
                     network: Any = None, image: Optional[str] = None,
-                    tier: Optional[str] = None, runtime: Optional[str] = None, rich: bool = False,
+                    tier: Optional[str] = None, runtime: Optional[str] = None,
+                    platform: Optional[str] = None, rich: bool = False,
                     on_violation: Optional[str] = None) -> Stream[RunResult]:
         """As :meth:`run_code`, streamed: iterate the returned :class:`Stream` for output
         chunks, then read ``stream.result`` (a :class:`RunResult`). A request the server
         refuses raises here, before any iteration."""
         body = c.run_body(language=language, code=code, stdin=stdin, files=files,
                           collect=collect, env=env, limits=limits, network=network, image=image,
-                          tier=tier, runtime=runtime, rich=rich, on_violation=on_violation)
+                          tier=tier, runtime=runtime, platform=platform, rich=rich,
+                          on_violation=on_violation)
         return self._stream("/v1/runs", body, RunResult.from_dict)
 
     def stream_command(self, argv: Sequence[str], **opts: Any) -> Stream[RunResult]:
@@ -409,10 +417,21 @@ class Client:
     # -- sessions -------------------------------------------------------------------------
 
     def session(self, *, limits: Optional[Mapping[str, Any]] = None,
-                env: Optional[Mapping[str, str]] = None, network: Any = None, image: Optional[str] = None,
-                idle_ttl: c.Timeout = None) -> Session:
-        """Creates a session; use the result as a context manager to end it on exit."""
-        body = c.session_body(limits=limits, env=env, network=network, idle_ttl=idle_ttl, image=image)
+                env: Optional[Mapping[str, str]] = None, network: Any = None,
+                idle_ttl: c.Timeout = None, tier: Optional[str] = None,
+                runtime: Optional[str] = None, platform: Optional[str] = None,
+                image: Optional[str] = None) -> Session:
+        """Creates a session; use the result as a context manager to end it on exit.
+
+        ``limits`` (``timeout`` is each exec's default), ``env`` and ``network`` are as for
+        :meth:`run_code`; ``idle_ttl`` ends the session after that long unused. ``tier``,
+        ``runtime``, ``platform`` and ``image`` place its sandbox as they place a run's:
+        ``client.session(runtime="runsc")`` keeps one gVisor sandbox for the whole task,
+        ``client.session(tier="microvm")`` a guest kernel of its own. ``session.isolation``
+        says what is in force.
+        """
+        body = c.session_body(limits=limits, env=env, network=network, idle_ttl=idle_ttl,
+                              tier=tier, runtime=runtime, platform=platform, image=image)
         info = SessionInfo.from_dict(self._request("POST", "/v1/sessions", json=body).json())
         return Session(self, info)
 

@@ -55,7 +55,8 @@ class CollectedFile:
 
 @dataclass
 class Isolation:
-    """Which isolation was really in force for a run. ``raw`` holds the full object."""
+    """Which isolation was really in force for a run or a session. ``raw`` holds the full
+    object."""
 
     tier: str
     namespaces: List[str]
@@ -74,7 +75,8 @@ class Isolation:
     #: How a microvm guest's CPU ran: ``"kvm"`` (hardware virtualisation) or ``"tcg"``
     #: (QEMU's emulation, which QEMU gives no isolation guarantee); ``None`` in other tiers.
     accel: Optional[str] = None
-    #: The oci tier's runtime, ``{"name", "version"}`` (and ``"platform"`` for runsc).
+    #: The oci tier's runtime, ``{"name", "version"}`` (and ``"platform"`` for runsc); in the
+    #: microvm tier the VMM's (``"qemu-microvm"``).
     runtime: Optional[Dict[str, Any]] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -424,8 +426,37 @@ class ExecResult:
 
 
 @dataclass
+class SessionEnd:
+    """How a session's sandbox died on its own (its execs then raise
+    :class:`kennel.SessionEnded`): ``reason`` (``"oom_killed"``, ``"pids_limit"``, ``"killed"``
+    or ``"crashed"``), when the server saw it, and the agent's exit status or the signal that
+    killed it."""
+
+    reason: str
+    ended_at_unix_ms: int
+    exit_code: Optional[int] = None
+    signal: Optional[int] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "SessionEnd":
+        return cls(
+            reason=d.get("reason", ""),
+            ended_at_unix_ms=d.get("ended_at_unix_ms", 0),
+            exit_code=d.get("exit_code"),
+            signal=d.get("signal"),
+            raw=d,
+        )
+
+
+@dataclass
 class SessionInfo:
-    """A session as the server lists it."""
+    """A session as the server lists it.
+
+    ``isolation`` is the isolation its sandbox runs under, as a run's result reports it
+    (``isolation.tier``, ``isolation.runtime["name"]``); ``ended`` is set once the sandbox
+    has died on its own, and says why.
+    """
 
     id: str
     created_at_unix_ms: int
@@ -433,10 +464,13 @@ class SessionInfo:
     max_lifetime_s: int
     expires_in_s: int
     limits: Dict[str, Any]
+    isolation: Optional[Isolation] = None
+    ended: Optional[SessionEnd] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "SessionInfo":
+        iso, end = d.get("isolation"), d.get("ended")
         return cls(
             id=d["id"],
             created_at_unix_ms=d.get("created_at_unix_ms", 0),
@@ -444,6 +478,8 @@ class SessionInfo:
             max_lifetime_s=d.get("max_lifetime_s", 0),
             expires_in_s=d.get("expires_in_s", 0),
             limits=dict(d.get("limits") or {}),
+            isolation=Isolation.from_dict(iso) if iso is not None else None,
+            ended=SessionEnd.from_dict(end) if end is not None else None,
             raw=d,
         )
 

@@ -2,8 +2,14 @@
 
 The server binary is $KENNEL_BIN, else <repo>/target/debug/kennel (built with `cargo build`
 when missing). It is stopped by its PID with SIGTERM (SIGKILL if it does not stop in time).
+
+``vm_server`` is a second server that sees the microVM guest `kennel vm prepare` made in
+$KENNEL_SDK_TEST_STATE (the tests' shared state directory), whose kernel release is
+$KENNEL_SDK_TEST_GUEST_RELEASE: crates/kennel/tests/python_sdk.rs prepares the guest and sets
+both, and the tests that need it skip, with the reason, where they are unset.
 """
 
+import contextlib
 import os
 import signal
 import socket
@@ -12,6 +18,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterator, Optional
 
 import httpx
 import pytest
@@ -26,6 +33,18 @@ CONFIG = """\
 python = 1
 bash = 0
 """
+# No warm pool: the tier tests' sessions start their own sandboxes.
+VM_CONFIG = """\
+[pool]
+python = 0
+bash = 0
+[jobs]
+db = "{workdir}/jobs.sqlite"
+"""
+
+#: The environment variables that give the tests the prepared microVM guest.
+VM_STATE_ENV = "KENNEL_SDK_TEST_STATE"
+GUEST_RELEASE_ENV = "KENNEL_SDK_TEST_GUEST_RELEASE"
 
 
 def _free_port() -> int:
@@ -55,14 +74,16 @@ class Server:
             return ""
 
 
-def _start(workdir: Path) -> Server:
+def _start(workdir: Path, config_text: str = CONFIG, state: Optional[str] = None) -> Server:
+    """A server on `config_text`; its state directory is `state`, else one of its own, where
+    it sees no image and no prepared VM, whatever the host has, so that what a microvm run
+    answers is the same on every host."""
     binary = _kennel_bin()
     config = workdir / "config.toml"
-    config.write_text(CONFIG)
+    config.write_text(config_text)
     log = workdir / "server.log"
-    # A state directory of its own: the server sees no image and no prepared VM, whatever
-    # the host has, so what a microvm run answers is the same on every host.
-    env = dict(os.environ, KENNEL_TOKENS=f"sdk:{TOKEN}", KENNEL_STATE_DIR=str(workdir / "state"))
+    env = dict(os.environ, KENNEL_TOKENS=f"sdk:{TOKEN}",
+               KENNEL_STATE_DIR=state or str(workdir / "state"))
     env.pop("KENNEL_TOKEN", None)
     env.pop("KENNEL_VM_DIR", None)
     last = ""
@@ -102,10 +123,12 @@ def _stop(server: Server) -> None:
             proc.wait()
 
 
-@pytest.fixture(scope="session")
-def server():
+@contextlib.contextmanager
+def _serving(config_text: str = CONFIG, state: Optional[str] = None) -> Iterator[Server]:
+    """A server in a temporary directory, stopped and removed on exit; its log is printed when
+    it did not exit cleanly."""
     with tempfile.TemporaryDirectory(prefix="kennel-sdk-test-") as d:
-        s = _start(Path(d))
+        s = _start(Path(d), config_text.format(workdir=d), state)
         try:
             yield s
         finally:
@@ -113,6 +136,23 @@ def server():
             if s.proc.returncode not in (0, None):
                 print(f"kennel serve exited {s.proc.returncode}; log:\n{s.log_text()}",
                       file=sys.stderr)
+
+
+@pytest.fixture(scope="session")
+def server():
+    with _serving() as s:
+        yield s
+
+
+@pytest.fixture(scope="session")
+def vm_server():
+    """A server that sees the prepared microVM guest (see the module's docstring)."""
+    state = os.environ.get(VM_STATE_ENV)
+    if not state:
+        pytest.skip(f"${VM_STATE_ENV} names no prepared microVM guest: "
+                    "crates/kennel/tests/python_sdk.rs prepares one and sets it")
+    with _serving(VM_CONFIG, state) as s:
+        yield s
 
 
 @pytest.fixture

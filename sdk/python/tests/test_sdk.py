@@ -573,6 +573,48 @@ def test_tier_and_runtime_go_into_the_body_only_when_given():
         ("microvm", None), ("oci", "runc"), ("microvm", None)]
 
 
+PLACEMENT = ("tier", "runtime", "platform", "image")
+
+
+def test_sessions_are_placed_as_runs_are_with_only_the_fields_given():
+    bodies = []
+    info = {"id": "s1", "limits": {}, "isolation": {"tier": "oci", "runtime": {"name": "runsc"}},
+            "ended": {"reason": "oom_killed", "ended_at_unix_ms": 5, "signal": 9}}
+
+    def handler(request):
+        import json
+        if request.method == "POST":
+            bodies.append(json.loads(request.content))
+        return httpx.Response(200, json=info if request.url.path.startswith("/v1/sessions")
+                              else {"exit_code": 0})
+
+    client = _mock_client(handler)
+    s = client.session(runtime="runsc", platform="ptrace")
+    client.create_session(tier="microvm", image="python-data", idle_ttl=5)
+    client.session()
+    client.run_code("x", runtime="runsc", platform="kvm")
+    assert [tuple(b.get(k) for k in PLACEMENT) for b in bodies] == [
+        (None, "runsc", "ptrace", None), ("microvm", None, None, "python-data"),
+        (None, None, None, None), (None, "runsc", "kvm", None)]
+    assert bodies[2] == {} and bodies[1]["idle_ttl"] == "5s"
+    assert s.isolation.tier == "oci" and s.isolation.runtime == {"name": "runsc"}
+    assert s.ended == kennel.SessionEnd("oom_killed", 5, None, 9, raw=info["ended"])
+    with pytest.raises(TypeError):
+        client.session(platform=1)
+
+    async def main():
+        transport = httpx.MockTransport(handler)
+        async with AsyncClient("http://kennel.test", token="t" * 16,
+                               http_client=httpx.AsyncClient(base_url="http://kennel.test",
+                                                             transport=transport)) as aclient:
+            async with aclient.session(tier="oci", runtime="crun") as a:
+                assert a.isolation.runtime["name"] == "runsc" and a.ended.reason == "oom_killed"
+
+    del bodies[:]
+    asyncio.run(main())
+    assert [tuple(b.get(k) for k in PLACEMENT) for b in bodies] == [("oci", "crun", None, None)]
+
+
 def test_isolation_reads_the_microvm_accel_and_the_oci_runtime():
     iso = kennel.Isolation.from_dict({"tier": "microvm", "accel": "tcg", "network": "none"})
     assert iso.tier == "microvm" and iso.accel == "tcg" and iso.runtime is None

@@ -11,7 +11,10 @@ import {
   type FileEntry,
   type Language,
   type LimitsSpec,
+  type Isolation,
+  type Placement,
   type RunResult,
+  type SessionEnd,
   type SessionInfo,
 } from "./results.js";
 import { Stream } from "./stream.js";
@@ -24,8 +27,8 @@ export type Timeout = number | string;
 /** File contents: text, or bytes (sent as base64). */
 export type FileData = string | Uint8Array;
 
-/** What runs take besides their code or argv. */
-export interface RunOptions {
+/** What runs take besides their code or argv; where they run is {@link Placement}. */
+export interface RunOptions extends Placement {
   stdin?: string;
   /** Files placed before the code starts: sandbox path (under /workspace or /tmp) → contents. */
   files?: Record<string, FileData>;
@@ -37,9 +40,6 @@ export interface RunOptions {
   timeout?: Timeout;
   /** "none", "full", a list of domains to allow, or the API's object. */
   network?: string | string[] | Record<string, unknown>;
-  tier?: "native" | "oci" | "microvm";
-  runtime?: "runsc" | "crun" | "runc" | "docker";
-  image?: string;
   capabilities?: "default" | "none";
   /** "kill": the sandbox dies at the first tripwire call (`result.killed_by`); "report"
    * (the default): such calls fail and `result.security_events` lists them. */
@@ -53,13 +53,15 @@ export interface CodeOptions extends RunOptions {
   rich?: boolean;
 }
 
-/** A session's settings. */
-export interface SessionOptions {
+/** A session's settings; where its sandbox runs is {@link Placement}, as for a run
+ * (`{ runtime: "runsc" }`: gVisor; `{ tier: "microvm" }`: a guest kernel of its own). */
+export interface SessionOptions extends Placement {
+  /** `timeout` is each exec's default. */
   limits?: RunOptions["limits"];
   env?: Record<string, string>;
   network?: RunOptions["network"];
+  /** End the session after this long unused. */
   idleTtl?: Timeout;
-  image?: string;
 }
 
 /** What a session exec takes besides its code. */
@@ -104,6 +106,17 @@ function limits(l: RunOptions["limits"], timeout?: Timeout): Record<string, unkn
   return Object.keys(out).length > 0 ? out : undefined;
 }
 
+/** Where a run's or a session's sandbox runs, as the API takes it: only the fields given. */
+function placement(o: Placement): Placement {
+  const { tier, runtime, platform, image } = o;
+  return defined({ tier, runtime, platform, image });
+}
+
+/** `body` without its undefined fields. */
+function defined<T extends object>(body: T): T {
+  return Object.fromEntries(Object.entries(body).filter(([, v]) => v !== undefined)) as T;
+}
+
 /** A RunSpec with only the fields given. */
 function runBody(command: Record<string, unknown>, o: RunOptions): Record<string, unknown> {
   const files = o.files && Object.fromEntries(
@@ -117,13 +130,11 @@ function runBody(command: Record<string, unknown>, o: RunOptions): Record<string
     env: o.env,
     limits: limits(o.limits, o.timeout),
     network: network(o.network),
-    tier: o.tier,
-    runtime: o.runtime,
-    image: o.image,
+    ...placement(o),
     capabilities: o.capabilities,
     on_violation: o.onViolation,
   };
-  return Object.fromEntries(Object.entries(body).filter(([, v]) => v !== undefined));
+  return defined(body);
 }
 
 function codeRun(code: string, o: CodeOptions): Record<string, unknown> {
@@ -205,15 +216,16 @@ export class Client {
     return this.stream("/v1/runs", runBody({ argv }, options), runResult);
   }
 
-  /** Creates a session: a sandbox kept between an agent's steps. */
+  /** Creates a session: a sandbox kept between an agent's steps, placed as `options` say
+   * (its {@link Session.isolation} says where it runs). */
   async session(options: SessionOptions = {}): Promise<Session> {
-    const body = Object.fromEntries(Object.entries({
+    const body = defined({
       limits: limits(options.limits),
       env: options.env,
       network: network(options.network),
       idle_ttl: span(options.idleTtl),
-      image: options.image,
-    }).filter(([, v]) => v !== undefined));
+      ...placement(options),
+    });
     const info: SessionInfo = await (await this.request("POST", "/v1/sessions", { json: body })).json();
     return new Session(this, info);
   }
@@ -284,14 +296,26 @@ export class Session {
     return `/v1/sessions/${encodeURIComponent(this.id)}${suffix}`;
   }
 
+  /** The isolation the session's sandbox runs under, as a run's result reports it:
+   * `tier`, and `runtime.name` (`runsc`, `crun`, ...; `qemu-microvm` in a microVM). */
+  get isolation(): Isolation {
+    return this.info.isolation;
+  }
+
+  /** Set once the sandbox has died on its own (as of creation or the last {@link refresh}):
+   * why. Its execs then fail with a `SessionEnded` error. */
+  get ended(): SessionEnd | undefined {
+    return this.info.ended ?? undefined;
+  }
+
   private static body(code: string, o: ExecOptions): Record<string, unknown> {
-    return Object.fromEntries(Object.entries({
+    return defined({
       language: o.language ?? "python",
       code,
       stdin: o.stdin,
       timeout: span(o.timeout),
       figure_formats: o.figureFormats,
-    }).filter(([, v]) => v !== undefined));
+    });
   }
 
   /** Runs code in the session (python by default; "bash" or "sh"). */

@@ -25,8 +25,10 @@ export type {
   FileEntry,
   Isolation,
   OutputChunk,
+  Placement,
   RunInfo,
   RunResult,
+  SessionEnd,
   SessionInfo,
 } from "./results.js";
 export { verifyWebhook, WebhookVerificationError } from "./webhooks.js";

@@ -11,6 +11,18 @@ export type RunInfo = Omit<Schemas["RunInfo"], "result"> & { result?: RunResult 
 export type ExecResult = Omit<Schemas["ExecResult"], "results"> & { results: RichOutput[] };
 export type ExecError = Schemas["ExecError"];
 export type SessionInfo = Schemas["SessionInfo"];
+/** How a session's sandbox died on its own (`SessionInfo.ended`). */
+export type SessionEnd = Schemas["SessionEnd"];
+/** Where a run's or a session's sandbox runs: the isolation `tier` (`native`, the default;
+ * `oci`; `microvm`, a guest kernel of its own), the OCI `runtime` (`runsc` is gVisor; it
+ * implies tier `oci`), gVisor's `platform` (`ptrace` or `kvm`; the server chooses when
+ * unset) and a Kennel `image` to run on. */
+export interface Placement {
+  tier?: Schemas["Tier"];
+  runtime?: Schemas["Runtime"];
+  platform?: Schemas["Platform"];
+  image?: string;
+}
 export type Isolation = Schemas["Isolation"];
 export type CollectedFile = Schemas["CollectedFile"];
 export type RunSpec = Schemas["RunSpec"];

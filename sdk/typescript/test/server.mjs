@@ -1,5 +1,6 @@
 // The real `kennel serve` for the tests: $KENNEL_BIN, else <repo>/target/debug/kennel, on a
-// free loopback port with a token and a state directory of its own; stopped by its PID.
+// free loopback port with a token and a state directory of its own (or `state`); stopped by
+// its PID. `{dir}` in the config is the server's own temporary directory.
 
 import { spawn } from "node:child_process";
 import { mkdtempSync, openSync, readFileSync, rmSync, writeFileSync } from "node:fs";
@@ -21,12 +22,12 @@ function freePort() {
   });
 }
 
-export async function startServer(config = "[pool]\npython = 1\nbash = 0\n") {
+export async function startServer(config = "[pool]\npython = 1\nbash = 0\n", { state } = {}) {
   const bin = process.env.KENNEL_BIN ?? join(REPO, "target/debug/kennel");
   const dir = mkdtempSync(join(tmpdir(), "kennel-ts-sdk-"));
-  writeFileSync(join(dir, "config.toml"), config);
+  writeFileSync(join(dir, "config.toml"), config.replaceAll("{dir}", dir));
   const log = join(dir, "server.log");
-  const env = { ...process.env, KENNEL_TOKENS: `ts:${TOKEN}`, KENNEL_STATE_DIR: join(dir, "state") };
+  const env = { ...process.env, KENNEL_TOKENS: `ts:${TOKEN}`, KENNEL_STATE_DIR: state ?? join(dir, "state") };
   delete env.KENNEL_TOKEN;
   delete env.KENNEL_VM_DIR;
   const port = await freePort();

@@ -301,3 +301,20 @@ impl Drop for PortServer {
         let _ = self.child.wait();
     }
 }
+
+/// Gives an SDK's tests (`cmd`) the stronger tiers their sessions open: checks that gVisor's
+/// runsc is installed, and prepares the microVM guest in [`vm::STATE`], naming it in
+/// `KENNEL_SDK_TEST_STATE` and its kernel release in `KENNEL_SDK_TEST_GUEST_RELEASE`. In CI a
+/// missing piece fails the test; elsewhere it is said, and the SDK's tests of that tier skip.
+pub fn sdk_tiers(cmd: &mut Command) {
+    require(
+        "gVisor's runsc (scripts/setup-ci.sh installs it)",
+        std::path::Path::new("/usr/bin/runsc").is_file(),
+    );
+    let Some(vm) = vm::prepared_vm() else {
+        return;
+    };
+    let manifest = vm.manifest().expect("a prepared guest has a manifest");
+    cmd.env("KENNEL_SDK_TEST_STATE", vm::STATE)
+        .env("KENNEL_SDK_TEST_GUEST_RELEASE", manifest.kernel_release);
+}
