@@ -46,3 +46,25 @@ fn a_session_of_the_pools_shape_is_served_from_it_and_another_boots_cold() {
     assert_eq!(cold["isolation"]["tier"], "microvm", "{cold}");
     assert_eq!(session_py(&server, id, "print(6 * 7)"), "42\n");
 }
+
+/// Two sessions served by clones of one snapshot draw numbers of their own: the guest's kernel
+/// pool is given the host's entropy at restore, and a session kernel's first exec seeds
+/// Python's generators (which an image's preloads, imported before the snapshot, would
+/// otherwise share with every clone).
+#[test]
+fn sessions_from_one_snapshot_draw_different_numbers() {
+    let server = tier_server("sessions-fresh", "");
+    let (hits, _) = pool_decisions(&server);
+    let draw = "import os, random\nprint(random.random(), os.urandom(8).hex())";
+    let mut draws = vec![];
+    for n in 1..=2 {
+        wait_for_clone(&server);
+        let session = open_session(&server, json!({}));
+        assert_eq!(pool_decisions(&server).0, hits + f64::from(n), "{session}");
+        let id = session["id"].as_str().unwrap();
+        draws.push(session_py(&server, id, draw));
+    }
+    assert_ne!(draws[0], draws[1], "both clones drew the same numbers");
+    let randoms: Vec<&str> = draws.iter().map(|d| d.split(' ').next().unwrap()).collect();
+    assert_ne!(randoms[0], randoms[1], "random.random() is the snapshot's");
+}
