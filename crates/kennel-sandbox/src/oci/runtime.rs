@@ -403,6 +403,12 @@ pub fn kvm_usable(
             let answer = probe_kvm(deadline, probe);
             let line = match &answer {
                 Ok(()) => "ok".to_string(),
+                // A probe that could not run (a helper missing, say) says nothing of KVM:
+                // the next process probes again.
+                Err(KvmUnusable::GuestFailed {
+                    why: ProbeFailure::NotRun(_),
+                    ..
+                }) => return answer,
                 Err(why) => format!("no {why}"),
             };
             // A write that fails only costs the next process a probe.
