@@ -534,7 +534,7 @@ impl Drop for Served {
 }
 
 /// The `curl` script's output: a run printing 42, a session, its exec, a stream whose
-/// output is 42 again, and an exec whose value is 82.
+/// output is 42 again, an exec whose value is 82, and a gVisor session's runtime.
 fn check_curl(out: &Output) {
     succeeded(out);
     let stdout = text(&out.stdout);
@@ -556,7 +556,7 @@ fn check_curl(out: &Output) {
         "x * 2 came back as the exec's value: {stdout}"
     );
     assert!(
-        stream.contains(r#"{"name":"runsc","#),
+        stdout.contains(r#"{"name":"runsc","#),
         "the gVisor session says runsc ran it: {stdout}"
     );
 }
