@@ -96,8 +96,8 @@ def check_argv(argv):
     return None
 
 
-def descendants(root):
-    """Pids of every process below root (by parent pid, from /proc/*/stat)."""
+def children_map():
+    """{parent pid: [child pids]} of every process on the host, from /proc/*/stat."""
     children = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -109,12 +109,33 @@ def descendants(root):
             continue
         ppid = int(stat.rpartition(")")[2].split()[1])
         children.setdefault(ppid, []).append(int(name))
+    return children
+
+
+def descendants(root, children=None):
+    """Pids of every process below root (by parent pid; `children` from children_map(), read
+    afresh when not given)."""
+    if children is None:
+        children = children_map()
     out, todo = [], [root]
     while todo:
         for child in children.get(todo.pop(), []):
             out.append(child)
             todo.append(child)
     return out
+
+
+def pss_kib(pid):
+    """The proportional set size of pid in KiB (/proc/PID/smaps_rollup), None when it is gone
+    or has no memory of its own (a kernel thread, a zombie)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
 
 
 # --- HTTP ---------------------------------------------------------------------------------

@@ -6,6 +6,9 @@
 #   serve_measure ARGV...     runs the load generator (in the background, waited for, so that
 #                             a signal runs the cleanup at once), then stops the server;
 #                             returns the generator's exit status
+#
+# A script that started something the server uses defines after_server(): the cleanup calls it
+# once the server has stopped.
 
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/kennel-$name.XXXXXX")"
 server_pid=""
@@ -22,6 +25,7 @@ cleanup() {
     # On a signal, the load generator may still be running: it is ours, end it first.
     [[ -z $load_pid ]] || stop_pid "$load_pid" 10 "the load generator"
     stop_server
+    if declare -F after_server >/dev/null; then after_server; fi
     rm -rf "$tmp"
 }
 trap cleanup EXIT
