@@ -42,8 +42,9 @@ pub enum Action {
     ShowRun {
         id: String,
     },
-    /// A sandbox kept between steps. Refused past the session caps, and for a caller whose
-    /// minimum isolation is above the native tier (sessions are native only).
+    /// A sandbox kept between steps, in any tier. Refused, before any place is taken, for a
+    /// field a run would be refused for (a tier below the caller's minimum isolation, a
+    /// runtime beside another tier, an image it may not use); refused past the session caps.
     CreateSession {
         spec: SessionSpec,
     },
