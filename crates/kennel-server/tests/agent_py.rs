@@ -1,5 +1,6 @@
-//! The session agent's own unit tests, and those of its rich results and archives (Python's
-//! unittest), run bare on the host, so that the one test command covers them.
+//! The session agent's own unit tests, and those of its rich results, archives and background
+//! processes (Python's unittest), run bare on the host, so that the one test command covers
+//! them.
 
 use std::process::Command;
 
@@ -14,6 +15,7 @@ fn the_session_agent_passes_its_unit_tests() {
             "test_agent",
             "test_rich",
             "test_archive",
+            "test_procs",
         ])
         .current_dir(dir)
         .output()

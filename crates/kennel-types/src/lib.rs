@@ -11,6 +11,7 @@ pub mod error;
 pub mod image;
 pub mod net;
 pub mod policy;
+pub mod process;
 pub mod runs;
 pub mod security;
 pub mod time;

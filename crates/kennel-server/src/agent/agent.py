@@ -113,10 +113,44 @@ Requests
     setgid and sticky dropped), replacing what is there; no path is followed through a
     symlink, as for ``write``. Answer ``{"id":N,"event":"ok","size":bytes_written}``.
 
-``{"op":"define","id":N,"sources":{"rich":S,"archive":S}}``
-    The sources of rich.py and archive.py, which a session's agent is sent once, before its
-    first python exec or archive (a pooled one-shot sandbox never is: it stays as small as
-    it was). Answer ``{"id":N,"event":"ok"}``.
+``{"op":"define","id":N,"sources":{"rich":S,"archive":S,"procs":S}}``
+    The sources of rich.py, archive.py and procs.py, which a session's agent is sent once,
+    before its first python exec, archive or process request (a pooled one-shot sandbox never
+    is: it stays as small as it was). Answered at once, during an exec too. Answer
+    ``{"id":N,"event":"ok"}``.
+
+Background processes (procs.py) outlive the request that starts them, and every request on
+them is answered at once, while an exec runs too. A process is named by its ``pid``: only
+those started here; any other (the agent, the kernel, an exec's) is ESRCH.
+
+``{"op":"start","id":N,"argv":[S,...],"cwd":P,"env":{...},"stdin":B,"timeout_ms":T,
+"max_processes":M}``
+    Starts argv in a session (and process group) of its own, with the agent's environment
+    plus ``env``, in ``cwd`` (optional; the default exec cwd), with a stdin to write to when
+    ``stdin`` is true (else /dev/null); ``timeout_ms`` (optional) kills its group. EAGAIN
+    when M processes run already. Answer ``{"id":N,"event":"started",...}`` with the
+    process as ``procs`` lists it.
+
+``{"op":"procs","id":N}``
+    Answer ``{"id":N,"event":"procs","procs":[{"pid":P,"argv":[...],"state":"running"|
+    "exited","exit_code":C,"signal":S,"timed_out":B,"started_at_unix_ms":T,
+    "ended_at_unix_ms":T|null,"stdin":B,"stdout_bytes":N,"stderr_bytes":N,
+    "usage":{"cpu_ms":N,"memory_peak_bytes":N}|null}, ...]}`` (running ones, and the last 64
+    that ended).
+
+``{"op":"proc_read","id":N,"pid":P,"stdout_offset":O,"stderr_offset":O,"max_bytes":B}``
+    Each stream keeps its last MiB. Answer ``{"id":N,"event":"proc_output","stdout":
+    {"offset":O,"b64":D,"dropped":K},"stderr":{...},"ended":B,"process":{...}}``: up to B
+    bytes of each from its offset (moved up to the oldest byte kept, ``dropped`` saying how
+    many were lost); ``ended`` once the process has ended and its pipes are drained.
+
+``{"op":"proc_stdin","id":N,"pid":P,"b64":D,"eof":B}``
+    Queues D for its stdin (EAGAIN past a MiB not yet read; EPIPE when it has none open),
+    closing it after when ``eof``. Answer ``{"id":N,"event":"ok"}``.
+
+``{"op":"proc_signal","id":N,"pid":P,"signal":S}`` and ``{"op":"proc_kill","id":N,"pid":P}``
+    Signal the process (nothing once it has ended), or SIGKILL it and what is left of its
+    group. Answer ``{"id":N,"event":"ok"}``.
 
 ``{"op":"ping","id":N}``
     Answer ``{"id":N,"event":"pong","pid":agent_pid,"kernel_pid":pid_or_null}``.
@@ -186,6 +220,9 @@ READ_SIZE = 64 * 1024
 CHUNK_MAX = 256 * 1024  # most bytes of one stream coalesced into one output event
 REQUEST_READ_SIZE = 1024 * 1024
 CONTROL_OPS = ("interrupt", "cancel")  # requests that act on the running exec
+# Requests on background processes: answered at once, during an exec too (none of them waits).
+PROCESS_OPS = ("start", "procs", "proc_read", "proc_stdin", "proc_signal", "proc_kill")
+IMMEDIATE_OPS = ("define", *PROCESS_OPS)
 SHELL_STATE_MAX = 1024 * 1024  # most bytes of a shell's saved cwd and environment
 SHELL_NOT_KEPT = ("SHLVL", "_")  # set by each shell itself
 MAX_POLL_MS = 3_600_000
@@ -339,22 +376,22 @@ class LineReader:
         self.eof = False
         self.queued = []  # lines read during an exec, to be served after it
 
-    def readline(self):
-        """The next line without its newline; a last unterminated line counts; None at EOF."""
+    def next_line(self):
+        """The next line without its newline, if one is buffered (a last unterminated line
+        counts at EOF); None otherwise, without reading."""
         if self.queued:
             return self.queued.pop(0)
-        while True:
-            end = self.buffer.find(b"\n", self.scanned)
-            if end >= 0:
-                line = bytes(self.buffer[:end])
-                del self.buffer[: end + 1]
-                self.scanned = 0
-                return line
-            self.scanned = len(self.buffer)
-            if self.eof:
-                line, self.buffer = bytes(self.buffer), bytearray()
-                return line or None
-            self.fill()
+        end = self.buffer.find(b"\n", self.scanned)
+        if end >= 0:
+            line = bytes(self.buffer[:end])
+            del self.buffer[: end + 1]
+            self.scanned = 0
+            return line
+        self.scanned = len(self.buffer)
+        if self.eof and self.buffer:
+            line, self.buffer = bytes(self.buffer), bytearray()
+            return line
+        return None
 
     def fill(self):
         try:
@@ -392,7 +429,7 @@ def field(request, name, kind, default=_REQUIRED):
 
 def count_field(request, name, default=_REQUIRED):
     value = field(request, name, int, default)
-    if value < 0:
+    if value is not None and value < 0:
         raise BadRequest(f"field {name!r} must not be negative")
     return value
 
@@ -600,8 +637,9 @@ class Pump:
     def eof(self):
         return all(out.eof for out in self.outputs.values())
 
-    def poll(self, timeout_ms, extra):
-        """Waits up to timeout_ms, moves what can be moved; returns which extra fds are readable."""
+    def poll(self, timeout_ms, extra, extra_out=()):
+        """Waits up to timeout_ms, moves what can be moved; returns which extra fds are ready:
+        readable (``extra``) or writable (``extra_out``)."""
         poller = select.poll()
         for fd, out in self.outputs.items():
             if not out.eof:
@@ -610,6 +648,8 @@ class Pump:
             poller.register(self.in_fd, select.POLLOUT)
         for fd in extra:
             poller.register(fd, select.POLLIN)
+        for fd in extra_out:
+            poller.register(fd, select.POLLOUT)
         ready = set()
         for fd, _ in poller.poll(timeout_ms):
             if fd in self.outputs:
@@ -1512,9 +1552,11 @@ class Agent:
             "unpack": self.op_unpack,
             "ping": self.op_ping,
             "boot": self.op_boot,
+            **{op: getattr(self, f"op_{op}") for op in PROCESS_OPS},
         }
         self.kernel = None
         self.archive_module = None
+        self.processes = None  # procs.py's Processes, once a process is started
         # What shell execs carry from one to the next, as a terminal does: cd and export.
         self.shell_cwd = self.cwd
         self.shell_env = dict(os.environ)
@@ -1525,11 +1567,42 @@ class Agent:
 
     def serve(self):
         while True:
-            line = self.requests.readline()
+            line = self.requests.next_line()
             if line is None:
-                return
-            if line.strip():
+                if self.requests.eof:
+                    return
+                self.wait_idle()
+            elif line.strip():
                 self.handle(line)
+
+    def wait_idle(self):
+        """Waits, between requests, for the next one, while background processes are served:
+        their output drained, their stdin fed, their ends reaped, their timeouts kept."""
+        reads, writes = self.background_fds()
+        poller = select.poll()
+        for fd in (0, self.wakeup_fd, *reads):
+            poller.register(fd, select.POLLIN)
+        for fd in writes:
+            poller.register(fd, select.POLLOUT)
+        now = time.monotonic()
+        for fd, _ in poller.poll(poll_timeout(now, self.background_timer())):
+            if fd == 0:
+                self.requests.fill()
+            elif fd == self.wakeup_fd:
+                drain(fd)
+            else:
+                self.processes.on_ready(fd)
+        self.check_background()
+
+    def background_fds(self):
+        return ((), ()) if self.processes is None else self.processes.fds()
+
+    def background_timer(self):
+        return None if self.processes is None else self.processes.timer()
+
+    def check_background(self):
+        if self.processes is not None:
+            self.processes.check(time.monotonic())
 
     def handle(self, line):
         rid = None
@@ -1556,6 +1629,8 @@ class Agent:
     def shutdown(self):
         if self.kernel is not None:
             self.kernel.kill()
+        if self.processes is not None:
+            self.processes.kill_all()
 
     # --- kernel lifecycle
 
@@ -1702,15 +1777,20 @@ class Agent:
             while True:
                 now = time.monotonic()
                 run.check(now)
+                self.check_background()
                 if run.ended is not None and (pump.eof or now >= run.ended + EXIT_GRACE):
                     return
                 requests = () if self.requests.eof else (0,)
-                extra = (self.wakeup_fd, *requests, *run.fds())
-                ready = pump.poll(poll_timeout(now, run.timer()), extra)
+                reads, writes = self.background_fds()
+                extra = (self.wakeup_fd, *requests, *run.fds(), *reads)
+                timers = [t for t in (run.timer(), self.background_timer()) if t is not None]
+                ready = pump.poll(poll_timeout(now, min(timers, default=None)), extra, writes)
                 if self.wakeup_fd in ready:
                     drain(self.wakeup_fd)
                 if 0 in ready:
                     self.take_requests(run, pump.rid)
+                for fd in ready.intersection((*reads, *writes)):
+                    self.processes.on_ready(fd)
                 run.on_ready(ready)
         finally:
             run.abort()  # a no-op unless the loop failed
@@ -1727,8 +1807,83 @@ class Agent:
                 if request.get("target") in (None, running):
                     getattr(run, op)()
                 send({"id": rid, "event": "ok"})
+            elif op in IMMEDIATE_OPS:
+                self.handle(line)
             else:
                 self.requests.queued.append(line)
+
+    # --- background processes (procs.py)
+
+    def background(self, request=None):
+        """procs.py's table, compiled on the first start, with the agent's helpers."""
+        if self.processes is None:
+            if request is None:
+                raise ProcessLookupError(errno.ESRCH, "no such process")
+            names = (send, b64, read_available, signal_group, status_fields, close_fds)
+            module = lazy_module("procs", {f.__name__: f for f in names})
+            self.processes = module.Processes(count_field(request, "max_processes"))
+        return self.processes
+
+    def process(self, request):
+        """The background process a request names by ``pid``: ESRCH for any other pid (the
+        agent, the kernel, an exec's processes, what is not ours)."""
+        pid = count_field(request, "pid")
+        try:
+            return self.background().get(pid)
+        except LookupError:
+            raise ProcessLookupError(errno.ESRCH, f"no process {pid} started by this session") from None
+
+    def op_start(self, rid, request):
+        argv = field(request, "argv", list)
+        if not argv or not all(isinstance(a, str) for a in argv):
+            raise BadRequest("field 'argv' must be a non-empty list of strings")
+        env = {**os.environ, **env_field(request)}
+        cwd = field(request, "cwd", str, None) or self.cwd
+        timeout_ms = count_field(request, "timeout_ms", None)
+        timeout = None if timeout_ms is None else timeout_ms / 1000
+        table = self.background(request)
+        try:
+            process = table.start(argv, cwd, env, field(request, "stdin", bool, False), timeout)
+        except OverflowError as exc:
+            send_error(rid, "EAGAIN", str(exc))
+            return
+        send({"id": rid, "event": "started", **process.describe()})
+
+    def op_procs(self, rid, request):
+        self.check_background()
+        table = self.processes.by_pid.values() if self.processes is not None else ()
+        send({"id": rid, "event": "procs", "procs": [p.describe() for p in table]})
+
+    def op_proc_read(self, rid, request):
+        process = self.process(request)
+        self.check_background()
+        limit = count_field(request, "max_bytes")
+        streams = {}
+        for name, ring in (("stdout", process.out), ("stderr", process.err)):
+            data, offset, dropped = ring.read(count_field(request, f"{name}_offset"), limit)
+            streams[name] = {"offset": offset, "b64": b64(data), "dropped": dropped}
+        # Ended once its end is known and its pipes are drained: nothing more will come.
+        ended = not process.running and not process.open
+        send({"id": rid, "event": "proc_output", **streams, "ended": ended,
+              "process": process.describe()})
+
+    def op_proc_stdin(self, rid, request):
+        process = self.process(request)
+        data = b64_field(request, "b64", None) or b""
+        self.processes.write_stdin(process, data, field(request, "eof", bool, False))
+        send({"id": rid, "event": "ok"})
+
+    def op_proc_signal(self, rid, request):
+        process = self.process(request)
+        sig = count_field(request, "signal")
+        if process.running:
+            os.kill(process.pid, sig)
+        send({"id": rid, "event": "ok"})
+
+    def op_proc_kill(self, rid, request):
+        process = self.process(request)
+        kill_group(process.pid)  # the process and what is left of its group
+        send({"id": rid, "event": "ok"})
 
     # --- files
 

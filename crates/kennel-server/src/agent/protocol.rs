@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use kennel_sandbox::Stream;
 use kennel_types::api::{DirEntry, ExecResult, FigureFormat, Language, RichOutput};
+use kennel_types::process::ProcessInfo;
 
 /// A request to the agent, one JSON line, as `agent.py`'s docstring words it (the `id` is
 /// added by [`AgentSandbox::call`]).
@@ -64,6 +65,36 @@ pub enum Request<'a> {
     },
     Define {
         sources: BTreeMap<&'static str, &'static str>,
+    },
+    /// A background process (procs.py): answered at once, as the requests below.
+    Start {
+        argv: &'a [String],
+        #[serde(skip_serializing_if = "Option::is_none")]
+        cwd: Option<&'a str>,
+        env: &'a BTreeMap<String, String>,
+        stdin: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        timeout_ms: Option<u64>,
+        max_processes: usize,
+    },
+    Procs,
+    ProcRead {
+        pid: u32,
+        stdout_offset: u64,
+        stderr_offset: u64,
+        max_bytes: u64,
+    },
+    ProcStdin {
+        pid: u32,
+        b64: String,
+        eof: bool,
+    },
+    ProcSignal {
+        pid: u32,
+        signal: i32,
+    },
+    ProcKill {
+        pid: u32,
     },
 }
 
@@ -149,6 +180,14 @@ pub enum Event {
         pid: u32,
         kernel_pid: Option<u32>,
     },
+    /// A background process started.
+    Started(Box<ProcessInfo>),
+    /// The session's background processes.
+    Procs {
+        procs: Vec<ProcessInfo>,
+    },
+    /// What a background process's rings hold from the offsets asked for.
+    ProcOutput(Box<ProcOutput>),
     /// A refused request, with the errno's name (`ENOENT`).
     Error {
         errno: String,
@@ -157,6 +196,24 @@ pub enum Event {
     /// A line that is not one of the events above (never sent by the agent: made here).
     #[serde(skip)]
     Malformed(String),
+}
+
+/// A `proc_read`'s answer: each stream's bytes from the offset asked for, the process, and
+/// whether it has ended with nothing more to come.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct ProcOutput {
+    pub stdout: RingRead,
+    pub stderr: RingRead,
+    pub ended: bool,
+    pub process: ProcessInfo,
+}
+
+/// Bytes of one stream: where they start, and how many before that were no longer kept.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct RingRead {
+    pub offset: u64,
+    pub b64: String,
+    pub dropped: u64,
 }
 
 /// An exec's result as the agent gives it.

@@ -48,6 +48,11 @@ impl Requests {
         self.writer.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// An id for a request to come, known before it is sent (its answers are waited for by it).
+    pub(super) fn fresh_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::SeqCst)
+    }
+
     /// An id for an exec to come, which [`Requests::cancel`] can name before it is sent.
     pub(super) fn reserve(&self) -> u64 {
         let id = self.next_id.fetch_add(1, Ordering::SeqCst);

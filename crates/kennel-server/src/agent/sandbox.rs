@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use kennel_sandbox::Error;
 use kennel_sandbox::Stats;
@@ -13,21 +13,20 @@ use kennel_types::api::{Isolation, RunResult, SessionEnd};
 
 use super::boot::LAZY;
 use super::error::{unexpected, AgentError};
-use super::protocol::{decode, Answer, Event, Progress, Request};
+use super::protocol::{decode, Event, Progress, Request};
 use super::requests::Requests;
+use super::router::Router;
 
 /// How long a file operation may take before the sandbox is killed as unresponsive.
 pub(super) const FILE_OP: Duration = Duration::from_secs(60);
 
-#[derive(Debug)]
-pub(super) struct Conversation {
-    pub(super) lines: mpsc::UnboundedReceiver<Answer>,
-}
-
 /// A running agent sandbox.
 #[derive(Debug)]
 pub struct AgentSandbox {
-    pub(super) conversation: tokio::sync::Mutex<Conversation>,
+    /// Held by a call for its turn: the agent serves one request at a time (but those it
+    /// answers at once, which need no turn).
+    pub(super) conversation: tokio::sync::Mutex<()>,
+    pub(super) router: Arc<Router>,
     pub(super) requests: Requests,
     /// Whether the lazy modules were sent (`define`).
     pub(super) defined: AtomicBool,
@@ -71,18 +70,39 @@ impl AgentSandbox {
         id: Option<u64>,
         request: &Request<'_>,
         within: Duration,
+        on_progress: impl FnMut(Progress<'_>),
+    ) -> Result<Event, AgentError> {
+        let _turn = self.conversation.lock().await;
+        self.exchange(id, request, within, on_progress).await
+    }
+
+    /// A request the agent answers at once, during an exec too: it takes no turn.
+    pub(super) async fn call_now(
+        &self,
+        request: &Request<'_>,
+        within: Duration,
+    ) -> Result<Event, AgentError> {
+        self.exchange(None, request, within, |_| {}).await
+    }
+
+    /// Sends one request and reads its answers until its final event.
+    async fn exchange(
+        &self,
+        id: Option<u64>,
+        request: &Request<'_>,
+        within: Duration,
         mut on_progress: impl FnMut(Progress<'_>),
     ) -> Result<Event, AgentError> {
-        let mut conv = self.conversation.lock().await;
-        let id = match self.requests.send(request, id) {
-            Ok(id) => id,
+        let id = id.unwrap_or_else(|| self.requests.fresh_id());
+        let mut route = self.router.register(id);
+        match self.requests.send(request, Some(id)) {
+            Ok(_) => {}
             Err(AgentError::Gone(_)) => return Err(AgentError::Gone(self.stderr_tail())),
             Err(e) => return Err(e),
-        };
+        }
         let deadline = tokio::time::Instant::now() + within;
         loop {
-            let answer = match tokio::time::timeout_at(deadline, conv.lines.recv()).await {
-                Ok(Some(a)) if a.id != Some(id) => continue,
+            let answer = match tokio::time::timeout_at(deadline, route.answers.recv()).await {
                 Ok(Some(a)) => a,
                 Ok(None) => return Err(AgentError::Gone(self.stderr_tail())),
                 Err(_) => {
@@ -113,10 +133,8 @@ impl AgentSandbox {
             return Ok(());
         }
         let sources = LAZY.into_iter().collect();
-        match self
-            .call(&Request::Define { sources }, FILE_OP, |_| {})
-            .await?
-        {
+        // Answered at once, as a process request that may need it while an exec runs.
+        match self.call_now(&Request::Define { sources }, FILE_OP).await? {
             Event::Ok { .. } => {
                 self.defined.store(true, Ordering::SeqCst);
                 Ok(())

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use kennel_sandbox::Engine;
 use kennel_sandbox::Error;
@@ -15,7 +15,8 @@ use kennel_types::policy::{Policy, Span, Tier};
 use super::boot::{boot_line_off_runtime, boot_program};
 use super::protocol::{Answer, Request};
 use super::requests::Requests;
-use super::sandbox::{AgentSandbox, Conversation};
+use super::router::Router;
+use super::sandbox::AgentSandbox;
 
 /// How much of the agent's stderr is kept, its last bytes, to say why it ended.
 const STDERR_TAIL: usize = 4096;
@@ -68,8 +69,9 @@ fn too_small(r: &RunResult) -> String {
     format!("left the sandbox's agent unable to start: {why}")
 }
 
-/// Splits the agent's stdout into lines and its stderr into a short tail for diagnostics.
-fn sink(lines: mpsc::UnboundedSender<Answer>, stderr_tail: Arc<Mutex<Vec<u8>>>) -> OutputSink {
+/// Splits the agent's stdout into lines, each routed to its call, and its stderr into a short
+/// tail for diagnostics.
+fn sink(router: Arc<Router>, stderr_tail: Arc<Mutex<Vec<u8>>>) -> OutputSink {
     let pending = Mutex::new(Vec::<u8>::new());
     Arc::new(move |stream, chunk: &[u8]| match stream {
         Stream::Stdout => {
@@ -78,7 +80,7 @@ fn sink(lines: mpsc::UnboundedSender<Answer>, stderr_tail: Arc<Mutex<Vec<u8>>>) 
             while let Some(end) = buf.iter().position(|&b| b == b'\n') {
                 let line: Vec<u8> = buf.drain(..=end).collect();
                 if let Some(answer) = Answer::parse(&line) {
-                    let _ = lines.send(answer);
+                    router.route(answer);
                 }
             }
         }
@@ -129,7 +131,7 @@ impl AgentSandbox {
             ..RunRequest::new(Command::Argv(argv))
         };
         let (reader, writer) = std::io::pipe().map_err(Error::io("creating the agent's stdin"))?;
-        let (line_tx, lines) = mpsc::unbounded_channel();
+        let router = Arc::new(Router::default());
         let stderr_tail = Arc::new(Mutex::new(Vec::new()));
         let cancel = Canceller::new();
         let live = Arc::new(Mutex::new(None));
@@ -139,7 +141,7 @@ impl AgentSandbox {
         let stdin = std::io::Read::chain(boot, reader);
         let io = RunIo {
             stdin: StdinSource::Reader(Box::new(stdin)),
-            on_output: Some(sink(line_tx, stderr_tail.clone())),
+            on_output: Some(sink(router.clone(), stderr_tail.clone())),
             output: OutputMode::Raw,
             cancel: Some(cancel.clone()),
             on_started: Some(Box::new(move |s| {
@@ -149,15 +151,17 @@ impl AgentSandbox {
         let (done_tx, done) = oneshot::channel();
         let ended = Arc::new(AtomicBool::new(false));
         let ending = Arc::new(OnceLock::new());
-        let (flag, how) = (ended.clone(), ending.clone());
+        let (flag, how, gone) = (ended.clone(), ending.clone(), router.clone());
         std::thread::spawn(move || {
             let result = engine.run(&req, io);
             let _ = how.set(ending_of(&result));
             flag.store(true, Ordering::SeqCst);
+            gone.close();
             let _ = done_tx.send(result);
         });
         let agent = AgentSandbox {
-            conversation: tokio::sync::Mutex::new(Conversation { lines }),
+            conversation: tokio::sync::Mutex::new(()),
+            router,
             requests: Requests::new(writer),
             defined: AtomicBool::new(false),
             cancel,

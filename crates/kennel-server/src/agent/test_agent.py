@@ -19,7 +19,8 @@ import time
 import unittest
 
 AGENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent.py")
-FINAL_EVENTS = {"result", "ok", "file", "entries", "pong", "error"}
+FINAL_EVENTS = {"result", "ok", "file", "entries", "pong", "error", "started", "procs",
+                "proc_output"}
 
 
 def b64(data):

@@ -101,6 +101,8 @@ pub struct Sessions {
     pub max_lifetime: Span,
     /// Sessions open at once.
     pub max_sessions: usize,
+    /// Background processes running at once in one session.
+    pub max_processes: usize,
 }
 
 impl Default for Sessions {
@@ -109,6 +111,7 @@ impl Default for Sessions {
             idle_ttl: Span(Duration::from_secs(600)),
             max_lifetime: Span(Duration::from_secs(3600)),
             max_sessions: 50,
+            max_processes: 64,
         }
     }
 }
@@ -429,6 +432,9 @@ impl ServerConfig {
         .validate()?;
         if self.max_concurrent == 0 {
             return bad("max_concurrent", "must be at least 1");
+        }
+        if self.sessions.max_processes == 0 {
+            return bad("sessions.max_processes", "must be at least 1");
         }
         if self.tokens.iter().any(|t| t.token.len() < 16) {
             return bad("tokens", "each token needs at least 16 characters");

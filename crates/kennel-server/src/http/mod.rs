@@ -6,6 +6,7 @@ mod error;
 mod extract;
 mod front;
 pub mod openapi;
+pub mod processes;
 pub mod routes;
 mod shared;
 pub mod slow;
@@ -203,6 +204,26 @@ pub fn router(state: Shared, mounts: &[Mount]) -> Router {
             get(routes::read_file)
                 .put(routes::write_file)
                 .delete(routes::delete_file),
+        )
+        .route(
+            "/v1/sessions/{id}/processes",
+            post(processes::start).get(processes::list),
+        )
+        .route(
+            "/v1/sessions/{id}/processes/{pid}",
+            axum::routing::delete(processes::kill),
+        )
+        .route(
+            "/v1/sessions/{id}/processes/{pid}/output",
+            get(processes::output),
+        )
+        .route(
+            "/v1/sessions/{id}/processes/{pid}/stdin",
+            post(processes::stdin),
+        )
+        .route(
+            "/v1/sessions/{id}/processes/{pid}/signal",
+            post(processes::signal),
         );
     for mount in mounts {
         routes = routes.nest_service(mount.path, (mount.make)(state.clone()));

@@ -6,11 +6,12 @@
 use serde_json::{json, Map, Value};
 use utoipa::OpenApi;
 
-use super::routes;
+use super::{processes, routes};
 use crate::config::ServerConfig;
 use crate::pattern;
 use kennel_types::api;
 use kennel_types::policy::{self, Capabilities, Limits, Runtime};
+use kennel_types::process;
 use kennel_types::runs;
 
 #[derive(OpenApi)]
@@ -33,6 +34,12 @@ use kennel_types::runs;
         routes::read_file,
         routes::delete_file,
         routes::list_files,
+        processes::start,
+        processes::list,
+        processes::output,
+        processes::stdin,
+        processes::signal,
+        processes::kill,
     ),
     components(schemas(
         api::RunSpec, api::LimitsSpec, api::RunResult, api::CollectedFile, api::Content,
@@ -40,6 +47,8 @@ use kennel_types::runs;
         api::SessionSpec, api::ExecSpec, api::ExecResult, api::Interpreter, api::SessionInfo, api::SessionEnd, api::EndReason,
         api::Outcome, api::RichResults, api::RichOutput, api::OutputKind, api::ExecError, api::FigureFormat,
         runs::RunReport, runs::RunInfo, runs::RunStatus, runs::RunError,
+        process::ProcessSpec, process::ProcessInfo, process::ProcessState, process::ProcessUsage,
+        process::ProcessInput, process::ProcessSignal,
     )),
     modifiers(&BearerAuth),
     security(("bearer" = []))
@@ -801,6 +810,11 @@ fn path_params(path: &str) -> Vec<Value> {
         params.push(json!({"name": "id", "in": "path", "required": true,
             "description": "The session's id, as `POST /v1/sessions` returned it.",
             "schema": {"type": "string"}}));
+    }
+    if path.contains("{pid}") {
+        params.push(json!({"name": "pid", "in": "path", "required": true,
+            "description": "The process's pid inside the sandbox, as `POST .../processes` returned it.",
+            "schema": {"type": "integer", "minimum": 0, "maximum": u32::MAX}}));
     }
     if path.contains("{path}") {
         params.push(json!({"name": "path", "in": "path", "required": true,

@@ -30,6 +30,9 @@ impl IntoResponse for Reply {
             Reply::Session(info) => Json(info).into_response(),
             Reply::Sessions(all) => Json(all).into_response(),
             Reply::Listing(listing) => Json(listing).into_response(),
+            Reply::ProcessStarted(info) => (StatusCode::CREATED, Json(info)).into_response(),
+            Reply::Processes(all) => Json(all).into_response(),
+            Reply::ProcessOutput(events) => super::processes::sse(events, (0, 0), None),
             Reply::File(data) => {
                 ([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response()
             }
@@ -80,7 +83,11 @@ fn stored_run(info: &RunInfo, result: StoredResult) -> Response {
 }
 
 /// Does `action` as `caller`, answering as the reply says.
-async fn handle(state: &Shared, caller: &Caller, action: Action) -> Result<Response, ApiError> {
+pub(super) async fn handle(
+    state: &Shared,
+    caller: &Caller,
+    action: Action,
+) -> Result<Response, ApiError> {
     Ok(state.handle(caller, action).await?.into_response())
 }
 

@@ -167,7 +167,7 @@ fn clear_output(outcome: &mut kennel_types::api::Outcome) {
 /// A stdout or stderr event's data: the chunk once, as `{"text"}` when it is UTF-8 and as
 /// `{"b64"}` (base64) when it is not, as a result's files have it. A chunk is one read of the
 /// code's pipe, so a character may be cut between two: a client joins the bytes.
-fn chunk_data(data: Vec<u8>) -> Value {
+pub(super) fn chunk_data(data: Vec<u8>) -> Value {
     match String::from_utf8(data) {
         Ok(text) => json!({ "text": text }),
         Err(e) => json!({ "b64": base64::engine::general_purpose::STANDARD.encode(e.as_bytes()) }),

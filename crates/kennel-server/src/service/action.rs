@@ -7,6 +7,7 @@ use tokio::sync::oneshot;
 
 use kennel_sandbox::{OutputSink, Stream};
 use kennel_types::api::{ExecSpec, RichOutput, RunSpec, SessionSpec};
+use kennel_types::process::{ProcessInput, ProcessSignal, ProcessSpec};
 
 /// Who asks: the id of the bearer token that authenticated the request ("anonymous" when the
 /// server has no tokens). Every action is done as one caller, who sees only its own sessions.
@@ -108,6 +109,41 @@ pub enum Action {
         id: String,
         path: Option<String>,
         data: Vec<u8>,
+    },
+    /// A background process in a session, which outlives the request and ends at the latest
+    /// with its session. Refused past the server's `sessions.max_processes` running at once.
+    StartProcess {
+        id: String,
+        spec: ProcessSpec,
+    },
+    /// A session's background processes: running ones, and the last ones that ended.
+    ListProcesses {
+        id: String,
+    },
+    /// A background process's output from the given offsets (stdout, stderr), as it comes,
+    /// until it ends; a process not started by this session does not exist for it.
+    FollowProcess {
+        id: String,
+        pid: u32,
+        from: (u64, u64),
+    },
+    /// Bytes for a background process's stdin, and whether to close it after them; refused
+    /// for one without a stdin open, and past a MiB it has not read yet.
+    WriteStdin {
+        id: String,
+        pid: u32,
+        input: ProcessInput,
+    },
+    /// A signal (1 to 64) for a background process, not its group.
+    SignalProcess {
+        id: String,
+        pid: u32,
+        signal: ProcessSignal,
+    },
+    /// Kills a background process and what is left of its process group.
+    KillProcess {
+        id: String,
+        pid: u32,
     },
 }
 

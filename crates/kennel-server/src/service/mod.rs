@@ -12,6 +12,7 @@ pub mod callback;
 mod counts;
 mod error;
 pub mod jobs;
+mod process;
 mod registry;
 mod reply;
 mod run;
@@ -22,6 +23,7 @@ mod state;
 pub use action::{Accepted, Action, Caller, Live, RichSink};
 pub use counts::Ticket;
 pub use error::{Refusal, ServiceError};
+pub use process::{ProcessEvent, ProcessStream};
 pub use reply::Reply;
 pub use runs::StoredResult;
 pub use state::Service;
@@ -103,6 +105,29 @@ impl Service {
                 .map(Reply::Archive),
             Action::PutArchive { id, path, data } => {
                 session::put_archive(self, caller, &id, path, &data).await?;
+                Ok(Reply::Done)
+            }
+            Action::StartProcess { id, spec } => process::start(self, caller, &id, &spec)
+                .await
+                .map(Reply::ProcessStarted),
+            Action::ListProcesses { id } => {
+                process::list(self, caller, &id).await.map(Reply::Processes)
+            }
+            Action::FollowProcess { id, pid, from } => {
+                process::follow(self, caller, &id, pid, from)
+                    .await
+                    .map(Reply::ProcessOutput)
+            }
+            Action::WriteStdin { id, pid, input } => {
+                process::write_stdin(self, caller, &id, pid, &input).await?;
+                Ok(Reply::Done)
+            }
+            Action::SignalProcess { id, pid, signal } => {
+                process::signal(self, caller, &id, pid, signal).await?;
+                Ok(Reply::Done)
+            }
+            Action::KillProcess { id, pid } => {
+                process::kill(self, caller, &id, pid).await?;
                 Ok(Reply::Done)
             }
         }

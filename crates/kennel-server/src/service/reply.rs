@@ -1,8 +1,10 @@
 //! What the service answers an action.
 
 use kennel_types::api::{ExecResult, Listing, SessionInfo};
+use kennel_types::process::ProcessInfo;
 use kennel_types::runs::{RunInfo, RunReport};
 
+use super::process::ProcessStream;
 use super::runs::StoredResult;
 
 /// What an action answered.
@@ -24,6 +26,11 @@ pub enum Reply {
     /// A tar archive.
     Archive(Vec<u8>),
     Listing(Listing),
+    /// A background process, just started.
+    ProcessStarted(ProcessInfo),
+    Processes(Vec<ProcessInfo>),
+    /// A background process's output, as it comes.
+    ProcessOutput(ProcessStream),
     /// Done, with nothing to say (a session ended, a file written or deleted).
     Done,
 }

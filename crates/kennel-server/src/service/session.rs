@@ -59,7 +59,7 @@ async fn failed(session: &Session, e: AgentError) -> (ServiceError, Option<Sessi
 }
 
 /// A file operation's outcome: a lost sandbox as [`failed`] has it, other errors by `map`.
-async fn settle<T>(
+pub(super) async fn settle<T>(
     session: &Session,
     outcome: Result<T, AgentError>,
     map: impl FnOnce(AgentError) -> ServiceError,
@@ -73,7 +73,7 @@ async fn settle<T>(
     }
 }
 
-fn agent_error(e: AgentError) -> ServiceError {
+pub(super) fn agent_error(e: AgentError) -> ServiceError {
     match e {
         AgentError::Refused(m) => ServiceError::BadRequest(m),
         AgentError::Gone(_) => ServiceError::SessionEnded(e.to_string()),

@@ -1,0 +1,144 @@
+//! A session's background processes: started, listed, read, fed, signalled and killed through
+//! the agent, which answers these requests at once, while an exec runs too.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use kennel_types::process::ProcessInfo;
+
+use super::error::{unexpected, AgentError};
+use super::protocol::{decode, encode, Event, Request, RingRead};
+use super::sandbox::AgentSandbox;
+
+/// How a process is started: what [`kennel_types::process::ProcessSpec`] says, checked.
+#[derive(Debug, Clone, Copy)]
+pub struct Start<'a> {
+    pub argv: &'a [String],
+    pub cwd: Option<&'a str>,
+    pub env: &'a BTreeMap<String, String>,
+    pub stdin: bool,
+    pub timeout: Option<Duration>,
+    /// The most processes the session may have running at once.
+    pub max_processes: usize,
+}
+
+/// What a `read_process` found: each stream's bytes from the offset asked for, the process,
+/// and whether it has ended with nothing more to come.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProcessRead {
+    pub stdout: Chunk,
+    pub stderr: Chunk,
+    pub ended: bool,
+    pub process: ProcessInfo,
+}
+
+/// Bytes of one stream of a process, from `offset`; `dropped` bytes before it were no longer
+/// kept (each stream keeps its last MiB).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chunk {
+    pub offset: u64,
+    pub data: Vec<u8>,
+    pub dropped: u64,
+}
+
+impl From<RingRead> for Chunk {
+    fn from(r: RingRead) -> Chunk {
+        Chunk {
+            offset: r.offset,
+            data: decode(&r.b64),
+            dropped: r.dropped,
+        }
+    }
+}
+
+/// How long a process request may take: the agent answers them at once.
+const PROCESS_OP: Duration = Duration::from_secs(10);
+
+impl AgentSandbox {
+    /// A request the agent answers at once, with the lazy modules (procs.py) sent first.
+    async fn process_call(&self, request: &Request<'_>) -> Result<Event, AgentError> {
+        self.define().await?;
+        self.call_now(request, PROCESS_OP).await
+    }
+
+    /// Starts a background process; the agent refuses one past `max_processes` (EAGAIN).
+    pub async fn start_process(&self, start: Start<'_>) -> Result<ProcessInfo, AgentError> {
+        let request = Request::Start {
+            argv: start.argv,
+            cwd: start.cwd,
+            env: start.env,
+            stdin: start.stdin,
+            timeout_ms: start.timeout.map(kennel_types::millis),
+            max_processes: start.max_processes,
+        };
+        match self.process_call(&request).await? {
+            Event::Started(info) => Ok(*info),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The session's background processes, running and recently ended.
+    pub async fn processes(&self) -> Result<Vec<ProcessInfo>, AgentError> {
+        match self.process_call(&Request::Procs).await? {
+            Event::Procs { procs } => Ok(procs),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// What process `pid` has written from the given offsets, at most `max_bytes` a stream.
+    pub async fn read_process(
+        &self,
+        pid: u32,
+        (stdout_offset, stderr_offset): (u64, u64),
+        max_bytes: u64,
+    ) -> Result<ProcessRead, AgentError> {
+        let request = Request::ProcRead {
+            pid,
+            stdout_offset,
+            stderr_offset,
+            max_bytes,
+        };
+        match self.process_call(&request).await? {
+            Event::ProcOutput(out) => Ok(ProcessRead {
+                stdout: out.stdout.into(),
+                stderr: out.stderr.into(),
+                ended: out.ended,
+                process: out.process,
+            }),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Writes to process `pid`'s stdin, and closes it after when `eof`.
+    pub async fn write_process_stdin(
+        &self,
+        pid: u32,
+        data: &[u8],
+        eof: bool,
+    ) -> Result<(), AgentError> {
+        let request = Request::ProcStdin {
+            pid,
+            b64: encode(data),
+            eof,
+        };
+        self.process_done(&request).await
+    }
+
+    /// Sends `signal` to process `pid` (not its group).
+    pub async fn signal_process(&self, pid: u32, signal: i32) -> Result<(), AgentError> {
+        self.process_done(&Request::ProcSignal { pid, signal })
+            .await
+    }
+
+    /// Kills process `pid` and what is left of its process group.
+    pub async fn kill_process(&self, pid: u32) -> Result<(), AgentError> {
+        self.process_done(&Request::ProcKill { pid }).await
+    }
+
+    async fn process_done(&self, request: &Request<'_>) -> Result<(), AgentError> {
+        match self.process_call(request).await? {
+            Event::Ok { .. } => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+}

@@ -1,0 +1,256 @@
+//! A session's background processes: started, listed, followed, fed, signalled and killed.
+//! The agent in the sandbox owns them (procs.py); these are the server's rules around it: the
+//! caller's session, the server's bound, and what each refusal means.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use super::action::Caller;
+use super::error::{Refusal, ServiceError};
+use super::session::{agent_error, open, settle};
+use super::state::Service;
+use crate::agent::{AgentError, Chunk, Start};
+use crate::sessions::Session;
+use kennel_sandbox::Stream;
+use kennel_types::process::{ProcessInfo, ProcessInput, ProcessSignal, ProcessSpec};
+
+/// What a process's output stream carries, in order: output at its offsets, what a client
+/// behind the ring lost, and last the process's end (or why the stream broke).
+#[derive(Debug)]
+pub enum ProcessEvent {
+    Output {
+        stream: Stream,
+        /// The offset of its first byte in its stream.
+        offset: u64,
+        data: Vec<u8>,
+    },
+    /// Bytes no longer kept, before the next output's offset.
+    Dropped { stream: Stream, bytes: u64 },
+    /// The process ended, and all its output was sent.
+    Exit(Box<ProcessInfo>),
+    /// The stream broke: the session ended, say.
+    Failed(ServiceError),
+}
+
+/// A process's output, as it comes; dropping it stops the reading.
+pub type ProcessStream = mpsc::Receiver<ProcessEvent>;
+
+/// Most bytes of a stream read at once, and so at most one event's.
+const READ_BYTES: u64 = 64 << 10;
+/// Events held for a client that reads slowly: with [`READ_BYTES`], what an unread stream
+/// holds in the server is bounded by this.
+const STREAM_CAPACITY: usize = 4;
+/// How often a quiet process is asked for output: from the first, doubling to the last.
+const QUIET: (Duration, Duration) = (Duration::from_millis(10), Duration::from_millis(200));
+
+/// A process's error: a pid the session did not start is not found; a lost sandbox ends the
+/// session (410); the rest as `refusal` words it, or as [`agent_error`] has it.
+async fn settled<T>(
+    session: &Session,
+    pid: Option<u32>,
+    outcome: Result<T, AgentError>,
+) -> Result<T, ServiceError> {
+    settle(session, outcome, |e| refused(e, pid)).await
+}
+
+fn refused(e: AgentError, pid: Option<u32>) -> ServiceError {
+    let AgentError::Refused(m) = &e else {
+        return agent_error(e);
+    };
+    let (errno, why) = m.split_once(": ").unwrap_or((m.as_str(), ""));
+    match (errno, pid) {
+        ("ESRCH", Some(pid)) => {
+            ServiceError::NotFound(format!("no process {pid} started in this session"))
+        }
+        ("EAGAIN", _) => ServiceError::QuotaExceeded(Refusal {
+            message: match pid {
+                Some(pid) => format!("process {pid}: {why}; retry once it has read them"),
+                None => format!("{why} (sessions.max_processes); end one first"),
+            },
+            retry_after: None,
+        }),
+        ("EPIPE", Some(pid)) => ServiceError::BadRequest(format!(
+            "process {pid} has no stdin open: start it with `\"stdin\": true`, and write before \
+             `eof`"
+        )),
+        ("ENOENT" | "EACCES" | "ENOTDIR" | "ENOEXEC", None) => {
+            ServiceError::BadRequest(format!("the process cannot start: {why} ({errno})"))
+        }
+        _ => agent_error(e),
+    }
+}
+
+pub(super) async fn start(
+    service: &Service,
+    caller: &Caller,
+    id: &str,
+    spec: &ProcessSpec,
+) -> Result<ProcessInfo, ServiceError> {
+    let argv = spec.argv()?;
+    let session = open(service, caller, id)?;
+    let _busy = session.busy();
+    let start = Start {
+        argv: &argv,
+        cwd: spec.cwd.as_deref(),
+        env: &spec.env,
+        stdin: spec.stdin,
+        timeout: spec.timeout.map(|t| t.0),
+        max_processes: service.config.sessions.max_processes,
+    };
+    let outcome = session.agent.start_process(start).await;
+    settled(&session, None, outcome).await
+}
+
+pub(super) async fn list(
+    service: &Service,
+    caller: &Caller,
+    id: &str,
+) -> Result<Vec<ProcessInfo>, ServiceError> {
+    let session = open(service, caller, id)?;
+    let outcome = session.agent.processes().await;
+    settled(&session, None, outcome).await
+}
+
+pub(super) async fn write_stdin(
+    service: &Service,
+    caller: &Caller,
+    id: &str,
+    pid: u32,
+    input: &ProcessInput,
+) -> Result<(), ServiceError> {
+    let data = match &input.data {
+        Some(content) => content
+            .to_bytes()
+            .map_err(|e| ServiceError::BadRequest(e.to_string().replace("`files`", "`data`")))?,
+        None => vec![],
+    };
+    let session = open(service, caller, id)?;
+    let _busy = session.busy();
+    let outcome = session
+        .agent
+        .write_process_stdin(pid, &data, input.eof)
+        .await;
+    settled(&session, Some(pid), outcome).await
+}
+
+pub(super) async fn signal(
+    service: &Service,
+    caller: &Caller,
+    id: &str,
+    pid: u32,
+    signal: ProcessSignal,
+) -> Result<(), ServiceError> {
+    let signal = signal.check()?;
+    let session = open(service, caller, id)?;
+    let outcome = session.agent.signal_process(pid, signal).await;
+    settled(&session, Some(pid), outcome).await
+}
+
+pub(super) async fn kill(
+    service: &Service,
+    caller: &Caller,
+    id: &str,
+    pid: u32,
+) -> Result<(), ServiceError> {
+    let session = open(service, caller, id)?;
+    let outcome = session.agent.kill_process(pid).await;
+    settled(&session, Some(pid), outcome).await
+}
+
+/// The output of process `pid` from offsets `from`, as it comes: the first read is done here,
+/// so that an unknown pid is a plain 404 rather than a stream that fails.
+pub(super) async fn follow(
+    service: &Service,
+    caller: &Caller,
+    id: &str,
+    pid: u32,
+    from: (u64, u64),
+) -> Result<ProcessStream, ServiceError> {
+    let session = open(service, caller, id)?;
+    let first = session.agent.read_process(pid, from, READ_BYTES).await;
+    let first = settled(&session, Some(pid), first).await?;
+    let (tx, rx) = mpsc::channel(STREAM_CAPACITY);
+    tokio::spawn(async move {
+        let mut follower = Follower {
+            session,
+            pid,
+            at: from,
+            tx,
+        };
+        follower.run(first).await;
+    });
+    Ok(rx)
+}
+
+/// Reads a process's rings from where its client is, and sends what it finds.
+struct Follower {
+    session: Arc<Session>,
+    pid: u32,
+    at: (u64, u64),
+    tx: mpsc::Sender<ProcessEvent>,
+}
+
+impl Follower {
+    async fn run(&mut self, mut read: crate::agent::ProcessRead) {
+        let mut quiet = QUIET.0;
+        loop {
+            let new = self.send_chunk(Stream::Stdout, read.stdout).await
+                | self.send_chunk(Stream::Stderr, read.stderr).await;
+            if self.tx.is_closed() {
+                return;
+            }
+            if read.ended && !new {
+                let _ = self
+                    .tx
+                    .send(ProcessEvent::Exit(Box::new(read.process)))
+                    .await;
+                return;
+            }
+            if new {
+                quiet = QUIET.0;
+            } else {
+                tokio::select! {
+                    () = tokio::time::sleep(quiet) => {}
+                    () = self.tx.closed() => return,
+                }
+                quiet = (quiet * 2).min(QUIET.1);
+            }
+            let next = self
+                .session
+                .agent
+                .read_process(self.pid, self.at, READ_BYTES);
+            read = match settled(&self.session, Some(self.pid), next.await).await {
+                Ok(read) => read,
+                Err(e) => {
+                    let _ = self.tx.send(ProcessEvent::Failed(e)).await;
+                    return;
+                }
+            };
+        }
+    }
+
+    /// Sends one stream's news, moving its offset past it; whether it had any bytes.
+    async fn send_chunk(&mut self, stream: Stream, chunk: Chunk) -> bool {
+        if chunk.dropped > 0 {
+            let bytes = chunk.dropped;
+            let _ = self.tx.send(ProcessEvent::Dropped { stream, bytes }).await;
+        }
+        let at = match stream {
+            Stream::Stdout => &mut self.at.0,
+            Stream::Stderr => &mut self.at.1,
+        };
+        *at = chunk.offset + chunk.data.len() as u64;
+        if chunk.data.is_empty() {
+            return false;
+        }
+        let event = ProcessEvent::Output {
+            stream,
+            offset: chunk.offset,
+            data: chunk.data,
+        };
+        let _ = self.tx.send(event).await;
+        true
+    }
+}
