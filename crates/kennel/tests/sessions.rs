@@ -305,3 +305,86 @@ fn bad_tier_fields_are_refused_as_for_runs_and_cost_nothing() {
         assert_eq!(c.exec(&id, "python", "print(1)")["stdout"], "1\n");
     }
 }
+
+/// Each bad process request gets its 4xx, naming what is wrong, and the session goes on: an
+/// unknown pid (404), a signal out of range (400), stdin to a process without one (400), argv
+/// with cmd and a program that does not exist (400), a process past the server's bound
+/// (429). A stdin that is open gets its bytes, and a signal reaches the process.
+#[test]
+fn bad_process_requests_get_their_4xx_and_lose_nothing() {
+    let server = Server::start(
+        "sessions-proc-bad",
+        &format!("{NO_POOL}[sessions]\nmax_processes = 2\n"),
+    );
+    let c = &server.client;
+    let id = c.create_session(&json!({}));
+    let procs = format!("/v1/sessions/{id}/processes");
+    let start = |spec: Value| c.post_json(&procs, &spec);
+    let refused = |r: Resp, status: u16, words: &str| {
+        let (_, message) = r.error(status);
+        assert!(message.contains(words), "{status} {words}: {message}");
+    };
+    refused(start(json!({"argv": ["a"], "cmd": "b"})), 400, "`cmd`");
+    refused(start(json!({})), 400, "`argv`");
+    refused(
+        start(json!({"argv": ["/no/such/program"]})),
+        400,
+        "cannot start",
+    );
+    refused(
+        start(json!({"argv": ["true"], "cwd": "/no/such/dir"})),
+        400,
+        "cannot start",
+    );
+    refused(start(json!({"argv": ["true"], "tty": true})), 400, "tty");
+
+    let cat = start(json!({"argv": ["cat"], "stdin": true})).json()["pid"].clone();
+    let sleeper = start(json!({"argv": ["sleep", "600"]})).json()["pid"].clone();
+    refused(
+        start(json!({"argv": ["true"]})),
+        429,
+        "sessions.max_processes",
+    );
+    for (path, body) in [
+        ("999999/stdin", json!({"data": {"text": "x"}})),
+        ("999999/signal", json!({"signal": 15})),
+    ] {
+        refused(
+            c.post_json(&format!("{procs}/{path}"), &body),
+            404,
+            "999999",
+        );
+    }
+    refused(c.delete(&format!("{procs}/999999")), 404, "999999");
+    refused(c.get(&format!("{procs}/999999/output")), 404, "999999");
+    for signal in [0, 65, -1] {
+        let r = c.post_json(
+            &format!("{procs}/{sleeper}/signal"),
+            &json!({"signal": signal}),
+        );
+        refused(r, 400, "`signal`");
+    }
+    let r = c.post_json(
+        &format!("{procs}/{sleeper}/stdin"),
+        &json!({"data": {"text": "x"}}),
+    );
+    refused(r, 400, "no stdin open");
+    let r = c.get(&format!("{procs}/{sleeper}/output?stdout_offset=x"));
+    assert_eq!(r.status, 400, "{}", r.text());
+
+    let fed = c.post_json(
+        &format!("{procs}/{cat}/stdin"),
+        &json!({"data": {"base64": "aGVsbG8K"}, "eof": true}),
+    );
+    assert_eq!(fed.status, 204, "{}", fed.text());
+    let out = c.get_stream(&format!("{procs}/{cat}/output"), &[], |_| true);
+    assert_eq!(out.stdout(), b"hello\n", "{:?}", out.events);
+    assert_eq!(out.events.last().unwrap().json()["exit_code"], 0);
+    let term = c.post_json(&format!("{procs}/{sleeper}/signal"), &json!({"signal": 15}));
+    assert_eq!(term.status, 204, "{}", term.text());
+    let out = c.get_stream(&format!("{procs}/{sleeper}/output"), &[], |_| true);
+    assert_eq!(out.events.last().unwrap().json()["signal"], 15);
+    // Both have ended: the bound counts running processes only.
+    assert_eq!(start(json!({"argv": ["true"]})).status, 201);
+    assert_eq!(c.exec(&id, "bash", "echo fine")["stdout"], "fine\n");
+}

@@ -100,6 +100,8 @@ impl Resp {
 pub struct Event {
     pub name: String,
     pub data: String,
+    /// Its `id:` field, empty when it has none.
+    pub id: String,
     pub at: Duration,
 }
 
@@ -110,11 +112,13 @@ impl Event {
     }
 
     /// The bytes of a stdout/stderr event: each chunk is sent once, as `{"text"}` when it is
-    /// UTF-8 and as `{"b64"}` when it is not.
+    /// UTF-8 and as `{"b64"}` when it is not (a process's, with its `offset`).
     pub fn bytes(&self) -> Vec<u8> {
         let v = self.json();
         let fields = v.as_object().expect("an output event is an object");
-        assert_eq!(fields.len(), 1, "one encoding per chunk: {v}");
+        // A process's output events also say where they start in their stream.
+        let encodings = fields.keys().filter(|k| *k != "offset").count();
+        assert_eq!(encodings, 1, "one encoding per chunk: {v}");
         match (v["text"].as_str(), v["b64"].as_str()) {
             (Some(text), None) => text.as_bytes().to_vec(),
             (None, Some(b64)) => {
@@ -343,6 +347,38 @@ impl Client {
             .header("Content-Type", "application/json")
             .send(body.to_string())
             .unwrap_or_else(|e| panic!("POST {path}: {e}"));
+        read_events(r, started, |e| {
+            on_event(e);
+            true
+        })
+    }
+
+    /// A `GET` answered with Server-Sent Events, read until `more` says stop (the connection
+    /// is then dropped, as a client that goes away drops it) or the stream ends.
+    pub fn get_stream(
+        &self,
+        path: &str,
+        headers: &[(&str, &str)],
+        more: impl FnMut(&Event) -> bool,
+    ) -> Streamed {
+        let started = Instant::now();
+        let mut req = self.auth(self.agent.get(self.url(path)));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let r = req.call().unwrap_or_else(|e| panic!("GET {path}: {e}"));
+        read_events(r, started, more)
+    }
+}
+
+/// An answer's events, each handed to `more` as it comes until it says stop; or its body when
+/// it is not a stream.
+fn read_events(
+    r: ureq::http::Response<ureq::Body>,
+    started: Instant,
+    mut more: impl FnMut(&Event) -> bool,
+) -> Streamed {
+    {
         let status = r.status().as_u16();
         let content_type = r
             .headers()
@@ -362,7 +398,7 @@ impl Client {
                 body: body_text,
             };
         }
-        let (mut name, mut data) = (String::new(), Vec::<String>::new());
+        let (mut name, mut data, mut id) = (String::new(), Vec::<String>::new(), String::new());
         let mut line = String::new();
         loop {
             line.clear();
@@ -382,17 +418,24 @@ impl Client {
                             std::mem::take(&mut name)
                         },
                         data: data.join("\n"),
+                        id: std::mem::take(&mut id),
                         at: started.elapsed(),
                     };
-                    on_event(&e);
+                    let go_on = more(&e);
                     events.push(e);
+                    if !go_on {
+                        break;
+                    }
                 }
                 name.clear();
                 data.clear();
+                id.clear();
             } else if let Some(v) = l.strip_prefix("event:") {
                 name = v.trim_start().to_string();
             } else if let Some(v) = l.strip_prefix("data:") {
                 data.push(v.strip_prefix(' ').unwrap_or(v).to_string());
+            } else if let Some(v) = l.strip_prefix("id:") {
+                id = v.trim_start().to_string();
             }
             // `:` comments (keep-alives) and other fields are ignored.
         }
@@ -403,7 +446,9 @@ impl Client {
             body: body_text,
         }
     }
+}
 
+impl Client {
     pub fn metrics(&self) -> String {
         let r = self.get("/metrics");
         assert_eq!(r.status, 200, "GET /metrics: {}", r.text());

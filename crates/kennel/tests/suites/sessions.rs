@@ -331,6 +331,12 @@ fn an_ended_session_leaves_nothing_behind() {
         // A shell exec too: its processes come and go with the session's.
         assert_eq!(c.exec(&id, "bash", "echo up")["stdout"], "up\n");
         session_py(&server, &id, "import os");
+        // And a background process, which ends with its session.
+        let started = c.post_json(
+            &format!("/v1/sessions/{id}/processes"),
+            &json!({"argv": ["sleep", "600"]}),
+        );
+        assert_eq!(started.status, 201, "{}", started.text());
         let live = Footprint::of(server.pid);
         live.assert_live();
         (id, live)
@@ -348,4 +354,66 @@ fn an_ended_session_leaves_nothing_behind() {
     wait_reaped(&server, &id);
     Footprint::assert_gone(&fp, &before, server.pid);
     assert_eq!(c.metric("kennel_sessions_expired_total"), 2.0);
+}
+
+// ---- background processes --------------------------------------------------------------------
+
+/// A process started through the API outlives the request and the execs after it, is listed
+/// running, and streams its output to a client that goes away and comes back (`Last-Event-ID`)
+/// without a byte lost or repeated; `DELETE` kills it with its whole group, which a later exec
+/// reading /proc confirms, and only a process the API started can be reached.
+#[test]
+fn a_background_process_outlives_its_request_and_streams_without_loss() {
+    let server = tier_server("sessions-procs", "");
+    let id = open_session(&server, json!({}))["id"].as_str().unwrap().to_string();
+    let c = &server.client;
+    let procs = format!("/v1/sessions/{id}/processes");
+    // 30 lines, then a child in its group that outlives the lines: `sleep` under bash.
+    let cmd = "for i in $(seq 1 30); do echo \"line $i\"; sleep 0.02; done; sleep 600 & wait";
+    let started = c.post_json(&procs, &json!({"cmd": cmd}));
+    assert_eq!(started.status, 201, "{}", started.text());
+    let pid = started.json()["pid"].as_u64().unwrap();
+    assert_eq!(c.exec(&id, "bash", "echo meanwhile")["stdout"], "meanwhile\n");
+    let listed = c.get(&procs).json();
+    let me = listed.as_array().unwrap().iter().find(|p| p["pid"] == pid);
+    assert_eq!(me.map(|p| p["state"].clone()), Some(json!("running")), "{listed}");
+
+    let output = format!("{procs}/{pid}/output");
+    let mut seen = 0;
+    let first = c.get_stream(&output, &[], |e| {
+        seen += usize::from(e.name == "stdout");
+        seen < 3
+    });
+    let last_id = first.events.last().unwrap().id.clone();
+    let rest = c.get_stream(&output, &[("Last-Event-ID", &last_id)], |e| {
+        !(e.name == "stdout" && e.json()["text"].as_str().unwrap().contains("line 30\n"))
+    });
+    let text = |s: &server_common::Streamed| -> String {
+        s.events
+            .iter()
+            .filter(|e| e.name == "stdout")
+            .map(|e| e.json()["text"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let expected: String = (1..=30).map(|i| format!("line {i}\n")).collect();
+    assert_eq!(text(&first) + &text(&rest), expected, "{:?}", rest.events);
+
+    assert_eq!(c.delete(&format!("{procs}/{pid}")).status, 204);
+    let end = c.get_stream(&output, &[("Last-Event-ID", &rest.events.last().unwrap().id)], |_| true);
+    let exit = end.events.last().unwrap();
+    assert_eq!(exit.name, "exit", "{:?}", end.events);
+    assert_eq!((exit.json()["state"].clone(), exit.json()["signal"].clone()), (json!("exited"), json!(9)));
+    let left = "import os\n\
+                def cmd(p):\n\
+                \x20   try:\n\
+                \x20       return open(f'/proc/{p}/cmdline', 'rb').read()\n\
+                \x20   except OSError:\n\
+                \x20       return b''\n\
+                print([p for p in os.listdir('/proc') if p.isdigit() and b'sleep\\x00600' in cmd(p)])";
+    assert_eq!(session_py(&server, &id, left), "[]\n", "the group's sleep is gone");
+    for unknown in [1, 999_999] {
+        let (code, _) = c.delete(&format!("{procs}/{unknown}")).error(404);
+        assert_eq!(code, "not_found");
+    }
+    assert_eq!(session_py(&server, &id, "print('still here')"), "still here\n");
 }
