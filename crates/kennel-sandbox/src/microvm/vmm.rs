@@ -230,7 +230,13 @@ fn probe_kvm(vm: &VmDir) -> Result<&'static str, NoKvm> {
         .open(dev)
         .map_err(NoKvm::Open)?;
     let libraries = std::env::join_paths(vm.qemu_library_dirs()).map_err(NoKvm::LibraryPath)?;
-    let mut child = Command::new(vm.qemu_binary())
+    let mut probe = Command::new(vm.qemu_binary());
+    // Where QEMU passes its reset it stays up for the whole bound, paused: a supervisor killed
+    // meanwhile must not leave it running (the waiting thread is the one that forks it).
+    crate::sys::pre_exec_signal_safe(&mut probe, || {
+        crate::sys::set_parent_death_signal(libc::SIGKILL)
+    });
+    let mut child = probe
         .arg("-L")
         .arg(vm.qemu_data_dir())
         .arg("-bios")
