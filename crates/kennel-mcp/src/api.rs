@@ -8,10 +8,11 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use kennel_server::service::{Caller, ServiceError};
+use kennel_server::service::{Caller, ProcessStream, ServiceError};
 use kennel_types::api::{
     ExecResult, ExecSpec, Listing, RunResult, RunSpec, SessionInfo, SessionSpec,
 };
+use kennel_types::process::{ProcessInfo, ProcessSpec};
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +62,22 @@ pub trait Api: Send + Sync + std::fmt::Debug {
     async fn get_archive(&self, id: &str, path: &str) -> Result<Vec<u8>, ApiError>;
     /// A tar archive extracted under a directory.
     async fn put_archive(&self, id: &str, path: &str, data: Vec<u8>) -> Result<(), ApiError>;
+
+    /// Starts a background process in a session.
+    async fn start_process(&self, id: &str, spec: ProcessSpec) -> Result<ProcessInfo, ApiError>;
+    /// A session's background processes: running ones and the last that ended.
+    async fn list_processes(&self, id: &str) -> Result<Vec<ProcessInfo>, ApiError>;
+    /// A background process's output from the offsets `from` (stdout, stderr), as it comes,
+    /// until it exits; dropping the stream stops the reading (over HTTP, the stream ends a
+    /// minute after it began at the latest: a reader waits no longer than that).
+    async fn follow_process(
+        &self,
+        id: &str,
+        pid: u32,
+        from: (u64, u64),
+    ) -> Result<ProcessStream, ApiError>;
+    /// Kills a background process and what is left of its process group.
+    async fn kill_process(&self, id: &str, pid: u32) -> Result<(), ApiError>;
 
     /// The same API acting for `caller`, whom an HTTP request to `/mcp` authenticated. A
     /// remote server knows its caller by the token this process sends, so it stays itself.

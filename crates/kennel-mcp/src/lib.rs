@@ -13,6 +13,7 @@ pub mod api;
 mod http;
 mod local;
 pub mod opened;
+mod process;
 mod python;
 mod remote;
 pub mod render;

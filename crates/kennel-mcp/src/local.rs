@@ -7,11 +7,13 @@ use async_trait::async_trait;
 use super::api::{Api, ApiError, OutputFn};
 use kennel_sandbox::Engine;
 use kennel_sandbox::{OutputSink, Stream};
+use kennel_server::service::ProcessStream;
 use kennel_server::service::{Action, Caller, Live, Reply, Service, ServiceError};
 use kennel_server::{Machinery, ServeError, ServerConfig};
 use kennel_types::api::{
     ExecResult, ExecSpec, Listing, RunResult, RunSpec, SessionInfo, SessionSpec,
 };
+use kennel_types::process::{ProcessInfo, ProcessSpec};
 
 /// The service in this process, called as one caller.
 #[derive(Debug)]
@@ -187,6 +189,43 @@ impl Api for Local {
     async fn put_archive(&self, id: &str, path: &str, data: Vec<u8>) -> Result<(), ApiError> {
         let (id, path) = (id.to_string(), Some(path.to_string()));
         match self.ask(Action::PutArchive { id, path, data }).await? {
+            Reply::Done => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn start_process(&self, id: &str, spec: ProcessSpec) -> Result<ProcessInfo, ApiError> {
+        let id = id.to_string();
+        match self.ask(Action::StartProcess { id, spec }).await? {
+            Reply::ProcessStarted(info) => Ok(info),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn list_processes(&self, id: &str) -> Result<Vec<ProcessInfo>, ApiError> {
+        let id = id.to_string();
+        match self.ask(Action::ListProcesses { id }).await? {
+            Reply::Processes(list) => Ok(list),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn follow_process(
+        &self,
+        id: &str,
+        pid: u32,
+        from: (u64, u64),
+    ) -> Result<ProcessStream, ApiError> {
+        let id = id.to_string();
+        match self.ask(Action::FollowProcess { id, pid, from }).await? {
+            Reply::ProcessOutput(events) => Ok(events),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn kill_process(&self, id: &str, pid: u32) -> Result<(), ApiError> {
+        let id = id.to_string();
+        match self.ask(Action::KillProcess { id, pid }).await? {
             Reply::Done => Ok(()),
             other => Err(unexpected(other)),
         }

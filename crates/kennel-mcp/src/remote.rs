@@ -9,10 +9,12 @@ use serde::{Deserialize, Serialize};
 use ureq::http::{header, Method};
 
 use super::api::{Api, ApiError, OutputFn};
-use kennel_server::service::{Caller, ServiceError};
+use kennel_sandbox::Stream;
+use kennel_server::service::{Caller, ProcessEvent, ProcessStream, ServiceError};
 use kennel_types::api::{
     ExecResult, ExecSpec, Listing, RunResult, RunSpec, SessionInfo, SessionSpec,
 };
+use kennel_types::process::{ProcessInfo, ProcessSpec};
 
 /// A `kennel serve` reached over HTTP.
 #[derive(Clone)]
@@ -31,6 +33,10 @@ impl std::fmt::Debug for Remote {
             .finish_non_exhaustive()
     }
 }
+
+/// How long a process's output stream is read at most: its reader, a blocking thread, ends
+/// then even when nobody drops the stream and the process stays quiet.
+const FOLLOW_LIMIT: Duration = Duration::from_secs(60);
 
 /// The largest answer read from a remote server.
 const MAX_REPLY: u64 = 256 << 20;
@@ -142,6 +148,53 @@ impl Remote {
         parse(&answer)
     }
 
+    /// A process's output stream (`GET .../processes/{pid}/output`), read by a blocking
+    /// thread into the events the service's own stream carries; an error answer is returned
+    /// as the call's error.
+    async fn follow(&self, path: String) -> Result<ProcessStream, ApiError> {
+        let url = format!("{}{path}", self.base);
+        let auth = self.token.as_ref().map(|t| format!("Bearer {t}"));
+        let (agent, base) = (self.agent.clone(), self.base.clone());
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let (opened, answer) = tokio::sync::oneshot::channel();
+        tokio::task::spawn_blocking(move || {
+            let mut builder = ureq::http::Request::builder()
+                .method(Method::GET)
+                .uri(&url)
+                .header(header::ACCEPT, "text/event-stream");
+            if let Some(a) = &auth {
+                builder = builder.header(header::AUTHORIZATION, a);
+            }
+            let req = match builder.body(()) {
+                Ok(req) => agent
+                    .configure_request(req)
+                    .timeout_global(Some(FOLLOW_LIMIT))
+                    .build(),
+                Err(e) => return drop(opened.send(Err(ApiError::Unreachable(e.to_string())))),
+            };
+            let mut response = match agent.run(req) {
+                Ok(r) => r,
+                Err(e) => {
+                    let why = format!("cannot reach kennel serve at {base}: {e}");
+                    return drop(opened.send(Err(ApiError::Unreachable(why))));
+                }
+            };
+            let status = response.status().as_u16();
+            if !(200..300).contains(&status) {
+                let body = response.body_mut().read_to_vec().unwrap_or_default();
+                return drop(opened.send(Err(refusal(status, &body))));
+            }
+            if opened.send(Ok(())).is_ok() {
+                let reader = std::io::BufReader::new(response.into_body().into_reader());
+                read_process_events(reader, &tx);
+            }
+        });
+        answer
+            .await
+            .map_err(|e| ApiError::Unreachable(format!("the request to {path} failed: {e}")))??;
+        Ok(rx)
+    }
+
     async fn call_json<T: DeserializeOwned>(
         &self,
         method: Method,
@@ -195,6 +248,70 @@ fn read_events(reader: impl std::io::BufRead, output: &OutputFn) -> Result<Vec<u
     Err(ApiError::Unreachable(
         "the stream ended without a result".into(),
     ))
+}
+
+/// Reads a process's output stream into `tx` as the service's events, until the stream ends,
+/// breaks (its [`FOLLOW_LIMIT`]) or nobody reads `tx`.
+fn read_process_events(
+    reader: impl std::io::BufRead,
+    tx: &tokio::sync::mpsc::Sender<ProcessEvent>,
+) {
+    let (mut event, mut data) = (String::new(), String::new());
+    for line in reader.lines() {
+        let Ok(line) = line else {
+            return;
+        };
+        if let Some(name) = line.strip_prefix("event:") {
+            event = name.trim().to_string();
+        } else if let Some(d) = line.strip_prefix("data:") {
+            data.push_str(d.strip_prefix(' ').unwrap_or(d));
+        } else if line.is_empty() && !data.is_empty() {
+            let Some(e) = process_event(&event, &data) else {
+                data.clear();
+                continue;
+            };
+            let last = matches!(e, ProcessEvent::Exit(_) | ProcessEvent::Failed(_));
+            if tx.blocking_send(e).is_err() || last {
+                return;
+            }
+            data.clear();
+        }
+    }
+}
+
+/// One event of a process's output stream, as the service's [`ProcessEvent`]; `None` for one
+/// this client does not know.
+fn process_event(event: &str, data: &str) -> Option<ProcessEvent> {
+    let value = serde_json::from_str::<serde_json::Value>(data).unwrap_or_default();
+    let stream = |name: &str| {
+        if name == "stderr" {
+            Stream::Stderr
+        } else {
+            Stream::Stdout
+        }
+    };
+    Some(match event {
+        "stdout" | "stderr" => ProcessEvent::Output {
+            stream: stream(event),
+            offset: value["offset"].as_u64().unwrap_or(0),
+            data: chunk_bytes(&value),
+        },
+        "dropped" => ProcessEvent::Dropped {
+            stream: stream(value["stream"].as_str().unwrap_or_default()),
+            bytes: value["bytes"].as_u64().unwrap_or(0),
+        },
+        "exit" => match serde_json::from_value::<ProcessInfo>(value) {
+            Ok(info) => ProcessEvent::Exit(Box::new(info)),
+            Err(e) => ProcessEvent::Failed(ServiceError::Internal(format!(
+                "the server's exit event is not understood: {e}"
+            ))),
+        },
+        "error" => ProcessEvent::Failed(
+            serde_json::from_value::<ServiceError>(value)
+                .unwrap_or_else(|_| ServiceError::Internal(format!("the server failed: {data}"))),
+        ),
+        _ => return None,
+    })
 }
 
 /// The bytes of an output event: each chunk comes once, as `{"text"}` when it is UTF-8 and as
@@ -365,6 +482,35 @@ impl Api for Remote {
         self.call(Method::PUT, &url, Body::Bytes(data))
             .await
             .map(drop)
+    }
+
+    async fn start_process(&self, id: &str, spec: ProcessSpec) -> Result<ProcessInfo, ApiError> {
+        let url = format!("{}/processes", session_url(id));
+        self.call_json(Method::POST, &url, &spec).await
+    }
+
+    async fn list_processes(&self, id: &str) -> Result<Vec<ProcessInfo>, ApiError> {
+        let url = format!("{}/processes", session_url(id));
+        parse(&self.call(Method::GET, &url, Body::None).await?)
+    }
+
+    async fn follow_process(
+        &self,
+        id: &str,
+        pid: u32,
+        from: (u64, u64),
+    ) -> Result<ProcessStream, ApiError> {
+        let (out, err) = from;
+        self.follow(format!(
+            "{}/processes/{pid}/output?stdout_offset={out}&stderr_offset={err}",
+            session_url(id)
+        ))
+        .await
+    }
+
+    async fn kill_process(&self, id: &str, pid: u32) -> Result<(), ApiError> {
+        let url = format!("{}/processes/{pid}", session_url(id));
+        self.call(Method::DELETE, &url, Body::None).await.map(drop)
     }
 
     fn for_caller(&self, _caller: Caller) -> Arc<dyn Api> {

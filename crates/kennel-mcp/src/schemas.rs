@@ -174,3 +174,55 @@ pub fn listing() -> Arc<JsonObject> {
         &["path", "entries"],
     )
 }
+
+/// A background process, as the API lists it.
+fn process_properties() -> Value {
+    json!({"pid": {"type": "integer"}, "argv": {"type": "array", "items": {"type": "string"}},
+           "state": {"type": "string", "enum": ["running", "exited"]},
+           "exit_code": {"type": ["integer", "null"]}, "signal": {"type": ["integer", "null"]},
+           "timed_out": {"type": "boolean"}, "started_at_unix_ms": {"type": "integer"},
+           "ended_at_unix_ms": {"type": ["integer", "null"]},
+           "stdout_bytes": {"type": "integer"}, "stderr_bytes": {"type": "integer"}})
+}
+
+/// start_process.
+pub fn process() -> Arc<JsonObject> {
+    object(process_properties(), &["pid", "argv", "state"])
+}
+
+/// list_processes.
+pub fn processes() -> Arc<JsonObject> {
+    object(
+        json!({"processes": {"type": "array", "items": {"type": "object",
+            "properties": process_properties(), "required": ["pid", "argv", "state"]}}}),
+        &["processes"],
+    )
+}
+
+/// read_process_output.
+pub fn process_output() -> Arc<JsonObject> {
+    object(
+        json!({"pid": {"type": "integer"}, "exited": {"type": "boolean"},
+               "exit_code": {"type": ["integer", "null"]}, "signal": {"type": ["integer", "null"]},
+               "timed_out": {"type": "boolean"},
+               "stdout": {"type": "string"}, "stderr": {"type": "string"},
+               "stdout_offset": {"type": "integer", "description": "where the next read starts"},
+               "stderr_offset": {"type": "integer"}, "dropped_bytes": {"type": "integer"}}),
+        &[
+            "pid",
+            "exited",
+            "stdout",
+            "stderr",
+            "stdout_offset",
+            "stderr_offset",
+        ],
+    )
+}
+
+/// kill_process.
+pub fn killed() -> Arc<JsonObject> {
+    object(
+        json!({"pid": {"type": "integer"}, "killed": {"type": "boolean"}}),
+        &["pid", "killed"],
+    )
+}

@@ -19,6 +19,7 @@ use tokio::task::JoinHandle;
 
 use super::api::{Api, ApiError, OutputFn};
 use super::opened::Opened;
+use super::process;
 use super::python;
 use super::render::{self, Shown};
 use super::schemas;
@@ -27,6 +28,7 @@ use kennel_server::service::Caller;
 use kennel_types::api::{Content, EntryKind, ExecSpec, Language, LimitsSpec, RunSpec, SessionSpec};
 use kennel_types::error::PolicyError;
 use kennel_types::policy::{Capabilities, Platform, Runtime, Span, Tier};
+use kennel_types::process::ProcessSpec;
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -211,6 +213,51 @@ pub struct ListFilesArgs {
     pub path: Option<String>,
 }
 
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StartProcessArgs {
+    /// The id that create_session returned.
+    pub session_id: String,
+    /// The program and its arguments, such as ["python3", "-m", "http.server", "8000"];
+    /// give this or `cmd`.
+    pub argv: Option<Vec<String>>,
+    /// A shell command line, run as `bash -c CMD` (pipes, redirections, `&&`); give this or
+    /// `argv`.
+    pub cmd: Option<String>,
+    /// Its working directory (default /workspace).
+    pub cwd: Option<String>,
+    /// Environment variables beyond the sandbox's own.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Kill it after this long, such as "10m"; by default it runs as long as the session.
+    pub timeout: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReadProcessOutputArgs {
+    /// The id that create_session returned.
+    pub session_id: String,
+    /// The pid that start_process returned.
+    pub pid: u32,
+    /// Where to start in its stdout: 0 (the default) for the oldest byte kept, or the
+    /// `stdout_offset` the last read_process_output returned.
+    #[serde(default)]
+    pub stdout_offset: u64,
+    /// Where to start in its stderr, as `stdout_offset`.
+    #[serde(default)]
+    pub stderr_offset: u64,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessArgs {
+    /// The id that create_session returned.
+    pub session_id: String,
+    /// The pid that start_process returned.
+    pub pid: u32,
+}
+
 /// The Kennel MCP server: sandboxed code execution over Kennel's API.
 #[derive(Clone, Debug)]
 pub struct KennelTools {
@@ -229,7 +276,9 @@ a private /workspace (the working directory) and /tmp, limits on time, memory an
 Use run_code or run_command for one-off work; each call gets a fresh sandbox. For multi-step \
 work, create_session once, then session_exec (python state persists between calls, and a \
 final expression's value and plots come back as a notebook shows them), \
-write_file/read_file/list_files to move files in and out, and close_session when done. \
+write_file/read_file/list_files to move files in and out, start_process for servers and \
+long jobs that run in the background (read_process_output, kill_process), and close_session \
+when done. \
 A result says the exit status, then stdout and stderr: code that fails, times out or is \
 killed is a normal result that says so, to read and fix; only bad arguments and Kennel's own \
 failures are error results.";
@@ -831,6 +880,124 @@ member outside that directory, a link or a device is refused whole.",
     }
 
     #[tool(
+        description = "Start a background process in a session made by create_session: a \
+server, a watcher or a long job that keeps running while other tools are called, until it \
+exits, kill_process kills it, its `timeout` passes or the session ends. Give `argv` or `cmd` \
+(a bash command line). Returns its pid at once; read_process_output reads what it writes.",
+        annotations(open_world_hint = false),
+        output_schema = schemas::process()
+    )]
+    async fn start_process(
+        &self,
+        params: Parameters<StartProcessArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let this = self.for_caller(&ctx);
+        let a = params.0;
+        let spec = ProcessSpec {
+            argv: a.argv,
+            cmd: a.cmd,
+            cwd: a.cwd.map(|c| sandbox_path(&c)),
+            env: a.env,
+            stdin: false,
+            timeout: match span("timeout", &a.timeout) {
+                Ok(t) => t,
+                Err(e) => return Ok(e),
+            },
+        };
+        if let Err(e) = spec.argv() {
+            return Ok(invalid(e.to_string()));
+        }
+        Ok(match this.api.start_process(&a.session_id, spec).await {
+            Ok(info) => {
+                let text = format!(
+                    "started process {} ({}); read its output with read_process_output",
+                    info.pid,
+                    info.argv.join(" ")
+                );
+                result(text, serde_json::to_value(&info).unwrap_or_default(), false)
+            }
+            Err(e) => failure(&e),
+        })
+    }
+
+    #[tool(
+        description = "List a session's background processes (start_process): the running \
+ones and the last ones that ended, with how they ended.",
+        annotations(read_only_hint = true, open_world_hint = false),
+        output_schema = schemas::processes()
+    )]
+    async fn list_processes(
+        &self,
+        params: Parameters<SessionArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let this = self.for_caller(&ctx);
+        let id = params.0.session_id;
+        Ok(match this.api.list_processes(&id).await {
+            Ok(list) => {
+                let mut lines = vec![format!("{} processes", list.len())];
+                lines.extend(list.iter().map(process::line));
+                let data = json!({"processes": list});
+                result(lines.join("\n"), data, false)
+            }
+            Err(e) => failure(&e),
+        })
+    }
+
+    #[tool(
+        description = "Read what a background process (start_process) has written: its \
+stdout and stderr from the given offsets, waiting only until it is quiet for half a second or \
+exits. Says whether it exited (and how); pass the returned stdout_offset and stderr_offset to \
+the next call to read only what is new.",
+        annotations(read_only_hint = true, open_world_hint = false),
+        output_schema = schemas::process_output()
+    )]
+    async fn read_process_output(
+        &self,
+        params: Parameters<ReadProcessOutputArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let this = self.for_caller(&ctx);
+        let a = params.0;
+        let from = (a.stdout_offset, a.stderr_offset);
+        let events = match this.api.follow_process(&a.session_id, a.pid, from).await {
+            Ok(events) => events,
+            Err(e) => return Ok(failure(&e)),
+        };
+        Ok(match process::read(events, from, process::QUIET).await {
+            Ok(out) => {
+                let (text, data) = process::render(a.pid, &out);
+                result(text, data, false)
+            }
+            Err(e) => failure(&ApiError::Service(e)),
+        })
+    }
+
+    #[tool(
+        description = "Kill a background process (start_process) and whatever it started \
+(its process group).",
+        annotations(destructive_hint = true, open_world_hint = false),
+        output_schema = schemas::killed()
+    )]
+    async fn kill_process(
+        &self,
+        params: Parameters<ProcessArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let this = self.for_caller(&ctx);
+        let a = params.0;
+        Ok(match this.api.kill_process(&a.session_id, a.pid).await {
+            Ok(()) => result(
+                format!("process {} killed", a.pid),
+                json!({"pid": a.pid, "killed": true}),
+                false,
+            ),
+            Err(e) => failure(&e),
+        })
+    }
+
+    #[tool(
         description = "List a directory in a session's sandbox: /workspace by default, or \
 /tmp or a directory under either. Shows each entry's type and size.",
         annotations(read_only_hint = true, open_world_hint = false),
@@ -1028,6 +1195,10 @@ mod tests {
             "run_python_code",
             "download_archive",
             "upload_archive",
+            "start_process",
+            "list_processes",
+            "read_process_output",
+            "kill_process",
         ] {
             assert!(
                 names.iter().any(|n| n == want),

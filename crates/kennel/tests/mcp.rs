@@ -727,3 +727,84 @@ fn thousands_of_initializes_leave_the_server_small() {
     // The other tenant is still served.
     HttpMcp::open(&a.with_token(Some(TOKEN_B)));
 }
+
+/// A background process through the tools, in-process and forwarded to a real `kennel
+/// serve`: start_process answers its pid at once, read_process_output reads what it wrote
+/// until it is quiet (offsets to continue from) and then to its exit with its code, and
+/// kill_process ends one that would run on.
+fn background_processes_through(mut mcp: Mcp) {
+    let created = mcp.call_tool("create_session", json!({}));
+    let sid = created["structuredContent"]["session_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no session id: {created}"))
+        .to_string();
+    let started = mcp.call_tool(
+        "start_process",
+        json!({"session_id": sid, "cmd": "echo one; sleep 1; echo two >&2; exit 3"}),
+    );
+    let pid = started["structuredContent"]["pid"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no pid: {started}"));
+    assert_eq!(
+        started["structuredContent"]["state"], "running",
+        "{started}"
+    );
+    let (mut out, mut err, mut at) = (String::new(), String::new(), (0, 0));
+    let end = loop {
+        let r = mcp.call_tool(
+            "read_process_output",
+            json!({"session_id": sid, "pid": pid, "stdout_offset": at.0, "stderr_offset": at.1}),
+        );
+        let s = &r["structuredContent"];
+        out += s["stdout"].as_str().unwrap_or_else(|| panic!("{r}"));
+        err += s["stderr"].as_str().unwrap_or_default();
+        at = (
+            s["stdout_offset"].as_u64().unwrap(),
+            s["stderr_offset"].as_u64().unwrap(),
+        );
+        if s["exited"] == true {
+            break s.clone();
+        }
+    };
+    assert_eq!((out.as_str(), err.as_str()), ("one\n", "two\n"));
+    assert_eq!(at, (4, 4));
+    assert_eq!(end["exit_code"], 3, "{end}");
+    let sleeper = mcp.call_tool(
+        "start_process",
+        json!({"session_id": sid, "argv": ["sleep", "600"]}),
+    );
+    let pid = sleeper["structuredContent"]["pid"].as_u64().unwrap();
+    let listed = mcp.call_tool("list_processes", json!({"session_id": sid}));
+    let procs = listed["structuredContent"]["processes"].as_array().unwrap();
+    assert!(
+        procs
+            .iter()
+            .any(|p| p["pid"] == pid && p["state"] == "running"),
+        "{listed}"
+    );
+    let killed = mcp.call_tool("kill_process", json!({"session_id": sid, "pid": pid}));
+    assert_eq!(killed["structuredContent"]["killed"], true, "{killed}");
+    let r = mcp.call_tool(
+        "read_process_output",
+        json!({"session_id": sid, "pid": pid}),
+    );
+    assert_eq!(r["structuredContent"]["signal"], 9, "{r}");
+    let missing = mcp.call_tool("kill_process", json!({"session_id": sid, "pid": 999_999}));
+    assert_eq!(missing["isError"], true, "{missing}");
+    assert_eq!(
+        missing["structuredContent"]["error"]["status"], 404,
+        "{missing}"
+    );
+    mcp.call_tool("close_session", json!({"session_id": sid}));
+}
+
+#[test]
+fn background_processes_in_process() {
+    background_processes_through(Mcp::start(&[]));
+}
+
+#[test]
+fn background_processes_forwarded_to_kennel_serve() {
+    let server = Server::start_with("mcp-procs", "[pool]\npython = 0\nbash = 0\n", &[], None);
+    background_processes_through(Mcp::start(&["--server", &server.client.base]));
+}

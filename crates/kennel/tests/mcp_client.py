@@ -28,6 +28,10 @@ TOOLS = {
     "run_python_code",
     "download_archive",
     "upload_archive",
+    "start_process",
+    "list_processes",
+    "read_process_output",
+    "kill_process",
 }
 
 
@@ -270,6 +274,26 @@ async def checks(read, write):
         assert text_of(r) == "61", text_of(r)
         tool_error("upload_archive of garbage", await s.call_tool("upload_archive", {
             "session_id": sid, "archive_base64": "bm90IGEgdGFy"}), "not a tar archive")
+
+        # A background process: its answers fit the tools' output schemas (checked here).
+        r = ok("start_process", await s.call_tool("start_process", {
+            "session_id": sid, "cmd": "echo bg; exit 5"}))
+        pid = r.structured_content["pid"]
+        out = ""
+        while True:
+            r = ok("read_process_output", await s.call_tool("read_process_output", {
+                "session_id": sid, "pid": pid,
+                "stdout_offset": len(out.encode())}))
+            out += r.structured_content["stdout"]
+            if r.structured_content["exited"]:
+                break
+        assert (out, r.structured_content["exit_code"]) == ("bg\n", 5), text_of(r)
+        r = ok("list_processes", await s.call_tool("list_processes", {"session_id": sid}))
+        assert pid in [p["pid"] for p in r.structured_content["processes"]], text_of(r)
+        r = ok("start_process sleep", await s.call_tool("start_process", {
+            "session_id": sid, "argv": ["sleep", "600"]}))
+        ok("kill_process", await s.call_tool("kill_process", {
+            "session_id": sid, "pid": r.structured_content["pid"]}))
 
         ok("session_exec bash cd", await s.call_tool("session_exec", {
             "session_id": sid, "language": "bash", "code": "cd /tmp && export K=kept"}))

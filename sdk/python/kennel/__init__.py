@@ -38,21 +38,25 @@ names), :class:`ConnectionLost` or :class:`RequestTimeout`.
 Runs by id: ``client.submit(spec)`` starts an ``async`` run (a :class:`RunInfo`),
 ``client.get_run(id)`` / ``client.wait_run(id)`` follow it, ``client.cancel_run(id)`` kills it;
 ``verify_webhook(secret, headers, body)`` checks a signed callback.
+
+Background processes: ``s.processes.start(cmd=...)`` (a :class:`ProcessInfo`),
+``s.processes.output(pid)`` (:class:`ProcessEvent` objects to the ``exit``), ``.list()``,
+``.write_stdin(pid, data, eof=True)``, ``.signal(pid, 15)``, ``.kill(pid)``.
 """
 
-from .aio import AsyncClient, AsyncSession, AsyncStream
-from .client import Client, Session, Stream
+from .aio import AsyncClient, AsyncProcesses, AsyncSession, AsyncStream
+from .client import Client, Processes, Session, Stream
 from .errors import (BadRequest, Busy, ConnectionFailed, ConnectionLost, Forbidden, KennelError,
                      NotFound, RequestTimeout, SessionEnded, TransportError, Unauthorized)
 from .results import (CollectedFile, ExecError, ExecResult, FileEntry, Interpreter, Isolation,
-                      NetEvent, OutputChunk, RichOutput, RunInfo, RunResult, SessionEnd,
-                      SessionInfo)
+                      NetEvent, OutputChunk, ProcessEvent, ProcessInfo, RichOutput, RunInfo,
+                      RunResult, SessionEnd, SessionInfo)
 from .webhooks import WebhookVerificationError, verify_webhook
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AsyncClient", "AsyncSession", "AsyncStream", "BadRequest", "Busy", "Client",
+    "AsyncClient", "AsyncProcesses", "AsyncSession", "Processes", "ProcessEvent", "ProcessInfo", "AsyncStream", "BadRequest", "Busy", "Client",
     "CollectedFile", "ConnectionFailed", "ConnectionLost", "RequestTimeout", "TransportError", "ExecError", "ExecResult", "FileEntry", "Interpreter", "Isolation", "KennelError",
     "Forbidden", "NetEvent", "NotFound", "OutputChunk", "RichOutput", "RunResult", "Session", "SessionEnded",
     "SessionEnd", "SessionInfo", "Stream", "Unauthorized", "RunInfo", "WebhookVerificationError", "verify_webhook",

@@ -14,7 +14,8 @@ import httpx
 
 from .errors import (ConnectionFailed, ConnectionLost, KennelError, RequestTimeout,
                      TransportError, error_for)
-from .results import Isolation, OutputChunk, RichOutput, SessionEnd, SessionInfo
+from .results import (Isolation, OutputChunk, ProcessEvent, ProcessInfo, RichOutput, SessionEnd,
+                      SessionInfo)
 
 # What a stream yields: output as it is written, and a python session exec's rich outputs.
 Piece = Union[OutputChunk, RichOutput]
@@ -443,3 +444,105 @@ class Outcome:
                 code, message = "error", data
             raise error_for(None, code, message)
         return None, None  # an event this SDK does not know: ignored
+
+
+def process_body(argv: Optional[Sequence[str]], cmd: Optional[str], cwd: Optional[str],
+                 env: Optional[Mapping[str, str]], stdin: bool,
+                 timeout: Timeout) -> Dict[str, Any]:
+    """A ``ProcessSpec``: ``argv``, or ``cmd`` for ``bash -c``, and only the options given."""
+    if (argv is None) == (cmd is None):
+        raise TypeError("give argv (a list of strings) or cmd (a bash command line), not both")
+    if isinstance(argv, str):
+        raise TypeError("argv is a list of strings; use cmd= for a shell line")
+    body: Dict[str, Any] = {"argv": list(argv)} if argv is not None else {"cmd": cmd}
+    if cwd is not None:
+        body["cwd"] = sandbox_dir(cwd)
+    if env:
+        body["env"] = dict(env)
+    if stdin:
+        body["stdin"] = True
+    if timeout is not None:
+        body["timeout"] = span(timeout)
+    return body
+
+
+def stdin_body(data: FileData, eof: bool) -> Dict[str, Any]:
+    """A ``ProcessInput``: text as text, bytes as base64."""
+    body: Dict[str, Any] = {"eof": bool(eof)}
+    if isinstance(data, str):
+        if data:
+            body["data"] = {"text": data}
+    elif len(data):
+        body["data"] = {"base64": base64.b64encode(bytes(data)).decode("ascii")}
+    return body
+
+
+def process_url(session_id: str, pid: Optional[int] = None, suffix: str = "") -> str:
+    tail = "" if pid is None else f"/{int(pid)}"
+    return session_url(session_id, f"/processes{tail}{suffix}")
+
+
+class ProcessFollower:
+    """Reads a process's output stream line by line into :class:`ProcessEvent` objects, and
+    keeps the offsets after the last output event, to resume from after a dropped
+    connection."""
+
+    def __init__(self, stdout_offset: int, stderr_offset: int, reconnects: int):
+        self.offsets = {"stdout": stdout_offset, "stderr": stderr_offset}
+        self.exited = False
+        self._parser = SSEParser()
+        self._reconnects = reconnects
+        self._failures = 0
+
+    def request(self, http: Any, url: str) -> httpx.Request:
+        """The request that (re)opens the stream where it was; a half-read event of the last
+        connection is dropped."""
+        self._parser = SSEParser()
+        params = {"stdout_offset": self.offsets["stdout"],
+                  "stderr_offset": self.offsets["stderr"]}
+        return http.build_request("GET", url, params=params,
+                                  headers={"Accept": "text/event-stream"})
+
+    def broke(self, request: httpx.Request, e: Optional[httpx.TransportError]) -> None:
+        """The connection broke (``e``) or ended before the exit: raises once that has
+        happened more than ``reconnects`` times in a row, else the stream is opened again."""
+        self._failures += 1
+        if self._failures <= self._reconnects:
+            return
+        if e is not None:
+            raise transport_error(request, e) from e
+        raise KennelError(None, "stream_ended", "the output stream ended before the exit event")
+
+    def feed(self, line: Optional[str]) -> List[ProcessEvent]:
+        """The events a line of the stream completes (``None``: the stream has ended)."""
+        if line is None:
+            ev = self._parser.finish()
+            return self._event(*ev) if ev is not None else []
+        out: List[ProcessEvent] = []
+        for piece in line.splitlines() or [""]:
+            ev = self._parser.feed(piece)
+            if ev is not None:
+                out.extend(self._event(*ev))
+        if out:
+            self._failures = 0
+        return out
+
+    def _event(self, event: str, data: str) -> List[ProcessEvent]:
+        if event in ("stdout", "stderr"):
+            d = json.loads(data)
+            raw = base64.b64decode(d["b64"]) if "b64" in d else d.get("text", "").encode()
+            text = d.get("text")
+            offset = int(d.get("offset", self.offsets[event]))
+            self.offsets[event] = offset + len(raw)
+            return [ProcessEvent(event, raw, raw.decode("utf-8", "replace") if text is None
+                                 else text, offset, event)]
+        if event == "dropped":
+            d = json.loads(data)
+            return [ProcessEvent("dropped", stream=d.get("stream"), bytes=int(d.get("bytes", 0)))]
+        if event == "exit":
+            self.exited = True
+            return [ProcessEvent("exit", info=ProcessInfo.from_dict(json.loads(data)))]
+        if event == "error":
+            self.exited = True
+            Outcome.decode(event, data)  # raises the server's error
+        return []

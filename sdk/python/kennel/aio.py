@@ -23,9 +23,10 @@ from typing import (Any, AsyncIterator, Awaitable, Callable, Dict, Generator, Ge
 import httpx
 
 from . import _common as c
-from .client import DEFAULT_URL, _shell_line
+from .client import DEFAULT_URL, RECONNECTS, _shell_line
 from .errors import KennelError, NotFound
-from .results import ExecResult, FileEntry, OutputChunk, RunInfo, RunResult, SessionInfo
+from .results import (ExecResult, FileEntry, OutputChunk, ProcessEvent, ProcessInfo, RunInfo,
+                      RunResult, SessionInfo)
 
 R = TypeVar("R")
 
@@ -128,6 +129,67 @@ class AsyncStream(Generic[R]):
         await self.aclose()
 
 
+class AsyncProcesses:
+    """The asyncio twin of :class:`kennel.client.Processes` (``session.processes``);
+    :meth:`output` is an async iterator."""
+
+    def __init__(self, session: "AsyncSession"):
+        self._session = session
+
+    async def _request(self, method: str, url: str, **kw: Any) -> httpx.Response:
+        return await self._session._client._request(method, url, **kw)
+
+    async def start(self, argv: Optional[Sequence[str]] = None, cmd: Optional[str] = None, *,
+                    cwd: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
+                    stdin: bool = False, timeout: c.Timeout = None) -> ProcessInfo:
+        body = c.process_body(argv, cmd, cwd, env, stdin, timeout)
+        r = await self._request("POST", c.process_url(self._session.id), json=body)
+        return ProcessInfo.from_dict(r.json())
+
+    async def list(self) -> List[ProcessInfo]:
+        r = await self._request("GET", c.process_url(self._session.id))
+        return [ProcessInfo.from_dict(d) for d in r.json()]
+
+    async def output(self, pid: int, stdout_offset: int = 0, stderr_offset: int = 0, *,
+                     reconnects: int = RECONNECTS) -> AsyncIterator[ProcessEvent]:
+        """As :meth:`kennel.client.Processes.output`: ``async for ev in ...``."""
+        client = self._session._client
+        follow = c.ProcessFollower(stdout_offset, stderr_offset, reconnects)
+        url = c.process_url(self._session.id, pid, "/output")
+        while True:
+            request = follow.request(client._http, url)
+            response = await client._send(request, stream=True)
+            broke: Optional[httpx.TransportError] = None
+            try:
+                if response.status_code >= 400:
+                    raise c.error_from(response, await response.aread())
+                async for line in response.aiter_lines():
+                    for ev in follow.feed(line):
+                        yield ev
+                    if follow.exited:
+                        return
+                for ev in follow.feed(None):
+                    yield ev
+                if follow.exited:
+                    return
+            except httpx.TransportError as e:
+                broke = e
+            finally:
+                await response.aclose()
+            follow.broke(request, broke)
+
+    async def write_stdin(self, pid: int, data: c.FileData, eof: bool = False) -> None:
+        await self._request("POST", c.process_url(self._session.id, pid, "/stdin"),
+                            json=c.stdin_body(data, eof))
+
+    async def signal(self, pid: int, signal: int) -> None:
+        await self._request("POST", c.process_url(self._session.id, pid, "/signal"),
+                            json={"signal": int(signal)})
+
+    async def kill(self, pid: int) -> None:
+        await self._request("DELETE", c.process_url(self._session.id, pid))
+
+
 class AsyncSession(c.SessionFields):
     """The asyncio twin of :class:`kennel.Session`, with its :attr:`isolation` and
     :attr:`ended`."""
@@ -137,6 +199,8 @@ class AsyncSession(c.SessionFields):
         self.info = info
         self.id = info.id
         self.closed = False
+        #: The session's background processes: :class:`AsyncProcesses`.
+        self.processes = AsyncProcesses(self)
 
     def __repr__(self) -> str:
         return f"<kennel.AsyncSession {self.id}{' closed' if self.closed else ''}>"

@@ -11,7 +11,8 @@ import httpx
 
 from . import _common as c
 from .errors import KennelError, NotFound
-from .results import ExecResult, FileEntry, OutputChunk, RunInfo, RunResult, SessionInfo
+from .results import (ExecResult, FileEntry, OutputChunk, ProcessEvent, ProcessInfo, RunInfo,
+                      RunResult, SessionInfo)
 
 R = TypeVar("R")
 
@@ -121,6 +122,87 @@ class Stream(Generic[R]):
         self.close()
 
 
+#: How many times a process's output stream is opened again after its connection broke.
+RECONNECTS = 3
+
+
+class Processes:
+    """A session's background processes (``session.processes``): programs that keep running
+    between calls (servers, watchers, long jobs) until they exit, are killed, their
+    ``timeout`` passes or the session ends.
+
+    >>> p = s.processes.start(cmd="python3 -m http.server 8000")
+    >>> for ev in s.processes.output(p.pid):   # stdout/stderr events, then "exit"
+    ...     print(ev.kind, ev.text)
+    """
+
+    def __init__(self, session: "Session"):
+        self._session = session
+
+    def _request(self, method: str, url: str, **kw: Any) -> httpx.Response:
+        return self._session._client._request(method, url, **kw)
+
+    def start(self, argv: Optional[Sequence[str]] = None, cmd: Optional[str] = None, *,
+              cwd: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
+              stdin: bool = False, timeout: c.Timeout = None) -> ProcessInfo:
+        """Starts ``argv``, or ``cmd`` as a bash command line; ``stdin=True`` gives it a stdin
+        to :meth:`write_stdin` to (else it reads /dev/null); ``timeout`` (seconds or "10m")
+        kills it after that long. :class:`kennel.BadRequest` for a program or ``cwd`` that
+        cannot start, :class:`kennel.Busy` past the server's processes per session."""
+        body = c.process_body(argv, cmd, cwd, env, stdin, timeout)
+        r = self._request("POST", c.process_url(self._session.id), json=body)
+        return ProcessInfo.from_dict(r.json())
+
+    def list(self) -> List[ProcessInfo]:
+        """The running processes, and the last ones that ended."""
+        r = self._request("GET", c.process_url(self._session.id))
+        return [ProcessInfo.from_dict(d) for d in r.json()]
+
+    def output(self, pid: int, stdout_offset: int = 0, stderr_offset: int = 0, *,
+               reconnects: int = RECONNECTS) -> Iterator[ProcessEvent]:
+        """The process's output from these offsets (0: the oldest byte the server keeps), as
+        it is written, ending with its ``exit`` event. A connection that breaks is opened
+        again from the last offsets, up to ``reconnects`` times in a row."""
+        client = self._session._client
+        follow = c.ProcessFollower(stdout_offset, stderr_offset, reconnects)
+        url = c.process_url(self._session.id, pid, "/output")
+        while True:
+            request = follow.request(client._http, url)
+            response = client._send(request, stream=True)
+            broke: Optional[httpx.TransportError] = None
+            try:
+                if response.status_code >= 400:
+                    raise c.error_from(response, response.read())
+                for line in response.iter_lines():
+                    yield from follow.feed(line)
+                    if follow.exited:
+                        return
+                yield from follow.feed(None)
+                if follow.exited:
+                    return
+            except httpx.TransportError as e:
+                broke = e
+            finally:
+                response.close()
+            follow.broke(request, broke)
+
+    def write_stdin(self, pid: int, data: c.FileData, eof: bool = False) -> None:
+        """Writes ``data`` (str as UTF-8) to the process's stdin, then closes it if ``eof``.
+        :class:`kennel.BadRequest` when it has no stdin open; :class:`kennel.Busy` while a MiB
+        waits unread."""
+        self._request("POST", c.process_url(self._session.id, pid, "/stdin"),
+                      json=c.stdin_body(data, eof))
+
+    def signal(self, pid: int, signal: int) -> None:
+        """Sends ``signal`` (1 to 64, such as ``signal.SIGTERM``) to the process."""
+        self._request("POST", c.process_url(self._session.id, pid, "/signal"),
+                      json={"signal": int(signal)})
+
+    def kill(self, pid: int) -> None:
+        """Kills the process and what is left of its process group."""
+        self._request("DELETE", c.process_url(self._session.id, pid))
+
+
 class Session(c.SessionFields):
     """A sandbox kept between an agent's steps (``POST /v1/sessions``).
 
@@ -135,6 +217,8 @@ class Session(c.SessionFields):
         self.info = info
         self.id = info.id
         self.closed = False
+        #: The session's background processes: :class:`Processes`.
+        self.processes = Processes(self)
 
     def __repr__(self) -> str:
         return f"<kennel.Session {self.id}{' closed' if self.closed else ''}>"

@@ -516,3 +516,69 @@ class OutputChunk:
     stream: str
     data: bytes
     text: str
+
+
+@dataclass
+class ProcessInfo:
+    """A background process of a session (``session.processes``), as the server lists it.
+
+    ``state`` is ``"running"`` or ``"exited"``; once exited, ``exit_code`` (it exited on its
+    own), or ``signal`` (a signal ended it; ``timed_out`` if its ``timeout`` did) says how, and
+    ``usage`` holds ``{"cpu_ms", "memory_peak_bytes"}``. Times are milliseconds since the Unix
+    epoch.
+    """
+
+    pid: int
+    argv: List[str]
+    state: str
+    exit_code: Optional[int] = None
+    signal: Optional[int] = None
+    timed_out: bool = False
+    started_at_unix_ms: int = 0
+    ended_at_unix_ms: Optional[int] = None
+    stdin: bool = False
+    stdout_bytes: int = 0
+    stderr_bytes: int = 0
+    usage: Optional[Dict[str, int]] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running"
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "ProcessInfo":
+        return cls(
+            pid=d["pid"],
+            argv=list(d.get("argv", [])),
+            state=d.get("state", "running"),
+            exit_code=d.get("exit_code"),
+            signal=d.get("signal"),
+            timed_out=d.get("timed_out", False),
+            started_at_unix_ms=d.get("started_at_unix_ms", 0),
+            ended_at_unix_ms=d.get("ended_at_unix_ms"),
+            stdin=d.get("stdin", False),
+            stdout_bytes=d.get("stdout_bytes", 0),
+            stderr_bytes=d.get("stderr_bytes", 0),
+            usage=d.get("usage"),
+            raw=d,
+        )
+
+
+@dataclass
+class ProcessEvent:
+    """One event of a background process's output (``session.processes.output(pid)``).
+
+    ``kind`` is ``"stdout"`` or ``"stderr"`` (``data`` the bytes, ``text`` them decoded,
+    ``offset`` the first byte's offset in its stream), ``"dropped"`` (``stream`` lost
+    ``bytes`` older than the server keeps), or last ``"exit"`` (``info``: the ended
+    :class:`ProcessInfo`).
+    """
+
+    kind: str
+    data: bytes = b""
+    text: str = ""
+    offset: int = 0
+    stream: Optional[str] = None
+    bytes: int = 0
+    info: Optional[ProcessInfo] = None

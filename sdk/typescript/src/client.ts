@@ -5,6 +5,7 @@ import {
   execResult,
   runInfo,
   runResult,
+  toBase64,
   type RunInfo,
   type ExecResult,
   type FigureFormat,
@@ -17,6 +18,7 @@ import {
   type SessionEnd,
   type SessionInfo,
 } from "./results.js";
+import { Processes } from "./processes.js";
 import { Stream } from "./stream.js";
 
 export const DEFAULT_URL = "http://127.0.0.1:8080";
@@ -82,12 +84,6 @@ export interface ClientOptions {
 
 function span(t: Timeout | undefined): string | undefined {
   return typeof t === "number" ? `${t}s` : t;
-}
-
-function toBase64(bytes: Uint8Array): string {
-  let s = "";
-  for (const b of bytes) s += String.fromCharCode(b);
-  return btoa(s);
 }
 
 function content(data: FileData): { text: string } | { base64: string } {
@@ -286,10 +282,13 @@ export class Session {
   readonly id: string;
   info: SessionInfo;
   closed = false;
+  /** The session's background processes. */
+  readonly processes: Processes;
 
   constructor(private readonly client: Client, info: SessionInfo) {
     this.id = info.id;
     this.info = info;
+    this.processes = new Processes(client, this.path());
   }
 
   private path(suffix = ""): string {

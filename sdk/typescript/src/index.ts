@@ -15,6 +15,8 @@ export type {
   SessionOptions,
   Timeout,
 } from "./client.js";
+export { Processes } from "./processes.js";
+export type { OutputOptions, ProcessOptions, Program } from "./processes.js";
 export { Stream } from "./stream.js";
 export type { Piece } from "./stream.js";
 export { RichOutput, valueOf } from "./results.js";
@@ -26,6 +28,9 @@ export type {
   Isolation,
   OutputChunk,
   Placement,
+  ProcessEvent,
+  ProcessInfo,
+  ProcessSpec,
   RunInfo,
   RunResult,
   SessionEnd,

@@ -164,6 +164,86 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sessions/{id}/processes": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["list_processes"];
+        put?: never;
+        post: operations["start"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sessions/{id}/processes/{pid}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        delete: operations["kill"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sessions/{id}/processes/{pid}/output": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["output"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sessions/{id}/processes/{pid}/signal": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post: operations["signal"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sessions/{id}/processes/{pid}/stdin": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post: operations["stdin"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -670,6 +750,113 @@ export interface components {
          * @enum {string}
          */
         Platform: "ptrace" | "kvm";
+        /** @description A background process of a session, as listed. */
+        ProcessInfo: {
+            /** @description What it runs. */
+            argv: string[];
+            /**
+             * Format: int64
+             * @description When it ended, in milliseconds since the Unix epoch; null while it runs.
+             */
+            ended_at_unix_ms?: number | null;
+            /**
+             * Format: int32
+             * @description Its exit status, once it has exited on its own; null otherwise.
+             */
+            exit_code?: number | null;
+            /**
+             * Format: int32
+             * @description Its pid inside the sandbox (what `ps` shows there): the `{pid}` of its paths.
+             */
+            pid: number;
+            /**
+             * Format: int32
+             * @description The signal that ended it, if one did.
+             */
+            signal?: number | null;
+            /**
+             * Format: int64
+             * @description When it started, in milliseconds since the Unix epoch.
+             */
+            started_at_unix_ms: number;
+            /** @description `running` or `exited`. */
+            state: components["schemas"]["ProcessState"];
+            /**
+             * Format: int64
+             * @description Bytes it has written to stderr so far.
+             */
+            stderr_bytes: number;
+            /** @description Whether its stdin is open for `POST .../stdin`. */
+            stdin: boolean;
+            /**
+             * Format: int64
+             * @description Bytes it has written to stdout so far.
+             */
+            stdout_bytes: number;
+            /** @description Whether its `timeout` killed it. */
+            timed_out: boolean;
+            /** @description What it used, once it has ended; null while it runs. */
+            usage?: null | components["schemas"]["ProcessUsage"];
+        };
+        /** @description Bytes for a process's stdin, and whether to close it after them. */
+        ProcessInput: {
+            /** @description The bytes: `{"text": "..."}` or `{"base64": "..."}`; none to only close. */
+            data?: null | components["schemas"]["Content"];
+            /** @description Close its stdin after the bytes (the process then reads EOF). */
+            eof?: boolean;
+        };
+        /** @description A signal for a process. */
+        ProcessSignal: {
+            /**
+             * Format: int32
+             * @description Its number, 1 to 64 (15 is SIGTERM, 2 SIGINT, 9 SIGKILL).
+             */
+            signal: number;
+        };
+        /** @description Starts a background process in a session: `argv`, or `cmd` for `/bin/bash -c`. */
+        ProcessSpec: {
+            /** @description A program and its arguments; give this or `cmd`. */
+            argv?: string[] | null;
+            /** @description A command line, run as `/bin/bash -c CMD`; give this or `argv`. */
+            cmd?: string | null;
+            /** @description Its working directory (default `/workspace`). */
+            cwd?: string | null;
+            /** @description Environment variables beyond the sandbox's own. */
+            env?: {
+                [key: string]: string;
+            };
+            /**
+             * @description Whether it gets a stdin to write to (`POST .../processes/{pid}/stdin`); without one it
+             *     reads `/dev/null`.
+             */
+            stdin?: boolean;
+            /**
+             * @description Kills its process group after this long, such as "10m"; none by default (it lives as
+             *     long as its session).
+             */
+            timeout?: string | null;
+        };
+        /**
+         * @description Whether a process runs.
+         * @enum {string}
+         */
+        ProcessState: "running" | "exited";
+        /**
+         * @description What a process used, by the kernel's account once it had ended (its own children's
+         *     included when it waited for them).
+         */
+        ProcessUsage: {
+            /**
+             * Format: int64
+             * @description CPU time, user and system.
+             */
+            cpu_ms: number;
+            /**
+             * Format: int64
+             * @description Its peak resident memory.
+             */
+            memory_peak_bytes: number;
+        };
         /** @description One rich output of a python exec: a MIME bundle, as Jupyter's display protocol has it. */
         RichOutput: {
             /**
@@ -2146,6 +2333,442 @@ export interface operations {
             };
             /** @description The body is larger than this server takes. */
             413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    list_processes: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id, as `POST /v1/sessions` returned it. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The session's background processes: running ones, and the last 64 that ended */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ProcessInfo"][];
+                };
+            };
+            /** @description A valid bearer token is required. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No such session for this caller */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The session's sandbox has ended */
+            410: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    start: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id, as `POST /v1/sessions` returned it. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ProcessSpec"];
+            };
+        };
+        responses: {
+            /** @description The process, started: its `pid` names it in the paths below */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ProcessInfo"];
+                };
+            };
+            /** @description A malformed request, or a program or `cwd` that cannot start */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description A valid bearer token is required. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No such session for this caller */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The session's sandbox has ended */
+            410: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The body is larger than this server takes. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The body is not sent as `Content-Type: application/json`. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The session runs as many processes as this server allows (sessions.max_processes) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    kill: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id, as `POST /v1/sessions` returned it. */
+                id: string;
+                /** @description The process's pid inside the sandbox, as `POST .../processes` returned it. */
+                pid: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The process and what is left of its group are killed */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description A valid bearer token is required. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No such session for this caller, or no such process in it */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The session's sandbox has ended */
+            410: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    output: {
+        parameters: {
+            query?: {
+                /** @description The stdout offset to resume from. */
+                stdout_offset?: number;
+                /** @description The stderr offset to resume from. */
+                stderr_offset?: number;
+            };
+            header?: never;
+            path: {
+                /** @description The session's id, as `POST /v1/sessions` returned it. */
+                id: string;
+                /** @description The process's pid inside the sandbox, as `POST .../processes` returned it. */
+                pid: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Server-Sent Events: `stdout` and `stderr` with `{"offset", "text"}` (or `"b64"` for bytes that are not UTF-8) and the id `STDOUT:STDERR` to resume from; `dropped` with `{"stream", "bytes"}` when older bytes than the last MiB kept were asked for; last `exit` with the process (or `error`) */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/event-stream": string;
+                };
+            };
+            /** @description A malformed offset */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description A valid bearer token is required. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No such session for this caller, or no such process in it */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The session's sandbox has ended */
+            410: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description This token has as many streams open as it may */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    signal: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id, as `POST /v1/sessions` returned it. */
+                id: string;
+                /** @description The process's pid inside the sandbox, as `POST .../processes` returned it. */
+                pid: number;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ProcessSignal"];
+            };
+        };
+        responses: {
+            /** @description Sent (nothing once the process has ended) */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description A signal outside 1 to 64 */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description A valid bearer token is required. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No such session for this caller, or no such process in it */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The session's sandbox has ended */
+            410: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The body is larger than this server takes. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The body is not sent as `Content-Type: application/json`. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    stdin: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id, as `POST /v1/sessions` returned it. */
+                id: string;
+                /** @description The process's pid inside the sandbox, as `POST .../processes` returned it. */
+                pid: number;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ProcessInput"];
+            };
+        };
+        responses: {
+            /** @description Queued for the process's stdin */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description A malformed request, or a process without a stdin open */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description A valid bearer token is required. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No such session for this caller, or no such process in it */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The session's sandbox has ended */
+            410: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The body is larger than this server takes. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The body is not sent as `Content-Type: application/json`. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description A MiB waits already for the process to read it */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };

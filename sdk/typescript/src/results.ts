@@ -31,6 +31,19 @@ export type ExecSpec = Schemas["ExecSpec"];
 export type LimitsSpec = Schemas["LimitsSpec"];
 export type Language = Schemas["Language"];
 export type FigureFormat = Schemas["FigureFormat"];
+/** A background process of a session (`session.processes`), as the server lists it. */
+export type ProcessInfo = Schemas["ProcessInfo"];
+export type ProcessSpec = Schemas["ProcessSpec"];
+
+/**
+ * One event of a background process's output (`session.processes.output(pid)`): output of
+ * `stdout` or `stderr` (the bytes, their text, and the first byte's offset in its stream),
+ * bytes `dropped` before what the server still keeps, or last its `exit`.
+ */
+export type ProcessEvent =
+  | { kind: "stdout" | "stderr"; data: Uint8Array; text: string; offset: number }
+  | { kind: "dropped"; stream: "stdout" | "stderr"; bytes: number }
+  | { kind: "exit"; info: ProcessInfo };
 
 /** A directory entry of a session (`GET /v1/sessions/{id}/files`). */
 export interface FileEntry {
@@ -135,6 +148,13 @@ export function runInfo(raw: Schemas["RunInfo"]): RunInfo {
 /** The last expression's value of an exec or a rich run, if it ended with one. */
 export function valueOf(result: ExecResult | RunResult): RichOutput | undefined {
   return result.results?.find((r) => r.kind === "value");
+}
+
+/** @internal Bytes as base64. */
+export function toBase64(bytes: Uint8Array): string {
+  let s = "";
+  for (const b of bytes) s += String.fromCharCode(b);
+  return btoa(s);
 }
 
 export function fromBase64(b64: string): Uint8Array {

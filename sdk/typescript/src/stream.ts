@@ -12,8 +12,8 @@ interface SseEvent {
   data: string;
 }
 
-/** Splits a byte stream into SSE events (`event:`, `data:`, a blank line ends one). */
-async function* events(body: ReadableStream<Uint8Array>): AsyncGenerator<SseEvent> {
+/** @internal Splits a byte stream into SSE events (`event:`, `data:`, a blank line ends one). */
+export async function* events(body: ReadableStream<Uint8Array>): AsyncGenerator<SseEvent> {
   const decoder = new TextDecoder();
   let buffer = "";
   let event = "message";
@@ -98,10 +98,7 @@ export class Stream<R> implements AsyncIterable<Piece> {
     for await (const { event, data } of events(this.response.body)) {
       const value = JSON.parse(data);
       if (event === "stdout" || event === "stderr") {
-        // Each chunk comes once: `{"text"}` when it is UTF-8, else `{"b64"}`.
-        const bytes =
-          value.b64 !== undefined ? fromBase64(value.b64) : new TextEncoder().encode(value.text ?? "");
-        const text = value.text ?? new TextDecoder().decode(bytes);
+        const { data: bytes, text } = chunkOf(value);
         output[event].push(bytes);
         yield { kind: "output", stream: event, data: bytes, text };
       } else if (event === "display") {
@@ -120,6 +117,13 @@ export class Stream<R> implements AsyncIterable<Piece> {
     }
     throw new KennelError(null, "stream_ended", "the stream ended without a result");
   }
+}
+
+/** @internal An output event's bytes and text: each chunk comes once, as `{"text"}` when it
+ * is UTF-8, else as `{"b64"}`. */
+export function chunkOf(value: { text?: string; b64?: string }): { data: Uint8Array; text: string } {
+  const data = value.b64 !== undefined ? fromBase64(value.b64) : new TextEncoder().encode(value.text ?? "");
+  return { data, text: value.text ?? new TextDecoder().decode(data) };
 }
 
 /** The bytes of `parts`, one after another. */

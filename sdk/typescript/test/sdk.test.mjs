@@ -187,3 +187,56 @@ test("verifyWebhook takes the right signature and rejects others", async () => {
   await assert.rejects(verifyWebhook(SECRET, signed(body, now, "whsec_" + "QUJD".repeat(8)), body), WebhookVerificationError);
   await assert.rejects(verifyWebhook(SECRET, signed(body, now - 600), body), WebhookVerificationError);
 });
+
+// A session's background processes (`session.processes`).
+
+/** The output events to the exit: stdout and stderr as text, and the last event. */
+async function drain(events) {
+  const out = { stdout: "", stderr: "" };
+  let last;
+  for await (const ev of events) {
+    if (ev.kind === "stdout" || ev.kind === "stderr") out[ev.kind] += ev.text;
+    last = ev;
+  }
+  return { ...out, last };
+}
+
+test("a background process is listed, read to its exit, fed, signalled and killed", async () => {
+  const s = await client.session();
+  try {
+    // It waits for /tmp/go before its last line, so that it is surely running when listed.
+    const p = await s.processes.start({
+      cmd: "echo a; sleep 0.2; while [ ! -e /tmp/go ]; do sleep 0.05; done; echo b; echo e >&2; exit 4",
+    });
+    assert.equal(p.state, "running");
+    const listed = await s.processes.list();
+    assert.equal(listed.find((q) => q.pid === p.pid)?.state, "running");
+    await s.writeFile("/tmp/go", "");
+    const read = await drain(s.processes.output(p.pid));
+    assert.deepEqual([read.stdout, read.stderr], ["a\nb\n", "e\n"]);
+    assert.equal(read.last.kind, "exit");
+    assert.equal(read.last.info.exit_code, 4);
+    const resumed = await drain(s.processes.output(p.pid, { stdoutOffset: 2, stderrOffset: 2 }));
+    assert.deepEqual([resumed.stdout, resumed.stderr], ["b\n", ""]);
+
+    const cat = await s.processes.start({ argv: ["cat"] }, { stdin: true });
+    await s.processes.writeStdin(cat.pid, "in ");
+    await s.processes.writeStdin(cat.pid, new Uint8Array([0x6f, 0x6b, 0x0a]), true);
+    const echoed = await drain(s.processes.output(cat.pid));
+    assert.equal(echoed.stdout, "in ok\n");
+    assert.equal(echoed.last.info.exit_code, 0);
+
+    const termed = await s.processes.start({ argv: ["sleep", "600"] });
+    await s.processes.signal(termed.pid, 15);
+    assert.equal((await drain(s.processes.output(termed.pid))).last.info.signal, 15);
+    const killed = await s.processes.start({ cmd: "sleep 600" });
+    await s.processes.kill(killed.pid);
+    assert.equal((await drain(s.processes.output(killed.pid))).last.info.signal, 9);
+
+    await assert.rejects(s.processes.kill(999999), NotFound);
+    await assert.rejects(drain(s.processes.output(999999)), NotFound);
+    await assert.rejects(s.processes.signal(killed.pid, 0), BadRequest);
+  } finally {
+    await s.close();
+  }
+});

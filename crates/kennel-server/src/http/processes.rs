@@ -38,7 +38,7 @@ pub async fn start(
     handle(&state, &caller, Action::StartProcess { id, spec }).await
 }
 
-#[utoipa::path(tag = "session_routes", get, path = "/v1/sessions/{id}/processes",
+#[utoipa::path(tag = "session_routes", get, path = "/v1/sessions/{id}/processes", operation_id = "list_processes",
     responses(
         (status = 200, description = "The session's background processes: running ones, and the last 64 that ended", body = Vec<ProcessInfo>),
         (status = 404, description = "No such session for this caller"),
