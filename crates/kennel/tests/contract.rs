@@ -171,8 +171,11 @@ fn the_served_document_states_the_live_limits_and_errors() {
             if method == "post" || method == "put" {
                 assert!(has("413"), "{method} {path} lacks 413");
             }
-            // Every post but an interrupt or a cancel takes a run or session slot.
-            let control = path.ends_with("/interrupt") || path.ends_with("/cancel");
+            // Every post but a control (an interrupt, a cancel, a process's signal) takes a run
+            // or session slot, or a bounded place (a process, its stdin).
+            let control = ["/interrupt", "/cancel", "/signal"]
+                .iter()
+                .any(|c| path.ends_with(c));
             if method == "post" && !control {
                 assert!(has("429"), "{method} {path} lacks 429");
             }

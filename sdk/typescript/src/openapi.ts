@@ -2503,6 +2503,15 @@ export interface operations {
                 };
                 content?: never;
             };
+            /** @description A `pid` that is not a number */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
             /** @description A valid bearer token is required. */
             401: {
                 headers: {
@@ -2560,7 +2569,7 @@ export interface operations {
                     "text/event-stream": string;
                 };
             };
-            /** @description A malformed offset */
+            /** @description A `pid` that is not a number, or a malformed offset */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2632,7 +2641,7 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description A signal outside 1 to 64 */
+            /** @description A signal outside 1 to 64, or a `pid` that is not a number */
             400: {
                 headers: {
                     [name: string]: unknown;

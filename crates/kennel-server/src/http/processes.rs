@@ -93,7 +93,7 @@ impl OutputQuery {
         (status = 200, description = "Server-Sent Events: `stdout` and `stderr` with `{\"offset\", \"text\"}` (or `\"b64\"` for bytes \
             that are not UTF-8) and the id `STDOUT:STDERR` to resume from; `dropped` with `{\"stream\", \"bytes\"}` when older \
             bytes than the last MiB kept were asked for; last `exit` with the process (or `error`)", content_type = "text/event-stream", body = String),
-        (status = 400, description = "A malformed offset"),
+        (status = 400, description = "A `pid` that is not a number, or a malformed offset"),
         (status = 404, description = "No such session for this caller, or no such process in it"),
         (status = 410, description = "The session's sandbox has ended"),
         (status = 429, description = "This token has as many streams open as it may"),
@@ -136,7 +136,7 @@ pub async fn stdin(
 #[utoipa::path(tag = "session_routes", post, path = "/v1/sessions/{id}/processes/{pid}/signal", request_body = ProcessSignal,
     responses(
         (status = 204, description = "Sent (nothing once the process has ended)"),
-        (status = 400, description = "A signal outside 1 to 64"),
+        (status = 400, description = "A signal outside 1 to 64, or a `pid` that is not a number"),
         (status = 404, description = "No such session for this caller, or no such process in it"),
         (status = 410, description = "The session's sandbox has ended"),
     ))]
@@ -152,6 +152,7 @@ pub async fn signal(
 #[utoipa::path(tag = "session_routes", delete, path = "/v1/sessions/{id}/processes/{pid}",
     responses(
         (status = 204, description = "The process and what is left of its group are killed"),
+        (status = 400, description = "A `pid` that is not a number"),
         (status = 404, description = "No such session for this caller, or no such process in it"),
         (status = 410, description = "The session's sandbox has ended"),
     ))]
