@@ -618,6 +618,17 @@ def read_available(fd, limit):
     return b"".join(chunks), False
 
 
+def feed_pipe(fd, pending):
+    """Writes what a non-blocking pipe takes of pending: how many bytes are done with (all of
+    them once the reader has closed its end: the rest is dropped), None when it is full."""
+    try:
+        return os.write(fd, pending[:READ_SIZE])
+    except BlockingIOError:
+        return None
+    except OSError:  # EPIPE: the reader closed its end
+        return len(pending)
+
+
 class Pump:
     """Feeds an exec's stdin and streams its stdout and stderr as output events."""
 
@@ -674,13 +685,10 @@ class Pump:
                 self.read(fd)
 
     def feed(self):
-        try:
-            written = os.write(self.in_fd, self.pending[:READ_SIZE])
-        except BlockingIOError:
+        taken = feed_pipe(self.in_fd, self.pending)
+        if taken is None:
             return
-        except OSError:  # EPIPE: the code closed its stdin; the rest is dropped
-            written = len(self.pending)
-        self.pending = self.pending[written:]
+        self.pending = self.pending[taken:]
         if not self.pending:
             self.close_stdin()
 
@@ -1819,7 +1827,7 @@ class Agent:
         if self.processes is None:
             if request is None:
                 raise ProcessLookupError(errno.ESRCH, "no such process")
-            names = (send, b64, read_available, signal_group, status_fields, close_fds)
+            names = (read_available, feed_pipe, signal_group, status_fields, close_fds)
             module = lazy_module("procs", {f.__name__: f for f in names})
             self.processes = module.Processes(count_field(request, "max_processes"))
         return self.processes

@@ -1,8 +1,8 @@
 """A session's background processes, in the agent (see agent.py's ``start``, ``procs``,
 ``proc_read``, ``proc_stdin``, ``proc_signal`` and ``proc_kill`` requests). The agent carries
 this source as a string and compiles it on the first request that needs it, with its own
-helpers put into this module's namespace first (``send``, ``b64``, ``read_available``,
-``signal_group``, ``status_fields``, ``close_fds``, ``BadRequest``).
+helpers put into this module's namespace first (``read_available``, ``feed_pipe``,
+``signal_group``, ``status_fields``, ``close_fds``).
 
 A process started here outlives the request that started it: it runs in a session (and process
 group) of its own until it ends, its timeout kills its group, or the sandbox ends. The agent
@@ -84,13 +84,10 @@ class Process:
         if self.in_fd is None:
             return
         if self.pending:
-            try:
-                written = os.write(self.in_fd, self.pending[:READ_CHUNK])
-            except BlockingIOError:
+            taken = feed_pipe(self.in_fd, self.pending)  # noqa: F821
+            if taken is None:
                 return
-            except OSError:  # EPIPE: the process closed its stdin; the rest is dropped
-                written = len(self.pending)
-            del self.pending[:written]
+            del self.pending[:taken]
         if not self.pending and self.close_after:
             self.close_stdin()
 
