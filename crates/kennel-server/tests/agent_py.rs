@@ -1,6 +1,6 @@
-//! The session agent's own unit tests, and those of its rich results, archives and background
-//! processes (Python's unittest), run bare on the host, so that the one test command covers
-//! them.
+//! The session agent's own unit tests, and those of its rich results, archives, background
+//! processes and file watches (Python's unittest), run bare on the host, so that the one test
+//! command covers them.
 
 use std::process::Command;
 
@@ -16,6 +16,7 @@ fn the_session_agent_passes_its_unit_tests() {
             "test_rich",
             "test_archive",
             "test_procs",
+            "test_watch",
         ])
         .current_dir(dir)
         .output()

@@ -15,6 +15,7 @@ pub mod process;
 pub mod runs;
 pub mod security;
 pub mod time;
+pub mod watch;
 
 pub use api::{
     CollectedFile, Command, Content, FileIn, Isolation, Language, RunRequest, RunResult,

@@ -244,6 +244,22 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sessions/{id}/watch": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["watch"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -541,6 +557,32 @@ export interface components {
          * @enum {string}
          */
         FigureFormat: "png" | "svg";
+        /** @description One change under a watched directory. */
+        FileEvent: {
+            /** @description Whether the path is a directory. */
+            dir?: boolean | null;
+            /**
+             * Format: int64
+             * @description How many events an `overflow` stands for.
+             */
+            lost?: number | null;
+            /** @description The path it happened to (absent for `overflow`). */
+            path?: string | null;
+            /**
+             * Format: int64
+             * @description Its number in the watch: the stream's event id, from which `Last-Event-ID` resumes.
+             */
+            seq: number;
+            /** @description Where a `rename` moved it. */
+            to?: string | null;
+            /** @description What happened. */
+            type: components["schemas"]["FileEventKind"];
+        };
+        /**
+         * @description What happened to a path.
+         * @enum {string}
+         */
+        FileEventKind: "create" | "modify" | "delete" | "rename" | "overflow";
         /** @description An image named by a result: which one, exactly. */
         ImageInfo: {
             /** @description The content digest of its root (`sha256:...`), which names its exact contents. */
@@ -2777,6 +2819,79 @@ export interface operations {
                 };
             };
             /** @description A MiB waits already for the process to read it */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    watch: {
+        parameters: {
+            query?: {
+                /** @description The directory: `/workspace` (the default), `/tmp` or one under them. */
+                path?: string;
+                /** @description Watch the directories under it too, those made later included. */
+                recursive?: boolean;
+            };
+            header?: never;
+            path: {
+                /** @description The session's id, as `POST /v1/sessions` returned it. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Server-Sent Events, one per change, named by its `type` (`create`, `modify`, `delete`, `rename`, or `overflow` when events were lost), with the FileEvent as data and its `seq` as id, after a first `watching` event (`{"path", "recursive"}`) once the watch is in place; `error` if the session ends */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/event-stream": components["schemas"]["FileEvent"];
+                };
+            };
+            /** @description A path outside /workspace and /tmp, through a symlink, or not a directory */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description A valid bearer token is required. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No such session for this caller, or no such directory */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The session's sandbox has ended */
+            410: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The session has as many watches open as this server allows (sessions.max_watches), or this token as many streams */
             429: {
                 headers: {
                     [name: string]: unknown;

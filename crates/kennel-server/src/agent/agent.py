@@ -148,6 +148,21 @@ those started here; any other (the agent, the kernel, an exec's) is ESRCH.
     Queues D for its stdin (EAGAIN past a MiB not yet read; EPIPE when it has none open),
     closing it after when ``eof``. Answer ``{"id":N,"event":"ok"}``.
 
+``{"op":"watch","id":N,"path":P,"recursive":B,"max_watches":M}``
+    Watches the directory P (``/workspace``, ``/tmp`` or one under them, not through a
+    symlink) with inotify, and every directory under it when ``recursive`` (watch.py has the
+    rules); EAGAIN when M are open. Answered at once, as ``watch_read`` and ``unwatch``.
+    Answer ``{"id":N,"event":"watching","wid":W}``.
+
+``{"op":"watch_read","id":N,"wid":W,"from":S,"max_events":K}``
+    Answer ``{"id":N,"event":"watch_events","events":[{"seq":S,"type":"create"|"modify"|
+    "delete"|"rename"|"overflow","path":P,"to":P,"dir":B,"lost":K}, ...],"next":S,
+    "dropped":K}``: up to K events numbered from S, the number to read from next, and how
+    many before S the ring no longer keeps.
+
+``{"op":"unwatch","id":N,"wid":W}``
+    Ends the watch. Answer ``{"id":N,"event":"ok"}``.
+
 ``{"op":"proc_signal","id":N,"pid":P,"signal":S}`` and ``{"op":"proc_kill","id":N,"pid":P}``
     Signal the process (nothing once it has ended), or SIGKILL it and what is left of its
     group. Answer ``{"id":N,"event":"ok"}``.
@@ -220,9 +235,11 @@ READ_SIZE = 64 * 1024
 CHUNK_MAX = 256 * 1024  # most bytes of one stream coalesced into one output event
 REQUEST_READ_SIZE = 1024 * 1024
 CONTROL_OPS = ("interrupt", "cancel")  # requests that act on the running exec
-# Requests on background processes: answered at once, during an exec too (none of them waits).
-PROCESS_OPS = ("start", "procs", "proc_read", "proc_stdin", "proc_signal", "proc_kill")
-IMMEDIATE_OPS = ("define", *PROCESS_OPS)
+# Requests on background processes and file watches: answered at once, during an exec too
+# (none of them waits).
+BACKGROUND_OPS = ("start", "procs", "proc_read", "proc_stdin", "proc_signal", "proc_kill",
+                  "watch", "watch_read", "unwatch")
+IMMEDIATE_OPS = ("define", *BACKGROUND_OPS)
 SHELL_STATE_MAX = 1024 * 1024  # most bytes of a shell's saved cwd and environment
 SHELL_NOT_KEPT = ("SHLVL", "_")  # set by each shell itself
 MAX_POLL_MS = 3_600_000
@@ -1560,11 +1577,12 @@ class Agent:
             "unpack": self.op_unpack,
             "ping": self.op_ping,
             "boot": self.op_boot,
-            **{op: getattr(self, f"op_{op}") for op in PROCESS_OPS},
+            **{op: getattr(self, f"op_{op}") for op in BACKGROUND_OPS},
         }
         self.kernel = None
         self.archive_module = None
         self.processes = None  # procs.py's Processes, once a process is started
+        self.watches = None  # watch.py's Watches, once a watch is made
         # What shell execs carry from one to the next, as a terminal does: cd and export.
         self.shell_cwd = self.cwd
         self.shell_env = dict(os.environ)
@@ -1599,18 +1617,33 @@ class Agent:
             elif fd == self.wakeup_fd:
                 drain(fd)
             else:
-                self.processes.on_ready(fd)
+                self.background_ready(fd)
         self.check_background()
 
+    def background(self):
+        """What the agent serves beside requests: background processes and file watches."""
+        return [b for b in (self.processes, self.watches) if b is not None]
+
     def background_fds(self):
-        return ((), ()) if self.processes is None else self.processes.fds()
+        """(fds to read, fds to write) of what the agent serves in the background."""
+        reads, writes = [], []
+        for source in self.background():
+            r, w = source.fds()
+            reads.extend(r)
+            writes.extend(w)
+        return reads, writes
+
+    def background_ready(self, fd):
+        for source in self.background():
+            source.on_ready(fd)
 
     def background_timer(self):
-        return None if self.processes is None else self.processes.timer()
+        return min((t for t in (b.timer() for b in self.background()) if t is not None),
+                   default=None)
 
     def check_background(self):
-        if self.processes is not None:
-            self.processes.check(time.monotonic())
+        for source in self.background():
+            source.check(time.monotonic())
 
     def handle(self, line):
         rid = None
@@ -1798,7 +1831,7 @@ class Agent:
                 if 0 in ready:
                     self.take_requests(run, pump.rid)
                 for fd in ready.intersection((*reads, *writes)):
-                    self.processes.on_ready(fd)
+                    self.background_ready(fd)
                 run.on_ready(ready)
         finally:
             run.abort()  # a no-op unless the loop failed
@@ -1822,7 +1855,7 @@ class Agent:
 
     # --- background processes (procs.py)
 
-    def background(self, request=None):
+    def process_table(self, request=None):
         """procs.py's table, compiled on the first start, with the agent's helpers."""
         if self.processes is None:
             if request is None:
@@ -1837,7 +1870,7 @@ class Agent:
         agent, the kernel, an exec's processes, what is not ours)."""
         pid = count_field(request, "pid")
         try:
-            return self.background().get(pid)
+            return self.process_table().get(pid)
         except LookupError:
             raise ProcessLookupError(errno.ESRCH, f"no process {pid} started by this session") from None
 
@@ -1849,7 +1882,7 @@ class Agent:
         cwd = field(request, "cwd", str, None) or self.cwd
         timeout_ms = count_field(request, "timeout_ms", None)
         timeout = None if timeout_ms is None else timeout_ms / 1000
-        table = self.background(request)
+        table = self.process_table(request)
         try:
             process = table.start(argv, cwd, env, field(request, "stdin", bool, False), timeout)
         except OverflowError as exc:
@@ -1891,6 +1924,33 @@ class Agent:
     def op_proc_kill(self, rid, request):
         process = self.process(request)
         kill_group(process.pid)  # the process and what is left of its group
+        send({"id": rid, "event": "ok"})
+
+    # --- file watches (watch.py)
+
+    def watch_table(self, request=None):
+        """watch.py's table, compiled on the first watch."""
+        if self.watches is None:
+            if request is None:
+                raise ProcessLookupError(errno.ESRCH, "no such watch")
+            self.watches = lazy_module("watch").Watches(count_field(request, "max_watches"))
+        return self.watches
+
+    def op_watch(self, rid, request):
+        path = path_field(request, allow_root=True)
+        recursive = field(request, "recursive", bool, False)
+        watch = self.watch_table(request).start(path, recursive)
+        send({"id": rid, "event": "watching", "wid": watch.wid})
+
+    def op_watch_read(self, rid, request):
+        watch = self.watch_table().get(count_field(request, "wid"))
+        watch.read_kernel()
+        events, after, dropped = watch.read(count_field(request, "from"), count_field(request, "max_events"))
+        send({"id": rid, "event": "watch_events", "events": events, "next": after,
+              "dropped": dropped})
+
+    def op_unwatch(self, rid, request):
+        self.watch_table().stop(count_field(request, "wid"))
         send({"id": rid, "event": "ok"})
 
     # --- files

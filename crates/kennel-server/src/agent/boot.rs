@@ -90,13 +90,14 @@ fn compile_with(compiler: &str, src: &str) -> Option<String> {
 }
 
 /// The modules a session's agent is sent once (`define`) and compiles on the first request
-/// that needs them: rich results (in the kernel, on the first python exec), archives and
-/// background processes. A pooled one-shot sandbox is never sent them, so it costs what it did
-/// without them.
-pub(super) const LAZY: [(&str, &str); 3] = [
+/// that needs them: rich results (in the kernel, on the first python exec), archives,
+/// background processes and file watches. A pooled one-shot sandbox is never sent them, so it
+/// costs what it did without them.
+pub(super) const LAZY: [(&str, &str); 4] = [
     ("rich", include_str!("rich.py")),
     ("archive", include_str!("archive.py")),
     ("procs", include_str!("procs.py")),
+    ("watch", include_str!("watch.py")),
 ];
 
 #[cfg(test)]

@@ -5,8 +5,8 @@
 //! sent once) and the boot program that loads it (`boot.py`, `compile.py`) live beside the Rust
 //! that drives them: `boot` (how the sandbox's python gets the agent), `protocol` (the requests
 //! and answers), `requests` (the agent's stdin), `router` (its answers, to their calls),
-//! `sandbox` (the conversation), `start`, `exec`, `files` and `processes` (what a caller does
-//! with it). Their Python tests are `test_*.py` here, run by
+//! `sandbox` (the conversation), `start`, `exec`, `files`, `processes` and `watches` (what a
+//! caller does with it). Their Python tests are `test_*.py` here, run by
 //! `tests/agent_py.rs`.
 
 mod boot;
@@ -19,6 +19,7 @@ mod requests;
 mod router;
 mod sandbox;
 mod start;
+mod watches;
 
 pub use boot::AGENT_SRC;
 pub use error::AgentError;
@@ -26,3 +27,4 @@ pub use exec::{Control, Exec};
 pub use processes::{Chunk, ProcessRead, Start};
 pub use protocol::{Answer, Code, Event, KernelUsage, Progress, Ran, Request};
 pub use sandbox::AgentSandbox;
+pub use watches::WatchRead;

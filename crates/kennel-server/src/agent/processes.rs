@@ -56,7 +56,7 @@ const PROCESS_OP: Duration = Duration::from_secs(10);
 
 impl AgentSandbox {
     /// A request the agent answers at once, with the lazy modules (procs.py) sent first.
-    async fn process_call(&self, request: &Request<'_>) -> Result<Event, AgentError> {
+    pub(super) async fn process_call(&self, request: &Request<'_>) -> Result<Event, AgentError> {
         self.define().await?;
         self.call_now(request, PROCESS_OP).await
     }

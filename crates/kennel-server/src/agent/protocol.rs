@@ -96,6 +96,20 @@ pub enum Request<'a> {
     ProcKill {
         pid: u32,
     },
+    /// A file watch (watch.py): answered at once, as the requests below.
+    Watch {
+        path: &'a str,
+        recursive: bool,
+        max_watches: usize,
+    },
+    WatchRead {
+        wid: u64,
+        from: u64,
+        max_events: u64,
+    },
+    Unwatch {
+        wid: u64,
+    },
 }
 
 /// What an exec runs: python in the persistent interpreter, or a shell command.
@@ -188,6 +202,16 @@ pub enum Event {
     },
     /// What a background process's rings hold from the offsets asked for.
     ProcOutput(Box<ProcOutput>),
+    /// A file watch made.
+    Watching {
+        wid: u64,
+    },
+    /// A file watch's events from the number asked for.
+    WatchEvents {
+        events: Vec<kennel_types::watch::FileEvent>,
+        next: u64,
+        dropped: u64,
+    },
     /// A refused request, with the errno's name (`ENOENT`).
     Error {
         errno: String,

@@ -20,7 +20,7 @@ import unittest
 
 AGENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent.py")
 FINAL_EVENTS = {"result", "ok", "file", "entries", "pong", "error", "started", "procs",
-                "proc_output"}
+                "proc_output", "watching", "watch_events"}
 
 
 def b64(data):

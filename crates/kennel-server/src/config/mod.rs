@@ -103,6 +103,8 @@ pub struct Sessions {
     pub max_sessions: usize,
     /// Background processes running at once in one session.
     pub max_processes: usize,
+    /// File watches open at once in one session.
+    pub max_watches: usize,
 }
 
 impl Default for Sessions {
@@ -112,6 +114,7 @@ impl Default for Sessions {
             max_lifetime: Span(Duration::from_secs(3600)),
             max_sessions: 50,
             max_processes: 64,
+            max_watches: 8,
         }
     }
 }
@@ -435,6 +438,9 @@ impl ServerConfig {
         }
         if self.sessions.max_processes == 0 {
             return bad("sessions.max_processes", "must be at least 1");
+        }
+        if self.sessions.max_watches == 0 {
+            return bad("sessions.max_watches", "must be at least 1");
         }
         if self.tokens.iter().any(|t| t.token.len() < 16) {
             return bad("tokens", "each token needs at least 16 characters");

@@ -7,10 +7,12 @@ mod extract;
 mod front;
 pub mod openapi;
 pub mod processes;
+mod reply;
 pub mod routes;
 mod shared;
 pub mod slow;
 mod stream;
+pub mod watch;
 
 pub use crate::service::Caller;
 pub use error::{status, ApiError};
@@ -224,7 +226,8 @@ pub fn router(state: Shared, mounts: &[Mount]) -> Router {
         .route(
             "/v1/sessions/{id}/processes/{pid}/signal",
             post(processes::signal),
-        );
+        )
+        .route("/v1/sessions/{id}/watch", get(watch::watch));
     for mount in mounts {
         routes = routes.nest_service(mount.path, (mount.make)(state.clone()));
     }

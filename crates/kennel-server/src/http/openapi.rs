@@ -6,7 +6,7 @@
 use serde_json::{json, Map, Value};
 use utoipa::OpenApi;
 
-use super::{processes, routes};
+use super::{processes, routes, watch};
 use crate::config::ServerConfig;
 use crate::pattern;
 use kennel_types::api;
@@ -40,6 +40,7 @@ use kennel_types::runs;
         processes::stdin,
         processes::signal,
         processes::kill,
+        watch::watch,
     ),
     components(schemas(
         api::RunSpec, api::LimitsSpec, api::RunResult, api::CollectedFile, api::Content,
@@ -49,6 +50,7 @@ use kennel_types::runs;
         runs::RunReport, runs::RunInfo, runs::RunStatus, runs::RunError,
         process::ProcessSpec, process::ProcessInfo, process::ProcessState, process::ProcessUsage,
         process::ProcessInput, process::ProcessSignal,
+        kennel_types::watch::FileEvent, kennel_types::watch::FileEventKind,
     )),
     modifiers(&BearerAuth),
     security(("bearer" = []))

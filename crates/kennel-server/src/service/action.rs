@@ -145,6 +145,14 @@ pub enum Action {
         id: String,
         pid: u32,
     },
+    /// What changes under a directory of a session (/workspace when `path` is `None`), and
+    /// under the directories below it when `recursive`, as it comes, for as long as the
+    /// stream is read. Refused past the server's `sessions.max_watches` open at once.
+    Watch {
+        id: String,
+        path: Option<String>,
+        recursive: bool,
+    },
 }
 
 /// A caller that streams a run's or an exec's output: the output goes to its sink as it

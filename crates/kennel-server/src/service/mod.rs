@@ -19,6 +19,7 @@ mod run;
 mod runs;
 mod session;
 mod state;
+mod watch;
 
 pub use action::{Accepted, Action, Caller, Live, RichSink};
 pub use counts::Ticket;
@@ -27,6 +28,7 @@ pub use process::{ProcessEvent, ProcessStream};
 pub use reply::Reply;
 pub use runs::StoredResult;
 pub use state::Service;
+pub use watch::WatchStream;
 
 use std::sync::Arc;
 
@@ -130,6 +132,13 @@ impl Service {
                 process::kill(self, caller, &id, pid).await?;
                 Ok(Reply::Done)
             }
+            Action::Watch {
+                id,
+                path,
+                recursive,
+            } => watch::follow(self, caller, &id, path, recursive)
+                .await
+                .map(Reply::Watch),
         }
     }
 }

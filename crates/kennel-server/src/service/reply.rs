@@ -6,6 +6,7 @@ use kennel_types::runs::{RunInfo, RunReport};
 
 use super::process::ProcessStream;
 use super::runs::StoredResult;
+use super::watch::WatchStream;
 
 /// What an action answered.
 #[derive(Debug)]
@@ -31,6 +32,8 @@ pub enum Reply {
     Processes(Vec<ProcessInfo>),
     /// A background process's output, as it comes.
     ProcessOutput(ProcessStream),
+    /// A file watch's events, as they come.
+    Watch(WatchStream),
     /// Done, with nothing to say (a session ended, a file written or deleted).
     Done,
 }

@@ -435,7 +435,7 @@ pub(super) async fn delete_file(
 }
 
 /// A directory's path: /workspace when none, else /workspace, /tmp or one under them.
-fn dir_path(path: Option<String>) -> Result<String, ServiceError> {
+pub(super) fn dir_path(path: Option<String>) -> Result<String, ServiceError> {
     let path = path.unwrap_or_else(|| "/workspace".into());
     if path == "/workspace" || path == "/tmp" || in_scratch(&path) {
         Ok(path)

@@ -417,3 +417,65 @@ fn a_background_process_outlives_its_request_and_streams_without_loss() {
     }
     assert_eq!(session_py(&server, &id, "print('still here')"), "still here\n");
 }
+
+// ---- file watch ------------------------------------------------------------------------------
+
+/// A watch of /workspace (recursive) streams a file's creation, its writes (as one modify),
+/// its rename and its deletion, in that order, as the code makes them; a path outside
+/// /workspace and /tmp is a 400, and the session goes on.
+#[test]
+fn a_watch_streams_create_modify_rename_delete_in_order() {
+    let server = tier_server("sessions-watch", "");
+    let id = open_session(&server, json!({}))["id"].as_str().unwrap().to_string();
+    let c = &server.client;
+    let watch = format!("/v1/sessions/{id}/watch?path=/workspace&recursive=true");
+    let (code, _) = c
+        .get(&format!("/v1/sessions/{id}/watch?path=/etc"))
+        .error(400);
+    assert_eq!(code, "bad_request");
+    // The directory is there first: a file made in a directory at once after it, before the
+    // agent has read the directory's creation and watched it, is not seen (inotify's race).
+    session_py(&server, &id, "import os; os.makedirs('/workspace/w')");
+    let changes = "import os\n\
+                   with open('/workspace/w/a.txt', 'w') as f:\n\
+                   \x20   for _ in range(50):\n\
+                   \x20       f.write('x'); f.flush()\n\
+                   os.rename('/workspace/w/a.txt', '/workspace/w/b.txt')\n\
+                   os.remove('/workspace/w/b.txt')";
+    // The code makes its changes once the stream says the watch is in place.
+    let (ready, in_place) = std::sync::mpsc::channel();
+    let streamed = std::thread::scope(|s| {
+        let reader = s.spawn(move || {
+            c.get_stream(&watch, &[], |e| {
+                if e.name == "watching" {
+                    let _ = ready.send(());
+                }
+                !(e.name == "delete" && e.json()["path"] == "/workspace/w/b.txt")
+            })
+        });
+        in_place
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the watch is in place");
+        session_py(&server, &id, changes);
+        reader.join().unwrap()
+    });
+    assert_eq!(streamed.events[0].name, "watching", "{:?}", streamed.events);
+    let seen: Vec<(String, String)> = streamed.events[1..]
+        .iter()
+        .map(|e| (e.name.clone(), e.json()["path"].as_str().unwrap_or("").to_string()))
+        .collect();
+    let expect = [
+        ("create", "/workspace/w/a.txt"),
+        ("modify", "/workspace/w/a.txt"),
+        ("rename", "/workspace/w/a.txt"),
+        ("delete", "/workspace/w/b.txt"),
+    ];
+    let expect: Vec<(String, String)> = expect
+        .iter()
+        .map(|(k, p)| (k.to_string(), p.to_string()))
+        .collect();
+    assert_eq!(seen, expect, "{:?}", streamed.events);
+    let rename = &streamed.events[3].json();
+    assert_eq!(rename["to"], "/workspace/w/b.txt", "{rename}");
+    assert_eq!(session_py(&server, &id, "print('still here')"), "still here\n");
+}
