@@ -1417,8 +1417,9 @@ export interface operations {
                     "application/json": components["schemas"]["RunReport"];
                     "text/event-stream": {
                         data: string;
-                        /** @enum {string} */
-                        event?: "run" | "stdout" | "stderr" | "display" | "result" | "error";
+                        event?: string;
+                        id?: string;
+                        retry?: number;
                     };
                 };
             };
@@ -2004,8 +2005,9 @@ export interface operations {
                     "application/json": components["schemas"]["ExecResult"];
                     "text/event-stream": {
                         data: string;
-                        /** @enum {string} */
-                        event?: "run" | "stdout" | "stderr" | "display" | "result" | "error";
+                        event?: string;
+                        id?: string;
+                        retry?: number;
                     };
                 };
             };
@@ -2608,7 +2610,12 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "text/event-stream": string;
+                    "text/event-stream": {
+                        data: string;
+                        event?: string;
+                        id?: string;
+                        retry?: number;
+                    };
                 };
             };
             /** @description A `pid` that is not a number, or a malformed offset */
@@ -2846,13 +2853,18 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description Server-Sent Events, one per change, named by its `type` (`create`, `modify`, `delete`, `rename`, or `overflow` when events were lost), with the FileEvent as data and its `seq` as id, after a first `watching` event (`{"path", "recursive"}`) once the watch is in place; `error` if the session ends */
+            /** @description Server-Sent Events, one per change, named by its `type` (`create`, `modify`, `delete`, `rename`, or `overflow` when events were lost), with the FileEvent as data and its `seq` as id, after a first `watching` event (`{"path", "recursive"}`) once the watch is in place; `error` if the session ends (the FileEvent schema describes the events' data) */
             200: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    "text/event-stream": components["schemas"]["FileEvent"];
+                    "text/event-stream": {
+                        data: string;
+                        event?: string;
+                        id?: string;
+                        retry?: number;
+                    };
                 };
             };
             /** @description A path outside /workspace and /tmp, through a symlink, or not a directory */

@@ -17,8 +17,10 @@ import ctypes
 import errno
 import os
 import struct
+import time
 
 RING_MAX = 4096  # events kept per watch, the last ones
+MOVE_WAIT = 0.1  # seconds a move-from waits for its move-to before it counts as a delete
 HEADER = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len
 IN_MODIFY = 0x2
 IN_MOVED_FROM = 0x40
@@ -63,6 +65,9 @@ class Watch:
         self.events = []  # the ring: (number, event)
         self.next = 0  # the number the next event gets
         self.lost = 0  # events dropped since the last one kept, said by an overflow event
+        # Move-froms waiting for their move-to (a read may end between the two): cookie ->
+        # (path, is_dir, when seen).
+        self.moved = {}
         try:
             self.add_tree(path)
         except BaseException:
@@ -101,12 +106,12 @@ class Watch:
 
     def read_kernel(self):
         """Turns what the kernel has queued into events; a rename is a move-from and a
-        move-to of one cookie in the same read."""
+        move-to of one cookie, which may come in two reads."""
         try:
             data = os.read(self.fd, 256 * 1024)
         except BlockingIOError:
             return
-        moved = {}  # cookie -> path, a move-from waiting for its move-to
+        moved = self.moved
         at = 0
         while at + HEADER.size <= len(data):
             wd, mask, cookie, size = HEADER.unpack_from(data, at)
@@ -124,10 +129,10 @@ class Watch:
             path = os.path.join(parent, os.fsdecode(raw))
             is_dir = bool(mask & IN_ISDIR)
             if mask & IN_MOVED_FROM:
-                moved[cookie] = (path, is_dir)
+                moved[cookie] = (path, is_dir, time.monotonic())
                 continue
             if mask & IN_MOVED_TO and cookie in moved:
-                source, _ = moved.pop(cookie)
+                source, _, _ = moved.pop(cookie)
                 self.keep({"type": "rename", "path": source, "to": path, "dir": is_dir})
                 self.follow_new_dir(path, is_dir)
                 continue
@@ -138,8 +143,16 @@ class Watch:
                 self.keep({"type": "delete", "path": path, "dir": is_dir})
             elif mask & IN_MODIFY:
                 self.keep({"type": "modify", "path": path, "dir": is_dir})
-        for path, is_dir in moved.values():  # moved out of the watched tree
-            self.keep({"type": "delete", "path": path, "dir": is_dir})
+
+    def settle_moves(self, now, wait=MOVE_WAIT):
+        """A move-from whose move-to has not come within ``wait`` left the watched tree."""
+        for cookie, (path, is_dir, seen) in list(self.moved.items()):
+            if now - seen >= wait:
+                del self.moved[cookie]
+                self.keep({"type": "delete", "path": path, "dir": is_dir})
+
+    def move_deadline(self):
+        return min((seen + MOVE_WAIT for _, _, seen in self.moved.values()), default=None)
 
     def follow_new_dir(self, path, is_dir):
         if is_dir and self.recursive:
@@ -201,7 +214,9 @@ class Watches:
         return any(w.fd == fd for w in self.by_id.values())
 
     def check(self, now):
-        pass
+        for w in self.by_id.values():
+            w.settle_moves(now)
 
     def timer(self):
-        return None
+        deadlines = [d for d in (w.move_deadline() for w in self.by_id.values()) if d is not None]
+        return min(deadlines, default=None)

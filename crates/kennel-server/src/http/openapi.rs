@@ -733,6 +733,13 @@ fn constrain_path(path: &str, item: &mut Value) {
                 response["content"] = json!({"application/json": {
                     "schema": {"$ref": "#/components/schemas/Error"}}});
             }
+            // An event stream's schema is one event's: its name, its data (JSON text, which
+            // the description names) and its id.
+            if let Some(stream) = response.pointer_mut("/content/text~1event-stream") {
+                stream["schema"] = json!({"type": "object", "required": ["data"], "properties": {
+                    "event": {"type": "string"}, "data": {"type": "string"},
+                    "id": {"type": "string"}, "retry": {"type": "integer"}}});
+            }
         }
     }
 }

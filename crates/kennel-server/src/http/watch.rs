@@ -32,7 +32,8 @@ pub struct WatchQuery {
     responses(
         (status = 200, description = "Server-Sent Events, one per change, named by its `type` (`create`, `modify`, \
             `delete`, `rename`, or `overflow` when events were lost), with the FileEvent as data and its `seq` as id, \
-            after a first `watching` event (`{\"path\", \"recursive\"}`) once the watch is in place; `error` if the session ends", content_type = "text/event-stream", body = kennel_types::watch::FileEvent),
+            after a first `watching` event (`{\"path\", \"recursive\"}`) once the watch is in place; `error` if the session ends \
+            (the FileEvent schema describes the events' data)", content_type = "text/event-stream", body = String),
         (status = 400, description = "A path outside /workspace and /tmp, through a symlink, or not a directory"),
         (status = 404, description = "No such session for this caller, or no such directory"),
         (status = 410, description = "The session's sandbox has ended"),
