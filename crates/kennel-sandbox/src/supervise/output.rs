@@ -10,6 +10,16 @@ pub enum Stream {
     Stderr,
 }
 
+impl Stream {
+    /// Its name, as the API's events and fields write it: `stdout` or `stderr`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        }
+    }
+}
+
 /// A stream's kept head and its total size.
 #[derive(Debug, Default)]
 pub struct Captured {

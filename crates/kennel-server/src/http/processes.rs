@@ -176,33 +176,20 @@ pub fn sse(events: ProcessStream, from: (u64, u64), ticket: Option<Ticket>) -> R
                 data,
             } => {
                 let end = offset + data.len() as u64;
-                let name = match stream {
-                    Stream::Stdout => {
-                        at.0 = end;
-                        "stdout"
-                    }
-                    Stream::Stderr => {
-                        at.1 = end;
-                        "stderr"
-                    }
-                };
+                match stream {
+                    Stream::Stdout => at.0 = end,
+                    Stream::Stderr => at.1 = end,
+                }
                 let mut body = chunk_data(data);
                 body["offset"] = json!(offset);
                 Event::default()
-                    .event(name)
+                    .event(stream.name())
                     .id(format!("{}:{}", at.0, at.1))
                     .data(body.to_string())
             }
-            ProcessEvent::Dropped { stream, bytes } => {
-                let stream = if stream == Stream::Stdout {
-                    "stdout"
-                } else {
-                    "stderr"
-                };
-                Event::default()
-                    .event("dropped")
-                    .data(json!({"stream": stream, "bytes": bytes}).to_string())
-            }
+            ProcessEvent::Dropped { stream, bytes } => Event::default()
+                .event("dropped")
+                .data(json!({"stream": stream.name(), "bytes": bytes}).to_string()),
             ProcessEvent::Exit(info) => Event::default()
                 .event("exit")
                 .data(serde_json::to_string(&info).unwrap_or_default()),

@@ -189,16 +189,9 @@ fn sse(first: Option<StreamMsg>, rx: mpsc::Receiver<StreamMsg>, ticket: Ticket) 
             StreamMsg::Run(id) => Event::default()
                 .event("run")
                 .data(json!({ "id": id }).to_string()),
-            StreamMsg::Chunk(s, data) => {
-                let name = if s == Stream::Stdout {
-                    "stdout"
-                } else {
-                    "stderr"
-                };
-                Event::default()
-                    .event(name)
-                    .data(chunk_data(data).to_string())
-            }
+            StreamMsg::Chunk(s, data) => Event::default()
+                .event(s.name())
+                .data(chunk_data(data).to_string()),
             StreamMsg::Rich(v) => Event::default().event("display").data(v.to_string()),
             StreamMsg::Result(v) => Event::default().event("result").data(v.to_string()),
             StreamMsg::Error(v) => Event::default().event("error").data(v.to_string()),
