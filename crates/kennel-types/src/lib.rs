@@ -15,6 +15,7 @@ pub mod process;
 pub mod runs;
 pub mod security;
 pub mod time;
+pub mod user;
 pub mod watch;
 
 pub use api::{

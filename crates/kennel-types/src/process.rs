@@ -34,6 +34,10 @@ pub struct ProcessSpec {
     /// long as its session).
     #[schema(value_type = Option<String>)]
     pub timeout: Option<Span>,
+    /// Who runs it: `default` (the sandbox's root, as a run) or `user` (uid 1000, HOME
+    /// /workspace), a 400 where the sandbox cannot give uid 1000, as for an exec.
+    #[serde(default)]
+    pub user: crate::user::User,
 }
 
 impl ProcessSpec {

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use kennel_types::process::ProcessInfo;
+use kennel_types::user::User;
 
 use super::error::{unexpected, AgentError};
 use super::protocol::{decode, encode, Event, Request, RingRead};
@@ -20,6 +21,8 @@ pub struct Start<'a> {
     pub timeout: Option<Duration>,
     /// The most processes the session may have running at once.
     pub max_processes: usize,
+    /// Who runs it, already checked against the sandbox ([`User::check`]).
+    pub user: User,
 }
 
 /// What a `read_process` found: each stream's bytes from the offset asked for, the process,
@@ -70,6 +73,7 @@ impl AgentSandbox {
             stdin: start.stdin,
             timeout_ms: start.timeout.map(kennel_types::millis),
             max_processes: start.max_processes,
+            user: start.user,
         };
         match self.process_call(&request).await? {
             Event::Started(info) => Ok(*info),

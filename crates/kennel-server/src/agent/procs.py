@@ -154,7 +154,9 @@ class Processes:
     def running(self):
         return sum(1 for p in self.by_pid.values() if p.running)
 
-    def start(self, argv, cwd, env, with_stdin, timeout):
+    def start(self, argv, cwd, env, with_stdin, timeout, creds=None):
+        """Starts argv; ``creds`` are Popen's ``user``, ``group`` and ``extra_groups`` for a
+        process of another user (the agent's ``launch_as``)."""
         if self.running() >= self.max_processes:
             raise OverflowError(f"{self.max_processes} processes run already")
         import subprocess
@@ -164,7 +166,8 @@ class Processes:
         in_r, in_w = os.pipe() if with_stdin else (os.open(os.devnull, os.O_RDONLY), None)
         try:
             proc = subprocess.Popen(argv, stdin=in_r, stdout=out_w, stderr=err_w, env=env,
-                                    cwd=cwd, close_fds=True, start_new_session=True)
+                                    cwd=cwd, close_fds=True, start_new_session=True,
+                                    **(creds or {}))
         except BaseException:
             close_fds([out_r, err_r, in_w])  # noqa: F821
             raise

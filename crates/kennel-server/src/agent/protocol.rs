@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use kennel_sandbox::Stream;
 use kennel_types::api::{DirEntry, ExecResult, FigureFormat, Language, RichOutput};
 use kennel_types::process::ProcessInfo;
+use kennel_types::user::User;
 
 /// A request to the agent, one JSON line, as `agent.py`'s docstring words it (the `id` is
 /// added by [`AgentSandbox::call`]).
@@ -28,6 +29,9 @@ pub enum Request<'a> {
         /// A one-shot python exec with rich results (a session's always has them).
         #[serde(skip_serializing_if = "std::ops::Not::not")]
         rich: bool,
+        /// Who runs it (left out for the default, which is all a pooled run knows).
+        #[serde(skip_serializing_if = "User::is_default")]
+        user: User,
     },
     Write {
         path: &'a str,
@@ -76,6 +80,8 @@ pub enum Request<'a> {
         #[serde(skip_serializing_if = "Option::is_none")]
         timeout_ms: Option<u64>,
         max_processes: usize,
+        #[serde(skip_serializing_if = "User::is_default")]
+        user: User,
     },
     Procs,
     ProcRead {
@@ -314,6 +320,7 @@ mod tests {
             stdin_b64: None,
             figure_formats: Some(&[FigureFormat::Png, FigureFormat::Svg]),
             rich: false,
+            user: User::Default,
         };
         assert_eq!(
             wire(&python),
@@ -329,12 +336,24 @@ mod tests {
             stdin_b64: Some("eA==".into()),
             figure_formats: None,
             rich: false,
+            user: User::Default,
         };
         assert_eq!(
             wire(&shell),
             json!({"op": "exec", "id": 7, "kind": "shell", "shell": "sh", "command": "ls",
                    "timeout_ms": 5, "one_shot": true, "output_limit": 1, "stdin_b64": "eA=="})
         );
+        let as_user = Request::Exec {
+            code: Code::new(Language::Bash, "id -u"),
+            timeout_ms: 5,
+            one_shot: false,
+            output_limit: 1,
+            stdin_b64: None,
+            figure_formats: None,
+            rich: false,
+            user: User::User,
+        };
+        assert_eq!(wire(&as_user)["user"], "user");
         let path = "/workspace/a";
         let b64 = "eA==".to_string();
         for (request, want) in [

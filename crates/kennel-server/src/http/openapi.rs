@@ -49,7 +49,7 @@ use kennel_types::runs;
         api::Outcome, api::RichResults, api::RichOutput, api::OutputKind, api::ExecError, api::FigureFormat,
         runs::RunReport, runs::RunInfo, runs::RunStatus, runs::RunError,
         process::ProcessSpec, process::ProcessInfo, process::ProcessState, process::ProcessUsage,
-        process::ProcessInput, process::ProcessSignal,
+        process::ProcessInput, process::ProcessSignal, kennel_types::user::User,
         kennel_types::watch::FileEvent, kennel_types::watch::FileEventKind,
     )),
     modifiers(&BearerAuth),

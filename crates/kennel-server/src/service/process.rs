@@ -90,6 +90,7 @@ pub(super) async fn start(
 ) -> Result<ProcessInfo, ServiceError> {
     let argv = spec.argv()?;
     let session = open(service, caller, id)?;
+    spec.user.check(&session.isolation)?;
     let _busy = session.busy();
     let start = Start {
         argv: &argv,
@@ -98,6 +99,7 @@ pub(super) async fn start(
         stdin: spec.stdin,
         timeout: spec.timeout.map(|t| t.0),
         max_processes: service.config.sessions.max_processes,
+        user: spec.user,
     };
     let outcome = session.agent.start_process(start).await;
     settled(&session, None, outcome).await
