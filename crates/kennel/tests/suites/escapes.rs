@@ -1,5 +1,7 @@
 // The body of a test suite, included by one test target per tier, which names it in its
-// `RUNTIME` constant (see `tier.rs`).
+// `RUNTIME` constant (see `tier.rs`). Every probe that runs inside (`probe_inside`,
+// `probe_both`) runs again as `user` (uid 1000) in a session of the tier, where the tier offers
+// it (see "the suite as `user`").
 use std::fs;
 use std::io;
 use std::os::fd::AsRawFd;

@@ -608,3 +608,28 @@ fn pip_install_user_then_import_in_both_interpreters() {
     assert_eq!(as_user("python", probe)["stdout"], "kennel-probe-ok\n");
     assert_eq!(session_py(&server, &id, probe), "kennel-probe-ok\n");
 }
+
+/// The 400 of `user` in a sandbox whose code keeps no CAP_SETUID and CAP_SETGID.
+const USER_WITHOUT_CAPABILITIES: &str = "invalid request: `user` cannot be switched to: the \
+                                         sandbox's code keeps no CAP_SETUID and CAP_SETGID \
+                                         (`capabilities = \"none\"`, or it runs as nobody, as \
+                                         under docker without --userns-remap)";
+
+/// On a server whose runs keep no capabilities (`capabilities = "none"`), `user` is a 400 that
+/// says why (runsc's own first), nothing starts, and the session goes on as its root.
+#[test]
+fn user_is_refused_where_the_code_keeps_no_capabilities() {
+    tier();
+    let server = Server::start(
+        "sessions-user-nocaps",
+        "capabilities = \"none\"\n[pool]\npython = 0\nbash = 0\n",
+    );
+    let id = open_session(&server, json!({}))["id"].as_str().unwrap().to_string();
+    let c = &server.client;
+    let spec = json!({"language": "bash", "code": "mkdir /workspace/never", "user": "user"});
+    let (code, message) = c.exec_resp(&id, &spec).error(400);
+    let expected = if gvisor() { USER_UNDER_RUNSC } else { USER_WITHOUT_CAPABILITIES };
+    assert_eq!((code.as_str(), message.as_str()), ("bad_request", expected));
+    let left = "import os; print(os.listdir('/workspace'))";
+    assert_eq!(session_py(&server, &id, left), "[]\n");
+}
