@@ -90,8 +90,13 @@ struct UserSession {
 static USER_SESSION: std::sync::Mutex<Option<UserSession>> = std::sync::Mutex::new(None);
 
 extern "C" fn end_user_session() {
-    let session = USER_SESSION.lock().map(|mut s| s.take());
-    drop(session); // the server's Drop stops it, which ends its session
+    // A probe that failed while it held the lock poisoned it: the server is stopped all the
+    // same (its Drop stops it, which ends its session).
+    let session = USER_SESSION
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take();
+    drop(session);
 }
 
 /// Whether this binary runs its probes as `user` too: every tier that offers it, which is all
