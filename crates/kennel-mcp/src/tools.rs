@@ -29,6 +29,7 @@ use kennel_types::api::{Content, EntryKind, ExecSpec, Language, LimitsSpec, RunS
 use kennel_types::error::PolicyError;
 use kennel_types::policy::{Capabilities, Platform, Runtime, Span, Tier};
 use kennel_types::process::ProcessSpec;
+use kennel_types::user::User;
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -160,6 +161,10 @@ pub struct SessionExecArgs {
     /// that times out is interrupted (KeyboardInterrupt) and keeps the interpreter's state,
     /// unless it does not stop within 2 s.
     pub timeout: Option<String>,
+    /// "default" (the sandbox's root) or "user" (uid 1000, HOME /workspace), which some
+    /// sandboxes refuse (the error says why).
+    #[serde(default)]
+    pub user: User,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -231,6 +236,10 @@ pub struct StartProcessArgs {
     pub env: BTreeMap<String, String>,
     /// Kill it after this long, such as "10m"; by default it runs as long as the session.
     pub timeout: Option<String>,
+    /// "default" (the sandbox's root) or "user" (uid 1000, HOME /workspace), which some
+    /// sandboxes refuse (the error says why).
+    #[serde(default)]
+    pub user: User,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -679,6 +688,7 @@ killed; a python exception also comes back as `error: Name: message`.",
                 Err(e) => return Ok(e),
             },
             figure_formats: None,
+            user: a.user,
         };
         // A client that cancels the call (notifications/cancelled) cancels the exec, through
         // the API: a remote server would not see the dropped call.
@@ -904,6 +914,7 @@ exits, kill_process kills it, its `timeout` passes or the session ends. Give `ar
                 Ok(t) => t,
                 Err(e) => return Ok(e),
             },
+            user: a.user,
             ..ProcessSpec::default()
         };
         if let Err(e) = spec.argv() {

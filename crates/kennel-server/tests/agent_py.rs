@@ -1,5 +1,5 @@
 //! The session agent's own unit tests, and those of its rich results, archives, background
-//! processes and file watches (Python's unittest), run bare on the host, so that the one test
+//! processes, file watches and users (Python's unittest), run bare on the host, so that the one test
 //! command covers them.
 
 use std::process::Command;
@@ -17,6 +17,7 @@ fn the_session_agent_passes_its_unit_tests() {
             "test_archive",
             "test_procs",
             "test_watch",
+            "test_users",
         ])
         .current_dir(dir)
         .output()

@@ -1047,6 +1047,12 @@ pub struct ExecSpec {
     /// Python: the formats each matplotlib figure comes back in (default `["png"]`; with
     /// `[]` a figure comes back as its text alone).
     pub figure_formats: Option<Vec<FigureFormat>>,
+    /// Who runs it: `default` (the sandbox's root, as a run) or `user` (uid 1000, HOME
+    /// /workspace; python then runs in a second persistent interpreter of its own), a 400
+    /// where the sandbox cannot give uid 1000 (runsc, `capabilities = "none"`, one id mapped,
+    /// docker without user namespace remapping).
+    #[serde(default)]
+    pub user: crate::user::User,
 }
 
 /// A format a figure is rendered in, as a rich output's MIME type.
@@ -1354,6 +1360,7 @@ mod tests {
             stdin: None,
             timeout: Some("1s".parse().unwrap()),
             figure_formats: Some(vec![FigureFormat::Svg]),
+            user: crate::user::User::User,
         };
         let wire = serde_json::to_value(&exec).unwrap();
         assert_eq!(serde_json::from_value::<ExecSpec>(wire).unwrap(), exec);

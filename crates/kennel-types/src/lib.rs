@@ -16,6 +16,7 @@ pub mod runs;
 pub mod security;
 pub mod terminal;
 pub mod time;
+pub mod user;
 pub mod watch;
 
 pub use api::{

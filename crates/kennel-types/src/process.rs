@@ -44,6 +44,10 @@ pub struct ProcessSpec {
     pub cols: Option<u16>,
     /// Its pty's rows, with `tty`.
     pub rows: Option<u16>,
+    /// Who runs it: `default` (the sandbox's root, as a run) or `user` (uid 1000, HOME
+    /// /workspace), a 400 where the sandbox cannot give uid 1000, as for an exec.
+    #[serde(default)]
+    pub user: crate::user::User,
 }
 
 impl ProcessSpec {

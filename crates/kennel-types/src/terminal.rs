@@ -67,6 +67,10 @@ pub struct TerminalSpec {
     /// Environment variables beyond the sandbox's own.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Who its shell runs as: `default` or `user` (uid 1000, `HOME=/workspace`), a 400 where
+    /// the sandbox cannot give uid 1000, as for an exec.
+    #[serde(default)]
+    pub user: crate::user::User,
 }
 
 /// The shell a terminal runs.

@@ -11,5 +11,6 @@
 const RUNTIME: Option<&str> = None;
 
 mod common;
+mod server_common;
 
 include!("suites/escapes.rs");

@@ -5,5 +5,6 @@
 const RUNTIME: Option<&str> = Some("crun");
 
 mod common;
+mod server_common;
 
 include!("suites/escapes.rs");

@@ -6,5 +6,6 @@
 const RUNTIME: Option<&str> = Some("docker");
 
 mod common;
+mod server_common;
 
 include!("suites/escapes.rs");

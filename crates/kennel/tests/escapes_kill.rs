@@ -8,5 +8,6 @@
 const RUNTIME: Option<&str> = None;
 
 mod common;
+mod server_common;
 
 include!("suites/escapes.rs");

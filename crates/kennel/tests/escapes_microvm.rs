@@ -7,5 +7,6 @@
 const RUNTIME: Option<&str> = Some("microvm");
 
 mod common;
+mod server_common;
 
 include!("suites/escapes.rs");

@@ -5,5 +5,6 @@
 const RUNTIME: Option<&str> = Some("runc");
 
 mod common;
+mod server_common;
 
 include!("suites/escapes.rs");

@@ -479,3 +479,27 @@ fn bad_process_requests_get_their_4xx_and_lose_nothing() {
     assert_eq!(start(json!({"argv": ["true"]})).status, 201);
     assert_eq!(c.exec(&id, "bash", "echo fine")["stdout"], "fine\n");
 }
+
+/// Under a server that is not root, a session's sandbox maps one id (the server's own uid), so
+/// it has no uid 1000: `user` is a 400 saying so, and the session goes on as its root.
+#[test]
+fn user_is_refused_under_a_server_that_is_not_root() {
+    if !require("root (to run the server as nobody with setpriv)", is_root()) {
+        return;
+    }
+    let server = Server::start_as_nobody("session-user-rootless", NO_POOL);
+    let c = &server.client;
+    let id = c.create_session(&json!({}));
+    let spec = json!({"language": "bash", "code": "id -u", "user": "user"});
+    let (code, message) = c.exec_resp(&id, &spec).error(400);
+    assert_eq!(
+        (code.as_str(), message.as_str()),
+        (
+            "bad_request",
+            "invalid request: `user` needs uid 1000 in the sandbox, whose user namespace maps \
+             1 id(s) (a supervisor that is not root maps its own uid alone): run the server as \
+             root"
+        )
+    );
+    assert_eq!(c.exec(&id, "bash", "id -u")["stdout"], "0\n");
+}

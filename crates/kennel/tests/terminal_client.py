@@ -1,6 +1,7 @@
 """A terminal driven as a user's terminal emulator drives it: PyPI's websockets for the
 connection, pyte to render the screen. Run by the session suite of each tier
-(suites/sessions.rs) as `terminal_client.py BASE SESSION`, with KENNEL_TEST_TOKEN when the
+(suites/sessions.rs) as `terminal_client.py BASE SESSION user-offered|user-refused`, with
+KENNEL_TEST_TOKEN when the
 server wants one; it prints `ok   terminal: ...` per check and exits non-zero at the first
 failure. `terminal_client.py BASE SESSION bounds` checks instead what the native target checks
 on a server with a token and `sessions.max_terminals = 2`."""
@@ -193,6 +194,24 @@ def a_browser_token_and_the_bound():
     ok("terminals past sessions.max_terminals get 429, processes are counted apart")
 
 
+def a_terminal_as_user(offered):
+    """`user` on a terminal: its shell runs as uid 1000 on a pty it owns, or, where the tier
+    cannot give uid 1000, the exec's 400 naming `user` and nothing opened."""
+    r = API.post(f"/v1/sessions/{SESSION}/terminals", json={"user": "user"})
+    if not offered:
+        status(r, 400, "user where the tier refuses it")
+        assert "`user`" in r.json()["error"]["message"], r.text
+        ok("a terminal as user is refused as an exec as user is")
+        return
+    tid = status(r, 201, "a terminal as user").json()["pid"]
+    term = Term(f"/terminals/{tid}")
+    term.ws.send(b"echo \"u=$(id -u) h=$HOME o=$(stat -c %u $(tty))\"\n")
+    term.shows("u=1000 h=/workspace o=1000")
+    term.ws.send(b"exit\n")
+    term.pump(lambda t: t.closed is not None)
+    ok("a terminal as user runs its shell as uid 1000 on a pty it owns")
+
+
 def main():
     if sys.argv[3:] == ["bounds"]:
         a_browser_token_and_the_bound()
@@ -200,6 +219,7 @@ def main():
     a_terminal_renders_resizes_replays_and_exits()
     a_tty_process_and_the_pty_shortcut()
     bad_requests_get_their_4xx()
+    a_terminal_as_user(sys.argv[3:] == ["user-offered"])
 
 
 if __name__ == "__main__":

@@ -196,8 +196,12 @@ class SessionFields:
 
 
 def exec_body(language: str, code: str, stdin: Optional[str], timeout: Timeout,
-              figure_formats: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+              figure_formats: Optional[Sequence[str]] = None,
+              user: Optional[str] = None) -> Dict[str, Any]:
+    """An ``ExecSpec``; ``user`` ("default" or "user", uid 1000) only when given."""
     body: Dict[str, Any] = {"language": language, "code": code}
+    if user is not None:
+        body["user"] = user
     if stdin is not None:
         body["stdin"] = stdin
     if timeout is not None:
@@ -448,7 +452,7 @@ class Outcome:
 
 def process_body(argv: Optional[Sequence[str]], cmd: Optional[str], cwd: Optional[str],
                  env: Optional[Mapping[str, str]], stdin: bool,
-                 timeout: Timeout) -> Dict[str, Any]:
+                 timeout: Timeout, user: Optional[str] = None) -> Dict[str, Any]:
     """A ``ProcessSpec``: ``argv``, or ``cmd`` for ``bash -c``, and only the options given."""
     if (argv is None) == (cmd is None):
         raise TypeError("give argv (a list of strings) or cmd (a bash command line), not both")
@@ -463,6 +467,8 @@ def process_body(argv: Optional[Sequence[str]], cmd: Optional[str], cwd: Optiona
         body["stdin"] = True
     if timeout is not None:
         body["timeout"] = span(timeout)
+    if user is not None:
+        body["user"] = user
     return body
 
 

@@ -141,8 +141,9 @@ class AsyncProcesses:
 
     async def start(self, argv: Optional[Sequence[str]] = None, cmd: Optional[str] = None, *,
                     cwd: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
-                    stdin: bool = False, timeout: c.Timeout = None) -> ProcessInfo:
-        body = c.process_body(argv, cmd, cwd, env, stdin, timeout)
+                    stdin: bool = False, timeout: c.Timeout = None,
+                    user: Optional[str] = None) -> ProcessInfo:
+        body = c.process_body(argv, cmd, cwd, env, stdin, timeout, user)
         r = await self._request("POST", c.process_url(self._session.id), json=body)
         return ProcessInfo.from_dict(r.json())
 
@@ -207,20 +208,22 @@ class AsyncSession(c.SessionFields):
 
     async def run_code(self, code: str, language: str = "python", *, timeout: c.Timeout = None,
                        stdin: Optional[str] = None,
-                       figure_formats: Optional[Sequence[str]] = None) -> ExecResult:
+                       figure_formats: Optional[Sequence[str]] = None,
+                       user: Optional[str] = None) -> ExecResult:
         r = await self._client._request("POST", c.session_url(self.id, "/exec"),
-                                        json=c.exec_body(language, code, stdin, timeout, figure_formats))
+                                        json=c.exec_body(language, code, stdin, timeout, figure_formats, user))
         return ExecResult.from_dict(r.json())
 
     async def run_command(self, cmd: Any, *, timeout: c.Timeout = None,
-                          stdin: Optional[str] = None) -> ExecResult:
-        return await self.run_code(_shell_line(cmd), "bash", timeout=timeout, stdin=stdin)
+                          stdin: Optional[str] = None, user: Optional[str] = None) -> ExecResult:
+        return await self.run_code(_shell_line(cmd), "bash", timeout=timeout, stdin=stdin, user=user)
 
     async def stream(self, code: str, language: str = "python", *, timeout: c.Timeout = None,
                      stdin: Optional[str] = None,
-                     figure_formats: Optional[Sequence[str]] = None) -> AsyncStream[ExecResult]:
+                     figure_formats: Optional[Sequence[str]] = None,
+                     user: Optional[str] = None) -> AsyncStream[ExecResult]:
         return await self._client._stream(c.session_url(self.id, "/exec"),
-                                          c.exec_body(language, code, stdin, timeout, figure_formats),
+                                          c.exec_body(language, code, stdin, timeout, figure_formats, user),
                                           ExecResult.from_dict)
 
     async def download_archive(self, path: str = "/workspace") -> bytes:

@@ -144,12 +144,14 @@ class Processes:
 
     def start(self, argv: Optional[Sequence[str]] = None, cmd: Optional[str] = None, *,
               cwd: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
-              stdin: bool = False, timeout: c.Timeout = None) -> ProcessInfo:
+              stdin: bool = False, timeout: c.Timeout = None,
+              user: Optional[str] = None) -> ProcessInfo:
         """Starts ``argv``, or ``cmd`` as a bash command line; ``stdin=True`` gives it a stdin
         to :meth:`write_stdin` to (else it reads /dev/null); ``timeout`` (seconds or "10m")
-        kills it after that long. :class:`kennel.BadRequest` for a program or ``cwd`` that
+        kills it after that long; ``user="user"`` runs it as uid 1000, as
+        :meth:`Session.run_code`. :class:`kennel.BadRequest` for a program or ``cwd`` that
         cannot start, :class:`kennel.Busy` past the server's processes per session."""
-        body = c.process_body(argv, cmd, cwd, env, stdin, timeout)
+        body = c.process_body(argv, cmd, cwd, env, stdin, timeout, user)
         r = self._request("POST", c.process_url(self._session.id), json=body)
         return ProcessInfo.from_dict(r.json())
 
@@ -225,24 +227,28 @@ class Session(c.SessionFields):
 
     def run_code(self, code: str, language: str = "python", *, timeout: c.Timeout = None,
                  stdin: Optional[str] = None,
-                 figure_formats: Optional[Sequence[str]] = None) -> ExecResult:
-        """Runs code (``python``, ``bash`` or ``sh``); ``timeout`` in seconds or as "30s"."""
+                 figure_formats: Optional[Sequence[str]] = None,
+                 user: Optional[str] = None) -> ExecResult:
+        """Runs code (``python``, ``bash`` or ``sh``); ``timeout`` in seconds or as "30s";
+        ``user="user"`` runs it as uid 1000 (HOME /workspace; python in an interpreter of its
+        own), which some sandboxes refuse (:class:`kennel.BadRequest` says why)."""
         r = self._client._request("POST", c.session_url(self.id, "/exec"),
-                                  json=c.exec_body(language, code, stdin, timeout, figure_formats))
+                                  json=c.exec_body(language, code, stdin, timeout, figure_formats, user))
         return ExecResult.from_dict(r.json())
 
     def run_command(self, cmd: Union[str, Sequence[str]], *, timeout: c.Timeout = None,
-                    stdin: Optional[str] = None) -> ExecResult:
+                    stdin: Optional[str] = None, user: Optional[str] = None) -> ExecResult:
         """Runs a shell command line with bash (an argv list is quoted into one)."""
-        return self.run_code(_shell_line(cmd), "bash", timeout=timeout, stdin=stdin)
+        return self.run_code(_shell_line(cmd), "bash", timeout=timeout, stdin=stdin, user=user)
 
     def stream(self, code: str, language: str = "python", *, timeout: c.Timeout = None,
                stdin: Optional[str] = None,
-               figure_formats: Optional[Sequence[str]] = None) -> Stream[ExecResult]:
+               figure_formats: Optional[Sequence[str]] = None,
+               user: Optional[str] = None) -> Stream[ExecResult]:
         """As :meth:`run_code`, streamed: a :class:`Stream` whose ``result`` is an
         :class:`ExecResult`."""
         return self._client._stream(c.session_url(self.id, "/exec"),
-                                    c.exec_body(language, code, stdin, timeout, figure_formats),
+                                    c.exec_body(language, code, stdin, timeout, figure_formats, user),
                                     ExecResult.from_dict)
 
     def download_archive(self, path: str = "/workspace") -> bytes:

@@ -152,3 +152,15 @@ def test_a_dropped_output_stream_resumes_after_the_last_event(server):
             {"stdout_offset": "0", "stderr_offset": "0"},
             {"stdout_offset": "2", "stderr_offset": "0"},
         ]
+
+
+def test_user_runs_execs_and_processes_as_uid_1000(client):
+    with client.session() as s:
+        assert s.run_command("id -u; echo $HOME", user="user").stdout == "1000\n/workspace\n"
+        assert s.run_code("import os; print(os.getuid())", user="user").stdout == "1000\n"
+        assert s.run_command("id -u").stdout == "0\n"
+        p = s.processes.start(["id", "-u"], user="user")
+        out, _, last = _collect(s.processes.output(p.pid))
+        assert (out, last.info.exit_code) == (b"1000\n", 0)
+        with pytest.raises(BadRequest):
+            s.run_command("id -u", user="root")

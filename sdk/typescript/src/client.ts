@@ -17,6 +17,7 @@ import {
   type RunResult,
   type SessionEnd,
   type SessionInfo,
+  type User,
 } from "./results.js";
 import { Processes } from "./processes.js";
 import { Stream } from "./stream.js";
@@ -73,6 +74,9 @@ export interface ExecOptions {
   timeout?: Timeout;
   /** How matplotlib figures come back (default ["png"]). */
   figureFormats?: FigureFormat[];
+  /** "user" runs it as uid 1000 (HOME /workspace; python in an interpreter of its own), which
+   * some sandboxes refuse (a `BadRequest` says why); "default" is the sandbox's root. */
+  user?: User;
 }
 
 export interface ClientOptions {
@@ -314,6 +318,7 @@ export class Session {
       stdin: o.stdin,
       timeout: span(o.timeout),
       figure_formats: o.figureFormats,
+      user: o.user,
     });
   }
 

@@ -35,6 +35,7 @@ export type {
   RunResult,
   SessionEnd,
   SessionInfo,
+  User,
 } from "./results.js";
 export { verifyWebhook, WebhookVerificationError } from "./webhooks.js";
 export {

@@ -647,6 +647,13 @@ export interface components {
             stdin?: string | null;
             /** @description Per-exec timeout (default: the session's). From 1ms to 300s (this server's bounds). */
             timeout?: string | number | null;
+            /**
+             * @description Who runs it: `default` (the sandbox's root, as a run) or `user` (uid 1000, HOME
+             *     /workspace; python then runs in a second persistent interpreter of its own), a 400
+             *     where the sandbox cannot give uid 1000 (runsc, `capabilities = "none"`, one id mapped,
+             *     docker without user namespace remapping).
+             */
+            user?: components["schemas"]["User"];
         };
         /**
          * @description A format a figure is rendered in, as a rich output's MIME type.
@@ -993,6 +1000,11 @@ export interface components {
              *     at `.../processes/{pid}/pty`).
              */
             tty?: boolean;
+            /**
+             * @description Who runs it: `default` (the sandbox's root, as a run) or `user` (uid 1000, HOME
+             *     /workspace), a 400 where the sandbox cannot give uid 1000, as for an exec.
+             */
+            user?: components["schemas"]["User"];
         };
         /**
          * @description Whether a process runs.
@@ -1574,6 +1586,11 @@ export interface components {
              * @description Rows (default 24).
              */
             rows?: number | null;
+            /**
+             * @description Who its shell runs as: `default` or `user` (uid 1000, `HOME=/workspace`), a 400 where
+             *     the sandbox cannot give uid 1000, as for an exec.
+             */
+            user?: components["schemas"]["User"];
         };
         /**
          * @description How strongly a sandbox is isolated, weakest first: the order a server's minimum compares.
@@ -1585,6 +1602,11 @@ export interface components {
          * @enum {string}
          */
         TripwireGroup: "ptrace" | "mount" | "bpf" | "kexec" | "modules" | "keyctl" | "perf_event_open" | "userfaultfd" | "namespaces";
+        /**
+         * @description Who a session's exec, background process or terminal runs as.
+         * @enum {string}
+         */
+        User: "default" | "user";
     };
     responses: never;
     parameters: never;
@@ -3204,6 +3226,8 @@ export interface operations {
                 rows?: number;
                 /** @description Its working directory (default `/workspace`). */
                 cwd?: string;
+                /** @description Who its shell runs as: `default` or `user`. */
+                user?: components["schemas"]["User"];
             };
             header?: never;
             path: {

@@ -1,7 +1,7 @@
 /** A session's background processes: start, list, follow their output, feed, signal, kill. */
 
 import { KennelError } from "./errors.js";
-import { toBase64, type ProcessEvent, type ProcessInfo, type ProcessSpec } from "./results.js";
+import { toBase64, type ProcessEvent, type ProcessInfo, type ProcessSpec, type User } from "./results.js";
 import { chunkOf, events } from "./stream.js";
 
 /** What a process's requests need from its session's client. */
@@ -23,6 +23,9 @@ export interface ProcessOptions {
   stdin?: boolean;
   /** Kill it after this long: seconds, or a string such as "10m". */
   timeout?: number | string;
+  /** "user" runs it as uid 1000 (HOME /workspace), which some sandboxes refuse (a
+   * `BadRequest` says why); "default" is the sandbox's root. */
+  user?: User;
 }
 
 /** What {@link Processes.output} takes: where to start, and how often to reconnect. */
@@ -59,13 +62,14 @@ export class Processes {
   /** Starts `argv`, or `cmd` with bash. A program or `cwd` that cannot start is a
    * `BadRequest`; past the server's processes per session, `Busy`. */
   async start(program: Program, options: ProcessOptions = {}): Promise<ProcessInfo> {
-    const { cwd, env, stdin, timeout } = options;
+    const { cwd, env, stdin, timeout, user } = options;
     const spec: ProcessSpec = {
       ...program,
       cwd: cwd === undefined || cwd.startsWith("/") ? cwd : `/workspace/${cwd.replace(/^\.\//, "")}`,
       env,
       stdin: stdin || undefined,
       timeout: typeof timeout === "number" ? `${timeout}s` : timeout,
+      user,
     };
     const body = Object.fromEntries(Object.entries(spec).filter(([, v]) => v !== undefined));
     return (await this.client.request("POST", this.path(), { json: body })).json();

@@ -31,6 +31,8 @@ export type ExecSpec = Schemas["ExecSpec"];
 export type LimitsSpec = Schemas["LimitsSpec"];
 export type Language = Schemas["Language"];
 export type FigureFormat = Schemas["FigureFormat"];
+/** Who a session exec or process runs as: "default" (the sandbox's root) or "user" (uid 1000). */
+export type User = Schemas["User"];
 /** A background process of a session (`session.processes`), as the server lists it. */
 export type ProcessInfo = Schemas["ProcessInfo"];
 export type ProcessSpec = Schemas["ProcessSpec"];

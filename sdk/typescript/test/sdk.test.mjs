@@ -201,6 +201,20 @@ async function drain(events) {
   return { ...out, last };
 }
 
+test("user runs session execs and processes as uid 1000", async () => {
+  const s = await client.session();
+  try {
+    assert.equal((await s.runCommand("id -u; echo $HOME", { user: "user" })).stdout, "1000\n/workspace\n");
+    assert.equal((await s.runCode("import os; print(os.getuid())", { user: "user" })).stdout, "1000\n");
+    assert.equal((await s.runCommand("id -u")).stdout, "0\n");
+    const p = await s.processes.start({ argv: ["id", "-u"] }, { user: "user" });
+    const read = await drain(s.processes.output(p.pid));
+    assert.equal(read.stdout, "1000\n");
+  } finally {
+    await s.close();
+  }
+});
+
 test("a background process is listed, read to its exit, fed, signalled and killed", async () => {
   const s = await client.session();
   try {

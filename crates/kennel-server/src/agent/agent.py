@@ -45,7 +45,8 @@ Requests
     ``timed_out`` is true. When the main process exits, whatever is left of its process group is
     killed (background jobs do not linger); output is read until both pipes reach EOF, but at
     most 200 ms past the main process's exit (descendants that left the group may hold the pipes
-    open).
+    open). ``user`` (optional, ``"default"`` or ``"user"``; see "Users" below the requests) says
+    who runs it; each user's shell execs keep a state of their own.
 
 ``{"op":"exec","id":N,"kind":"python","code":C,"timeout_ms":T,"output_limit":B,"stdin_b64":D}``
     Runs ``exec(compile(C, "<session>", "exec"), namespace)`` in the persistent interpreter
@@ -69,7 +70,9 @@ Requests
     background process the code started may hold the pipes). With ``"one_shot": true`` (a
     pooled one-shot run, whose sandbox ends right after) the code sees what ``python3 -c``
     shows it: ``sys.argv == ["-c"]``, tracebacks name ``"<string>"``, and the timeout kills
-    the kernel at once (``signal`` 9) instead of interrupting it.
+    the kernel at once (``signal`` 9) instead of interrupting it. With ``"user": "user"`` the
+    code runs in a second kernel, started on the first such exec as uid 1000, with the same
+    rules and a state of its own.
 
     A session exec (not one-shot) has rich results, made by rich.py (its docstring has the
     rules), which the kernel compiles on its first session exec: the value of the last
@@ -128,8 +131,8 @@ those started here; any other (the agent, the kernel, an exec's) is ESRCH.
     Starts argv in a session (and process group) of its own, with the agent's environment
     plus ``env``, in ``cwd`` (optional; the default exec cwd), with a stdin to write to when
     ``stdin`` is true (else /dev/null); ``timeout_ms`` (optional) kills its group. EAGAIN
-    when M processes run already. Answer ``{"id":N,"event":"started",...}`` with the
-    process as ``procs`` lists it.
+    when M processes run already. ``user`` as for exec. Answer
+    ``{"id":N,"event":"started",...}`` with the process as ``procs`` lists it.
 
 ``{"op":"procs","id":N}``
     Answer ``{"id":N,"event":"procs","procs":[{"pid":P,"argv":[...],"state":"running"|
@@ -178,6 +181,18 @@ those started here; any other (the agent, the kernel, an exec's) is ESRCH.
     as its timeout would, and its result has ``"cancelled": true`` and ``"timed_out": false``
     (a cancel that comes once the exec's time is up leaves it timed out). Answer
     ``{"id":N,"event":"ok"}``, also when no exec runs.
+
+Users
+-----
+``"user": "user"`` runs what an exec or ``start`` starts as uid and gid 1000, with no
+supplementary groups, ``HOME=/workspace``, ``USER=LOGNAME=user``; the first such request gives
+/workspace (the directory itself) to 1000:1000. Where the sandbox cannot (its user namespace
+maps no uid or gid 1000, it keeps no CAP_SETUID and CAP_SETGID, or setgroups is denied) it is
+answered ``{"id":N,"event":"error","errno":"EPERM","message":"`user` is refused here: ..."}``
+and nothing starts. Before every session python exec each kernel puts the user site
+(``$HOME/.local/lib/pythonX.Y/site-packages``) on ``sys.path`` and, once it exists,
+``site.addsitedir``s it (its .pth files), so that what ``pip install --user`` put there by a
+shell exec of either user imports.
 
 Exec responses
 --------------
@@ -506,6 +521,113 @@ def path_field(request, allow_root=False):
     raise BadRequest("path must be under /workspace or /tmp")
 
 
+# --- Users --------------------------------------------------------------------------------
+#
+# A request's ``user`` says who runs what it starts: "default" (the agent's own ids: root of
+# the sandbox's user namespace, or nobody where the tier runs code so) or "user": uid and gid
+# USER_ID, no supplementary groups, HOME=/workspace, USER=LOGNAME=user. The server refuses
+# "user" where the sandbox's isolation says it cannot be had (kennel-types' user.rs, which is
+# exact there); the agent checks what it can see itself (its uid and gid maps hold USER_ID,
+# its effective capabilities hold CAP_SETUID and CAP_SETGID, it may call setgroups) and
+# refuses with EPERM, as a second line.
+
+USERS = ("default", "user")
+USER_ID = 1000
+USER_ENV = {"HOME": "/workspace", "USER": "user", "LOGNAME": "user"}
+CAP_SETGID, CAP_SETUID = 6, 7
+
+
+def user_field(request):
+    """The request's ``user``, "default" when absent."""
+    user = field(request, "user", str, "default")
+    if user not in USERS:
+        raise BadRequest("field 'user' must be 'default' or 'user'")
+    return user
+
+
+def maps_id(path, wanted):
+    """Whether the id map at path (/proc/self/uid_map's format) maps ``wanted`` inside."""
+    try:
+        with open(path) as f:
+            rows = [line.split() for line in f]
+    except OSError:
+        return False
+    return any(len(r) == 3 and int(r[0]) <= wanted < int(r[0]) + int(r[2]) for r in rows)
+
+
+def effective_caps():
+    """The agent's effective capability mask, as /proc/self/status shows it."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("CapEff:"):
+                return int(line.split()[1], 16)
+    return 0
+
+
+def user_refusal():
+    """Why this sandbox cannot run code as USER_ID, seen from inside; None where it can."""
+    if not all(maps_id(f"/proc/self/{m}", USER_ID) for m in ("uid_map", "gid_map")):
+        return "the sandbox's user namespace has no uid and gid 1000"
+    caps = effective_caps()
+    if not (caps >> CAP_SETUID & 1 and caps >> CAP_SETGID & 1):
+        return "the sandbox keeps no CAP_SETUID and CAP_SETGID to switch with"
+    try:
+        with open("/proc/self/setgroups") as f:
+            if f.read().strip() == "deny":
+                return "the sandbox may not drop its supplementary groups (setgroups denied)"
+    except FileNotFoundError:
+        pass
+    return None
+
+
+USER_READY = None  # None until the first "user" request; then "" (ready) or why it is refused
+
+
+def user_ready():
+    """Checks, once, that USER_ID can be had, and gives it /workspace (its HOME) at once: the
+    directory itself, not what root put in it; and /tmp the mode of every Linux /tmp, 1777,
+    which a Docker Engine's tmpfs may lack (it copies up the image's /tmp, 0755 in an image
+    made from a directory tree). PermissionError (EPERM) naming ``user`` where it cannot."""
+    global USER_READY
+    if USER_READY is None:
+        why = user_refusal()
+        try:
+            if why is None and os.path.isdir("/workspace"):
+                os.chown("/workspace", USER_ID, USER_ID)
+            if why is None and os.path.isdir("/tmp") and os.stat("/tmp").st_mode & 0o7777 != 0o1777:
+                os.chmod("/tmp", 0o1777)
+        except OSError as exc:
+            why = f"{exc.filename} cannot be made uid 1000's ({exc.strerror})"
+        USER_READY = why or ""
+    if USER_READY:
+        raise PermissionError(errno.EPERM, f"`user` is refused here: {USER_READY}")
+
+
+def launch_as(user, base, extra):
+    """(env, Popen keyword arguments) that start a child as ``user`` ("default" or "user"),
+    with the environment ``base`` plus the request's ``extra`` (dicts, not changed): for
+    "user", USER_ID's ids, no supplementary groups, and its HOME, USER and LOGNAME over base's
+    (the request's own still win). What a shell exec, a background process or a terminal
+    calls before its Popen; EPERM where "user" cannot be had."""
+    if user == "default":
+        return {**base, **extra}, {}
+    user_ready()
+    creds = {"user": USER_ID, "group": USER_ID, "extra_groups": []}
+    return {**base, **USER_ENV, **extra}, creds
+
+
+def become_user():
+    """Turns the calling process (a freshly forked kernel) into USER_ID, as ``launch_as``
+    would start it, with its ``site`` recomputing the user site from the new HOME."""
+    import site
+
+    os.setgroups([])
+    os.setgid(USER_ID)
+    os.setuid(USER_ID)
+    os.environ.update(USER_ENV)
+    site.USER_BASE = site.USER_SITE = None  # computed from HOME on the next ask
+
+
 # --- Processes ----------------------------------------------------------------------------
 
 
@@ -585,14 +707,16 @@ def close_fds(fds):
             os.close(fd)
 
 
-def keeping_state(command, fd):
+def keeping_state(command, fd, inherited=False):
     """The command, after a trap that writes the shell's cwd and environment as it exits
     (NUL-separated: the cwd, then NAME=VALUE pairs) into the agent's fd, which the shell
-    opens through /proc: the code's processes inherit no fd of the agent's. On the command's
-    line, so that its own line numbers do not move. A command that sets its own EXIT trap
-    replaces this one (and keeps no state)."""
-    path = f"/proc/{os.getpid()}/fd/{fd}"
-    save = f'{{ printf "%s\\0" "$PWD"; /usr/bin/env -0; }} >{path} 2>/dev/null'
+    opens through /proc: the code's processes inherit no fd of the agent's. A shell of another
+    uid than the agent's cannot open the agent's fds there: it inherits this one fd instead
+    (``inherited``; only its own state goes through it). On the command's line, so that its
+    own line numbers do not move. A command that sets its own EXIT trap replaces this one (and
+    keeps no state)."""
+    target = f"&{fd}" if inherited else f"/proc/{os.getpid()}/fd/{fd}"
+    save = f'{{ printf "%s\\0" "$PWD"; /usr/bin/env -0; }} >{target} 2>/dev/null'
     return f"trap '{save}' EXIT; {command}"
 
 
@@ -992,11 +1116,14 @@ class KernelState:
         self.pid = os.getpid()
 
 
-def kernel_process(sock, cwd):
-    """Body of the forked kernel; never returns into the agent's code."""
+def kernel_process(sock, cwd, user):
+    """Body of the forked kernel (as "default" or "user"); never returns into the agent's
+    code."""
     status = 70
     try:
         kernel_setup(sock, cwd)
+        if user == "user":
+            become_user()
         kernel_loop(sock)
         status = 0
     finally:
@@ -1118,11 +1245,17 @@ def run_exec(sock, state, request, fds):
     return status
 
 
+USER_SITE_PTH = set()  # the .pth files of the user site this kernel has processed
+
+
 def see_new_packages():
-    """Lets a session's code import what ``pip install`` put in place since the kernel
-    started: the user site (``$HOME/.local``: /workspace's, where pip installs when the
-    system's site-packages is read-only) on ``sys.path`` even before it exists (``site``
-    leaves it out then), and the import system's caches of directories dropped."""
+    """Lets a session's code import what ``pip install`` (``--user`` too, by a shell exec of
+    either user) put in place since the kernel started: the user site (``$HOME/.local``:
+    /workspace's, where pip installs when the system's site-packages is read-only) on
+    ``sys.path`` even before it exists (``site`` leaves it out then), ahead of the system's;
+    once it exists, ``site.addsitedir`` of it whenever it has .pth files not yet processed
+    (what ``site`` does at start-up for a user site that exists); and the import system's
+    caches of directories dropped."""
     import importlib
     import site
 
@@ -1131,6 +1264,13 @@ def see_new_packages():
         if user not in sys.path:
             system = [i for i, p in enumerate(sys.path) if p.endswith("-packages")]
             sys.path.insert(system[0] if system else len(sys.path), user)
+        try:
+            pth = {n for n in os.listdir(user) if n.endswith(".pth")}
+        except OSError:
+            pth = set()
+        if not pth <= USER_SITE_PTH:
+            USER_SITE_PTH.update(pth)
+            site.addsitedir(user)  # already on sys.path: this processes its .pth files
     importlib.invalidate_caches()
 
 
@@ -1310,7 +1450,7 @@ class Kernel:
         self.rich_sent = False  # whether an exec request carried rich.py's source to it
 
     @classmethod
-    def start(cls, cwd):
+    def start(cls, cwd, user="default"):
         ours, theirs = socketpair()
         try:
             pid = os.fork()
@@ -1320,7 +1460,7 @@ class Kernel:
             raise
         if pid == 0:
             ours.detach()  # its fd is closed with the rest; the object must not close it later
-            kernel_process(theirs, cwd)
+            kernel_process(theirs, cwd, user)
         theirs.close()
         return cls(pid, ours)
 
@@ -1613,18 +1753,18 @@ class Agent:
             "boot": self.op_boot,
             **{op: getattr(self, f"op_{op}") for op in BACKGROUND_OPS},
         }
-        self.kernel = None
+        self.kernels = dict.fromkeys(USERS)  # each user's python, "user"'s from its first exec
         self.archive_module = None
         self.processes = None  # procs.py's Processes, once a process is started
         self.watches = None  # watch.py's Watches, once a watch is made
         # Reads that wait for news, answered when it comes or their wait is over:
         # [(deadline, rid, has_news, answer)].
         self.parked = []
-        # What shell execs carry from one to the next, as a terminal does: cd and export.
-        self.shell_cwd = self.cwd
-        self.shell_env = dict(os.environ)
+        # What shell execs carry from one to the next, as a terminal does: cd and export; each
+        # user's apart ("user"'s from its first shell exec).
+        self.shells = {"default": (self.cwd, dict(os.environ)), "user": None}
         try:
-            self.start_kernel()
+            self.start_kernel("default")
         except OSError as exc:
             print(f"agent: cannot start the kernel: {exc}", file=sys.stderr)
 
@@ -1720,34 +1860,45 @@ class Agent:
         except Exception as exc:
             send_failure(rid, exc)
 
+    @property
+    def kernel(self):
+        """The default user's kernel (what ``ping`` reports)."""
+        return self.kernels["default"]
+
     def shutdown(self):
-        if self.kernel is not None:
-            self.kernel.kill()
+        for kernel in self.kernels.values():
+            if kernel is not None:
+                kernel.kill()
         if self.processes is not None:
             self.processes.kill_all()
 
     # --- kernel lifecycle
 
-    def start_kernel(self):
-        self.kernel = None
-        self.kernel = Kernel.start(self.cwd)
+    def start_kernel(self, user):
+        self.kernels[user] = None
+        self.kernels[user] = Kernel.start(self.cwd, user)
 
-    def restart_kernel(self, interpreter, crashed, why):
+    def restart_kernel(self, interpreter, crashed, why, user):
         try:
-            self.start_kernel()
+            self.start_kernel(user)
             restarted, outcome = True, "a fresh one was started (state lost)"
         except OSError as exc:
             restarted, outcome = False, f"starting a fresh one failed ({exc.strerror or exc})"
         interpreter.update(restarted=restarted, crashed=crashed, reason=f"the interpreter {why}; {outcome}")
 
-    def live_kernel(self, interpreter):
-        """The kernel to run an exec in, replacing one that died since the last exec."""
-        if self.kernel is not None and not self.kernel.is_running():
-            status = self.kernel.kill()
-            self.restart_kernel(interpreter, crashed=True, why=f"{describe(status)} between execs")
-        if self.kernel is None:
-            self.start_kernel()
-        return self.kernel
+    def live_kernel(self, interpreter, user):
+        """``user``'s kernel to run an exec in, replacing one that died since the last exec, and
+        started on the first ("user"'s is started lazily, once its ids are known to work)."""
+        kernel = self.kernels[user]
+        if kernel is not None and not kernel.is_running():
+            status = kernel.kill()
+            why = f"{describe(status)} between execs"
+            self.restart_kernel(interpreter, crashed=True, why=why, user=user)
+        if self.kernels[user] is None:
+            if user == "user":
+                user_ready()
+            self.start_kernel(user)
+        return self.kernels[user]
 
     # --- exec
 
@@ -1768,11 +1919,14 @@ class Agent:
         timeout = count_field(request, "timeout_ms") / 1000
         limit = count_field(request, "output_limit")
         stdin = b64_field(request, "stdin_b64", None)
-        env = {**self.shell_env, **env_field(request)}
-        cwd = field(request, "cwd", str, None) or self.shell_cwd
+        user = user_field(request)
+        shell_cwd, shell_env = self.shells[user] or (self.cwd, {**os.environ, **USER_ENV})
+        env, creds = launch_as(user, shell_env, env_field(request))
+        cwd = field(request, "cwd", str, None) or shell_cwd
         # A pooled one-shot run is `bash -c S` exactly, as a cold one: no state, no trap.
         state = None if field(request, "one_shot", bool, False) else state_pipe()
-        script = command if state is None else keeping_state(command, state[1])
+        inherited = state is not None and user != "default"
+        script = command if state is None else keeping_state(command, state[1], inherited)
         import subprocess  # lazily: agent (and so kernel) start-up stays light
 
         child_fds, ours = make_pipes(stdin is not None)
@@ -1785,7 +1939,9 @@ class Agent:
                 env=env,
                 cwd=cwd,
                 close_fds=True,
+                pass_fds=(state[1],) if inherited else (),
                 start_new_session=True,
+                **creds,
             )
         except BaseException:
             close_fds(ours)
@@ -1798,12 +1954,12 @@ class Agent:
         try:
             self.drive(run, pump)
             if state is not None:
-                self.keep_shell_state(state[0])
+                self.keep_shell_state(state[0], user)
         finally:
             close_fds(state or ())
         send({"id": rid, "event": "result", **run.outcome(), **pump.totals(), "interpreter": None})
 
-    def keep_shell_state(self, fd):
+    def keep_shell_state(self, fd, user):
         """Takes the cwd and environment the shell left (its EXIT trap wrote them before it
         ended), if it left them: a shell that was killed or exec'd another program keeps the
         state from before."""
@@ -1817,7 +1973,7 @@ class Agent:
             name, sep, value = pair.partition(b"=")
             if sep and name and name.decode("utf-8", "replace") not in SHELL_NOT_KEPT:
                 env[os.fsdecode(name)] = os.fsdecode(value)
-        self.shell_cwd, self.shell_env = os.fsdecode(cwd), env
+        self.shells[user] = (os.fsdecode(cwd), env)
 
     def exec_python(self, rid, request):
         code = field(request, "code", str)
@@ -1829,8 +1985,9 @@ class Agent:
         figures = field(request, "figure_formats", list, ["png"])
         if not all(f in FIGURE_FORMATS for f in figures):
             raise BadRequest("field 'figure_formats' may hold only 'png' and 'svg'")
+        user = user_field(request)
         interpreter = {"restarted": False, "crashed": False, "reason": None}
-        kernel = self.live_kernel(interpreter)
+        kernel = self.live_kernel(interpreter, user)
         to_kernel = {"code": code, "one_shot": one_shot, "rich": with_rich, "limit": limit,
                      "figures": figures}
         if with_rich and not kernel.rich_sent:
@@ -1859,7 +2016,7 @@ class Agent:
                 why = "stopped answering on its control channel during the exec and was killed"
             else:
                 why = f"{describe(run.dead)} during the exec"
-            self.restart_kernel(interpreter, crashed=not run.killed, why=why)
+            self.restart_kernel(interpreter, crashed=not run.killed, why=why, user=user)
         send({"id": rid, "event": "result", **run.outcome(), **pump.totals(), "interpreter": interpreter})
 
     def drive(self, run, pump):
@@ -1933,7 +2090,7 @@ class Agent:
         argv = field(request, "argv", list)
         if not argv or not all(isinstance(a, str) for a in argv):
             raise BadRequest("field 'argv' must be a non-empty list of strings")
-        env = {**os.environ, **env_field(request)}
+        env, creds = launch_as(user_field(request), dict(os.environ), env_field(request))
         cwd = field(request, "cwd", str, None) or self.cwd
         timeout_ms = count_field(request, "timeout_ms", None)
         timeout = None if timeout_ms is None else timeout_ms / 1000
@@ -1942,9 +2099,9 @@ class Agent:
         if tty is not None:
             tty = (count_field(tty, "cols"), count_field(tty, "rows"))
         terminal = field(request, "terminal", bool, False)
+        with_stdin = field(request, "stdin", bool, False)
         try:
-            process = table.start(argv, cwd, env, field(request, "stdin", bool, False), timeout,
-                                  tty, terminal)
+            process = table.start(argv, cwd, env, with_stdin, timeout, tty, terminal, creds)
         except OverflowError as exc:
             send_error(rid, "EAGAIN", str(exc))
             return

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use kennel_sandbox::Stream;
 use kennel_types::api::{FigureFormat, Language, RichOutput};
+use kennel_types::user::User;
 
 use super::error::{unexpected, AgentError};
 use super::protocol::{encode, Code, Event, Progress, Ran, Request};
@@ -37,6 +38,8 @@ pub struct Exec<'a> {
     pub figure_formats: Option<&'a [FigureFormat]>,
     /// Its reserved id ([`AgentSandbox::reserve`]), if it may be cancelled by it.
     pub id: Option<u64>,
+    /// Who runs it, already checked against the sandbox ([`User::check`]).
+    pub user: User,
 }
 
 impl AgentSandbox {
@@ -57,6 +60,7 @@ impl AgentSandbox {
             output_limit: exec.output_limit,
             stdin_b64: exec.stdin.map(|s| encode(s.as_bytes())),
             figure_formats: exec.figure_formats,
+            user: exec.user,
         };
         let (mut out, mut err) = (Vec::new(), Vec::new());
         let (mut results, mut budget, mut dropped) = (Vec::new(), exec.output_limit, false);

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use kennel_types::process::ProcessInfo;
 use kennel_types::terminal::TerminalSize;
+use kennel_types::user::User;
 
 use super::error::{unexpected, AgentError};
 use super::protocol::{decode, encode, Event, Request, RingRead};
@@ -27,6 +28,8 @@ pub struct Start<'a> {
     pub max_processes: usize,
     /// The most terminals the session may have open at once.
     pub max_terminals: usize,
+    /// Who runs it, already checked against the sandbox ([`User::check`]).
+    pub user: User,
 }
 
 /// Where a read of a process's output starts.
@@ -100,6 +103,7 @@ impl AgentSandbox {
             terminal: start.terminal,
             max_processes: start.max_processes,
             max_terminals: start.max_terminals,
+            user: start.user,
         };
         match self.process_call(&request).await? {
             Event::Started(info) => Ok(*info),

@@ -214,29 +214,33 @@ class Processes:
     def running(self, terminal):
         return sum(1 for p in self.by_pid.values() if p.running and p.terminal == terminal)
 
-    def start(self, argv, cwd, env, with_stdin, timeout, tty=None, terminal=False):
-        """Starts a process; ``tty`` is (cols, rows) for one on a pty."""
+    def start(self, argv, cwd, env, with_stdin, timeout, tty=None, terminal=False, creds=None):
+        """Starts a process; ``tty`` is (cols, rows) for one on a pty; ``creds`` are Popen's
+        ``user``, ``group`` and ``extra_groups`` for a process of another user (the agent's
+        ``launch_as``)."""
         bound = self.max_terminals if terminal else self.max_processes
         if self.running(terminal) >= bound:
             kind = "terminals" if terminal else "processes"
             raise OverflowError(f"{bound} {kind} run already")
         if tty is not None:
-            process = self.start_on_pty(argv, cwd, env, timeout, tty, terminal)
+            process = self.start_on_pty(argv, cwd, env, timeout, tty, terminal, creds or {})
         else:
-            process = self.start_on_pipes(argv, cwd, env, with_stdin, timeout)
+            process = self.start_on_pipes(argv, cwd, env, with_stdin, timeout, creds or {})
         self.by_pid[process.pid] = process
         self.forget_old()
         return process
 
-    def start_on_pty(self, argv, cwd, env, timeout, tty, terminal):
+    def start_on_pty(self, argv, cwd, env, timeout, tty, terminal, creds):
         import subprocess
 
         master, slave = os.openpty()
         try:
             set_size(master, tty)
+            if "user" in creds:  # its pty is its own, as login(1) makes a user's terminal
+                os.fchown(slave, creds["user"], -1)
             proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env,
                                     cwd=cwd, close_fds=True, start_new_session=True,
-                                    preexec_fn=take_terminal)
+                                    preexec_fn=take_terminal, **creds)
             writer = os.dup(master)  # stdin's fd, closed apart from the output's
         except BaseException:
             os.close(master)
@@ -245,7 +249,7 @@ class Processes:
             os.close(slave)
         return Process(proc, argv, master, None, writer, timeout, tty, terminal)
 
-    def start_on_pipes(self, argv, cwd, env, with_stdin, timeout):
+    def start_on_pipes(self, argv, cwd, env, with_stdin, timeout, creds):
         import subprocess
 
         out_r, out_w = os.pipe()
@@ -253,7 +257,7 @@ class Processes:
         in_r, in_w = os.pipe() if with_stdin else (os.open(os.devnull, os.O_RDONLY), None)
         try:
             proc = subprocess.Popen(argv, stdin=in_r, stdout=out_w, stderr=err_w, env=env,
-                                    cwd=cwd, close_fds=True, start_new_session=True)
+                                    cwd=cwd, close_fds=True, start_new_session=True, **creds)
         except BaseException:
             close_fds([out_r, err_r, in_w])  # noqa: F821
             raise

@@ -10,6 +10,7 @@ use kennel_sandbox::Stream;
 use kennel_types::api::{DirEntry, ExecResult, FigureFormat, Language, RichOutput};
 use kennel_types::process::ProcessInfo;
 use kennel_types::terminal::TerminalSize;
+use kennel_types::user::User;
 
 /// A request to the agent, one JSON line, as `agent.py`'s docstring words it (the `id` is
 /// added by [`AgentSandbox::call`]).
@@ -29,6 +30,9 @@ pub enum Request<'a> {
         /// A one-shot python exec with rich results (a session's always has them).
         #[serde(skip_serializing_if = "std::ops::Not::not")]
         rich: bool,
+        /// Who runs it (left out for the default, which is all a pooled run knows).
+        #[serde(skip_serializing_if = "User::is_default")]
+        user: User,
     },
     Write {
         path: &'a str,
@@ -83,6 +87,8 @@ pub enum Request<'a> {
         terminal: bool,
         max_processes: usize,
         max_terminals: usize,
+        #[serde(skip_serializing_if = "User::is_default")]
+        user: User,
     },
     Procs,
     ProcRead {
@@ -335,6 +341,7 @@ mod tests {
             stdin_b64: None,
             figure_formats: Some(&[FigureFormat::Png, FigureFormat::Svg]),
             rich: false,
+            user: User::Default,
         };
         assert_eq!(
             wire(&python),
@@ -350,12 +357,24 @@ mod tests {
             stdin_b64: Some("eA==".into()),
             figure_formats: None,
             rich: false,
+            user: User::Default,
         };
         assert_eq!(
             wire(&shell),
             json!({"op": "exec", "id": 7, "kind": "shell", "shell": "sh", "command": "ls",
                    "timeout_ms": 5, "one_shot": true, "output_limit": 1, "stdin_b64": "eA=="})
         );
+        let as_user = Request::Exec {
+            code: Code::new(Language::Bash, "id -u"),
+            timeout_ms: 5,
+            one_shot: false,
+            output_limit: 1,
+            stdin_b64: None,
+            figure_formats: None,
+            rich: false,
+            user: User::User,
+        };
+        assert_eq!(wire(&as_user)["user"], "user");
         let path = "/workspace/a";
         let b64 = "eA==".to_string();
         for (request, want) in [

@@ -48,12 +48,15 @@ def wait_gone(pid, within=2.0):
 class AgentProcess:
     """The agent as a subprocess, with a thread turning its stdout into a queue of events."""
 
-    def __init__(self, cwd, flags=()):
+    def __init__(self, cwd, flags=(), env=None, wrapper=()):
+        """The agent in cwd, with python's ``flags``, an ``env`` of the test's (default the
+        test's own), under a ``wrapper`` command (such as ``unshare ...``)."""
         self.proc = subprocess.Popen(
-            ["/usr/bin/python3", *flags, "-u", AGENT],
+            [*wrapper, "/usr/bin/python3", *flags, "-u", AGENT],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             cwd=cwd,
+            env=env,
         )
         self.events = queue.Queue()
         self.next_id = 1

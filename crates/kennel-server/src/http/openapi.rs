@@ -58,7 +58,7 @@ use kennel_types::terminal;
         api::Outcome, api::RichResults, api::RichOutput, api::OutputKind, api::ExecError, api::FigureFormat,
         runs::RunReport, runs::RunInfo, runs::RunStatus, runs::RunError,
         process::ProcessSpec, process::ProcessInfo, process::ProcessState, process::ProcessUsage,
-        process::ProcessInput, process::ProcessSignal,
+        process::ProcessInput, process::ProcessSignal, kennel_types::user::User,
         terminal::TerminalSpec, terminal::TerminalSize, terminal::TerminalControl, terminal::TerminalNotice,
         kennel_types::watch::FileEvent, kennel_types::watch::FileEventKind,
     )),

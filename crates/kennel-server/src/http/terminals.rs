@@ -199,6 +199,9 @@ pub struct PtyQuery {
     pub rows: Option<u16>,
     /// Its working directory (default `/workspace`).
     pub cwd: Option<String>,
+    /// Who its shell runs as: `default` or `user`.
+    #[serde(default)]
+    pub user: kennel_types::user::User,
 }
 
 #[utoipa::path(tag = "session_routes", get, path = "/v1/sessions/{id}/pty", params(PtyQuery),
@@ -224,6 +227,7 @@ pub async fn pty(
         cols: q.cols,
         rows: q.rows,
         cwd: q.cwd,
+        user: q.user,
         ..TerminalSpec::default()
     };
     attach(state, caller, headers, upgrade, id, AttachTo::New(spec)).await

@@ -94,6 +94,7 @@ pub(super) async fn start(
 ) -> Result<ProcessInfo, ServiceError> {
     let argv = spec.argv()?;
     let session = open(service, caller, id)?;
+    spec.user.check(&session.isolation)?;
     let _busy = session.busy();
     let start = Start {
         argv: &argv,
@@ -105,6 +106,7 @@ pub(super) async fn start(
         terminal: false,
         max_processes: service.config.sessions.max_processes,
         max_terminals: service.config.sessions.max_terminals,
+        user: spec.user,
     };
     let outcome = session.agent.start_process(start).await;
     settled(&session, None, outcome).await

@@ -440,6 +440,7 @@ async fn run_pooled(
         rich,
         figure_formats: None,
         id: None,
+        user: kennel_types::user::User::Default,
     };
     let watch = agent.watch();
     let before = watch.as_ref().map(|w| w.tally());

@@ -244,6 +244,7 @@ pub(super) async fn exec(
 ) -> Result<ExecResult, ServiceError> {
     spec.check()?;
     let session = open(service, caller, id)?;
+    spec.user.check(&session.isolation)?;
     let max = service.config.maxima.timeout;
     let timeout = match spec.timeout {
         Some(t) if t > max => {
@@ -307,6 +308,7 @@ async fn run_exec(
         rich: true,
         figure_formats: spec.figure_formats.as_deref(),
         id: Some(id),
+        user: spec.user,
     };
     let on_progress = |progress: Progress<'_>| match (&live, progress) {
         (Some(live), Progress::Output(s, data)) => live.send(s, data),

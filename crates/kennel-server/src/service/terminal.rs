@@ -95,6 +95,7 @@ async fn create_in(
 ) -> Result<ProcessInfo, ServiceError> {
     let size = spec.size()?;
     let env = spec.environment()?;
+    spec.user.check(&session.isolation)?;
     let argv = TERMINAL_SHELL.map(String::from);
     let _busy = session.busy();
     let start = Start {
@@ -107,6 +108,7 @@ async fn create_in(
         terminal: true,
         max_processes: service.config.sessions.max_processes,
         max_terminals: service.config.sessions.max_terminals,
+        user: spec.user,
     };
     let outcome = session.agent.start_process(start).await;
     settled(session, None, outcome).await.map_err(|e| match e {

@@ -502,12 +502,43 @@ impl Server {
         env: &[(&str, &str)],
         token: Option<&str>,
     ) -> Server {
+        Server::start_under(name, config, env, token, &[])
+    }
+
+    /// As [`Server::start`], run by nobody (`setpriv`, no groups), as a host without root
+    /// runs it: its directory is nobody's. Needs root.
+    pub fn start_as_nobody(name: &str, config: &str) -> Server {
+        let setpriv = [
+            "setpriv",
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+        ];
+        Server::start_under(name, config, &[], None, &setpriv)
+    }
+
+    /// As [`Server::start_with`], the server's command run by `wrapper` (none: directly);
+    /// a wrapper's server (`setpriv`) gets its directory as nobody's.
+    fn start_under(
+        name: &str,
+        config: &str,
+        env: &[(&str, &str)],
+        token: Option<&str>,
+        wrapper: &[&str],
+    ) -> Server {
         let dir = test_dir(name);
         let config_path = dir.join("config.toml");
         std::fs::write(&config_path, config).expect("writing the config");
         let log = dir.join("server.log");
         let tmpdir = dir.join("tmp");
         std::fs::create_dir_all(&tmpdir).expect("creating the server's TMPDIR");
+        if !wrapper.is_empty() {
+            for path in [&dir, &tmpdir, &config_path] {
+                std::os::unix::fs::chown(path, Some(65534), Some(65534)).expect("chown to nobody");
+            }
+        }
         for attempt in 0..5 {
             let port = free_port();
             let log_file = std::fs::OpenOptions::new()
@@ -515,7 +546,14 @@ impl Server {
                 .append(true)
                 .open(&log)
                 .expect("opening the log");
-            let mut cmd = Command::new(KENNEL);
+            let mut cmd = match wrapper {
+                [] => Command::new(KENNEL),
+                [program, args @ ..] => {
+                    let mut cmd = Command::new(program);
+                    cmd.args(args).arg(KENNEL).env("HOME", &dir);
+                    cmd
+                }
+            };
             cmd.args([
                 "serve",
                 "--listen",

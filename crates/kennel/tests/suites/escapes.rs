@@ -1,5 +1,7 @@
 // The body of a test suite, included by one test target per tier, which names it in its
-// `RUNTIME` constant (see `tier.rs`).
+// `RUNTIME` constant (see `tier.rs`). Every probe that runs inside (`probe_inside`,
+// `probe_both`) runs again as `user` (uid 1000) in a session of the tier, where the tier offers
+// it (see "the suite as `user`").
 use std::fs;
 use std::io;
 use std::os::fd::AsRawFd;
@@ -34,10 +36,148 @@ fn unique(tag: &str) -> String {
 }
 
 /// Runs a probe (with [`SYSCALL_PRELUDE`]) inside the sandbox only; for calls never run bare.
+/// It runs as `user` too, where the tier offers it ([`also_as_user`]).
 fn probe_inside(code: &str) -> String {
+    let inside = probe_inside_only(code);
+    also_as_user(&format!("{SYSCALL_PRELUDE}\n{code}"), &inside);
+    inside
+}
+
+/// As [`probe_inside`], where `user` gets another answer than root of the sandbox, for the
+/// reason its test states: what the probe prints as the run's default user, after asserting
+/// that as `user` it prints `as_user`.
+fn probe_inside_user_gets(code: &str, as_user_out: &str) -> String {
+    if let Some(out) = as_user(&format!("{SYSCALL_PRELUDE}\n{code}")) {
+        assert_eq!(out.trim(), as_user_out, "as user");
+    }
+    probe_inside_only(code)
+}
+
+/// A probe's output as the run's default user alone.
+fn probe_inside_only(code: &str) -> String {
     py_ok(&[], &format!("{SYSCALL_PRELUDE}\n{code}"))
         .trim()
         .to_string()
+}
+
+/// Runs a probe (with [`SYSCALL_PRELUDE`]) in this binary's tier and bare on the host,
+/// returning (inside, bare) stdout. The bare run is the control that tells "blocked by Kennel"
+/// from "failed anyway". Inside, it runs as `user` too ([`also_as_user`]).
+fn probe_both(code: &str) -> (String, String) {
+    let full = format!("{SYSCALL_PRELUDE}\n{code}");
+    let inside = py_ok(&[], &full).trim().to_string();
+    also_as_user(&full, &inside);
+    let bare = Command::new(PY).arg("-c").arg(&full).output().expect("bare python runs");
+    assert!(
+        bare.status.success(),
+        "bare probe failed: {}",
+        String::from_utf8_lossy(&bare.stderr)
+    );
+    (inside, String::from_utf8_lossy(&bare.stdout).trim().to_string())
+}
+
+// ---- the suite as `user` ---------------------------------------------------------------------
+
+/// A session of this tier, on a server of its own, in which every probe of the suite that runs
+/// inside ([`probe_inside`], [`probe_both`]: the system-call, namespace, keyring, module and
+/// mount probes) runs again as `user` (uid 1000 of the session's sandbox, no capabilities):
+/// started on the first probe, ended when this binary exits.
+struct UserSession {
+    server: server_common::Server,
+    id: String,
+}
+
+static USER_SESSION: std::sync::Mutex<Option<UserSession>> = std::sync::Mutex::new(None);
+
+extern "C" fn end_user_session() {
+    // A probe that failed while it held the lock poisoned it: the server is stopped all the
+    // same (its Drop stops it, which ends its session).
+    let session = USER_SESSION
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take();
+    drop(session);
+}
+
+/// Whether this binary runs its probes as `user` too: every tier that offers it, which is all
+/// but runsc (its 400 is the session suite's), and not the kill suite, whose probes are the
+/// native suite's, already run as `user` there (a session's policy reports a tripwire).
+fn runs_as_user_too() -> bool {
+    !gvisor() && !kill_suite()
+}
+
+/// Runs `code` (a whole probe) as `user` in this binary's session, and asserts it prints what
+/// it printed as the run's default user (`inside`): every such probe's oracle is about the
+/// sandbox's kernel surface (a denied call's errno, a mask, a namespace), which uid 1000 must
+/// find as closed as root of the sandbox does.
+fn also_as_user(code: &str, inside: &str) {
+    if let Some(out) = as_user(code) {
+        assert_eq!(out.trim(), inside, "as user, against the run's default user");
+    }
+}
+
+/// `code`'s stdout as `user` in this binary's session (which must exit 0); None where the
+/// binary does not run as `user` ([`runs_as_user_too`]).
+fn as_user(code: &str) -> Option<String> {
+    in_user_session(code, "user")
+}
+
+/// `code`'s stdout as `who` (`user` or `default`) in this binary's session, as [`as_user`].
+fn in_user_session(code: &str, who: &str) -> Option<String> {
+    if !runs_as_user_too() {
+        return None;
+    }
+    let mut guard = USER_SESSION.lock().unwrap_or_else(|p| p.into_inner());
+    let session = guard.get_or_insert_with(|| {
+        let server = server_common::Server::start("escapes-user", "[pool]\npython = 0\nbash = 0\n");
+        // SAFETY: registers a plain function, which runs once at exit.
+        unsafe {
+            libc::atexit(end_user_session);
+        }
+        let spec = match tier() {
+            None => serde_json::json!({}),
+            Some("microvm") => serde_json::json!({"tier": "microvm"}),
+            Some(rt) => serde_json::json!({"runtime": rt}),
+        };
+        let id = server.client.create_session(&spec);
+        UserSession { server, id }
+    });
+    let spec = serde_json::json!({"language": "python", "code": code, "user": who});
+    let r = session.server.client.exec_resp(&session.id, &spec);
+    assert_eq!(r.status, 200, "as {who}: {}", r.text());
+    let r = r.json();
+    assert_eq!(r["exit_code"], 0, "as {who}: {r}");
+    Some(r["stdout"].as_str().unwrap().to_string())
+}
+
+/// As `user`, the code cannot become root again nor reach root's processes and files in the
+/// sandbox: setuid(0), setgid(0) and setgroups([0]) are EPERM, it holds no capability, the
+/// agent that started it (its parent, root) can be neither signalled (EPERM) nor read
+/// (/proc/PID/environ: EACCES), and a root-owned 0644 file in /tmp cannot be written (EACCES).
+#[test]
+fn user_cannot_become_root_or_reach_roots_processes() {
+    let code = r#"
+import errno, os
+def attempt(f, *args):
+    try:
+        f(*args)
+        return "OK"
+    except OSError as e:
+        return errno.errorcode[e.errno]
+cap_eff = [l.split()[1] for l in open("/proc/self/status") if l.startswith("CapEff:")][0]
+print(attempt(os.setuid, 0), attempt(os.setgid, 0), attempt(os.setgroups, [0]), cap_eff,
+      attempt(os.kill, os.getppid(), 0), attempt(open, f"/proc/{os.getppid()}/environ", "rb"),
+      attempt(open, "/tmp/kennel-root-only", "a"), os.getuid())
+"#;
+    let make = "open('/tmp/kennel-root-only', 'w').write('root')";
+    if in_user_session(make, "default").is_none() {
+        return;
+    }
+    let out = as_user(code).unwrap();
+    assert_eq!(
+        out.trim(),
+        "EPERM EPERM EPERM 0000000000000000 EPERM EACCES EACCES 1000"
+    );
 }
 
 /// The errno a denied syscall returns: ENOSYS from Kennel's filter in the native tier and in
@@ -460,7 +600,9 @@ print(os_errno(os.mknod, "/dev/kennel-sda", blk, os.makedev(8, 0)), os_errno(os.
         assert_eq!(out, "EACCES EPERM EROFS\nEACCES ENOENT ENOENT");
         return;
     }
-    let out = probe_inside(code);
+    // As `user` (uid 1000) the directory /dev (root's, 0755) refuses it first, EACCES, as
+    // gVisor's nobody above; /tmp (world-writable) and /etc answer as for root.
+    let out = probe_inside_user_gets(code, "EACCES EPERM EROFS");
     assert_eq!(out, "EPERM EPERM EROFS");
 }
 
@@ -690,7 +832,9 @@ fn init_is_out_of_reach() {
     let code = r#"
 print(os_errno(os.readlink, "/proc/1/exe"), os_errno(os.open, "/proc/1/exe", os.O_RDONLY), os_errno(os.open, "/proc/1/mem", os.O_RDONLY), os_errno(os.listdir, "/proc/1/root"), os_errno(os.open, "/proc/1/environ", os.O_RDONLY), os_errno(os.listdir, "/proc/1/fd"), os_errno(os.readlink, "/proc/1/cwd"))
 "#;
-    let out = probe_inside(code);
+    // As `user`, pid 1 (Kennel's init, or in the oci tier the session's agent, root) is
+    // another uid's: every one of them is EACCES in every tier.
+    let out = probe_inside_user_gets(code, &["EACCES"; 7].join(" "));
     // In the oci tier pid 1 is the code itself (there is no init of Kennel's to protect), so
     // it reaches its own /proc entries; the runtime's processes are outside its pid namespace.
     let expected = if oci() { "OK" } else { "EACCES" };

@@ -427,19 +427,20 @@ fn a_background_process_outlives_its_request_and_streams_without_loss() {
 /// websockets and pyte): a typed `echo $((6*7))` renders 42; after a resize `stty size` prints
 /// the new size; a reconnect replays the scrollback; `exit` sends the exit and closes; a
 /// `tty: true` process and `GET .../pty` are reached the same way; each bad input gets its
-/// 4xx and the terminal goes on.
+/// 4xx and the terminal goes on; `user` runs the shell as uid 1000 where the tier offers it.
 #[test]
 fn a_terminal_renders_resizes_and_replays() {
     let server = tier_server("sessions-terminal", "");
     let id = open_session(&server, json!({}))["id"].as_str().unwrap().to_string();
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/terminal_client.py");
     let mut cmd = std::process::Command::new(PY);
-    cmd.arg(script).arg(&server.client.base).arg(&id);
+    let user = if gvisor() { "user-refused" } else { "user-offered" };
+    cmd.arg(script).arg(&server.client.base).arg(&id).arg(user);
     if let Some(token) = &server.client.token {
         cmd.env("KENNEL_TEST_TOKEN", token);
     }
     let report = client_tests(&mut cmd, "terminal_client.py");
-    assert_eq!(report.matches("ok   terminal:").count(), 8, "{report}");
+    assert_eq!(report.matches("ok   terminal:").count(), 9, "{report}");
     assert_eq!(session_py(&server, &id, "print('still here')"), "still here\n");
 }
 
@@ -503,4 +504,158 @@ fn a_watch_streams_create_modify_rename_delete_in_order() {
     let rename = &streamed.events[3].json();
     assert_eq!(rename["to"], "/workspace/w/b.txt", "{rename}");
     assert_eq!(session_py(&server, &id, "print('still here')"), "still here\n");
+}
+
+// ---- users -----------------------------------------------------------------------------------
+
+/// Python that creates a file in /etc: the errno's name, or `written`.
+const ETC_WRITE: &str = "import errno\n\
+                         try:\n\
+                         \x20   open('/etc/kennel-user-probe', 'w')\n\
+                         except OSError as e:\n\
+                         \x20   print(errno.errorcode[e.errno])\n\
+                         else:\n\
+                         \x20   print('written')";
+
+/// The 400 of `user` where the tier cannot give it: runsc (gVisor maps no ids: a file uid 1000
+/// writes is the host's uid 1000's, as a runsc run measured; on the host's view its code is
+/// nobody besides). Every other tier of this suite offers it (a root server maps 65536 ids).
+const USER_UNDER_RUNSC: &str = "invalid request: `user` is not offered under runsc: gVisor \
+                                maps no user ids, so uid 1000 in the sandbox would own its \
+                                files as the host's uid 1000 (and on the host's view the code \
+                                runs as nobody); use tier \"native\", runtime \"crun\" or \
+                                \"runc\", or tier \"microvm\"";
+
+/// What background process `pid` of session `id` wrote to stdout, once it has exited.
+fn process_stdout(server: &Server, id: &str, pid: u64) -> String {
+    let output = format!("/v1/sessions/{id}/processes/{pid}/output");
+    let streamed = server.client.get_stream(&output, &[], |e| e.name != "exit");
+    streamed
+        .events
+        .iter()
+        .filter(|e| e.name == "stdout")
+        .map(|e| e.json()["text"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// `user` runs a shell exec, a python exec (in an interpreter of its own, beside the default
+/// one, whose state stays apart) and a background process as uid and gid 1000 with no
+/// supplementary groups, `HOME=/workspace` (which it owns) and `USER=LOGNAME=user`; a file
+/// it creates in /etc fails with the errno a cold run's does. Where the tier cannot give it,
+/// each is the same 400, nothing starts, and the session goes on.
+#[test]
+fn user_runs_as_uid_1000_or_is_refused_where_the_tier_cannot() {
+    let server = tier_server("sessions-user", "");
+    let id = open_session(&server, json!({}))["id"].as_str().unwrap().to_string();
+    let c = &server.client;
+    let procs = format!("/v1/sessions/{id}/processes");
+    let as_user = |language: &str, code: &str| {
+        let spec = json!({"language": language, "code": code, "user": "user"});
+        c.exec_resp(&id, &spec)
+    };
+    if gvisor() {
+        let touch = "import os; os.makedirs('/workspace/never')";
+        for r in [
+            as_user("bash", "mkdir /workspace/never"),
+            as_user("python", touch),
+            c.post_json(&procs, &json!({"argv": ["mkdir", "/workspace/never"], "user": "user"})),
+        ] {
+            let (code, message) = r.error(400);
+            assert_eq!((code.as_str(), message.as_str()), ("bad_request", USER_UNDER_RUNSC));
+        }
+        assert_eq!(c.get(&procs).json(), json!([]));
+        let left = "import os; print(os.listdir('/workspace'))";
+        assert_eq!(session_py(&server, &id, left), "[]\n");
+        return;
+    }
+    session_py(&server, &id, "who = 'default'");
+    let shell = "id -u; id -g; id -G; echo \"$HOME $USER $LOGNAME\"";
+    let r = as_user("bash", shell).json();
+    assert_eq!(r["stdout"], "1000\n1000\n1000\n/workspace user user\n", "{r}");
+    let code = "import os\nwho = 'user'\nst = os.stat('/workspace')\n\
+                print(os.getuid(), os.getgid(), os.getgroups(), os.environ['HOME'], \
+                st.st_uid, st.st_gid)";
+    let r = as_user("python", code).json();
+    assert_eq!(r["stdout"], "1000 1000 [] /workspace 1000 1000\n", "{r}");
+    // The default user is still root of the sandbox, its interpreter still its own.
+    assert_eq!(
+        session_py(&server, &id, "import os; print(os.getuid(), who)"),
+        "0 default\n"
+    );
+    assert_eq!(as_user("python", "print(who)").json()["stdout"], "user\n");
+
+    let started = c.post_json(&procs, &json!({"argv": ["id", "-u"], "user": "user"}));
+    assert_eq!(started.status, 201, "{}", started.text());
+    let pid = started.json()["pid"].as_u64().unwrap();
+    assert_eq!(process_stdout(&server, &id, pid), "1000\n");
+
+    let cold = c.run(&session_spec(json!({"language": "python", "code": ETC_WRITE})));
+    let r = as_user("python", ETC_WRITE).json();
+    assert_ne!(cold["stdout"], "written\n", "{cold}");
+    assert_eq!(r["stdout"], cold["stdout"], "as user {r}, cold {cold}");
+}
+
+/// `pip install --user` of a wheel (built here, installed with `--no-index`: no network) in a
+/// shell exec as `user`, then `import` in the same session's python, as `user` and as the
+/// default user: both interpreters add the user site once it appears (HOME is /workspace for
+/// both).
+#[test]
+fn pip_install_user_then_import_in_both_interpreters() {
+    if gvisor() {
+        return; // runsc refuses `user` (the test above)
+    }
+    let dir = server_common::test_dir("session-pip-user");
+    write_pip_index(&dir);
+    let wheel = std::fs::read(dir.join("files/kennel_probe-0.1-py3-none-any.whl")).unwrap();
+    let server = tier_server("sessions-pip-user", "");
+    let id = open_session(&server, json!({}))["id"].as_str().unwrap().to_string();
+    let c = &server.client;
+    let probe = "try:\n    import kennel_probe\n    print(kennel_probe.VALUE)\n\
+                 except ImportError:\n    print('missing')";
+    let as_user = |language: &str, code: &str| -> Value {
+        let spec = json!({"language": language, "code": code, "user": "user", "timeout": "120s"});
+        let r = c.exec_resp(&id, &spec);
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()
+    };
+    assert_eq!(as_user("python", probe)["stdout"], "missing\n");
+    assert_eq!(session_py(&server, &id, probe), "missing\n");
+    let path = "/tmp/kennel_probe-0.1-py3-none-any.whl";
+    let put = c.put(&format!("/v1/sessions/{id}/files{path}"), &wheel);
+    assert_eq!(put.status, 204, "{}", put.text());
+    let install = format!(
+        "python3 -m pip install --user --no-index --no-deps --no-cache-dir \
+         --disable-pip-version-check {path}"
+    );
+    let r = as_user("bash", &install);
+    assert_eq!(r["exit_code"], 0, "{r}");
+    let r = as_user("bash", "stat -c %u ~/.local/lib/python3*/site-packages/kennel_probe");
+    assert_eq!(r["stdout"], "1000\n", "{r}");
+    assert_eq!(as_user("python", probe)["stdout"], "kennel-probe-ok\n");
+    assert_eq!(session_py(&server, &id, probe), "kennel-probe-ok\n");
+}
+
+/// The 400 of `user` in a sandbox whose code keeps no CAP_SETUID and CAP_SETGID.
+const USER_WITHOUT_CAPABILITIES: &str = "invalid request: `user` cannot be switched to: the \
+                                         sandbox's code keeps no CAP_SETUID and CAP_SETGID \
+                                         (`capabilities = \"none\"`, or it runs as nobody, as \
+                                         under docker without --userns-remap)";
+
+/// On a server whose runs keep no capabilities (`capabilities = "none"`), `user` is a 400 that
+/// says why (runsc's own first), nothing starts, and the session goes on as its root.
+#[test]
+fn user_is_refused_where_the_code_keeps_no_capabilities() {
+    tier();
+    let server = Server::start(
+        "sessions-user-nocaps",
+        "capabilities = \"none\"\n[pool]\npython = 0\nbash = 0\n",
+    );
+    let id = open_session(&server, json!({}))["id"].as_str().unwrap().to_string();
+    let c = &server.client;
+    let spec = json!({"language": "bash", "code": "mkdir /workspace/never", "user": "user"});
+    let (code, message) = c.exec_resp(&id, &spec).error(400);
+    let expected = if gvisor() { USER_UNDER_RUNSC } else { USER_WITHOUT_CAPABILITIES };
+    assert_eq!((code.as_str(), message.as_str()), ("bad_request", expected));
+    let left = "import os; print(os.listdir('/workspace'))";
+    assert_eq!(session_py(&server, &id, left), "[]\n");
 }

@@ -180,25 +180,3 @@ fn py_ok(opts: &[&str], code: &str) -> String {
     r["stdout"].as_str().unwrap().to_string()
 }
 
-/// Runs a probe (with [`SYSCALL_PRELUDE`]) in this binary's tier and bare on the host,
-/// returning (inside, bare) stdout. The bare run is the control that tells "blocked by Kennel"
-/// from "failed anyway".
-#[allow(dead_code)]
-fn probe_both(code: &str) -> (String, String) {
-    let full = format!("{SYSCALL_PRELUDE}\n{code}");
-    let inside = py_ok(&[], &full);
-    let bare = std::process::Command::new(PY)
-        .arg("-c")
-        .arg(&full)
-        .output()
-        .expect("bare python runs");
-    assert!(
-        bare.status.success(),
-        "bare probe failed: {}",
-        String::from_utf8_lossy(&bare.stderr)
-    );
-    (
-        inside.trim().to_string(),
-        String::from_utf8_lossy(&bare.stdout).trim().to_string(),
-    )
-}
