@@ -3,9 +3,10 @@
 import { KennelError } from "./errors.js";
 import { toBase64, type ProcessEvent, type ProcessInfo, type ProcessSpec } from "./results.js";
 import { chunkOf, events } from "./stream.js";
+import { Terminal, type TerminalClient } from "./terminal.js";
 
 /** What a process's requests need from its session's client. */
-interface Requester {
+interface Requester extends TerminalClient {
   request(
     method: string,
     path: string,
@@ -23,6 +24,11 @@ export interface ProcessOptions {
   stdin?: boolean;
   /** Kill it after this long: seconds, or a string such as "10m". */
   timeout?: number | string;
+  /** Run it on a pty (stdout then carries all its output; {@link Processes.attach} types
+   * into it), of `cols` x `rows`. */
+  tty?: boolean;
+  cols?: number;
+  rows?: number;
 }
 
 /** What {@link Processes.output} takes: where to start, and how often to reconnect. */
@@ -59,13 +65,14 @@ export class Processes {
   /** Starts `argv`, or `cmd` with bash. A program or `cwd` that cannot start is a
    * `BadRequest`; past the server's processes per session, `Busy`. */
   async start(program: Program, options: ProcessOptions = {}): Promise<ProcessInfo> {
-    const { cwd, env, stdin, timeout } = options;
-    const spec: ProcessSpec = {
+    const { cwd, env, stdin, timeout, tty, cols, rows } = options;
+    const spec: ProcessSpec & { tty?: boolean; cols?: number; rows?: number } = {
       ...program,
       cwd: cwd === undefined || cwd.startsWith("/") ? cwd : `/workspace/${cwd.replace(/^\.\//, "")}`,
       env,
       stdin: stdin || undefined,
       timeout: typeof timeout === "number" ? `${timeout}s` : timeout,
+      ...(tty ? { tty, cols, rows } : {}),
     };
     const body = Object.fromEntries(Object.entries(spec).filter(([, v]) => v !== undefined));
     return (await this.client.request("POST", this.path(), { json: body })).json();
@@ -133,6 +140,17 @@ export class Processes {
   /** Kills the process and what is left of its process group. */
   async kill(pid: number): Promise<void> {
     await this.client.request("DELETE", this.path(pid));
+  }
+
+  /** The pty of a process started with `tty: true`, as a {@link Terminal} (its last 64 KiB
+   * of output first). */
+  attach(pid: number): Promise<Terminal> {
+    return Terminal.open(this.client, this.path(pid), this.path(pid, "/pty"), pid);
+  }
+
+  /** Resizes a `tty` process's pty. */
+  async resize(pid: number, cols: number, rows: number): Promise<void> {
+    await this.client.request("POST", this.path(pid, "/resize"), { json: { cols, rows } });
   }
 }
 
