@@ -728,15 +728,34 @@ def as_bytes(data: FileData) -> bytes:
     return data.encode("utf-8") if isinstance(data, str) else bytes(data)
 
 
-def deadline_left(deadline: Optional[float]) -> Optional[float]:
-    """Seconds left until a ``time.monotonic()`` deadline (None: no deadline); TimeoutError
-    once it has passed."""
-    if deadline is None:
-        return None
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise TimeoutError("the terminal's output did not show what was waited for in time")
-    return left
+class Lookout:
+    """A wait for ``pattern`` in a terminal's output: what :meth:`found` does not show yet,
+    a read within :meth:`time_left` is :meth:`add`-ed to."""
+
+    def __init__(self, feed: TerminalFeed, pattern: bytes, timeout: Optional[float], pid: int):
+        self.feed, self.pattern, self.pid = feed, pattern, pid
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+
+    def found(self) -> Optional[bytes]:
+        """The output up to and including the pattern, taken, once it is there."""
+        return self.feed.until(self.pattern)
+
+    def time_left(self) -> Optional[float]:
+        """Seconds left for the next read (None: no limit); TimeoutError once none is."""
+        if self.deadline is None:
+            return None
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"terminal {self.pid} did not show {self.pattern!r} in time; its "
+                               f"last output: {bytes(self.feed.pending[-200:])!r}")
+        return left
+
+    def add(self, chunk: bytes) -> None:
+        """A read's output; ``b""`` (the shell has exited) raises EOFError."""
+        if not chunk:
+            raise EOFError(f"terminal {self.pid} ended before {self.pattern!r} showed; its last "
+                           f"output: {bytes(self.feed.pending[-200:])!r}")
+        self.feed.pending += chunk
 
 
 T = TypeVar("T")

@@ -11,7 +11,6 @@ for the asyncio twins), imported only when a terminal is opened.
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator, List, Mapping, Optional, Union
 
 from . import _common as c
@@ -38,7 +37,42 @@ def _connect(client: "Client", path: str) -> Any:
         raise c.ws_refused(url, e) from e
 
 
-class Terminal:
+class _Shell:
+    """What a terminal and its asyncio twin share: its id, and what its frames said."""
+
+    pid: int
+    _feed: c.TerminalFeed
+
+    def __repr__(self) -> str:
+        return f"<kennel.{type(self).__name__} {self.pid}{' exited' if self.exited else ''}>"
+
+    @property
+    def exited(self) -> bool:
+        """Whether the shell has exited (its ``exit`` event has been read)."""
+        return self._feed.exited
+
+    @property
+    def exit_code(self) -> Optional[int]:
+        """Its exit status, once it exited on its own."""
+        return self._feed.exit_code
+
+    @property
+    def signal(self) -> Optional[int]:
+        """The signal that ended it (a kill's 9), once it has ended so."""
+        return self._feed.signal
+
+    def _closed(self, e: Exception) -> bytes:
+        """What a read gets once the socket has closed: the end of the output after a clean
+        close or the shell's exit; else the connection broke."""
+        from websockets.exceptions import ConnectionClosedOK
+
+        if isinstance(e, ConnectionClosedOK) or self._feed.exited:
+            return b""
+        raise ConnectionLost(None, "connection_lost",
+                             f"terminal {self.pid}'s connection broke ({e})") from e
+
+
+class Terminal(_Shell):
     """An attached terminal: :meth:`send` keystrokes, :meth:`recv` (or iterate) output bytes
     as the shell writes them, :meth:`resize` its pty.
 
@@ -60,22 +94,6 @@ class Terminal:
         self._feed = c.TerminalFeed()
         self._ws = _connect(client, ws_path)
 
-    def __repr__(self) -> str:
-        return f"<kennel.Terminal {self.pid}{' exited' if self.exited else ''}>"
-
-    @property
-    def exited(self) -> bool:
-        """Whether the shell has exited (its ``exit`` event has been read)."""
-        return self._feed.exited
-
-    @property
-    def exit_code(self) -> Optional[int]:
-        return self._feed.exit_code
-
-    @property
-    def signal(self) -> Optional[int]:
-        return self._feed.signal
-
     def send(self, data: c.FileData) -> None:
         """Types ``data`` (str as UTF-8, or bytes such as ``b"\\x03"`` for Ctrl-C)."""
         self._ws.send(c.as_bytes(data))
@@ -90,18 +108,13 @@ class Terminal:
 
     def _frame(self, timeout: Optional[float]) -> bytes:
         """The next output frame from the socket (past what waits in ``pending``)."""
-        from websockets.exceptions import ConnectionClosedError, ConnectionClosedOK
+        from websockets.exceptions import ConnectionClosed
 
         while True:
             try:
                 message = self._ws.recv(timeout)
-            except ConnectionClosedOK:
-                return b""
-            except ConnectionClosedError as e:
-                if self._feed.exited:
-                    return b""
-                raise ConnectionLost(None, "connection_lost",
-                                     f"terminal {self.pid}'s connection broke ({e})") from e
+            except ConnectionClosed as e:
+                return self._closed(e)
             out = self._feed.frame(message)
             if out:
                 return out
@@ -118,17 +131,12 @@ class Terminal:
         """Reads output until ``pattern`` shows, and returns it up to and including the
         pattern (what came after waits for the next read). ``TimeoutError`` past ``timeout``
         seconds; ``EOFError`` when the shell exits first."""
-        wanted = c.as_bytes(pattern)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            found = self._feed.until(wanted)
-            if found is not None:
-                return found
-            chunk = self._frame(c.deadline_left(deadline))
-            if not chunk:
-                raise EOFError(f"terminal {self.pid} ended before {pattern!r} showed; its "
-                               f"last output: {bytes(self._feed.pending[-200:])!r}")
-            self._feed.pending += chunk
+        look = c.Lookout(self._feed, c.as_bytes(pattern), timeout, self.pid)
+        found = look.found()
+        while found is None:
+            look.add(self._frame(look.time_left()))
+            found = look.found()
+        return found
 
     def resize(self, cols: int, rows: int) -> None:
         """Resizes the pty (the shell gets SIGWINCH); :class:`kennel.BadRequest` for 0 or
@@ -215,7 +223,7 @@ async def _aconnect(client: "AsyncClient", path: str) -> Any:
         raise c.ws_refused(url, e) from e
 
 
-class AsyncTerminal:
+class AsyncTerminal(_Shell):
     """The asyncio twin of :class:`Terminal`: ``await term.send(...)``, ``await
     term.recv()``, ``async for chunk in term``, ``await term.read_until(b"$ ")``, ``await
     term.resize(c, r)``, ``await term.aclose()`` (detach) and ``await term.kill()``."""
@@ -232,21 +240,6 @@ class AsyncTerminal:
                    pid: int) -> "AsyncTerminal":
         return cls(client, base, await _aconnect(client, ws_path), pid)
 
-    def __repr__(self) -> str:
-        return f"<kennel.AsyncTerminal {self.pid}{' exited' if self.exited else ''}>"
-
-    @property
-    def exited(self) -> bool:
-        return self._feed.exited
-
-    @property
-    def exit_code(self) -> Optional[int]:
-        return self._feed.exit_code
-
-    @property
-    def signal(self) -> Optional[int]:
-        return self._feed.signal
-
     async def send(self, data: c.FileData) -> None:
         await self._ws.send(c.as_bytes(data))
 
@@ -257,18 +250,13 @@ class AsyncTerminal:
         return await self._frame(timeout)
 
     async def _frame(self, timeout: Optional[float]) -> bytes:
-        from websockets.exceptions import ConnectionClosedError, ConnectionClosedOK
+        from websockets.exceptions import ConnectionClosed
 
         while True:
             try:
                 message = await asyncio.wait_for(self._ws.recv(), timeout)
-            except ConnectionClosedOK:
-                return b""
-            except ConnectionClosedError as e:
-                if self._feed.exited:
-                    return b""
-                raise ConnectionLost(None, "connection_lost",
-                                     f"terminal {self.pid}'s connection broke ({e})") from e
+            except ConnectionClosed as e:
+                return self._closed(e)
             except asyncio.TimeoutError as e:  # not TimeoutError itself before Python 3.11
                 raise TimeoutError(f"no output from terminal {self.pid} in {timeout} s") from e
             out = self._feed.frame(message)
@@ -288,17 +276,12 @@ class AsyncTerminal:
     async def read_until(self, pattern: Union[str, bytes],
                          timeout: Optional[float] = 30) -> bytes:
         """As :meth:`Terminal.read_until`."""
-        wanted = c.as_bytes(pattern)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            found = self._feed.until(wanted)
-            if found is not None:
-                return found
-            chunk = await self._frame(c.deadline_left(deadline))
-            if not chunk:
-                raise EOFError(f"terminal {self.pid} ended before {pattern!r} showed; its "
-                               f"last output: {bytes(self._feed.pending[-200:])!r}")
-            self._feed.pending += chunk
+        look = c.Lookout(self._feed, c.as_bytes(pattern), timeout, self.pid)
+        found = look.found()
+        while found is None:
+            look.add(await self._frame(look.time_left()))
+            found = look.found()
+        return found
 
     async def resize(self, cols: int, rows: int) -> None:
         await self._client._request("POST", self._base + "/resize",
