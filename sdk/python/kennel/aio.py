@@ -300,7 +300,11 @@ class AsyncSession(c.SessionFields):
 
         async def create() -> AsyncTerminal:
             info = await self.terminals.create(cols, rows, cwd=cwd, user=user, env=env)
-            return await self.terminals.attach(info.pid)
+            try:
+                return await self.terminals.attach(info.pid)
+            except BaseException:
+                await self.terminals.kill(info.pid)  # a shell nobody reached holds a place
+                raise
 
         return c.Opening(create)
 

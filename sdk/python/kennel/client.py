@@ -321,7 +321,11 @@ class Session(c.SessionFields):
         attached: a :class:`Terminal`. Leaving its ``with`` block detaches; ``kill()`` ends
         the shell."""
         info = self.terminals.create(cols, rows, cwd=cwd, user=user, env=env)
-        return self.terminals.attach(info.pid)
+        try:
+            return self.terminals.attach(info.pid)
+        except BaseException:
+            self.terminals.kill(info.pid)  # a shell nobody reached would hold a place
+            raise
 
     def run_code(self, code: str, language: str = "python", *, timeout: c.Timeout = None,
                  stdin: Optional[str] = None,

@@ -314,7 +314,12 @@ export class Session {
   /** A new terminal (`bash --login` on a pty, see {@link Terminals}), attached. */
   async pty(options: TerminalOptions = {}): Promise<Terminal> {
     const info = await this.terminals.create(options);
-    return this.terminals.attach(info.pid);
+    try {
+      return await this.terminals.attach(info.pid);
+    } catch (e) {
+      await this.terminals.kill(info.pid); // a shell nobody reached would hold a place
+      throw e;
+    }
   }
 
   private path(suffix = ""): string {
