@@ -126,8 +126,9 @@ for tool in openapi_spec_validator:openapi-spec-validator==0.9.0 \
 done
 
 # The TypeScript SDK's tests (crates/kennel/tests/typescript_sdk.rs runs `npm test` in
-# sdk/typescript) need Node 20 or later and its pinned dev dependencies (typescript,
-# openapi-typescript, the Vercel AI SDK), installed from npm by `npm ci` when missing or stale.
+# sdk/typescript) need Node 20 or later, its dependency ws (terminals on Node 20) and its pinned
+# dev dependencies (typescript, openapi-typescript, the Vercel AI SDK), installed from npm by
+# `npm ci` when missing or stale.
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
     [[ $(id -u) -eq 0 ]] || die "node and npm are missing; run this script as root"
     say "installing nodejs and npm"

@@ -1,4 +1,4 @@
-/** The client: runs, streams and sessions over `fetch`, with no runtime dependency. */
+/** The client: runs, streams and sessions over `fetch`; terminals over a WebSocket (terminal.ts). */
 
 import { errorFrom } from "./errors.js";
 import {
