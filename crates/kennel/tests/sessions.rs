@@ -306,6 +306,92 @@ fn bad_tier_fields_are_refused_as_for_runs_and_cost_nothing() {
     }
 }
 
+/// Terminals on a server with a token: a browser offers the token as the WebSocket
+/// subprotocol `kennel.token.<token>`, which the server selects, and a wrong one or none gets
+/// 401 before the upgrade; past `sessions.max_terminals` a terminal gets 429, processes being
+/// counted apart (tests/terminal_client.py, `bounds`).
+#[test]
+fn terminals_take_the_token_as_a_subprotocol_and_keep_their_bound() {
+    let config = format!(
+        "{NO_POOL}[sessions]\nmax_terminals = 2\n[[tokens]]\nid = \"a\"\ntoken = \"{TOKEN}\"\n"
+    );
+    let server = Server::start_with("sessions-terminal-bounds", &config, &[], Some(TOKEN));
+    let id = server.client.create_session(&json!({}));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/terminal_client.py");
+    let report = client_tests(
+        Command::new(PY)
+            .arg(script)
+            .arg(&server.client.base)
+            .arg(&id)
+            .arg("bounds")
+            .env("KENNEL_TEST_TOKEN", TOKEN),
+        "terminal_client.py bounds",
+    );
+    assert_eq!(report.matches("ok   terminal:").count(), 2, "{report}");
+}
+
+/// Each bad watch gets its 4xx and costs nothing: a path outside /workspace and /tmp, through
+/// a symlink, or not a directory (400), one that does not exist (404), a watch past the
+/// server's bound while another is open (429); once that stream closes its place is free.
+#[test]
+fn bad_watches_get_their_4xx_and_a_closed_one_frees_its_place() {
+    let server = Server::start(
+        "sessions-watch-bad",
+        &format!("{NO_POOL}[sessions]\nmax_watches = 1\n"),
+    );
+    let c = &server.client;
+    let id = c.create_session(&json!({}));
+    let made = c.exec(
+        &id,
+        "bash",
+        "mkdir -p /workspace/d && touch /workspace/f && ln -s /workspace/d /workspace/l",
+    );
+    assert_eq!(made["exit_code"], 0, "{made}");
+    let watch = |query: &str| format!("/v1/sessions/{id}/watch?{query}");
+    for (query, status, words) in [
+        ("path=/etc", 400, "/workspace"),
+        ("path=/workspace/l", 400, "symlink"),
+        ("path=/workspace/f", 400, "directory"),
+        ("path=/workspace/none", 404, "/workspace/none"),
+    ] {
+        let (_, message) = c.get(&watch(query)).error(status);
+        assert!(message.contains(words), "{query}: {message}");
+    }
+    let (ready, in_place) = std::sync::mpsc::channel();
+    let (done, finish) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            c.get_stream(&watch("path=/workspace"), &[], |e| {
+                if e.name == "watching" {
+                    let _ = ready.send(());
+                    let _ = finish.recv();
+                }
+                false
+            })
+        });
+        in_place
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the first watch is in place");
+        let (_, message) = c.get(&watch("path=/tmp")).error(429);
+        assert!(message.contains("sessions.max_watches"), "{message}");
+        done.send(()).unwrap();
+    });
+    // The closed stream's watch ends as its follower sees the client gone.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let again = c.get_stream(&watch("path=/tmp"), &[], |_| false);
+        match again.status {
+            200 => break,
+            429 if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            other => panic!("a watch after the first closed: {other}"),
+        }
+    }
+    assert_eq!(
+        c.exec(&id, "bash", "echo still here")["stdout"],
+        "still here\n"
+    );
+}
+
 /// Each bad process request gets its 4xx, naming what is wrong, and the session goes on: an
 /// unknown pid (404), a signal out of range (400), stdin to a process without one (400), argv
 /// with cmd and a program that does not exist (400), a process past the server's bound
@@ -336,7 +422,12 @@ fn bad_process_requests_get_their_4xx_and_lose_nothing() {
         400,
         "cannot start",
     );
-    refused(start(json!({"argv": ["true"], "tty": true})), 400, "tty");
+    refused(start(json!({"argv": ["true"], "cols": 80})), 400, "`cols`");
+    refused(
+        start(json!({"argv": ["true"], "tty": true, "rows": 0})),
+        400,
+        "`rows`",
+    );
 
     let cat = start(json!({"argv": ["cat"], "stdin": true})).json()["pid"].clone();
     let sleeper = start(json!({"argv": ["sleep", "600"]})).json()["pid"].clone();
