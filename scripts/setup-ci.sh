@@ -93,20 +93,11 @@ if ! /usr/bin/python3 -c 'import httpx, pytest' 2>/dev/null; then
     /usr/bin/python3 -c 'import httpx, pytest' || die "/usr/bin/python3 still lacks httpx or pytest"
 fi
 
-# The Python SDK's terminals (sdk/python/kennel/terminal.py) use PyPI's websockets, 13 or later
-# (websockets.sync.client and websockets.asyncio.client; Debian 12's python3-websockets is 10.4,
-# which has neither): pip, when missing or older.
-if ! /usr/bin/python3 -c 'import websockets.sync.client, websockets.asyncio.client' 2>/dev/null; then
-    [[ $(id -u) -eq 0 ]] || die "/usr/bin/python3 lacks websockets 13 or later; run this script as root"
-    say "installing websockets for /usr/bin/python3"
-    /usr/bin/python3 -m pip install --quiet --break-system-packages 'websockets>=13' \
-        || die "cannot install websockets (pip install 'websockets>=13')"
-fi
-
 # The API contract tests (crates/kennel/tests/contract.rs) check /openapi.json with
 # openapi-spec-validator, generate a client from it with openapi-python-client, and fuzz the
 # server against it with schemathesis; the terminal tests drive a terminal with PyPI's
-# websockets and render it with pyte, as a terminal emulator does; each pinned (a new schemathesis once turned on a check
+# websockets (the Python SDK's terminals use it too) and render it with pyte, as a terminal
+# emulator does; each pinned (a new schemathesis once turned on a check
 # of its own, and CI failed on a tool's change, not ours) and installed for /usr/bin/python3
 # when missing or at another version.
 for tool in openapi_spec_validator:openapi-spec-validator==0.9.0 \

@@ -682,11 +682,12 @@ def ws_refused(url: str, e: BaseException) -> KennelError:
 
 class TerminalFeed:
     """What a terminal's WebSocket carries from the server: binary frames are its output,
-    text frames JSON events: ``exit`` (then the server closes) and ``error`` (a control frame
-    it refused; the connection stays). Output read past what a caller wanted waits in
-    ``pending``."""
+    text frames JSON events: ``exit`` (then the server closes), ``error`` (a control frame
+    it refused; the connection stays) and ``dropped`` (output this client was too slow for,
+    counted in ``dropped``). Output read past what a caller wanted waits in ``pending``."""
 
     def __init__(self) -> None:
+        self.dropped = 0
         self.exited = False
         self.exit_code: Optional[int] = None
         self.signal: Optional[int] = None
@@ -703,6 +704,8 @@ class TerminalFeed:
         if ev.get("type") == "exit":
             self.exited = True
             self.exit_code, self.signal = ev.get("exit_code"), ev.get("signal")
+        elif ev.get("type") == "dropped":
+            self.dropped += int(ev.get("bytes") or 0)
         elif ev.get("type") == "error":
             raise error_for(ev.get("status"), "terminal_error", str(ev.get("message", message)))
         return None

@@ -61,6 +61,11 @@ class _Shell:
         """The signal that ended it (a kill's 9), once it has ended so."""
         return self._feed.signal
 
+    @property
+    def dropped(self) -> int:
+        """How many bytes of output the server dropped because this client read too slowly."""
+        return self._feed.dropped
+
     def _closed(self, e: Exception) -> bytes:
         """What a read gets once the socket has closed: the end of the output after a clean
         close or the shell's exit; else the connection broke."""

@@ -66,7 +66,7 @@ export class Processes {
    * `BadRequest`; past the server's processes per session, `Busy`. */
   async start(program: Program, options: ProcessOptions = {}): Promise<ProcessInfo> {
     const { cwd, env, stdin, timeout, tty, cols, rows } = options;
-    const spec: ProcessSpec & { tty?: boolean; cols?: number; rows?: number } = {
+    const spec: ProcessSpec = {
       ...program,
       cwd: cwd === undefined || cwd.startsWith("/") ? cwd : `/workspace/${cwd.replace(/^\.\//, "")}`,
       env,

@@ -6,7 +6,7 @@
  * `kennel.token.<token>`; else (Node 20) the `ws` package's, with `Authorization: Bearer`.
  */
 
-import { errorFor, errorFrom, KennelError } from "./errors.js";
+import { errorFor, errorFrom, KennelError, NotFound } from "./errors.js";
 import type { ProcessInfo } from "./results.js";
 
 /** What a new terminal takes; every field is optional. */
@@ -48,11 +48,15 @@ interface Answer {
   on(event: "end", f: () => void): void;
 }
 
-/** Opens a socket to `url`, resolving once it is open; a refused handshake rejects with the
- * server's error where the socket shows it (`ws`), else with a KennelError saying so. */
-async function openSocket(url: string, token: string | undefined): Promise<Socket> {
+/**
+ * A socket to `url` and the promise that it opens: `listen` is called with it at once, before
+ * any frame can come (`ws` may deliver the first frames in the same tick as `open`). A refused
+ * handshake rejects with the server's error where the socket shows it (`ws`), else with a
+ * KennelError saying so.
+ */
+async function openSocket(url: string, token: string | undefined, listen: (s: Socket) => void): Promise<Socket> {
   const Global = (globalThis as { WebSocket?: new (url: string, protocols?: string[]) => Socket }).WebSocket;
-  if (Global !== undefined) return opened(new Global(url, token ? [`kennel.token.${token}`] : []), url);
+  if (Global !== undefined) return opened(new Global(url, token ? [`kennel.token.${token}`] : []), url, listen);
   const { WebSocket: Ws } = await import("ws");
   const ws = new Ws(url, { headers: token ? { authorization: `Bearer ${token}` } : {} });
   const refused = new Promise<never>((_, fail) => {
@@ -68,12 +72,13 @@ async function openSocket(url: string, token: string | undefined): Promise<Socke
       });
     });
   });
-  return Promise.race([opened(ws as unknown as Socket, url), refused]);
+  return Promise.race([opened(ws as unknown as Socket, url, listen), refused]);
 }
 
-/** `socket` once it is open; a KennelError if it closes first. */
-function opened(socket: Socket, url: string): Promise<Socket> {
+/** `socket` once it is open (`listen` has it first); a KennelError if it closes before. */
+function opened(socket: Socket, url: string, listen: (s: Socket) => void): Promise<Socket> {
   socket.binaryType = "arraybuffer";
+  listen(socket);
   return new Promise((done, fail) => {
     socket.addEventListener("open", () => done(socket));
     const failed = () => fail(new KennelError(null, "connection_failed", `cannot open the WebSocket ${url}`));
@@ -85,9 +90,10 @@ function opened(socket: Socket, url: string): Promise<Socket> {
 /**
  * An attached terminal: {@link send} keystrokes, {@link recv} (or `for await`) output bytes as
  * the shell writes them, {@link resize} its pty. Attaching replays the last 64 KiB of its output
- * first. {@link close} only detaches: the shell keeps running until {@link kill} or the
- * session's end, and `session.terminals.attach(pid)` reaches it again. Once it has exited,
- * `exitCode` or `signal` says how.
+ * first; `dropped` counts output the server dropped for a client that read too slowly.
+ * {@link close} only detaches: the shell keeps running until {@link kill} or the session's end,
+ * and `session.terminals.attach(pid)` reaches it again. Once it has exited, `exitCode` or
+ * `signal` says how.
  *
  * ```ts
  * const term = await session.pty({ cols: 100, rows: 30 });
@@ -101,18 +107,25 @@ export class Terminal implements AsyncIterable<Uint8Array> {
   exited = false;
   exitCode: number | null = null;
   signal: number | null = null;
+  /** How many bytes of output the server dropped because this client read too slowly. */
+  dropped = 0;
   private readonly queue: (Uint8Array | KennelError)[] = [];
   private pending: Uint8Array = new Uint8Array(0);
   private closed = false;
   private wake: (() => void) | undefined;
 
+  private socket: Socket | undefined;
+
   private constructor(
     private readonly client: TerminalClient,
     private readonly base: string,
-    private readonly socket: Socket,
     /** The terminal's id: the pid of its shell (or process) in the sandbox. */
     readonly pid: number,
-  ) {
+  ) {}
+
+  /** Takes the socket's frames from the first on. */
+  private listen(socket: Socket): void {
+    this.socket = socket;
     socket.addEventListener("message", (ev) => this.frame(ev.data));
     socket.addEventListener("close", () => {
       this.closed = true;
@@ -123,7 +136,27 @@ export class Terminal implements AsyncIterable<Uint8Array> {
   /** @internal Attaches to the terminal at `base` (its HTTP path) through `wsPath`. */
   static async open(client: TerminalClient, base: string, wsPath: string, pid: number): Promise<Terminal> {
     const url = client.url.replace(/^http/, "ws") + wsPath;
-    return new Terminal(client, base, await openSocket(url, client.socketToken()), pid);
+    const terminal = new Terminal(client, base, pid);
+    try {
+      await openSocket(url, client.socketToken(), (socket) => terminal.listen(socket));
+    } catch (e) {
+      throw await Terminal.why(client, base, pid, e);
+    }
+    return terminal;
+  }
+
+  /** Why a socket did not open: the platform's WebSocket hides the server's answer, so the
+   * terminals (or processes) of the session are listed to tell a missing one (NotFound) or a
+   * missing session from the rest; else the error as it was. */
+  private static async why(client: TerminalClient, base: string, pid: number, e: unknown): Promise<unknown> {
+    if (!(e instanceof KennelError) || e.status !== null) return e;
+    try {
+      const listed: ProcessInfo[] = await (await client.request("GET", base.slice(0, base.lastIndexOf("/")))).json();
+      if (!listed.some((p) => p.pid === pid)) return new NotFound(404, "not_found", `no terminal ${pid} in this session`);
+    } catch (answer) {
+      if (answer instanceof KennelError) return answer;
+    }
+    return e;
   }
 
   private notify(): void {
@@ -138,11 +171,15 @@ export class Terminal implements AsyncIterable<Uint8Array> {
     if (data instanceof ArrayBuffer) {
       this.queue.push(new Uint8Array(data));
     } else if (typeof data === "string") {
-      const ev = JSON.parse(data) as { type?: string; exit_code?: number | null; signal?: number | null; status?: number; message?: string };
+      const ev = JSON.parse(data) as {
+        type?: string; exit_code?: number | null; signal?: number | null; status?: number; message?: string; bytes?: number;
+      };
       if (ev.type === "exit") {
         this.exited = true;
         this.exitCode = ev.exit_code ?? null;
         this.signal = ev.signal ?? null;
+      } else if (ev.type === "dropped") {
+        this.dropped += ev.bytes ?? 0;
       } else if (ev.type === "error") {
         this.queue.push(errorFor(ev.status ?? null, "terminal_error", ev.message ?? data));
       }
@@ -152,7 +189,7 @@ export class Terminal implements AsyncIterable<Uint8Array> {
 
   /** Types `data` (text as UTF-8, or bytes such as `[3]` for Ctrl-C). */
   send(data: string | Uint8Array): void {
-    this.socket.send(typeof data === "string" ? new TextEncoder().encode(data) : data);
+    this.socket!.send(typeof data === "string" ? new TextEncoder().encode(data) : data);
   }
 
   /**
@@ -247,7 +284,7 @@ export class Terminal implements AsyncIterable<Uint8Array> {
 
   /** Detaches: the socket closes, the shell keeps running. */
   close(): void {
-    this.socket.close(1000);
+    this.socket!.close(1000);
   }
 
   async [Symbol.asyncDispose](): Promise<void> {
