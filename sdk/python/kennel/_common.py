@@ -610,7 +610,7 @@ class WatchReader:
 # -- terminals ---------------------------------------------------------------------------
 
 #: What a terminal without PyPI's websockets installed says.
-NO_WEBSOCKETS = "terminals need PyPI's websockets (13 or later): pip install 'websockets>=13'"
+NO_WEBSOCKETS = "terminals need PyPI's websockets (14 or later): pip install 'websockets>=14'"
 
 #: A new terminal's size when none is given, as the server's own default.
 DEFAULT_COLS, DEFAULT_ROWS = 80, 24

@@ -32,7 +32,11 @@ def _connect(client: "Client", path: str) -> Any:
     url, headers = c.ws_target(client._http, path)
     agent = headers.pop("User-Agent")
     try:
-        return connect(url, additional_headers=headers, user_agent_header=agent, max_size=None)
+        # Entered as a context manager: from websockets 17 a bare connect() is a deprecated
+        # form, and __enter__ gives the connection in every version.
+        opening = connect(url, additional_headers=headers, user_agent_header=agent,
+                          max_size=None)
+        return opening.__enter__()
     except (OSError, TimeoutError, InvalidHandshake) as e:
         raise c.ws_refused(url, e) from e
 

@@ -3,7 +3,9 @@
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 
+import { execFile } from "node:child_process";
 import { createHmac } from "node:crypto";
+import { promisify } from "node:util";
 import {
   BadRequest, Client, KennelError, NotFound, RichOutput, Unauthorized, valueOf, verifyWebhook,
   WebhookVerificationError,
@@ -336,4 +338,33 @@ test("a terminal runs what is typed, resizes, and replays its output to a new at
   } finally {
     await s.close();
   }
+});
+
+test("a runtime's own WebSocket (a browser's) reaches a terminal with the kennel.token subprotocol", async (t) => {
+  const s = await terminalSession(t);
+  if (s === undefined) return;
+  await s.close();
+  // Node 20 has the platform's WebSocket behind a flag; the SDK then uses it, not `ws`, as it
+  // would in a browser, which cannot send an Authorization header.
+  const flags = Number(process.versions.node.split(".")[0]) < 22 ? ["--experimental-websocket"] : [];
+  const code = `
+    import { Client, NotFound } from ${JSON.stringify(new URL("../dist/index.js", import.meta.url).href)};
+    if (typeof WebSocket !== "function") throw new Error("no platform WebSocket");
+    const s = await new Client(${JSON.stringify(server.url)}, { token: ${JSON.stringify(TOKEN)} }).session();
+    try {
+      const term = await s.pty();
+      term.send("echo $((6*7))\\n");
+      await term.readUntil("42");
+      await term.kill();
+      await s.terminals.attach(999999).then(() => { throw new Error("attached"); }, (e) => {
+        if (!(e instanceof NotFound)) throw e;
+      });
+      console.log("reached");
+    } finally {
+      await s.close();
+    }`;
+  const { stdout } = await promisify(execFile)(process.execPath, [...flags, "--no-warnings", "--input-type=module", "-e", code], {
+    timeout: 60_000,
+  });
+  assert.equal(stdout, "reached\n");
 });
