@@ -96,7 +96,8 @@ fi
 # The API contract tests (crates/kennel/tests/contract.rs) check /openapi.json with
 # openapi-spec-validator, generate a client from it with openapi-python-client, and fuzz the
 # server against it with schemathesis; the terminal tests drive a terminal with PyPI's
-# websockets and render it with pyte, as a terminal emulator does; each pinned (a new schemathesis once turned on a check
+# websockets (the Python SDK's terminals use it too) and render it with pyte, as a terminal
+# emulator does; each pinned (a new schemathesis once turned on a check
 # of its own, and CI failed on a tool's change, not ours) and installed for /usr/bin/python3
 # when missing or at another version.
 for tool in openapi_spec_validator:openapi-spec-validator==0.9.0 \
@@ -118,8 +119,9 @@ for tool in openapi_spec_validator:openapi-spec-validator==0.9.0 \
 done
 
 # The TypeScript SDK's tests (crates/kennel/tests/typescript_sdk.rs runs `npm test` in
-# sdk/typescript) need Node 20 or later and its pinned dev dependencies (typescript,
-# openapi-typescript, the Vercel AI SDK), installed from npm by `npm ci` when missing or stale.
+# sdk/typescript) need Node 20 or later, its dependency ws (terminals on Node 20) and its pinned
+# dev dependencies (typescript, openapi-typescript, the Vercel AI SDK), installed from npm by
+# `npm ci` when missing or stale.
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
     [[ $(id -u) -eq 0 ]] || die "node and npm are missing; run this script as root"
     say "installing nodejs and npm"

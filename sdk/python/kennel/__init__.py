@@ -42,15 +42,21 @@ Runs by id: ``client.submit(spec)`` starts an ``async`` run (a :class:`RunInfo`)
 Background processes: ``s.processes.start(cmd=...)`` (a :class:`ProcessInfo`),
 ``s.processes.output(pid)`` (:class:`ProcessEvent` objects to the ``exit``), ``.list()``,
 ``.write_stdin(pid, data, eof=True)``, ``.signal(pid, 15)``, ``.kill(pid)``.
+
+File watch: ``with s.watch("/workspace") as w: for ev in w: ...`` (:class:`FileEvent` objects:
+``create``, ``modify``, ``delete``, ``rename``, ``overflow``). Terminals: ``with s.pty() as
+term:`` (a :class:`Terminal`: ``send``, ``recv``, ``read_until``, ``resize``, ``kill``);
+``s.terminals.create/list/attach/kill``.
 """
 
-from .aio import AsyncClient, AsyncProcesses, AsyncSession, AsyncStream
-from .client import Client, Processes, Session, Stream
+from .aio import AsyncClient, AsyncProcesses, AsyncSession, AsyncStream, AsyncWatch
+from .client import Client, Processes, Session, Stream, Watch
 from .errors import (BadRequest, Busy, ConnectionFailed, ConnectionLost, Forbidden, KennelError,
                      NotFound, RequestTimeout, SessionEnded, TransportError, Unauthorized)
-from .results import (CollectedFile, ExecError, ExecResult, FileEntry, Interpreter, Isolation,
-                      NetEvent, OutputChunk, ProcessEvent, ProcessInfo, RichOutput, RunInfo,
-                      RunResult, SessionEnd, SessionInfo)
+from .results import (CollectedFile, ExecError, ExecResult, FileEntry, FileEvent, Interpreter,
+                      Isolation, NetEvent, OutputChunk, ProcessEvent, ProcessInfo, RichOutput,
+                      RunInfo, RunResult, SessionEnd, SessionInfo)
+from .terminal import AsyncTerminal, AsyncTerminals, Terminal, Terminals
 from .webhooks import WebhookVerificationError, verify_webhook
 
 __version__ = "0.1.0"
@@ -60,4 +66,5 @@ __all__ = [
     "CollectedFile", "ConnectionFailed", "ConnectionLost", "RequestTimeout", "TransportError", "ExecError", "ExecResult", "FileEntry", "Interpreter", "Isolation", "KennelError",
     "Forbidden", "NetEvent", "NotFound", "OutputChunk", "RichOutput", "RunResult", "Session", "SessionEnded",
     "SessionEnd", "SessionInfo", "Stream", "Unauthorized", "RunInfo", "WebhookVerificationError", "verify_webhook",
+    "AsyncTerminal", "AsyncTerminals", "AsyncWatch", "FileEvent", "Terminal", "Terminals", "Watch",
 ]

@@ -7,15 +7,16 @@ import email.utils
 import json
 import os
 import time
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
-from urllib.parse import quote
+from typing import (Any, Awaitable, Callable, Dict, Generator, Generic, Iterable, List, Mapping,
+                    Optional, Sequence, Tuple, TypeVar, Union)
+from urllib.parse import quote, urlencode
 
 import httpx
 
 from .errors import (ConnectionFailed, ConnectionLost, KennelError, RequestTimeout,
                      TransportError, error_for)
-from .results import (Isolation, OutputChunk, ProcessEvent, ProcessInfo, RichOutput, SessionEnd,
-                      SessionInfo)
+from .results import (FileEvent, Isolation, OutputChunk, ProcessEvent, ProcessInfo, RichOutput,
+                      SessionEnd, SessionInfo)
 
 # What a stream yields: output as it is written, and a python session exec's rich outputs.
 Piece = Union[OutputChunk, RichOutput]
@@ -354,13 +355,20 @@ def transport_error(request: httpx.Request, e: httpx.TransportError) -> Transpor
 
 def error_from(response: httpx.Response, body: bytes) -> KennelError:
     """The error an answer with a 4xx/5xx status stands for, with the server's message."""
+    return error_of(response.status_code, body, response.reason_phrase, retry_after(response))
+
+
+def error_of(status: int, body: bytes, reason: str,
+             after: Optional[float] = None) -> KennelError:
+    """The error a 4xx/5xx answer with this body stands for: the server's code and message
+    from its JSON ``error``, else the body's text (``reason`` when it has none)."""
     code, message = "http_error", ""
     try:
         err = json.loads(body)["error"]
         code, message = str(err["code"]), str(err["message"])
     except (ValueError, KeyError, TypeError):
-        message = body.decode("utf-8", "replace").strip() or response.reason_phrase
-    return error_for(response.status_code, code, message, retry_after(response))
+        message = body.decode("utf-8", "replace").strip() or reason
+    return error_for(status, code, message, after)
 
 
 def check(response: httpx.Response) -> httpx.Response:
@@ -400,6 +408,16 @@ class SSEParser:
 
     def finish(self) -> Optional[Tuple[str, str]]:
         return self.feed("") if self.data else None
+
+
+def sse_events(parser: SSEParser, line: Optional[str]) -> List[Tuple[str, str]]:
+    """The events one line read from a stream completes (``None``: the stream has ended); a
+    "line" may hold several when the transport split on ``\r``."""
+    if line is None:
+        ev = parser.finish()
+        return [ev] if ev is not None else []
+    found = (parser.feed(piece) for piece in line.splitlines() or [""])
+    return [ev for ev in found if ev is not None]
 
 
 class Outcome:
@@ -451,9 +469,11 @@ class Outcome:
 
 
 def process_body(argv: Optional[Sequence[str]], cmd: Optional[str], cwd: Optional[str],
-                 env: Optional[Mapping[str, str]], stdin: bool,
-                 timeout: Timeout, user: Optional[str] = None) -> Dict[str, Any]:
-    """A ``ProcessSpec``: ``argv``, or ``cmd`` for ``bash -c``, and only the options given."""
+                 env: Optional[Mapping[str, str]], stdin: bool, timeout: Timeout,
+                 user: Optional[str] = None, tty: bool = False, cols: Optional[int] = None,
+                 rows: Optional[int] = None) -> Dict[str, Any]:
+    """A ``ProcessSpec``: ``argv``, or ``cmd`` for ``bash -c``, and only the options given
+    (``cols`` and ``rows`` size a ``tty`` process's pty)."""
     if (argv is None) == (cmd is None):
         raise TypeError("give argv (a list of strings) or cmd (a bash command line), not both")
     if isinstance(argv, str):
@@ -469,6 +489,9 @@ def process_body(argv: Optional[Sequence[str]], cmd: Optional[str], cwd: Optiona
         body["timeout"] = span(timeout)
     if user is not None:
         body["user"] = user
+    if tty:
+        body["tty"] = True
+        body.update(size_body(cols, rows))
     return body
 
 
@@ -525,10 +548,8 @@ class ProcessFollower:
             ev = self._parser.finish()
             return self._event(*ev) if ev is not None else []
         out: List[ProcessEvent] = []
-        for piece in line.splitlines() or [""]:
-            ev = self._parser.feed(piece)
-            if ev is not None:
-                out.extend(self._event(*ev))
+        for ev in sse_events(self._parser, line):
+            out.extend(self._event(*ev))
         if out:
             self._failures = 0
         return out
@@ -552,3 +573,219 @@ class ProcessFollower:
             self.exited = True
             Outcome.decode(event, data)  # raises the server's error
         return []
+
+
+def watch_params(path: str, recursive: bool) -> Dict[str, str]:
+    """A watch's query: its directory (relative paths are under /workspace) and whether it
+    follows subdirectories."""
+    return {"path": sandbox_dir(path), "recursive": "true" if recursive else "false"}
+
+
+def stream_timeout(http: Any) -> httpx.Timeout:
+    """The client's timeouts without the read timeout: a stream that waits for something to
+    happen (a quiet watched directory) is not an error however long it is quiet."""
+    t = http.timeout
+    return httpx.Timeout(connect=t.connect, read=None, write=t.write, pool=t.pool)
+
+
+class WatchReader:
+    """Reads a watch's event stream line by line into :class:`FileEvent` objects. ``ready``
+    is set by the first ``watching`` event: from then on no change is missed."""
+
+    def __init__(self) -> None:
+        self.ready = False
+        self.path: Optional[str] = None
+        self.recursive: Optional[bool] = None
+        self._parser = SSEParser()
+
+    def feed(self, line: Optional[str]) -> List[FileEvent]:
+        """The events a line completes (``None``: the stream has ended); an ``error`` event
+        (the session ended) raises the server's error."""
+        out: List[FileEvent] = []
+        for event, data in sse_events(self._parser, line):
+            if event == "watching":
+                d = json.loads(data)
+                self.ready, self.path, self.recursive = True, d.get("path"), d.get("recursive")
+            elif event in ("create", "modify", "delete", "rename", "overflow"):
+                out.append(FileEvent.from_dict(event, json.loads(data)))
+            elif event == "error":
+                Outcome.decode(event, data)  # raises the server's error
+        return out
+
+
+# -- terminals ---------------------------------------------------------------------------
+
+#: What a terminal without PyPI's websockets installed says.
+NO_WEBSOCKETS = "terminals need PyPI's websockets (14 or later): pip install 'websockets>=14'"
+
+#: A new terminal's size when none is given, as the server's own default.
+DEFAULT_COLS, DEFAULT_ROWS = 80, 24
+
+
+def size_body(cols: Optional[int], rows: Optional[int]) -> Dict[str, int]:
+    """A pty size, only the sides given; the server refuses 0 and above 1000 (400)."""
+    given = {"cols": cols, "rows": rows}
+    return {name: int(v) for name, v in given.items() if v is not None}
+
+
+def terminal_body(cols: Optional[int], rows: Optional[int], cwd: Optional[str],
+                  user: Optional[str], env: Optional[Mapping[str, str]]) -> Dict[str, Any]:
+    """A ``TerminalSpec`` with only the fields given."""
+    body: Dict[str, Any] = dict(size_body(cols, rows))
+    if cwd is not None:
+        body["cwd"] = sandbox_dir(cwd)
+    if user is not None:
+        body["user"] = _text("user", user)
+    if env:
+        body["env"] = dict(env)
+    return body
+
+
+def terminal_url(session_id: str, tid: Optional[int] = None, suffix: str = "") -> str:
+    tail = "" if tid is None else f"/{int(tid)}"
+    return session_url(session_id, f"/terminals{tail}{suffix}")
+
+
+def ws_target(http: Any, path: str) -> Tuple[str, Dict[str, str]]:
+    """The WebSocket URL of an API path on the client's server (``ws://`` for ``http://``,
+    ``wss://`` for ``https://``) and the headers that authenticate it: the client's own
+    ``Authorization`` (a browser, which cannot set it, sends the token as the subprotocol
+    ``kennel.token.<token>`` instead)."""
+    base = str(http.base_url).rstrip("/")
+    if not base.startswith(("http://", "https://")):
+        raise ValueError(f"the client's base URL {base!r} is not http:// or https://")
+    headers = {"User-Agent": http.headers.get("user-agent", USER_AGENT)}
+    auth = http.headers.get("authorization")
+    if auth:
+        headers["Authorization"] = auth
+    return "ws" + base[len("http"):] + path, headers
+
+
+def with_query(path: str, params: Mapping[str, Any]) -> str:
+    given = {k: v for k, v in params.items() if v is not None}
+    return f"{path}?{urlencode(given)}" if given else path
+
+
+def ws_refused(url: str, e: BaseException) -> KennelError:
+    """The error for a WebSocket that did not open: the server's answer to the handshake (a
+    :class:`NotFound` for an unknown terminal, say), or a :class:`ConnectionFailed`."""
+    response = getattr(e, "response", None)
+    status = getattr(response, "status_code", None)
+    if status is not None:
+        body = getattr(response, "body", None) or b""
+        reason = getattr(response, "reason_phrase", "") or f"HTTP {status}"
+        after = response.headers.get("Retry-After") if response.headers is not None else None
+        try:
+            wait = float(after) if after is not None else None
+        except ValueError:
+            wait = None
+        return error_of(status, bytes(body), reason, wait)
+    server = url.split("/v1/", 1)[0]
+    return ConnectionFailed(server, "connection_failed",
+                            f"cannot open the WebSocket {url} ({e or type(e).__name__}): is "
+                            f"`kennel serve` running there?")
+
+
+class TerminalFeed:
+    """What a terminal's WebSocket carries from the server: binary frames are its output,
+    text frames JSON events: ``exit`` (then the server closes), ``error`` (a control frame
+    it refused; the connection stays) and ``dropped`` (output this client was too slow for,
+    counted in ``dropped``). Output read past what a caller wanted waits in ``pending``."""
+
+    def __init__(self) -> None:
+        self.dropped = 0
+        self.exited = False
+        self.exit_code: Optional[int] = None
+        self.signal: Optional[int] = None
+        self.pending = bytearray()
+
+    def frame(self, message: Union[str, bytes]) -> Optional[bytes]:
+        """The output bytes a frame carries, or None for an event."""
+        if isinstance(message, (bytes, bytearray, memoryview)):
+            return bytes(message)
+        try:
+            ev = json.loads(message)
+        except ValueError:
+            return None
+        if ev.get("type") == "exit":
+            self.exited = True
+            self.exit_code, self.signal = ev.get("exit_code"), ev.get("signal")
+        elif ev.get("type") == "dropped":
+            self.dropped += int(ev.get("bytes") or 0)
+        elif ev.get("type") == "error":
+            raise error_for(ev.get("status"), "terminal_error", str(ev.get("message", message)))
+        return None
+
+    def take(self) -> bytes:
+        """What waits in ``pending``, now taken."""
+        out = bytes(self.pending)
+        self.pending.clear()
+        return out
+
+    def until(self, pattern: bytes) -> Optional[bytes]:
+        """The pending output up to and including ``pattern``, taken, once it is there."""
+        at = self.pending.find(pattern)
+        if at < 0:
+            return None
+        out = bytes(self.pending[:at + len(pattern)])
+        del self.pending[:at + len(pattern)]
+        return out
+
+
+def as_bytes(data: FileData) -> bytes:
+    """Input for a terminal: text as UTF-8, bytes as they are."""
+    return data.encode("utf-8") if isinstance(data, str) else bytes(data)
+
+
+class Lookout:
+    """A wait for ``pattern`` in a terminal's output: what :meth:`found` does not show yet,
+    a read within :meth:`time_left` is :meth:`add`-ed to."""
+
+    def __init__(self, feed: TerminalFeed, pattern: bytes, timeout: Optional[float], pid: int):
+        self.feed, self.pattern, self.pid = feed, pattern, pid
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+
+    def found(self) -> Optional[bytes]:
+        """The output up to and including the pattern, taken, once it is there."""
+        return self.feed.until(self.pattern)
+
+    def time_left(self) -> Optional[float]:
+        """Seconds left for the next read (None: no limit); TimeoutError once none is."""
+        if self.deadline is None:
+            return None
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"terminal {self.pid} did not show {self.pattern!r} in time; its "
+                               f"last output: {bytes(self.feed.pending[-200:])!r}")
+        return left
+
+    def add(self, chunk: bytes) -> None:
+        """A read's output; ``b""`` (the shell has exited) raises EOFError."""
+        if not chunk:
+            raise EOFError(f"terminal {self.pid} ended before {self.pattern!r} showed; its last "
+                           f"output: {bytes(self.feed.pending[-200:])!r}")
+        self.feed.pending += chunk
+
+
+T = TypeVar("T")
+
+
+class Opening(Generic[T]):
+    """What an asyncio call that opens something returns (a session, a watch, a terminal):
+    ``await`` it for the thing, or ``async with`` it to have the thing closed on exit (by
+    its own ``__aexit__``)."""
+
+    def __init__(self, create: Callable[[], Awaitable[T]]):
+        self._create = create
+        self._opened: Optional[Any] = None
+
+    def __await__(self) -> Generator[Any, None, T]:
+        return self._create().__await__()
+
+    async def __aenter__(self) -> T:
+        self._opened = await self._create()
+        return self._opened
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._opened is not None:
+            await self._opened.__aexit__(*exc)

@@ -17,16 +17,17 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import (Any, AsyncIterator, Awaitable, Callable, Dict, Generator, Generic, List,
-                    Mapping, Optional, Sequence, TypeVar)
+from typing import (Any, AsyncIterator, Callable, Dict, Generic, List, Mapping, Optional,
+                    Sequence, TypeVar)
 
 import httpx
 
 from . import _common as c
 from .client import DEFAULT_URL, RECONNECTS, _shell_line
 from .errors import KennelError, NotFound
-from .results import (ExecResult, FileEntry, OutputChunk, ProcessEvent, ProcessInfo, RunInfo,
-                      RunResult, SessionInfo)
+from .results import (ExecResult, FileEntry, FileEvent, OutputChunk, ProcessEvent, ProcessInfo,
+                      RunInfo, RunResult, SessionInfo)
+from .terminal import AsyncTerminal, AsyncTerminals
 
 R = TypeVar("R")
 
@@ -129,6 +130,69 @@ class AsyncStream(Generic[R]):
         await self.aclose()
 
 
+class AsyncWatch:
+    """The asyncio twin of :class:`kennel.client.Watch`: ``async for ev in watch`` yields
+    :class:`FileEvent` objects; ``await watch.aclose()`` (or leaving ``async with``) ends
+    it."""
+
+    def __init__(self, request: httpx.Request, response: httpx.Response):
+        self._request = request
+        self._response = response
+        self._reader = c.WatchReader()
+        self._queue: List[FileEvent] = []
+        self._lines = response.aiter_lines()
+
+    @classmethod
+    async def open(cls, client: "AsyncClient", request: httpx.Request) -> "AsyncWatch":
+        """The watch, once the server says it is in place."""
+        response = await client._send(request, stream=True)
+        watch = cls(request, response)
+        try:
+            if response.status_code >= 400:
+                raise c.error_from(response, await response.aread())
+            while not watch._reader.ready:
+                watch._queue += watch._reader.feed(await watch._next_line())
+        except BaseException:
+            await response.aclose()
+            raise
+        return watch
+
+    @property
+    def path(self) -> Optional[str]:
+        return self._reader.path
+
+    async def _next_line(self) -> Optional[str]:
+        try:
+            return await self._lines.__anext__()
+        except StopAsyncIteration:
+            return None
+        except httpx.TransportError as e:
+            raise c.transport_error(self._request, e) from e
+
+    def __aiter__(self) -> AsyncIterator[FileEvent]:
+        return self
+
+    async def __anext__(self) -> FileEvent:
+        while not self._queue:
+            line = await self._next_line()
+            self._queue += self._reader.feed(line)
+            if line is None and not self._queue:
+                await self.aclose()
+                raise StopAsyncIteration
+        return self._queue.pop(0)
+
+    async def aclose(self) -> None:
+        await self._response.aclose()
+
+    close = aclose
+
+    async def __aenter__(self) -> "AsyncWatch":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+
 class AsyncProcesses:
     """The asyncio twin of :class:`kennel.client.Processes` (``session.processes``);
     :meth:`output` is an async iterator."""
@@ -142,8 +206,9 @@ class AsyncProcesses:
     async def start(self, argv: Optional[Sequence[str]] = None, cmd: Optional[str] = None, *,
                     cwd: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
                     stdin: bool = False, timeout: c.Timeout = None,
-                    user: Optional[str] = None) -> ProcessInfo:
-        body = c.process_body(argv, cmd, cwd, env, stdin, timeout, user)
+                    user: Optional[str] = None, tty: bool = False,
+                    cols: Optional[int] = None, rows: Optional[int] = None) -> ProcessInfo:
+        body = c.process_body(argv, cmd, cwd, env, stdin, timeout, user, tty, cols, rows)
         r = await self._request("POST", c.process_url(self._session.id), json=body)
         return ProcessInfo.from_dict(r.json())
 
@@ -190,6 +255,17 @@ class AsyncProcesses:
     async def kill(self, pid: int) -> None:
         await self._request("DELETE", c.process_url(self._session.id, pid))
 
+    def attach(self, pid: int) -> c.Opening[AsyncTerminal]:
+        """The pty of a process started with ``tty=True``: ``await`` it, or ``async with``
+        it to detach on exit."""
+        url = c.process_url(self._session.id, pid)
+        return c.Opening(lambda: AsyncTerminal.open(self._session._client, url, url + "/pty",
+                                                    pid))
+
+    async def resize(self, pid: int, cols: int, rows: int) -> None:
+        await self._request("POST", c.process_url(self._session.id, pid, "/resize"),
+                            json=c.size_body(cols, rows))
+
 
 class AsyncSession(c.SessionFields):
     """The asyncio twin of :class:`kennel.Session`, with its :attr:`isolation` and
@@ -202,9 +278,36 @@ class AsyncSession(c.SessionFields):
         self.closed = False
         #: The session's background processes: :class:`AsyncProcesses`.
         self.processes = AsyncProcesses(self)
+        #: The session's terminals: :class:`kennel.terminal.AsyncTerminals`.
+        self.terminals = AsyncTerminals(self)
 
     def __repr__(self) -> str:
         return f"<kennel.AsyncSession {self.id}{' closed' if self.closed else ''}>"
+
+    def watch(self, path: str = "/workspace", recursive: bool = True) -> c.Opening[AsyncWatch]:
+        """As :meth:`kennel.Session.watch`: ``async with s.watch() as w:`` (ended on exit) or
+        ``w = await s.watch()``; in place once it is open."""
+        http = self._client._http
+        request = http.build_request(
+            "GET", c.session_url(self.id, "/watch"), params=c.watch_params(path, recursive),
+            headers={"Accept": "text/event-stream"}, timeout=c.stream_timeout(http))
+        return c.Opening(lambda: AsyncWatch.open(self._client, request))
+
+    def pty(self, cols: int = c.DEFAULT_COLS, rows: int = c.DEFAULT_ROWS, *,
+            cwd: Optional[str] = None, user: Optional[str] = None,
+            env: Optional[Mapping[str, str]] = None) -> c.Opening[AsyncTerminal]:
+        """As :meth:`kennel.Session.pty`: ``async with s.pty() as term:`` (detached on exit)
+        or ``term = await s.pty()``."""
+
+        async def create() -> AsyncTerminal:
+            info = await self.terminals.create(cols, rows, cwd=cwd, user=user, env=env)
+            try:
+                return await self.terminals.attach(info.pid)
+            except BaseException:
+                await self.terminals.kill(info.pid)  # a shell nobody reached holds a place
+                raise
+
+        return c.Opening(create)
 
     async def run_code(self, code: str, language: str = "python", *, timeout: c.Timeout = None,
                        stdin: Optional[str] = None,
@@ -284,26 +387,6 @@ class AsyncSession(c.SessionFields):
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
-
-
-class _SessionStarter:
-    """What ``AsyncClient.session()`` returns: ``await`` it for an :class:`AsyncSession`, or
-    ``async with`` it to have the session ended on exit."""
-
-    def __init__(self, create: Callable[[], Awaitable[AsyncSession]]):
-        self._create = create
-        self._session: Optional[AsyncSession] = None
-
-    def __await__(self) -> Generator[Any, None, AsyncSession]:
-        return self._create().__await__()
-
-    async def __aenter__(self) -> AsyncSession:
-        self._session = await self._create()
-        return self._session
-
-    async def __aexit__(self, *exc: Any) -> None:
-        if self._session is not None:
-            await self._session.close()
 
 
 class AsyncClient:
@@ -447,7 +530,7 @@ class AsyncClient:
                 env: Optional[Mapping[str, str]] = None, network: Any = None,
                 idle_ttl: c.Timeout = None, tier: Optional[str] = None,
                 runtime: Optional[str] = None, platform: Optional[str] = None,
-                image: Optional[str] = None) -> _SessionStarter:
+                image: Optional[str] = None) -> c.Opening[AsyncSession]:
         """``async with client.session() as s:`` (ended on exit), or
         ``s = await client.session()`` (end it with ``await s.close()``); the options are
         :meth:`kennel.Client.session`'s (``tier=``, ``runtime=``, ``platform=``, ``image=``
@@ -459,7 +542,7 @@ class AsyncClient:
             r = await self._request("POST", "/v1/sessions", json=body)
             return AsyncSession(self, SessionInfo.from_dict(r.json()))
 
-        return _SessionStarter(create)
+        return c.Opening(create)
 
     create_session = session
 

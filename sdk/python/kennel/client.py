@@ -11,8 +11,9 @@ import httpx
 
 from . import _common as c
 from .errors import KennelError, NotFound
-from .results import (ExecResult, FileEntry, OutputChunk, ProcessEvent, ProcessInfo, RunInfo,
-                      RunResult, SessionInfo)
+from .results import (ExecResult, FileEntry, FileEvent, OutputChunk, ProcessEvent, ProcessInfo,
+                      RunInfo, RunResult, SessionInfo)
+from .terminal import Terminal, Terminals, attach_process
 
 R = TypeVar("R")
 
@@ -122,6 +123,69 @@ class Stream(Generic[R]):
         self.close()
 
 
+class Watch:
+    """A watch on a directory of the sandbox (``session.watch()``): iterate it for
+    :class:`FileEvent` objects as files change. It is in place once ``session.watch()`` has
+    returned, so every change after that shows. It lives as long as its connection:
+    :meth:`close` it (or leave its ``with`` block, or ``break`` out and close) to end it. An
+    ended session raises :class:`kennel.KennelError` from the iteration.
+
+    >>> with s.watch("/workspace") as w:
+    ...     s.write_file("a.txt", "hi")
+    ...     print(next(w))        # FileEvent(kind="create", path="/workspace/a.txt", ...)
+    """
+
+    def __init__(self, client: "Client", request: httpx.Request):
+        self._request = request
+        self._response = client._send(request, stream=True)
+        self._reader = c.WatchReader()
+        self._queue: List[FileEvent] = []
+        try:
+            if self._response.status_code >= 400:
+                raise c.error_from(self._response, self._response.read())
+            self._lines = self._response.iter_lines()
+            while not self._reader.ready:
+                self._queue += self._reader.feed(self._next_line())
+        except BaseException:
+            self._response.close()
+            raise
+
+    @property
+    def path(self) -> Optional[str]:
+        """The watched directory, as the server resolved it."""
+        return self._reader.path
+
+    def _next_line(self) -> Optional[str]:
+        """The stream's next line, None at its end; a broken connection raises a
+        :class:`kennel.TransportError`."""
+        try:
+            return next(self._lines, None)
+        except httpx.TransportError as e:
+            raise c.transport_error(self._request, e) from e
+
+    def __iter__(self) -> Iterator[FileEvent]:
+        return self
+
+    def __next__(self) -> FileEvent:
+        while not self._queue:
+            line = self._next_line()
+            self._queue += self._reader.feed(line)
+            if line is None and not self._queue:
+                self.close()
+                raise StopIteration
+        return self._queue.pop(0)
+
+    def close(self) -> None:
+        """Ends the watch (the server removes it with its connection)."""
+        self._response.close()
+
+    def __enter__(self) -> "Watch":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
 #: How many times a process's output stream is opened again after its connection broke.
 RECONNECTS = 3
 
@@ -145,13 +209,16 @@ class Processes:
     def start(self, argv: Optional[Sequence[str]] = None, cmd: Optional[str] = None, *,
               cwd: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
               stdin: bool = False, timeout: c.Timeout = None,
-              user: Optional[str] = None) -> ProcessInfo:
+              user: Optional[str] = None, tty: bool = False,
+              cols: Optional[int] = None, rows: Optional[int] = None) -> ProcessInfo:
         """Starts ``argv``, or ``cmd`` as a bash command line; ``stdin=True`` gives it a stdin
         to :meth:`write_stdin` to (else it reads /dev/null); ``timeout`` (seconds or "10m")
         kills it after that long; ``user="user"`` runs it as uid 1000, as
-        :meth:`Session.run_code`. :class:`kennel.BadRequest` for a program or ``cwd`` that
-        cannot start, :class:`kennel.Busy` past the server's processes per session."""
-        body = c.process_body(argv, cmd, cwd, env, stdin, timeout, user)
+        :meth:`Session.run_code`. ``tty=True`` runs it on a pty of ``cols`` x ``rows``
+        (stdout carries all its output; :meth:`attach` types into it).
+        :class:`kennel.BadRequest` for a program or ``cwd`` that cannot start,
+        :class:`kennel.Busy` past the server's processes per session."""
+        body = c.process_body(argv, cmd, cwd, env, stdin, timeout, user, tty, cols, rows)
         r = self._request("POST", c.process_url(self._session.id), json=body)
         return ProcessInfo.from_dict(r.json())
 
@@ -204,6 +271,16 @@ class Processes:
         """Kills the process and what is left of its process group."""
         self._request("DELETE", c.process_url(self._session.id, pid))
 
+    def attach(self, pid: int) -> Terminal:
+        """The pty of a process started with ``tty=True``, as a :class:`Terminal` (its last
+        64 KiB of output first)."""
+        return attach_process(self._session, pid)
+
+    def resize(self, pid: int, cols: int, rows: int) -> None:
+        """Resizes a ``tty`` process's pty."""
+        self._request("POST", c.process_url(self._session.id, pid, "/resize"),
+                      json=c.size_body(cols, rows))
+
 
 class Session(c.SessionFields):
     """A sandbox kept between an agent's steps (``POST /v1/sessions``).
@@ -221,9 +298,36 @@ class Session(c.SessionFields):
         self.closed = False
         #: The session's background processes: :class:`Processes`.
         self.processes = Processes(self)
+        #: The session's terminals: :class:`kennel.terminal.Terminals`.
+        self.terminals = Terminals(self)
 
     def __repr__(self) -> str:
         return f"<kennel.Session {self.id}{' closed' if self.closed else ''}>"
+
+    def watch(self, path: str = "/workspace", recursive: bool = True) -> Watch:
+        """Watches a directory under /workspace or /tmp (relative paths are under /workspace)
+        and, with ``recursive``, the directories under it, those made later included: a
+        :class:`Watch` of :class:`FileEvent` objects, in place once this returns.
+        :class:`kennel.BadRequest` for a path outside them or not a directory,
+        :class:`kennel.Busy` past the server's watches per session."""
+        client = self._client
+        request = client._http.build_request(
+            "GET", c.session_url(self.id, "/watch"), params=c.watch_params(path, recursive),
+            headers={"Accept": "text/event-stream"}, timeout=c.stream_timeout(client._http))
+        return Watch(client, request)
+
+    def pty(self, cols: int = c.DEFAULT_COLS, rows: int = c.DEFAULT_ROWS, *,
+            cwd: Optional[str] = None, user: Optional[str] = None,
+            env: Optional[Mapping[str, str]] = None) -> Terminal:
+        """A new terminal (``bash --login``; see :class:`kennel.terminal.Terminals`),
+        attached: a :class:`Terminal`. Leaving its ``with`` block detaches; ``kill()`` ends
+        the shell."""
+        info = self.terminals.create(cols, rows, cwd=cwd, user=user, env=env)
+        try:
+            return self.terminals.attach(info.pid)
+        except BaseException:
+            self.terminals.kill(info.pid)  # a shell nobody reached would hold a place
+            raise
 
     def run_code(self, code: str, language: str = "python", *, timeout: c.Timeout = None,
                  stdin: Optional[str] = None,

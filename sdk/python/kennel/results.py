@@ -525,7 +525,8 @@ class ProcessInfo:
     ``state`` is ``"running"`` or ``"exited"``; once exited, ``exit_code`` (it exited on its
     own), or ``signal`` (a signal ended it; ``timed_out`` if its ``timeout`` did) says how, and
     ``usage`` holds ``{"cpu_ms", "memory_peak_bytes"}``. Times are milliseconds since the Unix
-    epoch.
+    epoch. A terminal (``session.terminals``), or a process started with ``tty=True``, has
+    ``terminal`` or ``tty`` set: ``tty`` is its size, ``{"cols", "rows"}``.
     """
 
     pid: int
@@ -540,6 +541,8 @@ class ProcessInfo:
     stdout_bytes: int = 0
     stderr_bytes: int = 0
     usage: Optional[Dict[str, int]] = None
+    terminal: bool = False
+    tty: Optional[Dict[str, int]] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -561,6 +564,8 @@ class ProcessInfo:
             stdout_bytes=d.get("stdout_bytes", 0),
             stderr_bytes=d.get("stderr_bytes", 0),
             usage=d.get("usage"),
+            terminal=bool(d.get("terminal", False)),
+            tty=d.get("tty"),
             raw=d,
         )
 
@@ -582,3 +587,28 @@ class ProcessEvent:
     stream: Optional[str] = None
     bytes: int = 0
     info: Optional[ProcessInfo] = None
+
+
+@dataclass
+class FileEvent:
+    """One change under a watched directory (``session.watch()``).
+
+    ``kind`` is ``"create"``, ``"modify"`` (a run of writes to one file is one), ``"delete"``,
+    ``"rename"`` (``path`` moved to ``to``) or ``"overflow"`` (``lost`` events were dropped,
+    by the kernel or the watch's ring; ``path`` is then None). ``dir`` says whether the path
+    is a directory; ``seq`` is the event's number in its watch.
+    """
+
+    kind: str
+    path: Optional[str] = None
+    to: Optional[str] = None
+    dir: Optional[bool] = None
+    lost: int = 0
+    seq: int = 0
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, kind: str, d: Dict[str, Any]) -> "FileEvent":
+        return cls(kind=str(d.get("type", kind)), path=d.get("path"), to=d.get("to"),
+                   dir=d.get("dir"), lost=int(d.get("lost") or 0), seq=int(d.get("seq", 0)),
+                   raw=d)

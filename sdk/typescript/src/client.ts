@@ -1,4 +1,4 @@
-/** The client: runs, streams and sessions over `fetch`, with no runtime dependency. */
+/** The client: runs, streams and sessions over `fetch`; terminals over a WebSocket (terminal.ts). */
 
 import { errorFrom } from "./errors.js";
 import {
@@ -21,6 +21,8 @@ import {
 } from "./results.js";
 import { Processes } from "./processes.js";
 import { Stream } from "./stream.js";
+import { Terminal, Terminals, type TerminalOptions } from "./terminal.js";
+import { Watch, type WatchOptions } from "./watch.js";
 
 export const DEFAULT_URL = "http://127.0.0.1:8080";
 
@@ -240,6 +242,11 @@ export class Client {
     return (await this.request("GET", "/healthz")).json();
   }
 
+  /** @internal The token a terminal's socket authenticates with. */
+  socketToken(): string | undefined {
+    return this.token;
+  }
+
   /** @internal One request; a failed answer raises its {@link KennelError}. */
   async request(
     method: string,
@@ -288,11 +295,35 @@ export class Session {
   closed = false;
   /** The session's background processes. */
   readonly processes: Processes;
+  /** The session's terminals. */
+  readonly terminals: Terminals;
 
   constructor(private readonly client: Client, info: SessionInfo) {
     this.id = info.id;
     this.info = info;
     this.processes = new Processes(client, this.path());
+    this.terminals = new Terminals(client, this.path());
+  }
+
+  /**
+   * Watches a directory under /workspace or /tmp (`/workspace` by default) and, unless
+   * `recursive: false`, the directories under it, those made later included: a {@link Watch}
+   * of {@link FileEvent}s, in place once this resolves. A path outside them or not a
+   * directory is `BadRequest`; past the server's watches per session, `Busy`.
+   */
+  watch(options: WatchOptions = {}): Promise<Watch> {
+    return Watch.open(this.client, this.path(), options);
+  }
+
+  /** A new terminal (`bash --login` on a pty, see {@link Terminals}), attached. */
+  async pty(options: TerminalOptions = {}): Promise<Terminal> {
+    const info = await this.terminals.create(options);
+    try {
+      return await this.terminals.attach(info.pid);
+    } catch (e) {
+      await this.terminals.kill(info.pid); // a shell nobody reached would hold a place
+      throw e;
+    }
   }
 
   private path(suffix = ""): string {

@@ -62,6 +62,11 @@ export async function errorFrom(response: Response): Promise<KennelError> {
     const after = Number(response.headers.get("retry-after"));
     return new Busy(429, code, message, Number.isFinite(after) && after > 0 ? after : null);
   }
-  const Kind = BY_STATUS[response.status] ?? KennelError;
-  return new Kind(response.status, code, message);
+  return errorFor(response.status, code, message);
+}
+
+/** @internal The most specific error class for a status (not 429, which has its wait). */
+export function errorFor(status: number | null, code: string, message: string): KennelError {
+  const Kind = (status !== null && BY_STATUS[status]) || KennelError;
+  return new Kind(status, code, message);
 }

@@ -3,9 +3,10 @@
 import { KennelError } from "./errors.js";
 import { toBase64, type ProcessEvent, type ProcessInfo, type ProcessSpec, type User } from "./results.js";
 import { chunkOf, events } from "./stream.js";
+import { Terminal, type TerminalClient } from "./terminal.js";
 
 /** What a process's requests need from its session's client. */
-interface Requester {
+interface Requester extends TerminalClient {
   request(
     method: string,
     path: string,
@@ -26,6 +27,11 @@ export interface ProcessOptions {
   /** "user" runs it as uid 1000 (HOME /workspace), which some sandboxes refuse (a
    * `BadRequest` says why); "default" is the sandbox's root. */
   user?: User;
+  /** Run it on a pty (stdout then carries all its output; {@link Processes.attach} types
+   * into it), of `cols` x `rows`. */
+  tty?: boolean;
+  cols?: number;
+  rows?: number;
 }
 
 /** What {@link Processes.output} takes: where to start, and how often to reconnect. */
@@ -62,7 +68,7 @@ export class Processes {
   /** Starts `argv`, or `cmd` with bash. A program or `cwd` that cannot start is a
    * `BadRequest`; past the server's processes per session, `Busy`. */
   async start(program: Program, options: ProcessOptions = {}): Promise<ProcessInfo> {
-    const { cwd, env, stdin, timeout, user } = options;
+    const { cwd, env, stdin, timeout, user, tty, cols, rows } = options;
     const spec: ProcessSpec = {
       ...program,
       cwd: cwd === undefined || cwd.startsWith("/") ? cwd : `/workspace/${cwd.replace(/^\.\//, "")}`,
@@ -70,6 +76,7 @@ export class Processes {
       stdin: stdin || undefined,
       timeout: typeof timeout === "number" ? `${timeout}s` : timeout,
       user,
+      ...(tty ? { tty, cols, rows } : {}),
     };
     const body = Object.fromEntries(Object.entries(spec).filter(([, v]) => v !== undefined));
     return (await this.client.request("POST", this.path(), { json: body })).json();
@@ -137,6 +144,17 @@ export class Processes {
   /** Kills the process and what is left of its process group. */
   async kill(pid: number): Promise<void> {
     await this.client.request("DELETE", this.path(pid));
+  }
+
+  /** The pty of a process started with `tty: true`, as a {@link Terminal} (its last 64 KiB
+   * of output first). */
+  attach(pid: number): Promise<Terminal> {
+    return Terminal.open(this.client, this.path(pid), this.path(pid, "/pty"), pid);
+  }
+
+  /** Resizes a `tty` process's pty. */
+  async resize(pid: number, cols: number, rows: number): Promise<void> {
+    await this.client.request("POST", this.path(pid, "/resize"), { json: { cols, rows } });
   }
 }
 

@@ -3,7 +3,9 @@
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 
+import { execFile } from "node:child_process";
 import { createHmac } from "node:crypto";
+import { promisify } from "node:util";
 import {
   BadRequest, Client, KennelError, NotFound, RichOutput, Unauthorized, valueOf, verifyWebhook,
   WebhookVerificationError,
@@ -253,4 +255,130 @@ test("a background process is listed, read to its exit, fed, signalled and kille
   } finally {
     await s.close();
   }
+});
+
+// File watch (`session.watch`) and terminals (`session.pty`, `session.terminals`).
+
+/** What running `cmd` changes under the watch, as [type, path, to, dir]: the events up to a
+ * mark made after it, so that no wait is guessed and an event too many shows. */
+let marks = 0;
+async function changes(s, watch, dir, cmd) {
+  const mark = `${dir}/.mark-${marks++}`;
+  await s.runCommand(`${cmd}; : > ${mark}`);
+  const seen = [];
+  for (;;) {
+    const { value: ev, done } = await watch.next();
+    assert.ok(!done, `the watch ended before ${mark} showed; it saw ${JSON.stringify(seen)}`);
+    if (ev.path === mark) return seen;
+    seen.push([ev.type, ev.path, ev.to ?? null, ev.dir]);
+  }
+}
+
+test("a watch shows create, modify, rename and delete in order", async () => {
+  const s = await client.session();
+  try {
+    const w = await s.watch({ path: "/workspace" });
+    assert.equal(w.path, "/workspace");
+    assert.deepEqual(await changes(s, w, "/workspace", "echo one > a.txt"), [
+      ["create", "/workspace/a.txt", null, false],
+      ["modify", "/workspace/a.txt", null, false],
+    ]);
+    assert.deepEqual(await changes(s, w, "/workspace", "echo two >> a.txt"), [["modify", "/workspace/a.txt", null, false]]);
+    assert.deepEqual(await changes(s, w, "/workspace", "mv a.txt b.txt"), [
+      ["rename", "/workspace/a.txt", "/workspace/b.txt", false],
+    ]);
+    assert.deepEqual(await changes(s, w, "/workspace", "rm b.txt"), [["delete", "/workspace/b.txt", null, false]]);
+    await w.close();
+    const flat = await s.watch({ path: "/tmp", recursive: false });
+    assert.deepEqual(await changes(s, flat, "/tmp", "mkdir /tmp/e && touch /tmp/e/x"), [["create", "/tmp/e", null, true]]);
+    await flat.close();
+    assert.equal((await flat.next()).done, true);
+    await assert.rejects(s.watch({ path: "/etc" }), BadRequest);
+  } finally {
+    await s.close();
+  }
+});
+
+const text = (bytes) => new TextDecoder().decode(bytes);
+
+/** A session with terminals, or the test skipped where this server has none yet. */
+async function terminalSession(t) {
+  const s = await client.session();
+  try {
+    await s.terminals.list();
+  } catch (e) {
+    await s.close();
+    if (!(e instanceof NotFound)) throw e;
+    t.skip("terminals not on this server yet");
+    return undefined;
+  }
+  return s;
+}
+
+test("a terminal runs what is typed, resizes, and replays its output to a new attach", async (t) => {
+  const s = await terminalSession(t);
+  if (s === undefined) return;
+  try {
+    const term = await s.pty({ cols: 80, rows: 24 });
+    term.send("echo $((6*7))\n");
+    assert.ok(text(await term.readUntil("42")).endsWith("42"));
+    const [info] = (await s.terminals.list()).filter((p) => p.pid === term.pid);
+    assert.equal(info.terminal, true);
+    assert.deepEqual(info.tty, { cols: 80, rows: 24 });
+    await term.resize(100, 30);
+    term.send("stty size\n");
+    await term.readUntil("30 100");
+    await assert.rejects(term.resize(0, 0), BadRequest);
+    term.close();
+
+    const again = await s.terminals.attach(term.pid);
+    const replayed = text(await again.readUntil("30 100"));
+    assert.ok(replayed.includes("echo $((6*7))"), replayed);
+    again.send("exit 3\n");
+    for await (const _ of again) {
+      // the rest of the output, to the exit
+    }
+    assert.deepEqual([again.exited, again.exitCode, again.signal], [true, 3, null]);
+
+    const killed = await s.pty();
+    await killed.kill();
+    assert.deepEqual((await s.terminals.list()).filter((p) => p.running), []);
+    await assert.rejects(s.terminals.attach(999999), NotFound);
+
+    const p = await s.processes.start({ cmd: "read x; echo got-$x" }, { tty: true, cols: 90, rows: 20 });
+    const tty = await s.processes.attach(p.pid);
+    tty.send("hi\n");
+    await tty.readUntil("got-hi");
+  } finally {
+    await s.close();
+  }
+});
+
+test("a runtime's own WebSocket (a browser's) reaches a terminal with the kennel.token subprotocol", async (t) => {
+  const s = await terminalSession(t);
+  if (s === undefined) return;
+  await s.close();
+  // Node 20 has the platform's WebSocket behind a flag; the SDK then uses it, not `ws`, as it
+  // would in a browser, which cannot send an Authorization header.
+  const flags = Number(process.versions.node.split(".")[0]) < 22 ? ["--experimental-websocket"] : [];
+  const code = `
+    import { Client, NotFound } from ${JSON.stringify(new URL("../dist/index.js", import.meta.url).href)};
+    if (typeof WebSocket !== "function") throw new Error("no platform WebSocket");
+    const s = await new Client(${JSON.stringify(server.url)}, { token: ${JSON.stringify(TOKEN)} }).session();
+    try {
+      const term = await s.pty();
+      term.send("echo $((6*7))\\n");
+      await term.readUntil("42");
+      await term.kill();
+      await s.terminals.attach(999999).then(() => { throw new Error("attached"); }, (e) => {
+        if (!(e instanceof NotFound)) throw e;
+      });
+      console.log("reached");
+    } finally {
+      await s.close();
+    }`;
+  const { stdout } = await promisify(execFile)(process.execPath, [...flags, "--no-warnings", "--input-type=module", "-e", code], {
+    timeout: 60_000,
+  });
+  assert.equal(stdout, "reached\n");
 });
