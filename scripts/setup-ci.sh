@@ -95,11 +95,13 @@ fi
 
 # The API contract tests (crates/kennel/tests/contract.rs) check /openapi.json with
 # openapi-spec-validator, generate a client from it with openapi-python-client, and fuzz the
-# server against it with schemathesis; each pinned (a new schemathesis once turned on a check
+# server against it with schemathesis; the terminal tests drive a terminal with PyPI's
+# websockets and render it with pyte, as a terminal emulator does; each pinned (a new schemathesis once turned on a check
 # of its own, and CI failed on a tool's change, not ours) and installed for /usr/bin/python3
 # when missing or at another version.
 for tool in openapi_spec_validator:openapi-spec-validator==0.9.0 \
-    openapi_python_client:openapi-python-client==0.29.1 schemathesis:schemathesis==4.32.5; do
+    openapi_python_client:openapi-python-client==0.29.1 schemathesis:schemathesis==4.32.5 \
+    websockets:websockets==15.0.1 pyte:pyte==0.8.2; do
     module=${tool%%:*} package=${tool#*:}
     name=${package%%==*} version=${package#*==}
     have=$(/usr/bin/python3 -c "import importlib.metadata as m; print(m.version('$name'))" \

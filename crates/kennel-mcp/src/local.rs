@@ -7,8 +7,8 @@ use async_trait::async_trait;
 use super::api::{Api, ApiError, OutputFn};
 use kennel_sandbox::Engine;
 use kennel_sandbox::{OutputSink, Stream};
-use kennel_server::service::ProcessStream;
 use kennel_server::service::{Action, Caller, Live, Reply, Service, ServiceError};
+use kennel_server::service::{ProcessStream, ReadFrom};
 use kennel_server::{Machinery, ServeError, ServerConfig};
 use kennel_types::api::{
     ExecResult, ExecSpec, Listing, RunResult, RunSpec, SessionInfo, SessionSpec,
@@ -217,6 +217,7 @@ impl Api for Local {
         from: (u64, u64),
     ) -> Result<ProcessStream, ApiError> {
         let id = id.to_string();
+        let from = ReadFrom::Offsets(from.0, from.1);
         match self.ask(Action::FollowProcess { id, pid, from }).await? {
             Reply::ProcessOutput(events) => Ok(events),
             other => Err(unexpected(other)),

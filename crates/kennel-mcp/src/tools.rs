@@ -904,6 +904,7 @@ exits, kill_process kills it, its `timeout` passes or the session ends. Give `ar
                 Ok(t) => t,
                 Err(e) => return Ok(e),
             },
+            ..ProcessSpec::default()
         };
         if let Err(e) = spec.argv() {
             return Ok(invalid(e.to_string()));

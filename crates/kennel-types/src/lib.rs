@@ -14,6 +14,7 @@ pub mod policy;
 pub mod process;
 pub mod runs;
 pub mod security;
+pub mod terminal;
 pub mod time;
 pub mod watch;
 

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::api::Content;
 use crate::error::PolicyError;
 use crate::policy::Span;
+use crate::terminal::TerminalSize;
 
 /// The highest signal number a process may be sent (Linux's `SIGRTMAX`).
 pub const MAX_SIGNAL: i32 = 64;
@@ -34,9 +35,30 @@ pub struct ProcessSpec {
     /// long as its session).
     #[schema(value_type = Option<String>)]
     pub timeout: Option<Span>,
+    /// Runs it on a pty of its own (`cols`×`rows`, default 80×24), as a terminal does: its
+    /// stdout carries all it writes, its stdin is the pty (`POST .../stdin`, or the WebSocket
+    /// at `.../processes/{pid}/pty`).
+    #[serde(default)]
+    pub tty: bool,
+    /// Its pty's columns, with `tty`.
+    pub cols: Option<u16>,
+    /// Its pty's rows, with `tty`.
+    pub rows: Option<u16>,
 }
 
 impl ProcessSpec {
+    /// The size of its pty, checked; none without `tty` (where `cols` and `rows` are refused).
+    pub fn tty(&self) -> Result<Option<TerminalSize>, PolicyError> {
+        if self.tty {
+            return TerminalSize::from_parts(self.cols, self.rows).map(Some);
+        }
+        match (self.cols, self.rows) {
+            (None, None) => Ok(None),
+            (Some(_), _) => Err(PolicyError::request("cols", "needs `\"tty\": true`")),
+            (None, Some(_)) => Err(PolicyError::request("rows", "needs `\"tty\": true`")),
+        }
+    }
+
     /// The program and its arguments: exactly one of `argv` (not empty) and `cmd`, with no
     /// NUL byte, which a program's arguments cannot hold.
     pub fn argv(&self) -> Result<Vec<String>, PolicyError> {
@@ -110,6 +132,12 @@ pub struct ProcessInfo {
     pub ended_at_unix_ms: Option<u64>,
     /// Whether its stdin is open for `POST .../stdin`.
     pub stdin: bool,
+    /// Whether it is a terminal's shell (`POST /v1/sessions/{id}/terminals`).
+    #[serde(default)]
+    pub terminal: bool,
+    /// Its pty's size, when it runs on one (`tty`, and every terminal); null otherwise.
+    #[serde(default)]
+    pub tty: Option<TerminalSize>,
     /// Bytes it has written to stdout so far.
     pub stdout_bytes: u64,
     /// Bytes it has written to stderr so far.

@@ -187,6 +187,7 @@ const BLOCKS: &[(&str, &str, Block)] = &[
     ("json", "\"exit_code\": 0", Block::ResultSample),
     ("json", "\"mcpServers\"", Block::McpConfig),
     ("text", "dockerd --userns-remap", Block::DockerdSetup),
+    ("python", "websockets.sync.client", Block::TerminalClient),
 ];
 
 #[derive(Clone, Copy)]
@@ -199,6 +200,9 @@ enum Block {
     McpConfig,
     /// How to start a Docker Engine for Kennel: the flags the tests' own engine has.
     DockerdSetup,
+    /// A terminal's client: run with /usr/bin/python3 against the server the `curl`
+    /// examples talk to, after them.
+    TerminalClient,
 }
 
 /// The repository's root.
@@ -675,6 +679,7 @@ fn every_readme_example_works_as_written() {
     let mut seen = vec![];
     let mut curl = vec![];
     let mut serve = None;
+    let mut terminal = None;
     for (n, (lang, block)) in found.iter().enumerate() {
         if lang == "sh" {
             for (written, key) in commands(block) {
@@ -723,6 +728,7 @@ fn every_readme_example_works_as_written() {
             Block::ResultSample => check_result_sample(&scratch, block),
             Block::McpConfig => check_mcp_config(&scratch, block),
             Block::DockerdSetup => check_dockerd_setup(block),
+            Block::TerminalClient => terminal = Some(block.clone()),
         }
         println!("checked the ```{lang} block {n}");
     }
@@ -743,6 +749,28 @@ fn every_readme_example_works_as_written() {
     let out = scratch.run(&format!("set -e\n{script}"));
     println!("ran the curl examples against it");
     check_curl(&out);
+    let terminal = terminal.expect("the README shows a terminal's client");
+    let code = terminal.replace(
+        &format!("localhost:{README_PORT}"),
+        &format!("localhost:{port}"),
+    );
+    let out = Command::new(common::PY)
+        .args(["-c", &code])
+        .output()
+        .expect("python3 runs");
+    println!("ran the terminal's client against it");
+    check_terminal(&out);
+}
+
+/// The terminal's client printed the size it resized to, 42, and the exit notice.
+fn check_terminal(out: &Output) {
+    succeeded(out);
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("30 100\r\n42\r\n"), "{stdout}");
+    assert!(
+        stdout.ends_with(r#"{"type":"exit","exit_code":0,"signal":null}"#),
+        "{stdout}"
+    );
 }
 
 /// The files whose relative links must resolve: the docs the examples come from, and the

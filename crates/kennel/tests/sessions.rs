@@ -306,6 +306,30 @@ fn bad_tier_fields_are_refused_as_for_runs_and_cost_nothing() {
     }
 }
 
+/// Terminals on a server with a token: a browser offers the token as the WebSocket
+/// subprotocol `kennel.token.<token>`, which the server selects, and a wrong one or none gets
+/// 401 before the upgrade; past `sessions.max_terminals` a terminal gets 429, processes being
+/// counted apart (tests/terminal_client.py, `bounds`).
+#[test]
+fn terminals_take_the_token_as_a_subprotocol_and_keep_their_bound() {
+    let config = format!(
+        "{NO_POOL}[sessions]\nmax_terminals = 2\n[[tokens]]\nid = \"a\"\ntoken = \"{TOKEN}\"\n"
+    );
+    let server = Server::start_with("sessions-terminal-bounds", &config, &[], Some(TOKEN));
+    let id = server.client.create_session(&json!({}));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/terminal_client.py");
+    let report = client_tests(
+        Command::new(PY)
+            .arg(script)
+            .arg(&server.client.base)
+            .arg(&id)
+            .arg("bounds")
+            .env("KENNEL_TEST_TOKEN", TOKEN),
+        "terminal_client.py bounds",
+    );
+    assert_eq!(report.matches("ok   terminal:").count(), 2, "{report}");
+}
+
 /// Each bad process request gets its 4xx, naming what is wrong, and the session goes on: an
 /// unknown pid (404), a signal out of range (400), stdin to a process without one (400), argv
 /// with cmd and a program that does not exist (400), a process past the server's bound
@@ -336,7 +360,12 @@ fn bad_process_requests_get_their_4xx_and_lose_nothing() {
         400,
         "cannot start",
     );
-    refused(start(json!({"argv": ["true"], "tty": true})), 400, "tty");
+    refused(start(json!({"argv": ["true"], "cols": 80})), 400, "`cols`");
+    refused(
+        start(json!({"argv": ["true"], "tty": true, "rows": 0})),
+        400,
+        "`rows`",
+    );
 
     let cat = start(json!({"argv": ["cat"], "stdin": true})).json()["pid"].clone();
     let sleeper = start(json!({"argv": ["sleep", "600"]})).json()["pid"].clone();

@@ -212,6 +212,38 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sessions/{id}/processes/{pid}/pty": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["attach_process"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sessions/{id}/processes/{pid}/resize": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post: operations["resize_process"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sessions/{id}/processes/{pid}/signal": {
         parameters: {
             query?: never;
@@ -238,6 +270,70 @@ export interface paths {
         get?: never;
         put?: never;
         post: operations["stdin"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sessions/{id}/pty": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["pty"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sessions/{id}/terminals": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["list_terminals"];
+        put?: never;
+        post: operations["open_terminal"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sessions/{id}/terminals/{tid}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["attach_terminal"];
+        put?: never;
+        post?: never;
+        delete: operations["close_terminal"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sessions/{id}/terminals/{tid}/resize": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post: operations["resize_terminal"];
         delete?: never;
         options?: never;
         head?: never;
@@ -835,8 +931,12 @@ export interface components {
              * @description Bytes it has written to stdout so far.
              */
             stdout_bytes: number;
+            /** @description Whether it is a terminal's shell (`POST /v1/sessions/{id}/terminals`). */
+            terminal?: boolean;
             /** @description Whether its `timeout` killed it. */
             timed_out: boolean;
+            /** @description Its pty's size, when it runs on one (`tty`, and every terminal); null otherwise. */
+            tty?: null | components["schemas"]["TerminalSize"];
             /** @description What it used, once it has ended; null while it runs. */
             usage?: null | components["schemas"]["ProcessUsage"];
         };
@@ -861,12 +961,22 @@ export interface components {
             argv?: string[] | null;
             /** @description A command line, run as `/bin/bash -c CMD`; give this or `argv`. */
             cmd?: string | null;
+            /**
+             * Format: int32
+             * @description Its pty's columns, with `tty`.
+             */
+            cols?: number | null;
             /** @description Its working directory (default `/workspace`). */
             cwd?: string | null;
             /** @description Environment variables beyond the sandbox's own. */
             env?: {
                 [key: string]: string;
             };
+            /**
+             * Format: int32
+             * @description Its pty's rows, with `tty`.
+             */
+            rows?: number | null;
             /**
              * @description Whether it gets a stdin to write to (`POST .../processes/{pid}/stdin`); without one it
              *     reads `/dev/null`.
@@ -877,6 +987,12 @@ export interface components {
              *     long as its session).
              */
             timeout?: string | null;
+            /**
+             * @description Runs it on a pty of its own (`cols`×`rows`, default 80×24), as a terminal does: its
+             *     stdout carries all it writes, its stdin is the pty (`POST .../stdin`, or the WebSocket
+             *     at `.../processes/{pid}/pty`).
+             */
+            tty?: boolean;
         };
         /**
          * @description Whether a process runs.
@@ -1373,6 +1489,91 @@ export interface components {
              *     runs.
              */
             tier?: null | components["schemas"]["Tier"];
+        };
+        /** @description A text frame a client sends on a terminal's WebSocket (binary frames are keystrokes). */
+        TerminalControl: {
+            /**
+             * Format: int32
+             * @description Columns, 1 to 1000.
+             */
+            cols: number;
+            /**
+             * Format: int32
+             * @description Rows, 1 to 1000.
+             */
+            rows: number;
+            /** @enum {string} */
+            type: "resize";
+        } | {
+            /** @description The text, sent to the pty as UTF-8. */
+            data: string;
+            /** @enum {string} */
+            type: "input";
+        };
+        /** @description A text frame the server sends on a terminal's WebSocket (binary frames are its output). */
+        TerminalNotice: {
+            /**
+             * Format: int32
+             * @description Its exit status, when it exited on its own.
+             */
+            exit_code?: number | null;
+            /**
+             * Format: int32
+             * @description The signal that ended it, if one did.
+             */
+            signal?: number | null;
+            /** @enum {string} */
+            type: "exit";
+        } | {
+            /**
+             * Format: int64
+             * @description How many bytes.
+             */
+            bytes: number;
+            /** @enum {string} */
+            type: "dropped";
+        } | {
+            /** @description What was wrong, and what to do. */
+            message: string;
+            /**
+             * Format: int32
+             * @description The HTTP status the refusal would have had.
+             */
+            status: number;
+            /** @enum {string} */
+            type: "error";
+        };
+        /** @description A terminal's size, in character cells. */
+        TerminalSize: {
+            /**
+             * Format: int32
+             * @description Columns, 1 to 1000.
+             */
+            cols: number;
+            /**
+             * Format: int32
+             * @description Rows, 1 to 1000.
+             */
+            rows: number;
+        };
+        /** @description Opens a terminal in a session: `bash --login` in `cwd` with `TERM=xterm-256color`. */
+        TerminalSpec: {
+            /**
+             * Format: int32
+             * @description Columns (default 80).
+             */
+            cols?: number | null;
+            /** @description Its working directory (default `/workspace`). */
+            cwd?: string | null;
+            /** @description Environment variables beyond the sandbox's own. */
+            env?: {
+                [key: string]: string;
+            };
+            /**
+             * Format: int32
+             * @description Rows (default 24).
+             */
+            rows?: number | null;
         };
         /**
          * @description How strongly a sandbox is isolated, weakest first: the order a server's minimum compares.
@@ -2665,6 +2866,164 @@ export interface operations {
             };
         };
     };
+    attach_process: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id, as `POST /v1/sessions` returned it. */
+                id: string;
+                /** @description The process's pid inside the sandbox, as `POST .../processes` returned it. */
+                pid: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description A WebSocket to the process's pty, as a terminal's */
+            101: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description A process started without `tty`, or a `pid` that is not a number */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description A valid bearer token is required. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No such session for this caller, or no such process in it */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The session's sandbox has ended */
+            410: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description A request without `Upgrade: websocket` */
+            426: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description This token has as many streams open as it may */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    resize_process: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id, as `POST /v1/sessions` returned it. */
+                id: string;
+                /** @description The process's pid inside the sandbox, as `POST .../processes` returned it. */
+                pid: number;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["TerminalSize"];
+            };
+        };
+        responses: {
+            /** @description Resized; its foreground programs get SIGWINCH */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description A side of 0 or above 1000, a process without `tty`, or a `pid` that is not a number */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description A valid bearer token is required. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No such session for this caller, or no such process in it */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The session's sandbox has ended */
+            410: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The body is larger than this server takes. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The body is not sent as `Content-Type: application/json`. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
     signal: {
         parameters: {
             query?: never;
@@ -2827,6 +3186,445 @@ export interface operations {
             };
             /** @description A MiB waits already for the process to read it */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    pty: {
+        parameters: {
+            query?: {
+                /** @description Columns (default 80). */
+                cols?: number;
+                /** @description Rows (default 24). */
+                rows?: number;
+                /** @description Its working directory (default `/workspace`). */
+                cwd?: string;
+            };
+            header?: never;
+            path: {
+                /** @description The session's id, as `POST /v1/sessions` returned it. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description A WebSocket to a terminal opened for it (it stays open after the connection closes, listed at GET .../terminals) */
+            101: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description A size outside 1 to 1000, or a `cwd` that cannot be entered */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description A valid bearer token is required. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No such session for this caller */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The session's sandbox has ended */
+            410: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description A request without `Upgrade: websocket` */
+            426: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The session has as many terminals as this server allows, or this token as many streams */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    list_terminals: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id, as `POST /v1/sessions` returned it. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The session's terminals: open ones, and the last that closed */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ProcessInfo"][];
+                };
+            };
+            /** @description A valid bearer token is required. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No such session for this caller */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The session's sandbox has ended */
+            410: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    open_terminal: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id, as `POST /v1/sessions` returned it. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["TerminalSpec"];
+            };
+        };
+        responses: {
+            /** @description The terminal, open: its `pid` is its id in the paths below */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ProcessInfo"];
+                };
+            };
+            /** @description A malformed request, a size outside 1 to 1000, or a `cwd` that cannot be entered */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description A valid bearer token is required. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No such session for this caller */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The session's sandbox has ended */
+            410: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The body is larger than this server takes. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The body is not sent as `Content-Type: application/json`. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The session has as many terminals as this server allows (sessions.max_terminals) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    attach_terminal: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id, as `POST /v1/sessions` returned it. */
+                id: string;
+                /** @description The terminal's id (its shell's pid), as `POST .../terminals` returned it. */
+                tid: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description A WebSocket to the terminal: see the README's terminals section. It first replays the terminal's last 64 KiB */
+            101: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description A `tid` that is not a number */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description A valid bearer token is required. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No such session for this caller, or no such terminal in it */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The session's sandbox has ended */
+            410: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description A request without `Upgrade: websocket` */
+            426: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description This token has as many streams open as it may */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    close_terminal: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id, as `POST /v1/sessions` returned it. */
+                id: string;
+                /** @description The terminal's id (its shell's pid), as `POST .../terminals` returned it. */
+                tid: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The terminal's shell and every process of its session are killed */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description A `tid` that is not a number */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description A valid bearer token is required. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No such session for this caller, or no such terminal in it */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The session's sandbox has ended */
+            410: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    resize_terminal: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id, as `POST /v1/sessions` returned it. */
+                id: string;
+                /** @description The terminal's id (its shell's pid), as `POST .../terminals` returned it. */
+                tid: number;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["TerminalSize"];
+            };
+        };
+        responses: {
+            /** @description Resized; its foreground programs get SIGWINCH */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description A side of 0 or above 1000, or a `tid` that is not a number */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description A valid bearer token is required. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No such session for this caller, or no such terminal in it */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The session's sandbox has ended */
+            410: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The body is larger than this server takes. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The body is not sent as `Content-Type: application/json`. */
+            415: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -236,9 +236,9 @@ CHUNK_MAX = 256 * 1024  # most bytes of one stream coalesced into one output eve
 REQUEST_READ_SIZE = 1024 * 1024
 CONTROL_OPS = ("interrupt", "cancel")  # requests that act on the running exec
 # Requests on background processes and file watches: answered at once, during an exec too
-# (none of them waits).
+# (none of them holds the agent up: a read that waits for news is parked, see Agent.park).
 BACKGROUND_OPS = ("start", "procs", "proc_read", "proc_stdin", "proc_signal", "proc_kill",
-                  "watch", "watch_read", "unwatch")
+                  "proc_resize", "watch", "watch_read", "unwatch")
 IMMEDIATE_OPS = ("define", *BACKGROUND_OPS)
 SHELL_STATE_MAX = 1024 * 1024  # most bytes of a shell's saved cwd and environment
 SHELL_NOT_KEPT = ("SHLVL", "_")  # set by each shell itself
@@ -373,6 +373,34 @@ def send(event):
 def send_error(rid, name, message):
     message = message.encode("utf-8", "replace").decode("utf-8")
     send({"id": rid, "event": "error", "errno": name, "message": message})
+
+
+def send_proc_output(rid, process, offsets, limit):
+    """Answers a read of a process's output from ``offsets``."""
+    streams = {}
+    for name, ring, at in (("stdout", process.out, offsets[0]), ("stderr", process.err, offsets[1])):
+        data, offset, dropped = ring.read(at, limit)
+        streams[name] = {"offset": offset, "b64": b64(data), "dropped": dropped}
+    # Ended once its end is known and its pipes are drained: nothing more will come.
+    ended = not process.running and not process.open
+    send({"id": rid, "event": "proc_output", **streams, "ended": ended,
+          "process": process.describe()})
+
+
+def send_failure(rid, exc):
+    """Answers a request that failed with its error: a bad request or an OS error as such,
+    anything else as an internal error, whose traceback goes to the agent's stderr."""
+    if isinstance(exc, BadRequest):
+        send_error(rid, "EINVAL", str(exc))
+    elif isinstance(exc, OSError):
+        send_os_error(rid, exc)
+    elif isinstance(exc, (ValueError, TypeError, OverflowError)):  # e.g. a NUL in a path
+        send_error(rid, "EINVAL", str(exc))
+    else:
+        import traceback
+
+        traceback.print_exception(exc)
+        send_error(rid, "EIO", f"internal error: {type(exc).__name__}: {exc}")
 
 
 def send_os_error(rid, exc):
@@ -628,6 +656,12 @@ def read_available(fd, limit):
             chunk = os.read(fd, READ_SIZE)
         except BlockingIOError:
             break
+        except OSError as exc:
+            # A pty's master reads EIO once no process holds its other side, after all it
+            # was sent: its end of file, with the chunks read before it kept.
+            if exc.errno != errno.EIO:
+                raise
+            chunk = b""
         if not chunk:
             return b"".join(chunks), True
         chunks.append(chunk)
@@ -1583,6 +1617,9 @@ class Agent:
         self.archive_module = None
         self.processes = None  # procs.py's Processes, once a process is started
         self.watches = None  # watch.py's Watches, once a watch is made
+        # Reads that wait for news, answered when it comes or their wait is over:
+        # [(deadline, rid, has_news, answer)].
+        self.parked = []
         # What shell execs carry from one to the next, as a terminal does: cd and export.
         self.shell_cwd = self.cwd
         self.shell_env = dict(os.environ)
@@ -1619,6 +1656,7 @@ class Agent:
             else:
                 self.background_ready(fd)
         self.check_background()
+        self.serve_parked()
 
     def background(self):
         """What the agent serves beside requests: background processes and file watches."""
@@ -1638,8 +1676,32 @@ class Agent:
             source.on_ready(fd)
 
     def background_timer(self):
-        return min((t for t in (b.timer() for b in self.background()) if t is not None),
-                   default=None)
+        timers = [b.timer() for b in self.background()]
+        timers.extend(deadline for deadline, *_ in self.parked)
+        return min((t for t in timers if t is not None), default=None)
+
+    def park(self, rid, wait_ms, has_news, answer):
+        """Holds a read's answer until ``has_news()`` or for ``wait_ms``: a follower that asks
+        again at once is told of new output as soon as the agent reads it, without polling."""
+        self.parked.append((time.monotonic() + wait_ms / 1000, rid, has_news, answer))
+
+    def serve_parked(self):
+        """Answers the parked reads that have news or have waited long enough."""
+        if not self.parked:
+            return
+        now, waiting = time.monotonic(), []
+        for entry in self.parked:
+            deadline, rid, has_news, answer = entry
+            try:
+                if now >= deadline or has_news():
+                    answer()
+                else:
+                    waiting.append(entry)
+            except ProtocolClosed:
+                raise
+            except Exception as exc:
+                send_failure(rid, exc)
+        self.parked = waiting
 
     def check_background(self):
         for source in self.background():
@@ -1655,17 +1717,8 @@ class Agent:
             op(rid, request)
         except ProtocolClosed:
             raise
-        except BadRequest as exc:
-            send_error(rid, "EINVAL", str(exc))
-        except OSError as exc:
-            send_os_error(rid, exc)
-        except (ValueError, TypeError, OverflowError) as exc:  # e.g. a NUL in a path
-            send_error(rid, "EINVAL", str(exc))
         except Exception as exc:
-            import traceback
-
-            traceback.print_exc()
-            send_error(rid, "EIO", f"internal error: {type(exc).__name__}: {exc}")
+            send_failure(rid, exc)
 
     def shutdown(self):
         if self.kernel is not None:
@@ -1832,6 +1885,7 @@ class Agent:
                     self.take_requests(run, pump.rid)
                 for fd in ready.intersection((*reads, *writes)):
                     self.background_ready(fd)
+                self.serve_parked()
                 run.on_ready(ready)
         finally:
             run.abort()  # a no-op unless the loop failed
@@ -1862,7 +1916,8 @@ class Agent:
                 raise ProcessLookupError(errno.ESRCH, "no such process")
             names = (read_available, feed_pipe, signal_group, status_fields, close_fds)
             module = lazy_module("procs", {f.__name__: f for f in names})
-            self.processes = module.Processes(count_field(request, "max_processes"))
+            self.processes = module.Processes(count_field(request, "max_processes"),
+                                              count_field(request, "max_terminals", 0))
         return self.processes
 
     def process(self, request):
@@ -1883,8 +1938,13 @@ class Agent:
         timeout_ms = count_field(request, "timeout_ms", None)
         timeout = None if timeout_ms is None else timeout_ms / 1000
         table = self.process_table(request)
+        tty = field(request, "tty", dict, None)
+        if tty is not None:
+            tty = (count_field(tty, "cols"), count_field(tty, "rows"))
+        terminal = field(request, "terminal", bool, False)
         try:
-            process = table.start(argv, cwd, env, field(request, "stdin", bool, False), timeout)
+            process = table.start(argv, cwd, env, field(request, "stdin", bool, False), timeout,
+                                  tty, terminal)
         except OverflowError as exc:
             send_error(rid, "EAGAIN", str(exc))
             return
@@ -1896,17 +1956,26 @@ class Agent:
         send({"id": rid, "event": "procs", "procs": [p.describe() for p in table]})
 
     def op_proc_read(self, rid, request):
+        """A process's output from the offsets asked for (or its last ``tail`` bytes of each
+        stream), at most ``max_bytes`` of each; with ``wait_ms``, a read with nothing new is
+        answered once there is, or after that long."""
         process = self.process(request)
         self.check_background()
         limit = count_field(request, "max_bytes")
-        streams = {}
-        for name, ring in (("stdout", process.out), ("stderr", process.err)):
-            data, offset, dropped = ring.read(count_field(request, f"{name}_offset"), limit)
-            streams[name] = {"offset": offset, "b64": b64(data), "dropped": dropped}
-        # Ended once its end is known and its pipes are drained: nothing more will come.
-        ended = not process.running and not process.open
-        send({"id": rid, "event": "proc_output", **streams, "ended": ended,
-              "process": process.describe()})
+        tail = count_field(request, "tail", None)
+        if tail is not None:
+            offsets = (max(0, process.out.end - tail), max(0, process.err.end - tail))
+        else:
+            offsets = (count_field(request, "stdout_offset"), count_field(request, "stderr_offset"))
+        wait_ms = count_field(request, "wait_ms", None)
+
+        def answer():
+            send_proc_output(rid, process, offsets, limit)
+
+        if wait_ms and not process.has_news(offsets):
+            self.park(rid, wait_ms, lambda: process.has_news(offsets), answer)
+        else:
+            answer()
 
     def op_proc_stdin(self, rid, request):
         process = self.process(request)
@@ -1923,7 +1992,12 @@ class Agent:
 
     def op_proc_kill(self, rid, request):
         process = self.process(request)
-        kill_group(process.pid)  # the process and what is left of its group
+        self.processes.kill(process)  # the process and what is left of its group and session
+        send({"id": rid, "event": "ok"})
+
+    def op_proc_resize(self, rid, request):
+        process = self.process(request)
+        process.resize((count_field(request, "cols"), count_field(request, "rows")))
         send({"id": rid, "event": "ok"})
 
     # --- file watches (watch.py)
@@ -1943,11 +2017,21 @@ class Agent:
         send({"id": rid, "event": "watching", "wid": watch.wid})
 
     def op_watch_read(self, rid, request):
+        """A watch's events from number ``from``; with ``wait_ms``, a read that finds none is
+        answered once there is one, or after that long."""
         watch = self.watch_table().get(count_field(request, "wid"))
         watch.read_kernel()
-        events, after, dropped = watch.read(count_field(request, "from"), count_field(request, "max_events"))
-        send({"id": rid, "event": "watch_events", "events": events, "next": after,
-              "dropped": dropped})
+        start, limit = count_field(request, "from"), count_field(request, "max_events")
+
+        def answer():
+            events, after, dropped = watch.read(start, limit)
+            send({"id": rid, "event": "watch_events", "events": events, "next": after,
+                  "dropped": dropped})
+
+        if count_field(request, "wait_ms", None) and watch.next <= start:
+            self.park(rid, request["wait_ms"], lambda: watch.next > start, answer)
+        else:
+            answer()
 
     def op_unwatch(self, rid, request):
         self.watch_table().stop(count_field(request, "wid"))

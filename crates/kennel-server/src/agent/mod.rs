@@ -24,7 +24,7 @@ mod watches;
 pub use boot::AGENT_SRC;
 pub use error::AgentError;
 pub use exec::{Control, Exec};
-pub use processes::{Chunk, ProcessRead, Start};
+pub use processes::{Chunk, ProcessRead, ReadFrom, Start};
 pub use protocol::{Answer, Code, Event, KernelUsage, Progress, Ran, Request};
 pub use sandbox::AgentSandbox;
 pub use watches::WatchRead;

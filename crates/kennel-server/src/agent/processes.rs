@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use kennel_types::process::ProcessInfo;
+use kennel_types::terminal::TerminalSize;
 
 use super::error::{unexpected, AgentError};
 use super::protocol::{decode, encode, Event, Request, RingRead};
@@ -18,8 +19,23 @@ pub struct Start<'a> {
     pub env: &'a BTreeMap<String, String>,
     pub stdin: bool,
     pub timeout: Option<Duration>,
+    /// Its pty's size, for a process on a pty.
+    pub tty: Option<TerminalSize>,
+    /// Whether it is a terminal's shell, counted against `max_terminals` instead.
+    pub terminal: bool,
     /// The most processes the session may have running at once.
     pub max_processes: usize,
+    /// The most terminals the session may have open at once.
+    pub max_terminals: usize,
+}
+
+/// Where a read of a process's output starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadFrom {
+    /// At these offsets of stdout and stderr.
+    Offsets(u64, u64),
+    /// At the last this many bytes of each stream (a terminal's scrollback).
+    Tail(u64),
 }
 
 /// What a `read_process` found: each stream's bytes from the offset asked for, the process,
@@ -61,6 +77,17 @@ impl AgentSandbox {
         self.call_now(request, PROCESS_OP).await
     }
 
+    /// A request the agent may hold for up to `wait` before it answers (a follower's read).
+    pub(super) async fn waiting_call(
+        &self,
+        request: &Request<'_>,
+        wait: Option<Duration>,
+    ) -> Result<Event, AgentError> {
+        self.define().await?;
+        self.call_now(request, PROCESS_OP + wait.unwrap_or_default())
+            .await
+    }
+
     /// Starts a background process; the agent refuses one past `max_processes` (EAGAIN).
     pub async fn start_process(&self, start: Start<'_>) -> Result<ProcessInfo, AgentError> {
         let request = Request::Start {
@@ -69,7 +96,10 @@ impl AgentSandbox {
             env: start.env,
             stdin: start.stdin,
             timeout_ms: start.timeout.map(kennel_types::millis),
+            tty: start.tty,
+            terminal: start.terminal,
             max_processes: start.max_processes,
+            max_terminals: start.max_terminals,
         };
         match self.process_call(&request).await? {
             Event::Started(info) => Ok(*info),
@@ -85,20 +115,28 @@ impl AgentSandbox {
         }
     }
 
-    /// What process `pid` has written from the given offsets, at most `max_bytes` a stream.
+    /// What process `pid` has written from `from`, at most `max_bytes` a stream. With
+    /// `wait`, a read that finds nothing new is answered once there is, or after that long.
     pub async fn read_process(
         &self,
         pid: u32,
-        (stdout_offset, stderr_offset): (u64, u64),
+        from: ReadFrom,
         max_bytes: u64,
+        wait: Option<Duration>,
     ) -> Result<ProcessRead, AgentError> {
+        let ((stdout_offset, stderr_offset), tail) = match from {
+            ReadFrom::Offsets(out, err) => ((out, err), None),
+            ReadFrom::Tail(bytes) => ((0, 0), Some(bytes)),
+        };
         let request = Request::ProcRead {
             pid,
             stdout_offset,
             stderr_offset,
             max_bytes,
+            tail,
+            wait_ms: wait.map(kennel_types::millis),
         };
-        match self.process_call(&request).await? {
+        match self.waiting_call(&request, wait).await? {
             Event::ProcOutput(out) => Ok(ProcessRead {
                 stdout: out.stdout.into(),
                 stderr: out.stderr.into(),
@@ -130,9 +168,17 @@ impl AgentSandbox {
             .await
     }
 
-    /// Kills process `pid` and what is left of its process group.
+    /// Kills process `pid`, what is left of its process group, and the rest of its session
+    /// (a terminal's jobs).
     pub async fn kill_process(&self, pid: u32) -> Result<(), AgentError> {
         self.process_done(&Request::ProcKill { pid }).await
+    }
+
+    /// Resizes the pty of process `pid` (ENOTTY for one without).
+    pub async fn resize_process(&self, pid: u32, size: TerminalSize) -> Result<(), AgentError> {
+        let TerminalSize { cols, rows } = size;
+        self.process_done(&Request::ProcResize { pid, cols, rows })
+            .await
     }
 
     async fn process_done(&self, request: &Request<'_>) -> Result<(), AgentError> {

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use kennel_sandbox::Stream;
 use kennel_types::api::{DirEntry, ExecResult, FigureFormat, Language, RichOutput};
 use kennel_types::process::ProcessInfo;
+use kennel_types::terminal::TerminalSize;
 
 /// A request to the agent, one JSON line, as `agent.py`'s docstring words it (the `id` is
 /// added by [`AgentSandbox::call`]).
@@ -75,7 +76,13 @@ pub enum Request<'a> {
         stdin: bool,
         #[serde(skip_serializing_if = "Option::is_none")]
         timeout_ms: Option<u64>,
+        /// Its pty's size, for one on a pty.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        tty: Option<TerminalSize>,
+        /// Whether it is a terminal's shell, counted against `max_terminals`.
+        terminal: bool,
         max_processes: usize,
+        max_terminals: usize,
     },
     Procs,
     ProcRead {
@@ -83,6 +90,17 @@ pub enum Request<'a> {
         stdout_offset: u64,
         stderr_offset: u64,
         max_bytes: u64,
+        /// Reads each stream's last this many bytes instead, from wherever they start.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        tail: Option<u64>,
+        /// With nothing new to read, the agent answers once there is, or after this long.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        wait_ms: Option<u64>,
+    },
+    ProcResize {
+        pid: u32,
+        cols: u16,
+        rows: u16,
     },
     ProcStdin {
         pid: u32,
@@ -106,6 +124,9 @@ pub enum Request<'a> {
         wid: u64,
         from: u64,
         max_events: u64,
+        /// With no event from `from` yet, the agent answers once there is, or after this long.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        wait_ms: Option<u64>,
     },
     Unwatch {
         wid: u64,

@@ -118,6 +118,72 @@ class ProcsTest(AgentCase):
         self.assertEqual(ended["stdout"]["offset"], 2 << 20)
         self.assertEqual(len(base64.b64decode(ended["stdout"]["b64"])), 1 << 20)
 
+    def until_text(self, pid, wanted, out=0):
+        """The stdout from out on, read until it holds wanted."""
+        end, text = time.monotonic() + 10, ""
+        while time.monotonic() < end and wanted not in text:
+            text = self.text(self.read(pid, out=out)["stdout"])
+            time.sleep(0.02)
+        self.assertIn(wanted, text)
+        return text
+
+    def test_a_tty_process_runs_on_a_pty_it_controls_and_resizes(self):
+        started = self.start(["/bin/sh", "-c", "stty size; tty; read x; echo got $x; stty size"],
+                             tty={"cols": 80, "rows": 24})
+        self.assertEqual((started["tty"], started["terminal"]), ({"cols": 80, "rows": 24}, False))
+        pid = started["pid"]
+        self.assertIn("24 80", self.until_text(pid, "/dev/pts/"))
+        _, ok = self.agent.call({"op": "proc_resize", "pid": pid, "cols": 100, "rows": 30})
+        self.assertEqual(ok["event"], "ok", ok)
+        self.agent.call({"op": "proc_stdin", "pid": pid, "b64": b64(b"hi\n")})
+        ended = self.until_ended(pid)
+        text = self.text(ended["stdout"])
+        # The pty echoes what is typed and turns each newline into CR LF.
+        self.assertTrue(text.endswith("hi\r\ngot hi\r\n30 100\r\n"), text)
+        self.assertEqual(ended["stderr"]["b64"], "")
+        self.assertEqual(ended["process"]["tty"], {"cols": 100, "rows": 30})
+        _, refused = self.agent.call({"op": "proc_resize", "pid": self.start(["/bin/true"])["pid"],
+                                      "cols": 10, "rows": 10})
+        self.assertEqual(refused["errno"], "ENOTTY", refused)
+
+    def test_a_pty_ends_soon_after_its_process_though_a_job_holds_it(self):
+        pid = self.start(["/bin/bash", "-c", "sleep 30 & echo bye"],
+                         tty={"cols": 80, "rows": 24})["pid"]
+        ended = self.until_ended(pid)
+        self.assertEqual(self.text(ended["stdout"]), "bye\r\n")
+
+    def test_terminals_are_counted_apart_from_processes(self):
+        shell = {"argv": ["/bin/sh"], "tty": {"cols": 80, "rows": 24}, "terminal": True,
+                 "max_terminals": 1}
+        self.assertTrue(self.start(**shell)["terminal"])
+        _, refused = self.agent.call({"op": "start", **shell, "max_processes": 4})
+        self.assertEqual(refused["errno"], "EAGAIN", refused)
+        self.start(["/bin/sleep", "30"])
+
+    def test_a_read_that_waits_is_answered_when_output_comes(self):
+        pid = self.start(["/bin/sh", "-c", "sleep 0.3; echo late"])["pid"]
+        _, answer = self.agent.call({"op": "proc_read", "pid": pid, "stdout_offset": 0,
+                                     "stderr_offset": 0, "max_bytes": 100, "wait_ms": 5000})
+        self.assertEqual(self.text(answer["stdout"]), "late\n")
+        ended = self.until_ended(pid)
+        _, quiet = self.agent.call({"op": "proc_read", "pid": pid, "stdout_offset": 5,
+                                    "stderr_offset": 0, "max_bytes": 100, "wait_ms": 5000})
+        self.assertTrue(quiet["ended"], "an ended process is answered at once")
+        _, tail = self.agent.call({"op": "proc_read", "pid": pid, "tail": 3,
+                                   "max_bytes": 100})
+        self.assertEqual((tail["stdout"]["offset"], self.text(tail["stdout"])), (2, "te\n"))
+        self.assertEqual(ended["process"]["stdout_bytes"], 5)
+
+    def test_a_kill_ends_the_jobs_a_shell_put_in_groups_of_their_own(self):
+        pid = self.start(["/bin/bash", "-c", "set -m; sleep 30 & echo $!; wait"])["pid"]
+        job = int(self.until_text(pid, "\n").strip())
+        self.assertNotEqual(os.getpgid(job), pid, "the job has a group of its own")
+        self.agent.call({"op": "proc_kill", "pid": pid})
+        end = time.monotonic() + 5
+        while time.monotonic() < end and os.path.exists(f"/proc/{job}"):
+            time.sleep(0.02)
+        self.assertFalse(os.path.exists(f"/proc/{job}"), "the job lives on")
+
 
 if __name__ == "__main__":
     unittest.main()

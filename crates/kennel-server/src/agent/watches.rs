@@ -1,6 +1,8 @@
 //! A session's file watches: made, read and ended through the agent, which answers these
 //! requests at once, while an exec runs too.
 
+use std::time::Duration;
+
 use kennel_types::watch::FileEvent;
 
 use super::error::{unexpected, AgentError};
@@ -36,19 +38,22 @@ impl AgentSandbox {
         }
     }
 
-    /// A watch's events from number `from`, at most `max_events`.
+    /// A watch's events from number `from`, at most `max_events`. With `wait`, a read that
+    /// finds none is answered once there is one, or after that long.
     pub async fn read_watch(
         &self,
         wid: u64,
         from: u64,
         max_events: u64,
+        wait: Option<Duration>,
     ) -> Result<WatchRead, AgentError> {
         let request = Request::WatchRead {
             wid,
             from,
             max_events,
+            wait_ms: wait.map(kennel_types::millis),
         };
-        match self.process_call(&request).await? {
+        match self.waiting_call(&request, wait).await? {
             Event::WatchEvents {
                 events,
                 next,

@@ -105,6 +105,8 @@ pub struct Sessions {
     pub max_processes: usize,
     /// File watches open at once in one session.
     pub max_watches: usize,
+    /// Terminals open at once in one session.
+    pub max_terminals: usize,
 }
 
 impl Default for Sessions {
@@ -115,6 +117,7 @@ impl Default for Sessions {
             max_sessions: 50,
             max_processes: 64,
             max_watches: 8,
+            max_terminals: 8,
         }
     }
 }
@@ -441,6 +444,9 @@ impl ServerConfig {
         }
         if self.sessions.max_watches == 0 {
             return bad("sessions.max_watches", "must be at least 1");
+        }
+        if self.sessions.max_terminals == 0 {
+            return bad("sessions.max_terminals", "must be at least 1");
         }
         if self.tokens.iter().any(|t| t.token.len() < 16) {
             return bad("tokens", "each token needs at least 16 characters");

@@ -12,6 +12,7 @@ pub mod routes;
 mod shared;
 pub mod slow;
 mod stream;
+pub mod terminals;
 pub mod watch;
 
 pub use crate::service::Caller;
@@ -37,11 +38,12 @@ use crate::request_log;
 async fn authenticate(State(state): State<Shared>, mut req: Request, next: Next) -> Response {
     let public = matches!(req.uri().path(), "/healthz" | "/openapi.json");
     let tokens = &state.config.tokens;
-    let presented = req
-        .headers()
+    let headers = req.headers();
+    let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(bearer_token);
+        .and_then(bearer_token)
+        .or_else(|| terminals::protocol_token(headers));
     let caller = match (tokens.is_empty(), presented) {
         (true, _) => Some(Caller::anonymous().0),
         (false, Some(p)) => tokens
@@ -227,6 +229,27 @@ pub fn router(state: Shared, mounts: &[Mount]) -> Router {
             "/v1/sessions/{id}/processes/{pid}/signal",
             post(processes::signal),
         )
+        .route(
+            "/v1/sessions/{id}/processes/{pid}/resize",
+            post(terminals::resize_process),
+        )
+        .route(
+            "/v1/sessions/{id}/processes/{pid}/pty",
+            get(terminals::attach_process),
+        )
+        .route(
+            "/v1/sessions/{id}/terminals",
+            post(terminals::create).get(terminals::list),
+        )
+        .route(
+            "/v1/sessions/{id}/terminals/{tid}",
+            get(terminals::attach_terminal).delete(terminals::close),
+        )
+        .route(
+            "/v1/sessions/{id}/terminals/{tid}/resize",
+            post(terminals::resize_terminal),
+        )
+        .route("/v1/sessions/{id}/pty", get(terminals::pty))
         .route("/v1/sessions/{id}/watch", get(watch::watch));
     for mount in mounts {
         routes = routes.nest_service(mount.path, (mount.make)(state.clone()));

@@ -6,13 +6,14 @@
 use serde_json::{json, Map, Value};
 use utoipa::OpenApi;
 
-use super::{processes, routes, watch};
+use super::{processes, routes, terminals, watch};
 use crate::config::ServerConfig;
 use crate::pattern;
 use kennel_types::api;
 use kennel_types::policy::{self, Capabilities, Limits, Runtime};
 use kennel_types::process;
 use kennel_types::runs;
+use kennel_types::terminal;
 
 #[derive(OpenApi)]
 #[openapi(
@@ -40,6 +41,14 @@ use kennel_types::runs;
         processes::stdin,
         processes::signal,
         processes::kill,
+        terminals::resize_process,
+        terminals::attach_process,
+        terminals::create,
+        terminals::list,
+        terminals::attach_terminal,
+        terminals::close,
+        terminals::resize_terminal,
+        terminals::pty,
         watch::watch,
     ),
     components(schemas(
@@ -50,6 +59,7 @@ use kennel_types::runs;
         runs::RunReport, runs::RunInfo, runs::RunStatus, runs::RunError,
         process::ProcessSpec, process::ProcessInfo, process::ProcessState, process::ProcessUsage,
         process::ProcessInput, process::ProcessSignal,
+        terminal::TerminalSpec, terminal::TerminalSize, terminal::TerminalControl, terminal::TerminalNotice,
         kennel_types::watch::FileEvent, kennel_types::watch::FileEventKind,
     )),
     modifiers(&BearerAuth),
@@ -823,6 +833,11 @@ fn path_params(path: &str) -> Vec<Value> {
     if path.contains("{pid}") {
         params.push(json!({"name": "pid", "in": "path", "required": true,
             "description": "The process's pid inside the sandbox, as `POST .../processes` returned it.",
+            "schema": {"type": "integer", "minimum": 0, "maximum": u32::MAX}}));
+    }
+    if path.contains("{tid}") {
+        params.push(json!({"name": "tid", "in": "path", "required": true,
+            "description": "The terminal's id (its shell's pid), as `POST .../terminals` returned it.",
             "schema": {"type": "integer", "minimum": 0, "maximum": u32::MAX}}));
     }
     if path.contains("{path}") {

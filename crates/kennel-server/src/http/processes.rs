@@ -17,7 +17,7 @@ use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::routes::handle;
 use super::shared::Shared;
 use super::stream::chunk_data;
-use crate::service::{Action, Caller, ProcessEvent, ProcessStream, Reply, Ticket};
+use crate::service::{Action, Caller, ProcessEvent, ProcessStream, ReadFrom, Reply, Ticket};
 use kennel_sandbox::Stream;
 use kennel_types::process::{ProcessInfo, ProcessInput, ProcessSignal, ProcessSpec};
 
@@ -108,7 +108,14 @@ pub async fn output(
     let from = query.offsets(&headers)?;
     let ticket = state.open_stream(&caller)?;
     match state
-        .handle(&caller, Action::FollowProcess { id, pid, from })
+        .handle(
+            &caller,
+            Action::FollowProcess {
+                id,
+                pid,
+                from: ReadFrom::Offsets(from.0, from.1),
+            },
+        )
         .await?
     {
         Reply::ProcessOutput(events) => Ok(sse(events, from, Some(ticket))),

@@ -32,6 +32,8 @@ impl IntoResponse for Reply {
                 ([(header::CONTENT_TYPE, "application/x-tar")], data).into_response()
             }
             Reply::Done => StatusCode::NO_CONTENT.into_response(),
+            // Only a WebSocket carries an attachment (http/terminals.rs upgrades first).
+            Reply::Attached(_) => super::terminals::upgrade_required().into_response(),
         }
     }
 }

@@ -5,9 +5,11 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 
+use crate::agent::ReadFrom;
 use kennel_sandbox::{OutputSink, Stream};
 use kennel_types::api::{ExecSpec, RichOutput, RunSpec, SessionSpec};
 use kennel_types::process::{ProcessInput, ProcessSignal, ProcessSpec};
+use kennel_types::terminal::{TerminalSize, TerminalSpec};
 
 /// Who asks: the id of the bearer token that authenticated the request ("anonymous" when the
 /// server has no tokens). Every action is done as one caller, who sees only its own sessions.
@@ -125,7 +127,7 @@ pub enum Action {
     FollowProcess {
         id: String,
         pid: u32,
-        from: (u64, u64),
+        from: ReadFrom,
     },
     /// Bytes for a background process's stdin, and whether to close it after them; refused
     /// for one without a stdin open, and past a MiB it has not read yet.
@@ -145,6 +147,33 @@ pub enum Action {
         id: String,
         pid: u32,
     },
+    /// A terminal in a session: `bash --login` on a pty. Refused past the server's
+    /// `sessions.max_terminals` open at once.
+    OpenTerminal {
+        id: String,
+        spec: TerminalSpec,
+    },
+    /// A session's terminals: open ones, and the last ones closed.
+    ListTerminals {
+        id: String,
+    },
+    /// Resizes a terminal (`terminal`: the path named one) or a background process's pty.
+    Resize {
+        id: String,
+        pid: u32,
+        size: TerminalSize,
+        terminal: bool,
+    },
+    /// Closes a terminal: its shell and the rest of its session are killed.
+    CloseTerminal {
+        id: String,
+        tid: u32,
+    },
+    /// Attaches to a terminal or a process's pty, or to a terminal opened for it.
+    Attach {
+        id: String,
+        to: AttachTo,
+    },
     /// What changes under a directory of a session (/workspace when `path` is `None`), and
     /// under the directories below it when `recursive`, as it comes, for as long as the
     /// stream is read. Refused past the server's `sessions.max_watches` open at once.
@@ -153,6 +182,17 @@ pub enum Action {
         path: Option<String>,
         recursive: bool,
     },
+}
+
+/// What an attachment is to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AttachTo {
+    /// A terminal opened before, by its id.
+    Terminal(u32),
+    /// A background process started with `tty`, by its pid.
+    Process(u32),
+    /// A terminal opened for this attachment.
+    New(TerminalSpec),
 }
 
 /// A caller that streams a run's or an exec's output: the output goes to its sink as it

@@ -19,15 +19,18 @@ mod run;
 mod runs;
 mod session;
 mod state;
+mod terminal;
 mod watch;
 
-pub use action::{Accepted, Action, Caller, Live, RichSink};
+pub use crate::agent::ReadFrom;
+pub use action::{Accepted, Action, AttachTo, Caller, Live, RichSink};
 pub use counts::Ticket;
 pub use error::{Refusal, ServiceError};
 pub use process::{ProcessEvent, ProcessStream};
 pub use reply::Reply;
 pub use runs::StoredResult;
 pub use state::Service;
+pub use terminal::{Attachment, PtyInput, REPLAY_BYTES};
 pub use watch::WatchStream;
 
 use std::sync::Arc;
@@ -132,6 +135,28 @@ impl Service {
                 process::kill(self, caller, &id, pid).await?;
                 Ok(Reply::Done)
             }
+            Action::OpenTerminal { id, spec } => terminal::create(self, caller, &id, &spec)
+                .await
+                .map(Reply::ProcessStarted),
+            Action::ListTerminals { id } => terminal::list(self, caller, &id)
+                .await
+                .map(Reply::Processes),
+            Action::Resize {
+                id,
+                pid,
+                size,
+                terminal,
+            } => {
+                terminal::resize(self, caller, &id, pid, size, terminal).await?;
+                Ok(Reply::Done)
+            }
+            Action::CloseTerminal { id, tid } => {
+                terminal::close(self, caller, &id, tid).await?;
+                Ok(Reply::Done)
+            }
+            Action::Attach { id, to } => terminal::attach(self, caller, &id, to)
+                .await
+                .map(|a| Reply::Attached(Box::new(a))),
             Action::Watch {
                 id,
                 path,

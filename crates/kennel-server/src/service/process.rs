@@ -11,7 +11,7 @@ use super::action::Caller;
 use super::error::{Refusal, ServiceError};
 use super::session::{agent_error, open, settle};
 use super::state::Service;
-use crate::agent::{AgentError, Chunk, Start};
+use crate::agent::{AgentError, Chunk, ReadFrom, Start};
 use crate::sessions::Session;
 use kennel_sandbox::Stream;
 use kennel_types::process::{ProcessInfo, ProcessInput, ProcessSignal, ProcessSpec};
@@ -42,12 +42,13 @@ const READ_BYTES: u64 = 64 << 10;
 /// Events held for a client that reads slowly: with [`READ_BYTES`], what an unread stream
 /// holds in the server is bounded by this.
 const STREAM_CAPACITY: usize = 4;
-/// How often a quiet process is asked for output: from the first, doubling to the last.
-const QUIET: (Duration, Duration) = (Duration::from_millis(10), Duration::from_millis(200));
+/// How long the agent holds a read of a quiet process before it answers that nothing came:
+/// new output is answered as soon as the agent reads it.
+pub(super) const FOLLOW_WAIT: Duration = Duration::from_secs(5);
 
 /// A process's error: a pid the session did not start is not found; a lost sandbox ends the
 /// session (410); the rest as `refusal` words it, or as [`agent_error`] has it.
-async fn settled<T>(
+pub(super) async fn settled<T>(
     session: &Session,
     pid: Option<u32>,
     outcome: Result<T, AgentError>,
@@ -75,6 +76,9 @@ fn refused(e: AgentError, pid: Option<u32>) -> ServiceError {
             "process {pid} has no stdin open: start it with `\"stdin\": true`, and write before \
              `eof`"
         )),
+        ("ENOTTY", Some(pid)) => ServiceError::BadRequest(format!(
+            "process {pid} has no terminal to resize or attach to: start it with `\"tty\": true`"
+        )),
         ("ENOENT" | "EACCES" | "ENOTDIR" | "ENOEXEC", None) => {
             ServiceError::BadRequest(format!("the process cannot start: {why} ({errno})"))
         }
@@ -97,7 +101,10 @@ pub(super) async fn start(
         env: &spec.env,
         stdin: spec.stdin,
         timeout: spec.timeout.map(|t| t.0),
+        tty: spec.tty()?,
+        terminal: false,
         max_processes: service.config.sessions.max_processes,
+        max_terminals: service.config.sessions.max_terminals,
     };
     let outcome = session.agent.start_process(start).await;
     settled(&session, None, outcome).await
@@ -110,7 +117,8 @@ pub(super) async fn list(
 ) -> Result<Vec<ProcessInfo>, ServiceError> {
     let session = open(service, caller, id)?;
     let outcome = session.agent.processes().await;
-    settled(&session, None, outcome).await
+    let all = settled(&session, None, outcome).await?;
+    Ok(all.into_iter().filter(|p| !p.terminal).collect())
 }
 
 pub(super) async fn write_stdin(
@@ -159,24 +167,37 @@ pub(super) async fn kill(
     settled(&session, Some(pid), outcome).await
 }
 
-/// The output of process `pid` from offsets `from`, as it comes: the first read is done here,
-/// so that an unknown pid is a plain 404 rather than a stream that fails.
+/// The output of process `pid` from `from`, as it comes: the first read is done here, so that
+/// an unknown pid is a plain 404 rather than a stream that fails.
 pub(super) async fn follow(
     service: &Service,
     caller: &Caller,
     id: &str,
     pid: u32,
-    from: (u64, u64),
+    from: ReadFrom,
 ) -> Result<ProcessStream, ServiceError> {
     let session = open(service, caller, id)?;
-    let first = session.agent.read_process(pid, from, READ_BYTES).await;
+    follow_in(session, pid, from).await
+}
+
+/// [`follow`] in a session already opened.
+pub(super) async fn follow_in(
+    session: Arc<Session>,
+    pid: u32,
+    from: ReadFrom,
+) -> Result<ProcessStream, ServiceError> {
+    let first = session
+        .agent
+        .read_process(pid, from, READ_BYTES, None)
+        .await;
     let first = settled(&session, Some(pid), first).await?;
     let (tx, rx) = mpsc::channel(STREAM_CAPACITY);
     tokio::spawn(async move {
         let mut follower = Follower {
             session,
             pid,
-            at: from,
+            // Where the first read's chunks end, once they are sent.
+            at: (0, 0),
             tx,
         };
         follower.run(first).await;
@@ -194,7 +215,6 @@ struct Follower {
 
 impl Follower {
     async fn run(&mut self, mut read: crate::agent::ProcessRead) {
-        let mut quiet = QUIET.0;
         loop {
             let new = self.send_chunk(Stream::Stdout, read.stdout).await
                 | self.send_chunk(Stream::Stderr, read.stderr).await;
@@ -208,20 +228,16 @@ impl Follower {
                     .await;
                 return;
             }
-            if new {
-                quiet = QUIET.0;
-            } else {
-                tokio::select! {
-                    () = tokio::time::sleep(quiet) => {}
-                    () = self.tx.closed() => return,
-                }
-                quiet = (quiet * 2).min(QUIET.1);
-            }
-            let next = self
-                .session
-                .agent
-                .read_process(self.pid, self.at, READ_BYTES);
-            read = match settled(&self.session, Some(self.pid), next.await).await {
+            // The agent answers as soon as there is more (at once after news, which may have
+            // more behind it), or after FOLLOW_WAIT with nothing.
+            let from = ReadFrom::Offsets(self.at.0, self.at.1);
+            let agent = &self.session.agent;
+            let next = agent.read_process(self.pid, from, READ_BYTES, Some(FOLLOW_WAIT));
+            let next = tokio::select! {
+                next = next => next,
+                () = self.tx.closed() => return,
+            };
+            read = match settled(&self.session, Some(self.pid), next).await {
                 Ok(read) => read,
                 Err(e) => {
                     let _ = self.tx.send(ProcessEvent::Failed(e)).await;

@@ -6,6 +6,7 @@ use kennel_types::runs::{RunInfo, RunReport};
 
 use super::process::ProcessStream;
 use super::runs::StoredResult;
+use super::terminal::Attachment;
 use super::watch::WatchStream;
 
 /// What an action answered.
@@ -34,6 +35,8 @@ pub enum Reply {
     ProcessOutput(ProcessStream),
     /// A file watch's events, as they come.
     Watch(WatchStream),
+    /// An attachment to a pty: its output as it comes, and its input.
+    Attached(Box<Attachment>),
     /// Done, with nothing to say (a session ended, a file written or deleted).
     Done,
 }

@@ -2,12 +2,12 @@
 //! watches with inotify inside the sandbox (watch.py); a watch lives as long as its stream.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::sync::mpsc;
 
 use super::action::Caller;
 use super::error::{Refusal, ServiceError};
+use super::process::FOLLOW_WAIT;
 use super::session::{agent_error, dir_path, open, settle};
 use super::state::Service;
 use crate::agent::AgentError;
@@ -21,8 +21,6 @@ pub type WatchStream = mpsc::Receiver<Result<FileEvent, ServiceError>>;
 const READ_EVENTS: u64 = 256;
 /// Events held for a client that reads slowly.
 const STREAM_CAPACITY: usize = 64;
-/// How often a quiet watch is read: from the first, doubling to the last.
-const QUIET: (Duration, Duration) = (Duration::from_millis(10), Duration::from_millis(200));
 
 fn refused(e: AgentError, path: &str) -> ServiceError {
     let AgentError::Refused(m) = &e else {
@@ -65,11 +63,18 @@ pub(super) async fn follow(
     Ok(rx)
 }
 
-/// Reads the watch and sends its events until the client goes away or the session ends.
+/// Reads the watch and sends its events until the client goes away or the session ends. The
+/// agent answers each read as soon as there is an event, or after [`FOLLOW_WAIT`] with none.
 async fn run(session: &Arc<Session>, wid: u64, tx: &mpsc::Sender<Result<FileEvent, ServiceError>>) {
-    let (mut next, mut quiet) = (0, QUIET.0);
+    let mut next = 0;
     loop {
-        let read = session.agent.read_watch(wid, next, READ_EVENTS).await;
+        let read = session
+            .agent
+            .read_watch(wid, next, READ_EVENTS, Some(FOLLOW_WAIT));
+        let read = tokio::select! {
+            read = read => read,
+            () = tx.closed() => return,
+        };
         let read = match settle(session, read, agent_error).await {
             Ok(read) => read,
             Err(e) => {
@@ -78,20 +83,10 @@ async fn run(session: &Arc<Session>, wid: u64, tx: &mpsc::Sender<Result<FileEven
             }
         };
         next = read.next;
-        let new = !read.events.is_empty();
         for event in read.events {
             if tx.send(Ok(event)).await.is_err() {
                 return;
             }
         }
-        if new {
-            quiet = QUIET.0;
-            continue;
-        }
-        tokio::select! {
-            () = tokio::time::sleep(quiet) => {}
-            () = tx.closed() => return,
-        }
-        quiet = (quiet * 2).min(QUIET.1);
     }
 }

@@ -337,6 +337,9 @@ fn an_ended_session_leaves_nothing_behind() {
             &json!({"argv": ["sleep", "600"]}),
         );
         assert_eq!(started.status, 201, "{}", started.text());
+        // And a terminal, on a pty of the sandbox's own devpts.
+        let terminal = c.post_json(&format!("/v1/sessions/{id}/terminals"), &json!({}));
+        assert_eq!(terminal.status, 201, "{}", terminal.text());
         let live = Footprint::of(server.pid);
         live.assert_live();
         (id, live)
@@ -415,6 +418,28 @@ fn a_background_process_outlives_its_request_and_streams_without_loss() {
         let (code, _) = c.delete(&format!("{procs}/{unknown}")).error(404);
         assert_eq!(code, "not_found");
     }
+    assert_eq!(session_py(&server, &id, "print('still here')"), "still here\n");
+}
+
+// ---- terminals -------------------------------------------------------------------------------
+
+/// A terminal driven as a terminal emulator drives one (tests/terminal_client.py: PyPI's
+/// websockets and pyte): a typed `echo $((6*7))` renders 42; after a resize `stty size` prints
+/// the new size; a reconnect replays the scrollback; `exit` sends the exit and closes; a
+/// `tty: true` process and `GET .../pty` are reached the same way; each bad input gets its
+/// 4xx and the terminal goes on.
+#[test]
+fn a_terminal_renders_resizes_and_replays() {
+    let server = tier_server("sessions-terminal", "");
+    let id = open_session(&server, json!({}))["id"].as_str().unwrap().to_string();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/terminal_client.py");
+    let mut cmd = std::process::Command::new(PY);
+    cmd.arg(script).arg(&server.client.base).arg(&id);
+    if let Some(token) = &server.client.token {
+        cmd.env("KENNEL_TEST_TOKEN", token);
+    }
+    let report = client_tests(&mut cmd, "terminal_client.py");
+    assert_eq!(report.matches("ok   terminal:").count(), 8, "{report}");
     assert_eq!(session_py(&server, &id, "print('still here')"), "still here\n");
 }
 
