@@ -161,7 +161,8 @@ class Terminal:
 
     def __init__(self, url):
         self.url = url
-        self.ws = ws_connect(url, compression=None, max_size=None, open_timeout=30, close_timeout=2)
+        # legacy=True: a connection held open across calls, closed by close() (websockets 17).
+        self.ws = ws_connect(url, compression=None, max_size=None, open_timeout=30, close_timeout=2, legacy=True)
         self.received = 0
 
     def frame(self, timeout):

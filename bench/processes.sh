@@ -53,6 +53,10 @@ max_concurrent = 8
 [pool]
 python = 0
 bash = 0
+
+# Two SSE clients and eight terminal WebSockets are open at once, past the default 8 streams.
+[connections]
+streams_per_token = 16
 EOF
 say "kennel serve (pid $server_pid) listening on $url"
 
