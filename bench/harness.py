@@ -125,17 +125,28 @@ def descendants(root, children=None):
     return out
 
 
-def pss_kib(pid):
-    """The proportional set size of pid in KiB (/proc/PID/smaps_rollup), None when it is gone
-    or has no memory of its own (a kernel thread, a zombie)."""
+def proc_kib(pid, name, key):
+    """The KiB figure `key` of /proc/PID/NAME (`status`, `smaps_rollup`), None when pid is gone
+    or has no such line (a kernel thread, a zombie)."""
     try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
+        with open(f"/proc/{pid}/{name}") as f:
             for line in f:
-                if line.startswith("Pss:"):
+                if line.startswith(key + ":"):
                     return int(line.split()[1])
     except OSError:
         pass
     return None
+
+
+def pss_kib(pid):
+    """The proportional set size of pid in KiB (/proc/PID/smaps_rollup), None when it is gone
+    or has no memory of its own."""
+    return proc_kib(pid, "smaps_rollup", "Pss")
+
+
+def status_kib(pid, key):
+    """A KiB figure of /proc/PID/status (`VmRSS`, `VmHWM`), None when pid is gone."""
+    return proc_kib(pid, "status", key)
 
 
 # --- HTTP ---------------------------------------------------------------------------------

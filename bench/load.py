@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from harness import (Client, against_baseline, busy_fraction, check_argv, check_targets, cpu_ticks,  # noqa: E402
                      descendants, differences, figures_of, fmt, loadavg, pct, print_overheads, print_targets, run_argv, run_ok,
-                     pss_kib, summary, wait_pool_full)
+                     pss_kib, status_kib, summary, wait_pool_full)
 
 PY = "/usr/bin/python3"
 RUN = {"language": "python", "code": "print(1)"}
@@ -66,17 +66,6 @@ def say(*parts):
 
 
 # --- Memory -------------------------------------------------------------------------------
-
-
-def status_kib(pid, key):
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
 
 
 def memory(pid):
