@@ -129,7 +129,8 @@ impl Api for Local {
 
     async fn create_session(&self, spec: SessionSpec) -> Result<SessionInfo, ApiError> {
         match self.ask(Action::CreateSession { spec }).await? {
-            Reply::SessionCreated(info) => Ok(info),
+            // `get_or_create` answers the session of its name when there is one.
+            Reply::SessionCreated(info) | Reply::Session(info) => Ok(info),
             other => Err(unexpected(other)),
         }
     }

@@ -337,6 +337,7 @@ pub fn api_error(e: &ApiError) -> (String, Value) {
     let hint = match code {
         "busy" => " (try again in a moment)",
         "session_ended" => " (create a new session)",
+        "conflict" => " (another name, or get_or_create for that session)",
         _ => "",
     };
     (

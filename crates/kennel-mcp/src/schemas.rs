@@ -125,6 +125,8 @@ pub fn session() -> Arc<JsonObject> {
         ("idle_ttl_s", json!({"type": "integer"})),
         ("expires_in_s", json!({"type": "integer"})),
         ("limits", json!({"type": "object"})),
+        ("name", json!({"type": ["string", "null"]})),
+        ("metadata", json!({"type": "object"})),
     ]));
     object(Value::Object(props), &["session_id", "isolation_tier"])
 }

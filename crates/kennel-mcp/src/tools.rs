@@ -142,6 +142,16 @@ pub struct CreateSessionArgs {
     /// Where the session's sandbox runs, as for run_code: the whole session stays there.
     #[serde(flatten)]
     pub placement: Placement,
+    /// A name for the session, unique among your open sessions: 1 to 63 of a-z, 0-9, '.',
+    /// '_' and '-', starting with a letter or digit.
+    pub name: Option<String>,
+    /// Labels for the session: at most 16 keys of up to 64 bytes, values up to 256 bytes.
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+    /// With `name`: answer your open session of that name, if there is one whose placement
+    /// and timeout match, rather than an error; otherwise create it.
+    #[serde(default)]
+    pub get_or_create: bool,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -484,6 +494,9 @@ fn session_spec(a: CreateSessionArgs) -> Result<SessionSpec, CallToolResult> {
         runtime: placed.runtime,
         platform: placed.platform,
         image: placed.image,
+        name: a.name,
+        metadata: a.metadata,
+        get_or_create: a.get_or_create,
         ..SessionSpec::default()
     })
 }
@@ -630,7 +643,8 @@ with session_exec (python keeps its variables and imports between calls), write_
 read_file and list_files. It runs where `tier`, `runtime` and `image` say, as run_code does \
 (runtime \"runsc\" for gVisor, tier \"microvm\" for a guest kernel), for its whole life; the \
 answer says the isolation in force. A session ends after being idle for a while (the server's \
-idle TTL); end it with close_session when done.",
+idle TTL); end it with close_session when done. A `name` finds it again: create_session with \
+the same name and `get_or_create` answers that session while it lives.",
         annotations(open_world_hint = false),
         output_schema = schemas::session()
     )]
@@ -1110,7 +1124,11 @@ mod tests {
         for (name, own, shared) in [
             ("run_code", &["language", "code", "rich"][..], &shared[..]),
             ("run_command", &["argv"][..], &shared[..]),
-            ("create_session", &["timeout", "idle_ttl"][..], &[][..]),
+            (
+                "create_session",
+                &["timeout", "idle_ttl", "name", "metadata", "get_or_create"][..],
+                &[][..],
+            ),
         ] {
             let t = tools.iter().find(|t| t.name == name).unwrap();
             let listed: std::collections::BTreeSet<&str> = t.input_schema["properties"]
@@ -1163,6 +1181,15 @@ mod tests {
         assert_eq!((vm.tier, vm.runtime), (Some(Tier::Microvm), None));
         let none = session_spec(args(json!({}))).unwrap();
         assert_eq!((none.tier, none.runtime, none.platform), (None, None, None));
+        assert_eq!((&none.name, none.get_or_create), (&None, false));
+        let named = session_spec(args(json!({"name": "build", "metadata": {"k": "v"},
+            "get_or_create": true})))
+        .unwrap();
+        assert_eq!(
+            (named.name.as_deref(), named.get_or_create),
+            (Some("build"), true)
+        );
+        assert_eq!(named.metadata, BTreeMap::from([("k".into(), "v".into())]));
         // A wrong name is the tool's error naming the argument, as a run's is.
         let e = session_spec(args(json!({"platform": "xen"}))).unwrap_err();
         let data = e.structured_content.unwrap();

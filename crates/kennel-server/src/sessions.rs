@@ -1,6 +1,6 @@
 //! Sessions: a long-lived agent sandbox per agent's multi-step work.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::agent::AgentSandbox;
 use kennel_types::api::{Isolation, SessionEnd, SessionInfo};
-use kennel_types::policy::Limits;
+use kennel_types::policy::{Limits, Network, Platform, Policy, Runtime, Tier};
 
 /// The least memory a session's sandbox may have: its python agent needs some 16M to start
 /// (measured), and twice that leaves room for the code it runs.
@@ -39,6 +39,83 @@ pub struct Session {
     ended: OnceLock<(SessionEnd, Instant)>,
     /// The server is ending it (deleted, expired, shut down): its sandbox's death is ours.
     closing: std::sync::atomic::AtomicBool,
+    /// Its name and metadata, and the shape `get_or_create` compares.
+    pub label: Label,
+}
+
+/// What a session is called and labelled with, and what its sandbox was asked to be.
+#[derive(Debug, Clone)]
+pub struct Label {
+    /// Unique among its token's open sessions.
+    pub name: Option<String>,
+    pub metadata: BTreeMap<String, String>,
+    /// What `get_or_create` compares (for a named session; kept for any).
+    pub shape: Shape,
+}
+
+/// The fields of a session's policy that `get_or_create` compares: what its sandbox is, as
+/// the server resolved the request (defaults and the token's rules applied), so that two
+/// requests that differ only in spelling a default out match.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Shape {
+    tier: Tier,
+    /// Only for the oci tier: the others have none.
+    runtime: Option<Runtime>,
+    platform: Option<Platform>,
+    image: Option<String>,
+    limits: Limits,
+    network: Network,
+    env: BTreeMap<String, String>,
+}
+
+impl Shape {
+    pub fn of(policy: &Policy) -> Shape {
+        Shape {
+            tier: policy.tier,
+            runtime: (policy.tier == Tier::Oci).then_some(policy.oci.runtime),
+            platform: policy.oci.platform,
+            image: policy.filesystem.image.clone(),
+            limits: policy.limits.clone(),
+            network: policy.network.clone(),
+            env: policy.env.clone(),
+        }
+    }
+
+    /// The fields in which `other` differs from this, as a request names them
+    /// (`limits.memory`, `network`); none when they match. Env values are never shown.
+    pub fn differences(&self, other: &Shape) -> Vec<String> {
+        let mut fields: Vec<String> = [
+            ("tier", self.tier != other.tier),
+            ("runtime", self.runtime != other.runtime),
+            ("platform", self.platform != other.platform),
+            ("image", self.image != other.image),
+        ]
+        .into_iter()
+        .filter(|(_, differ)| *differ)
+        .map(|(field, _)| field.to_string())
+        .collect();
+        fields.extend(limit_differences(&self.limits, &other.limits));
+        if self.network != other.network {
+            fields.push("network".into());
+        }
+        if self.env != other.env {
+            fields.push("env".into());
+        }
+        fields
+    }
+}
+
+/// The limits that differ, each as `limits.<name>`: read through their wire form, so that a
+/// limit added later is compared too.
+fn limit_differences(a: &Limits, b: &Limits) -> Vec<String> {
+    let (a, b) = (serde_json::to_value(a), serde_json::to_value(b));
+    let (Ok(serde_json::Value::Object(a)), Ok(serde_json::Value::Object(b))) = (a, b) else {
+        return vec!["limits".into()];
+    };
+    a.iter()
+        .filter(|(k, v)| b.get(*k) != Some(v))
+        .map(|(k, _)| format!("limits.{k}"))
+        .collect()
 }
 
 /// A random 128-bit id in hex.
@@ -55,6 +132,7 @@ impl Session {
         limits: Limits,
         idle_ttl: Duration,
         max_lifetime: Duration,
+        label: Label,
     ) -> Session {
         // Known once the sandbox has started, which it has: its agent answered.
         let isolation = agent.usage_now().map(|(i, _)| i).unwrap_or_default();
@@ -72,6 +150,7 @@ impl Session {
             max_lifetime,
             ended: OnceLock::new(),
             closing: false.into(),
+            label,
         }
     }
 
@@ -164,6 +243,8 @@ impl Session {
             expires_in_s: self.remaining().as_secs(),
             limits: self.limits.clone(),
             isolation: self.isolation.clone(),
+            name: self.label.name.clone(),
+            metadata: self.label.metadata.clone(),
             ended: self.ended().cloned(),
         }
     }
@@ -184,6 +265,33 @@ pub struct Sessions {
     map: RwLock<HashMap<String, Arc<Session>>>,
     /// Sessions being created, by token: counted against the caps before their sandbox exists.
     pending: Mutex<Vec<String>>,
+    /// A lock per (token, name) being created or got: held from the check for a session of
+    /// that name until the new one is in the map, so that two creates of one name make one.
+    names: Mutex<HashMap<(String, String), Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// The hold on one token's name, while a session of that name is looked for and made.
+#[derive(Debug)]
+pub struct NameLock<'a> {
+    sessions: &'a Sessions,
+    key: (String, String),
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for NameLock<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let mut names = self
+            .sessions
+            .names
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        // Clones are only made under this lock: a count of one is the map's own, and no
+        // one else waits for the name.
+        if names.get(&self.key).is_some_and(|m| Arc::strong_count(m) == 1) {
+            names.remove(&self.key);
+        }
+    }
 }
 
 /// A place reserved for a new session of one token.
@@ -260,6 +368,37 @@ impl Sessions {
         })
     }
 
+    /// Holds `name` of `token_id` until the lock drops, waiting for whoever holds it now.
+    pub async fn lock_name(&self, token_id: &str, name: &str) -> NameLock<'_> {
+        let key = (token_id.to_string(), name.to_string());
+        let mutex = self
+            .names
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key.clone())
+            .or_default()
+            .clone();
+        let guard = mutex.lock_owned().await;
+        NameLock {
+            sessions: self,
+            key,
+            guard: Some(guard),
+        }
+    }
+
+    /// The open session of `token_id` called `name`: one whose sandbox has ended has freed
+    /// its name.
+    pub fn named(&self, token_id: &str, name: &str) -> Option<Arc<Session>> {
+        self.map
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .find(|s| {
+                s.token_id == token_id && s.label.name.as_deref() == Some(name) && s.is_open()
+            })
+            .cloned()
+    }
+
     pub fn insert(&self, s: Arc<Session>) {
         self.map
             .write()
@@ -313,5 +452,36 @@ impl Sessions {
             .map(|s| s.id.clone())
             .collect();
         dead.iter().filter_map(|id| map.remove(id)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kennel_types::policy::ByteSize;
+
+    /// The fields a `get_or_create` 409 names: each that differs, as a request writes it, and
+    /// none for the same policy.
+    #[test]
+    fn a_shape_names_the_fields_that_differ() {
+        let base = Policy::default();
+        assert_eq!(Shape::of(&base).differences(&Shape::of(&base)), Vec::<String>::new());
+        let mut other = base.clone();
+        other.limits.memory = ByteSize(128 << 20);
+        other.limits.pids = 64;
+        other.network.allow = vec!["example.com:443".into()];
+        other.env.insert("K".into(), "secret".into());
+        other.tier = Tier::Oci;
+        other.oci.runtime = Runtime::Crun;
+        let mut named = Shape::of(&base).differences(&Shape::of(&other));
+        named.sort();
+        assert_eq!(
+            named,
+            ["env", "limits.memory", "limits.pids", "network", "runtime", "tier"]
+        );
+        // A runtime outside the oci tier is none: it cannot differ there.
+        let mut native = base.clone();
+        native.oci.runtime = Runtime::Crun;
+        assert_eq!(Shape::of(&base).differences(&Shape::of(&native)), Vec::<String>::new());
     }
 }

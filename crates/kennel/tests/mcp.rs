@@ -808,3 +808,31 @@ fn background_processes_forwarded_to_kennel_serve() {
     let server = Server::start_with("mcp-procs", "[pool]\npython = 0\nbash = 0\n", &[], None);
     background_processes_through(Mcp::start(&["--server", &server.client.base]));
 }
+
+/// create_session takes a name and metadata: the same name again is a conflict the tool says,
+/// and with `get_or_create` the answer is the same session.
+#[test]
+fn create_session_takes_a_name_and_gets_it_again() {
+    let mut mcp = Mcp::start(&[]);
+    let first = mcp.call_tool(
+        "create_session",
+        json!({"name": "mcp-named", "metadata": {"k": "v"}}),
+    );
+    let s = &first["structuredContent"];
+    assert_eq!((&s["name"], &s["metadata"]), (&json!("mcp-named"), &json!({"k": "v"})), "{first}");
+    let sid = s["session_id"].as_str().unwrap().to_string();
+    let again = mcp.call_tool("create_session", json!({"name": "mcp-named"}));
+    assert_eq!(again["isError"], true, "{again}");
+    assert_eq!(
+        again["structuredContent"]["error"],
+        json!({"status": 409, "code": "conflict", "message": format!(
+            "this token has a session named \"mcp-named\" ({sid}): end it first, or send \
+             \"get_or_create\": true to use it")}),
+        "{again}"
+    );
+    let got = mcp.call_tool(
+        "create_session",
+        json!({"name": "mcp-named", "get_or_create": true}),
+    );
+    assert_eq!(got["structuredContent"]["session_id"], json!(sid), "{got}");
+}

@@ -530,13 +530,16 @@ class AsyncClient:
                 env: Optional[Mapping[str, str]] = None, network: Any = None,
                 idle_ttl: c.Timeout = None, tier: Optional[str] = None,
                 runtime: Optional[str] = None, platform: Optional[str] = None,
-                image: Optional[str] = None) -> c.Opening[AsyncSession]:
+                image: Optional[str] = None, name: Optional[str] = None,
+                metadata: Optional[Mapping[str, str]] = None,
+                get_or_create: bool = False) -> c.Opening[AsyncSession]:
         """``async with client.session() as s:`` (ended on exit), or
         ``s = await client.session()`` (end it with ``await s.close()``); the options are
         :meth:`kennel.Client.session`'s (``tier=``, ``runtime=``, ``platform=``, ``image=``
-        place its sandbox)."""
+        place its sandbox; ``name=``, ``metadata=`` and ``get_or_create=`` label it)."""
         body = c.session_body(limits=limits, env=env, network=network, idle_ttl=idle_ttl,
-                              tier=tier, runtime=runtime, platform=platform, image=image)
+                              tier=tier, runtime=runtime, platform=platform, image=image,
+                              name=name, metadata=metadata, get_or_create=get_or_create)
 
         async def create() -> AsyncSession:
             r = await self._request("POST", "/v1/sessions", json=body)
@@ -546,9 +549,18 @@ class AsyncClient:
 
     create_session = session
 
-    async def list_sessions(self) -> List[SessionInfo]:
-        r = await self._request("GET", "/v1/sessions")
+    def get_or_create(self, name: str, **options: Any) -> c.Opening[AsyncSession]:
+        """:meth:`kennel.Client.get_or_create`, awaited or in ``async with``."""
+        return self.session(name=name, get_or_create=True, **options)
+
+    async def list_sessions(self, *, name: Optional[str] = None,
+                            metadata: Optional[Mapping[str, str]] = None) -> List[SessionInfo]:
+        """:meth:`kennel.Client.list_sessions`: ``name`` and ``metadata`` filter."""
+        params = c.sessions_params(name, metadata)
+        r = await self._request("GET", "/v1/sessions", params=params)
         return [SessionInfo.from_dict(d) for d in r.json()]
+
+    sessions = list_sessions
 
     async def get_session(self, session_id: str) -> SessionInfo:
         return SessionInfo.from_dict((await self._request("GET", c.session_url(session_id))).json())

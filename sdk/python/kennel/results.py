@@ -455,7 +455,8 @@ class SessionInfo:
 
     ``isolation`` is the isolation its sandbox runs under, as a run's result reports it
     (``isolation.tier``, ``isolation.runtime["name"]``); ``ended`` is set once the sandbox
-    has died on its own, and says why.
+    has died on its own, and says why. ``name`` (unique among the token's open sessions) and
+    ``metadata`` are as it was created with them.
     """
 
     id: str
@@ -466,6 +467,8 @@ class SessionInfo:
     limits: Dict[str, Any]
     isolation: Optional[Isolation] = None
     ended: Optional[SessionEnd] = None
+    name: Optional[str] = None
+    metadata: Dict[str, str] = field(default_factory=dict)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -480,6 +483,8 @@ class SessionInfo:
             limits=dict(d.get("limits") or {}),
             isolation=Isolation.from_dict(iso) if iso is not None else None,
             ended=SessionEnd.from_dict(end) if end is not None else None,
+            name=d.get("name"),
+            metadata=dict(d.get("metadata") or {}),
             raw=d,
         )
 

@@ -67,6 +67,22 @@ export interface SessionOptions extends Placement {
   network?: RunOptions["network"];
   /** End the session after this long unused. */
   idleTtl?: Timeout;
+  /** Unique among this token's open sessions: 1 to 63 of a-z, 0-9, `.`, `_` and `-`. A taken
+   * name is a `Conflict`, unless `getOrCreate`. */
+  name?: string;
+  /** At most 16 labels (keys of 1 to 64 bytes, values of at most 256), which
+   * {@link Client.listSessions} filters by. */
+  metadata?: Record<string, string>;
+  /** With `name`: this token's open session of that name when its spec matches (a
+   * `Conflict` naming the fields that differ otherwise), else a new one. */
+  getOrCreate?: boolean;
+}
+
+/** What {@link Client.listSessions} keeps: the session of `name`, and those with all of
+ * `metadata`'s pairs. */
+export interface SessionFilter {
+  name?: string;
+  metadata?: Record<string, string>;
 }
 
 /** What a session exec takes besides its code. */
@@ -227,14 +243,36 @@ export class Client {
       network: network(options.network),
       idle_ttl: span(options.idleTtl),
       ...placement(options),
+      name: options.name,
+      metadata: options.metadata,
+      get_or_create: options.getOrCreate || undefined,
     });
     const info: SessionInfo = await (await this.request("POST", "/v1/sessions", { json: body })).json();
     return new Session(this, info);
   }
 
-  /** This token's open sessions. */
-  async listSessions(): Promise<SessionInfo[]> {
-    return (await this.request("GET", "/v1/sessions")).json();
+  /** This token's open session called `name` when its spec matches `options`, else a new one
+   * of that name (see {@link SessionOptions.getOrCreate}). */
+  getOrCreate(name: string, options: Omit<SessionOptions, "name" | "getOrCreate"> = {}): Promise<Session> {
+    return this.session({ ...options, name, getOrCreate: true });
+  }
+
+  /** This token's sessions, oldest first; `filter` keeps the one of a name, and those with
+   * all of its metadata pairs (sent as E2B sends them: one `metadata` parameter whose value
+   * is itself a query string). */
+  async listSessions(filter: SessionFilter = {}): Promise<SessionInfo[]> {
+    const query: Record<string, string> = {};
+    if (filter.name !== undefined) query.name = filter.name;
+    if (filter.metadata && Object.keys(filter.metadata).length > 0) {
+      query.metadata = new URLSearchParams(filter.metadata).toString();
+    }
+    const given = Object.keys(query).length > 0 ? query : undefined;
+    return (await this.request("GET", "/v1/sessions", { query: given })).json();
+  }
+
+  /** {@link listSessions}. */
+  sessions(filter: SessionFilter = {}): Promise<SessionInfo[]> {
+    return this.listSessions(filter);
   }
 
   /** `GET /healthz`. */
@@ -334,6 +372,16 @@ export class Session {
    * `tier`, and `runtime.name` (`runsc`, `crun`, ...; `qemu-microvm` in a microVM). */
   get isolation(): Isolation {
     return this.info.isolation;
+  }
+
+  /** The session's name, unique among its token's open sessions; null without one. */
+  get name(): string | null {
+    return this.info.name ?? null;
+  }
+
+  /** The session's labels, as it was created with them. */
+  get metadata(): Record<string, string> {
+    return this.info.metadata ?? {};
   }
 
   /** Set once the sandbox has died on its own (as of creation or the last {@link refresh}):

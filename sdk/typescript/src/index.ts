@@ -14,6 +14,7 @@ export type {
   FileData,
   RunOptions,
   SessionOptions,
+  SessionFilter,
   Timeout,
 } from "./client.js";
 export { Processes } from "./processes.js";
@@ -51,6 +52,7 @@ export {
   NotFound,
   SessionEnded,
   TooLarge,
+  Conflict,
   Unauthorized,
 } from "./errors.js";
 export type { components, paths } from "./openapi.js";

@@ -4,6 +4,7 @@
 //! operation can answer.
 
 use serde_json::{json, Map, Value};
+use kennel_types::api::{MAX_METADATA_KEYS, MAX_METADATA_KEY_BYTES, MAX_METADATA_VALUE_BYTES};
 use utoipa::OpenApi;
 
 use super::{processes, routes, terminals, watch};
@@ -680,6 +681,19 @@ fn constrain_session_spec(spec: &mut Value, config: &ServerConfig) {
         "End the session after this long unused (default: this server's idle TTL).",
         (lo, hi),
     );
+    // Bytes, which a schema cannot count: the lengths here are in characters, the same for
+    // ASCII; the server counts bytes.
+    props["metadata"] = json!({
+        "type": "object",
+        "description": props["metadata"]["description"],
+        "maxProperties": MAX_METADATA_KEYS,
+        "propertyNames": {"type": "string", "minLength": 1, "maxLength": MAX_METADATA_KEY_BYTES},
+        "additionalProperties": {"type": "string", "maxLength": MAX_METADATA_VALUE_BYTES},
+    });
+    // `get_or_create` gets the session of a name: without one it is refused.
+    spec["if"] = json!({"required": ["get_or_create"],
+        "properties": {"get_or_create": {"const": true}}});
+    spec["then"] = json!({"required": ["name"], "properties": {"name": {"type": "string"}}});
 }
 
 fn constrain_exec_spec(spec: &mut Value, b: &Bounds) {

@@ -23,7 +23,7 @@ mod terminal;
 mod watch;
 
 pub use crate::agent::ReadFrom;
-pub use action::{Accepted, Action, AttachTo, Caller, Live, RichSink};
+pub use action::{Accepted, Action, AttachTo, Caller, Live, RichSink, SessionFilter};
 pub use counts::Ticket;
 pub use error::{Refusal, ServiceError};
 pub use process::{ProcessEvent, ProcessStream};
@@ -63,10 +63,13 @@ impl Service {
                     None => Reply::RunStatus(Box::new(info)),
                 })
             }
-            Action::CreateSession { spec } => session::create(self, caller, &spec)
-                .await
-                .map(Reply::SessionCreated),
-            Action::ListSessions => Ok(Reply::Sessions(session::list(self, caller))),
+            Action::CreateSession { spec } => Ok(match session::create(self, caller, &spec).await? {
+                session::Created::New(info) => Reply::SessionCreated(info),
+                session::Created::Found(info) => Reply::Session(info),
+            }),
+            Action::ListSessions { filter } => {
+                Ok(Reply::Sessions(session::list(self, caller, &filter)))
+            }
             Action::ShowSession { id } => {
                 Ok(Reply::Session(session::owned(self, caller, &id)?.info()))
             }

@@ -3,14 +3,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::action::{Accepted, Caller, Live};
+use super::action::{Accepted, Caller, Live, SessionFilter};
 use super::error::{count, Refusal, ServiceError};
 use super::state::{in_slot, Service};
 use crate::agent::{AgentError, AgentSandbox, Exec, Progress};
 use crate::audit::Entry;
 use crate::config::ServerConfig;
 use crate::metrics::inc;
-use crate::sessions::{Full, Session, MIN_MEMORY, MIN_PIDS};
+use crate::sessions::{Full, Label, Session, Shape, MIN_MEMORY, MIN_PIDS};
 use kennel_types::api::in_scratch;
 use kennel_types::api::{
     EndReason, ExecResult, ExecSpec, Listing, SessionEnd, SessionInfo, SessionSpec,
@@ -91,15 +91,69 @@ fn missing_is_not_found(e: AgentError, path: &str, what: &str) -> ServiceError {
     }
 }
 
+/// A create's answer: a session started for it, or the one of its name `get_or_create` got.
+pub(super) enum Created {
+    New(SessionInfo),
+    Found(SessionInfo),
+}
+
 pub(super) async fn create(
     service: &Service,
     caller: &Caller,
     spec: &SessionSpec,
-) -> Result<SessionInfo, ServiceError> {
-    let config = &service.config;
+) -> Result<Created, ServiceError> {
     // Every field is checked before a place is taken: a bad one costs the token nothing.
+    spec.check_label()?;
     let policy = policy_for(service, caller, spec)?;
-    let idle_ttl = idle_ttl(config, spec.idle_ttl)?;
+    let idle_ttl = idle_ttl(&service.config, spec.idle_ttl)?;
+    let label = Label {
+        name: spec.name.clone(),
+        metadata: spec.metadata.clone(),
+        shape: Shape::of(&policy),
+    };
+    let Some(name) = &spec.name else {
+        return start(service, caller, policy, idle_ttl, label).await;
+    };
+    // Held until the new session is in the map: a second create of the name waits, then
+    // finds it.
+    let _name = service.sessions.lock_name(&caller.0, name).await;
+    if let Some(existing) = service.sessions.named(&caller.0, name) {
+        return found(&existing, spec.get_or_create, &label.shape);
+    }
+    start(service, caller, policy, idle_ttl, label).await
+}
+
+/// The answer to a create of a name `existing` has: the session itself for a `get_or_create`
+/// whose spec matches; else a conflict that says why.
+fn found(existing: &Session, get: bool, asked: &Shape) -> Result<Created, ServiceError> {
+    let name = existing.label.name.as_deref().unwrap_or_default();
+    let id = &existing.id;
+    if !get {
+        return Err(ServiceError::Conflict(format!(
+            "this token has a session named {name:?} ({id}): end it first, or send \
+             \"get_or_create\": true to use it"
+        )));
+    }
+    let differ = existing.label.shape.differences(asked);
+    if !differ.is_empty() {
+        return Err(ServiceError::Conflict(format!(
+            "this token's session named {name:?} ({id}) differs from the one asked for in {}",
+            differ.join(", ")
+        )));
+    }
+    existing.touch();
+    Ok(Created::Found(existing.info()))
+}
+
+/// Starts a session of `policy`, labelled, once a place is free for it.
+async fn start(
+    service: &Service,
+    caller: &Caller,
+    policy: Policy,
+    idle_ttl: Duration,
+    label: Label,
+) -> Result<Created, ServiceError> {
+    let config = &service.config;
     let quota = config.share(&caller.0).map(|s| s.sessions);
     let _place = match service
         .sessions
@@ -127,20 +181,16 @@ pub(super) async fn create(
     let lifetime = config.sessions.max_lifetime.0;
     let limits = policy.limits.clone();
     let agent = start_agent(service, policy, lifetime).await?;
-    let session = Arc::new(Session::new(
-        caller.0.clone(),
-        agent,
-        limits,
-        idle_ttl,
-        lifetime,
-    ));
+    let session = Arc::new(
+        Session::new(caller.0.clone(), agent, limits, idle_ttl, lifetime, label),
+    );
     service.sessions.insert(session.clone());
     inc(&service.metrics.sessions_created);
     service
         .metrics
         .active_sessions
         .set(i64::try_from(service.sessions.len()).unwrap_or(i64::MAX));
-    Ok(session.info())
+    Ok(Created::New(session.info()))
 }
 
 /// How long a session's sandbox outlives the session's lifetime: the reaper ends the session
@@ -223,12 +273,13 @@ fn idle_ttl(config: &ServerConfig, asked: Option<Span>) -> Result<Duration, Serv
     Ok(t.0)
 }
 
-pub(super) fn list(service: &Service, caller: &Caller) -> Vec<SessionInfo> {
+pub(super) fn list(service: &Service, caller: &Caller, filter: &SessionFilter) -> Vec<SessionInfo> {
     let mut all: Vec<SessionInfo> = service
         .sessions
         .list()
         .iter()
         .filter(|s| s.token_id == caller.0)
+        .filter(|s| filter.keeps(s.label.name.as_deref(), &s.label.metadata))
         .map(|s| s.info())
         .collect();
     all.sort_by_key(|s| s.created_at_unix_ms);
