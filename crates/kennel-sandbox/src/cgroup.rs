@@ -28,6 +28,8 @@ pub enum Layout {
         pids: PathBuf,
         cpu: PathBuf,
         cpuacct: PathBuf,
+        /// The freezer hierarchy's, where the host mounts one: what a frozen pause writes.
+        freezer: Option<PathBuf>,
     },
     V2 {
         dir: PathBuf,
@@ -165,8 +167,18 @@ fn layout_in(file: &str) -> Result<(Layout, Vec<PathBuf>), CgroupError> {
         pids,
         cpu,
         cpuacct,
+        freezer: v1_dir(&mounts, &own, "freezer"),
     };
     Ok((layout, everywhere))
+}
+
+/// The directory of the v1 hierarchy of `ctrl`, where one is mounted and the process is in it.
+fn v1_dir(mounts: &[Mount], own: &[(Vec<String>, String)], ctrl: &str) -> Option<PathBuf> {
+    let mount = mounts
+        .iter()
+        .find(|m| m.fstype == "cgroup" && m.options.iter().any(|o| o == ctrl))?;
+    let (_, path) = own.iter().find(|(c, _)| c.iter().any(|c| c == ctrl))?;
+    Some(join_under(mount, path))
 }
 
 /// A cgroup2 mount point beside v1 hierarchies (a hybrid host), which crun refuses to run
@@ -292,9 +304,11 @@ impl Layout {
                 pids,
                 cpu,
                 cpuacct,
+                freezer,
             } => {
                 // Co-mounted controllers (cpu,cpuacct) share a directory.
                 let mut dirs: Vec<&Path> = vec![memory, pids, cpu, cpuacct];
+                dirs.extend(freezer.as_deref());
                 dirs.sort();
                 dirs.dedup();
                 dirs
@@ -310,11 +324,13 @@ impl Layout {
                 pids,
                 cpu,
                 cpuacct,
+                freezer,
             } => Layout::V1 {
                 memory: memory.join(name),
                 pids: pids.join(name),
                 cpu: cpu.join(name),
                 cpuacct: cpuacct.join(name),
+                freezer: freezer.as_ref().map(|f| f.join(name)),
             },
             Layout::V2 { dir } => Layout::V2 {
                 dir: dir.join(name),
@@ -457,6 +473,16 @@ impl Probe {
     /// The cgroup directories it reads, as for [`Cgroup::paths`].
     pub fn paths(&self) -> Vec<String> {
         self.0.paths()
+    }
+
+    /// The directory whose freezer holds the cgroup and everything beneath it, and whether
+    /// it is cgroup2's (`cgroup.freeze`) rather than the v1 freezer hierarchy's, where the
+    /// host mounts one.
+    pub fn freezer_dir(&self) -> Option<(PathBuf, bool)> {
+        match &self.0 {
+            Layout::V1 { freezer, .. } => freezer.clone().map(|d| (d, false)),
+            Layout::V2 { dir } => Some((dir.clone(), true)),
+        }
     }
 
     pub fn read(&self) -> Stats {

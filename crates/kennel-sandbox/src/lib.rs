@@ -25,6 +25,7 @@ mod egress;
 mod engine;
 mod error;
 mod fail;
+mod freeze;
 mod helper;
 mod image;
 mod microvm;
@@ -51,6 +52,7 @@ pub use engine::{Backend, Engine};
 pub use error::{Error, PolicyError, SetupStep};
 pub use native::{sandbox_root_host_uid, Native};
 pub use role::{maybe_run_helper, run_helper};
+pub use freeze::{CgroupFreezer, Freeze, FreezeError};
 pub use supervise::io::{
     Canceller, OnStarted, OutputMode, OutputSink, RunIo, Started, StdinSource,
 };

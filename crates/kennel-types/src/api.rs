@@ -898,6 +898,11 @@ pub struct SessionSpec {
     /// `metadata` stay as they are. Without `name`, a 400.
     #[serde(default)]
     pub get_or_create: bool,
+    /// What the idle TTL does: `end` the session (the default) or `pause` it (`saved` where
+    /// the tier can, else `frozen`, ended after the server's `sessions.max_frozen`); the
+    /// next call to a paused session resumes it.
+    #[serde(default)]
+    pub on_idle: crate::pause::OnIdle,
 }
 
 /// The most metadata keys a session takes.
@@ -1069,6 +1074,18 @@ pub struct SessionInfo {
     /// Set once the session's sandbox has died on its own (its execs then get 410): why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended: Option<SessionEnd>,
+    /// `running`, `paused` or `ended`.
+    #[serde(default)]
+    pub state: crate::pause::SessionState,
+    /// What its idle TTL does: `end` or `pause`.
+    #[serde(default)]
+    pub on_idle: crate::pause::OnIdle,
+    /// While it is paused: how, and what was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<crate::pause::Paused>,
+    /// What its last resume brought back, once it has been resumed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_resume: Option<crate::pause::ResumeReport>,
 }
 
 /// How a session's sandbox died on its own. An ended session holds no quota; its id answers
@@ -1098,6 +1115,12 @@ pub enum EndReason {
     Killed,
     /// Its agent exited on its own.
     Crashed,
+    /// It was kept frozen (paused with `keep: frozen`) for the server's
+    /// `sessions.max_frozen`, and ended to free the memory it held.
+    MaxFrozen,
+    /// The server stopped (or was killed) while the session ran or was frozen: its sandbox
+    /// went with it. Only a `saved` pause outlives its server.
+    Lost,
 }
 
 impl SessionEnd {
@@ -1124,6 +1147,14 @@ impl SessionEnd {
             EndReason::Crashed => format!(
                 "the session's sandbox ended on its own (crashed, {status}); start a new session"
             ),
+            EndReason::MaxFrozen => "the session was kept frozen for the server's \
+                `sessions.max_frozen` and ended to free its memory (max_frozen); start a new \
+                session, and pause with `keep: saved` in a tier that can save to keep one longer"
+                .into(),
+            EndReason::Lost => "the server stopped while the session ran or was frozen, and \
+                its sandbox went with it (lost); start a new session (only a `saved` pause \
+                outlives its server)"
+                .into(),
         }
     }
 }

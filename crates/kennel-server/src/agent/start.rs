@@ -171,6 +171,7 @@ impl AgentSandbox {
             ended,
             ending,
             started: Instant::now(),
+            frozen: super::sandbox::Frozen::default(),
         };
         match agent.call(&Request::Ping, ready_within, |_| {}).await {
             Ok(_) => Ok(agent),
