@@ -1180,7 +1180,7 @@ pub struct ExecSpec {
     /// where the sandbox cannot give uid 1000 (runsc, `capabilities = "none"`, one id mapped,
     /// docker without user namespace remapping).
     #[serde(default)]
-    pub user: crate::user::User,
+    pub user: User,
 }
 
 /// A format a figure is rendered in, as a rich output's MIME type.
@@ -1375,6 +1375,39 @@ impl Outcome {
     }
 }
 
+/// Who a session's exec, background process or terminal runs as.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
+    schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum User {
+    /// What a run gets: root of the sandbox's user namespace, or nobody where the README says
+    /// so (runsc on the host's view, docker without user namespace remapping).
+    #[default]
+    Default,
+    /// uid and gid 1000, with no supplementary groups, `HOME=/workspace` (which it owns),
+    /// `USER=LOGNAME=user`. Refused (400) where the sandbox has no uid 1000 of its own or
+    /// cannot switch to it; see `User::check` (user.rs).
+    User,
+}
+
+impl User {
+    /// Whether this is [`User::Default`] (such a request's agent line leaves the field out).
+    pub fn is_default(&self) -> bool {
+        *self == User::Default
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1488,7 +1521,7 @@ mod tests {
             stdin: None,
             timeout: Some("1s".parse().unwrap()),
             figure_formats: Some(vec![FigureFormat::Svg]),
-            user: crate::user::User::User,
+            user: User::User,
         };
         let wire = serde_json::to_value(&exec).unwrap();
         assert_eq!(serde_json::from_value::<ExecSpec>(wire).unwrap(), exec);

@@ -47,7 +47,7 @@ pub struct ProcessSpec {
     /// Who runs it: `default` (the sandbox's root, as a run) or `user` (uid 1000, HOME
     /// /workspace), a 400 where the sandbox cannot give uid 1000, as for an exec.
     #[serde(default)]
-    pub user: crate::user::User,
+    pub user: crate::api::User,
 }
 
 impl ProcessSpec {

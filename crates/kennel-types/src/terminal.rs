@@ -70,7 +70,7 @@ pub struct TerminalSpec {
     /// Who its shell runs as: `default` or `user` (uid 1000, `HOME=/workspace`), a 400 where
     /// the sandbox cannot give uid 1000, as for an exec.
     #[serde(default)]
-    pub user: crate::user::User,
+    pub user: crate::api::User,
 }
 
 /// The shell a terminal runs.

@@ -1,46 +1,14 @@
 //! Who a session's exec, process or terminal runs as: the sandbox's default user, or `user`
 //! (uid and gid 1000, as E2B's unprivileged default), and where `user` cannot be had.
 
-use serde::{Deserialize, Serialize};
-
 use crate::api::Isolation;
+pub use crate::api::User;
 use crate::error::PolicyError;
 
 /// The uid and gid of [`User::User`] inside the sandbox.
 pub const USER_ID: u32 = 1000;
 
-/// Who a session's exec, background process or terminal runs as.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    Default,
-    PartialEq,
-    Eq,
-    Hash,
-    Serialize,
-    Deserialize,
-    utoipa::ToSchema,
-    schemars::JsonSchema,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum User {
-    /// What a run gets: root of the sandbox's user namespace, or nobody where the README says
-    /// so (runsc on the host's view, docker without user namespace remapping).
-    #[default]
-    Default,
-    /// uid and gid 1000, with no supplementary groups, `HOME=/workspace` (which it owns),
-    /// `USER=LOGNAME=user`. Refused (400) where the sandbox has no uid 1000 of its own or
-    /// cannot switch to it; see [`User::check`].
-    User,
-}
-
 impl User {
-    /// Whether this is [`User::Default`] (such a request's agent line leaves the field out).
-    pub fn is_default(&self) -> bool {
-        *self == User::Default
-    }
-
     /// Refuses `user` where the session's sandbox cannot give it, as its `isolation` says;
     /// `default` always passes.
     pub fn check(self, isolation: &Isolation) -> Result<(), PolicyError> {
