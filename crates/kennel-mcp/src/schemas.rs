@@ -228,3 +228,21 @@ pub fn killed() -> Arc<JsonObject> {
         &["pid", "killed"],
     )
 }
+
+/// The schema of a result that is one of Kennel's own types, as schemars writes it.
+fn of_type<T: schemars::JsonSchema>() -> Arc<JsonObject> {
+    match serde_json::to_value(schemars::schema_for!(T)) {
+        Ok(Value::Object(map)) => Arc::new(map),
+        _ => Arc::default(),
+    }
+}
+
+/// pause_session.
+pub fn paused() -> Arc<JsonObject> {
+    of_type::<kennel_types::pause::Paused>()
+}
+
+/// resume_session.
+pub fn resumed() -> Arc<JsonObject> {
+    of_type::<kennel_types::pause::ResumeReport>()
+}

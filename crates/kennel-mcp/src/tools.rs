@@ -28,6 +28,7 @@ use kennel_server::service::Caller;
 use kennel_types::api::{Content, EntryKind, ExecSpec, Language, LimitsSpec, RunSpec, SessionSpec};
 use kennel_types::error::PolicyError;
 use kennel_types::policy::{Capabilities, Platform, Runtime, Span, Tier};
+use kennel_types::pause::{Keep, PauseSpec};
 use kennel_types::process::ProcessSpec;
 use kennel_types::user::User;
 
@@ -182,6 +183,18 @@ pub struct SessionExecArgs {
 pub struct SessionArgs {
     /// The id that create_session returned.
     pub session_id: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PauseArgs {
+    /// The id that create_session returned.
+    pub session_id: String,
+    /// `saved` (state to disk, sandbox ended, survives a server restart; microvm and runsc)
+    /// or `frozen` (processes stopped in place, memory resident); unset: `saved` where the
+    /// session's tier can, else `frozen`.
+    #[serde(default)]
+    pub keep: Option<Keep>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -747,6 +760,55 @@ its files and state.",
             Ok(_) => result(
                 format!("session {id} closed"),
                 json!({"session_id": id, "closed": true}),
+                false,
+            ),
+            Err(e) => failure(&e),
+        })
+    }
+
+    #[tool(
+        description = "Pause a session made by create_session: its processes stop where they \
+are and use no CPU. The answer says how (mechanism) and what was kept (memory, processes, \
+files, connections). Any later call to the session resumes it, or resume_session does.",
+        annotations(idempotent_hint = false, open_world_hint = false),
+        output_schema = schemas::paused()
+    )]
+    async fn pause_session(
+        &self,
+        params: Parameters<PauseArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let this = self.for_caller(&ctx);
+        let a = params.0;
+        let spec = PauseSpec { keep: a.keep };
+        Ok(match this.api.pause_session(&a.session_id, spec).await {
+            Ok(p) => result(
+                render::paused(&a.session_id, &p),
+                serde_json::to_value(&p).unwrap_or_default(),
+                false,
+            ),
+            Err(e) => failure(&e),
+        })
+    }
+
+    #[tool(
+        description = "Resume a paused session. The answer says what came back: its memory \
+(restored, or resident when frozen), the background processes running, and whether its files \
+came back.",
+        annotations(idempotent_hint = false, open_world_hint = false),
+        output_schema = schemas::resumed()
+    )]
+    async fn resume_session(
+        &self,
+        params: Parameters<SessionArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let this = self.for_caller(&ctx);
+        let id = params.0.session_id;
+        Ok(match this.api.resume_session(&id).await {
+            Ok(r) => result(
+                render::resumed(&id, &r),
+                serde_json::to_value(&r).unwrap_or_default(),
                 false,
             ),
             Err(e) => failure(&e),

@@ -552,6 +552,11 @@ fn kill_members(dir: &Path) -> bool {
         any = true;
         let _ = sys::kill(pid, libc::SIGKILL);
     }
+    // A v1 freezer holds the SIGKILL back from a frozen process until it is thawed (cgroup2's
+    // does not): a sandbox left frozen must still die.
+    if any && dir.join("freezer.state").exists() {
+        let _ = fs::write(dir.join("freezer.state"), "THAWED");
+    }
     any
 }
 

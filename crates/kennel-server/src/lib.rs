@@ -168,8 +168,8 @@ pub async fn serve(
             tokio::spawn(async move {
                 tokio::time::sleep(grace).await;
                 late.cancel_all();
-                for s in late.sessions.list() {
-                    s.agent.kill();
+                for agent in late.sessions.list().iter().filter_map(|s| s.agent()) {
+                    agent.kill();
                 }
             });
         })
@@ -215,6 +215,7 @@ pub async fn wait_for_signal() {
 /// idle TTL ago; the gauge of open sessions follows those that died meanwhile.
 async fn reap_sessions(service: Arc<service::Service>, mut stop: watch::Receiver<bool>) {
     while !*stop.borrow() {
+        service.pause_or_end_idle().await;
         for session in service.sessions.take_expired() {
             if session.ended().is_none() {
                 metrics::inc(&service.metrics.sessions_expired);

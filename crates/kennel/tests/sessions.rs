@@ -720,3 +720,77 @@ fn an_ended_session_frees_its_name() {
     let live = r.json()["id"].as_str().unwrap().to_string();
     assert_eq!(listed(c, "?name=oom"), [dead, live]);
 }
+
+/// `on_idle: pause`: a session whose idle TTL runs out is paused (frozen here), not ended; its
+/// next call resumes it with its state, and it says so (`last_resume`). Frozen past the
+/// server's `sessions.max_frozen`, it is ended saying why: 410 with the reason, its state
+/// `ended`, its sandbox gone.
+#[test]
+fn an_idle_session_pauses_and_one_frozen_too_long_ends_saying_so() {
+    let config = format!(
+        "{NO_POOL}[sessions]\nmax_frozen = \"3s\"\n[[tokens]]\nid = \"a\"\ntoken = \"{TOKEN}\"\n"
+    );
+    let server = Server::start_with("session-on-idle", &config, &[], Some(TOKEN));
+    let c = &server.client;
+    let spec = json!({"idle_ttl": "1s", "on_idle": "pause"});
+    let id = open_session(&server, spec)["id"].as_str().unwrap().to_string();
+    session_py(&server, &id, "x = 7");
+    let show = || c.get(&format!("/v1/sessions/{id}")).json();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while show()["state"] != "paused" {
+        assert!(Instant::now() < deadline, "never paused: {}", show());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let shown = show();
+    assert_eq!((&shown["on_idle"], &shown["paused"]["keep"]), (&json!("pause"), &json!("frozen")));
+    assert_eq!(session_py(&server, &id, "print(x)"), "7\n");
+    let shown = show();
+    assert_eq!((&shown["state"], &shown["last_resume"]["memory"]), (&json!("running"), &json!("resident")));
+
+    // Another, paused by hand, outstays `max_frozen` (3 s) and is ended, not forgotten (an
+    // ended session is, an idle TTL later: this one's is the default).
+    let id = open_session(&server, json!({}))["id"].as_str().unwrap().to_string();
+    let show = || c.get(&format!("/v1/sessions/{id}")).json();
+    let pause = c.post_json(&format!("/v1/sessions/{id}/pause"), &json!({"keep": "frozen"}));
+    assert_eq!(pause.status, 200, "{}", pause.text());
+    let before = descendants(server.pid);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while show()["state"] != "ended" {
+        assert!(Instant::now() < deadline, "never ended: {}", show());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(show()["ended"]["reason"], "max_frozen", "{}", show());
+    let (code, message) = c.exec_resp(&id, &json!({"language": "python", "code": "x"})).error(410);
+    assert_eq!(code, "session_ended");
+    assert!(message.contains("`sessions.max_frozen`"), "{message}");
+    assert_eq!(survivors(&before, Duration::from_secs(10)), Vec::<Proc>::new());
+}
+
+/// A pause while an exec runs is a conflict that changes nothing; another token's session,
+/// by id, is not found for pause or resume; `on_idle` takes only its two values.
+#[test]
+fn a_busy_or_foreign_session_is_not_paused() {
+    let server = two_tokens("session-pause-refusals");
+    let c = &server.client;
+    let id = open_session(&server, json!({}))["id"].as_str().unwrap().to_string();
+    let busy = {
+        let c = c.clone();
+        let id = id.clone();
+        std::thread::spawn(move || c.exec(&id, "bash", "sleep 3; echo done"))
+    };
+    std::thread::sleep(Duration::from_millis(800));
+    let (code, message) = c.post_json(&format!("/v1/sessions/{id}/pause"), &json!({})).error(409);
+    assert_eq!(code, "conflict");
+    assert!(message.contains("busy"), "{message}");
+    assert_eq!(busy.join().unwrap()["stdout"], "done\n");
+
+    let other = c.with_token(Some(OTHER_TOKEN));
+    for action in ["pause", "resume"] {
+        let (code, _) = other.post_json(&format!("/v1/sessions/{id}/{action}"), &json!({})).error(404);
+        assert_eq!(code, "not_found", "{action}");
+    }
+    assert_eq!(c.get(&format!("/v1/sessions/{id}")).json()["state"], "running");
+    let (code, message) = c.post_json("/v1/sessions", &json!({"on_idle": "sleep"})).error(400);
+    assert_eq!(code, "bad_request");
+    assert!(message.contains("unknown variant"), "{message}");
+}

@@ -161,6 +161,7 @@ def session_body(
     name: Optional[str] = None,
     metadata: Optional[Mapping[str, str]] = None,
     get_or_create: bool = False,
+    on_idle: Optional[str] = None,
 ) -> Dict[str, Any]:
     """A ``SessionSpec`` with only the fields given; where it runs as :func:`placement` says."""
     body: Dict[str, Any] = {}
@@ -170,6 +171,8 @@ def session_body(
         body["metadata"] = dict(metadata)
     if get_or_create:
         body["get_or_create"] = True
+    if on_idle is not None:
+        body["on_idle"] = on_idle
     lim = limits_spec(limits)
     if lim:
         body["limits"] = lim
@@ -820,3 +823,8 @@ class Opening(Generic[T]):
     async def __aexit__(self, *exc: Any) -> None:
         if self._opened is not None:
             await self._opened.__aexit__(*exc)
+
+
+def pause_body(keep: Optional[str]) -> Dict[str, Any]:
+    """A ``PauseSpec``: ``keep`` (``"saved"`` or ``"frozen"``) when given."""
+    return {} if keep is None else {"keep": keep}

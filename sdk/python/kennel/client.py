@@ -11,8 +11,8 @@ import httpx
 
 from . import _common as c
 from .errors import KennelError, NotFound
-from .results import (ExecResult, FileEntry, FileEvent, OutputChunk, ProcessEvent, ProcessInfo,
-                      RunInfo, RunResult, SessionInfo)
+from .results import (ExecResult, FileEntry, FileEvent, OutputChunk, PauseInfo, ProcessEvent,
+                      ProcessInfo, ResumeReport, RunInfo, RunResult, SessionInfo)
 from .terminal import Terminal, Terminals, attach_process
 
 R = TypeVar("R")
@@ -408,6 +408,22 @@ class Session(c.SessionFields):
         r = self._client._request("GET", c.session_url(self.id, "/files"), params={"path": path})
         return [FileEntry.from_dict(e) for e in r.json().get("entries", [])]
 
+    def pause(self, keep: Optional[str] = None) -> PauseInfo:
+        """Pauses the session: its processes stop where they are and use no CPU. ``keep`` is
+        ``"saved"`` (state to disk, survives a server restart; microvm and runsc) or
+        ``"frozen"`` (memory resident); unset, ``saved`` where the tier can, else ``frozen``.
+        The answer says how, and what was kept. Any later call resumes it, as :meth:`resume`
+        does."""
+        r = self._client._request("POST", c.session_url(self.id, "/pause"),
+                                  json=c.pause_body(keep))
+        return PauseInfo.from_dict(r.json())
+
+    def resume(self) -> ResumeReport:
+        """Resumes a paused session; the answer says what came back (:class:`kennel.Conflict`
+        when it runs)."""
+        r = self._client._request("POST", c.session_url(self.id, "/resume"))
+        return ResumeReport.from_dict(r.json())
+
     def refresh(self) -> SessionInfo:
         """The session as the server sees it now (TTL left, limits)."""
         self.info = self._client.get_session(self.id)
@@ -616,7 +632,7 @@ class Client:
                 runtime: Optional[str] = None, platform: Optional[str] = None,
                 image: Optional[str] = None, name: Optional[str] = None,
                 metadata: Optional[Mapping[str, str]] = None,
-                get_or_create: bool = False) -> Session:
+                get_or_create: bool = False, on_idle: Optional[str] = None) -> Session:
         """Creates a session; use the result as a context manager to end it on exit.
 
         ``limits`` (``timeout`` is each exec's default), ``env`` and ``network`` are as for
@@ -630,11 +646,13 @@ class Client:
         sessions: a taken one raises :class:`kennel.Conflict`, unless ``get_or_create``, which
         then answers that session when its spec matches (:class:`kennel.Conflict` naming the
         fields otherwise). ``metadata``: at most 16 labels, which :meth:`list_sessions`
-        filters by.
+        filters by. ``on_idle="pause"`` pauses the session when its idle TTL runs out (the
+        next call resumes it) instead of ending it.
         """
         body = c.session_body(limits=limits, env=env, network=network, idle_ttl=idle_ttl,
                               tier=tier, runtime=runtime, platform=platform, image=image,
-                              name=name, metadata=metadata, get_or_create=get_or_create)
+                              name=name, metadata=metadata, get_or_create=get_or_create,
+                              on_idle=on_idle)
         info = SessionInfo.from_dict(self._request("POST", "/v1/sessions", json=body).json())
         return Session(self, info)
 

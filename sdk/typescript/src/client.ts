@@ -17,6 +17,9 @@ import {
   type RunResult,
   type SessionEnd,
   type SessionInfo,
+  type Keep,
+  type Paused,
+  type ResumeReport,
   type User,
 } from "./results.js";
 import { Processes } from "./processes.js";
@@ -76,6 +79,9 @@ export interface SessionOptions extends Placement {
   /** With `name`: this token's open session of that name when its spec matches (a
    * `Conflict` naming the fields that differ otherwise), else a new one. */
   getOrCreate?: boolean;
+  /** What the idle TTL does: `"end"` the session (the default) or `"pause"` it (the next call
+   * resumes it). */
+  onIdle?: "end" | "pause";
 }
 
 /** What {@link Client.listSessions} keeps: the session of `name`, and those with all of
@@ -246,6 +252,7 @@ export class Client {
       name: options.name,
       metadata: options.metadata,
       get_or_create: options.getOrCreate || undefined,
+      on_idle: options.onIdle,
     });
     const info: SessionInfo = await (await this.request("POST", "/v1/sessions", { json: body })).json();
     return new Session(this, info);
@@ -459,6 +466,19 @@ export class Session {
       type: "application/x-tar",
       query: { path: dirPath(path) },
     });
+  }
+
+  /** Pauses the session: its processes stop where they are and use no CPU. `keep` is `"saved"`
+   * (state to disk, survives a server restart; microvm and runsc) or `"frozen"` (memory
+   * resident); unset, `saved` where the tier can, else `frozen`. Any later call resumes it. */
+  async pause(keep?: Keep): Promise<Paused> {
+    const json = keep === undefined ? {} : { keep };
+    return (await this.client.request("POST", this.path("/pause"), { json })).json();
+  }
+
+  /** Resumes a paused session; the answer says what came back (a `Conflict` when it runs). */
+  async resume(): Promise<ResumeReport> {
+    return (await this.client.request("POST", this.path("/resume"))).json();
   }
 
   /** The session as the server sees it now (its time left, say). */

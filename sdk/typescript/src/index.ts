@@ -41,6 +41,9 @@ export type {
   RunResult,
   SessionEnd,
   SessionInfo,
+  Keep,
+  Paused,
+  ResumeReport,
   User,
 } from "./results.js";
 export { verifyWebhook, WebhookVerificationError } from "./webhooks.js";

@@ -173,6 +173,7 @@ impl AgentSandbox {
     /// Ends the sandbox: the agent sees EOF and exits; a sandbox that does not end within a
     /// few seconds is killed. Returns the sandbox's own result the first time.
     pub async fn close(&self) -> Option<Result<RunResult, Error>> {
+        self.thaw_to_end();
         self.requests.hang_up();
         let done = self.done.lock().unwrap_or_else(|p| p.into_inner()).take()?;
         let mut done = std::pin::pin!(done);
@@ -212,7 +213,25 @@ impl AgentSandbox {
 
     /// Kills the sandbox at once.
     pub fn kill(&self) {
+        self.thaw_to_end();
         self.cancel.cancel();
+    }
+
+    /// Thaws a frozen sandbox that is to end: a v1 freezer holds a SIGKILL back from its
+    /// processes until they are thawed, and the agent must see its EOF. On a thread of its
+    /// own, as the engine's client (docker's) runs a runtime of its own.
+    fn thaw_to_end(&self) {
+        if !self.frozen.now.load(Ordering::SeqCst) {
+            return;
+        }
+        let freezer = {
+            let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+            live.as_ref().and_then(|s| s.freezer.clone())
+        };
+        if let Some(freezer) = freezer {
+            let _ = std::thread::spawn(move || freezer.thaw()).join();
+        }
+        self.frozen.now.store(false, Ordering::SeqCst);
     }
 }
 

@@ -7,10 +7,11 @@ use serde_json::{json, Map, Value};
 use kennel_types::api::{MAX_METADATA_KEYS, MAX_METADATA_KEY_BYTES, MAX_METADATA_VALUE_BYTES};
 use utoipa::OpenApi;
 
-use super::{processes, routes, terminals, watch};
+use super::{pause as pausing, processes, routes, terminals, watch};
 use crate::config::ServerConfig;
 use crate::pattern;
 use kennel_types::api;
+use kennel_types::pause;
 use kennel_types::policy::{self, Capabilities, Limits, Runtime};
 use kennel_types::process;
 use kennel_types::runs;
@@ -27,6 +28,8 @@ use kennel_types::terminal;
         routes::list,
         routes::show,
         routes::remove,
+        pausing::pause,
+        pausing::resume,
         routes::exec,
         routes::interrupt,
         routes::cancel,
@@ -62,6 +65,8 @@ use kennel_types::terminal;
         process::ProcessInput, process::ProcessSignal, kennel_types::user::User,
         terminal::TerminalSpec, terminal::TerminalSize, terminal::TerminalControl, terminal::TerminalNotice,
         kennel_types::watch::FileEvent, kennel_types::watch::FileEventKind,
+        pause::Keep, pause::PauseSpec, pause::OnIdle, pause::Mechanism, pause::Kept,
+        pause::SessionState, pause::Paused, pause::MemoryBack, pause::ResumeReport,
     )),
     modifiers(&BearerAuth),
     security(("bearer" = []))

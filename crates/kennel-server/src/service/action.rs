@@ -68,6 +68,17 @@ pub enum Action {
     EndSession {
         id: String,
     },
+    /// Pauses a session as its tier can: `keep` one it cannot give is refused with the
+    /// reason, as is a pause of a paused or busy session.
+    PauseSession {
+        id: String,
+        spec: kennel_types::pause::PauseSpec,
+    },
+    /// Resumes a paused session; a running one is a conflict. (Any other call to a paused
+    /// session resumes it on its own.)
+    ResumeSession {
+        id: String,
+    },
     /// Code in a session; takes a run slot as a run does. A caller that goes away (the
     /// action dropped before it ends) cancels it.
     Exec {

@@ -12,6 +12,7 @@ pub mod callback;
 mod counts;
 mod error;
 pub mod jobs;
+mod pause;
 mod process;
 mod registry;
 mod reply;
@@ -79,17 +80,23 @@ impl Service {
                 self.end_session(&s).await;
                 Ok(Reply::Done)
             }
+            Action::PauseSession { id, spec } => {
+                pause::pause(self, caller, &id, &spec).await.map(Reply::Paused)
+            }
+            Action::ResumeSession { id } => {
+                pause::resume(self, caller, &id).await.map(Reply::Resumed)
+            }
             Action::Exec { id, spec, live } => session::exec(self, caller, &id, spec, live)
                 .await
                 .map(Reply::Exec),
             Action::Interrupt { id } => {
-                session::open(self, caller, &id)?
+                session::open(self, caller, &id).await?
                     .agent
                     .control(Control::Interrupt);
                 Ok(Reply::Done)
             }
             Action::CancelExec { id } => {
-                session::open(self, caller, &id)?
+                session::open(self, caller, &id).await?
                     .agent
                     .control(Control::Cancel);
                 Ok(Reply::Done)

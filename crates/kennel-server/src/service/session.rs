@@ -10,7 +10,8 @@ use crate::agent::{AgentError, AgentSandbox, Exec, Progress};
 use crate::audit::Entry;
 use crate::config::ServerConfig;
 use crate::metrics::inc;
-use crate::sessions::{Full, Label, Session, Shape, MIN_MEMORY, MIN_PIDS};
+use crate::sessions::{Full, Label, Session, Shape, Terms, MIN_MEMORY, MIN_PIDS};
+use kennel_types::pause::OnIdle;
 use kennel_types::api::in_scratch;
 use kennel_types::api::{
     EndReason, ExecResult, ExecSpec, Listing, SessionEnd, SessionInfo, SessionSpec,
@@ -23,23 +24,40 @@ pub(super) fn owned(
     caller: &Caller,
     id: &str,
 ) -> Result<Arc<Session>, ServiceError> {
-    match service.sessions.get(id) {
-        Some(s) if s.token_id == caller.0 => Ok(s),
-        _ => Err(ServiceError::NotFound(format!("no session {id:?}"))),
+    service.session_of(caller, id)
+}
+
+/// A session ready for a call: running, with its sandbox. Derefs to the session.
+#[derive(Debug, Clone)]
+pub(super) struct Open {
+    pub session: Arc<Session>,
+    pub agent: Arc<AgentSandbox>,
+}
+
+impl std::ops::Deref for Open {
+    type Target = Session;
+
+    fn deref(&self) -> &Session {
+        &self.session
     }
 }
 
-/// The caller's session `id`, still open: one whose sandbox died answers 410 saying why.
-pub(super) fn open(
+/// The caller's session `id`, ready for a call: a paused one is resumed first (its report is
+/// its `last_resume`); one whose sandbox died answers 410 saying why.
+pub(super) async fn open(
     service: &Service,
     caller: &Caller,
     id: &str,
-) -> Result<Arc<Session>, ServiceError> {
+) -> Result<Open, ServiceError> {
     let session = owned(service, caller, id)?;
-    match session.ended() {
-        Some(end) => Err(ServiceError::SessionEnded(end.describe())),
-        None => Ok(session),
+    if let Some(end) = session.ended() {
+        return Err(ServiceError::SessionEnded(end.describe()));
     }
+    super::pause::resume_session(&session).await?;
+    let agent = session.agent().ok_or_else(|| {
+        ServiceError::SessionEnded(format!("session {id} has no sandbox: start a new session"))
+    })?;
+    Ok(Open { session, agent })
 }
 
 /// An operation's error: a sandbox gone (its agent dead, or killed as unresponsive) ends the
@@ -105,14 +123,20 @@ pub(super) async fn create(
     // Every field is checked before a place is taken: a bad one costs the token nothing.
     spec.check_label()?;
     let policy = policy_for(service, caller, spec)?;
-    let idle_ttl = idle_ttl(&service.config, spec.idle_ttl)?;
+    let sessions = &service.config.sessions;
+    let terms = Terms {
+        idle_ttl: idle_ttl(&service.config, spec.idle_ttl)?,
+        max_lifetime: sessions.max_lifetime.0,
+        on_idle: spec.on_idle,
+        max_frozen: sessions.max_frozen.0,
+    };
     let label = Label {
         name: spec.name.clone(),
         metadata: spec.metadata.clone(),
         shape: Shape::of(&policy),
     };
     let Some(name) = &spec.name else {
-        return start(service, caller, policy, idle_ttl, label).await;
+        return start(service, caller, policy, terms, label).await;
     };
     // Held until the new session is in the map: a second create of the name waits, then
     // finds it.
@@ -120,7 +144,7 @@ pub(super) async fn create(
     if let Some(existing) = service.sessions.named(&caller.0, name) {
         return found(&existing, spec.get_or_create, &label.shape);
     }
-    start(service, caller, policy, idle_ttl, label).await
+    start(service, caller, policy, terms, label).await
 }
 
 /// The answer to a create of a name `existing` has: the session itself for a `get_or_create`
@@ -150,7 +174,7 @@ async fn start(
     service: &Service,
     caller: &Caller,
     policy: Policy,
-    idle_ttl: Duration,
+    terms: Terms,
     label: Label,
 ) -> Result<Created, ServiceError> {
     let config = &service.config;
@@ -178,12 +202,17 @@ async fn start(
             }))
         }
     };
-    let lifetime = config.sessions.max_lifetime.0;
     let limits = policy.limits.clone();
-    let agent = start_agent(service, policy, lifetime).await?;
-    let session = Arc::new(
-        Session::new(caller.0.clone(), agent, limits, idle_ttl, lifetime, label),
-    );
+    let agent = start_agent(service, policy, terms.max_lifetime).await?;
+    if terms.on_idle == OnIdle::Pause && agent.freezer().is_none() {
+        agent.kill();
+        agent.close().await;
+        return Err(ServiceError::BadRequest(format!(
+            "`on_idle` \"pause\" needs a session that can pause: {}; use \"end\"",
+            super::pause::cannot_freeze(&label.shape)
+        )));
+    }
+    let session = Arc::new(Session::new(caller.0.clone(), agent, limits, terms, label));
     service.sessions.insert(session.clone());
     inc(&service.metrics.sessions_created);
     service
@@ -294,7 +323,7 @@ pub(super) async fn exec(
     live: Option<Live>,
 ) -> Result<ExecResult, ServiceError> {
     spec.check()?;
-    let session = open(service, caller, id)?;
+    let session = open(service, caller, id).await?;
     spec.user.check(&session.isolation)?;
     let max = service.config.maxima.timeout;
     let timeout = match spec.timeout {
@@ -328,7 +357,7 @@ pub(super) async fn exec(
 /// nobody waits for does not hold up the session's next one until its timeout.
 /// It names its exec by the id reserved for it: the exec may not have been sent yet (it is
 /// then never sent), or may have ended with another running after it (which is left alone).
-struct CancelIfGone(Option<(Arc<Session>, u64)>);
+struct CancelIfGone(Option<(Open, u64)>);
 
 impl Drop for CancelIfGone {
     fn drop(&mut self) {
@@ -341,7 +370,7 @@ impl Drop for CancelIfGone {
 async fn run_exec(
     service: &Service,
     caller: &Caller,
-    session: &Session,
+    session: &Open,
     spec: &ExecSpec,
     id: u64,
     timeout: Duration,
@@ -436,7 +465,7 @@ pub(super) async fn write_file(
     path: &str,
     data: &[u8],
 ) -> Result<(), ServiceError> {
-    let session = open(service, caller, id)?;
+    let session = open(service, caller, id).await?;
     let path = sandbox_path(path)?;
     if data.len() as u64 > session.limits.workspace_size.0 {
         return Err(ServiceError::TooLarge(
@@ -454,7 +483,7 @@ pub(super) async fn read_file(
     id: &str,
     path: &str,
 ) -> Result<Vec<u8>, ServiceError> {
-    let session = open(service, caller, id)?;
+    let session = open(service, caller, id).await?;
     let path = sandbox_path(path)?;
     let _busy = session.busy();
     let max = service.config.max_body.0;
@@ -477,7 +506,7 @@ pub(super) async fn delete_file(
     id: &str,
     path: &str,
 ) -> Result<(), ServiceError> {
-    let session = open(service, caller, id)?;
+    let session = open(service, caller, id).await?;
     let path = sandbox_path(path)?;
     let _busy = session.busy();
     let outcome = session.agent.delete(&path).await;
@@ -505,7 +534,7 @@ pub(super) async fn get_archive(
     id: &str,
     path: Option<String>,
 ) -> Result<Vec<u8>, ServiceError> {
-    let session = open(service, caller, id)?;
+    let session = open(service, caller, id).await?;
     let path = dir_path(path)?;
     let _busy = session.busy();
     let max = session
@@ -524,7 +553,7 @@ pub(super) async fn put_archive(
     path: Option<String>,
     data: &[u8],
 ) -> Result<(), ServiceError> {
-    let session = open(service, caller, id)?;
+    let session = open(service, caller, id).await?;
     let path = dir_path(path)?;
     let _busy = session.busy();
     let max = session.limits.workspace_size.0;
@@ -546,7 +575,7 @@ pub(super) async fn list_files(
     id: &str,
     path: Option<String>,
 ) -> Result<Listing, ServiceError> {
-    let session = open(service, caller, id)?;
+    let session = open(service, caller, id).await?;
     let path = dir_path(path)?;
     let _busy = session.busy();
     let outcome = session.agent.list(&path).await;

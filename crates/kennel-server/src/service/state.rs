@@ -130,14 +130,29 @@ impl Service {
 
     /// Destroys a session's sandbox, whatever it is doing (the session is already out of the
     /// table).
+    /// The caller's session `id`: another caller's does not exist, as far as this one can
+    /// tell (404).
+    pub(super) fn session_of(
+        &self,
+        caller: &Caller,
+        id: &str,
+    ) -> Result<Arc<crate::sessions::Session>, ServiceError> {
+        match self.sessions.get(id) {
+            Some(s) if s.token_id == caller.0 => Ok(s),
+            _ => Err(ServiceError::NotFound(format!("no session {id:?}"))),
+        }
+    }
+
     pub async fn end_session(&self, session: &crate::sessions::Session) {
         // The gauge follows the table, which the session has left already: set before the
         // sandbox's end is awaited, or a reader sees a session that answers 404 still counted.
         let open = i64::try_from(self.sessions.len()).unwrap_or(i64::MAX);
         self.metrics.active_sessions.set(open);
         session.closing();
-        session.agent.kill();
-        session.agent.close().await;
+        if let Some(agent) = session.agent() {
+            agent.kill();
+            agent.close().await;
+        }
     }
 
     /// Registers work that shutdown may have to kill; the guard unregisters it.

@@ -1,14 +1,21 @@
 //! Sessions: a long-lived agent sandbox per agent's multi-step work.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::io::Read;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use super::agent::AgentSandbox;
-use kennel_types::api::{Isolation, SessionEnd, SessionInfo};
-use kennel_types::policy::{Limits, Network, Platform, Policy, Runtime, Tier};
+use kennel_types::api::{EndReason, Isolation, SessionEnd, SessionInfo};
+use kennel_types::pause::{OnIdle, ResumeReport, SessionState};
+use kennel_types::policy::Limits;
+
+mod label;
+mod phase;
+
+pub use label::{Label, Shape};
+pub use phase::{Phase, PausedPhase};
 
 /// The least memory a session's sandbox may have: its python agent needs some 16M to start
 /// (measured), and twice that leaves room for the code it runs.
@@ -23,7 +30,9 @@ pub const MIN_PIDS: u32 = 16;
 pub struct Session {
     pub id: String,
     pub token_id: String,
-    pub agent: AgentSandbox,
+    /// Its sandbox: none while it is paused as `saved` (its state is on disk), or once a
+    /// restarted server found it gone.
+    sandbox: RwLock<Option<Arc<AgentSandbox>>>,
     pub limits: Limits,
     /// The isolation in force, as the sandbox reported it when it started.
     pub isolation: Isolation,
@@ -41,81 +50,28 @@ pub struct Session {
     closing: std::sync::atomic::AtomicBool,
     /// Its name and metadata, and the shape `get_or_create` compares.
     pub label: Label,
+    /// What its idle TTL does.
+    pub on_idle: OnIdle,
+    /// How long it may stay frozen.
+    pub max_frozen: Duration,
+    /// Running or paused.
+    phase: Mutex<Phase>,
+    /// Held by a pause or a resume: one at a time, and a call that would resume the session
+    /// waits for a pause under way to finish.
+    pub pausing: tokio::sync::Mutex<()>,
+    /// What its last resume brought back.
+    last_resume: Mutex<Option<ResumeReport>>,
+    /// The generation of its last pause.
+    generation: std::sync::atomic::AtomicU64,
 }
 
-/// What a session is called and labelled with, and what its sandbox was asked to be.
-#[derive(Debug, Clone)]
-pub struct Label {
-    /// Unique among its token's open sessions.
-    pub name: Option<String>,
-    pub metadata: BTreeMap<String, String>,
-    /// What `get_or_create` compares (for a named session; kept for any).
-    pub shape: Shape,
-}
-
-/// The fields of a session's policy that `get_or_create` compares: what its sandbox is, as
-/// the server resolved the request (defaults and the token's rules applied), so that two
-/// requests that differ only in spelling a default out match.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Shape {
-    tier: Tier,
-    /// Only for the oci tier: the others have none.
-    runtime: Option<Runtime>,
-    platform: Option<Platform>,
-    image: Option<String>,
-    limits: Limits,
-    network: Network,
-    env: BTreeMap<String, String>,
-}
-
-impl Shape {
-    pub fn of(policy: &Policy) -> Shape {
-        Shape {
-            tier: policy.tier,
-            runtime: (policy.tier == Tier::Oci).then_some(policy.oci.runtime),
-            platform: policy.oci.platform,
-            image: policy.filesystem.image.clone(),
-            limits: policy.limits.clone(),
-            network: policy.network.clone(),
-            env: policy.env.clone(),
-        }
-    }
-
-    /// The fields in which `other` differs from this, as a request names them
-    /// (`limits.memory`, `network`); none when they match. Env values are never shown.
-    pub fn differences(&self, other: &Shape) -> Vec<String> {
-        let mut fields: Vec<String> = [
-            ("tier", self.tier != other.tier),
-            ("runtime", self.runtime != other.runtime),
-            ("platform", self.platform != other.platform),
-            ("image", self.image != other.image),
-        ]
-        .into_iter()
-        .filter(|(_, differ)| *differ)
-        .map(|(field, _)| field.to_string())
-        .collect();
-        fields.extend(limit_differences(&self.limits, &other.limits));
-        if self.network != other.network {
-            fields.push("network".into());
-        }
-        if self.env != other.env {
-            fields.push("env".into());
-        }
-        fields
-    }
-}
-
-/// The limits that differ, each as `limits.<name>`: read through their wire form, so that a
-/// limit added later is compared too.
-fn limit_differences(a: &Limits, b: &Limits) -> Vec<String> {
-    let (a, b) = (serde_json::to_value(a), serde_json::to_value(b));
-    let (Ok(serde_json::Value::Object(a)), Ok(serde_json::Value::Object(b))) = (a, b) else {
-        return vec!["limits".into()];
-    };
-    a.iter()
-        .filter(|(k, v)| b.get(*k) != Some(v))
-        .map(|(k, _)| format!("limits.{k}"))
-        .collect()
+/// How long a session may live and idle, and what idling does.
+#[derive(Debug, Clone, Copy)]
+pub struct Terms {
+    pub idle_ttl: Duration,
+    pub max_lifetime: Duration,
+    pub on_idle: OnIdle,
+    pub max_frozen: Duration,
 }
 
 /// A random 128-bit id in hex.
@@ -130,8 +86,7 @@ impl Session {
         token_id: String,
         agent: AgentSandbox,
         limits: Limits,
-        idle_ttl: Duration,
-        max_lifetime: Duration,
+        terms: Terms,
         label: Label,
     ) -> Session {
         // Known once the sandbox has started, which it has: its agent answered.
@@ -139,19 +94,89 @@ impl Session {
         Session {
             id: new_id(),
             token_id,
-            agent,
+            sandbox: RwLock::new(Some(Arc::new(agent))),
             limits,
             isolation,
             created_unix_ms: super::audit::now_ms(),
             created: Instant::now(),
             last_used: Mutex::new(Instant::now()),
             busy: AtomicUsize::new(0),
-            idle_ttl,
-            max_lifetime,
+            idle_ttl: terms.idle_ttl,
+            max_lifetime: terms.max_lifetime,
             ended: OnceLock::new(),
             closing: false.into(),
             label,
+            on_idle: terms.on_idle,
+            max_frozen: terms.max_frozen,
+            phase: Mutex::new(Phase::Running),
+            pausing: tokio::sync::Mutex::new(()),
+            last_resume: Mutex::new(None),
+            generation: 0.into(),
         }
+    }
+
+    /// Its sandbox, while it has one.
+    pub fn agent(&self) -> Option<Arc<AgentSandbox>> {
+        self.sandbox
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Its phase now.
+    pub fn phase(&self) -> Phase {
+        self.phase.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Whether it is paused.
+    pub fn is_paused(&self) -> bool {
+        self.phase().paused().is_some()
+    }
+
+    /// Records a pause (its generation is the next one); the answer.
+    pub fn paused(&self, mut phase: PausedPhase) -> kennel_types::pause::Paused {
+        phase.info.generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
+        let info = phase.info.clone();
+        *self.phase.lock().unwrap_or_else(|p| p.into_inner()) = Phase::Paused(phase);
+        info
+    }
+
+    /// Records a resume and what it brought back; its idle time starts again.
+    pub fn resumed(&self, report: ResumeReport) {
+        *self.phase.lock().unwrap_or_else(|p| p.into_inner()) = Phase::Running;
+        *self.last_resume.lock().unwrap_or_else(|p| p.into_inner()) = Some(report);
+        self.touch();
+    }
+
+    /// Ends the session for `reason` (its sandbox is the caller's to stop): it answers 410
+    /// saying so until it is forgotten.
+    pub fn end_as(&self, reason: EndReason) {
+        let end = SessionEnd {
+            reason,
+            exit_code: None,
+            signal: None,
+            ended_at_unix_ms: u64::try_from(super::audit::now_ms()).unwrap_or(u64::MAX),
+        };
+        let _ = self.ended.set((end, Instant::now()));
+    }
+
+    /// Whether its idle TTL has run out while it runs, and it pauses rather than ends then.
+    pub fn pauses_now(&self) -> bool {
+        self.on_idle == OnIdle::Pause
+            && self.is_open()
+            && !self.is_paused()
+            && self.busy.load(Ordering::SeqCst) == 0
+            && self.idle_left().is_zero()
+            && !self.life_left().is_zero()
+    }
+
+    /// Whether it has been frozen for its `max_frozen`.
+    pub fn frozen_out(&self) -> bool {
+        self.is_open()
+            && self
+                .phase()
+                .frozen_left(self.max_frozen)
+                .is_some_and(|left| left.is_zero())
     }
 
     /// Why the session's sandbox died, if it has.
@@ -179,7 +204,7 @@ impl Session {
     /// Marks the session ended, if its sandbox has.
     fn mark_if_ended(&self) {
         if self.ended.get().is_none() {
-            if let Some(end) = self.agent.ending() {
+            if let Some(end) = self.agent().and_then(|a| a.ending()) {
                 let _ = self.ended.set((end, Instant::now()));
             }
         }
@@ -188,7 +213,9 @@ impl Session {
     /// Waits for the end of a sandbox whose agent is gone (a sandbox still running without
     /// its agent is killed), and marks the session ended: how it ended.
     pub async fn lost(&self) -> SessionEnd {
-        self.agent.close().await;
+        if let Some(agent) = self.agent() {
+            agent.close().await;
+        }
         self.mark_if_ended();
         match self.ended() {
             Some(end) => end.clone(),
@@ -213,25 +240,45 @@ impl Session {
         Busy(self)
     }
 
-    /// Time left before the idle TTL or the lifetime ends the session; for an ended one,
-    /// before it is forgotten.
+    /// Time left before the idle TTL or the lifetime ends the session (a paused one's idle
+    /// TTL does not run; a frozen one has its `max_frozen` instead); for an ended one, before
+    /// it is forgotten.
     pub fn remaining(&self) -> Duration {
         self.mark_if_ended();
-        let by_life = self.max_lifetime.saturating_sub(self.created.elapsed());
+        let by_life = self.life_left();
         if let Some((_, at)) = self.ended.get() {
             return self.idle_ttl.saturating_sub(at.elapsed()).min(by_life);
+        }
+        let phase = self.phase();
+        if phase.paused().is_some() {
+            return phase
+                .frozen_left(self.max_frozen)
+                .map_or(by_life, |f| f.min(by_life));
+        }
+        self.idle_left().min(by_life)
+    }
+
+    /// Time left of its lifetime.
+    fn life_left(&self) -> Duration {
+        self.max_lifetime.saturating_sub(self.created.elapsed())
+    }
+
+    /// Time left before its idle TTL runs out (all of it while it is busy).
+    fn idle_left(&self) -> Duration {
+        if self.busy.load(Ordering::SeqCst) > 0 {
+            return self.idle_ttl;
         }
         let idle = self
             .last_used
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .elapsed();
-        let by_idle = if self.busy.load(Ordering::SeqCst) > 0 {
-            self.idle_ttl
-        } else {
-            self.idle_ttl.saturating_sub(idle)
-        };
-        by_idle.min(by_life)
+        self.idle_ttl.saturating_sub(idle)
+    }
+
+    /// Whether an exec or file operation is under way.
+    pub fn is_busy(&self) -> bool {
+        self.busy.load(Ordering::SeqCst) > 0
     }
 
     pub fn info(&self) -> SessionInfo {
@@ -246,6 +293,27 @@ impl Session {
             name: self.label.name.clone(),
             metadata: self.label.metadata.clone(),
             ended: self.ended().cloned(),
+            state: self.state(),
+            on_idle: self.on_idle,
+            paused: self.phase().paused().map(|p| p.info.clone()),
+            last_resume: self
+                .last_resume
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        }
+    }
+}
+
+impl Session {
+    /// `running`, `paused` or `ended`.
+    pub fn state(&self) -> SessionState {
+        if self.ended().is_some() {
+            SessionState::Ended
+        } else if self.is_paused() {
+            SessionState::Paused
+        } else {
+            SessionState::Running
         }
     }
 }
@@ -448,40 +516,11 @@ impl Sessions {
         let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
         let dead: Vec<String> = map
             .values()
-            .filter(|s| s.remaining().is_zero())
+            // A frozen one past its `max_frozen` is ended saying so, and one that pauses
+            // when idle is paused, by the reaper: neither is forgotten at once.
+            .filter(|s| s.remaining().is_zero() && !s.pauses_now() && !s.frozen_out())
             .map(|s| s.id.clone())
             .collect();
         dead.iter().filter_map(|id| map.remove(id)).collect()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use kennel_types::policy::ByteSize;
-
-    /// The fields a `get_or_create` 409 names: each that differs, as a request writes it, and
-    /// none for the same policy.
-    #[test]
-    fn a_shape_names_the_fields_that_differ() {
-        let base = Policy::default();
-        assert_eq!(Shape::of(&base).differences(&Shape::of(&base)), Vec::<String>::new());
-        let mut other = base.clone();
-        other.limits.memory = ByteSize(128 << 20);
-        other.limits.pids = 64;
-        other.network.allow = vec!["example.com:443".into()];
-        other.env.insert("K".into(), "secret".into());
-        other.tier = Tier::Oci;
-        other.oci.runtime = Runtime::Crun;
-        let mut named = Shape::of(&base).differences(&Shape::of(&other));
-        named.sort();
-        assert_eq!(
-            named,
-            ["env", "limits.memory", "limits.pids", "network", "runtime", "tier"]
-        );
-        // A runtime outside the oci tier is none: it cannot differ there.
-        let mut native = base.clone();
-        native.oci.runtime = Runtime::Crun;
-        assert_eq!(Shape::of(&base).differences(&Shape::of(&native)), Vec::<String>::new());
     }
 }
