@@ -629,6 +629,11 @@ fn sweep_stale() {
     }
 }
 
+/// A probe of the supervisor's own cgroups (what `kennel doctor` asks of them).
+pub fn own_probe() -> Result<Probe, CgroupError> {
+    own_layout().map(|(layout, _)| Probe(layout))
+}
+
 /// What `kennel doctor` says about cgroups on this host.
 pub fn describe() -> Result<String, CgroupError> {
     let (layout, _) = own_layout()?;

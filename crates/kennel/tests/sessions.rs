@@ -794,3 +794,66 @@ fn a_busy_or_foreign_session_is_not_paused() {
     assert_eq!(code, "bad_request");
     assert!(message.contains("unknown variant"), "{message}");
 }
+
+/// A server SIGKILLed with a named session running and another frozen: the restarted server
+/// (the same job table, whose key names tenants, and the same records) lists both, each
+/// ended `lost` with the reason, its id answering 410 saying so; another token sees neither;
+/// DELETE removes a record; nothing of the dead server's sandboxes is left.
+#[test]
+fn a_restarted_server_lists_named_and_frozen_sessions_as_lost() {
+    let dir = test_dir("session-restart-state");
+    let (db, records) = (dir.join("jobs.sqlite"), dir.join("sessions"));
+    let config = format!(
+        "{NO_POOL}[jobs]\ndb = {db:?}\n[[tokens]]\nid = \"a\"\ntoken = \"{TOKEN}\"\n\
+         [[tokens]]\nid = \"b\"\ntoken = \"{OTHER_TOKEN}\"\n"
+    );
+    let env = [("KENNEL_SESSIONS_DIR", records.to_str().unwrap())];
+    let first = Server::start_with("session-restart-1", &config, &env, Some(TOKEN));
+    let c = &first.client;
+    let named = open_session(&first, json!({"name": "kept", "metadata": {"k": "v"}}));
+    let named = named["id"].as_str().unwrap().to_string();
+    let frozen = open_session(&first, json!({}))["id"].as_str().unwrap().to_string();
+    let unnamed = open_session(&first, json!({}))["id"].as_str().unwrap().to_string();
+    let r = c.post_json(&format!("/v1/sessions/{frozen}/pause"), &json!({"keep": "frozen"}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let mut kept: Vec<String> = std::fs::read_dir(&records)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".json"))
+        .collect();
+    kept.sort();
+    let mut expected = vec![format!("{named}.json"), format!("{frozen}.json")];
+    expected.sort();
+    assert_eq!(kept, expected, "only named and paused sessions are kept");
+    let below = descendants(first.pid);
+    first.signal(libc::SIGKILL);
+    assert_eq!(survivors(&below, Duration::from_secs(10)), Vec::<Proc>::new());
+    drop(first);
+
+    let second = Server::start_with("session-restart-2", &config, &env, Some(TOKEN));
+    let c = &second.client;
+    let all = c.get("/v1/sessions").json();
+    let mut ids: Vec<&str> = all.as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap()).collect();
+    ids.sort();
+    let mut want = vec![named.as_str(), frozen.as_str()];
+    want.sort();
+    assert_eq!(ids, want, "{all}");
+    for s in all.as_array().unwrap() {
+        assert_eq!((&s["state"], &s["ended"]["reason"]), (&json!("ended"), &json!("lost")), "{s}");
+    }
+    let shown = c.get(&format!("/v1/sessions/{named}")).json();
+    assert_eq!((&shown["name"], &shown["metadata"]), (&json!("kept"), &json!({"k": "v"})));
+    let (code, message) = c.exec_resp(&named, &json!({"language": "python", "code": "1"})).error(410);
+    assert_eq!(code, "session_ended");
+    assert!(message.contains("the server stopped while the session ran or was frozen"), "{message}");
+    assert_eq!(c.get(&format!("/v1/sessions/{unnamed}")).status, 404);
+    let other = c.with_token(Some(OTHER_TOKEN));
+    assert_eq!(other.get("/v1/sessions").json(), json!([]));
+    assert_eq!(other.get(&format!("/v1/sessions/{named}")).status, 404);
+    // The name is free again: a lost session holds none.
+    let again = open_session(&second, json!({"name": "kept"}));
+    assert_ne!(again["id"], json!(named));
+    assert_eq!(c.delete(&format!("/v1/sessions/{frozen}")).status, 204);
+    assert!(!records.join(format!("{frozen}.json")).exists(), "a deleted session's record stayed");
+}

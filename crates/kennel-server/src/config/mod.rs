@@ -110,6 +110,9 @@ pub struct Sessions {
     /// How long a session may stay paused as `frozen` (its memory resident) before it is
     /// ended, saying so.
     pub max_frozen: Span,
+    /// Where named and paused sessions are kept for a restarted server:
+    /// `$KENNEL_SESSIONS_DIR`, else `sessions` in the state directory.
+    pub dir: Option<PathBuf>,
 }
 
 impl Default for Sessions {
@@ -122,6 +125,7 @@ impl Default for Sessions {
             max_watches: 8,
             max_terminals: 8,
             max_frozen: Span(Duration::from_secs(3600)),
+            dir: None,
         }
     }
 }

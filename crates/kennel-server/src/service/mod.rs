@@ -12,6 +12,7 @@ pub mod callback;
 mod counts;
 mod error;
 pub mod jobs;
+mod kept;
 mod pause;
 mod process;
 mod registry;

@@ -89,13 +89,14 @@ pub(super) async fn pause(
     spec: &PauseSpec,
 ) -> Result<Paused, ServiceError> {
     let session = service.session_of(caller, id)?;
-    let paused = pause_session(&session, spec.keep).await?;
+    let paused = pause_session(service, &session, spec.keep).await?;
     audit(service, caller, "pause", &session.id);
     Ok(paused)
 }
 
 /// Pauses `session` (the caller's, or the reaper's for `on_idle: pause`).
 pub(super) async fn pause_session(
+    service: &Service,
     session: &Session,
     keep: Option<Keep>,
 ) -> Result<Paused, ServiceError> {
@@ -141,11 +142,13 @@ pub(super) async fn pause_session(
         took_ms: millis(started),
         state_bytes: 0,
     };
-    Ok(session.paused(PausedPhase {
+    let paused = session.paused(PausedPhase {
         info,
         since: Instant::now(),
         freezer: Some(freezer),
-    }))
+    });
+    service.keep_record(session);
+    Ok(paused)
 }
 
 /// `POST /v1/sessions/{id}/resume`: a running session is a conflict.
@@ -155,7 +158,7 @@ pub(super) async fn resume(
     id: &str,
 ) -> Result<ResumeReport, ServiceError> {
     let session = service.session_of(caller, id)?;
-    let report = resume_session(&session).await?.ok_or_else(|| {
+    let report = resume_session(service, &session).await?.ok_or_else(|| {
         ServiceError::Conflict("the session is running: there is nothing to resume".into())
     })?;
     audit(service, caller, "resume", &session.id);
@@ -165,6 +168,7 @@ pub(super) async fn resume(
 /// Resumes `session` if it is paused (its report then), before a call that needs it
 /// running; an ended one answers 410.
 pub(super) async fn resume_session(
+    service: &Service,
     session: &Session,
 ) -> Result<Option<ResumeReport>, ServiceError> {
     let _one = session.pausing.lock().await;
@@ -193,6 +197,7 @@ pub(super) async fn resume_session(
         took_ms: millis(started),
     };
     session.resumed(report.clone());
+    service.keep_record(session);
     Ok(Some(report))
 }
 
@@ -231,7 +236,7 @@ impl Service {
                 session.end_as(EndReason::MaxFrozen);
                 self.end_session(&session).await;
             } else if session.pauses_now() {
-                if let Err(e) = pause_session(&session, None).await {
+                if let Err(e) = pause_session(self, &session, None).await {
                     tracing::warn!(session = %session.id, "idle session not paused: {e}");
                     if let Some(s) = self.sessions.remove(&session.id) {
                         self.end_session(&s).await;

@@ -53,7 +53,7 @@ pub(super) async fn open(
     if let Some(end) = session.ended() {
         return Err(ServiceError::SessionEnded(end.describe()));
     }
-    super::pause::resume_session(&session).await?;
+    super::pause::resume_session(service, &session).await?;
     let agent = session.agent().ok_or_else(|| {
         ServiceError::SessionEnded(format!("session {id} has no sandbox: start a new session"))
     })?;
@@ -214,6 +214,7 @@ async fn start(
     }
     let session = Arc::new(Session::new(caller.0.clone(), agent, limits, terms, label));
     service.sessions.insert(session.clone());
+    service.keep_record(&session);
     inc(&service.metrics.sessions_created);
     service
         .metrics

@@ -47,6 +47,8 @@ pub struct Service {
     /// Requests under way, and streams open (`[connections]`).
     pub(super) requests: Arc<Counts>,
     pub(super) streams: Arc<Counts>,
+    /// Where named and paused sessions are kept for a restarted server, if anywhere.
+    pub(super) records: Option<crate::records::Records>,
 }
 
 impl Service {
@@ -96,7 +98,13 @@ impl Service {
             jobs: Err(JobsError::NotOpened),
             requests: Arc::default(),
             streams: Arc::default(),
+            records: None,
         }
+    }
+
+    /// The service with the directory its named and paused sessions are kept in.
+    pub fn with_records(self, records: Option<crate::records::Records>) -> Service {
+        Service { records, ..self }
     }
 
     /// The service with its job table (or the reason it has none).
@@ -149,6 +157,9 @@ impl Service {
         let open = i64::try_from(self.sessions.len()).unwrap_or(i64::MAX);
         self.metrics.active_sessions.set(open);
         session.closing();
+        if let Some(records) = &self.records {
+            records.forget(&session.id);
+        }
         if let Some(agent) = session.agent() {
             agent.kill();
             agent.close().await;

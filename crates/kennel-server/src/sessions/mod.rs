@@ -115,6 +115,40 @@ impl Session {
         }
     }
 
+    /// A session a server that is gone left a record of, as that record shows it: ended for
+    /// `reason`, with no sandbox.
+    pub fn remnant(token_id: String, info: &SessionInfo, reason: EndReason) -> Session {
+        let session = Session {
+            id: info.id.clone(),
+            token_id,
+            sandbox: RwLock::new(None),
+            limits: info.limits.clone(),
+            isolation: info.isolation.clone(),
+            created_unix_ms: u128::from(info.created_at_unix_ms),
+            created: Instant::now(),
+            last_used: Mutex::new(Instant::now()),
+            busy: AtomicUsize::new(0),
+            idle_ttl: Duration::from_secs(info.idle_ttl_s),
+            max_lifetime: Duration::from_secs(info.max_lifetime_s),
+            ended: OnceLock::new(),
+            closing: false.into(),
+            // Never compared: an ended session has freed its name.
+            label: Label {
+                name: info.name.clone(),
+                metadata: info.metadata.clone(),
+                shape: Shape::of(&kennel_types::Policy::default()),
+            },
+            on_idle: info.on_idle,
+            max_frozen: Duration::ZERO,
+            phase: Mutex::new(Phase::Running),
+            pausing: tokio::sync::Mutex::new(()),
+            last_resume: Mutex::new(info.last_resume.clone()),
+            generation: info.paused.as_ref().map_or(0, |p| p.generation).into(),
+        };
+        session.end_as(reason);
+        session
+    }
+
     /// Its sandbox, while it has one.
     pub fn agent(&self) -> Option<Arc<AgentSandbox>> {
         self.sandbox
