@@ -1290,6 +1290,8 @@ mod tests {
             "create_session",
             "session_exec",
             "close_session",
+            "pause_session",
+            "resume_session",
             "write_file",
             "read_file",
             "list_files",

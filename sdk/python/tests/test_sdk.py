@@ -727,3 +727,35 @@ def test_named_sessions_get_or_create_and_filter(client, server):
             assert await aclient.list_sessions(name="sdk-async") == []
 
     asyncio.run(main())
+
+
+# -- pause and resume ----------------------------------------------------------------------
+
+def test_pause_and_resume_say_what_was_kept_and_what_came_back(client, server):
+    with client.session() as s:
+        s.run_code("x = 41")
+        paused = s.pause(keep="frozen")
+        assert (paused.keep, paused.mechanism, paused.survives_restart) == ("frozen", "freezer", False)
+        assert paused.kept == {"memory": True, "processes": True, "files": True, "connections": True}
+        assert s.refresh().state == "paused" and s.info.paused.generation == 1
+        with pytest.raises(kennel.Conflict):
+            s.pause()
+        report = s.resume()
+        assert (report.memory, report.files_restored, report.digests_matched) == ("resident", True, None)
+        with pytest.raises(kennel.Conflict):
+            s.resume()
+        with pytest.raises(BadRequest) as e:
+            s.pause(keep="saved")
+        assert "cannot be kept `saved`" in e.value.message
+        s.pause()
+        assert s.run_code("print(x + 1)").stdout == "42\n"  # resumed on its own
+        assert s.refresh().last_resume.generation == 2
+
+    async def main():
+        async with AsyncClient(server.url, token=server.token, timeout=60) as aclient:
+            async with aclient.session(on_idle="pause") as a:
+                assert (await a.pause()).keep == "frozen"
+                assert (await a.resume()).memory == "resident"
+                assert (await a.refresh()).on_idle == "pause"
+
+    asyncio.run(main())

@@ -420,3 +420,24 @@ test("a runtime's own WebSocket (a browser's) reaches a terminal with the kennel
   });
   assert.equal(stdout, "reached\n");
 });
+
+test("pause and resume say what was kept and what came back", async () => {
+  const s = await client.session({ onIdle: "pause" });
+  try {
+    await s.runCode("x = 41");
+    const paused = await s.pause("frozen");
+    assert.deepEqual([paused.keep, paused.mechanism, paused.survives_restart], ["frozen", "freezer", false]);
+    assert.deepEqual(paused.kept, { memory: true, processes: true, files: true, connections: true });
+    assert.equal((await s.refresh()).state, "paused");
+    await assert.rejects(s.pause(), (e) => e instanceof Conflict);
+    const report = await s.resume();
+    assert.deepEqual([report.memory, report.files_restored, report.digests_matched], ["resident", true, null]);
+    await assert.rejects(s.resume(), (e) => e instanceof Conflict);
+    await s.pause();
+    assert.equal((await s.runCode("print(x + 1)")).stdout, "42\n");
+    const info = await s.refresh();
+    assert.deepEqual([info.on_idle, info.last_resume.generation], ["pause", 2]);
+  } finally {
+    await s.close();
+  }
+});
