@@ -81,6 +81,9 @@ fn kvm_open_to_others() -> bool {
     std::fs::metadata("/dev/kvm").is_ok_and(|m| m.permissions().mode() & 0o006 == 0o006)
 }
 
+/// Why no KVM guest can run here at all, whoever starts it.
+const NO_GUEST: &str = "/dev/kvm is kvm_pvm, or the CPU has no vmx/svm";
+
 fn kvm_unusable() -> Option<&'static str> {
     if std::fs::OpenOptions::new()
         .read(true)
@@ -96,7 +99,7 @@ fn kvm_unusable() -> Option<&'static str> {
         .filter(|l| l.starts_with("flags"))
         .any(|l| l.split_whitespace().any(|f| f == "vmx" || f == "svm"));
     if Path::new("/sys/module/kvm_pvm").exists() || !virt {
-        return Some("/dev/kvm is kvm_pvm, or the CPU has no vmx/svm");
+        return Some(NO_GUEST);
     }
     None
 }
@@ -176,14 +179,16 @@ fn a_policy_that_requires_kvm_is_refused_under_tcg_and_runs_under_kvm() {
     .unwrap();
     let policy = policy.to_str().unwrap();
     match kvm_unusable() {
-        Some(_) => {
+        Some(reason) => {
             let Some(err) = refused(&["--policy", policy], &["/bin/true"]) else {
                 return;
             };
             assert!(err.contains("cannot enforce a KVM guest"), "{err}");
-            // QEMU runs as an unmapped uid: a /dev/kvm closed to others (0600, where no udev
-            // rule opened it) is refused before QEMU is even tried.
-            let why = if kvm_open_to_others() {
+            // The probe starts a KVM guest first, as root: where no guest can run (kvm_pvm,
+            // no vmx/svm) that is the reason, whatever /dev/kvm's mode. Where one can, QEMU
+            // still runs as an unmapped uid in its jail: a /dev/kvm closed to others (0600,
+            // where no udev rule opened it) is the reason then.
+            let why = if reason == NO_GUEST || kvm_open_to_others() {
                 "QEMU cannot start a KVM guest"
             } else {
                 "is not open to the unprivileged uid QEMU runs as"
