@@ -566,8 +566,12 @@ fn remove(layout: &Layout) {
     }
 }
 
-/// Removes `dir` after its sub-cgroups (an OCI runtime's, say), deepest first.
+/// Removes `dir` after its sub-cgroups (an OCI runtime's, say), deepest first; thawed first,
+/// so that a frozen sandbox's processes (a v1 freezer holds their SIGKILL back) can die.
 fn remove_tree(dir: &Path) {
+    if dir.join("freezer.state").exists() {
+        let _ = fs::write(dir.join("freezer.state"), "THAWED");
+    }
     if let Ok(entries) = fs::read_dir(dir) {
         for entry in entries.flatten() {
             if entry.file_type().is_ok_and(|t| t.is_dir()) {
@@ -611,6 +615,13 @@ pub fn is_stale(name: &str) -> bool {
         return false;
     }
     start_time(pid).as_deref() != Some(started)
+}
+
+/// Removes, once per process, the cgroups supervisors that are gone left behind: a server
+/// calls it at start, so that the sandboxes a SIGKILLed one left frozen (which no
+/// parent-death signal reaches) end then rather than at its first sandbox.
+pub fn sweep_stale_once() {
+    SWEEP.call_once(sweep_stale);
 }
 
 /// Removes cgroups left behind by supervisors that are gone (killed with SIGKILL, say), in

@@ -59,7 +59,7 @@ pub use supervise::io::{
 pub use supervise::output::Stream;
 
 // What runs are measured and watched with.
-pub use cgroup::Stats;
+pub use cgroup::{sweep_stale_once as sweep_stale_cgroups, Stats};
 pub use request::{check_cpus, host_cpus};
 pub use watch::{Tally, Watch, UNWATCHED_TIER};
 

@@ -94,6 +94,9 @@ impl Machinery {
         if let Err(why) = &jobs {
             tracing::warn!("async runs are refused: {why}");
         }
+        // Before anything of ours starts: what a SIGKILLed predecessor left (a frozen
+        // sandbox among it) ends now.
+        kennel_sandbox::sweep_stale_cgroups();
         let records = open_records(&config);
         let service = Arc::new(
             service::Service::new(config, engine, audit, pool.clone())
