@@ -172,8 +172,9 @@ fn the_served_document_states_the_live_limits_and_errors() {
                 assert!(has("413"), "{method} {path} lacks 413");
             }
             // Every post but a control (an interrupt, a cancel, a process's signal, a pty's
-            // resize) takes a run or session slot, or a bounded place (a process, its stdin).
-            let control = ["/interrupt", "/cancel", "/signal", "/resize"]
+            // resize, a pause or a resume) takes a run or session slot, or a bounded place (a
+            // process, its stdin).
+            let control = ["/interrupt", "/cancel", "/signal", "/resize", "/pause", "/resume"]
                 .iter()
                 .any(|c| path.ends_with(c));
             if method == "post" && !control {
