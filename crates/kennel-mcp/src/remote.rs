@@ -439,7 +439,7 @@ impl Api for Remote {
 
     async fn resume_session(&self, id: &str) -> Result<ResumeReport, ApiError> {
         let path = format!("{}/resume", session_url(id));
-        self.call_json(Method::POST, &path, &serde_json::json!({})).await
+        parse(&self.call(Method::POST, &path, Body::None).await?)
     }
 
     async fn cancel_exec(&self, id: &str) -> Result<(), ApiError> {

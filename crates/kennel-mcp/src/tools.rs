@@ -27,8 +27,8 @@ use super::sessions::Table;
 use kennel_server::service::Caller;
 use kennel_types::api::{Content, EntryKind, ExecSpec, Language, LimitsSpec, RunSpec, SessionSpec};
 use kennel_types::error::PolicyError;
-use kennel_types::policy::{Capabilities, Platform, Runtime, Span, Tier};
 use kennel_types::pause::{Keep, PauseSpec};
+use kennel_types::policy::{Capabilities, Platform, Runtime, Span, Tier};
 use kennel_types::process::ProcessSpec;
 use kennel_types::user::User;
 

@@ -160,12 +160,8 @@ fn tool(name: &'static str, package: &str) -> Check {
 
 /// Whether a session can be paused `frozen` here: a freezer for the sandboxes' cgroups.
 fn freezer() -> Result<String, (String, String)> {
-    let probe = cgroup::own_probe().map_err(|e| {
-        (
-            e.to_string(),
-            "see the cgroups check above".to_string(),
-        )
-    })?;
+    let probe = cgroup::own_probe()
+        .map_err(|e| (e.to_string(), "see the cgroups check above".to_string()))?;
     match probe.freezer_dir() {
         Some((dir, true)) => Ok(format!("cgroup2's cgroup.freeze beneath {}", dir.display())),
         Some((dir, false)) => Ok(format!("the v1 freezer beneath {}", dir.display())),
@@ -187,12 +183,15 @@ fn criu() -> Result<String, (String, String)> {
     let out = std::process::Command::new("criu").arg("check").output();
     match out {
         Err(_) => Err(("criu is not installed".into(), fix.into())),
-        Ok(o) if o.status.success() => Ok(
-            "criu check passes, but this build saves only microvm and runsc sessions".into(),
-        ),
+        Ok(o) if o.status.success() => {
+            Ok("criu check passes, but this build saves only microvm and runsc sessions".into())
+        }
         Ok(o) => {
             let said = String::from_utf8_lossy(&o.stderr);
-            let first = said.lines().find(|l| !l.trim().is_empty()).unwrap_or("no reason");
+            let first = said
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("no reason");
             Err((format!("criu check fails: {}", first.trim()), fix.into()))
         }
     }

@@ -85,8 +85,7 @@ impl CgroupFreezer {
             fs::read_to_string(self.dir.join("cgroup.events"))
                 .is_ok_and(|e| e.lines().any(|l| l.trim() == "frozen 1"))
         } else {
-            fs::read_to_string(self.dir.join("freezer.state"))
-                .is_ok_and(|s| s.trim() == "FROZEN")
+            fs::read_to_string(self.dir.join("freezer.state")).is_ok_and(|s| s.trim() == "FROZEN")
         }
     }
 }
@@ -154,7 +153,12 @@ mod tests {
         }
         let cpu = || {
             let stat = fs::read_to_string(format!("/proc/{}/stat", child.id())).unwrap();
-            let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+            let fields: Vec<&str> = stat
+                .rsplit_once(')')
+                .unwrap()
+                .1
+                .split_whitespace()
+                .collect();
             // utime + stime, fields 14 and 15 (12 and 13 after the name).
             fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
         };

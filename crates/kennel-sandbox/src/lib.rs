@@ -50,9 +50,9 @@ pub fn return_large_frees() -> std::io::Result<()> {
 // The engine, its tiers, and a run's I/O.
 pub use engine::{Backend, Engine};
 pub use error::{Error, PolicyError, SetupStep};
+pub use freeze::{CgroupFreezer, Freeze, FreezeError};
 pub use native::{sandbox_root_host_uid, Native};
 pub use role::{maybe_run_helper, run_helper};
-pub use freeze::{CgroupFreezer, Freeze, FreezeError};
 pub use supervise::io::{
     Canceller, OnStarted, OutputMode, OutputSink, RunIo, Started, StdinSource,
 };

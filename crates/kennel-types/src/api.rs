@@ -922,7 +922,9 @@ pub fn is_session_name(name: &str) -> bool {
         [first, rest @ ..] => {
             name.len() <= MAX_SESSION_NAME_BYTES
                 && ok(*first)
-                && rest.iter().all(|&c| ok(c) || matches!(c, b'.' | b'_' | b'-'))
+                && rest
+                    .iter()
+                    .all(|&c| ok(c) || matches!(c, b'.' | b'_' | b'-'))
         }
         [] => false,
     }
@@ -1610,12 +1612,17 @@ mod tests {
                 "invalid request: `metadata` key {long:?} is 65 bytes; keys are 1 to 64 bytes"
             ))
         );
-        assert_eq!(with(BTreeMap::from([("k".repeat(64), "v".repeat(256))])), Ok(()));
+        assert_eq!(
+            with(BTreeMap::from([("k".repeat(64), "v".repeat(256))])),
+            Ok(())
+        );
         assert_eq!(
             with(BTreeMap::from([("k".into(), "v".repeat(257))])),
-            Err("invalid request: `metadata` value of \"k\" is 257 bytes; values are at most \
+            Err(
+                "invalid request: `metadata` value of \"k\" is 257 bytes; values are at most \
                  256 bytes"
-                .into())
+                    .into()
+            )
         );
         for name in ["a", "0.build_x-y", &"a".repeat(63)] {
             assert!(is_session_name(name), "{name}");
@@ -1625,16 +1632,23 @@ mod tests {
         }
         assert_eq!(
             check(serde_json::json!({"name": "Bad"})),
-            Err("invalid request: `name` \"Bad\" is not a session name: use 1 to 63 of a-z, \
+            Err(
+                "invalid request: `name` \"Bad\" is not a session name: use 1 to 63 of a-z, \
                  0-9, '.', '_' and '-', starting with a letter or digit"
-                .into())
+                    .into()
+            )
         );
         assert_eq!(
             check(serde_json::json!({"get_or_create": true})),
-            Err("invalid request: `get_or_create` needs a `name`: the session to get is the \
+            Err(
+                "invalid request: `get_or_create` needs a `name`: the session to get is the \
                  one of that name"
-                .into())
+                    .into()
+            )
         );
-        assert_eq!(check(serde_json::json!({"name": "a", "get_or_create": true})), Ok(()));
+        assert_eq!(
+            check(serde_json::json!({"name": "a", "get_or_create": true})),
+            Ok(())
+        );
     }
 }

@@ -5,7 +5,15 @@ use serde::{Deserialize, Serialize};
 
 /// How a paused session is kept.
 #[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema,
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
     schemars::JsonSchema,
 )]
 #[serde(rename_all = "snake_case")]
@@ -31,7 +39,14 @@ impl Keep {
 
 /// `POST /v1/sessions/{id}/pause`'s body.
 #[derive(
-    Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema,
+    Debug,
+    Clone,
+    Default,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
     schemars::JsonSchema,
 )]
 #[serde(deny_unknown_fields)]
@@ -43,7 +58,16 @@ pub struct PauseSpec {
 
 /// What a session does when its idle TTL runs out.
 #[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema,
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
     schemars::JsonSchema,
 )]
 #[serde(rename_all = "snake_case")]
@@ -64,7 +88,15 @@ impl OnIdle {
 
 /// How a tier pauses a session.
 #[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema,
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
     schemars::JsonSchema,
 )]
 #[serde(rename_all = "kebab-case")]
@@ -82,7 +114,14 @@ pub enum Mechanism {
 
 /// What a pause keeps of a session.
 #[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema,
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
     schemars::JsonSchema,
 )]
 pub struct Kept {
@@ -99,7 +138,15 @@ pub struct Kept {
 
 /// A session's state.
 #[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema,
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
     schemars::JsonSchema,
 )]
 #[serde(rename_all = "snake_case")]
@@ -114,7 +161,9 @@ pub enum SessionState {
 }
 
 /// A paused session: how, and what was kept. The answer of `POST .../pause`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema, schemars::JsonSchema,
+)]
 pub struct Paused {
     /// Always `paused`.
     pub state: SessionState,
@@ -140,7 +189,14 @@ pub struct Paused {
 
 /// How the memory of a resumed session came back.
 #[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema,
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
     schemars::JsonSchema,
 )]
 #[serde(rename_all = "snake_case")]
@@ -155,7 +211,9 @@ pub enum MemoryBack {
 
 /// What a resume brought back: the answer of `POST .../resume`, and of the call that
 /// resumed a paused session on its own in the session's `last_resume`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema, schemars::JsonSchema,
+)]
 pub struct ResumeReport {
     /// Always `running`.
     pub state: SessionState,

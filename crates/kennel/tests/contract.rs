@@ -174,9 +174,16 @@ fn the_served_document_states_the_live_limits_and_errors() {
             // Every post but a control (an interrupt, a cancel, a process's signal, a pty's
             // resize, a pause or a resume) takes a run or session slot, or a bounded place (a
             // process, its stdin).
-            let control = ["/interrupt", "/cancel", "/signal", "/resize", "/pause", "/resume"]
-                .iter()
-                .any(|c| path.ends_with(c));
+            let control = [
+                "/interrupt",
+                "/cancel",
+                "/signal",
+                "/resize",
+                "/pause",
+                "/resume",
+            ]
+            .iter()
+            .any(|c| path.ends_with(c));
             if method == "post" && !control {
                 assert!(has("429"), "{method} {path} lacks 429");
             }

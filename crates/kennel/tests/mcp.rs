@@ -819,7 +819,11 @@ fn create_session_takes_a_name_and_gets_it_again() {
         json!({"name": "mcp-named", "metadata": {"k": "v"}}),
     );
     let s = &first["structuredContent"];
-    assert_eq!((&s["name"], &s["metadata"]), (&json!("mcp-named"), &json!({"k": "v"})), "{first}");
+    assert_eq!(
+        (&s["name"], &s["metadata"]),
+        (&json!("mcp-named"), &json!({"k": "v"})),
+        "{first}"
+    );
     let sid = s["session_id"].as_str().unwrap().to_string();
     let again = mcp.call_tool("create_session", json!({"name": "mcp-named"}));
     assert_eq!(again["isError"], true, "{again}");
@@ -844,22 +848,47 @@ fn create_session_takes_a_name_and_gets_it_again() {
 fn pause_and_resume_session_say_what_was_kept() {
     let mut mcp = Mcp::start(&[]);
     let created = mcp.call_tool("create_session", json!({}));
-    let sid = created["structuredContent"]["session_id"].as_str().unwrap().to_string();
-    mcp.call_tool("session_exec", json!({"session_id": sid, "language": "python", "code": "x = 5"}));
-    let paused = mcp.call_tool("pause_session", json!({"session_id": sid, "keep": "frozen"}));
+    let sid = created["structuredContent"]["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    mcp.call_tool(
+        "session_exec",
+        json!({"session_id": sid, "language": "python", "code": "x = 5"}),
+    );
+    let paused = mcp.call_tool(
+        "pause_session",
+        json!({"session_id": sid, "keep": "frozen"}),
+    );
     let p = &paused["structuredContent"];
-    assert_eq!((&p["state"], &p["keep"], &p["mechanism"]), (&json!("paused"), &json!("frozen"), &json!("freezer")), "{paused}");
+    assert_eq!(
+        (&p["state"], &p["keep"], &p["mechanism"]),
+        (&json!("paused"), &json!("frozen"), &json!("freezer")),
+        "{paused}"
+    );
     let text = paused["content"][0]["text"].as_str().unwrap();
     assert_eq!(
         text,
         format!("session {sid} paused (frozen, freezer): kept memory, processes, files, connections; it does not survive a server restart")
     );
     let again = mcp.call_tool("pause_session", json!({"session_id": sid}));
-    assert_eq!((&again["isError"], &again["structuredContent"]["error"]["status"]), (&json!(true), &json!(409)), "{again}");
-    let ran = mcp.call_tool("session_exec", json!({"session_id": sid, "language": "python", "code": "print(x * 2)"}));
+    assert_eq!(
+        (
+            &again["isError"],
+            &again["structuredContent"]["error"]["status"]
+        ),
+        (&json!(true), &json!(409)),
+        "{again}"
+    );
+    let ran = mcp.call_tool(
+        "session_exec",
+        json!({"session_id": sid, "language": "python", "code": "print(x * 2)"}),
+    );
     assert_eq!(ran["structuredContent"]["stdout"], "10\n", "{ran}");
     let resumed = mcp.call_tool("resume_session", json!({"session_id": sid}));
-    assert_eq!(resumed["structuredContent"]["error"]["status"], 409, "{resumed}");
+    assert_eq!(
+        resumed["structuredContent"]["error"]["status"], 409,
+        "{resumed}"
+    );
     mcp.call_tool("close_session", json!({"session_id": sid}));
 }
-

@@ -200,11 +200,15 @@ impl AgentSandbox {
     /// that report.
     async fn await_started(&self) {
         for _ in 0..100 {
-            if self.live.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
+            if self
+                .live
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_some()
+            {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 }
-

@@ -3,8 +3,8 @@
 //! LIVE config (a server with other `[maxima]` serves other maxima), and every error status an
 //! operation can answer.
 
-use serde_json::{json, Map, Value};
 use kennel_types::api::{MAX_METADATA_KEYS, MAX_METADATA_KEY_BYTES, MAX_METADATA_VALUE_BYTES};
+use serde_json::{json, Map, Value};
 use utoipa::OpenApi;
 
 use super::{pause as pausing, processes, routes, terminals, watch};

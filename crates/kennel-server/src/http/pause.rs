@@ -43,6 +43,9 @@ pub async fn resume(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
     ApiPath(id): ApiPath<String>,
+    // Read and dropped: a client that sends `{}` (as MCP clients and E2B's do) gets the same
+    // answer, and its connection stays usable.
+    _body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
     handle(&state, &caller, Action::ResumeSession { id }).await
 }

@@ -65,10 +65,12 @@ impl Service {
                     None => Reply::RunStatus(Box::new(info)),
                 })
             }
-            Action::CreateSession { spec } => Ok(match session::create(self, caller, &spec).await? {
-                session::Created::New(info) => Reply::SessionCreated(info),
-                session::Created::Found(info) => Reply::Session(info),
-            }),
+            Action::CreateSession { spec } => {
+                Ok(match session::create(self, caller, &spec).await? {
+                    session::Created::New(info) => Reply::SessionCreated(info),
+                    session::Created::Found(info) => Reply::Session(info),
+                })
+            }
             Action::ListSessions { filter } => {
                 Ok(Reply::Sessions(session::list(self, caller, &filter)))
             }
@@ -81,9 +83,9 @@ impl Service {
                 self.end_session(&s).await;
                 Ok(Reply::Done)
             }
-            Action::PauseSession { id, spec } => {
-                pause::pause(self, caller, &id, &spec).await.map(Reply::Paused)
-            }
+            Action::PauseSession { id, spec } => pause::pause(self, caller, &id, &spec)
+                .await
+                .map(Reply::Paused),
             Action::ResumeSession { id } => {
                 pause::resume(self, caller, &id).await.map(Reply::Resumed)
             }
@@ -91,13 +93,15 @@ impl Service {
                 .await
                 .map(Reply::Exec),
             Action::Interrupt { id } => {
-                session::open(self, caller, &id).await?
+                session::open(self, caller, &id)
+                    .await?
                     .agent
                     .control(Control::Interrupt);
                 Ok(Reply::Done)
             }
             Action::CancelExec { id } => {
-                session::open(self, caller, &id).await?
+                session::open(self, caller, &id)
+                    .await?
                     .agent
                     .control(Control::Cancel);
                 Ok(Reply::Done)

@@ -13,9 +13,7 @@ use crate::audit::Event;
 use crate::sessions::{PausedPhase, Session, Shape};
 use kennel_sandbox::{Freeze, FreezeError};
 use kennel_types::api::EndReason;
-use kennel_types::pause::{
-    Keep, Kept, MemoryBack, PauseSpec, Paused, ResumeReport, SessionState,
-};
+use kennel_types::pause::{Keep, Kept, MemoryBack, PauseSpec, Paused, ResumeReport, SessionState};
 use kennel_types::policy::{Runtime, Tier};
 use kennel_types::process::ProcessState;
 

@@ -8,7 +8,7 @@ use tokio::sync::mpsc;
 
 use super::action::Caller;
 use super::error::{Refusal, ServiceError};
-use super::session::{agent_error, open, Open, settle};
+use super::session::{agent_error, open, settle, Open};
 use super::state::Service;
 use crate::agent::{AgentError, Chunk, ReadFrom, Start};
 use crate::sessions::Session;

@@ -11,11 +11,11 @@ use crate::audit::Entry;
 use crate::config::ServerConfig;
 use crate::metrics::inc;
 use crate::sessions::{Full, Label, Session, Shape, Terms, MIN_MEMORY, MIN_PIDS};
-use kennel_types::pause::OnIdle;
 use kennel_types::api::in_scratch;
 use kennel_types::api::{
     EndReason, ExecResult, ExecSpec, Listing, SessionEnd, SessionInfo, SessionSpec,
 };
+use kennel_types::pause::OnIdle;
 use kennel_types::policy::{ByteSize, Policy, Span, Tier};
 
 /// The caller's session `id`: another caller's does not exist, as far as this one can tell.

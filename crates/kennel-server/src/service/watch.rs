@@ -1,13 +1,12 @@
 //! A session's file watches: what changed under a directory, streamed as it comes. The agent
 //! watches with inotify inside the sandbox (watch.py); a watch lives as long as its stream.
 
-
 use tokio::sync::mpsc;
 
 use super::action::Caller;
 use super::error::{Refusal, ServiceError};
 use super::process::FOLLOW_WAIT;
-use super::session::{agent_error, dir_path, open, Open, settle};
+use super::session::{agent_error, dir_path, open, settle, Open};
 use super::state::Service;
 use crate::agent::AgentError;
 use kennel_types::watch::FileEvent;

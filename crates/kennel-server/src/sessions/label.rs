@@ -100,7 +100,10 @@ mod tests {
     #[test]
     fn a_shape_names_the_fields_that_differ() {
         let base = Policy::default();
-        assert_eq!(Shape::of(&base).differences(&Shape::of(&base)), Vec::<String>::new());
+        assert_eq!(
+            Shape::of(&base).differences(&Shape::of(&base)),
+            Vec::<String>::new()
+        );
         let mut other = base.clone();
         other.limits.memory = ByteSize(128 << 20);
         other.limits.pids = 64;
@@ -112,11 +115,21 @@ mod tests {
         named.sort();
         assert_eq!(
             named,
-            ["env", "limits.memory", "limits.pids", "network", "runtime", "tier"]
+            [
+                "env",
+                "limits.memory",
+                "limits.pids",
+                "network",
+                "runtime",
+                "tier"
+            ]
         );
         // A runtime outside the oci tier is none: it cannot differ there.
         let mut native = base.clone();
         native.oci.runtime = Runtime::Crun;
-        assert_eq!(Shape::of(&base).differences(&Shape::of(&native)), Vec::<String>::new());
+        assert_eq!(
+            Shape::of(&base).differences(&Shape::of(&native)),
+            Vec::<String>::new()
+        );
     }
 }

@@ -15,7 +15,7 @@ mod label;
 mod phase;
 
 pub use label::{Label, Shape};
-pub use phase::{Phase, PausedPhase};
+pub use phase::{PausedPhase, Phase};
 
 /// The least memory a session's sandbox may have: its python agent needs some 16M to start
 /// (measured), and twice that leaves room for the code it runs.
@@ -369,8 +369,11 @@ pub struct Sessions {
     pending: Mutex<Vec<String>>,
     /// A lock per (token, name) being created or got: held from the check for a session of
     /// that name until the new one is in the map, so that two creates of one name make one.
-    names: Mutex<HashMap<(String, String), Arc<tokio::sync::Mutex<()>>>>,
+    names: Mutex<HashMap<(String, String), NameHold>>,
 }
+
+/// The lock of one (token, name), shared by the creates that wait for it.
+type NameHold = Arc<tokio::sync::Mutex<()>>;
 
 /// The hold on one token's name, while a session of that name is looked for and made.
 #[derive(Debug)]
@@ -390,7 +393,10 @@ impl Drop for NameLock<'_> {
             .unwrap_or_else(|p| p.into_inner());
         // Clones are only made under this lock: a count of one is the map's own, and no
         // one else waits for the name.
-        if names.get(&self.key).is_some_and(|m| Arc::strong_count(m) == 1) {
+        if names
+            .get(&self.key)
+            .is_some_and(|m| Arc::strong_count(m) == 1)
+        {
             names.remove(&self.key);
         }
     }

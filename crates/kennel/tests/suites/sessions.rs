@@ -711,7 +711,7 @@ fn a_frozen_pause_keeps_memory_processes_and_files_and_resumes_on_the_next_call(
         assert_eq!(code, "bad_request", "{body}");
         assert!(message.contains(why), "{body}: {message}");
     }
-    let (code, _) = c.post_json(&resume, &json!({})).error(409);
+    let (code, _) = c.post(&resume, "").error(409);
     assert_eq!(code, "conflict", "a running session resumed");
 
     let paused = c.post_json(&pause, &json!({"keep": "frozen"}));
@@ -731,7 +731,7 @@ fn a_frozen_pause_keeps_memory_processes_and_files_and_resumes_on_the_next_call(
     let silence = Duration::from_millis(1500);
     std::thread::sleep(silence);
 
-    let report = c.post_json(&resume, &json!({}));
+    let report = c.post(&resume, "");
     assert_eq!(report.status, 200, "{}", report.text());
     let report = report.json();
     assert_eq!(
