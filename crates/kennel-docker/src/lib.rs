@@ -11,6 +11,7 @@
 
 pub mod connect;
 mod image;
+mod pause;
 mod report;
 mod run;
 pub mod spec;

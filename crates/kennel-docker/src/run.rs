@@ -21,6 +21,7 @@ use kennel_types::policy::{NetMode, Runtime, Tier};
 use tokio::io::AsyncWriteExt;
 
 use crate::connect::{connect, Facts};
+use crate::pause::EnginePause;
 use crate::spec::{self, Plan};
 use crate::steps::fail;
 use crate::{image, report};
@@ -303,10 +304,18 @@ async fn in_container(
     }
     let isolation = report::isolation(facts, plan, req, &probe, host_id, id_range);
     if let Some(f) = io.on_started {
+        // The socket the run reached the engine on: `connect` read it, so it reads again.
+        let freezer = crate::connect::socket().ok().map(|socket| {
+            std::sync::Arc::new(EnginePause {
+                socket,
+                name: name.to_string(),
+            }) as std::sync::Arc<dyn kennel_sandbox::Freeze>
+        });
         f(Started {
             isolation: isolation.clone(),
             usage: Some(probe.clone()),
             watch: None,
+            freezer,
         });
     }
     let started = Instant::now();

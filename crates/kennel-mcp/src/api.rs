@@ -12,6 +12,7 @@ use kennel_server::service::{Caller, ProcessStream, ServiceError};
 use kennel_types::api::{
     ExecResult, ExecSpec, Listing, RunResult, RunSpec, SessionInfo, SessionSpec,
 };
+use kennel_types::pause::{PauseSpec, Paused, ResumeReport};
 use kennel_types::process::{ProcessInfo, ProcessSpec};
 
 /// Why a call failed.
@@ -44,6 +45,11 @@ pub trait Api: Send + Sync + std::fmt::Debug {
     async fn run_live(&self, spec: RunSpec, output: OutputFn) -> Result<RunResult, ApiError>;
     async fn create_session(&self, spec: SessionSpec) -> Result<SessionInfo, ApiError>;
     async fn end_session(&self, id: &str) -> Result<(), ApiError>;
+    /// Pauses the session as its tier can (`keep` unset: `saved` where it can, else
+    /// `frozen`).
+    async fn pause_session(&self, id: &str, spec: PauseSpec) -> Result<Paused, ApiError>;
+    /// Resumes a paused session.
+    async fn resume_session(&self, id: &str) -> Result<ResumeReport, ApiError>;
     async fn exec(&self, id: &str, spec: ExecSpec) -> Result<ExecResult, ApiError>;
     /// As [`Api::exec`], with the output passed to `output` as it comes.
     async fn exec_live(

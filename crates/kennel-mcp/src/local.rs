@@ -13,6 +13,7 @@ use kennel_server::{Machinery, ServeError, ServerConfig};
 use kennel_types::api::{
     ExecResult, ExecSpec, Listing, RunResult, RunSpec, SessionInfo, SessionSpec,
 };
+use kennel_types::pause::{PauseSpec, Paused, ResumeReport};
 use kennel_types::process::{ProcessInfo, ProcessSpec};
 
 /// The service in this process, called as one caller.
@@ -129,7 +130,8 @@ impl Api for Local {
 
     async fn create_session(&self, spec: SessionSpec) -> Result<SessionInfo, ApiError> {
         match self.ask(Action::CreateSession { spec }).await? {
-            Reply::SessionCreated(info) => Ok(info),
+            // `get_or_create` answers the session of its name when there is one.
+            Reply::SessionCreated(info) | Reply::Session(info) => Ok(info),
             other => Err(unexpected(other)),
         }
     }
@@ -138,6 +140,22 @@ impl Api for Local {
         let id = id.to_string();
         match self.ask(Action::EndSession { id }).await? {
             Reply::Done => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn pause_session(&self, id: &str, spec: PauseSpec) -> Result<Paused, ApiError> {
+        let id = id.to_string();
+        match self.ask(Action::PauseSession { id, spec }).await? {
+            Reply::Paused(paused) => Ok(paused),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn resume_session(&self, id: &str) -> Result<ResumeReport, ApiError> {
+        let id = id.to_string();
+        match self.ask(Action::ResumeSession { id }).await? {
+            Reply::Resumed(report) => Ok(report),
             other => Err(unexpected(other)),
         }
     }

@@ -14,6 +14,7 @@ use kennel_server::service::{Caller, ProcessEvent, ProcessStream, ServiceError};
 use kennel_types::api::{
     ExecResult, ExecSpec, Listing, RunResult, RunSpec, SessionInfo, SessionSpec,
 };
+use kennel_types::pause::{PauseSpec, Paused, ResumeReport};
 use kennel_types::process::{ProcessInfo, ProcessSpec};
 
 /// A `kennel serve` reached over HTTP.
@@ -429,6 +430,16 @@ impl Api for Remote {
     async fn end_session(&self, id: &str) -> Result<(), ApiError> {
         let url = session_url(id);
         self.call(Method::DELETE, &url, Body::None).await.map(drop)
+    }
+
+    async fn pause_session(&self, id: &str, spec: PauseSpec) -> Result<Paused, ApiError> {
+        let path = format!("{}/pause", session_url(id));
+        self.call_json(Method::POST, &path, &spec).await
+    }
+
+    async fn resume_session(&self, id: &str) -> Result<ResumeReport, ApiError> {
+        let path = format!("{}/resume", session_url(id));
+        parse(&self.call(Method::POST, &path, Body::None).await?)
     }
 
     async fn cancel_exec(&self, id: &str) -> Result<(), ApiError> {

@@ -337,11 +337,58 @@ pub fn api_error(e: &ApiError) -> (String, Value) {
     let hint = match code {
         "busy" => " (try again in a moment)",
         "session_ended" => " (create a new session)",
+        "conflict" => " (another name, or get_or_create for that session)",
         _ => "",
     };
     (
         format!("error: {message} [{code}]{hint}"),
         json!({"error": {"status": status, "code": code, "message": message}}),
+    )
+}
+
+/// A pause, in words: how, what was kept, and whether it outlives a restart.
+pub fn paused(id: &str, p: &kennel_types::pause::Paused) -> String {
+    let k = &p.kept;
+    let kept: Vec<&str> = [
+        ("memory", k.memory),
+        ("processes", k.processes),
+        ("files", k.files),
+        ("connections", k.connections),
+    ]
+    .into_iter()
+    .filter_map(|(name, kept)| kept.then_some(name))
+    .collect();
+    let restart = if p.survives_restart {
+        "it survives a server restart"
+    } else {
+        "it does not survive a server restart"
+    };
+    format!(
+        "session {id} paused ({}, {}): kept {}; {restart}",
+        p.keep.name(),
+        serde_json::to_value(p.mechanism)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default(),
+        if kept.is_empty() {
+            "nothing".to_string()
+        } else {
+            kept.join(", ")
+        },
+    )
+}
+
+/// A resume, in words: what came back.
+pub fn resumed(id: &str, r: &kennel_types::pause::ResumeReport) -> String {
+    let memory = match r.memory {
+        kennel_types::pause::MemoryBack::Restored => "memory restored",
+        kennel_types::pause::MemoryBack::Resident => "memory resident (it never left)",
+        kennel_types::pause::MemoryBack::NotKept => "memory not kept",
+    };
+    format!(
+        "session {id} resumed: {memory}, {} background process(es) running, files {}",
+        r.processes_running,
+        if r.files_restored { "back" } else { "not kept" },
     )
 }
 

@@ -125,6 +125,8 @@ pub fn session() -> Arc<JsonObject> {
         ("idle_ttl_s", json!({"type": "integer"})),
         ("expires_in_s", json!({"type": "integer"})),
         ("limits", json!({"type": "object"})),
+        ("name", json!({"type": ["string", "null"]})),
+        ("metadata", json!({"type": "object"})),
     ]));
     object(Value::Object(props), &["session_id", "isolation_tier"])
 }
@@ -225,4 +227,22 @@ pub fn killed() -> Arc<JsonObject> {
         json!({"pid": {"type": "integer"}, "killed": {"type": "boolean"}}),
         &["pid", "killed"],
     )
+}
+
+/// The schema of a result that is one of Kennel's own types, as schemars writes it.
+fn of_type<T: schemars::JsonSchema>() -> Arc<JsonObject> {
+    match serde_json::to_value(schemars::schema_for!(T)) {
+        Ok(Value::Object(map)) => Arc::new(map),
+        _ => Arc::default(),
+    }
+}
+
+/// pause_session.
+pub fn paused() -> Arc<JsonObject> {
+    of_type::<kennel_types::pause::Paused>()
+}
+
+/// resume_session.
+pub fn resumed() -> Arc<JsonObject> {
+    of_type::<kennel_types::pause::ResumeReport>()
 }

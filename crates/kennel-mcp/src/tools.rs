@@ -27,6 +27,7 @@ use super::sessions::Table;
 use kennel_server::service::Caller;
 use kennel_types::api::{Content, EntryKind, ExecSpec, Language, LimitsSpec, RunSpec, SessionSpec};
 use kennel_types::error::PolicyError;
+use kennel_types::pause::{Keep, PauseSpec};
 use kennel_types::policy::{Capabilities, Platform, Runtime, Span, Tier};
 use kennel_types::process::ProcessSpec;
 use kennel_types::user::User;
@@ -142,6 +143,16 @@ pub struct CreateSessionArgs {
     /// Where the session's sandbox runs, as for run_code: the whole session stays there.
     #[serde(flatten)]
     pub placement: Placement,
+    /// A name for the session, unique among your open sessions: 1 to 63 of a-z, 0-9, '.',
+    /// '_' and '-', starting with a letter or digit.
+    pub name: Option<String>,
+    /// Labels for the session: at most 16 keys of up to 64 bytes, values up to 256 bytes.
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+    /// With `name`: answer your open session of that name, if there is one whose placement
+    /// and timeout match, rather than an error; otherwise create it.
+    #[serde(default)]
+    pub get_or_create: bool,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -172,6 +183,18 @@ pub struct SessionExecArgs {
 pub struct SessionArgs {
     /// The id that create_session returned.
     pub session_id: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PauseArgs {
+    /// The id that create_session returned.
+    pub session_id: String,
+    /// `saved` (state to disk, sandbox ended, survives a server restart; microvm and runsc)
+    /// or `frozen` (processes stopped in place, memory resident); unset: `saved` where the
+    /// session's tier can, else `frozen`.
+    #[serde(default)]
+    pub keep: Option<Keep>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -484,6 +507,9 @@ fn session_spec(a: CreateSessionArgs) -> Result<SessionSpec, CallToolResult> {
         runtime: placed.runtime,
         platform: placed.platform,
         image: placed.image,
+        name: a.name,
+        metadata: a.metadata,
+        get_or_create: a.get_or_create,
         ..SessionSpec::default()
     })
 }
@@ -630,7 +656,8 @@ with session_exec (python keeps its variables and imports between calls), write_
 read_file and list_files. It runs where `tier`, `runtime` and `image` say, as run_code does \
 (runtime \"runsc\" for gVisor, tier \"microvm\" for a guest kernel), for its whole life; the \
 answer says the isolation in force. A session ends after being idle for a while (the server's \
-idle TTL); end it with close_session when done.",
+idle TTL); end it with close_session when done. A `name` finds it again: create_session with \
+the same name and `get_or_create` answers that session while it lives.",
         annotations(open_world_hint = false),
         output_schema = schemas::session()
     )]
@@ -733,6 +760,55 @@ its files and state.",
             Ok(_) => result(
                 format!("session {id} closed"),
                 json!({"session_id": id, "closed": true}),
+                false,
+            ),
+            Err(e) => failure(&e),
+        })
+    }
+
+    #[tool(
+        description = "Pause a session made by create_session: its processes stop where they \
+are and use no CPU. The answer says how (mechanism) and what was kept (memory, processes, \
+files, connections). Any later call to the session resumes it, or resume_session does.",
+        annotations(idempotent_hint = false, open_world_hint = false),
+        output_schema = schemas::paused()
+    )]
+    async fn pause_session(
+        &self,
+        params: Parameters<PauseArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let this = self.for_caller(&ctx);
+        let a = params.0;
+        let spec = PauseSpec { keep: a.keep };
+        Ok(match this.api.pause_session(&a.session_id, spec).await {
+            Ok(p) => result(
+                render::paused(&a.session_id, &p),
+                serde_json::to_value(&p).unwrap_or_default(),
+                false,
+            ),
+            Err(e) => failure(&e),
+        })
+    }
+
+    #[tool(
+        description = "Resume a paused session. The answer says what came back: its memory \
+(restored, or resident when frozen), the background processes running, and whether its files \
+came back.",
+        annotations(idempotent_hint = false, open_world_hint = false),
+        output_schema = schemas::resumed()
+    )]
+    async fn resume_session(
+        &self,
+        params: Parameters<SessionArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let this = self.for_caller(&ctx);
+        let id = params.0.session_id;
+        Ok(match this.api.resume_session(&id).await {
+            Ok(r) => result(
+                render::resumed(&id, &r),
+                serde_json::to_value(&r).unwrap_or_default(),
                 false,
             ),
             Err(e) => failure(&e),
@@ -1110,7 +1186,11 @@ mod tests {
         for (name, own, shared) in [
             ("run_code", &["language", "code", "rich"][..], &shared[..]),
             ("run_command", &["argv"][..], &shared[..]),
-            ("create_session", &["timeout", "idle_ttl"][..], &[][..]),
+            (
+                "create_session",
+                &["timeout", "idle_ttl", "name", "metadata", "get_or_create"][..],
+                &[][..],
+            ),
         ] {
             let t = tools.iter().find(|t| t.name == name).unwrap();
             let listed: std::collections::BTreeSet<&str> = t.input_schema["properties"]
@@ -1163,6 +1243,15 @@ mod tests {
         assert_eq!((vm.tier, vm.runtime), (Some(Tier::Microvm), None));
         let none = session_spec(args(json!({}))).unwrap();
         assert_eq!((none.tier, none.runtime, none.platform), (None, None, None));
+        assert_eq!((&none.name, none.get_or_create), (&None, false));
+        let named = session_spec(args(json!({"name": "build", "metadata": {"k": "v"},
+            "get_or_create": true})))
+        .unwrap();
+        assert_eq!(
+            (named.name.as_deref(), named.get_or_create),
+            (Some("build"), true)
+        );
+        assert_eq!(named.metadata, BTreeMap::from([("k".into(), "v".into())]));
         // A wrong name is the tool's error naming the argument, as a run's is.
         let e = session_spec(args(json!({"platform": "xen"}))).unwrap_err();
         let data = e.structured_content.unwrap();
@@ -1201,6 +1290,8 @@ mod tests {
             "create_session",
             "session_exec",
             "close_session",
+            "pause_session",
+            "resume_session",
             "write_file",
             "read_file",
             "list_files",

@@ -28,6 +28,8 @@ pub enum Layout {
         pids: PathBuf,
         cpu: PathBuf,
         cpuacct: PathBuf,
+        /// The freezer hierarchy's, where the host mounts one: what a frozen pause writes.
+        freezer: Option<PathBuf>,
     },
     V2 {
         dir: PathBuf,
@@ -165,8 +167,18 @@ fn layout_in(file: &str) -> Result<(Layout, Vec<PathBuf>), CgroupError> {
         pids,
         cpu,
         cpuacct,
+        freezer: v1_dir(&mounts, &own, "freezer"),
     };
     Ok((layout, everywhere))
+}
+
+/// The directory of the v1 hierarchy of `ctrl`, where one is mounted and the process is in it.
+fn v1_dir(mounts: &[Mount], own: &[(Vec<String>, String)], ctrl: &str) -> Option<PathBuf> {
+    let mount = mounts
+        .iter()
+        .find(|m| m.fstype == "cgroup" && m.options.iter().any(|o| o == ctrl))?;
+    let (_, path) = own.iter().find(|(c, _)| c.iter().any(|c| c == ctrl))?;
+    Some(join_under(mount, path))
 }
 
 /// A cgroup2 mount point beside v1 hierarchies (a hybrid host), which crun refuses to run
@@ -292,9 +304,11 @@ impl Layout {
                 pids,
                 cpu,
                 cpuacct,
+                freezer,
             } => {
                 // Co-mounted controllers (cpu,cpuacct) share a directory.
                 let mut dirs: Vec<&Path> = vec![memory, pids, cpu, cpuacct];
+                dirs.extend(freezer.as_deref());
                 dirs.sort();
                 dirs.dedup();
                 dirs
@@ -310,11 +324,13 @@ impl Layout {
                 pids,
                 cpu,
                 cpuacct,
+                freezer,
             } => Layout::V1 {
                 memory: memory.join(name),
                 pids: pids.join(name),
                 cpu: cpu.join(name),
                 cpuacct: cpuacct.join(name),
+                freezer: freezer.as_ref().map(|f| f.join(name)),
             },
             Layout::V2 { dir } => Layout::V2 {
                 dir: dir.join(name),
@@ -459,6 +475,16 @@ impl Probe {
         self.0.paths()
     }
 
+    /// The directory whose freezer holds the cgroup and everything beneath it, and whether
+    /// it is cgroup2's (`cgroup.freeze`) rather than the v1 freezer hierarchy's, where the
+    /// host mounts one.
+    pub fn freezer_dir(&self) -> Option<(PathBuf, bool)> {
+        match &self.0 {
+            Layout::V1 { freezer, .. } => freezer.clone().map(|d| (d, false)),
+            Layout::V2 { dir } => Some((dir.clone(), true)),
+        }
+    }
+
     pub fn read(&self) -> Stats {
         match &self.0 {
             Layout::V1 {
@@ -526,6 +552,11 @@ fn kill_members(dir: &Path) -> bool {
         any = true;
         let _ = sys::kill(pid, libc::SIGKILL);
     }
+    // A v1 freezer holds the SIGKILL back from a frozen process until it is thawed (cgroup2's
+    // does not): a sandbox left frozen must still die.
+    if any && dir.join("freezer.state").exists() {
+        let _ = fs::write(dir.join("freezer.state"), "THAWED");
+    }
     any
 }
 
@@ -535,8 +566,12 @@ fn remove(layout: &Layout) {
     }
 }
 
-/// Removes `dir` after its sub-cgroups (an OCI runtime's, say), deepest first.
+/// Removes `dir` after its sub-cgroups (an OCI runtime's, say), deepest first; thawed first,
+/// so that a frozen sandbox's processes (a v1 freezer holds their SIGKILL back) can die.
 fn remove_tree(dir: &Path) {
+    if dir.join("freezer.state").exists() {
+        let _ = fs::write(dir.join("freezer.state"), "THAWED");
+    }
     if let Ok(entries) = fs::read_dir(dir) {
         for entry in entries.flatten() {
             if entry.file_type().is_ok_and(|t| t.is_dir()) {
@@ -582,6 +617,13 @@ pub fn is_stale(name: &str) -> bool {
     start_time(pid).as_deref() != Some(started)
 }
 
+/// Removes, once per process, the cgroups supervisors that are gone left behind: a server
+/// calls it at start, so that the sandboxes a SIGKILLed one left frozen (which no
+/// parent-death signal reaches) end then rather than at its first sandbox.
+pub fn sweep_stale_once() {
+    SWEEP.call_once(sweep_stale);
+}
+
 /// Removes cgroups left behind by supervisors that are gone (killed with SIGKILL, say), in
 /// every hierarchy.
 fn sweep_stale() {
@@ -596,6 +638,11 @@ fn sweep_stale() {
             }
         }
     }
+}
+
+/// A probe of the supervisor's own cgroups (what `kennel doctor` asks of them).
+pub fn own_probe() -> Result<Probe, CgroupError> {
+    own_layout().map(|(layout, _)| Probe(layout))
 }
 
 /// What `kennel doctor` says about cgroups on this host.

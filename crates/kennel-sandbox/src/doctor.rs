@@ -158,6 +158,45 @@ fn tool(name: &'static str, package: &str) -> Check {
     )
 }
 
+/// Whether a session can be paused `frozen` here: a freezer for the sandboxes' cgroups.
+fn freezer() -> Result<String, (String, String)> {
+    let probe = cgroup::own_probe()
+        .map_err(|e| (e.to_string(), "see the cgroups check above".to_string()))?;
+    match probe.freezer_dir() {
+        Some((dir, true)) => Ok(format!("cgroup2's cgroup.freeze beneath {}", dir.display())),
+        Some((dir, false)) => Ok(format!("the v1 freezer beneath {}", dir.display())),
+        None => Err((
+            "no freezer hierarchy is mounted: sessions cannot be paused `frozen`".into(),
+            "mount the v1 freezer controller (mount -t cgroup -o freezer freezer \
+             /sys/fs/cgroup/freezer), or run on cgroup2"
+                .into(),
+        )),
+    }
+}
+
+/// Whether a native, crun or runc session could be paused `saved`: through CRIU, where one
+/// works on this kernel. Kennel refuses such a pause with this check's reason.
+fn criu() -> Result<String, (String, String)> {
+    let fix = "Kennel saves native, crun and runc sessions only through a CRIU that passes \
+               `criu check` on this kernel (Debian bookworm's CRIU 3.17 fails its vDSO check on \
+               6.x kernels); pause them `frozen`, or use runsc or microvm for `saved`";
+    let out = std::process::Command::new("criu").arg("check").output();
+    match out {
+        Err(_) => Err(("criu is not installed".into(), fix.into())),
+        Ok(o) if o.status.success() => {
+            Ok("criu check passes, but this build saves only microvm and runsc sessions".into())
+        }
+        Ok(o) => {
+            let said = String::from_utf8_lossy(&o.stderr);
+            let first = said
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("no reason");
+            Err((format!("criu check fails: {}", first.trim()), fix.into()))
+        }
+    }
+}
+
 /// Whether `runtime` is installed and runs `/bin/true` here (runsc: on each platform).
 fn oci_runtime(engine: &Engine, runtime: Runtime) -> Result<String, (String, String)> {
     let found = crate::oci::runtime::locate(runtime).map_err(|_| {
@@ -290,6 +329,8 @@ pub fn checks(engine: &Engine) -> Vec<Check> {
         check("oci runc", runc),
         check("oci docker", docker(engine)),
         check("microvm", microvm),
+        check("pause frozen", freezer()),
+        check("pause saved (criu)", criu()),
         tool("bwrap", "bubblewrap"),
     ]
 }

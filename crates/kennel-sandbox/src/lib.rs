@@ -25,6 +25,7 @@ mod egress;
 mod engine;
 mod error;
 mod fail;
+mod freeze;
 mod helper;
 mod image;
 mod microvm;
@@ -49,6 +50,7 @@ pub fn return_large_frees() -> std::io::Result<()> {
 // The engine, its tiers, and a run's I/O.
 pub use engine::{Backend, Engine};
 pub use error::{Error, PolicyError, SetupStep};
+pub use freeze::{CgroupFreezer, Freeze, FreezeError};
 pub use native::{sandbox_root_host_uid, Native};
 pub use role::{maybe_run_helper, run_helper};
 pub use supervise::io::{
@@ -57,7 +59,7 @@ pub use supervise::io::{
 pub use supervise::output::Stream;
 
 // What runs are measured and watched with.
-pub use cgroup::Stats;
+pub use cgroup::{sweep_stale_once as sweep_stale_cgroups, Stats};
 pub use request::{check_cpus, host_cpus};
 pub use watch::{Tally, Watch, UNWATCHED_TIER};
 

@@ -7,8 +7,10 @@ pub mod audit;
 pub mod config;
 pub mod http;
 pub mod metrics;
+mod owner;
 pub mod pattern;
 pub mod pool;
+pub mod records;
 pub mod request_log;
 pub mod service;
 pub mod sessions;
@@ -92,9 +94,17 @@ impl Machinery {
         if let Err(why) = &jobs {
             tracing::warn!("async runs are refused: {why}");
         }
-        let service =
-            Arc::new(service::Service::new(config, engine, audit, pool.clone()).with_jobs(jobs));
+        // Before anything of ours starts: what a SIGKILLed predecessor left (a frozen
+        // sandbox among it) ends now.
+        kennel_sandbox::sweep_stale_cgroups();
+        let records = open_records(&config);
+        let service = Arc::new(
+            service::Service::new(config, engine, audit, pool.clone())
+                .with_jobs(jobs)
+                .with_records(records),
+        );
         service.recover_jobs();
+        service.recover_sessions();
         let (stop, stop_rx) = watch::channel(false);
         let refill = tokio::spawn(pool.refill(stop_rx.clone()));
         let reaper = tokio::spawn(reap_sessions(service.clone(), stop_rx));
@@ -168,8 +178,8 @@ pub async fn serve(
             tokio::spawn(async move {
                 tokio::time::sleep(grace).await;
                 late.cancel_all();
-                for s in late.sessions.list() {
-                    s.agent.kill();
+                for agent in late.sessions.list().iter().filter_map(|s| s.agent()) {
+                    agent.kill();
                 }
             });
         })
@@ -196,6 +206,24 @@ fn open_jobs(config: &ServerConfig) -> Result<service::jobs::Jobs, service::jobs
     service::jobs::Jobs::open(&path)
 }
 
+/// Where named and paused sessions are kept: `[sessions] dir`, `$KENNEL_SESSIONS_DIR`, or
+/// `sessions` in the state directory; none (with a warning) where it cannot be made.
+fn open_records(config: &ServerConfig) -> Option<records::Records> {
+    let dir = config.sessions.dir.clone().unwrap_or_else(|| {
+        std::env::var_os("KENNEL_SESSIONS_DIR")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| {
+                std::env::var_os("KENNEL_STATE_DIR")
+                    .map(std::path::PathBuf::from)
+                    .unwrap_or_else(|| kennel_sandbox::DEFAULT_STATE_DIR.into())
+                    .join("sessions")
+            })
+    });
+    records::Records::open(&dir)
+        .inspect_err(|why| tracing::warn!("named and paused sessions are not kept: {why}"))
+        .ok()
+}
+
 /// Resolves on SIGTERM or SIGINT.
 pub async fn wait_for_signal() {
     use tokio::signal::unix::{signal, SignalKind};
@@ -215,6 +243,7 @@ pub async fn wait_for_signal() {
 /// idle TTL ago; the gauge of open sessions follows those that died meanwhile.
 async fn reap_sessions(service: Arc<service::Service>, mut stop: watch::Receiver<bool>) {
     while !*stop.borrow() {
+        service.pause_or_end_idle().await;
         for session in service.sessions.take_expired() {
             if session.ended().is_none() {
                 metrics::inc(&service.metrics.sessions_expired);

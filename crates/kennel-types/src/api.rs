@@ -787,6 +787,7 @@ impl RunSpec {
             tier: self.tier,
             runtime: self.runtime,
             platform: self.platform,
+            ..SessionSpec::default()
         };
         let mut policy = shared.to_policy(base, max)?;
         match self.capabilities {
@@ -881,9 +882,79 @@ pub struct SessionSpec {
     pub runtime: Option<crate::policy::Runtime>,
     /// gVisor's platform (`ptrace` or `kvm`); chosen automatically when unset.
     pub platform: Option<crate::policy::Platform>,
+    /// A name for the session, unique among this token's open sessions (another token's
+    /// names are its own): 1 to 63 of `a-z`, `0-9`, `.`, `_` and `-`, starting with a letter
+    /// or digit. A session whose sandbox has ended frees its name at once.
+    #[serde(default)]
+    #[schema(pattern = "^[a-z0-9][a-z0-9._-]{0,62}$")]
+    pub name: Option<String>,
+    /// Labels for the session, which `GET /v1/sessions?metadata=` filters by: at most 16
+    /// keys of 1 to 64 bytes, values of at most 256 bytes.
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+    /// With `name`: when this token has an open session of that name, answer it (200) rather
+    /// than 409, provided its tier, runtime, platform, image, limits, network and env are
+    /// those asked for (else 409 naming the fields that differ); its `idle_ttl` and
+    /// `metadata` stay as they are. Without `name`, a 400.
+    #[serde(default)]
+    pub get_or_create: bool,
+    /// What the idle TTL does: `end` the session (the default) or `pause` it (`saved` where
+    /// the tier can, else `frozen`, ended after the server's `sessions.max_frozen`); the
+    /// next call to a paused session resumes it.
+    #[serde(default)]
+    pub on_idle: crate::pause::OnIdle,
+}
+
+/// The most metadata keys a session takes.
+pub const MAX_METADATA_KEYS: usize = 16;
+/// The longest metadata key, in bytes.
+pub const MAX_METADATA_KEY_BYTES: usize = 64;
+/// The longest metadata value, in bytes.
+pub const MAX_METADATA_VALUE_BYTES: usize = 256;
+/// The longest session name, in bytes.
+pub const MAX_SESSION_NAME_BYTES: usize = 63;
+
+/// Whether `name` is a session name: 1 to 63 of `a-z`, `0-9`, `.`, `_` and `-`, the first a
+/// letter or digit (so that it is never confused with an option or a path).
+pub fn is_session_name(name: &str) -> bool {
+    let ok = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    match name.as_bytes() {
+        [first, rest @ ..] => {
+            name.len() <= MAX_SESSION_NAME_BYTES
+                && ok(*first)
+                && rest
+                    .iter()
+                    .all(|&c| ok(c) || matches!(c, b'.' | b'_' | b'-'))
+        }
+        [] => false,
+    }
 }
 
 impl SessionSpec {
+    /// Checks the session's `name`, `metadata` and `get_or_create`: each refusal names its
+    /// field.
+    pub fn check_label(&self) -> Result<(), PolicyError> {
+        match &self.name {
+            Some(name) if !is_session_name(name) => {
+                return Err(PolicyError::request(
+                    "name",
+                    format!(
+                        "{name:?} is not a session name: use 1 to 63 of a-z, 0-9, '.', '_' \
+                         and '-', starting with a letter or digit"
+                    ),
+                ))
+            }
+            None if self.get_or_create => {
+                return Err(PolicyError::request(
+                    "get_or_create",
+                    "needs a `name`: the session to get is the one of that name",
+                ))
+            }
+            _ => {}
+        }
+        check_metadata(&self.metadata)
+    }
+
     /// Whether the request names its isolation (a tier or a runtime).
     pub fn names_tier(&self) -> bool {
         self.tier.is_some() || self.runtime.is_some()
@@ -905,6 +976,33 @@ impl SessionSpec {
         )?;
         Ok(policy)
     }
+}
+
+/// Metadata within its bounds: at most 16 keys of 1 to 64 bytes, values of at most 256.
+fn check_metadata(metadata: &BTreeMap<String, String>) -> Result<(), PolicyError> {
+    let bad = |why: String| Err(PolicyError::request("metadata", why));
+    if metadata.len() > MAX_METADATA_KEYS {
+        return bad(format!(
+            "has {} keys; a session takes at most {MAX_METADATA_KEYS}",
+            metadata.len()
+        ));
+    }
+    for (key, value) in metadata {
+        if key.is_empty() || key.len() > MAX_METADATA_KEY_BYTES {
+            return bad(format!(
+                "key {key:?} is {} bytes; keys are 1 to {MAX_METADATA_KEY_BYTES} bytes",
+                key.len()
+            ));
+        }
+        if value.len() > MAX_METADATA_VALUE_BYTES {
+            return bad(format!(
+                "value of {key:?} is {} bytes; values are at most {MAX_METADATA_VALUE_BYTES} \
+                 bytes",
+                value.len()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Puts `policy` in the tier, runtime, platform and image a request names. A runtime implies
@@ -969,9 +1067,27 @@ pub struct SessionInfo {
     /// The isolation the session's sandbox runs under, as a run's result reports it: read
     /// from the sandbox once it had started.
     pub isolation: Isolation,
+    /// The session's name, unique among its token's open sessions; null when it has none.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// The session's labels, as it was created with them.
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
     /// Set once the session's sandbox has died on its own (its execs then get 410): why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended: Option<SessionEnd>,
+    /// `running`, `paused` or `ended`.
+    #[serde(default)]
+    pub state: crate::pause::SessionState,
+    /// What its idle TTL does: `end` or `pause`.
+    #[serde(default)]
+    pub on_idle: crate::pause::OnIdle,
+    /// While it is paused: how, and what was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<crate::pause::Paused>,
+    /// What its last resume brought back, once it has been resumed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_resume: Option<crate::pause::ResumeReport>,
 }
 
 /// How a session's sandbox died on its own. An ended session holds no quota; its id answers
@@ -1001,6 +1117,12 @@ pub enum EndReason {
     Killed,
     /// Its agent exited on its own.
     Crashed,
+    /// It was kept frozen (paused with `keep: frozen`) for the server's
+    /// `sessions.max_frozen`, and ended to free the memory it held.
+    MaxFrozen,
+    /// The server stopped (or was killed) while the session ran or was frozen: its sandbox
+    /// went with it. Only a `saved` pause outlives its server.
+    Lost,
 }
 
 impl SessionEnd {
@@ -1027,6 +1149,14 @@ impl SessionEnd {
             EndReason::Crashed => format!(
                 "the session's sandbox ended on its own (crashed, {status}); start a new session"
             ),
+            EndReason::MaxFrozen => "the session was kept frozen for the server's \
+                `sessions.max_frozen` and ended to free its memory (max_frozen); start a new \
+                session, and pause with `keep: saved` in a tier that can save to keep one longer"
+                .into(),
+            EndReason::Lost => "the server stopped while the session ran or was frozen, and \
+                its sandbox went with it (lost); start a new session (only a `saved` pause \
+                outlives its server)"
+                .into(),
         }
     }
 }
@@ -1455,5 +1585,70 @@ mod tests {
         policy.network.mode = NetMode::Full;
         let full = Isolation::for_policy(Tier::Microvm, &policy, ports);
         assert_eq!(full.network, "full (the host's network namespace)");
+    }
+    /// A session's label within its bounds passes; past each bound, the error names its
+    /// field and says the bound.
+    #[test]
+    fn a_session_label_is_refused_past_its_bounds_naming_the_field() {
+        let check = |v: serde_json::Value| {
+            serde_json::from_value::<SessionSpec>(v)
+                .unwrap()
+                .check_label()
+                .map_err(|e| e.to_string())
+        };
+        let keys = |n: usize| (0..n).map(|i| (format!("k{i}"), "v".to_string())).collect();
+        let with = |metadata: BTreeMap<String, String>| {
+            check(serde_json::json!({"name": "a", "metadata": metadata}))
+        };
+        assert_eq!(with(keys(16)), Ok(()));
+        assert_eq!(
+            with(keys(17)),
+            Err("invalid request: `metadata` has 17 keys; a session takes at most 16".into())
+        );
+        let long = "k".repeat(65);
+        assert_eq!(
+            with(BTreeMap::from([(long.clone(), "v".into())])),
+            Err(format!(
+                "invalid request: `metadata` key {long:?} is 65 bytes; keys are 1 to 64 bytes"
+            ))
+        );
+        assert_eq!(
+            with(BTreeMap::from([("k".repeat(64), "v".repeat(256))])),
+            Ok(())
+        );
+        assert_eq!(
+            with(BTreeMap::from([("k".into(), "v".repeat(257))])),
+            Err(
+                "invalid request: `metadata` value of \"k\" is 257 bytes; values are at most \
+                 256 bytes"
+                    .into()
+            )
+        );
+        for name in ["a", "0.build_x-y", &"a".repeat(63)] {
+            assert!(is_session_name(name), "{name}");
+        }
+        for name in ["", "-a", ".a", "A", "a b", "a/b", "ü", &"a".repeat(64)] {
+            assert!(!is_session_name(name), "{name}");
+        }
+        assert_eq!(
+            check(serde_json::json!({"name": "Bad"})),
+            Err(
+                "invalid request: `name` \"Bad\" is not a session name: use 1 to 63 of a-z, \
+                 0-9, '.', '_' and '-', starting with a letter or digit"
+                    .into()
+            )
+        );
+        assert_eq!(
+            check(serde_json::json!({"get_or_create": true})),
+            Err(
+                "invalid request: `get_or_create` needs a `name`: the session to get is the \
+                 one of that name"
+                    .into()
+            )
+        );
+        assert_eq!(
+            check(serde_json::json!({"name": "a", "get_or_create": true})),
+            Ok(())
+        );
     }
 }

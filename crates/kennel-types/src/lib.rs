@@ -10,6 +10,7 @@ pub mod api;
 pub mod error;
 pub mod image;
 pub mod net;
+pub mod pause;
 pub mod policy;
 pub mod process;
 pub mod runs;

@@ -172,10 +172,18 @@ fn the_served_document_states_the_live_limits_and_errors() {
                 assert!(has("413"), "{method} {path} lacks 413");
             }
             // Every post but a control (an interrupt, a cancel, a process's signal, a pty's
-            // resize) takes a run or session slot, or a bounded place (a process, its stdin).
-            let control = ["/interrupt", "/cancel", "/signal", "/resize"]
-                .iter()
-                .any(|c| path.ends_with(c));
+            // resize, a pause or a resume) takes a run or session slot, or a bounded place (a
+            // process, its stdin).
+            let control = [
+                "/interrupt",
+                "/cancel",
+                "/signal",
+                "/resize",
+                "/pause",
+                "/resume",
+            ]
+            .iter()
+            .any(|c| path.ends_with(c));
             if method == "post" && !control {
                 assert!(has("429"), "{method} {path} lacks 429");
             }
@@ -477,7 +485,9 @@ fn schemathesis_finds_no_difference_between_the_document_and_the_server() {
     // `unsupported` is the documented answer for that, a fact about the host and never about
     // the request, so it is allowed there. A session's positive data may also pair a
     // `runtime` with a tier other than oci, which the schema cannot say and the server
-    // refuses with a 400 naming `runtime`.
+    // refuses with a 400 naming `runtime`; and a `name` that one of the token's sessions
+    // already has, which is a 409 whatever the data (a fact about the server's state).
+    // Metadata's bounds are in bytes, which the schema counts as characters: 400 there.
     // A terminal's GET is a WebSocket, which an HTTP fuzzer does not open: without the
     // handshake's headers it answers 426, the refusal RFC 9110 names for it.
     // A run answered at once is gone once answered (`GET`/`DELETE /v1/runs/{id}` document
@@ -509,7 +519,7 @@ fn schemathesis_finds_no_difference_between_the_document_and_the_server() {
          checks.max_response_time = 35.0\n\
          checks.not_a_server_error.expected-statuses = [\"1XX\", \"2XX\", \"3XX\", \"4XX\", \"503\"]\n\
          checks.positive_data_acceptance.expected-statuses = \
-         [\"2XX\", \"400\", \"401\", \"403\", \"404\", \"429\", \"503\"]\n\
+         [\"2XX\", \"400\", \"401\", \"403\", \"404\", \"409\", \"429\", \"503\"]\n\
          [[operations]]\ninclude-path = \"/v1/runs\"\ninclude-method = \"POST\"\n\
          checks.not_a_server_error.expected-statuses = [\"1XX\", \"2XX\", \"3XX\", \"4XX\", \"503\"]\n\
          checks.ensure_resource_availability.enabled = false\n\

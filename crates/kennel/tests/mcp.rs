@@ -808,3 +808,87 @@ fn background_processes_forwarded_to_kennel_serve() {
     let server = Server::start_with("mcp-procs", "[pool]\npython = 0\nbash = 0\n", &[], None);
     background_processes_through(Mcp::start(&["--server", &server.client.base]));
 }
+
+/// create_session takes a name and metadata: the same name again is a conflict the tool says,
+/// and with `get_or_create` the answer is the same session.
+#[test]
+fn create_session_takes_a_name_and_gets_it_again() {
+    let mut mcp = Mcp::start(&[]);
+    let first = mcp.call_tool(
+        "create_session",
+        json!({"name": "mcp-named", "metadata": {"k": "v"}}),
+    );
+    let s = &first["structuredContent"];
+    assert_eq!(
+        (&s["name"], &s["metadata"]),
+        (&json!("mcp-named"), &json!({"k": "v"})),
+        "{first}"
+    );
+    let sid = s["session_id"].as_str().unwrap().to_string();
+    let again = mcp.call_tool("create_session", json!({"name": "mcp-named"}));
+    assert_eq!(again["isError"], true, "{again}");
+    assert_eq!(
+        again["structuredContent"]["error"],
+        json!({"status": 409, "code": "conflict", "message": format!(
+            "this token has a session named \"mcp-named\" ({sid}): end it first, or send \
+             \"get_or_create\": true to use it")}),
+        "{again}"
+    );
+    let got = mcp.call_tool(
+        "create_session",
+        json!({"name": "mcp-named", "get_or_create": true}),
+    );
+    assert_eq!(got["structuredContent"]["session_id"], json!(sid), "{got}");
+}
+
+/// pause_session answers how and what was kept; a second pause is the conflict the tool
+/// says; session_exec resumes the session on its own, its variable still there; a
+/// resume_session of a running session is a conflict.
+#[test]
+fn pause_and_resume_session_say_what_was_kept() {
+    let mut mcp = Mcp::start(&[]);
+    let created = mcp.call_tool("create_session", json!({}));
+    let sid = created["structuredContent"]["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    mcp.call_tool(
+        "session_exec",
+        json!({"session_id": sid, "language": "python", "code": "x = 5"}),
+    );
+    let paused = mcp.call_tool(
+        "pause_session",
+        json!({"session_id": sid, "keep": "frozen"}),
+    );
+    let p = &paused["structuredContent"];
+    assert_eq!(
+        (&p["state"], &p["keep"], &p["mechanism"]),
+        (&json!("paused"), &json!("frozen"), &json!("freezer")),
+        "{paused}"
+    );
+    let text = paused["content"][0]["text"].as_str().unwrap();
+    assert_eq!(
+        text,
+        format!("session {sid} paused (frozen, freezer): kept memory, processes, files, connections; it does not survive a server restart")
+    );
+    let again = mcp.call_tool("pause_session", json!({"session_id": sid}));
+    assert_eq!(
+        (
+            &again["isError"],
+            &again["structuredContent"]["error"]["status"]
+        ),
+        (&json!(true), &json!(409)),
+        "{again}"
+    );
+    let ran = mcp.call_tool(
+        "session_exec",
+        json!({"session_id": sid, "language": "python", "code": "print(x * 2)"}),
+    );
+    assert_eq!(ran["structuredContent"]["stdout"], "10\n", "{ran}");
+    let resumed = mcp.call_tool("resume_session", json!({"session_id": sid}));
+    assert_eq!(
+        resumed["structuredContent"]["error"]["status"], 409,
+        "{resumed}"
+    );
+    mcp.call_tool("close_session", json!({"session_id": sid}));
+}

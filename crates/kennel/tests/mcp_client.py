@@ -22,6 +22,8 @@ TOOLS = {
     "create_session",
     "session_exec",
     "close_session",
+    "pause_session",
+    "resume_session",
     "write_file",
     "read_file",
     "list_files",

@@ -2,7 +2,8 @@
 //! too), then what only the native target checks, through the real server: bad tier fields
 //! get the answer a run gets and cost nothing; a sandbox that dies (out of memory, its files
 //! counting against it) says why and frees its slot; `ps` in a session is short; `pip install
-//! x` then `import x` works, the network policy still deciding whether the index is reachable.
+//! x` then `import x` works, the network policy still deciding whether the index is reachable;
+//! named sessions are unique per token, filtered by name and metadata, and got again.
 
 /// The runtime this target runs the suite under (`None`: the native tier).
 const RUNTIME: Option<&str> = None;
@@ -502,4 +503,452 @@ fn user_is_refused_under_a_server_that_is_not_root() {
         )
     );
     assert_eq!(c.exec(&id, "bash", "id -u")["stdout"], "0\n");
+}
+
+const OTHER_TOKEN: &str = "sessions-other-0123456789abcdef";
+
+/// A server of two tokens, `a` (the default client's) and `b`, without a pool.
+fn two_tokens(name: &str) -> Server {
+    let config = format!(
+        "{NO_POOL}[[tokens]]\nid = \"a\"\ntoken = \"{TOKEN}\"\n\
+         [[tokens]]\nid = \"b\"\ntoken = \"{OTHER_TOKEN}\"\n"
+    );
+    Server::start_with(name, &config, &[], Some(TOKEN))
+}
+
+/// The ids `GET /v1/sessions` lists for a query (`""` for none).
+fn listed(c: &server_common::Client, query: &str) -> Vec<String> {
+    let r = c.get(&format!("/v1/sessions{query}"));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let all = r.json();
+    let all = all.as_array().unwrap();
+    all.iter()
+        .map(|s| s["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The conflict a create of a taken name gets.
+fn taken(name: &str, id: &str) -> String {
+    format!(
+        "this token has a session named {name:?} ({id}): end it first, or send \
+         \"get_or_create\": true to use it"
+    )
+}
+
+/// A session's name and metadata: shown, filtered by (E2B's `metadata` query), unique per
+/// token (409 naming the name), got again by `get_or_create` when its spec matches (200, the
+/// same id) and refused naming the fields when not; past their bounds, 400s naming the field
+/// that start nothing. Another token sees none of it and has its own names.
+#[test]
+fn named_sessions_are_unique_per_token_filtered_and_got_again() {
+    let server = two_tokens("session-named");
+    let c = &server.client;
+    let create = |spec: Value| c.post_json("/v1/sessions", &spec);
+
+    let r = create(json!({"name": "build-1", "metadata": {"team": "a", "job": "x y&z"}}));
+    assert_eq!(r.status, 201, "{}", r.text());
+    let info = r.json();
+    assert_eq!(
+        (&info["name"], &info["metadata"]),
+        (&json!("build-1"), &json!({"team": "a", "job": "x y&z"}))
+    );
+    let first = info["id"].as_str().unwrap().to_string();
+    let plain = c.create_session(&json!({"metadata": {"team": "b"}}));
+    let shown = c.get(&format!("/v1/sessions/{plain}")).json();
+    assert_eq!(
+        (&shown["name"], &shown["metadata"]),
+        (&Value::Null, &json!({"team": "b"}))
+    );
+
+    // Filters: by name, by metadata pairs (each key and value URL-encoded, then the whole).
+    assert_eq!(listed(c, ""), [first.clone(), plain.clone()]);
+    assert_eq!(listed(c, "?name=build-1"), std::slice::from_ref(&first));
+    assert_eq!(listed(c, "?name=build-2"), Vec::<String>::new());
+    assert_eq!(
+        listed(c, "?metadata=team%3Da"),
+        std::slice::from_ref(&first)
+    );
+    assert_eq!(
+        listed(c, "?metadata=team%3Db"),
+        std::slice::from_ref(&plain)
+    );
+    // job=x y&z: "x+y%26z" as a query, "x%2By%2526z" as the parameter's value.
+    let both = "?metadata=team%3Da%26job%3Dx%2By%2526z";
+    assert_eq!(listed(c, both), std::slice::from_ref(&first));
+    assert_eq!(
+        listed(c, &format!("{both}&name=build-1")),
+        std::slice::from_ref(&first)
+    );
+    assert_eq!(listed(c, "?metadata=team%3Dc"), Vec::<String>::new());
+    assert_eq!(
+        listed(c, "?metadata=team%3Da%26team%3Db"),
+        Vec::<String>::new()
+    );
+
+    // The name is taken: 409 naming it, and no session started.
+    let (code, message) = create(json!({"name": "build-1"})).error(409);
+    assert_eq!(
+        (code.as_str(), message),
+        ("conflict", taken("build-1", &first))
+    );
+
+    // get_or_create with the same spec (metadata apart): the same session, 200.
+    let again = json!({"name": "build-1", "get_or_create": true, "metadata": {"other": "1"},
+        "limits": {"memory": "512M"}});
+    let r = create(again);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let got = r.json();
+    assert_eq!(
+        (&got["id"], &got["metadata"]),
+        (&json!(first), &json!({"team": "a", "job": "x y&z"}))
+    );
+    // With another spec: 409 naming the fields that differ.
+    let differ = json!({"name": "build-1", "get_or_create": true, "limits": {"memory": "128M"},
+        "network": {"mode": "allow", "allow": ["example.com:443"]}});
+    let (code, message) = create(differ).error(409);
+    assert_eq!(
+        (code.as_str(), message),
+        (
+            "conflict",
+            format!(
+                "this token's session named \"build-1\" ({first}) differs from the one asked \
+                 for in limits.memory, network"
+            )
+        )
+    );
+    let (_, message) = create(json!({"name": "build-1", "get_or_create": true,
+        "env": {"K": "v"}}))
+    .error(409);
+    assert!(message.ends_with(" in env"), "{message}");
+
+    // Past the bounds: 400 naming the field, nothing started.
+    let keys = |n: usize| -> serde_json::Map<String, Value> {
+        (0..n).map(|i| (format!("k{i}"), json!("v"))).collect()
+    };
+    let long_key = "k".repeat(65);
+    for (spec, want) in [
+        (
+            json!({"name": "m", "metadata": keys(17)}),
+            "invalid request: `metadata` has 17 keys; a session takes at most 16".to_string(),
+        ),
+        (
+            json!({"metadata": {long_key.clone(): "v"}}),
+            format!(
+                "invalid request: `metadata` key {long_key:?} is 65 bytes; keys are 1 to 64 \
+                 bytes"
+            ),
+        ),
+        (
+            json!({"metadata": {"k": "v".repeat(257)}}),
+            "invalid request: `metadata` value of \"k\" is 257 bytes; values are at most 256 \
+             bytes"
+                .to_string(),
+        ),
+        (
+            json!({"name": "Build 1"}),
+            "invalid request: `name` \"Build 1\" is not a session name: use 1 to 63 of a-z, \
+             0-9, '.', '_' and '-', starting with a letter or digit"
+                .to_string(),
+        ),
+        (
+            json!({"get_or_create": true}),
+            "invalid request: `get_or_create` needs a `name`: the session to get is the one \
+             of that name"
+                .to_string(),
+        ),
+    ] {
+        let (code, message) = create(spec.clone()).error(400);
+        assert_eq!(
+            (code.as_str(), message.as_str()),
+            ("bad_request", want.as_str()),
+            "{spec}"
+        );
+    }
+    assert_eq!(listed(c, ""), [first.clone(), plain.clone()]);
+    // At the bounds: taken.
+    let full = json!({"metadata": keys(16)});
+    let at_bounds = c.create_session(&full);
+    assert_eq!(c.delete(&format!("/v1/sessions/{at_bounds}")).status, 204);
+
+    // Another token: none of it is visible, by name or id, and the name is its own.
+    let b = c.with_token(Some(OTHER_TOKEN));
+    assert_eq!(listed(&b, "?name=build-1"), Vec::<String>::new());
+    assert_eq!(listed(&b, ""), Vec::<String>::new());
+    let (code, _) = b.get(&format!("/v1/sessions/{first}")).error(404);
+    assert_eq!(code, "not_found");
+    let (code, _) = b
+        .exec_resp(&first, &json!({"language": "bash", "code": "true"}))
+        .error(404);
+    assert_eq!(code, "not_found");
+    let r = b.post_json(
+        "/v1/sessions",
+        &json!({"name": "build-1", "get_or_create": true}),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let theirs = r.json()["id"].as_str().unwrap().to_string();
+    assert_ne!(theirs, first);
+    assert_eq!(listed(&b, "?name=build-1"), std::slice::from_ref(&theirs));
+    assert_eq!(listed(c, "?name=build-1"), std::slice::from_ref(&first));
+
+    // Ended by its owner, the name is free at once.
+    assert_eq!(c.delete(&format!("/v1/sessions/{first}")).status, 204);
+    let next = c.create_session(&json!({"name": "build-1"}));
+    assert_ne!(next, first);
+    assert_eq!(listed(c, "?name=build-1"), [next]);
+}
+
+/// Concurrent `get_or_create`s of one name make one session: the first answers 201, the rest
+/// 200 with its id.
+#[test]
+fn concurrent_get_or_create_makes_one_session() {
+    let server = two_tokens("session-named-race");
+    let spec = json!({"name": "shared", "get_or_create": true});
+    let answers: Vec<(u16, String)> = std::thread::scope(|s| {
+        let calls: Vec<_> = (0..4)
+            .map(|_| {
+                let c = server.client.clone();
+                let spec = &spec;
+                s.spawn(move || {
+                    let r = c.post_json("/v1/sessions", spec);
+                    (
+                        r.status,
+                        r.json()["id"].as_str().unwrap_or_default().to_string(),
+                    )
+                })
+            })
+            .collect();
+        calls.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let mut statuses: Vec<u16> = answers.iter().map(|(s, _)| *s).collect();
+    statuses.sort_unstable();
+    assert_eq!(statuses, [200, 200, 200, 201], "{answers:?}");
+    let ids: HashSet<&String> = answers.iter().map(|(_, id)| id).collect();
+    assert_eq!(ids.len(), 1, "{answers:?}");
+    let id = (*ids.iter().next().unwrap()).clone();
+    assert_eq!(listed(&server.client, ""), [id]);
+}
+
+/// A session whose sandbox died frees its name at once: the next create of the name starts a
+/// new one, and the name lists both until the ended one is forgotten.
+#[test]
+fn an_ended_session_frees_its_name() {
+    let server = two_tokens("session-named-ended");
+    let c = &server.client;
+    let spec = json!({"name": "oom", "limits": {"memory": "64M", "workspace_size": "512M"}});
+    let dead = c.create_session(&spec);
+    let fill = "head -c 200M /dev/zero > /workspace/fill";
+    let (code, _) = c
+        .exec_resp(&dead, &json!({"language": "bash", "code": fill}))
+        .error(410);
+    assert_eq!(code, "session_ended");
+    let get = json!({"name": "oom", "get_or_create": true,
+        "limits": {"memory": "64M", "workspace_size": "512M"}});
+    let r = c.post_json("/v1/sessions", &get);
+    assert_eq!(r.status, 201, "{}", r.text());
+    let live = r.json()["id"].as_str().unwrap().to_string();
+    assert_eq!(listed(c, "?name=oom"), [dead, live]);
+}
+
+/// `on_idle: pause`: a session whose idle TTL runs out is paused (frozen here), not ended; its
+/// next call resumes it with its state, and it says so (`last_resume`). Frozen past the
+/// server's `sessions.max_frozen`, it is ended saying why: 410 with the reason, its state
+/// `ended`, its sandbox gone.
+#[test]
+fn an_idle_session_pauses_and_one_frozen_too_long_ends_saying_so() {
+    let config = format!(
+        "{NO_POOL}[sessions]\nmax_frozen = \"3s\"\n[[tokens]]\nid = \"a\"\ntoken = \"{TOKEN}\"\n"
+    );
+    let server = Server::start_with("session-on-idle", &config, &[], Some(TOKEN));
+    let c = &server.client;
+    let spec = json!({"idle_ttl": "1s", "on_idle": "pause"});
+    let id = open_session(&server, spec)["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    session_py(&server, &id, "x = 7");
+    let show = || c.get(&format!("/v1/sessions/{id}")).json();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while show()["state"] != "paused" {
+        assert!(Instant::now() < deadline, "never paused: {}", show());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let shown = show();
+    assert_eq!(
+        (&shown["on_idle"], &shown["paused"]["keep"]),
+        (&json!("pause"), &json!("frozen"))
+    );
+    assert_eq!(session_py(&server, &id, "print(x)"), "7\n");
+    let shown = show();
+    assert_eq!(
+        (&shown["state"], &shown["last_resume"]["memory"]),
+        (&json!("running"), &json!("resident"))
+    );
+
+    // Another, paused by hand, outstays `max_frozen` (3 s) and is ended, not forgotten (an
+    // ended session is, an idle TTL later: this one's is the default).
+    let id = open_session(&server, json!({}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let show = || c.get(&format!("/v1/sessions/{id}")).json();
+    let pause = c.post_json(
+        &format!("/v1/sessions/{id}/pause"),
+        &json!({"keep": "frozen"}),
+    );
+    assert_eq!(pause.status, 200, "{}", pause.text());
+    let before = descendants(server.pid);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while show()["state"] != "ended" {
+        assert!(Instant::now() < deadline, "never ended: {}", show());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(show()["ended"]["reason"], "max_frozen", "{}", show());
+    let (code, message) = c
+        .exec_resp(&id, &json!({"language": "python", "code": "x"}))
+        .error(410);
+    assert_eq!(code, "session_ended");
+    assert!(message.contains("`sessions.max_frozen`"), "{message}");
+    assert_eq!(
+        survivors(&before, Duration::from_secs(10)),
+        Vec::<Proc>::new()
+    );
+}
+
+/// A pause while an exec runs is a conflict that changes nothing; another token's session,
+/// by id, is not found for pause or resume; `on_idle` takes only its two values.
+#[test]
+fn a_busy_or_foreign_session_is_not_paused() {
+    let server = two_tokens("session-pause-refusals");
+    let c = &server.client;
+    let id = open_session(&server, json!({}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let busy = {
+        let c = c.clone();
+        let id = id.clone();
+        std::thread::spawn(move || c.exec(&id, "bash", "sleep 3; echo done"))
+    };
+    std::thread::sleep(Duration::from_millis(800));
+    let (code, message) = c
+        .post_json(&format!("/v1/sessions/{id}/pause"), &json!({}))
+        .error(409);
+    assert_eq!(code, "conflict");
+    assert!(message.contains("busy"), "{message}");
+    assert_eq!(busy.join().unwrap()["stdout"], "done\n");
+
+    let other = c.with_token(Some(OTHER_TOKEN));
+    let (code, _) = other
+        .post_json(&format!("/v1/sessions/{id}/pause"), &json!({}))
+        .error(404);
+    assert_eq!(code, "not_found", "pause");
+    let (code, _) = other
+        .post(&format!("/v1/sessions/{id}/resume"), "")
+        .error(404);
+    assert_eq!(code, "not_found", "resume");
+    assert_eq!(
+        c.get(&format!("/v1/sessions/{id}")).json()["state"],
+        "running"
+    );
+    let (code, message) = c
+        .post_json("/v1/sessions", &json!({"on_idle": "sleep"}))
+        .error(400);
+    assert_eq!(code, "bad_request");
+    assert!(message.contains("unknown variant"), "{message}");
+}
+
+/// A server SIGKILLed with a named session running and another frozen: the restarted server
+/// (the same job table, whose key names tenants, and the same records) lists both, each
+/// ended `lost` with the reason, its id answering 410 saying so; another token sees neither;
+/// DELETE removes a record; nothing of the dead server's sandboxes is left.
+#[test]
+fn a_restarted_server_lists_named_and_frozen_sessions_as_lost() {
+    let dir = test_dir("session-restart-state");
+    let (db, records) = (dir.join("jobs.sqlite"), dir.join("sessions"));
+    let config = format!(
+        "{NO_POOL}[jobs]\ndb = {db:?}\n[[tokens]]\nid = \"a\"\ntoken = \"{TOKEN}\"\n\
+         [[tokens]]\nid = \"b\"\ntoken = \"{OTHER_TOKEN}\"\n"
+    );
+    let env = [("KENNEL_SESSIONS_DIR", records.to_str().unwrap())];
+    let first = Server::start_with("session-restart-1", &config, &env, Some(TOKEN));
+    let c = &first.client;
+    let named = open_session(&first, json!({"name": "kept", "metadata": {"k": "v"}}));
+    let named = named["id"].as_str().unwrap().to_string();
+    let frozen = open_session(&first, json!({}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let unnamed = open_session(&first, json!({}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let r = c.post_json(
+        &format!("/v1/sessions/{frozen}/pause"),
+        &json!({"keep": "frozen"}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let mut kept: Vec<String> = std::fs::read_dir(&records)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".json"))
+        .collect();
+    kept.sort();
+    let mut expected = vec![format!("{named}.json"), format!("{frozen}.json")];
+    expected.sort();
+    assert_eq!(kept, expected, "only named and paused sessions are kept");
+    let below = descendants(first.pid);
+    first.signal(libc::SIGKILL);
+    drop(first);
+    // The running sandbox dies with its server (its parent-death signal); the frozen one
+    // cannot until it is thawed, which the next server does as it starts.
+    let second = Server::start_with("session-restart-2", &config, &env, Some(TOKEN));
+    assert_eq!(
+        survivors(&below, Duration::from_secs(10)),
+        Vec::<Proc>::new()
+    );
+    let c = &second.client;
+    let all = c.get("/v1/sessions").json();
+    let mut ids: Vec<&str> = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap())
+        .collect();
+    ids.sort();
+    let mut want = vec![named.as_str(), frozen.as_str()];
+    want.sort();
+    assert_eq!(ids, want, "{all}");
+    for s in all.as_array().unwrap() {
+        assert_eq!(
+            (&s["state"], &s["ended"]["reason"]),
+            (&json!("ended"), &json!("lost")),
+            "{s}"
+        );
+    }
+    let shown = c.get(&format!("/v1/sessions/{named}")).json();
+    assert_eq!(
+        (&shown["name"], &shown["metadata"]),
+        (&json!("kept"), &json!({"k": "v"}))
+    );
+    let (code, message) = c
+        .exec_resp(&named, &json!({"language": "python", "code": "1"}))
+        .error(410);
+    assert_eq!(code, "session_ended");
+    assert!(
+        message.contains("the server stopped while the session ran or was frozen"),
+        "{message}"
+    );
+    assert_eq!(c.get(&format!("/v1/sessions/{unnamed}")).status, 404);
+    let other = c.with_token(Some(OTHER_TOKEN));
+    assert_eq!(other.get("/v1/sessions").json(), json!([]));
+    assert_eq!(other.get(&format!("/v1/sessions/{named}")).status, 404);
+    // The name is free again: a lost session holds none.
+    let again = open_session(&second, json!({"name": "kept"}));
+    assert_ne!(again["id"], json!(named));
+    assert_eq!(c.delete(&format!("/v1/sessions/{frozen}")).status, 204);
+    assert!(
+        !records.join(format!("{frozen}.json")).exists(),
+        "a deleted session's record stayed"
+    );
 }

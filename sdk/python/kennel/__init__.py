@@ -51,19 +51,19 @@ term:`` (a :class:`Terminal`: ``send``, ``recv``, ``read_until``, ``resize``, ``
 
 from .aio import AsyncClient, AsyncProcesses, AsyncSession, AsyncStream, AsyncWatch
 from .client import Client, Processes, Session, Stream, Watch
-from .errors import (BadRequest, Busy, ConnectionFailed, ConnectionLost, Forbidden, KennelError,
+from .errors import (BadRequest, Busy, Conflict, ConnectionFailed, ConnectionLost, Forbidden, KennelError,
                      NotFound, RequestTimeout, SessionEnded, TransportError, Unauthorized)
 from .results import (CollectedFile, ExecError, ExecResult, FileEntry, FileEvent, Interpreter,
-                      Isolation, NetEvent, OutputChunk, ProcessEvent, ProcessInfo, RichOutput,
-                      RunInfo, RunResult, SessionEnd, SessionInfo)
+                      Isolation, NetEvent, OutputChunk, PauseInfo, ProcessEvent, ProcessInfo,
+                      ResumeReport, RichOutput, RunInfo, RunResult, SessionEnd, SessionInfo)
 from .terminal import AsyncTerminal, AsyncTerminals, Terminal, Terminals
 from .webhooks import WebhookVerificationError, verify_webhook
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AsyncClient", "AsyncProcesses", "AsyncSession", "Processes", "ProcessEvent", "ProcessInfo", "AsyncStream", "BadRequest", "Busy", "Client",
-    "CollectedFile", "ConnectionFailed", "ConnectionLost", "RequestTimeout", "TransportError", "ExecError", "ExecResult", "FileEntry", "Interpreter", "Isolation", "KennelError",
+    "AsyncClient", "PauseInfo", "ResumeReport", "AsyncProcesses", "AsyncSession", "Processes", "ProcessEvent", "ProcessInfo", "AsyncStream", "BadRequest", "Busy", "Client",
+    "CollectedFile", "Conflict", "ConnectionFailed", "ConnectionLost", "RequestTimeout", "TransportError", "ExecError", "ExecResult", "FileEntry", "Interpreter", "Isolation", "KennelError",
     "Forbidden", "NetEvent", "NotFound", "OutputChunk", "RichOutput", "RunResult", "Session", "SessionEnded",
     "SessionEnd", "SessionInfo", "Stream", "Unauthorized", "RunInfo", "WebhookVerificationError", "verify_webhook",
     "AsyncTerminal", "AsyncTerminals", "AsyncWatch", "FileEvent", "Terminal", "Terminals", "Watch",

@@ -158,9 +158,21 @@ def session_body(
     tier: Optional[str] = None,
     runtime: Optional[str] = None,
     platform: Optional[str] = None,
+    name: Optional[str] = None,
+    metadata: Optional[Mapping[str, str]] = None,
+    get_or_create: bool = False,
+    on_idle: Optional[str] = None,
 ) -> Dict[str, Any]:
     """A ``SessionSpec`` with only the fields given; where it runs as :func:`placement` says."""
     body: Dict[str, Any] = {}
+    if name is not None:
+        body["name"] = name
+    if metadata:
+        body["metadata"] = dict(metadata)
+    if get_or_create:
+        body["get_or_create"] = True
+    if on_idle is not None:
+        body["on_idle"] = on_idle
     lim = limits_spec(limits)
     if lim:
         body["limits"] = lim
@@ -173,6 +185,18 @@ def session_body(
         body["idle_ttl"] = span(idle_ttl)
     body.update(placement(tier=tier, runtime=runtime, platform=platform, image=image))
     return body
+
+
+def sessions_params(name: Optional[str] = None,
+                    metadata: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """``GET /v1/sessions``' filters: ``metadata`` as E2B writes it, one parameter whose value
+    is itself a URL-encoded query (``user=abc&app=prod``)."""
+    params: Dict[str, str] = {}
+    if name is not None:
+        params["name"] = name
+    if metadata:
+        params["metadata"] = urlencode(dict(metadata))
+    return params
 
 
 class SessionFields:
@@ -188,6 +212,16 @@ class SessionFields:
         (``{"name": "runsc", ...}`` in the oci tier), ``isolation.accel`` (``"kvm"`` or
         ``"tcg"``) in a microVM."""
         return self.info.isolation
+
+    @property
+    def name(self) -> Optional[str]:
+        """The session's name, unique among the token's open sessions; ``None`` without one."""
+        return self.info.name
+
+    @property
+    def metadata(self) -> Dict[str, str]:
+        """The session's labels, as it was created with them."""
+        return self.info.metadata
 
     @property
     def ended(self) -> Optional[SessionEnd]:
@@ -789,3 +823,8 @@ class Opening(Generic[T]):
     async def __aexit__(self, *exc: Any) -> None:
         if self._opened is not None:
             await self._opened.__aexit__(*exc)
+
+
+def pause_body(keep: Optional[str]) -> Dict[str, Any]:
+    """A ``PauseSpec``: ``keep`` (``"saved"`` or ``"frozen"``) when given."""
+    return {} if keep is None else {"keep": keep}

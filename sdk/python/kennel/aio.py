@@ -25,8 +25,8 @@ import httpx
 from . import _common as c
 from .client import DEFAULT_URL, RECONNECTS, _shell_line
 from .errors import KennelError, NotFound
-from .results import (ExecResult, FileEntry, FileEvent, OutputChunk, ProcessEvent, ProcessInfo,
-                      RunInfo, RunResult, SessionInfo)
+from .results import (ExecResult, FileEntry, FileEvent, OutputChunk, PauseInfo, ProcessEvent,
+                      ProcessInfo, ResumeReport, RunInfo, RunResult, SessionInfo)
 from .terminal import AsyncTerminal, AsyncTerminals
 
 R = TypeVar("R")
@@ -369,6 +369,17 @@ class AsyncSession(c.SessionFields):
                                         params={"path": path})
         return [FileEntry.from_dict(e) for e in r.json().get("entries", [])]
 
+    async def pause(self, keep: Optional[str] = None) -> PauseInfo:
+        """Pauses the session, as :meth:`Session.pause`."""
+        r = await self._client._request("POST", c.session_url(self.id, "/pause"),
+                                        json=c.pause_body(keep))
+        return PauseInfo.from_dict(r.json())
+
+    async def resume(self) -> ResumeReport:
+        """Resumes a paused session, as :meth:`Session.resume`."""
+        r = await self._client._request("POST", c.session_url(self.id, "/resume"))
+        return ResumeReport.from_dict(r.json())
+
     async def refresh(self) -> SessionInfo:
         self.info = await self._client.get_session(self.id)
         return self.info
@@ -530,13 +541,19 @@ class AsyncClient:
                 env: Optional[Mapping[str, str]] = None, network: Any = None,
                 idle_ttl: c.Timeout = None, tier: Optional[str] = None,
                 runtime: Optional[str] = None, platform: Optional[str] = None,
-                image: Optional[str] = None) -> c.Opening[AsyncSession]:
+                image: Optional[str] = None, name: Optional[str] = None,
+                metadata: Optional[Mapping[str, str]] = None,
+                get_or_create: bool = False,
+                on_idle: Optional[str] = None) -> c.Opening[AsyncSession]:
         """``async with client.session() as s:`` (ended on exit), or
         ``s = await client.session()`` (end it with ``await s.close()``); the options are
         :meth:`kennel.Client.session`'s (``tier=``, ``runtime=``, ``platform=``, ``image=``
-        place its sandbox)."""
+        place its sandbox; ``name=``, ``metadata=`` and ``get_or_create=`` label it;
+        ``on_idle=`` is what its idle TTL does)."""
         body = c.session_body(limits=limits, env=env, network=network, idle_ttl=idle_ttl,
-                              tier=tier, runtime=runtime, platform=platform, image=image)
+                              tier=tier, runtime=runtime, platform=platform, image=image,
+                              name=name, metadata=metadata, get_or_create=get_or_create,
+                              on_idle=on_idle)
 
         async def create() -> AsyncSession:
             r = await self._request("POST", "/v1/sessions", json=body)
@@ -546,9 +563,18 @@ class AsyncClient:
 
     create_session = session
 
-    async def list_sessions(self) -> List[SessionInfo]:
-        r = await self._request("GET", "/v1/sessions")
+    def get_or_create(self, name: str, **options: Any) -> c.Opening[AsyncSession]:
+        """:meth:`kennel.Client.get_or_create`, awaited or in ``async with``."""
+        return self.session(name=name, get_or_create=True, **options)
+
+    async def list_sessions(self, *, name: Optional[str] = None,
+                            metadata: Optional[Mapping[str, str]] = None) -> List[SessionInfo]:
+        """:meth:`kennel.Client.list_sessions`: ``name`` and ``metadata`` filter."""
+        params = c.sessions_params(name, metadata)
+        r = await self._request("GET", "/v1/sessions", params=params)
         return [SessionInfo.from_dict(d) for d in r.json()]
+
+    sessions = list_sessions
 
     async def get_session(self, session_id: str) -> SessionInfo:
         return SessionInfo.from_dict((await self._request("GET", c.session_url(session_id))).json())

@@ -11,8 +11,8 @@ import httpx
 
 from . import _common as c
 from .errors import KennelError, NotFound
-from .results import (ExecResult, FileEntry, FileEvent, OutputChunk, ProcessEvent, ProcessInfo,
-                      RunInfo, RunResult, SessionInfo)
+from .results import (ExecResult, FileEntry, FileEvent, OutputChunk, PauseInfo, ProcessEvent,
+                      ProcessInfo, ResumeReport, RunInfo, RunResult, SessionInfo)
 from .terminal import Terminal, Terminals, attach_process
 
 R = TypeVar("R")
@@ -408,6 +408,22 @@ class Session(c.SessionFields):
         r = self._client._request("GET", c.session_url(self.id, "/files"), params={"path": path})
         return [FileEntry.from_dict(e) for e in r.json().get("entries", [])]
 
+    def pause(self, keep: Optional[str] = None) -> PauseInfo:
+        """Pauses the session: its processes stop where they are and use no CPU. ``keep`` is
+        ``"saved"`` (state to disk, survives a server restart; microvm and runsc) or
+        ``"frozen"`` (memory resident); unset, ``saved`` where the tier can, else ``frozen``.
+        The answer says how, and what was kept. Any later call resumes it, as :meth:`resume`
+        does."""
+        r = self._client._request("POST", c.session_url(self.id, "/pause"),
+                                  json=c.pause_body(keep))
+        return PauseInfo.from_dict(r.json())
+
+    def resume(self) -> ResumeReport:
+        """Resumes a paused session; the answer says what came back (:class:`kennel.Conflict`
+        when it runs)."""
+        r = self._client._request("POST", c.session_url(self.id, "/resume"))
+        return ResumeReport.from_dict(r.json())
+
     def refresh(self) -> SessionInfo:
         """The session as the server sees it now (TTL left, limits)."""
         self.info = self._client.get_session(self.id)
@@ -614,7 +630,9 @@ class Client:
                 env: Optional[Mapping[str, str]] = None, network: Any = None,
                 idle_ttl: c.Timeout = None, tier: Optional[str] = None,
                 runtime: Optional[str] = None, platform: Optional[str] = None,
-                image: Optional[str] = None) -> Session:
+                image: Optional[str] = None, name: Optional[str] = None,
+                metadata: Optional[Mapping[str, str]] = None,
+                get_or_create: bool = False, on_idle: Optional[str] = None) -> Session:
         """Creates a session; use the result as a context manager to end it on exit.
 
         ``limits`` (``timeout`` is each exec's default), ``env`` and ``network`` are as for
@@ -623,17 +641,38 @@ class Client:
         ``client.session(runtime="runsc")`` keeps one gVisor sandbox for the whole task,
         ``client.session(tier="microvm")`` a guest kernel of its own. ``session.isolation``
         says what is in force.
+
+        ``name`` (1 to 63 of a-z, 0-9, ``.``, ``_``, ``-``) is unique among this token's open
+        sessions: a taken one raises :class:`kennel.Conflict`, unless ``get_or_create``, which
+        then answers that session when its spec matches (:class:`kennel.Conflict` naming the
+        fields otherwise). ``metadata``: at most 16 labels, which :meth:`list_sessions`
+        filters by. ``on_idle="pause"`` pauses the session when its idle TTL runs out (the
+        next call resumes it) instead of ending it.
         """
         body = c.session_body(limits=limits, env=env, network=network, idle_ttl=idle_ttl,
-                              tier=tier, runtime=runtime, platform=platform, image=image)
+                              tier=tier, runtime=runtime, platform=platform, image=image,
+                              name=name, metadata=metadata, get_or_create=get_or_create,
+                              on_idle=on_idle)
         info = SessionInfo.from_dict(self._request("POST", "/v1/sessions", json=body).json())
         return Session(self, info)
 
     create_session = session
 
-    def list_sessions(self) -> List[SessionInfo]:
-        """This token's open sessions."""
-        return [SessionInfo.from_dict(d) for d in self._request("GET", "/v1/sessions").json()]
+    def get_or_create(self, name: str, **options: Any) -> Session:
+        """This token's open session called ``name`` if there is one whose spec matches
+        ``options`` (:meth:`session`'s), else a new one of that name. Its ``with`` block ends
+        it on exit, as :meth:`session`'s does."""
+        return self.session(name=name, get_or_create=True, **options)
+
+    def list_sessions(self, *, name: Optional[str] = None,
+                      metadata: Optional[Mapping[str, str]] = None) -> List[SessionInfo]:
+        """This token's sessions, oldest first: only the one called ``name`` and those with
+        all of ``metadata``'s pairs, when given."""
+        params = c.sessions_params(name, metadata)
+        r = self._request("GET", "/v1/sessions", params=params)
+        return [SessionInfo.from_dict(d) for d in r.json()]
+
+    sessions = list_sessions
 
     def get_session(self, session_id: str) -> SessionInfo:
         return SessionInfo.from_dict(self._request("GET", c.session_url(session_id)).json())

@@ -36,6 +36,11 @@ class NotFound(KennelError):
     """404: no such session, file, image or route."""
 
 
+class Conflict(KennelError):
+    """409: a session name this token's open session has, or (``get_or_create``) one whose
+    spec differs; the message names the name or the fields."""
+
+
 class Busy(KennelError):
     """429: too many runs or sessions at once; retry after ``retry_after`` seconds."""
 
@@ -75,7 +80,7 @@ class RequestTimeout(TransportError):
 
 
 _BY_STATUS = {400: BadRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound,
-              410: SessionEnded}
+              409: Conflict, 410: SessionEnded}
 
 
 def error_for(status: Optional[int], code: str, message: str,

@@ -455,7 +455,8 @@ class SessionInfo:
 
     ``isolation`` is the isolation its sandbox runs under, as a run's result reports it
     (``isolation.tier``, ``isolation.runtime["name"]``); ``ended`` is set once the sandbox
-    has died on its own, and says why.
+    has died on its own, and says why. ``name`` (unique among the token's open sessions) and
+    ``metadata`` are as it was created with them.
     """
 
     id: str
@@ -466,6 +467,12 @@ class SessionInfo:
     limits: Dict[str, Any]
     isolation: Optional[Isolation] = None
     ended: Optional[SessionEnd] = None
+    name: Optional[str] = None
+    metadata: Dict[str, str] = field(default_factory=dict)
+    state: str = "running"
+    on_idle: str = "end"
+    paused: Optional["PauseInfo"] = None
+    last_resume: Optional["ResumeReport"] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -480,8 +487,67 @@ class SessionInfo:
             limits=dict(d.get("limits") or {}),
             isolation=Isolation.from_dict(iso) if iso is not None else None,
             ended=SessionEnd.from_dict(end) if end is not None else None,
+            name=d.get("name"),
+            metadata=dict(d.get("metadata") or {}),
+            state=d.get("state", "running"),
+            on_idle=d.get("on_idle", "end"),
+            paused=PauseInfo.from_dict(d["paused"]) if d.get("paused") else None,
+            last_resume=(ResumeReport.from_dict(d["last_resume"])
+                         if d.get("last_resume") else None),
             raw=d,
         )
+
+
+@dataclass
+class PauseInfo:
+    """A paused session: how it is kept (``keep``: ``saved`` or ``frozen``), by what
+    ``mechanism`` (``qemu-migrate``, ``runsc-checkpoint``, ``freezer``, ``docker-pause``),
+    what was ``kept`` (``memory``, ``processes``, ``files``, ``connections``: each a bool),
+    and whether it ``survives_restart`` of the server."""
+
+    keep: str
+    mechanism: str
+    kept: Dict[str, bool]
+    survives_restart: bool
+    generation: int
+    took_ms: int
+    state_bytes: int = 0
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "PauseInfo":
+        return cls(keep=d["keep"], mechanism=d["mechanism"], kept=dict(d.get("kept") or {}),
+                   survives_restart=bool(d.get("survives_restart")),
+                   generation=d.get("generation", 0), took_ms=d.get("took_ms", 0),
+                   state_bytes=d.get("state_bytes", 0), raw=d)
+
+
+@dataclass
+class ResumeReport:
+    """What a resume brought back: ``memory`` (``restored``, ``resident`` when it was frozen,
+    or ``not_kept``), the background ``processes_running``, whether ``files_restored``, and,
+    for a saved state, whether its ``digests_matched`` (``None`` when there was none to
+    check) and how long verifying it took (``verify_ms``)."""
+
+    keep: str
+    mechanism: str
+    memory: str
+    processes_running: int
+    files_restored: bool
+    digests_matched: Optional[bool]
+    generation: int
+    verify_ms: int
+    took_ms: int
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "ResumeReport":
+        return cls(keep=d["keep"], mechanism=d["mechanism"], memory=d["memory"],
+                   processes_running=d.get("processes_running", 0),
+                   files_restored=bool(d.get("files_restored")),
+                   digests_matched=d.get("digests_matched"),
+                   generation=d.get("generation", 0), verify_ms=d.get("verify_ms", 0),
+                   took_ms=d.get("took_ms", 0), raw=d)
 
 
 @dataclass

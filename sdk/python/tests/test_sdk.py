@@ -684,3 +684,78 @@ def test_verify_webhook_takes_the_right_signature_and_rejects_others():
         kennel.verify_webhook(SECRET, _signed(body, now, other), body)  # wrong secret
     with pytest.raises(kennel.WebhookVerificationError):
         kennel.verify_webhook(SECRET, _signed(body, now - 600), body)  # stale
+
+
+# -- named sessions ------------------------------------------------------------------------
+
+def test_named_sessions_get_or_create_and_filter(client, server):
+    with client.session(name="sdk-named", metadata={"team": "a b&c", "job": "1"}) as s:
+        assert (s.name, s.metadata) == ("sdk-named", {"team": "a b&c", "job": "1"})
+        with pytest.raises(kennel.Conflict) as e:
+            client.session(name="sdk-named")
+        assert (e.value.status, e.value.code) == (409, "conflict")
+        assert e.value.message == (f'this token has a session named "sdk-named" ({s.id}): end it '
+                                   'first, or send "get_or_create": true to use it')
+        again = client.get_or_create("sdk-named")
+        assert again.id == s.id and again.metadata == s.metadata
+        with pytest.raises(kennel.Conflict) as e:
+            client.get_or_create("sdk-named", limits={"memory": "128M"})
+        assert e.value.message == (f'this token\'s session named "sdk-named" ({s.id}) differs '
+                                   'from the one asked for in limits.memory')
+        other = client.session(metadata={"team": "other"})
+        try:
+            assert [i.id for i in client.sessions(name="sdk-named")] == [s.id]
+            assert [i.id for i in client.list_sessions(metadata={"team": "a b&c"})] == [s.id]
+            assert [i.id for i in client.sessions(metadata={"team": "a b&c", "job": "2"})] == []
+            assert [i.id for i in client.sessions(metadata={"team": "other"})] == [other.id]
+            listed = client.sessions(name="sdk-named", metadata={"job": "1"})
+            assert [(i.name, i.metadata) for i in listed] == [("sdk-named", s.metadata)]
+        finally:
+            other.close()
+        with pytest.raises(BadRequest) as e:
+            client.session(metadata={f"k{i}": "v" for i in range(17)})
+        assert e.value.message == ("invalid request: `metadata` has 17 keys; a session takes "
+                                   "at most 16")
+
+    async def main():
+        async with AsyncClient(server.url, token=server.token, timeout=60) as aclient:
+            async with aclient.get_or_create("sdk-async", metadata={"k": "v"}) as a:
+                got = await aclient.get_or_create("sdk-async")
+                assert got.id == a.id and got.name == "sdk-async"
+                listed = await aclient.sessions(metadata={"k": "v"})
+                assert [i.id for i in listed] == [a.id]
+            assert await aclient.list_sessions(name="sdk-async") == []
+
+    asyncio.run(main())
+
+
+# -- pause and resume ----------------------------------------------------------------------
+
+def test_pause_and_resume_say_what_was_kept_and_what_came_back(client, server):
+    with client.session() as s:
+        s.run_code("x = 41")
+        paused = s.pause(keep="frozen")
+        assert (paused.keep, paused.mechanism, paused.survives_restart) == ("frozen", "freezer", False)
+        assert paused.kept == {"memory": True, "processes": True, "files": True, "connections": True}
+        assert s.refresh().state == "paused" and s.info.paused.generation == 1
+        with pytest.raises(kennel.Conflict):
+            s.pause()
+        report = s.resume()
+        assert (report.memory, report.files_restored, report.digests_matched) == ("resident", True, None)
+        with pytest.raises(kennel.Conflict):
+            s.resume()
+        with pytest.raises(BadRequest) as e:
+            s.pause(keep="saved")
+        assert "cannot be kept `saved`" in e.value.message
+        s.pause()
+        assert s.run_code("print(x + 1)").stdout == "42\n"  # resumed on its own
+        assert s.refresh().last_resume.generation == 2
+
+    async def main():
+        async with AsyncClient(server.url, token=server.token, timeout=60) as aclient:
+            async with aclient.session(on_idle="pause") as a:
+                assert (await a.pause()).keep == "frozen"
+                assert (await a.resume()).memory == "resident"
+                assert (await a.refresh()).on_idle == "pause"
+
+    asyncio.run(main())

@@ -17,6 +17,9 @@ import {
   type RunResult,
   type SessionEnd,
   type SessionInfo,
+  type Keep,
+  type Paused,
+  type ResumeReport,
   type User,
 } from "./results.js";
 import { Processes } from "./processes.js";
@@ -67,6 +70,25 @@ export interface SessionOptions extends Placement {
   network?: RunOptions["network"];
   /** End the session after this long unused. */
   idleTtl?: Timeout;
+  /** Unique among this token's open sessions: 1 to 63 of a-z, 0-9, `.`, `_` and `-`. A taken
+   * name is a `Conflict`, unless `getOrCreate`. */
+  name?: string;
+  /** At most 16 labels (keys of 1 to 64 bytes, values of at most 256), which
+   * {@link Client.listSessions} filters by. */
+  metadata?: Record<string, string>;
+  /** With `name`: this token's open session of that name when its spec matches (a
+   * `Conflict` naming the fields that differ otherwise), else a new one. */
+  getOrCreate?: boolean;
+  /** What the idle TTL does: `"end"` the session (the default) or `"pause"` it (the next call
+   * resumes it). */
+  onIdle?: "end" | "pause";
+}
+
+/** What {@link Client.listSessions} keeps: the session of `name`, and those with all of
+ * `metadata`'s pairs. */
+export interface SessionFilter {
+  name?: string;
+  metadata?: Record<string, string>;
 }
 
 /** What a session exec takes besides its code. */
@@ -227,14 +249,37 @@ export class Client {
       network: network(options.network),
       idle_ttl: span(options.idleTtl),
       ...placement(options),
+      name: options.name,
+      metadata: options.metadata,
+      get_or_create: options.getOrCreate || undefined,
+      on_idle: options.onIdle,
     });
     const info: SessionInfo = await (await this.request("POST", "/v1/sessions", { json: body })).json();
     return new Session(this, info);
   }
 
-  /** This token's open sessions. */
-  async listSessions(): Promise<SessionInfo[]> {
-    return (await this.request("GET", "/v1/sessions")).json();
+  /** This token's open session called `name` when its spec matches `options`, else a new one
+   * of that name (see {@link SessionOptions.getOrCreate}). */
+  getOrCreate(name: string, options: Omit<SessionOptions, "name" | "getOrCreate"> = {}): Promise<Session> {
+    return this.session({ ...options, name, getOrCreate: true });
+  }
+
+  /** This token's sessions, oldest first; `filter` keeps the one of a name, and those with
+   * all of its metadata pairs (sent as E2B sends them: one `metadata` parameter whose value
+   * is itself a query string). */
+  async listSessions(filter: SessionFilter = {}): Promise<SessionInfo[]> {
+    const query: Record<string, string> = {};
+    if (filter.name !== undefined) query.name = filter.name;
+    if (filter.metadata && Object.keys(filter.metadata).length > 0) {
+      query.metadata = new URLSearchParams(filter.metadata).toString();
+    }
+    const given = Object.keys(query).length > 0 ? query : undefined;
+    return (await this.request("GET", "/v1/sessions", { query: given })).json();
+  }
+
+  /** {@link listSessions}. */
+  sessions(filter: SessionFilter = {}): Promise<SessionInfo[]> {
+    return this.listSessions(filter);
   }
 
   /** `GET /healthz`. */
@@ -336,6 +381,16 @@ export class Session {
     return this.info.isolation;
   }
 
+  /** The session's name, unique among its token's open sessions; null without one. */
+  get name(): string | null {
+    return this.info.name ?? null;
+  }
+
+  /** The session's labels, as it was created with them. */
+  get metadata(): Record<string, string> {
+    return this.info.metadata ?? {};
+  }
+
   /** Set once the sandbox has died on its own (as of creation or the last {@link refresh}):
    * why. Its execs then fail with a `SessionEnded` error. */
   get ended(): SessionEnd | undefined {
@@ -411,6 +466,19 @@ export class Session {
       type: "application/x-tar",
       query: { path: dirPath(path) },
     });
+  }
+
+  /** Pauses the session: its processes stop where they are and use no CPU. `keep` is `"saved"`
+   * (state to disk, survives a server restart; microvm and runsc) or `"frozen"` (memory
+   * resident); unset, `saved` where the tier can, else `frozen`. Any later call resumes it. */
+  async pause(keep?: Keep): Promise<Paused> {
+    const json = keep === undefined ? {} : { keep };
+    return (await this.client.request("POST", this.path("/pause"), { json })).json();
+  }
+
+  /** Resumes a paused session; the answer says what came back (a `Conflict` when it runs). */
+  async resume(): Promise<ResumeReport> {
+    return (await this.client.request("POST", this.path("/resume"))).json();
   }
 
   /** The session as the server sees it now (its time left, say). */

@@ -22,6 +22,9 @@ export class Unauthorized extends KennelError {}
 export class Forbidden extends KennelError {}
 /** 404: no such session (for this token), file or directory. */
 export class NotFound extends KennelError {}
+/** 409: a session name this token's open session has, or (`getOrCreate`) one whose spec
+ * differs; the message names the name or the fields. */
+export class Conflict extends KennelError {}
 /** 410: the session's sandbox has ended. */
 export class SessionEnded extends KennelError {}
 /** 413: larger than the server or the session takes. */
@@ -42,6 +45,7 @@ const BY_STATUS: Record<number, typeof KennelError> = {
   401: Unauthorized,
   403: Forbidden,
   404: NotFound,
+  409: Conflict,
   410: SessionEnded,
   413: TooLarge,
 };

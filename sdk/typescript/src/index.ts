@@ -14,6 +14,7 @@ export type {
   FileData,
   RunOptions,
   SessionOptions,
+  SessionFilter,
   Timeout,
 } from "./client.js";
 export { Processes } from "./processes.js";
@@ -40,6 +41,9 @@ export type {
   RunResult,
   SessionEnd,
   SessionInfo,
+  Keep,
+  Paused,
+  ResumeReport,
   User,
 } from "./results.js";
 export { verifyWebhook, WebhookVerificationError } from "./webhooks.js";
@@ -51,6 +55,7 @@ export {
   NotFound,
   SessionEnded,
   TooLarge,
+  Conflict,
   Unauthorized,
 } from "./errors.js";
 export type { components, paths } from "./openapi.js";

@@ -164,6 +164,22 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sessions/{id}/pause": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post: operations["pause"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sessions/{id}/processes": {
         parameters: {
             query?: never;
@@ -286,6 +302,22 @@ export interface paths {
         get: operations["pty"];
         put?: never;
         post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sessions/{id}/resume": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post: operations["resume"];
         delete?: never;
         options?: never;
         head?: never;
@@ -521,7 +553,7 @@ export interface components {
          * @description Why a session's sandbox died.
          * @enum {string}
          */
-        EndReason: "oom_killed" | "pids_limit" | "killed" | "crashed";
+        EndReason: "oom_killed" | "pids_limit" | "killed" | "crashed" | "max_frozen" | "lost";
         /** @description Every error answer: a stable `code` and a message naming the problem. */
         Error: {
             /** @description What went wrong. */
@@ -775,6 +807,25 @@ export interface components {
             /** @description The tier that ran the sandbox: `native`, `oci` or `microvm`. */
             tier: string;
         };
+        /**
+         * @description How a paused session is kept.
+         * @enum {string}
+         */
+        Keep: "saved" | "frozen";
+        /** @description What a pause keeps of a session. */
+        Kept: {
+            /**
+             * @description TCP connections between processes inside the sandbox (never those to the outside,
+             *     whose other end does not wait).
+             */
+            connections: boolean;
+            /** @description Its files in `/workspace` and `/tmp`. */
+            files: boolean;
+            /** @description The memory of its processes: Python's variables, a shell's state. */
+            memory: boolean;
+            /** @description Its background processes and terminals, which go on from where they were. */
+            processes: boolean;
+        };
         /** @description The Landlock layer a sandbox ran under. */
         LandlockInfo: {
             /**
@@ -826,6 +877,16 @@ export interface components {
             /** @description Size of the /workspace tmpfs. From 1M to 2G (this server's bounds). */
             workspace_size?: string | number | null;
         };
+        /**
+         * @description How a tier pauses a session.
+         * @enum {string}
+         */
+        Mechanism: "qemu-migrate" | "runsc-checkpoint" | "freezer" | "docker-pause";
+        /**
+         * @description How the memory of a resumed session came back.
+         * @enum {string}
+         */
+        MemoryBack: "restored" | "resident" | "not_kept";
         /** @description One connection the sandbox asked for, and what the proxy decided. */
         NetEvent: {
             /** @description The address dialled (`IP:PORT`), for allowed connections; null for denied ones. */
@@ -881,6 +942,11 @@ export interface components {
             resolve: string[];
         };
         /**
+         * @description What a session does when its idle TTL runs out.
+         * @enum {string}
+         */
+        OnIdle: "end" | "pause";
+        /**
          * @description What a denied system call in the tripwire set does.
          * @enum {string}
          */
@@ -890,6 +956,48 @@ export interface components {
          * @enum {string}
          */
         OutputKind: "value" | "display";
+        /** @description `POST /v1/sessions/{id}/pause`'s body. */
+        PauseSpec: {
+            /** @description `saved` or `frozen`; unset: `saved` where the session's tier can save, else `frozen`. */
+            keep?: null | components["schemas"]["Keep"];
+        };
+        /** @description A paused session: how, and what was kept. The answer of `POST .../pause`. */
+        Paused: {
+            /**
+             * Format: int64
+             * @description The generation of its saved state: one more with each pause. A resume restores this
+             *     generation only, never an older one.
+             */
+            generation: number;
+            /** @description How it is kept. */
+            keep: components["schemas"]["Keep"];
+            /** @description What of it was kept. */
+            kept: components["schemas"]["Kept"];
+            /** @description How its tier paused it. */
+            mechanism: components["schemas"]["Mechanism"];
+            /**
+             * Format: int64
+             * @description When it was paused, in milliseconds since the Unix epoch.
+             */
+            paused_at_unix_ms: number;
+            /** @description Always `paused`. */
+            state: components["schemas"]["SessionState"];
+            /**
+             * Format: int64
+             * @description The bytes its saved state takes on disk; 0 when frozen.
+             */
+            state_bytes: number;
+            /**
+             * @description Whether it outlives a restart of the server (a saved state does; frozen memory does
+             *     not).
+             */
+            survives_restart: boolean;
+            /**
+             * Format: int64
+             * @description How long the pause took, in milliseconds.
+             */
+            took_ms: number;
+        };
         /**
          * @description gVisor's way of intercepting the code's syscalls.
          * @enum {string}
@@ -1026,6 +1134,48 @@ export interface components {
              * @description Its peak resident memory.
              */
             memory_peak_bytes: number;
+        };
+        /**
+         * @description What a resume brought back: the answer of `POST .../resume`, and of the call that
+         *     resumed a paused session on its own in the session's `last_resume`.
+         */
+        ResumeReport: {
+            /**
+             * @description Whether every digest in the saved state's manifest matched its file; null when there
+             *     was no saved state to check (frozen).
+             */
+            digests_matched?: boolean | null;
+            /** @description Whether its files came back: kept in place (frozen) or restored from the saved state. */
+            files_restored: boolean;
+            /**
+             * Format: int64
+             * @description The generation resumed.
+             */
+            generation: number;
+            /** @description How it had been kept. */
+            keep: components["schemas"]["Keep"];
+            /** @description How its tier had paused it. */
+            mechanism: components["schemas"]["Mechanism"];
+            /** @description How its memory came back. */
+            memory: components["schemas"]["MemoryBack"];
+            /**
+             * Format: int64
+             * @description The background processes (terminals included) running after the resume, as the
+             *     sandbox's agent lists them.
+             */
+            processes_running: number;
+            /** @description Always `running`. */
+            state: components["schemas"]["SessionState"];
+            /**
+             * Format: int64
+             * @description How long the resume took in all, to the agent's first answer, in milliseconds.
+             */
+            took_ms: number;
+            /**
+             * Format: int64
+             * @description How long checking the saved state took, in milliseconds (0 when frozen).
+             */
+            verify_ms: number;
         };
         /** @description One rich output of a python exec: a MIME bundle, as Jupyter's display protocol has it. */
         RichOutput: {
@@ -1448,6 +1598,8 @@ export interface components {
              *     from the sandbox once it had started.
              */
             isolation: components["schemas"]["Isolation"];
+            /** @description What its last resume brought back, once it has been resumed. */
+            last_resume?: null | components["schemas"]["ResumeReport"];
             /**
              * @description The limits of the session's sandbox, as a policy's `[limits]` writes them: `timeout`
              *     (the default per exec, such as "30s"), `memory`, `output`, `tmp_size`,
@@ -1461,6 +1613,18 @@ export interface components {
              *     `sessions.max_lifetime`).
              */
             max_lifetime_s: number;
+            /** @description The session's labels, as it was created with them. */
+            metadata?: {
+                [key: string]: string;
+            };
+            /** @description The session's name, unique among its token's open sessions; null when it has none. */
+            name?: string | null;
+            /** @description What its idle TTL does: `end` or `pause`. */
+            on_idle?: components["schemas"]["OnIdle"];
+            /** @description While it is paused: how, and what was kept. */
+            paused?: null | components["schemas"]["Paused"];
+            /** @description `running`, `paused` or `ended`. */
+            state?: components["schemas"]["SessionState"];
         };
         /** @description Limits for a session's sandbox; `timeout` is the default per exec. */
         SessionLimits: {
@@ -1485,13 +1649,39 @@ export interface components {
             env?: {
                 [key: string]: string;
             };
+            /**
+             * @description With `name`: when this token has an open session of that name, answer it (200) rather
+             *     than 409, provided its tier, runtime, platform, image, limits, network and env are
+             *     those asked for (else 409 naming the fields that differ); its `idle_ttl` and
+             *     `metadata` stay as they are. Without `name`, a 400.
+             */
+            get_or_create?: boolean;
             /** @description End the session after this long unused (default: this server's idle TTL). From 1s to 600s (this server's bounds). */
             idle_ttl?: string | number | null;
             /** @description A Kennel image for the session's sandbox, as for runs. */
             image?: string | null;
             limits?: components["schemas"]["SessionLimits"];
+            /**
+             * @description Labels for the session, which `GET /v1/sessions?metadata=` filters by: at most 16
+             *     keys of 1 to 64 bytes, values of at most 256 bytes.
+             */
+            metadata?: {
+                [key: string]: string;
+            };
+            /**
+             * @description A name for the session, unique among this token's open sessions (another token's
+             *     names are its own): 1 to 63 of `a-z`, `0-9`, `.`, `_` and `-`, starting with a letter
+             *     or digit. A session whose sandbox has ended frees its name at once.
+             */
+            name?: string | null;
             /** @description Network access for the session's sandbox, as for runs: none by default. */
             network?: components["schemas"]["Network"];
+            /**
+             * @description What the idle TTL does: `end` the session (the default) or `pause` it (`saved` where
+             *     the tier can, else `frozen`, ended after the server's `sessions.max_frozen`); the
+             *     next call to a paused session resumes it.
+             */
+            on_idle?: components["schemas"]["OnIdle"];
             /** @description gVisor's platform (`ptrace` or `kvm`); chosen automatically when unset. */
             platform?: null | components["schemas"]["Platform"];
             /** @description The OCI runtime: `runsc` (gVisor), `crun`, `runc` or `docker`; implies tier `oci`. */
@@ -1502,6 +1692,11 @@ export interface components {
              */
             tier?: null | components["schemas"]["Tier"];
         };
+        /**
+         * @description A session's state.
+         * @enum {string}
+         */
+        SessionState: "running" | "paused" | "ended";
         /** @description A text frame a client sends on a terminal's WebSocket (binary frames are keystrokes). */
         TerminalControl: {
             /**
@@ -1809,14 +2004,23 @@ export interface operations {
     };
     list: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description Only the session of this name (an ended one that had it too). */
+                name?: string;
+                /**
+                 * @description Only sessions with all these metadata pairs, written as a query string whose keys and
+                 *     values are URL-encoded, such as `user=abc&app=prod` (sent as
+                 *     `?metadata=user%3Dabc%26app%3Dprod`). A key given twice matches no session.
+                 */
+                metadata?: string;
+            };
             header?: never;
             path?: never;
             cookie?: never;
         };
         requestBody?: never;
         responses: {
-            /** @description This caller's sessions */
+            /** @description This caller's sessions that pass the filters, oldest first */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -1849,6 +2053,15 @@ export interface operations {
             };
         };
         responses: {
+            /** @description With `get_or_create`: this token's open session of that `name`, whose spec matched */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SessionInfo"];
+                };
+            };
             /** @description The session, started */
             201: {
                 headers: {
@@ -1858,7 +2071,7 @@ export interface operations {
                     "application/json": components["schemas"]["SessionInfo"];
                 };
             };
-            /** @description A malformed request, a limit or `idle_ttl` outside this server's bounds, a `runtime` beside a tier other than `oci`, or a tier below this caller's minimum isolation */
+            /** @description A malformed request, a limit or `idle_ttl` outside this server's bounds, a `runtime` beside a tier other than `oci`, a tier below this caller's minimum isolation, a malformed `name`, `metadata` past its bounds, or `get_or_create` without a `name` */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1887,6 +2100,15 @@ export interface operations {
             };
             /** @description An `image` this server does not have */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description This token has an open session of that `name` (without `get_or_create`), or, with it, one whose spec differs: the message names the fields */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2609,6 +2831,96 @@ export interface operations {
             };
         };
     };
+    pause: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id, as `POST /v1/sessions` returned it. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["PauseSpec"];
+            };
+        };
+        responses: {
+            /** @description Paused: how (`mechanism`), what was kept, and whether it outlives a server restart. Its next call, or `POST .../resume`, resumes it */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Paused"];
+                };
+            };
+            /** @description A malformed request, or a `keep` this session's tier cannot give (the message says why, and which it can) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description A valid bearer token is required. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No such session for this caller */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The session is paused already, or busy (an exec or file operation under way), or its processes did not all stop in time (it runs: try again) */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The session's sandbox has ended */
+            410: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The body is larger than this server takes. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The body is not sent as `Content-Type: application/json`. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
     list_processes: {
         parameters: {
             query?: never;
@@ -3292,6 +3604,74 @@ export interface operations {
             };
             /** @description The session has as many terminals as this server allows, or this token as many streams */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    resume: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id, as `POST /v1/sessions` returned it. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Running again: what came back */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ResumeReport"];
+                };
+            };
+            /** @description A valid bearer token is required. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No such session for this caller */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The session is running: there is nothing to resume */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The session's sandbox has ended */
+            410: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The body is larger than this server takes. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -11,6 +11,12 @@ export type RunInfo = Omit<Schemas["RunInfo"], "result"> & { result?: RunResult 
 export type ExecResult = Omit<Schemas["ExecResult"], "results"> & { results: RichOutput[] };
 export type ExecError = Schemas["ExecError"];
 export type SessionInfo = Schemas["SessionInfo"];
+/** How a paused session is kept: `saved` (to disk) or `frozen` (in place). */
+export type Keep = Schemas["Keep"];
+/** A paused session: how (`mechanism`), what was kept, whether it survives a restart. */
+export type Paused = Schemas["Paused"];
+/** What a resume brought back. */
+export type ResumeReport = Schemas["ResumeReport"];
 /** How a session's sandbox died on its own (`SessionInfo.ended`). */
 export type SessionEnd = Schemas["SessionEnd"];
 /** Where a run's or a session's sandbox runs: the isolation `tier` (`native`, the default;

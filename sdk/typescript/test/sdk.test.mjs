@@ -7,7 +7,7 @@ import { execFile } from "node:child_process";
 import { createHmac } from "node:crypto";
 import { promisify } from "node:util";
 import {
-  BadRequest, Client, KennelError, NotFound, RichOutput, Unauthorized, valueOf, verifyWebhook,
+  BadRequest, Client, Conflict, KennelError, NotFound, RichOutput, Unauthorized, valueOf, verifyWebhook,
   WebhookVerificationError,
 } from "../dist/index.js";
 import { startServer, TOKEN } from "./server.mjs";
@@ -96,6 +96,44 @@ test("sessions keep state, show rich results and errors as data", async () => {
   } finally {
     await s.close();
   }
+});
+
+test("named sessions: a taken name is a Conflict, getOrCreate finds it, lists filter", async () => {
+  const s = await client.session({ name: "ts-named", metadata: { team: "a b&c", job: "1" } });
+  const other = await client.session({ metadata: { team: "ts-other" } });
+  try {
+    assert.deepEqual([s.name, s.metadata], ["ts-named", { team: "a b&c", job: "1" }]);
+    await assert.rejects(client.session({ name: "ts-named" }), (e) => {
+      assert.ok(e instanceof Conflict);
+      assert.deepEqual([e.status, e.code], [409, "conflict"]);
+      assert.equal(e.message, `this token has a session named "ts-named" (${s.id}): end it first, `
+        + `or send "get_or_create": true to use it`);
+      return true;
+    });
+    const again = await client.getOrCreate("ts-named");
+    assert.equal(again.id, s.id);
+    await assert.rejects(client.getOrCreate("ts-named", { limits: { memory: "128M" } }), (e) => {
+      assert.ok(e instanceof Conflict);
+      assert.equal(e.message, `this token's session named "ts-named" (${s.id}) differs from the `
+        + "one asked for in limits.memory");
+      return true;
+    });
+    const ids = (all) => all.map((i) => i.id);
+    assert.deepEqual(ids(await client.listSessions({ name: "ts-named" })), [s.id]);
+    assert.deepEqual(ids(await client.sessions({ metadata: { team: "a b&c" } })), [s.id]);
+    assert.deepEqual(ids(await client.sessions({ metadata: { team: "a b&c", job: "2" } })), []);
+    assert.deepEqual(ids(await client.sessions({ metadata: { team: "ts-other" } })), [other.id]);
+    await assert.rejects(client.session({ getOrCreate: true }), (e) => {
+      assert.ok(e instanceof BadRequest);
+      assert.equal(e.message, "invalid request: `get_or_create` needs a `name`: the session to "
+        + "get is the one of that name");
+      return true;
+    });
+  } finally {
+    await other.close();
+    await s.close();
+  }
+  assert.deepEqual(await client.listSessions({ name: "ts-named" }), []);
 });
 
 test("an interrupt stops the running code and keeps the session", async () => {
@@ -381,4 +419,25 @@ test("a runtime's own WebSocket (a browser's) reaches a terminal with the kennel
     timeout: 60_000,
   });
   assert.equal(stdout, "reached\n");
+});
+
+test("pause and resume say what was kept and what came back", async () => {
+  const s = await client.session({ onIdle: "pause" });
+  try {
+    await s.runCode("x = 41");
+    const paused = await s.pause("frozen");
+    assert.deepEqual([paused.keep, paused.mechanism, paused.survives_restart], ["frozen", "freezer", false]);
+    assert.deepEqual(paused.kept, { memory: true, processes: true, files: true, connections: true });
+    assert.equal((await s.refresh()).state, "paused");
+    await assert.rejects(s.pause(), (e) => e instanceof Conflict);
+    const report = await s.resume();
+    assert.deepEqual([report.memory, report.files_restored, report.digests_matched], ["resident", true, null]);
+    await assert.rejects(s.resume(), (e) => e instanceof Conflict);
+    await s.pause();
+    assert.equal((await s.runCode("print(x + 1)")).stdout, "42\n");
+    const info = await s.refresh();
+    assert.deepEqual([info.on_idle, info.last_resume.generation], ["pause", 2]);
+  } finally {
+    await s.close();
+  }
 });

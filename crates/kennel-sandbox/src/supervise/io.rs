@@ -159,6 +159,9 @@ pub struct Started {
     /// What the watcher of a watched sandbox has seen so far (a pooled sandbox's owner takes
     /// each request's share of it).
     pub watch: Option<Arc<crate::watch::Watch>>,
+    /// What stops the sandbox's processes in place and starts them again (a session's
+    /// `frozen` pause), where its tier can.
+    pub freezer: Option<Arc<dyn crate::freeze::Freeze>>,
 }
 
 /// Called once, when the code starts.

@@ -66,6 +66,11 @@ pub(crate) trait Supervised {
     fn reap(&mut self, child: &mut Spawned, killed: bool) -> Option<libc::rusage>;
     /// The usage counters of the cgroup the code runs in, where there is one.
     fn probe(&self) -> Option<Probe>;
+    /// What freezes the sandbox in place: the freezer of its cgroup, where it has one.
+    fn freezer(&self) -> Option<Arc<dyn crate::freeze::Freeze>> {
+        let probe = self.probe()?;
+        crate::freeze::CgroupFreezer::of(&probe).map(|f| Arc::new(f) as _)
+    }
     /// What the code used, once it ended: the probe's counters, unless the tier learns them
     /// another way (a guest kernel counts its own).
     fn stats(&self) -> Option<crate::cgroup::Stats> {
@@ -168,6 +173,7 @@ fn watch<T: Supervised>(
                 isolation: on_image(tier.isolation(c), req),
                 usage: tier.probe(),
                 watch,
+                freezer: tier.freezer(),
             });
         }
     };

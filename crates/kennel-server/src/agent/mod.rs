@@ -13,6 +13,7 @@ mod boot;
 mod error;
 mod exec;
 mod files;
+mod pause;
 mod processes;
 mod protocol;
 mod requests;

@@ -1,6 +1,6 @@
 //! A running agent sandbox: its conversation with the agent, and what the host reads of it.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -39,6 +39,9 @@ pub struct AgentSandbox {
     /// How the sandbox ended, set once it has (before `ended`).
     pub(super) ending: Arc<OnceLock<SessionEnd>>,
     pub started: Instant,
+    /// Whether its processes are frozen (a session's `frozen` pause), and how many times they
+    /// have been: a call that waited across a freeze is not timed out for it.
+    pub(super) frozen: Frozen,
 }
 
 impl AgentSandbox {
@@ -100,11 +103,18 @@ impl AgentSandbox {
             Err(AgentError::Gone(_)) => return Err(AgentError::Gone(self.stderr_tail())),
             Err(e) => return Err(e),
         }
-        let deadline = tokio::time::Instant::now() + within;
+        let mut deadline = tokio::time::Instant::now() + within;
+        let mut freezes = self.frozen.count();
         loop {
             let answer = match tokio::time::timeout_at(deadline, route.answers.recv()).await {
                 Ok(Some(a)) => a,
                 Ok(None) => return Err(AgentError::Gone(self.stderr_tail())),
+                // Frozen meanwhile: the agent could not answer, and its time starts again.
+                Err(_) if self.frozen.since(freezes) => {
+                    freezes = self.frozen.count();
+                    deadline = tokio::time::Instant::now() + within;
+                    continue;
+                }
                 Err(_) => {
                     self.cancel.cancel();
                     return Err(AgentError::Unresponsive);
@@ -163,6 +173,7 @@ impl AgentSandbox {
     /// Ends the sandbox: the agent sees EOF and exits; a sandbox that does not end within a
     /// few seconds is killed. Returns the sandbox's own result the first time.
     pub async fn close(&self) -> Option<Result<RunResult, Error>> {
+        self.thaw_to_end();
         self.requests.hang_up();
         let done = self.done.lock().unwrap_or_else(|p| p.into_inner()).take()?;
         let mut done = std::pin::pin!(done);
@@ -202,6 +213,43 @@ impl AgentSandbox {
 
     /// Kills the sandbox at once.
     pub fn kill(&self) {
+        self.thaw_to_end();
         self.cancel.cancel();
+    }
+
+    /// Thaws a frozen sandbox that is to end: a v1 freezer holds a SIGKILL back from its
+    /// processes until they are thawed, and the agent must see its EOF. On a thread of its
+    /// own, as the engine's client (docker's) runs a runtime of its own.
+    fn thaw_to_end(&self) {
+        if !self.frozen.now.load(Ordering::SeqCst) {
+            return;
+        }
+        let freezer = {
+            let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+            live.as_ref().and_then(|s| s.freezer.clone())
+        };
+        if let Some(freezer) = freezer {
+            let _ = std::thread::spawn(move || freezer.thaw()).join();
+        }
+        self.frozen.now.store(false, Ordering::SeqCst);
+    }
+}
+
+/// Whether a sandbox is frozen, and how many freezes it has had.
+#[derive(Debug, Default)]
+pub(super) struct Frozen {
+    pub(super) now: AtomicBool,
+    pub(super) count: AtomicU64,
+}
+
+impl Frozen {
+    /// The freezes so far, to compare with later ([`Frozen::since`]).
+    pub(super) fn count(&self) -> u64 {
+        self.count.load(Ordering::SeqCst)
+    }
+
+    /// Whether the sandbox is frozen now, or was at some time since `count` was read.
+    pub(super) fn since(&self, count: u64) -> bool {
+        self.now.load(Ordering::SeqCst) || self.count() != count
     }
 }

@@ -171,9 +171,13 @@ impl AgentSandbox {
             ended,
             ending,
             started: Instant::now(),
+            frozen: super::sandbox::Frozen::default(),
         };
         match agent.call(&Request::Ping, ready_within, |_| {}).await {
-            Ok(_) => Ok(agent),
+            Ok(_) => {
+                agent.await_started().await;
+                Ok(agent)
+            }
             Err(e) => {
                 let ended = agent.close().await;
                 Err(match ended {
@@ -185,6 +189,26 @@ impl AgentSandbox {
                     None => Error::Protocol(format!("the session agent did not start: {e}")),
                 })
             }
+        }
+    }
+}
+
+impl AgentSandbox {
+    /// Waits (a little) for the tier to have reported the sandbox started: the agent's first
+    /// answer travels on its stdout, the start on the control channel, and a runtime that
+    /// reports its init late (runc) can be overtaken; the session's isolation is read from
+    /// that report.
+    async fn await_started(&self) {
+        for _ in 0..100 {
+            if self
+                .live
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_some()
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 }

@@ -107,6 +107,12 @@ pub struct Sessions {
     pub max_watches: usize,
     /// Terminals open at once in one session.
     pub max_terminals: usize,
+    /// How long a session may stay paused as `frozen` (its memory resident) before it is
+    /// ended, saying so.
+    pub max_frozen: Span,
+    /// Where named and paused sessions are kept for a restarted server:
+    /// `$KENNEL_SESSIONS_DIR`, else `sessions` in the state directory.
+    pub dir: Option<PathBuf>,
 }
 
 impl Default for Sessions {
@@ -118,6 +124,8 @@ impl Default for Sessions {
             max_processes: 64,
             max_watches: 8,
             max_terminals: 8,
+            max_frozen: Span(Duration::from_secs(3600)),
+            dir: None,
         }
     }
 }
@@ -444,6 +452,9 @@ impl ServerConfig {
         }
         if self.sessions.max_watches == 0 {
             return bad("sessions.max_watches", "must be at least 1");
+        }
+        if self.sessions.max_frozen.0.is_zero() {
+            return bad("sessions.max_frozen", "must be more than zero");
         }
         if self.sessions.max_terminals == 0 {
             return bad("sessions.max_terminals", "must be at least 1");

@@ -53,6 +53,7 @@ pub fn status(e: &ServiceError) -> StatusCode {
         ServiceError::BadRequest(_) => StatusCode::BAD_REQUEST,
         ServiceError::NotFound(_) => StatusCode::NOT_FOUND,
         ServiceError::Forbidden(_) => StatusCode::FORBIDDEN,
+        ServiceError::Conflict(_) => StatusCode::CONFLICT,
         ServiceError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
         ServiceError::SessionEnded(_) => StatusCode::GONE,
         ServiceError::Busy(_) | ServiceError::QuotaExceeded(_) => StatusCode::TOO_MANY_REQUESTS,

@@ -6,6 +6,7 @@ mod error;
 mod extract;
 mod front;
 pub mod openapi;
+pub mod pause;
 pub mod processes;
 mod reply;
 pub mod routes;
@@ -195,6 +196,8 @@ pub fn router(state: Shared, mounts: &[Mount]) -> Router {
             "/v1/sessions/{id}",
             axum::routing::delete(routes::remove).get(routes::show),
         )
+        .route("/v1/sessions/{id}/pause", post(pause::pause))
+        .route("/v1/sessions/{id}/resume", post(pause::resume))
         .route("/v1/sessions/{id}/exec", post(routes::exec))
         .route("/v1/sessions/{id}/interrupt", post(routes::interrupt))
         .route("/v1/sessions/{id}/cancel", post(routes::cancel))

@@ -3,13 +3,15 @@
 //! LIVE config (a server with other `[maxima]` serves other maxima), and every error status an
 //! operation can answer.
 
+use kennel_types::api::{MAX_METADATA_KEYS, MAX_METADATA_KEY_BYTES, MAX_METADATA_VALUE_BYTES};
 use serde_json::{json, Map, Value};
 use utoipa::OpenApi;
 
-use super::{processes, routes, terminals, watch};
+use super::{pause as pausing, processes, routes, terminals, watch};
 use crate::config::ServerConfig;
 use crate::pattern;
 use kennel_types::api;
+use kennel_types::pause;
 use kennel_types::policy::{self, Capabilities, Limits, Runtime};
 use kennel_types::process;
 use kennel_types::runs;
@@ -26,6 +28,8 @@ use kennel_types::terminal;
         routes::list,
         routes::show,
         routes::remove,
+        pausing::pause,
+        pausing::resume,
         routes::exec,
         routes::interrupt,
         routes::cancel,
@@ -61,6 +65,8 @@ use kennel_types::terminal;
         process::ProcessInput, process::ProcessSignal, kennel_types::user::User,
         terminal::TerminalSpec, terminal::TerminalSize, terminal::TerminalControl, terminal::TerminalNotice,
         kennel_types::watch::FileEvent, kennel_types::watch::FileEventKind,
+        pause::Keep, pause::PauseSpec, pause::OnIdle, pause::Mechanism, pause::Kept,
+        pause::SessionState, pause::Paused, pause::MemoryBack, pause::ResumeReport,
     )),
     modifiers(&BearerAuth),
     security(("bearer" = []))
@@ -680,6 +686,19 @@ fn constrain_session_spec(spec: &mut Value, config: &ServerConfig) {
         "End the session after this long unused (default: this server's idle TTL).",
         (lo, hi),
     );
+    // Bytes, which a schema cannot count: the lengths here are in characters, the same for
+    // ASCII; the server counts bytes.
+    props["metadata"] = json!({
+        "type": "object",
+        "description": props["metadata"]["description"],
+        "maxProperties": MAX_METADATA_KEYS,
+        "propertyNames": {"type": "string", "minLength": 1, "maxLength": MAX_METADATA_KEY_BYTES},
+        "additionalProperties": {"type": "string", "maxLength": MAX_METADATA_VALUE_BYTES},
+    });
+    // `get_or_create` gets the session of a name: without one it is refused.
+    spec["if"] = json!({"required": ["get_or_create"],
+        "properties": {"get_or_create": {"const": true}}});
+    spec["then"] = json!({"required": ["name"], "properties": {"name": {"type": "string"}}});
 }
 
 fn constrain_exec_spec(spec: &mut Value, b: &Bounds) {

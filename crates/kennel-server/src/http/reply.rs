@@ -20,6 +20,8 @@ impl IntoResponse for Reply {
             Reply::SessionCreated(info) => (StatusCode::CREATED, Json(info)).into_response(),
             Reply::Session(info) => Json(info).into_response(),
             Reply::Sessions(all) => Json(all).into_response(),
+            Reply::Paused(paused) => Json(paused).into_response(),
+            Reply::Resumed(report) => Json(report).into_response(),
             Reply::Listing(listing) => Json(listing).into_response(),
             Reply::ProcessStarted(info) => (StatusCode::CREATED, Json(info)).into_response(),
             Reply::Processes(all) => Json(all).into_response(),

@@ -13,7 +13,7 @@ use super::error::ApiError;
 use super::extract::{ApiBytes, ApiJson, ApiPath, ApiQuery};
 use super::shared::Shared;
 use super::stream::{answer, StreamQuery};
-use crate::service::{Action, Caller};
+use crate::service::{Action, Caller, SessionFilter};
 use kennel_types::api::{ExecResult, ExecSpec, RunSpec, SessionInfo, SessionSpec};
 use kennel_types::runs::{RunInfo, RunReport};
 
@@ -87,11 +87,16 @@ pub async fn cancel_run(
 
 #[utoipa::path(tag = "session_routes", post, path = "/v1/sessions", request_body = SessionSpec,
     responses(
+        (status = 200, description = "With `get_or_create`: this token's open session of that \
+            `name`, whose spec matched", body = SessionInfo),
         (status = 201, description = "The session, started", body = SessionInfo),
         (status = 400, description = "A malformed request, a limit or `idle_ttl` outside this server's bounds, \
-            a `runtime` beside a tier other than `oci`, or a tier below this caller's minimum isolation"),
+            a `runtime` beside a tier other than `oci`, a tier below this caller's minimum isolation, \
+            a malformed `name`, `metadata` past its bounds, or `get_or_create` without a `name`"),
         (status = 403, description = "An `image` this token may not use"),
         (status = 404, description = "An `image` this server does not have"),
+        (status = 409, description = "This token has an open session of that `name` (without \
+            `get_or_create`), or, with it, one whose spec differs: the message names the fields"),
         (status = 429, description = "The server keeps as many sessions as it may, or this token's quota \
             is used up; see Retry-After"),
         (status = 503, description = "This host cannot enforce a layer the session needs (a runtime \
@@ -105,12 +110,42 @@ pub async fn create(
     handle(&state, &caller, Action::CreateSession { spec }).await
 }
 
-#[utoipa::path(tag = "session_routes", get, path = "/v1/sessions", responses((status = 200, description = "This caller's sessions", body = Vec<SessionInfo>)))]
+/// `GET /v1/sessions`' filters. `metadata` is E2B's: one parameter whose value is itself a
+/// URL-encoded query (`user=abc&app=prod`), so that a key or value may hold any character.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct SessionsQuery {
+    /// Only the session of this name (an ended one that had it too).
+    pub name: Option<String>,
+    /// Only sessions with all these metadata pairs, written as a query string whose keys and
+    /// values are URL-encoded, such as `user=abc&app=prod` (sent as
+    /// `?metadata=user%3Dabc%26app%3Dprod`). A key given twice matches no session.
+    pub metadata: Option<String>,
+}
+
+impl SessionsQuery {
+    fn filter(self) -> SessionFilter {
+        let pairs = self.metadata.unwrap_or_default();
+        let metadata = form_urlencoded::parse(pairs.as_bytes())
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect();
+        SessionFilter {
+            name: self.name,
+            metadata,
+        }
+    }
+}
+
+#[utoipa::path(tag = "session_routes", get, path = "/v1/sessions", params(SessionsQuery),
+    responses((status = 200, description = "This caller's sessions that pass the filters, \
+        oldest first", body = Vec<SessionInfo>)))]
 pub async fn list(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
+    ApiQuery(q): ApiQuery<SessionsQuery>,
 ) -> Result<Response, ApiError> {
-    handle(&state, &caller, Action::ListSessions).await
+    let filter = q.filter();
+    handle(&state, &caller, Action::ListSessions { filter }).await
 }
 
 #[utoipa::path(tag = "session_routes", get, path = "/v1/sessions/{id}", responses(

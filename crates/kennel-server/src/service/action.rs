@@ -1,6 +1,7 @@
 //! What a caller asks of the service: who asks ([`Caller`]), the [`Action`], and where a
 //! live caller's output goes ([`Live`]).
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
@@ -47,18 +48,35 @@ pub enum Action {
     },
     /// A sandbox kept between steps, in any tier. Refused, before any place is taken, for a
     /// field a run would be refused for (a tier below the caller's minimum isolation, a
-    /// runtime beside another tier, an image it may not use); refused past the session caps.
+    /// runtime beside another tier, an image it may not use), for a malformed `name` or
+    /// `metadata` past its bounds; refused past the session caps. A `name` one of the
+    /// caller's open sessions has is a conflict, unless `get_or_create` asks for that
+    /// session: it is then the answer when its spec matches (a conflict naming the fields
+    /// otherwise). Creates of one name are one at a time: two make one session.
     CreateSession {
         spec: SessionSpec,
     },
-    /// The caller's sessions, oldest first.
-    ListSessions,
+    /// The caller's sessions that pass the filter, oldest first.
+    ListSessions {
+        filter: SessionFilter,
+    },
     /// One of the caller's sessions; another caller's does not exist for it.
     ShowSession {
         id: String,
     },
     /// Ends a session and destroys its sandbox, whatever it is doing.
     EndSession {
+        id: String,
+    },
+    /// Pauses a session as its tier can: `keep` one it cannot give is refused with the
+    /// reason, as is a pause of a paused or busy session.
+    PauseSession {
+        id: String,
+        spec: kennel_types::pause::PauseSpec,
+    },
+    /// Resumes a paused session; a running one is a conflict. (Any other call to a paused
+    /// session resumes it on its own.)
+    ResumeSession {
         id: String,
     },
     /// Code in a session; takes a run slot as a run does. A caller that goes away (the
@@ -182,6 +200,27 @@ pub enum Action {
         path: Option<String>,
         recursive: bool,
     },
+}
+
+/// Which sessions a listing keeps: all when empty.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SessionFilter {
+    /// Only the session of this name (and ended ones that had it).
+    pub name: Option<String>,
+    /// Only sessions with every one of these keys, each with this value (a key given twice
+    /// with two values matches none).
+    pub metadata: Vec<(String, String)>,
+}
+
+impl SessionFilter {
+    /// Whether a session of `name` and `metadata` passes.
+    pub fn keeps(&self, name: Option<&str>, metadata: &BTreeMap<String, String>) -> bool {
+        self.name.as_deref().is_none_or(|n| name == Some(n))
+            && self
+                .metadata
+                .iter()
+                .all(|(k, v)| metadata.get(k) == Some(v))
+    }
 }
 
 /// What an attachment is to.

@@ -19,6 +19,10 @@ pub enum ServiceError {
     /// Something this caller may not use (an image its token does not list).
     #[error("{0}")]
     Forbidden(String),
+    /// The request clashes with what exists: a session name this token's open session has
+    /// (or one whose spec differs from a `get_or_create`'s).
+    #[error("{0}")]
+    Conflict(String),
     /// A file larger than the session's workspace or than this server returns.
     #[error("{0}")]
     TooLarge(String),
@@ -108,6 +112,7 @@ impl ServiceError {
             ServiceError::BadRequest(_) => "bad_request",
             ServiceError::NotFound(_) => "not_found",
             ServiceError::Forbidden(_) => "forbidden",
+            ServiceError::Conflict(_) => "conflict",
             ServiceError::TooLarge(_) => "too_large",
             ServiceError::SessionEnded(_) => "session_ended",
             ServiceError::Busy(_) => "busy",

@@ -182,7 +182,7 @@ impl Jobs {
         Ok(Jobs {
             db: Mutex::new(db),
             path: path.to_path_buf(),
-            owner: process_identity(std::process::id()).unwrap_or_default(),
+            owner: crate::owner::me(),
             key,
         })
     }
@@ -220,7 +220,7 @@ impl Jobs {
             message: LOST.into(),
         })
         .unwrap_or_default();
-        for owner in owners.iter().filter(|o| !alive(o)) {
+        for owner in owners.iter().filter(|o| !crate::owner::alive(o)) {
             db.execute(
                 "UPDATE jobs SET status = 'lost', finished_ms = ?1, error = ?2 \
                  WHERE owner = ?3 AND status = 'running'",
@@ -484,23 +484,6 @@ fn info_of(r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<RunInfo> {
         result: result.and_then(|s| serde_json::from_str(&s).ok()),
         error: error.and_then(|s| serde_json::from_str(&s).ok()),
     })
-}
-
-/// A process as its rows name it: its PID and start time (which tells it from a later
-/// process given the same PID).
-fn process_identity(pid: u32) -> Option<String> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let start = rest.split_whitespace().nth(19)?;
-    Some(format!("{pid}:{start}"))
-}
-
-/// Whether the server process a row names still runs.
-fn alive(owner: &str) -> bool {
-    let Some(pid) = owner.split(':').next().and_then(|p| p.parse().ok()) else {
-        return false;
-    };
-    process_identity(pid).as_deref() == Some(owner)
 }
 
 #[cfg(test)]

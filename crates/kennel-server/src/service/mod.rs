@@ -12,6 +12,8 @@ pub mod callback;
 mod counts;
 mod error;
 pub mod jobs;
+mod kept;
+mod pause;
 mod process;
 mod registry;
 mod reply;
@@ -23,7 +25,7 @@ mod terminal;
 mod watch;
 
 pub use crate::agent::ReadFrom;
-pub use action::{Accepted, Action, AttachTo, Caller, Live, RichSink};
+pub use action::{Accepted, Action, AttachTo, Caller, Live, RichSink, SessionFilter};
 pub use counts::Ticket;
 pub use error::{Refusal, ServiceError};
 pub use process::{ProcessEvent, ProcessStream};
@@ -63,10 +65,15 @@ impl Service {
                     None => Reply::RunStatus(Box::new(info)),
                 })
             }
-            Action::CreateSession { spec } => session::create(self, caller, &spec)
-                .await
-                .map(Reply::SessionCreated),
-            Action::ListSessions => Ok(Reply::Sessions(session::list(self, caller))),
+            Action::CreateSession { spec } => {
+                Ok(match session::create(self, caller, &spec).await? {
+                    session::Created::New(info) => Reply::SessionCreated(info),
+                    session::Created::Found(info) => Reply::Session(info),
+                })
+            }
+            Action::ListSessions { filter } => {
+                Ok(Reply::Sessions(session::list(self, caller, &filter)))
+            }
             Action::ShowSession { id } => {
                 Ok(Reply::Session(session::owned(self, caller, &id)?.info()))
             }
@@ -76,17 +83,25 @@ impl Service {
                 self.end_session(&s).await;
                 Ok(Reply::Done)
             }
+            Action::PauseSession { id, spec } => pause::pause(self, caller, &id, &spec)
+                .await
+                .map(Reply::Paused),
+            Action::ResumeSession { id } => {
+                pause::resume(self, caller, &id).await.map(Reply::Resumed)
+            }
             Action::Exec { id, spec, live } => session::exec(self, caller, &id, spec, live)
                 .await
                 .map(Reply::Exec),
             Action::Interrupt { id } => {
-                session::open(self, caller, &id)?
+                session::open(self, caller, &id)
+                    .await?
                     .agent
                     .control(Control::Interrupt);
                 Ok(Reply::Done)
             }
             Action::CancelExec { id } => {
-                session::open(self, caller, &id)?
+                session::open(self, caller, &id)
+                    .await?
                     .agent
                     .control(Control::Cancel);
                 Ok(Reply::Done)

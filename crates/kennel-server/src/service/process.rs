@@ -2,14 +2,13 @@
 //! The agent in the sandbox owns them (procs.py); these are the server's rules around it: the
 //! caller's session, the server's bound, and what each refusal means.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 
 use super::action::Caller;
 use super::error::{Refusal, ServiceError};
-use super::session::{agent_error, open, settle};
+use super::session::{agent_error, open, settle, Open};
 use super::state::Service;
 use crate::agent::{AgentError, Chunk, ReadFrom, Start};
 use crate::sessions::Session;
@@ -93,7 +92,7 @@ pub(super) async fn start(
     spec: &ProcessSpec,
 ) -> Result<ProcessInfo, ServiceError> {
     let argv = spec.argv()?;
-    let session = open(service, caller, id)?;
+    let session = open(service, caller, id).await?;
     spec.user.check(&session.isolation)?;
     let _busy = session.busy();
     let start = Start {
@@ -117,7 +116,7 @@ pub(super) async fn list(
     caller: &Caller,
     id: &str,
 ) -> Result<Vec<ProcessInfo>, ServiceError> {
-    let session = open(service, caller, id)?;
+    let session = open(service, caller, id).await?;
     let outcome = session.agent.processes().await;
     let all = settled(&session, None, outcome).await?;
     Ok(all.into_iter().filter(|p| !p.terminal).collect())
@@ -136,7 +135,7 @@ pub(super) async fn write_stdin(
             .map_err(|e| ServiceError::BadRequest(e.to_string().replace("`files`", "`data`")))?,
         None => vec![],
     };
-    let session = open(service, caller, id)?;
+    let session = open(service, caller, id).await?;
     let _busy = session.busy();
     let outcome = session
         .agent
@@ -153,7 +152,7 @@ pub(super) async fn signal(
     signal: ProcessSignal,
 ) -> Result<(), ServiceError> {
     let signal = signal.check()?;
-    let session = open(service, caller, id)?;
+    let session = open(service, caller, id).await?;
     let outcome = session.agent.signal_process(pid, signal).await;
     settled(&session, Some(pid), outcome).await
 }
@@ -164,7 +163,7 @@ pub(super) async fn kill(
     id: &str,
     pid: u32,
 ) -> Result<(), ServiceError> {
-    let session = open(service, caller, id)?;
+    let session = open(service, caller, id).await?;
     let outcome = session.agent.kill_process(pid).await;
     settled(&session, Some(pid), outcome).await
 }
@@ -178,13 +177,13 @@ pub(super) async fn follow(
     pid: u32,
     from: ReadFrom,
 ) -> Result<ProcessStream, ServiceError> {
-    let session = open(service, caller, id)?;
+    let session = open(service, caller, id).await?;
     follow_in(session, pid, from).await
 }
 
 /// [`follow`] in a session already opened.
 pub(super) async fn follow_in(
-    session: Arc<Session>,
+    session: Open,
     pid: u32,
     from: ReadFrom,
 ) -> Result<ProcessStream, ServiceError> {
@@ -209,7 +208,7 @@ pub(super) async fn follow_in(
 
 /// Reads a process's rings from where its client is, and sends what it finds.
 struct Follower {
-    session: Arc<Session>,
+    session: Open,
     pid: u32,
     at: (u64, u64),
     tx: mpsc::Sender<ProcessEvent>,

@@ -37,6 +37,10 @@ pub enum Reply {
     Watch(WatchStream),
     /// An attachment to a pty: its output as it comes, and its input.
     Attached(Box<Attachment>),
+    /// A session paused: how, and what was kept.
+    Paused(kennel_types::pause::Paused),
+    /// A session resumed: what came back.
+    Resumed(kennel_types::pause::ResumeReport),
     /// Done, with nothing to say (a session ended, a file written or deleted).
     Done,
 }

@@ -33,7 +33,7 @@ pub(super) fn tenant(service: &Service, jobs: &Jobs, caller: &Caller) -> String 
 }
 
 /// Every tenant of this server's callers, with its caller's id.
-fn tenants(service: &Service, jobs: &Jobs) -> Vec<(String, String)> {
+pub(super) fn tenants(service: &Service, jobs: &Jobs) -> Vec<(String, String)> {
     let config = &service.config;
     let ids = config.tokens.iter().map(|t| t.id.clone());
     let ids: Vec<String> = if config.tokens.is_empty() {

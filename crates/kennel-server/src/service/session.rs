@@ -3,18 +3,19 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::action::{Accepted, Caller, Live};
+use super::action::{Accepted, Caller, Live, SessionFilter};
 use super::error::{count, Refusal, ServiceError};
 use super::state::{in_slot, Service};
 use crate::agent::{AgentError, AgentSandbox, Exec, Progress};
 use crate::audit::Entry;
 use crate::config::ServerConfig;
 use crate::metrics::inc;
-use crate::sessions::{Full, Session, MIN_MEMORY, MIN_PIDS};
+use crate::sessions::{Full, Label, Session, Shape, Terms, MIN_MEMORY, MIN_PIDS};
 use kennel_types::api::in_scratch;
 use kennel_types::api::{
     EndReason, ExecResult, ExecSpec, Listing, SessionEnd, SessionInfo, SessionSpec,
 };
+use kennel_types::pause::OnIdle;
 use kennel_types::policy::{ByteSize, Policy, Span, Tier};
 
 /// The caller's session `id`: another caller's does not exist, as far as this one can tell.
@@ -23,23 +24,40 @@ pub(super) fn owned(
     caller: &Caller,
     id: &str,
 ) -> Result<Arc<Session>, ServiceError> {
-    match service.sessions.get(id) {
-        Some(s) if s.token_id == caller.0 => Ok(s),
-        _ => Err(ServiceError::NotFound(format!("no session {id:?}"))),
+    service.session_of(caller, id)
+}
+
+/// A session ready for a call: running, with its sandbox. Derefs to the session.
+#[derive(Debug, Clone)]
+pub(super) struct Open {
+    pub session: Arc<Session>,
+    pub agent: Arc<AgentSandbox>,
+}
+
+impl std::ops::Deref for Open {
+    type Target = Session;
+
+    fn deref(&self) -> &Session {
+        &self.session
     }
 }
 
-/// The caller's session `id`, still open: one whose sandbox died answers 410 saying why.
-pub(super) fn open(
+/// The caller's session `id`, ready for a call: a paused one is resumed first (its report is
+/// its `last_resume`); one whose sandbox died answers 410 saying why.
+pub(super) async fn open(
     service: &Service,
     caller: &Caller,
     id: &str,
-) -> Result<Arc<Session>, ServiceError> {
+) -> Result<Open, ServiceError> {
     let session = owned(service, caller, id)?;
-    match session.ended() {
-        Some(end) => Err(ServiceError::SessionEnded(end.describe())),
-        None => Ok(session),
+    if let Some(end) = session.ended() {
+        return Err(ServiceError::SessionEnded(end.describe()));
     }
+    super::pause::resume_session(service, &session).await?;
+    let agent = session.agent().ok_or_else(|| {
+        ServiceError::SessionEnded(format!("session {id} has no sandbox: start a new session"))
+    })?;
+    Ok(Open { session, agent })
 }
 
 /// An operation's error: a sandbox gone (its agent dead, or killed as unresponsive) ends the
@@ -91,15 +109,75 @@ fn missing_is_not_found(e: AgentError, path: &str, what: &str) -> ServiceError {
     }
 }
 
+/// A create's answer: a session started for it, or the one of its name `get_or_create` got.
+pub(super) enum Created {
+    New(SessionInfo),
+    Found(SessionInfo),
+}
+
 pub(super) async fn create(
     service: &Service,
     caller: &Caller,
     spec: &SessionSpec,
-) -> Result<SessionInfo, ServiceError> {
-    let config = &service.config;
+) -> Result<Created, ServiceError> {
     // Every field is checked before a place is taken: a bad one costs the token nothing.
+    spec.check_label()?;
     let policy = policy_for(service, caller, spec)?;
-    let idle_ttl = idle_ttl(config, spec.idle_ttl)?;
+    let sessions = &service.config.sessions;
+    let terms = Terms {
+        idle_ttl: idle_ttl(&service.config, spec.idle_ttl)?,
+        max_lifetime: sessions.max_lifetime.0,
+        on_idle: spec.on_idle,
+        max_frozen: sessions.max_frozen.0,
+    };
+    let label = Label {
+        name: spec.name.clone(),
+        metadata: spec.metadata.clone(),
+        shape: Shape::of(&policy),
+    };
+    let Some(name) = &spec.name else {
+        return start(service, caller, policy, terms, label).await;
+    };
+    // Held until the new session is in the map: a second create of the name waits, then
+    // finds it.
+    let _name = service.sessions.lock_name(&caller.0, name).await;
+    if let Some(existing) = service.sessions.named(&caller.0, name) {
+        return found(&existing, spec.get_or_create, &label.shape);
+    }
+    start(service, caller, policy, terms, label).await
+}
+
+/// The answer to a create of a name `existing` has: the session itself for a `get_or_create`
+/// whose spec matches; else a conflict that says why.
+fn found(existing: &Session, get: bool, asked: &Shape) -> Result<Created, ServiceError> {
+    let name = existing.label.name.as_deref().unwrap_or_default();
+    let id = &existing.id;
+    if !get {
+        return Err(ServiceError::Conflict(format!(
+            "this token has a session named {name:?} ({id}): end it first, or send \
+             \"get_or_create\": true to use it"
+        )));
+    }
+    let differ = existing.label.shape.differences(asked);
+    if !differ.is_empty() {
+        return Err(ServiceError::Conflict(format!(
+            "this token's session named {name:?} ({id}) differs from the one asked for in {}",
+            differ.join(", ")
+        )));
+    }
+    existing.touch();
+    Ok(Created::Found(existing.info()))
+}
+
+/// Starts a session of `policy`, labelled, once a place is free for it.
+async fn start(
+    service: &Service,
+    caller: &Caller,
+    policy: Policy,
+    terms: Terms,
+    label: Label,
+) -> Result<Created, ServiceError> {
+    let config = &service.config;
     let quota = config.share(&caller.0).map(|s| s.sessions);
     let _place = match service
         .sessions
@@ -124,23 +202,25 @@ pub(super) async fn create(
             }))
         }
     };
-    let lifetime = config.sessions.max_lifetime.0;
     let limits = policy.limits.clone();
-    let agent = start_agent(service, policy, lifetime).await?;
-    let session = Arc::new(Session::new(
-        caller.0.clone(),
-        agent,
-        limits,
-        idle_ttl,
-        lifetime,
-    ));
+    let agent = start_agent(service, policy, terms.max_lifetime).await?;
+    if terms.on_idle == OnIdle::Pause && agent.freezer().is_none() {
+        agent.kill();
+        agent.close().await;
+        return Err(ServiceError::BadRequest(format!(
+            "`on_idle` \"pause\" needs a session that can pause: {}; use \"end\"",
+            super::pause::cannot_freeze(&label.shape)
+        )));
+    }
+    let session = Arc::new(Session::new(caller.0.clone(), agent, limits, terms, label));
     service.sessions.insert(session.clone());
+    service.keep_record(&session);
     inc(&service.metrics.sessions_created);
     service
         .metrics
         .active_sessions
         .set(i64::try_from(service.sessions.len()).unwrap_or(i64::MAX));
-    Ok(session.info())
+    Ok(Created::New(session.info()))
 }
 
 /// How long a session's sandbox outlives the session's lifetime: the reaper ends the session
@@ -223,12 +303,13 @@ fn idle_ttl(config: &ServerConfig, asked: Option<Span>) -> Result<Duration, Serv
     Ok(t.0)
 }
 
-pub(super) fn list(service: &Service, caller: &Caller) -> Vec<SessionInfo> {
+pub(super) fn list(service: &Service, caller: &Caller, filter: &SessionFilter) -> Vec<SessionInfo> {
     let mut all: Vec<SessionInfo> = service
         .sessions
         .list()
         .iter()
         .filter(|s| s.token_id == caller.0)
+        .filter(|s| filter.keeps(s.label.name.as_deref(), &s.label.metadata))
         .map(|s| s.info())
         .collect();
     all.sort_by_key(|s| s.created_at_unix_ms);
@@ -243,7 +324,7 @@ pub(super) async fn exec(
     live: Option<Live>,
 ) -> Result<ExecResult, ServiceError> {
     spec.check()?;
-    let session = open(service, caller, id)?;
+    let session = open(service, caller, id).await?;
     spec.user.check(&session.isolation)?;
     let max = service.config.maxima.timeout;
     let timeout = match spec.timeout {
@@ -277,7 +358,7 @@ pub(super) async fn exec(
 /// nobody waits for does not hold up the session's next one until its timeout.
 /// It names its exec by the id reserved for it: the exec may not have been sent yet (it is
 /// then never sent), or may have ended with another running after it (which is left alone).
-struct CancelIfGone(Option<(Arc<Session>, u64)>);
+struct CancelIfGone(Option<(Open, u64)>);
 
 impl Drop for CancelIfGone {
     fn drop(&mut self) {
@@ -290,7 +371,7 @@ impl Drop for CancelIfGone {
 async fn run_exec(
     service: &Service,
     caller: &Caller,
-    session: &Session,
+    session: &Open,
     spec: &ExecSpec,
     id: u64,
     timeout: Duration,
@@ -385,7 +466,7 @@ pub(super) async fn write_file(
     path: &str,
     data: &[u8],
 ) -> Result<(), ServiceError> {
-    let session = open(service, caller, id)?;
+    let session = open(service, caller, id).await?;
     let path = sandbox_path(path)?;
     if data.len() as u64 > session.limits.workspace_size.0 {
         return Err(ServiceError::TooLarge(
@@ -403,7 +484,7 @@ pub(super) async fn read_file(
     id: &str,
     path: &str,
 ) -> Result<Vec<u8>, ServiceError> {
-    let session = open(service, caller, id)?;
+    let session = open(service, caller, id).await?;
     let path = sandbox_path(path)?;
     let _busy = session.busy();
     let max = service.config.max_body.0;
@@ -426,7 +507,7 @@ pub(super) async fn delete_file(
     id: &str,
     path: &str,
 ) -> Result<(), ServiceError> {
-    let session = open(service, caller, id)?;
+    let session = open(service, caller, id).await?;
     let path = sandbox_path(path)?;
     let _busy = session.busy();
     let outcome = session.agent.delete(&path).await;
@@ -454,7 +535,7 @@ pub(super) async fn get_archive(
     id: &str,
     path: Option<String>,
 ) -> Result<Vec<u8>, ServiceError> {
-    let session = open(service, caller, id)?;
+    let session = open(service, caller, id).await?;
     let path = dir_path(path)?;
     let _busy = session.busy();
     let max = session
@@ -473,7 +554,7 @@ pub(super) async fn put_archive(
     path: Option<String>,
     data: &[u8],
 ) -> Result<(), ServiceError> {
-    let session = open(service, caller, id)?;
+    let session = open(service, caller, id).await?;
     let path = dir_path(path)?;
     let _busy = session.busy();
     let max = session.limits.workspace_size.0;
@@ -495,7 +576,7 @@ pub(super) async fn list_files(
     id: &str,
     path: Option<String>,
 ) -> Result<Listing, ServiceError> {
-    let session = open(service, caller, id)?;
+    let session = open(service, caller, id).await?;
     let path = dir_path(path)?;
     let _busy = session.busy();
     let outcome = session.agent.list(&path).await;

@@ -47,6 +47,8 @@ pub struct Service {
     /// Requests under way, and streams open (`[connections]`).
     pub(super) requests: Arc<Counts>,
     pub(super) streams: Arc<Counts>,
+    /// Where named and paused sessions are kept for a restarted server, if anywhere.
+    pub(super) records: Option<crate::records::Records>,
 }
 
 impl Service {
@@ -96,7 +98,13 @@ impl Service {
             jobs: Err(JobsError::NotOpened),
             requests: Arc::default(),
             streams: Arc::default(),
+            records: None,
         }
+    }
+
+    /// The service with the directory its named and paused sessions are kept in.
+    pub fn with_records(self, records: Option<crate::records::Records>) -> Service {
+        Service { records, ..self }
     }
 
     /// The service with its job table (or the reason it has none).
@@ -130,14 +138,32 @@ impl Service {
 
     /// Destroys a session's sandbox, whatever it is doing (the session is already out of the
     /// table).
+    /// The caller's session `id`: another caller's does not exist, as far as this one can
+    /// tell (404).
+    pub(super) fn session_of(
+        &self,
+        caller: &Caller,
+        id: &str,
+    ) -> Result<Arc<crate::sessions::Session>, ServiceError> {
+        match self.sessions.get(id) {
+            Some(s) if s.token_id == caller.0 => Ok(s),
+            _ => Err(ServiceError::NotFound(format!("no session {id:?}"))),
+        }
+    }
+
     pub async fn end_session(&self, session: &crate::sessions::Session) {
         // The gauge follows the table, which the session has left already: set before the
         // sandbox's end is awaited, or a reader sees a session that answers 404 still counted.
         let open = i64::try_from(self.sessions.len()).unwrap_or(i64::MAX);
         self.metrics.active_sessions.set(open);
         session.closing();
-        session.agent.kill();
-        session.agent.close().await;
+        if let Some(records) = &self.records {
+            records.forget(&session.id);
+        }
+        if let Some(agent) = session.agent() {
+            agent.kill();
+            agent.close().await;
+        }
     }
 
     /// Registers work that shutdown may have to kill; the guard unregisters it.

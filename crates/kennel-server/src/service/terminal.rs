@@ -3,16 +3,14 @@
 //! output as a background process's is followed; its input goes to the pty. A background
 //! process started with `tty` is attached to the same way.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use super::action::{AttachTo, Caller};
 use super::error::ServiceError;
 use super::process::{follow_in, settled, ProcessStream};
-use super::session::open;
+use super::session::{open, Open};
 use super::state::Service;
 use crate::agent::{ReadFrom, Start};
-use crate::sessions::Session;
 use kennel_types::process::ProcessInfo;
 use kennel_types::terminal::{TerminalSize, TerminalSpec, TERMINAL_SHELL};
 
@@ -39,7 +37,7 @@ pub struct Attachment {
 /// The input side of an attachment: bytes for the pty, and its size.
 #[derive(Debug, Clone)]
 pub struct PtyInput {
-    session: Arc<Session>,
+    session: Open,
     pid: u32,
 }
 
@@ -72,7 +70,7 @@ impl PtyInput {
     }
 }
 
-async fn resize_in(session: &Session, pid: u32, size: TerminalSize) -> Result<(), ServiceError> {
+async fn resize_in(session: &Open, pid: u32, size: TerminalSize) -> Result<(), ServiceError> {
     let outcome = session.agent.resize_process(pid, size).await;
     settled(session, Some(pid), outcome).await
 }
@@ -84,13 +82,13 @@ pub(super) async fn create(
     id: &str,
     spec: &TerminalSpec,
 ) -> Result<ProcessInfo, ServiceError> {
-    let session = open(service, caller, id)?;
+    let session = open(service, caller, id).await?;
     create_in(service, &session, spec).await
 }
 
 async fn create_in(
     service: &Service,
-    session: &Session,
+    session: &Open,
     spec: &TerminalSpec,
 ) -> Result<ProcessInfo, ServiceError> {
     let size = spec.size()?;
@@ -128,18 +126,18 @@ pub(super) async fn list(
     caller: &Caller,
     id: &str,
 ) -> Result<Vec<ProcessInfo>, ServiceError> {
-    let session = open(service, caller, id)?;
+    let session = open(service, caller, id).await?;
     list_in(&session).await
 }
 
-async fn list_in(session: &Session) -> Result<Vec<ProcessInfo>, ServiceError> {
+async fn list_in(session: &Open) -> Result<Vec<ProcessInfo>, ServiceError> {
     let outcome = session.agent.processes().await;
     let all = settled(session, None, outcome).await?;
     Ok(all.into_iter().filter(|p| p.terminal).collect())
 }
 
 /// The process a terminal route names: a terminal of the session, or 404.
-async fn terminal_in(session: &Session, tid: u32) -> Result<ProcessInfo, ServiceError> {
+async fn terminal_in(session: &Open, tid: u32) -> Result<ProcessInfo, ServiceError> {
     list_in(session)
         .await?
         .into_iter()
@@ -157,7 +155,7 @@ pub(super) async fn resize(
     terminal: bool,
 ) -> Result<(), ServiceError> {
     let size = size.check()?;
-    let session = open(service, caller, id)?;
+    let session = open(service, caller, id).await?;
     if terminal {
         terminal_in(&session, pid).await?;
     }
@@ -171,7 +169,7 @@ pub(super) async fn close(
     id: &str,
     tid: u32,
 ) -> Result<(), ServiceError> {
-    let session = open(service, caller, id)?;
+    let session = open(service, caller, id).await?;
     terminal_in(&session, tid).await?;
     let outcome = session.agent.kill_process(tid).await;
     settled(&session, Some(tid), outcome).await
@@ -184,7 +182,7 @@ pub(super) async fn attach(
     id: &str,
     to: AttachTo,
 ) -> Result<Attachment, ServiceError> {
-    let session = open(service, caller, id)?;
+    let session = open(service, caller, id).await?;
     let pid = match to {
         AttachTo::Terminal(tid) => terminal_in(&session, tid).await?.pid,
         AttachTo::Process(pid) => {

@@ -141,7 +141,9 @@ async fn the_callers_rules_come_before_any_sandbox() {
         Err(ServiceError::NotFound(_))
     ));
     assert!(matches!(
-        strict.handle(&caller, Action::ListSessions).await,
+        strict
+            .handle(&caller, Action::ListSessions { filter: SessionFilter::default() })
+            .await,
         Ok(Reply::Sessions(all)) if all.is_empty()
     ));
 }

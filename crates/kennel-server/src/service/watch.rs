@@ -1,17 +1,14 @@
 //! A session's file watches: what changed under a directory, streamed as it comes. The agent
 //! watches with inotify inside the sandbox (watch.py); a watch lives as long as its stream.
 
-use std::sync::Arc;
-
 use tokio::sync::mpsc;
 
 use super::action::Caller;
 use super::error::{Refusal, ServiceError};
 use super::process::FOLLOW_WAIT;
-use super::session::{agent_error, dir_path, open, settle};
+use super::session::{agent_error, dir_path, open, settle, Open};
 use super::state::Service;
 use crate::agent::AgentError;
-use crate::sessions::Session;
 use kennel_types::watch::FileEvent;
 
 /// A watch's events as they come, or why the stream broke; dropping it ends the watch.
@@ -50,7 +47,7 @@ pub(super) async fn follow(
     recursive: bool,
 ) -> Result<WatchStream, ServiceError> {
     let path = dir_path(path)?;
-    let session = open(service, caller, id)?;
+    let session = open(service, caller, id).await?;
     let max = service.config.sessions.max_watches;
     let made = session.agent.watch_files(&path, recursive, max).await;
     let wid = settle(&session, made, |e| refused(e, &path)).await?;
@@ -65,7 +62,7 @@ pub(super) async fn follow(
 
 /// Reads the watch and sends its events until the client goes away or the session ends. The
 /// agent answers each read as soon as there is an event, or after [`FOLLOW_WAIT`] with none.
-async fn run(session: &Arc<Session>, wid: u64, tx: &mpsc::Sender<Result<FileEvent, ServiceError>>) {
+async fn run(session: &Open, wid: u64, tx: &mpsc::Sender<Result<FileEvent, ServiceError>>) {
     let mut next = 0;
     loop {
         let read = session

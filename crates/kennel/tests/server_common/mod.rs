@@ -564,6 +564,9 @@ impl Server {
             .env_remove("KENNEL_TOKENS")
             // Whatever temp files the server itself would make land here, to be counted.
             .env("TMPDIR", &tmpdir)
+            // Its named and paused sessions' records, its own (a restarted server is given
+            // its predecessor's through `env`).
+            .env("KENNEL_SESSIONS_DIR", dir.join("sessions"))
             .stdin(Stdio::null())
             .stdout(log_file.try_clone().unwrap())
             .stderr(log_file);

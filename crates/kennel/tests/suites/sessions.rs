@@ -659,3 +659,138 @@ fn user_is_refused_where_the_code_keeps_no_capabilities() {
     let left = "import os; print(os.listdir('/workspace'))";
     assert_eq!(session_py(&server, &id, left), "[]\n");
 }
+
+// ---- pause and resume ------------------------------------------------------------------------
+
+/// The lines a counter process printed, as (count, monotonic seconds), in order.
+fn counted(text: &str) -> Vec<(u64, f64)> {
+    text.lines()
+        .map(|l| {
+            let (n, t) = l.split_once(' ').unwrap();
+            (n.parse().unwrap(), t.parse().unwrap())
+        })
+        .collect()
+}
+
+/// A frozen pause keeps a Python variable, a file and a background counter, which goes on
+/// from where it was (its count has no gap and never starts again, and the one pause-long
+/// silence in its output shows it ran not at all while paused); the pause and the resume say
+/// how and what was kept; a paused session's next call resumes it on its own; each bad input
+/// gets its 4xx and changes nothing. The microVM tier pauses as `saved` only (its own tests),
+/// and refuses `frozen` saying so.
+#[test]
+fn a_frozen_pause_keeps_memory_processes_and_files_and_resumes_on_the_next_call() {
+    let server = tier_server("sessions-pause", "");
+    let id = open_session(&server, json!({}))["id"].as_str().unwrap().to_string();
+    let c = &server.client;
+    let (pause, resume) = (format!("/v1/sessions/{id}/pause"), format!("/v1/sessions/{id}/resume"));
+    if microvm() {
+        let (code, message) = c.post_json(&pause, &json!({"keep": "frozen"})).error(400);
+        assert_eq!(code, "bad_request");
+        assert!(message.contains("pauses as `saved`"), "{message}");
+        return;
+    }
+    session_py(&server, &id, "x = 41");
+    assert_eq!(c.put(&format!("/v1/sessions/{id}/files/workspace/kept.txt"), b"kept").status, 204);
+    let counter = "import time\ni = 0\nwhile True:\n    print(i, time.monotonic(), flush=True)\n    \
+                   i += 1\n    time.sleep(0.05)";
+    let started = c.post_json(
+        &format!("/v1/sessions/{id}/processes"),
+        &json!({"argv": ["/usr/bin/python3", "-c", counter]}),
+    );
+    assert_eq!(started.status, 201, "{}", started.text());
+    let pid = started.json()["pid"].as_u64().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+
+    for (body, why) in [
+        (json!({"keep": "sometimes"}), "unknown variant"),
+        (json!({"kept": "frozen"}), "unknown field"),
+        (json!({"keep": "saved"}), "cannot be kept `saved`"),
+    ] {
+        let (code, message) = c.post_json(&pause, &body).error(400);
+        assert_eq!(code, "bad_request", "{body}");
+        assert!(message.contains(why), "{body}: {message}");
+    }
+    let (code, _) = c.post(&resume, "").error(409);
+    assert_eq!(code, "conflict", "a running session resumed");
+
+    let paused = c.post_json(&pause, &json!({"keep": "frozen"}));
+    assert_eq!(paused.status, 200, "{}", paused.text());
+    let paused = paused.json();
+    let mechanism = if docker() { "docker-pause" } else { "freezer" };
+    let all = json!({"memory": true, "processes": true, "files": true, "connections": true});
+    assert_eq!(
+        (&paused["state"], &paused["keep"], &paused["mechanism"], &paused["kept"]),
+        (&json!("paused"), &json!("frozen"), &json!(mechanism), &all)
+    );
+    assert_eq!((&paused["survives_restart"], &paused["generation"]), (&json!(false), &json!(1)));
+    let shown = c.get(&format!("/v1/sessions/{id}")).json();
+    assert_eq!((&shown["state"], &shown["paused"]["mechanism"]), (&json!("paused"), &json!(mechanism)));
+    let (code, _) = c.post_json(&pause, &json!({})).error(409);
+    assert_eq!(code, "conflict", "a paused session paused again");
+    let silence = Duration::from_millis(1500);
+    std::thread::sleep(silence);
+
+    let report = c.post(&resume, "");
+    assert_eq!(report.status, 200, "{}", report.text());
+    let report = report.json();
+    assert_eq!(
+        (&report["state"], &report["memory"], &report["processes_running"]),
+        (&json!("running"), &json!("resident"), &json!(1))
+    );
+    assert_eq!((&report["files_restored"], &report["digests_matched"]), (&json!(true), &json!(null)));
+    assert_eq!(session_py(&server, &id, "print(x + 1)"), "42\n");
+    assert_eq!(c.get(&format!("/v1/sessions/{id}/files/workspace/kept.txt")).body, b"kept");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(c.delete(&format!("/v1/sessions/{id}/processes/{pid}")).status, 204);
+    let lines = counted(&process_stdout(&server, &id, pid));
+    let counts: Vec<u64> = lines.iter().map(|(n, _)| *n).collect();
+    assert_eq!(counts, (0..counts.len() as u64).collect::<Vec<_>>(), "the counter restarted or skipped");
+    let gaps: Vec<f64> = lines.windows(2).map(|w| w[1].1 - w[0].1).collect();
+    let long = gaps.iter().filter(|g| **g >= silence.as_secs_f64() * 0.9).count();
+    assert_eq!(long, 1, "one silence, the pause's: {gaps:?}");
+
+    // Paused again, the next exec resumes it on its own, and the session says so.
+    let again = c.post_json(&pause, &json!({})).json();
+    assert_eq!((&again["keep"], &again["generation"]), (&json!("frozen"), &json!(2)));
+    assert_eq!(session_py(&server, &id, "print(x)"), "41\n");
+    let shown = c.get(&format!("/v1/sessions/{id}")).json();
+    assert_eq!(
+        (&shown["state"], &shown["last_resume"]["generation"], &shown["paused"]),
+        (&json!("running"), &json!(2), &json!(null))
+    );
+}
+
+/// A session paused and then deleted, or ended by the server's `max_lifetime` while
+/// paused, leaves nothing of its sandbox: its frozen processes die with it (a v1 freezer holds
+/// a kill back until they are thawed, and a paused container must be unpaused to be
+/// removed). Not in the microVM tier, which pauses as `saved` only (its own tests).
+#[test]
+fn a_paused_session_ended_leaves_nothing_behind() {
+    if microvm() {
+        return;
+    }
+    let server = bare_server("sessions-pause-cleanup", "[sessions]\nmax_lifetime = \"8s\"\n");
+    let c = &server.client;
+    let before = mount_points();
+    let paused = || {
+        let id = open_session(&server, json!({}))["id"].as_str().unwrap().to_string();
+        let started = c.post_json(
+            &format!("/v1/sessions/{id}/processes"),
+            &json!({"argv": ["sleep", "600"]}),
+        );
+        assert_eq!(started.status, 201, "{}", started.text());
+        let live = Footprint::of(server.pid);
+        live.assert_live();
+        let r = c.post_json(&format!("/v1/sessions/{id}/pause"), &json!({}));
+        assert_eq!(r.status, 200, "{}", r.text());
+        (id, live)
+    };
+    let (id, fp) = paused();
+    assert_eq!(c.delete(&format!("/v1/sessions/{id}")).status, 204);
+    Footprint::assert_gone(&fp, &before, server.pid);
+
+    let (id, fp) = paused();
+    wait_reaped(&server, &id);
+    Footprint::assert_gone(&fp, &before, server.pid);
+}

@@ -1,0 +1,51 @@
+//! Pausing and resuming a session over HTTP: each handler parses its request into an
+//! [`Action`]; the service decides.
+
+use axum::extract::State;
+use axum::response::Response;
+use axum::Extension;
+
+use super::error::ApiError;
+use super::extract::{ApiJson, ApiPath};
+use super::routes::handle;
+use super::shared::Shared;
+use crate::service::{Action, Caller};
+use kennel_types::pause::{PauseSpec, Paused, ResumeReport};
+
+#[utoipa::path(tag = "session_routes", post, path = "/v1/sessions/{id}/pause", request_body = PauseSpec,
+    responses(
+        (status = 200, description = "Paused: how (`mechanism`), what was kept, and whether it \
+            outlives a server restart. Its next call, or `POST .../resume`, resumes it", body = Paused),
+        (status = 400, description = "A malformed request, or a `keep` this session's tier cannot \
+            give (the message says why, and which it can)"),
+        (status = 404, description = "No such session for this caller"),
+        (status = 409, description = "The session is paused already, or busy (an exec or file \
+            operation under way), or its processes did not all stop in time (it runs: try again)"),
+        (status = 410, description = "The session's sandbox has ended"),
+    ))]
+pub async fn pause(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(spec): ApiJson<PauseSpec>,
+) -> Result<Response, ApiError> {
+    handle(&state, &caller, Action::PauseSession { id, spec }).await
+}
+
+#[utoipa::path(tag = "session_routes", post, path = "/v1/sessions/{id}/resume",
+    responses(
+        (status = 200, description = "Running again: what came back", body = ResumeReport),
+        (status = 404, description = "No such session for this caller"),
+        (status = 409, description = "The session is running: there is nothing to resume"),
+        (status = 410, description = "The session's sandbox has ended"),
+    ))]
+pub async fn resume(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    ApiPath(id): ApiPath<String>,
+    // Read and dropped: a client that sends `{}` (as MCP clients and E2B's do) gets the same
+    // answer, and its connection stays usable.
+    _body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    handle(&state, &caller, Action::ResumeSession { id }).await
+}
