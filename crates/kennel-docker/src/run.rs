@@ -307,6 +307,7 @@ async fn in_container(
             isolation: isolation.clone(),
             usage: Some(probe.clone()),
             watch: None,
+            saver: None,
         });
     }
     let started = Instant::now();

@@ -66,6 +66,11 @@ pub(crate) trait Supervised {
     fn reap(&mut self, child: &mut Spawned, killed: bool) -> Option<libc::rusage>;
     /// The usage counters of the cgroup the code runs in, where there is one.
     fn probe(&self) -> Option<Probe>;
+    /// What saves the sandbox with its memory, where the tier can, talking to the helper on
+    /// its control socket `ctl` (a clone of it); made once, before the code starts.
+    fn saver(&mut self, _ctl: &UnixStream) -> Option<Arc<dyn io::Save>> {
+        None
+    }
     /// What the code used, once it ended: the probe's counters, unless the tier learns them
     /// another way (a guest kernel counts its own).
     fn stats(&self) -> Option<crate::cgroup::Stats> {
@@ -162,12 +167,14 @@ fn watch<T: Supervised>(
     send_plan(&mut running.ctl, &plan, files)
         .map_err(|e| setup(T::SPAWN_STEP, e, "sending the plan"))?;
     let mut on_started = io.on_started;
+    let saver = tier.saver(&running.ctl);
     let mut notify = |tier: &T, c: Option<Confinement>, watch: Option<Arc<Watch>>| {
         if let Some(f) = on_started.take() {
             f(Started {
                 isolation: on_image(tier.isolation(c), req),
                 usage: tier.probe(),
                 watch,
+                saver: saver.clone(),
             });
         }
     };
@@ -373,7 +380,13 @@ fn on_frame<T: Supervised>(
         request @ (Msg::MapIds { .. }
         | Msg::NetnsReady { .. }
         | Msg::GuestStarted(_)
-        | Msg::GuestEnded(_)) => {
+        | Msg::GuestEnded(_)
+        | Msg::Saved { .. }) => {
+            if let Msg::Saved { error: None, .. } = &request {
+                // Saved, the sandbox ends as asked: its end, with no status, is not a crash.
+                report.exited = Some((None, None));
+                report.ended_at = Some(Instant::now());
+            }
             if let Some(proxy) = tier.answer(request, helper, ctl)? {
                 report.proxy = Some(proxy);
             }
