@@ -382,6 +382,7 @@ fn a_saved_state_it_cannot_serve_is_refused() {
         std::fs::write(&path, serde_json::to_vec(&inputs).unwrap()).unwrap();
     });
     let err = restore(&dir);
+    eprintln!("other inputs: {err}");
     assert!(matches!(err, Error::Unrestorable { .. }), "{err}");
     assert!(err.to_string().contains("(kernel differ)"), "{err}");
 
@@ -396,6 +397,7 @@ fn a_saved_state_it_cannot_serve_is_refused() {
         f.write_all(b"XXXX").unwrap();
     });
     let err = restore(&dir).to_string();
+    eprintln!("a memory file that is not a migration stream: {err}");
     assert!(err.contains("restore_saved"), "{err}");
     assert_eq!(our_qemus(), Vec::<i32>::new());
 
@@ -409,6 +411,7 @@ fn a_saved_state_it_cannot_serve_is_refused() {
         f.set_len(len / 2).unwrap();
     });
     let err = restore(&dir).to_string();
+    eprintln!("a memory file cut short: {err}");
     assert!(err.contains("restore_saved"), "{err}");
     assert_eq!(our_qemus(), Vec::<i32>::new());
 }
