@@ -146,7 +146,7 @@ async fn stdout_lines(sb: &AgentSandbox, pid: u32, lines: usize) -> Vec<String> 
 
 /// The counter's output is one unbroken sequence from 0: a restarted counter would begin at 0
 /// again. Its last number.
-fn unbroken(lines: &[String]) -> u64 {
+fn unbroken(lines: &[String]) -> usize {
     for (n, line) in lines.iter().enumerate() {
         assert_eq!(
             line,
@@ -154,7 +154,7 @@ fn unbroken(lines: &[String]) -> u64 {
             "the count broke at line {n}: {lines:?}"
         );
     }
-    lines.len() as u64 - 1
+    lines.len() - 1
 }
 
 /// This process's descendants whose command is QEMU's (comm is cut at 15 bytes).
@@ -300,7 +300,7 @@ fn a_saved_session_sandbox_comes_back_with_its_memory() {
         );
         let again = "conn.sendall(b'after\\n')\nprint(conn.recv(100).decode(), end='')";
         assert_eq!(py(&back, again).await, "after\n");
-        let lines = stdout_lines(&back, counter, before as usize + 6).await;
+        let lines = stdout_lines(&back, counter, before + 6).await;
         let after = unbroken(&lines);
         assert!(after >= before + 5, "{before} then {after}");
         let procs = back.processes().await.expect("the processes list");
@@ -476,7 +476,7 @@ fn bench_save_and_restore() {
                  restore_to_ping_ms {:.0} then_first_exec_ms {:.0}",
                 ms(clone),
                 ms(save),
-                size as f64 / f64::from(1 << 20),
+                (size >> 10) as f64 / 1024.0,
                 ms(restore),
                 ms(first_exec)
             );

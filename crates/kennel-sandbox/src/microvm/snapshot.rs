@@ -139,14 +139,10 @@ pub(super) fn migrate_in(qmp: &mut Qmp, file: &Path, bound: Duration) -> Result<
             }
         }
     });
-    let migrated = qmp
-        .await_migration(bound)
-        .ctx(|| "restoring the guest".into());
-    if migrated.is_err() {
-        // The feeder may be blocked on a pipe QEMU no longer reads: it is left to end with
-        // the relay, and the failure is QEMU's.
-        return migrated;
-    }
+    // On a failure the feeder may be blocked on a pipe QEMU no longer reads: it is left to end
+    // with the relay, and the failure is QEMU's.
+    qmp.await_migration(bound)
+        .ctx(|| "restoring the guest".into())?;
     feeder
         .join()
         .map_err(|_| Fail::new("the state feeder panicked"))?
