@@ -120,23 +120,23 @@ async fn start(sb: &AgentSandbox, argv: &[&str]) -> u32 {
         .pid
 }
 
-/// Process `pid`'s whole stdout so far, waiting until it holds at least `lines` lines.
+/// Process `pid`'s whole stdout so far, waiting until it holds at least `lines` lines: each
+/// read from where the last ended, held by the agent until there is more (or 2 s).
 async fn stdout_lines(sb: &AgentSandbox, pid: u32, lines: usize) -> Vec<String> {
     let until = Instant::now() + Duration::from_secs(120);
+    let mut text = Vec::new();
     loop {
+        let offset = text.len() as u64;
+        let wait = Some(Duration::from_secs(2));
         let read = sb
-            .read_process(
-                pid,
-                ReadFrom::Offsets(0, 0),
-                1 << 20,
-                Some(Duration::from_millis(500)),
-            )
+            .read_process(pid, ReadFrom::Offsets(offset, 0), 1 << 20, wait)
             .await
             .expect("its output reads");
-        assert_eq!(read.stdout.dropped, 0);
-        let text = String::from_utf8(read.stdout.data).unwrap();
+        assert_eq!((read.stdout.offset, read.stdout.dropped), (offset, 0));
+        text.extend_from_slice(&read.stdout.data);
+        let text = String::from_utf8(text.clone()).unwrap();
         let got: Vec<String> = text.lines().map(str::to_string).collect();
-        if got.len() >= lines {
+        if got.len() >= lines && text.ends_with('\n') {
             return got;
         }
         assert!(!read.ended, "process {pid} ended: {text}");
@@ -242,6 +242,7 @@ fn a_saved_session_sandbox_comes_back_with_its_memory() {
         );
         let server = start(&sb, &["/usr/bin/python3", "-u", "-c", &echo]).await;
         assert_eq!(stdout_lines(&sb, server, 1).await, ["listening"]);
+        eprintln!("the echo server listens");
         let connect = format!(
             "import socket\nconn = socket.create_connection(('127.0.0.1', {ECHO_PORT}), timeout=30)\n\
              conn.sendall(b'before\\n')\nprint(conn.recv(100).decode(), end='')"
@@ -300,6 +301,7 @@ fn a_saved_session_sandbox_comes_back_with_its_memory() {
         );
         let again = "conn.sendall(b'after\\n')\nprint(conn.recv(100).decode(), end='')";
         assert_eq!(py(&back, again).await, "after\n");
+        eprintln!("the counter had counted to {before} before the save");
         let lines = stdout_lines(&back, counter, before + 6).await;
         let after = unbroken(&lines);
         assert!(after >= before + 5, "{before} then {after}");
