@@ -11,6 +11,7 @@ mod owner;
 pub mod pattern;
 pub mod pool;
 pub mod records;
+pub mod saved;
 pub mod request_log;
 pub mod service;
 pub mod sessions;
