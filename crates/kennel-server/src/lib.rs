@@ -11,8 +11,8 @@ mod owner;
 pub mod pattern;
 pub mod pool;
 pub mod records;
-pub mod saved;
 pub mod request_log;
+pub mod saved;
 pub mod service;
 pub mod sessions;
 

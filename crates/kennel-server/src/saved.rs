@@ -193,8 +193,8 @@ pub fn verify(dir: &Path, id: &str, generation: u64) -> Result<Verified, StateEr
         Ok(t) => t,
         Err(_) => return Err(StateError::Missing(state.display().to_string())),
     };
-    let manifest: Manifest = serde_json::from_slice(&text)
-        .map_err(|_| StateError::Tampered(MANIFEST.into()))?;
+    let manifest: Manifest =
+        serde_json::from_slice(&text).map_err(|_| StateError::Tampered(MANIFEST.into()))?;
     if manifest.session != id {
         return Err(StateError::Mismatched {
             found: manifest.session,
@@ -245,11 +245,17 @@ mod tests {
         assert_eq!(verify(&dir, "s1", 3).unwrap().manifest, sealed);
         assert!(matches!(
             verify(&dir, "s1", 4),
-            Err(StateError::Stale { found: 3, current: 4 })
+            Err(StateError::Stale {
+                found: 3,
+                current: 4
+            })
         ));
         assert!(matches!(verify(&dir, "s2", 3), Err(StateError::Missing(_))));
         fs::rename(state_dir(&dir, "s1"), state_dir(&dir, "s2")).unwrap();
-        assert!(matches!(verify(&dir, "s2", 3), Err(StateError::Mismatched { .. })));
+        assert!(matches!(
+            verify(&dir, "s2", 3),
+            Err(StateError::Mismatched { .. })
+        ));
         fs::rename(state_dir(&dir, "s2"), state_dir(&dir, "s1")).unwrap();
         fs::write(state_dir(&dir, "s1").join("memory"), b"RAM").unwrap();
         assert!(matches!(verify(&dir, "s1", 3), Err(StateError::Tampered(f)) if f == "memory"));

@@ -37,44 +37,67 @@ fn start(server: &Server, id: &str, code: &str) -> u64 {
     r.json()["pid"].as_u64().unwrap()
 }
 
-/// No QEMU below the server: a saved session's VM is gone.
-fn no_qemu(server: &Server) {
-    let qemu: Vec<_> = descendants(server.pid)
+/// The QEMU processes below the server: the pool's clones and the sessions' VMs.
+fn qemus(server: &Server) -> HashSet<server_common::Proc> {
+    descendants(server.pid)
         .into_iter()
         .filter(|p| {
             std::fs::read(format!("/proc/{}/cmdline", p.pid))
                 .is_ok_and(|c| String::from_utf8_lossy(&c).contains("qemu-system"))
         })
-        .collect();
-    assert!(qemu.is_empty(), "a saved session left QEMU running: {qemu:?}");
+        .collect()
 }
 
 #[test]
 fn a_saved_session_comes_back_whole_and_no_other_state_is_resumed() {
     let server = tier_server("pause-microvm", "");
     let c = &server.client;
-    let id = open_session(&server, json!({}))["id"].as_str().unwrap().to_string();
-    let (pause, resume) = (format!("/v1/sessions/{id}/pause"), format!("/v1/sessions/{id}/resume"));
+    let id = open_session(&server, json!({}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (pause, resume) = (
+        format!("/v1/sessions/{id}/pause"),
+        format!("/v1/sessions/{id}/resume"),
+    );
     session_py(&server, &id, "x = 41");
-    let put = c.put(&format!("/v1/sessions/{id}/files/workspace/kept.txt"), b"kept");
+    let put = c.put(
+        &format!("/v1/sessions/{id}/files/workspace/kept.txt"),
+        b"kept",
+    );
     assert_eq!(put.status, 204, "{}", put.text());
     start(&server, &id, ECHO);
     std::thread::sleep(Duration::from_millis(500));
     let talker = start(&server, &id, TALKER);
     std::thread::sleep(Duration::from_secs(2));
+    // The pool has its clone again: the session's VM is the one QEMU more.
+    wait_for_clone(&server);
+    let before = qemus(&server);
 
     let paused = c.post_json(&pause, &json!({}));
     assert_eq!(paused.status, 200, "{}", paused.text());
     let paused = paused.json();
     let all = json!({"memory": true, "processes": true, "files": true, "connections": true});
     assert_eq!(
-        (&paused["keep"], &paused["mechanism"], &paused["kept"], &paused["survives_restart"]),
+        (
+            &paused["keep"],
+            &paused["mechanism"],
+            &paused["kept"],
+            &paused["survives_restart"]
+        ),
         (&json!("saved"), &json!("qemu-migrate"), &all, &json!(true)),
         "{paused}"
     );
-    assert!(paused["state_bytes"].as_u64().unwrap() > 1 << 20, "{paused}");
+    assert!(
+        paused["state_bytes"].as_u64().unwrap() > 1 << 20,
+        "{paused}"
+    );
     assert!(state_of(&server, &id).join("manifest.json").exists());
-    no_qemu(&server);
+    let after = qemus(&server);
+    assert!(
+        after.is_subset(&before) && after.len() + 1 == before.len(),
+        "the saved VM's QEMU is not gone: {before:?} -> {after:?}"
+    );
     let (code, _) = c.post_json(&pause, &json!({})).error(409);
     assert_eq!(code, "conflict");
 
@@ -85,23 +108,48 @@ fn a_saved_session_comes_back_whole_and_no_other_state_is_resumed() {
     assert_eq!(report.status, 200, "{}", report.text());
     let report = report.json();
     assert_eq!(
-        (&report["memory"], &report["digests_matched"], &report["generation"], &report["files_restored"]),
+        (
+            &report["memory"],
+            &report["digests_matched"],
+            &report["generation"],
+            &report["files_restored"]
+        ),
         (&json!("restored"), &json!(true), &json!(1), &json!(true)),
         "{report}"
     );
     assert_eq!(report["processes_running"], 2, "{report}");
-    assert!(!state_of(&server, &id).exists(), "a resumed state is history");
+    assert!(
+        !state_of(&server, &id).exists(),
+        "a resumed state is history"
+    );
     assert_eq!(session_py(&server, &id, "print(x + 1)"), "42\n");
-    assert_eq!(c.get(&format!("/v1/sessions/{id}/files/workspace/kept.txt")).body, b"kept");
+    assert_eq!(
+        c.get(&format!("/v1/sessions/{id}/files/workspace/kept.txt"))
+            .body,
+        b"kept"
+    );
     std::thread::sleep(Duration::from_secs(1));
-    assert_eq!(c.delete(&format!("/v1/sessions/{id}/processes/{talker}")).status, 204);
-    let lines: Vec<String> = process_stdout(&server, &id, talker).lines().map(str::to_string).collect();
+    assert_eq!(
+        c.delete(&format!("/v1/sessions/{id}/processes/{talker}"))
+            .status,
+        204
+    );
+    let lines: Vec<String> = process_stdout(&server, &id, talker)
+        .lines()
+        .map(str::to_string)
+        .collect();
     let expected: Vec<String> = (0..lines.len()).map(|i| format!("{i} {i}")).collect();
-    assert_eq!(lines, expected, "the counter and its connection went on from where they were");
+    assert_eq!(
+        lines, expected,
+        "the counter and its connection went on from where they were"
+    );
 
     // Paused again (generation 2): its memory file altered is refused, and so is generation
     // 1's state put in its place; the session stays paused.
-    assert_eq!(c.post_json(&pause, &json!({"keep": "saved"})).json()["generation"], 2);
+    assert_eq!(
+        c.post_json(&pause, &json!({"keep": "saved"})).json()["generation"],
+        2
+    );
     let memory = state_of(&server, &id).join("memory");
     let mut bytes = std::fs::read(&memory).unwrap();
     let at = bytes.len() / 2;
@@ -109,18 +157,34 @@ fn a_saved_session_comes_back_whole_and_no_other_state_is_resumed() {
     std::fs::write(&memory, &bytes).unwrap();
     let (code, message) = c.post(&resume, "").error(409);
     assert_eq!(code, "conflict");
-    assert!(message.contains("was altered (memory does not match its manifest)"), "{message}");
-    let (code, _) = c.exec_resp(&id, &json!({"language": "python", "code": "x"})).error(409);
-    assert_eq!(code, "conflict", "a call does not resume an altered state either");
+    assert!(
+        message.contains("was altered (memory does not match its manifest)"),
+        "{message}"
+    );
+    let (code, _) = c
+        .exec_resp(&id, &json!({"language": "python", "code": "x"}))
+        .error(409);
+    assert_eq!(
+        code, "conflict",
+        "a call does not resume an altered state either"
+    );
     std::fs::remove_dir_all(state_of(&server, &id)).unwrap();
     copy_dir(&aside, &state_of(&server, &id));
     let (code, message) = c.post(&resume, "").error(409);
     assert_eq!(code, "conflict");
-    assert!(message.contains("generation 1, and the session's current one is 2"), "{message}");
-    assert_eq!(c.get(&format!("/v1/sessions/{id}")).json()["state"], "paused");
+    assert!(
+        message.contains("generation 1, and the session's current one is 2"),
+        "{message}"
+    );
+    assert_eq!(
+        c.get(&format!("/v1/sessions/{id}")).json()["state"],
+        "paused"
+    );
     assert_eq!(c.delete(&format!("/v1/sessions/{id}")).status, 204);
-    assert!(!state_of(&server, &id).exists(), "a deleted session's state stayed");
-    no_qemu(&server);
+    assert!(
+        !state_of(&server, &id).exists(),
+        "a deleted session's state stayed"
+    );
 }
 
 /// A saved session outlives its server: SIGKILLed, restarted on the same records and job
@@ -129,25 +193,37 @@ fn a_saved_session_comes_back_whole_and_no_other_state_is_resumed() {
 fn a_saved_session_outlives_a_sigkilled_server() {
     let dir = server_common::test_dir("pause-microvm-state");
     let (db, records) = (dir.join("jobs.sqlite"), dir.join("sessions"));
-    let extra = format!("[jobs]\ndb = {db:?}\n");
+    // A token: a server without one names its caller by its address, which a restart changes.
+    let extra = format!("[jobs]\ndb = {db:?}\n[[tokens]]\nid = \"a\"\ntoken = \"{TOKEN}\"\n");
     tier();
     let env = [("KENNEL_SESSIONS_DIR", records.to_str().unwrap())];
-    let first = Server::start_with("pause-microvm-1", &suite_config(&extra), &env, None);
+    let first = Server::start_with("pause-microvm-1", &suite_config(&extra), &env, Some(TOKEN));
     wait_for_clone(&first);
-    let id = open_session(&first, json!({"name": "kept"}))["id"].as_str().unwrap().to_string();
-    session_py(&first, &id, "x = 6")
-        ;
-    let r = first.client.post_json(&format!("/v1/sessions/{id}/pause"), &json!({"keep": "saved"}));
+    let id = open_session(&first, json!({"name": "kept"}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    session_py(&first, &id, "x = 6");
+    let r = first.client.post_json(
+        &format!("/v1/sessions/{id}/pause"),
+        &json!({"keep": "saved"}),
+    );
     assert_eq!(r.status, 200, "{}", r.text());
     first.signal(libc::SIGKILL);
     drop(first);
-    let second = Server::start_with("pause-microvm-2", &suite_config(&extra), &env, None);
+    let second = Server::start_with("pause-microvm-2", &suite_config(&extra), &env, Some(TOKEN));
     let shown = second.client.get(&format!("/v1/sessions/{id}")).json();
-    assert_eq!((&shown["state"], &shown["paused"]["keep"]), (&json!("paused"), &json!("saved")), "{shown}");
+    assert_eq!(
+        (&shown["state"], &shown["paused"]["keep"]),
+        (&json!("paused"), &json!("saved")),
+        "{shown}"
+    );
     assert_eq!(session_py(&second, &id, "print(x * 7)"), "42\n");
     let shown = second.client.get(&format!("/v1/sessions/{id}")).json();
     assert_eq!(shown["last_resume"]["memory"], "restored", "{shown}");
 }
+
+const TOKEN: &str = "pause-microvm-0123456789abcdef";
 
 fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     std::fs::create_dir_all(to).unwrap();

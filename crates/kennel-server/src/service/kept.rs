@@ -62,7 +62,10 @@ impl Service {
                 continue;
             };
             if let Some(session) = self.saved_session(records, &record, token) {
-                tracing::info!("session {} is saved: it resumes on its next call", session.id);
+                tracing::info!(
+                    "session {} is saved: it resumes on its next call",
+                    session.id
+                );
                 self.sessions.insert(Arc::new(session));
                 continue;
             }

@@ -79,7 +79,6 @@ fn freeze_failed(e: FreezeError) -> ServiceError {
     }
 }
 
-
 /// `POST /v1/sessions/{id}/pause`.
 pub(super) async fn pause(
     service: &Service,

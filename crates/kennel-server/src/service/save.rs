@@ -58,11 +58,10 @@ pub(super) async fn save(
     let generation = session.generation() + 1;
     let id = session.id.clone();
     let inputs = wrote.inputs.clone();
-    let sealed = tokio::task::spawn_blocking(move || {
-        saved::seal(&dir, &staging, &id, generation, inputs)
-    })
-    .await
-    .map_err(disk)?;
+    let sealed =
+        tokio::task::spawn_blocking(move || saved::seal(&dir, &staging, &id, generation, inputs))
+            .await
+            .map_err(disk)?;
     session.set_agent(None);
     let manifest = match sealed {
         Ok(m) => m,
@@ -117,9 +116,9 @@ pub(super) async fn restore(
     let state = saved::state_dir(&dir, &session.id);
     let lifetime = session.lifetime_left() + crate::sessions::LIFETIME_MARGIN;
     let restored = AgentSandbox::restore(service.engine.clone(), policy, lifetime, &state).await;
-    let agent = Arc::new(restored.map_err(|e| ServiceError::Conflict(format!(
-        "the session's saved state did not restore: {e}"
-    )))?);
+    let agent = Arc::new(restored.map_err(|e| {
+        ServiceError::Conflict(format!("the session's saved state did not restore: {e}"))
+    })?);
     session.set_agent(Some(agent.clone()));
     saved::remove_state(&dir, &session.id);
     Ok((agent, verified.millis))

@@ -229,7 +229,6 @@ async fn start(
     Ok(Created::New(session.info()))
 }
 
-
 /// The policy of the session `spec` asks for, under the caller's rules as a run's is: its
 /// network, its minimum isolation, its images; with limits its agent can live under.
 fn policy_for(

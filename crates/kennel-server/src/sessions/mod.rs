@@ -183,7 +183,7 @@ impl Session {
         max_frozen: Duration,
     ) -> Session {
         let shape = Shape::of(&policy);
-        let session = Session {
+        Session {
             id: info.id.clone(),
             token_id,
             sandbox: RwLock::new(None),
@@ -213,8 +213,7 @@ impl Session {
             last_resume: Mutex::new(info.last_resume.clone()),
             generation: paused.generation.into(),
             policy: Some(policy),
-        };
-        session
+        }
     }
 
     /// Its sandbox, while it has one.
