@@ -316,6 +316,7 @@ async fn in_container(
             usage: Some(probe.clone()),
             watch: None,
             freezer,
+            saver: None,
         });
     }
     let started = Instant::now();

@@ -47,6 +47,17 @@ pub enum Error {
     },
     #[error("sandbox helper broke protocol: {0}")]
     Protocol(String),
+    /// A running sandbox could not be saved (see `Save`).
+    #[error("the sandbox could not be saved: {0}")]
+    NotSaved(String),
+    /// A saved sandbox cannot be restored as asked: its state is missing or incomplete, or
+    /// it was saved under other inputs than this host would restore it with.
+    #[error("cannot restore the saved sandbox in {}: {why}\nhint: {hint}", dir.display())]
+    Unrestorable {
+        dir: std::path::PathBuf,
+        why: String,
+        hint: String,
+    },
 }
 
 impl Error {

@@ -54,7 +54,7 @@ pub use freeze::{CgroupFreezer, Freeze, FreezeError};
 pub use native::{sandbox_root_host_uid, Native};
 pub use role::{maybe_run_helper, run_helper};
 pub use supervise::io::{
-    Canceller, OnStarted, OutputMode, OutputSink, RunIo, Started, StdinSource,
+    Canceller, OnStarted, OutputMode, OutputSink, RunIo, Save, Saved, Started, StdinSource,
 };
 pub use supervise::output::Stream;
 

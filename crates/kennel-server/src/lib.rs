@@ -12,6 +12,7 @@ pub mod pattern;
 pub mod pool;
 pub mod records;
 pub mod request_log;
+pub mod saved;
 pub mod service;
 pub mod sessions;
 

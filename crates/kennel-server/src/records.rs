@@ -27,6 +27,9 @@ pub struct Record {
     pub owner: String,
     /// The session as it was last seen.
     pub info: SessionInfo,
+    /// The policy its sandbox runs under: what a saved session is restored with.
+    #[serde(default)]
+    pub policy: Option<kennel_types::Policy>,
 }
 
 /// The directory of records, owned by this server while it runs.
@@ -59,16 +62,22 @@ impl Records {
         })
     }
 
+    /// The directory, where saved states live beside the records.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     fn path(&self, id: &str) -> PathBuf {
         self.dir.join(format!("{id}.json"))
     }
 
     /// Writes `info`'s record, replacing any: to a temporary name, synced, then renamed.
-    pub fn save(&self, tenant: &str, info: &SessionInfo) {
+    pub fn save(&self, tenant: &str, info: &SessionInfo, policy: Option<&kennel_types::Policy>) {
         let record = Record {
             tenant: tenant.to_string(),
             owner: self.owner.clone(),
             info: info.clone(),
+            policy: policy.cloned(),
         };
         if let Err(e) = self.write(&record) {
             tracing::warn!("session {}: its record was not kept: {e}", info.id);
@@ -91,9 +100,10 @@ impl Records {
         fs::File::open(&self.dir)?.sync_all()
     }
 
-    /// Removes session `id`'s record, if it has one.
+    /// Removes session `id`'s record, if it has one, and its saved state.
     pub fn forget(&self, id: &str) {
         let _ = fs::remove_file(self.path(id));
+        crate::saved::remove(&self.dir, id);
     }
 
     /// The records of servers that are gone, for `tenants` (this server's): each is this
@@ -127,6 +137,8 @@ impl Records {
                 continue;
             }
             record.owner = self.owner.clone();
+            // A save its server did not live to seal is never resumed.
+            let _ = fs::remove_dir_all(self.dir.join(format!("{}.state.tmp", record.info.id)));
             if self.write(&record).is_ok() {
                 taken.push(record);
             }

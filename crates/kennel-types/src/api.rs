@@ -207,6 +207,11 @@ pub struct RunRequest {
     /// with the image's preloads imported). Never read from a request.
     #[serde(skip)]
     pub resume_at: Option<ResumeAt>,
+    /// A microvm run restored, instead of started, from the state a save of a running one
+    /// wrote into this directory (the sandbox's `Save`): its guest goes on from where it was
+    /// saved. Kennel's own (a paused session's), never read from a request.
+    #[serde(skip)]
+    pub restore: Option<std::path::PathBuf>,
 }
 
 /// The point a run is saved at, and resumed from: see [`RunRequest::resume_at`].
@@ -244,6 +249,7 @@ impl RunRequest {
             devices: vec![],
             image: None,
             resume_at: None,
+            restore: None,
         }
     }
 }
@@ -1482,6 +1488,8 @@ mod tests {
         for field in [
             r#""writable": [{"source": "/", "target": "/usr"}]"#,
             r#""image": {"name": "x", "digest": "sha256:00"}"#,
+            r#""restore": "/var/lib/kennel/sessions/x""#,
+            r#""resume_at": {"stdin": [], "ready": []}"#,
         ] {
             let text = format!(r#"{{"command": {{"argv": ["/bin/true"]}}, {field}}}"#);
             let err = serde_json::from_str::<RunRequest>(&text)
@@ -1492,6 +1500,7 @@ mod tests {
         let ok = r#"{"command": {"argv": ["/bin/true"]}}"#;
         let req: RunRequest = serde_json::from_str(ok).unwrap();
         assert!(req.host_dirs.is_empty() && req.image.is_none());
+        assert!(req.restore.is_none() && req.resume_at.is_none());
     }
 
     /// What a client (MCP forwarding to `kennel serve`) sends is what the server reads.

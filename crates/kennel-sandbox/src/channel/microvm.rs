@@ -59,6 +59,11 @@ pub enum VmMode {
     /// waits for its plan, as it did when the snapshot was taken; or, `resumed`, its run goes
     /// on from where it was saved, once it has its own entropy and clock.
     Restore { dir: PathBuf, resumed: bool },
+    /// QEMU started with RAM of its own and `-incoming defer`, fed the whole VM (RAM and
+    /// devices) a save of a running one wrote into `dir` (on the host, [`SAVED_FILE`]) through a
+    /// pipe, then continued: the saved run goes on, once the guest has its own entropy and
+    /// clock (as `Restore { resumed: true }`).
+    Saved { dir: PathBuf },
 }
 
 /// Where a snapshot being taken is, in the VMM's jail.
@@ -66,6 +71,10 @@ pub const SNAP_MOUNT: &str = "/snap";
 /// A snapshot's RAM file and device state, in its directory.
 pub const RAM_FILE: &str = "ram";
 pub const STATE_FILE: &str = "state";
+/// A saved VM's migration stream (RAM and devices), in the directory of its save.
+pub const SAVED_FILE: &str = "memory";
+/// What a saved VM can be restored with only ([`crate::Saved::inputs`]), beside it.
+pub const INPUTS_FILE: &str = "inputs.json";
 
 /// Where the VMM's jail shows the prepared VM directory, and the relay's socket directory.
 pub const VM_MOUNT: &str = "/vm";

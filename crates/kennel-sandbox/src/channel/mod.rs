@@ -13,8 +13,8 @@ mod oci;
 mod planned;
 
 pub use microvm::{
-    Fresh, GuestEnd, GuestPlan, GuestSecurity, VmMode, VmPlan, AGENT_SOCKET, CONSOLE, IO_MOUNT,
-    QMP_SOCKET, RAM_FILE, SNAP_MOUNT, STATE_FILE, VM_MOUNT,
+    Fresh, GuestEnd, GuestPlan, GuestSecurity, VmMode, VmPlan, AGENT_SOCKET, CONSOLE, INPUTS_FILE,
+    IO_MOUNT, QMP_SOCKET, RAM_FILE, SAVED_FILE, SNAP_MOUNT, STATE_FILE, VM_MOUNT,
 };
 pub use native::Plan;
 pub use oci::{LaunchPlan, Start};
@@ -80,6 +80,11 @@ pub enum Msg {
     IdsMapped,
     /// To an OCI launcher: the allowlist proxy listens in its network namespace.
     ProxyBound,
+    /// To a microvm relay whose guest runs: save the whole VM, its memory included, into `dir`
+    /// (on the host, an empty directory), then end the run.
+    Save {
+        dir: std::path::PathBuf,
+    },
     // helper → supervisor
     MapIds {
         pid: i32,
@@ -105,6 +110,12 @@ pub enum Msg {
         signal: Option<i32>,
     },
     Collected(Collected),
+    /// From a microvm relay, answering `Save`: the files it wrote in the directory, after
+    /// which the run ends (QEMU is gone); or, `error`, why it could not, and the guest runs on.
+    Saved {
+        files: Vec<String>,
+        error: Option<String>,
+    },
     /// From a guest agent: it booted and reads its plan.
     Hello {
         build: String,

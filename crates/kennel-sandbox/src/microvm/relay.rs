@@ -8,12 +8,13 @@ use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kennel_types::api::{Command, HostDir, ResumeAt, RunRequest, RunResult};
 
 use super::net::{self, Connector, Links, Peer};
+use super::saved;
 use super::snapshot;
 use super::steps::{at, Failed};
 use crate::channel::{self, InputFiles, Msg};
@@ -132,6 +133,11 @@ fn talk(
             snapshot::restore(&qmp, snap, left).map_err(at(Step::AwaitGuest))?;
             accept_vmm(listener, deadline, vmm, cancel).map_err(at(Step::AwaitGuest))?
         }
+        VmMode::Saved { dir: saved } => {
+            let left = deadline.saturating_duration_since(Instant::now());
+            saved::restore(&qmp, saved, left).map_err(at(Step::RestoreSaved))?;
+            accept_vmm(listener, deadline, vmm, cancel).map_err(at(Step::AwaitGuest))?
+        }
         VmMode::Boot | VmMode::Snapshot { .. } => {
             let mut g =
                 accept_vmm(listener, deadline, vmm, cancel).map_err(at(Step::AwaitGuest))?;
@@ -159,7 +165,7 @@ fn talk(
     let peer: Peer = std::sync::Arc::new(std::sync::Mutex::new(Box::new(
         writer.map_err(at(Step::SendPlan))?,
     )));
-    if let VmMode::Restore { resumed: true, .. } = &plan.mode {
+    if let VmMode::Restore { resumed: true, .. } | VmMode::Saved { .. } = &plan.mode {
         // Its run goes on: only its own entropy and clock, before anything else reaches it.
         let fresh = fresh().ctx(|| "entropy for the guest".into());
         net::send(&peer, &Msg::Fresh(fresh.map_err(at(Step::SendPlan))?), &[])
@@ -173,7 +179,45 @@ fn talk(
         links: Links::new(peer),
         connector,
     };
-    pass_frames(ctl, &mut guest, plan, &route, cancel).map_err(at(Step::Report))
+    let clone = ctl.try_clone().ctx(|| "the control socket".into());
+    let reports: Reports = Arc::new(Mutex::new(clone.map_err(at(Step::Report))?));
+    let asks = ctl.try_clone().ctx(|| "the control socket".into());
+    serve_saves(
+        asks.map_err(at(Step::Report))?,
+        reports.clone(),
+        qmp,
+        cancel.clone(),
+    );
+    pass_frames(&reports, &mut guest, plan, &route, cancel).map_err(at(Step::Report))
+}
+
+/// The relay's writer to the supervisor once the guest runs, shared by the frames it passes
+/// on and the answer to a save, so that neither cuts into the other.
+type Reports = Arc<Mutex<UnixStream>>;
+
+/// Serves the supervisor's `Save` while the guest runs, on a thread of its own that reads the
+/// control channel (nothing else does by then). A saved VM's QEMU is gone: the run then ends
+/// as a cancelled one does, after the answer; a failed save leaves the guest running.
+fn serve_saves(mut asks: UnixStream, reports: Reports, qmp: PathBuf, cancel: Canceller) {
+    std::thread::spawn(move || {
+        while let Ok(Some((msg, _))) = channel::recv(&mut asks) {
+            let Msg::Save { dir } = msg else {
+                continue;
+            };
+            let (files, error) = match saved::save(&qmp, &dir) {
+                Ok(files) => (files, None),
+                Err(f) => (vec![], Some(f.detail)),
+            };
+            let done = error.is_none();
+            let mut out = reports.lock().unwrap_or_else(|p| p.into_inner());
+            let _ = channel::send(&mut *out, &Msg::Saved { files, error }, &[]);
+            drop(out);
+            if done {
+                cancel.cancel();
+                return;
+            }
+        }
+    });
 }
 
 /// A run saved mid-way: the guest gets its plan (with entropy that only the snapshot keeps:
@@ -552,7 +596,7 @@ fn fresh() -> std::io::Result<Fresh> {
 /// Passes the guest's frames on until its `Done`: output to stdout and stderr, the rest to the
 /// supervisor. A cancel shuts the socket, which ends the loop.
 fn pass_frames(
-    ctl: &mut UnixStream,
+    ctl: &Mutex<UnixStream>,
     guest: &mut UnixStream,
     plan: &VmPlan,
     route: &Route,
@@ -566,8 +610,9 @@ fn pass_frames(
         }
         let _ = watcher.shutdown(std::net::Shutdown::Both);
     });
-    let forward = |ctl: &mut UnixStream, msg: &Msg, blob: &[u8]| {
-        channel::send(ctl, msg, blob).ctx(|| "writing to the supervisor".into())
+    let forward = |ctl: &Mutex<UnixStream>, msg: &Msg, blob: &[u8]| {
+        let mut out = ctl.lock().unwrap_or_else(|p| p.into_inner());
+        channel::send(&mut *out, msg, blob).ctx(|| "writing to the supervisor".into())
     };
     loop {
         let frame = channel::recv_bounded(guest, plan.max_json, plan.max_blob);
@@ -663,7 +708,7 @@ mod tests {
         to_guest: Box<dyn Write + Send>,
     ) -> (Result<(), Fail>, Vec<Msg>) {
         let (mut guest_end, mut relay_end) = UnixStream::pair().unwrap();
-        let (mut ctl, mut supervisor) = UnixStream::pair().unwrap();
+        let (ctl, mut supervisor) = UnixStream::pair().unwrap();
         guest_end.write_all(guest_wrote).unwrap();
         drop(guest_end);
         let peer: Peer = std::sync::Arc::new(std::sync::Mutex::new(to_guest));
@@ -671,7 +716,8 @@ mod tests {
             links: Links::new(peer),
             connector: None,
         };
-        let outcome = pass_frames(&mut ctl, &mut relay_end, &plan(), &route, &Canceller::new());
+        let ctl = Mutex::new(ctl);
+        let outcome = pass_frames(&ctl, &mut relay_end, &plan(), &route, &Canceller::new());
         drop(ctl);
         let mut seen = vec![];
         while let Ok(Some((m, _))) = channel::recv(&mut supervisor) {

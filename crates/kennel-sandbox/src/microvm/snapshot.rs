@@ -29,6 +29,8 @@ use crate::fail::{Context, Fail};
 
 /// How long saving may take (the device state is small; the bound is for a stuck QEMU).
 const SAVE_BOUND: Duration = Duration::from_secs(60);
+/// How long QEMU may take to close a migration stream once the migration completed.
+const COPY_END: Duration = Duration::from_secs(10);
 
 /// The relay, before a snapshot VM starts: the RAM file QEMU will write through, the one file
 /// in `dir` the sandbox's root may write.
@@ -68,38 +70,57 @@ fn ignore_shared(qmp: &mut Qmp) -> Result<(), Fail> {
 /// The relay, in a snapshot VM: stops the guest (its agent has said hello and waits for a plan),
 /// streams its device state into `dir/state`, and quits QEMU.
 pub fn save(qmp_socket: &Path, dir: &Path) -> Result<(), Fail> {
-    let state = dir.join(STATE_FILE);
     let mut qmp = Qmp::connect(qmp_socket, Duration::from_secs(10)).ctx(|| "QMP".into())?;
     qmp.execute("stop", None)
         .ctx(|| "stopping the guest".into())?;
     ignore_shared(&mut qmp)?;
+    migrate_out(&mut qmp, &dir.join(STATE_FILE), SAVE_BOUND)?;
+    let _ = qmp.execute("quit", None);
+    Ok(())
+}
+
+/// Streams the stopped guest out of QEMU into a new `file`, through a pipe QEMU is handed
+/// (`getfd`, `fd:`) and a thread of ours that writes it, within `bound`; the file is synced.
+/// What the stream holds is the capabilities' (with `x-ignore-shared`, no shared RAM).
+pub(super) fn migrate_out(qmp: &mut Qmp, file: &Path, bound: Duration) -> Result<(), Fail> {
     let (mut from, to) = std::io::pipe().ctx(|| "a pipe".into())?;
-    let mut out = std::fs::File::create(&state).ctx(|| format!("creating {}", state.display()))?;
-    let copier = std::thread::spawn(move || std::io::copy(&mut from, &mut out).map(|_| out));
-    qmp.pass_fd("snapshot", to.as_fd()).ctx(|| "getfd".into())?;
+    let mut out = std::fs::File::create_new(file).ctx(|| format!("creating {}", file.display()))?;
+    let (done, copied) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(std::io::copy(&mut from, &mut out).map(|_| out));
+    });
+    let sent = qmp.pass_fd("snapshot", to.as_fd()).ctx(|| "getfd".into());
     // QEMU holds its own copy now: ours must close for the copy to see the stream's end.
     drop(to);
     let args = serde_json::json!({ "uri": "fd:snapshot" });
-    qmp.execute("migrate", Some(args))
-        .ctx(|| "migrate".into())?;
-    qmp.await_migration(SAVE_BOUND)
+    sent.and_then(|()| qmp.execute("migrate", Some(args)).ctx(|| "migrate".into()))?;
+    qmp.await_migration(bound)
         .ctx(|| "saving the guest".into())?;
-    let _ = qmp.execute("quit", None);
-    let file = copier
-        .join()
-        .map_err(|_| Fail::new("the state copier panicked"))?
-        .ctx(|| format!("writing {}", state.display()))?;
-    file.sync_all()
-        .ctx(|| format!("syncing {}", state.display()))
+    // QEMU closes its end as it cleans the migration up, just after it completed.
+    let written = copied
+        .recv_timeout(COPY_END)
+        .map_err(|_| Fail::new("QEMU did not close the migration stream"))?;
+    written
+        .ctx(|| format!("writing {}", file.display()))?
+        .sync_all()
+        .ctx(|| format!("syncing {}", file.display()))
 }
 
 /// The relay, in a restored VM (QEMU started with the snapshot's RAM and `-incoming defer`):
 /// feeds it `dir/state` and continues the guest, within `bound`.
 pub fn restore(qmp_socket: &Path, dir: &Path, bound: Duration) -> Result<(), Fail> {
-    let state = dir.join(STATE_FILE);
     let mut qmp = Qmp::connect(qmp_socket, bound).ctx(|| "QMP".into())?;
-    let mut input = std::fs::File::open(&state).ctx(|| format!("opening {}", state.display()))?;
     ignore_shared(&mut qmp)?;
+    migrate_in(&mut qmp, &dir.join(STATE_FILE), bound)?;
+    qmp.execute("cont", None)
+        .ctx(|| "continuing the guest".into())?;
+    Ok(())
+}
+
+/// Feeds `file` to a QEMU started with `-incoming defer`, through a pipe (`getfd`, `fd:`)
+/// written by a thread of ours while this one polls the migration, within `bound`.
+pub(super) fn migrate_in(qmp: &mut Qmp, file: &Path, bound: Duration) -> Result<(), Fail> {
+    let mut input = std::fs::File::open(file).ctx(|| format!("opening {}", file.display()))?;
     let (from, mut to) = std::io::pipe().ctx(|| "a pipe".into())?;
     qmp.pass_fd("snapshot", from.as_fd())
         .ctx(|| "getfd".into())?;
@@ -118,15 +139,14 @@ pub fn restore(qmp_socket: &Path, dir: &Path, bound: Duration) -> Result<(), Fai
             }
         }
     });
+    // On a failure the feeder may be blocked on a pipe QEMU no longer reads: it is left to end
+    // with the relay, and the failure is QEMU's.
     qmp.await_migration(bound)
         .ctx(|| "restoring the guest".into())?;
     feeder
         .join()
         .map_err(|_| Fail::new("the state feeder panicked"))?
-        .ctx(|| format!("reading {}", state.display()))?;
-    qmp.execute("cont", None)
-        .ctx(|| "continuing the guest".into())?;
-    Ok(())
+        .ctx(|| format!("reading {}", file.display()))
 }
 
 /// What a snapshot was taken with; it serves only a VM that would be booted exactly so.

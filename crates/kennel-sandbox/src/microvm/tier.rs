@@ -3,6 +3,7 @@
 
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use kennel_net::Proxy;
@@ -11,6 +12,7 @@ use kennel_types::policy::{ByteSize, Capabilities, NetMode, Policy, Tier};
 
 use super::artifacts::{Manifest, VmDir};
 use super::relay::{RELAY_ARG, RUN_ROOT};
+use super::saved::{self, Inputs, VmSaver};
 use super::snapshot;
 use super::take::{reap_relay, take};
 use super::vmm::{self, Accel, Boot, Qemu, Ram, Vmm};
@@ -24,7 +26,7 @@ use crate::error::{Error, SetupStep};
 use crate::request::input_files;
 use crate::state::StateDir;
 use crate::steps::microvm::Step;
-use crate::supervise::io::RunIo;
+use crate::supervise::io::{RunIo, Save};
 use crate::supervise::report::PROXY_PORTS;
 use crate::supervise::{supervise, Supervised};
 use crate::sys::{self, Spawned};
@@ -97,14 +99,16 @@ impl Microvm {
     /// image's root on the host and `req.image` names its digest.
     pub fn run(&self, req: &RunRequest, io: RunIo) -> Result<RunResult, Error> {
         let files = input_files(req)?;
-        let (plan, accel, qemu_version) = self.prepare(req, files.len())?;
+        let prepared = self.prepare(req, files.len())?;
         let mut tier = MicrovmTier {
-            plan: Some(plan),
-            accel,
-            qemu_version,
+            plan: Some(prepared.plan),
+            accel: prepared.accel,
+            qemu_version: prepared.qemu_version,
             policy: req.policy.clone(),
             guest: None,
             end: None,
+            inputs: prepared.inputs,
+            saves: None,
         };
         supervise(&mut tier, &self.helper, req, &files, io)
     }
@@ -114,10 +118,22 @@ impl Microvm {
     pub fn warm(&self, req: &RunRequest) -> Result<(), Error> {
         self.prepare(req, 0).map(drop)
     }
+}
 
+/// What [`Microvm::prepare`] made ready for one run.
+struct Prepared {
+    plan: VmPlan,
+    accel: Accel,
+    qemu_version: String,
+    /// What the run's saved state would be restored with only.
+    inputs: Inputs,
+}
+
+impl Microvm {
     /// Everything before the relay starts: the checks, the accelerator, the guest's disk and
-    /// initramfs, the plan, and the snapshot it restores (taken now when missing).
-    fn prepare(&self, req: &RunRequest, files: usize) -> Result<(VmPlan, Accel, String), Error> {
+    /// initramfs, the plan, and the snapshot it restores (taken now when missing), or the
+    /// saved VM it goes on from (checked against what it was saved with).
+    fn prepare(&self, req: &RunRequest, files: usize) -> Result<Prepared, Error> {
         let policy = &req.policy;
         policy.validate()?;
         self.check_request(req)?;
@@ -145,8 +161,20 @@ impl Microvm {
             .map_err(|e| setup(Step::Initramfs, format!("building the initramfs: {e}")))?;
         sweep_run_dirs();
         let mut plan = self.plan(req, accel, &disk, &initrd, files);
-        if self.config.snapshots {
-            let inputs = [
+        let mut inputs = self.inputs(&manifest, accel, &plan, &initrd, &disk);
+        if let Some(dir) = &req.restore {
+            let saved = saved::check(dir, &inputs)?;
+            let backend = saved
+                .get(saved::MEMORY_BACKEND)
+                .cloned()
+                .unwrap_or_default();
+            plan.argv
+                .extend(Qemu.incoming_args(self.config.memory_mib, backend == "ram"));
+            // Saved again, it is restored as it was restored now.
+            inputs.insert(saved::MEMORY_BACKEND.into(), backend);
+            plan.mode = VmMode::Saved { dir: dir.clone() };
+        } else if self.config.snapshots {
+            let boots_from = [
                 self.vm.qemu_binary(),
                 self.vm.microvm_firmware(),
                 self.vm.vmlinux(),
@@ -167,7 +195,9 @@ impl Microvm {
                 qemu_version: manifest.qemu_version.clone(),
                 kernel_release: manifest.kernel_release.clone(),
                 argv: plan.argv.clone(),
-                files: snapshot::file_ids(&inputs.iter().map(PathBuf::as_path).collect::<Vec<_>>()),
+                files: snapshot::file_ids(
+                    &boots_from.iter().map(PathBuf::as_path).collect::<Vec<_>>(),
+                ),
                 warm_up,
             };
             let snap = self.snapshot(&plan, &taken_with, resume.as_ref())?;
@@ -180,7 +210,55 @@ impl Microvm {
                 resumed: resume.is_some(),
             };
         }
-        Ok((plan, accel, manifest.qemu_version))
+        Ok(Prepared {
+            plan,
+            accel,
+            qemu_version: manifest.qemu_version,
+            inputs,
+        })
+    }
+
+    /// What a run's saved state can be restored with only (see `saved`): the files the guest
+    /// boots from, by identity (the initramfs's name carries the build, the root disk's the
+    /// image digest); QEMU's and the kernel's versions; the guest agent's build; the
+    /// accelerator and the VMM's whole command line; and whose memory backend its RAM is.
+    fn inputs(
+        &self,
+        manifest: &Manifest,
+        accel: Accel,
+        plan: &VmPlan,
+        initrd: &std::path::Path,
+        disk: &std::path::Path,
+    ) -> Inputs {
+        let id = |p: &std::path::Path| {
+            let (path, size, mtime) = snapshot::file_ids(&[p]).pop().unwrap_or_default();
+            format!("{path} ({size} bytes, modified {mtime})")
+        };
+        let backend = if self.config.snapshots {
+            "ram"
+        } else {
+            "default"
+        };
+        [
+            (
+                "qemu",
+                format!("{}; {}", manifest.qemu_version, id(&self.vm.qemu_binary())),
+            ),
+            ("firmware", id(&self.vm.microvm_firmware())),
+            (
+                "kernel",
+                format!("{}; {}", manifest.kernel_release, id(&self.vm.vmlinux())),
+            ),
+            ("initrd", id(initrd)),
+            ("root_disk", id(disk)),
+            ("guest_build", channel::BUILD.to_string()),
+            ("accel", accel.name().to_string()),
+            ("machine", plan.argv.join(" ")),
+            (saved::MEMORY_BACKEND, backend.to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
     }
 
     /// The relay's plan: QEMU's command line with every path as its jail shows it, the jail's
@@ -433,6 +511,10 @@ struct MicrovmTier {
     /// What the guest's own sandbox verified, as the guest reported it.
     guest: Option<Isolation>,
     end: Option<GuestEnd>,
+    /// What a save of the run can be restored with only.
+    inputs: Inputs,
+    /// Where the relay's answers to a save go: to the run's saver, once it has one.
+    saves: Option<mpsc::Sender<saved::Answer>>,
 }
 
 impl Supervised for MicrovmTier {
@@ -466,6 +548,18 @@ impl Supervised for MicrovmTier {
             Msg::GuestStarted(iso) => self.guest = Some(*iso),
             Msg::GuestEnded(end) => self.end = Some(*end),
             Msg::NetnsReady { pid } => return self.bind_proxy(pid, helper, ctl).map(Some),
+            Msg::Saved { files, error } => {
+                let answer = match error {
+                    None => Ok(files),
+                    Some(why) => Err(why),
+                };
+                let Some(saves) = &self.saves else {
+                    return Err(Error::Protocol(
+                        "the relay saved a run no one asked to".into(),
+                    ));
+                };
+                let _ = saves.send(answer);
+            }
             other => return Err(Error::Protocol(format!("unexpected message {other:?}"))),
         }
         Ok(None)
@@ -483,6 +577,14 @@ impl Supervised for MicrovmTier {
 
     fn probe(&self) -> Option<Probe> {
         None
+    }
+
+    /// Every microvm run can be saved through its relay, which answers on the control channel.
+    fn saver(&mut self, ctl: &UnixStream) -> Option<Arc<dyn Save>> {
+        let ctl = ctl.try_clone().ok()?;
+        let (tx, rx) = mpsc::channel();
+        self.saves = Some(tx);
+        Some(Arc::new(VmSaver::new(ctl, rx, self.inputs.clone())))
     }
 
     fn stats(&self) -> Option<Stats> {
@@ -592,6 +694,8 @@ mod tests {
             policy: Policy::default(),
             guest: None,
             end: None,
+            inputs: Inputs::new(),
+            saves: None,
         };
         let iso = isolation(&run, (1000, 1001));
         assert_eq!((iso.host_uid, iso.host_gid), (1000, 1001));

@@ -75,6 +75,10 @@ pub trait Vmm: Send + Sync {
     fn argv(&self, boot: &Boot) -> Vec<String>;
     /// What `argv` gains to save or restore a guest of `memory_mib` with its RAM in a file.
     fn snapshot_args(&self, memory_mib: u64, ram: Ram<'_>) -> Vec<String>;
+    /// What `argv` gains to restore a saved guest of `memory_mib` whose whole RAM comes in the
+    /// migration stream: RAM of the VMM's own, under a snapshot's backend id when the saved
+    /// guest had been restored from one (`backend`), and the VMM waiting for the stream.
+    fn incoming_args(&self, memory_mib: u64, backend: bool) -> Vec<String>;
     /// Extra environment (libraries of a private install).
     fn env(&self, boot: &Boot) -> Vec<(String, String)>;
 }
@@ -182,6 +186,22 @@ impl Vmm for Qemu {
         if let Ram::Restore { .. } = ram {
             args.extend(["-incoming".into(), "defer".into()]);
         }
+        args
+    }
+
+    fn incoming_args(&self, memory_mib: u64, backend: bool) -> Vec<String> {
+        let mut args: Vec<String> = vec![];
+        if backend {
+            // The stream's RAM block is named after the backend's id, `ram` as a snapshot's;
+            // anonymous memory, which the stream fills (zero pages are left untouched).
+            args.extend([
+                "-object".into(),
+                format!("memory-backend-ram,id=ram,size={memory_mib}M"),
+                "-machine".into(),
+                "memory-backend=ram".into(),
+            ]);
+        }
+        args.extend(["-incoming".into(), "defer".into()]);
         args
     }
 
@@ -376,5 +396,17 @@ mod tests {
             .join(" ");
         assert!(restore.contains("mem-path=/vm/s/ram,share=off,readonly=on,rom=off"));
         assert!(restore.ends_with("-incoming defer"));
+    }
+
+    /// A saved guest comes back in RAM of its own, never a file's: under the snapshot's
+    /// backend id when it had been restored from one, else QEMU's default RAM.
+    #[test]
+    fn a_saved_guest_is_restored_into_anonymous_ram_under_its_backend_id() {
+        assert_eq!(
+            Qemu.incoming_args(512, true).join(" "),
+            "-object memory-backend-ram,id=ram,size=512M -machine memory-backend=ram \
+             -incoming defer"
+        );
+        assert_eq!(Qemu.incoming_args(512, false).join(" "), "-incoming defer");
     }
 }

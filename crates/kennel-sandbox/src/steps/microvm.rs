@@ -29,6 +29,8 @@ steps! {
         "the guest's hello (or, restored from a snapshot, the end of its incoming migration) is awaited with a bound: a guest that never comes up is a failed run, not a hang";
     SaveSnapshot = "save_snapshot",
         "a snapshot is the stopped guest's state, streamed through a pipe into a file only the relay writes and reads (QEMU 7.2 has no file: migration, and exec: would need a shell its sandbox forbids)";
+    RestoreSaved = "restore_saved",
+        "a saved VM comes back only under the inputs it was saved with (checked before QEMU starts), its whole memory from its save's own file, never a snapshot's shared RAM";
     SendPlan = "send_plan",
         "the guest gets the run's request, its files and its stdin only over the agent port; the host bounds every frame it reads back";
     // The guest agent, PID 1 of the guest.

@@ -3,6 +3,7 @@
 
 use std::fs::File;
 use std::io::{Read, Write};
+use std::path::Path;
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::{self, JoinHandle};
 
@@ -162,6 +163,30 @@ pub struct Started {
     /// What stops the sandbox's processes in place and starts them again (a session's
     /// `frozen` pause), where its tier can.
     pub freezer: Option<Arc<dyn crate::freeze::Freeze>>,
+    /// Saves the sandbox with its memory, where its tier can (the microvm tier's runs).
+    pub saver: Option<Arc<dyn Save>>,
+}
+
+/// Saves a running sandbox with its memory, where its tier can.
+pub trait Save: Send + Sync + std::fmt::Debug {
+    /// As the pause answer names it: "qemu-migrate" (later "runsc-checkpoint").
+    fn mechanism(&self) -> &'static str;
+    /// Saves the sandbox into `dir` (an existing empty directory of the caller's) and ends
+    /// it: its run returns (its result is the caller's to ignore). Blocking.
+    fn save(&self, dir: &Path) -> Result<Saved, Error>;
+}
+
+/// What a save wrote.
+#[derive(Debug, Clone)]
+pub struct Saved {
+    /// The files written, relative to the directory, each fsynced (the directory too).
+    pub files: Vec<String>,
+    /// What the state can be restored with only, as digests or versions by name
+    /// (e.g. "qemu", "kernel", "initrd", "root_disk"): a resume under other inputs is
+    /// refused.
+    pub inputs: std::collections::BTreeMap<String, String>,
+    /// Whether the guest's open TCP connections inside the sandbox come back.
+    pub connections: bool,
 }
 
 /// Called once, when the code starts.

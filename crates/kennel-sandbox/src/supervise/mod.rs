@@ -71,6 +71,11 @@ pub(crate) trait Supervised {
         let probe = self.probe()?;
         crate::freeze::CgroupFreezer::of(&probe).map(|f| Arc::new(f) as _)
     }
+    /// What saves the sandbox with its memory, where the tier can, talking to the helper on
+    /// its control socket `ctl` (a clone of it); made once, before the code starts.
+    fn saver(&mut self, _ctl: &UnixStream) -> Option<Arc<dyn io::Save>> {
+        None
+    }
     /// What the code used, once it ended: the probe's counters, unless the tier learns them
     /// another way (a guest kernel counts its own).
     fn stats(&self) -> Option<crate::cgroup::Stats> {
@@ -167,6 +172,7 @@ fn watch<T: Supervised>(
     send_plan(&mut running.ctl, &plan, files)
         .map_err(|e| setup(T::SPAWN_STEP, e, "sending the plan"))?;
     let mut on_started = io.on_started;
+    let saver = tier.saver(&running.ctl);
     let mut notify = |tier: &T, c: Option<Confinement>, watch: Option<Arc<Watch>>| {
         if let Some(f) = on_started.take() {
             f(Started {
@@ -174,6 +180,7 @@ fn watch<T: Supervised>(
                 usage: tier.probe(),
                 watch,
                 freezer: tier.freezer(),
+                saver: saver.clone(),
             });
         }
     };
@@ -379,7 +386,13 @@ fn on_frame<T: Supervised>(
         request @ (Msg::MapIds { .. }
         | Msg::NetnsReady { .. }
         | Msg::GuestStarted(_)
-        | Msg::GuestEnded(_)) => {
+        | Msg::GuestEnded(_)
+        | Msg::Saved { .. }) => {
+            if let Msg::Saved { error: None, .. } = &request {
+                // Saved, the sandbox ends as asked: its end, with no status, is not a crash.
+                report.exited = Some((None, None));
+                report.ended_at = Some(Instant::now());
+            }
             if let Some(proxy) = tier.answer(request, helper, ctl)? {
                 report.proxy = Some(proxy);
             }

@@ -15,6 +15,9 @@ pub enum AgentError {
     Protocol(String),
     #[error("the exec was cancelled before it started")]
     Cancelled,
+    /// The sandbox could not be saved (its tier cannot, or the save failed).
+    #[error(transparent)]
+    Save(kennel_sandbox::Error),
 }
 
 /// An answer that does not fit the request.

@@ -5,7 +5,8 @@
 //! sent once) and the boot program that loads it (`boot.py`, `compile.py`) live beside the Rust
 //! that drives them: `boot` (how the sandbox's python gets the agent), `protocol` (the requests
 //! and answers), `requests` (the agent's stdin), `router` (its answers, to their calls),
-//! `sandbox` (the conversation), `start`, `exec`, `files`, `processes` and `watches` (what a
+//! `sandbox` (the conversation), `start`, `saved` (a save with its memory, and the restore),
+//! `exec`, `files`, `processes` and `watches` (what a
 //! caller does with it). Their Python tests are `test_*.py` here, run by
 //! `tests/agent_py.rs`.
 
@@ -19,6 +20,7 @@ mod protocol;
 mod requests;
 mod router;
 mod sandbox;
+mod saved;
 mod start;
 mod watches;
 

@@ -38,6 +38,9 @@ pub struct AgentSandbox {
     pub(super) ended: Arc<AtomicBool>,
     /// How the sandbox ended, set once it has (before `ended`).
     pub(super) ending: Arc<OnceLock<SessionEnd>>,
+    /// Whether the sandbox is being saved or was ([`AgentSandbox::save`]): its end is then the
+    /// save's, not one of its own.
+    pub(super) saved: Arc<AtomicBool>,
     pub started: Instant,
     /// Whether its processes are frozen (a session's `frozen` pause), and how many times they
     /// have been: a call that waited across a freeze is not timed out for it.
@@ -153,14 +156,24 @@ impl AgentSandbox {
         }
     }
 
-    /// Whether the sandbox has ended on its own (the agent died, or its lifetime ran out).
+    /// Whether the sandbox has ended on its own (the agent died, or its lifetime ran out): not
+    /// when it was saved ([`AgentSandbox::is_saved`]).
     pub fn has_ended(&self) -> bool {
-        self.ended.load(Ordering::SeqCst)
+        self.ended.load(Ordering::SeqCst) && !self.is_saved()
     }
 
-    /// How the sandbox ended, once it has ([`AgentSandbox::has_ended`]).
+    /// How the sandbox ended, once it has ([`AgentSandbox::has_ended`]); never for a sandbox
+    /// that was saved, whose run ended as asked.
     pub fn ending(&self) -> Option<SessionEnd> {
+        if self.is_saved() {
+            return None;
+        }
         self.ending.get().cloned()
+    }
+
+    /// Whether the sandbox was saved, or is being saved ([`AgentSandbox::save`]).
+    pub fn is_saved(&self) -> bool {
+        self.saved.load(Ordering::SeqCst)
     }
 
     /// The OOM kills in the sandbox's cgroup so far, where the host can read its counters.

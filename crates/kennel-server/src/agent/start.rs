@@ -99,37 +99,23 @@ impl AgentSandbox {
     /// forks start with them.
     pub async fn start(
         engine: Arc<Engine>,
-        mut policy: Policy,
+        policy: Policy,
         lifetime: Duration,
         preload: &[String],
     ) -> Result<AgentSandbox, Error> {
-        policy.limits.timeout = Span(lifetime);
+        let req = agent_request(policy, lifetime, preload).await;
+        AgentSandbox::launch(engine, req).await
+    }
+
+    /// Runs `req`, the agent's, and waits until its agent answers a ping: a started one's
+    /// first, a restored one's next.
+    pub(super) async fn launch(
+        engine: Arc<Engine>,
+        req: RunRequest,
+    ) -> Result<AgentSandbox, Error> {
         let boot = boot_line_off_runtime().await;
-        let mut argv = vec![
-            "/usr/bin/python3".into(),
-            "-u".into(),
-            "-c".into(),
-            boot_program(),
-        ];
-        if !preload.is_empty() {
-            argv.push(preload.join(","));
-        }
-        // A microVM clone is the agent's guest saved once it has answered a first ping (its
-        // preloads imported) and restored for each clone: its ping (id 0) is the snapshot's.
-        // The first clone of a kind takes that snapshot: a boot, and under TCG (software
-        // emulation) imports of tens of seconds (python-data's: about 47 s of CPU here), where
-        // a native sandbox takes one or two.
-        let microvm = policy.tier == Tier::Microvm;
-        let resume_at = microvm.then(|| ResumeAt {
-            stdin: [boot, b"{\"op\":\"ping\",\"id\":0}\n"].concat(),
-            ready: b"{\"id\":0,\"event\":\"pong\"".to_vec(),
-        });
+        let microvm = req.policy.tier == Tier::Microvm;
         let ready_within = Duration::from_secs(if microvm { 300 } else { 30 });
-        let req = RunRequest {
-            policy,
-            resume_at,
-            ..RunRequest::new(Command::Argv(argv))
-        };
         let (reader, writer) = std::io::pipe().map_err(Error::io("creating the agent's stdin"))?;
         let router = Arc::new(Router::default());
         let stderr_tail = Arc::new(Mutex::new(Vec::new()));
@@ -151,6 +137,7 @@ impl AgentSandbox {
         let (done_tx, done) = oneshot::channel();
         let ended = Arc::new(AtomicBool::new(false));
         let ending = Arc::new(OnceLock::new());
+        let saved = Arc::new(AtomicBool::new(false));
         let (flag, how, gone) = (ended.clone(), ending.clone(), router.clone());
         std::thread::spawn(move || {
             let result = engine.run(&req, io);
@@ -170,6 +157,7 @@ impl AgentSandbox {
             live,
             ended,
             ending,
+            saved,
             started: Instant::now(),
             frozen: super::sandbox::Frozen::default(),
         };
@@ -210,5 +198,39 @@ impl AgentSandbox {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+}
+
+/// The agent's run under `policy` for at most `lifetime`, its `preload` modules imported
+/// first: what a start runs, and what a restore goes on with.
+pub(super) async fn agent_request(
+    mut policy: Policy,
+    lifetime: Duration,
+    preload: &[String],
+) -> RunRequest {
+    policy.limits.timeout = Span(lifetime);
+    let boot = boot_line_off_runtime().await;
+    let mut argv = vec![
+        "/usr/bin/python3".into(),
+        "-u".into(),
+        "-c".into(),
+        boot_program(),
+    ];
+    if !preload.is_empty() {
+        argv.push(preload.join(","));
+    }
+    // A microVM clone is the agent's guest saved once it has answered a first ping (its
+    // preloads imported) and restored for each clone: its ping (id 0) is the snapshot's.
+    // The first clone of a kind takes that snapshot: a boot, and under TCG (software
+    // emulation) imports of tens of seconds (python-data's: about 47 s of CPU here), where
+    // a native sandbox takes one or two.
+    let resume_at = (policy.tier == Tier::Microvm).then(|| ResumeAt {
+        stdin: [boot, b"{\"op\":\"ping\",\"id\":0}\n"].concat(),
+        ready: b"{\"id\":0,\"event\":\"pong\"".to_vec(),
+    });
+    RunRequest {
+        policy,
+        resume_at,
+        ..RunRequest::new(Command::Argv(argv))
     }
 }

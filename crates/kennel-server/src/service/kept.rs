@@ -8,9 +8,28 @@ use super::runs::tenants;
 use super::state::Service;
 use crate::sessions::Session;
 use kennel_types::api::EndReason;
-use kennel_types::pause::SessionState;
+use kennel_types::pause::{Keep, SessionState};
 
 impl Service {
+    /// The session of a record that was paused `saved`, with its state on disk and the
+    /// policy to restore it under: paused still (its resume checks the state).
+    fn saved_session(
+        &self,
+        records: &crate::records::Records,
+        record: &crate::records::Record,
+        token: &str,
+    ) -> Option<Session> {
+        let paused = record.info.paused.clone()?;
+        let policy = record.policy.clone()?;
+        let kept = crate::saved::state_dir(records.dir(), &record.info.id).exists();
+        (record.info.state == SessionState::Paused && paused.keep == Keep::Saved && kept).then(
+            || {
+                let max_frozen = self.config.sessions.max_frozen.0;
+                Session::saved_remnant(token.to_string(), &record.info, paused, policy, max_frozen)
+            },
+        )
+    }
+
     /// Writes `session`'s record when it has a name or is paused, and removes it otherwise.
     pub(super) fn keep_record(&self, session: &Session) {
         let (Some(records), Ok(jobs)) = (&self.records, self.jobs()) else {
@@ -22,7 +41,7 @@ impl Service {
                 .find(|(_, id)| *id == session.token_id)
                 .map(|(t, _)| t);
             if let Some(tenant) = tenant {
-                records.save(&tenant, &session.info());
+                records.save(&tenant, &session.info(), session.policy.as_ref());
             }
         } else {
             records.forget(&session.id);
@@ -42,8 +61,16 @@ impl Service {
             let Some((_, token)) = ours.iter().find(|(t, _)| *t == record.tenant) else {
                 continue;
             };
+            if let Some(session) = self.saved_session(records, &record, token) {
+                tracing::info!(
+                    "session {} is saved: it resumes on its next call",
+                    session.id
+                );
+                self.sessions.insert(Arc::new(session));
+                continue;
+            }
             let was = match record.info.state {
-                SessionState::Paused => "paused (frozen)",
+                SessionState::Paused => "paused (frozen, or saved without its state)",
                 _ => "running",
             };
             tracing::warn!(
@@ -51,7 +78,7 @@ impl Service {
                 record.info.id
             );
             let session = Session::remnant(token.clone(), &record.info, EndReason::Lost);
-            records.save(&record.tenant, &session.info());
+            records.save(&record.tenant, &session.info(), None);
             self.sessions.insert(Arc::new(session));
         }
     }

@@ -19,6 +19,7 @@ mod registry;
 mod reply;
 mod run;
 mod runs;
+mod save;
 mod session;
 mod state;
 mod terminal;

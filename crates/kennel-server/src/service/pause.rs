@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use super::action::Caller;
 use super::error::ServiceError;
+use super::save::millis;
 use super::state::Service;
 use crate::agent::AgentSandbox;
 use crate::audit::Event;
@@ -25,7 +26,8 @@ fn cannot_save(shape: &Shape) -> String {
             "gVisor's checkpoint of a session (runsc-checkpoint) is not in this build yet"
         }
         (Tier::Microvm, _) => {
-            "QEMU's migration of a session (qemu-migrate) is not in this build yet"
+            "QEMU's migration (qemu-migrate) writes the state beside the server's session \
+             records, and this server could not open that directory (see its log)"
         }
         (Tier::Oci, Some(Runtime::Docker)) => {
             "the Docker Engine's checkpoint needs CRIU and its experimental mode, which Kennel \
@@ -44,11 +46,13 @@ fn cannot_save(shape: &Shape) -> String {
 fn keep_for(
     asked: Option<Keep>,
     shape: &Shape,
-    freezer: Option<&Arc<dyn Freeze>>,
+    can_save: bool,
+    can_freeze: bool,
 ) -> Result<Keep, ServiceError> {
     match asked {
+        Some(Keep::Saved) | None if can_save => Ok(Keep::Saved),
         Some(Keep::Saved) => Err(ServiceError::BadRequest(cannot_save(shape))),
-        Some(Keep::Frozen) | None if freezer.is_some() => Ok(Keep::Frozen),
+        Some(Keep::Frozen) | None if can_freeze => Ok(Keep::Frozen),
         Some(Keep::Frozen) | None => Err(ServiceError::BadRequest(format!(
             "this session cannot be paused: {}",
             cannot_freeze(shape)
@@ -59,7 +63,7 @@ fn keep_for(
 /// Why a sandbox has no freezer.
 pub(super) fn cannot_freeze(shape: &Shape) -> &'static str {
     if shape.tier() == Tier::Microvm {
-        "a microVM session pauses as `saved` (QEMU's migration), which is not in this build yet"
+        "a microVM session pauses as `saved` (QEMU's migration), with its memory on disk"
     } else {
         "its sandbox has no cgroup with a freezer (it runs under rlimits only, or the host \
          mounts no freezer hierarchy); `kennel doctor` says why"
@@ -73,10 +77,6 @@ fn freeze_failed(e: FreezeError) -> ServiceError {
         FreezeError::Stuck => ServiceError::Conflict(e.to_string()),
         e => ServiceError::SandboxFailed(e.to_string()),
     }
-}
-
-fn millis(since: Instant) -> u64 {
-    u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
 /// `POST /v1/sessions/{id}/pause`.
@@ -116,10 +116,25 @@ pub(super) async fn pause_session(
     }
     let agent = sandbox_of(session)?;
     let freezer = agent.freezer();
-    let keep = keep_for(keep, &session.label.shape, freezer.as_ref())?;
-    let Some(freezer) = freezer.filter(|_| keep == Keep::Frozen) else {
-        return Err(ServiceError::BadRequest(cannot_save(&session.label.shape)));
+    let saver = agent.saver().filter(|_| service.records.is_some());
+    let shape = &session.label.shape;
+    let keep = keep_for(keep, shape, saver.is_some(), freezer.is_some())?;
+    let paused = match (keep, saver, freezer) {
+        (Keep::Saved, Some(saver), _) => super::save::save(service, session, &agent, saver).await?,
+        (Keep::Frozen, _, Some(freezer)) => freeze(session, &agent, freezer).await?,
+        _ => return Err(ServiceError::BadRequest(cannot_save(shape))),
     };
+    service.keep_record(session);
+    Ok(paused)
+}
+
+/// A `frozen` pause: the sandbox's processes stopped in place.
+async fn freeze(
+    session: &Session,
+    agent: &AgentSandbox,
+    freezer: Arc<dyn Freeze>,
+) -> Result<Paused, ServiceError> {
+    let keep = Keep::Frozen;
     let started = Instant::now();
     agent.freeze(freezer.clone()).await.map_err(freeze_failed)?;
     let info = Paused {
@@ -140,13 +155,11 @@ pub(super) async fn pause_session(
         took_ms: millis(started),
         state_bytes: 0,
     };
-    let paused = session.paused(PausedPhase {
+    Ok(session.paused(PausedPhase {
         info,
         since: Instant::now(),
         freezer: Some(freezer),
-    });
-    service.keep_record(session);
-    Ok(paused)
+    }))
 }
 
 /// `POST /v1/sessions/{id}/resume`: a running session is a conflict.
@@ -178,20 +191,29 @@ pub(super) async fn resume_session(
         return Ok(None);
     };
     let started = Instant::now();
-    let agent = sandbox_of(session)?;
-    if let Some(freezer) = &paused.freezer {
-        agent.thaw(freezer.clone()).await.map_err(freeze_failed)?;
-    }
+    let (agent, memory, digests_matched, verify_ms) = match paused.info.keep {
+        Keep::Saved => {
+            let (agent, verify_ms) = super::save::restore(service, session).await?;
+            (agent, MemoryBack::Restored, Some(true), verify_ms)
+        }
+        Keep::Frozen => {
+            let agent = sandbox_of(session)?;
+            if let Some(freezer) = &paused.freezer {
+                agent.thaw(freezer.clone()).await.map_err(freeze_failed)?;
+            }
+            (agent, MemoryBack::Resident, None, 0)
+        }
+    };
     let report = ResumeReport {
         state: SessionState::Running,
         keep: paused.info.keep,
         mechanism: paused.info.mechanism,
-        memory: MemoryBack::Resident,
+        memory,
         processes_running: running_processes(&agent).await,
         files_restored: true,
-        digests_matched: None,
+        digests_matched,
         generation: paused.info.generation,
-        verify_ms: 0,
+        verify_ms,
         took_ms: millis(started),
     };
     session.resumed(report.clone());

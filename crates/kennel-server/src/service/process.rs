@@ -11,7 +11,6 @@ use super::error::{Refusal, ServiceError};
 use super::session::{agent_error, open, settle, Open};
 use super::state::Service;
 use crate::agent::{AgentError, Chunk, ReadFrom, Start};
-use crate::sessions::Session;
 use kennel_sandbox::Stream;
 use kennel_types::process::{ProcessInfo, ProcessInput, ProcessSignal, ProcessSpec};
 
@@ -48,7 +47,7 @@ pub(super) const FOLLOW_WAIT: Duration = Duration::from_secs(5);
 /// A process's error: a pid the session did not start is not found; a lost sandbox ends the
 /// session (410); the rest as `refusal` words it, or as [`agent_error`] has it.
 pub(super) async fn settled<T>(
-    session: &Session,
+    session: &Open,
     pid: Option<u32>,
     outcome: Result<T, AgentError>,
 ) -> Result<T, ServiceError> {

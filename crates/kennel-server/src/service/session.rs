@@ -62,9 +62,15 @@ pub(super) async fn open(
 
 /// An operation's error: a sandbox gone (its agent dead, or killed as unresponsive) ends the
 /// session, and the 410 says how; the rest as [`agent_error`].
-async fn failed(session: &Session, e: AgentError) -> (ServiceError, Option<SessionEnd>) {
+async fn failed(session: &Open, e: AgentError) -> (ServiceError, Option<SessionEnd>) {
     if !matches!(e, AgentError::Gone(_) | AgentError::Unresponsive) || session.is_closing() {
         return (agent_error(e), None);
+    }
+    // Its sandbox was saved (a `saved` pause) while this waited on it: the session lives on,
+    // and its next call resumes it.
+    if session.agent.is_saved() {
+        let why = "the session was paused (saved) meanwhile: call it again to resume it";
+        return (ServiceError::Conflict(why.into()), None);
     }
     let unresponsive = matches!(e, AgentError::Unresponsive);
     let end = session.lost().await;
@@ -78,7 +84,7 @@ async fn failed(session: &Session, e: AgentError) -> (ServiceError, Option<Sessi
 
 /// A file operation's outcome: a lost sandbox as [`failed`] has it, other errors by `map`.
 pub(super) async fn settle<T>(
-    session: &Session,
+    session: &Open,
     outcome: Result<T, AgentError>,
     map: impl FnOnce(AgentError) -> ServiceError,
 ) -> Result<T, ServiceError> {
@@ -202,9 +208,9 @@ async fn start(
             }))
         }
     };
-    let limits = policy.limits.clone();
+    let kept = policy.clone();
     let agent = start_agent(service, policy, terms.max_lifetime).await?;
-    if terms.on_idle == OnIdle::Pause && agent.freezer().is_none() {
+    if terms.on_idle == OnIdle::Pause && agent.freezer().is_none() && agent.saver().is_none() {
         agent.kill();
         agent.close().await;
         return Err(ServiceError::BadRequest(format!(
@@ -212,7 +218,7 @@ async fn start(
             super::pause::cannot_freeze(&label.shape)
         )));
     }
-    let session = Arc::new(Session::new(caller.0.clone(), agent, limits, terms, label));
+    let session = Arc::new(Session::new(caller.0.clone(), agent, kept, terms, label));
     service.sessions.insert(session.clone());
     service.keep_record(&session);
     inc(&service.metrics.sessions_created);
@@ -222,10 +228,6 @@ async fn start(
         .set(i64::try_from(service.sessions.len()).unwrap_or(i64::MAX));
     Ok(Created::New(session.info()))
 }
-
-/// How long a session's sandbox outlives the session's lifetime: the reaper ends the session
-/// at its lifetime, as the server's own act, before the sandbox's timeout could kill it.
-const LIFETIME_MARGIN: Duration = Duration::from_secs(10);
 
 /// The policy of the session `spec` asks for, under the caller's rules as a run's is: its
 /// network, its minimum isolation, its images; with limits its agent can live under.
@@ -277,7 +279,7 @@ async fn start_agent(
             return Ok(agent);
         }
     }
-    let lifetime = lifetime + LIFETIME_MARGIN;
+    let lifetime = lifetime + crate::sessions::LIFETIME_MARGIN;
     Ok(AgentSandbox::start(service.engine.clone(), policy, lifetime, &[]).await?)
 }
 

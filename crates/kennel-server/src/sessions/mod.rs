@@ -21,6 +21,10 @@ pub use phase::{PausedPhase, Phase};
 /// (measured), and twice that leaves room for the code it runs.
 pub const MIN_MEMORY: u64 = 32 << 20;
 
+/// How long a session's sandbox outlives the session's lifetime: the reaper ends the session
+/// at its lifetime, as the server's own act, before the sandbox's timeout could kill it.
+pub const LIFETIME_MARGIN: Duration = Duration::from_secs(10);
+
 /// The fewest tasks a session's sandbox may have: its agent and its python kernel hold some
 /// (threads included), and a shell exec needs a few more to fork its commands; below this an
 /// exec fails to fork (EAGAIN) whatever its code.
@@ -63,6 +67,8 @@ pub struct Session {
     last_resume: Mutex<Option<ResumeReport>>,
     /// The generation of its last pause.
     generation: std::sync::atomic::AtomicU64,
+    /// The policy its sandbox runs under: what a saved session is restored with.
+    pub policy: Option<kennel_types::Policy>,
 }
 
 /// How long a session may live and idle, and what idling does.
@@ -85,10 +91,11 @@ impl Session {
     pub fn new(
         token_id: String,
         agent: AgentSandbox,
-        limits: Limits,
+        policy: kennel_types::Policy,
         terms: Terms,
         label: Label,
     ) -> Session {
+        let limits = policy.limits.clone();
         // Known once the sandbox has started, which it has: its agent answered.
         let isolation = agent.usage_now().map(|(i, _)| i).unwrap_or_default();
         Session {
@@ -112,7 +119,23 @@ impl Session {
             pausing: tokio::sync::Mutex::new(()),
             last_resume: Mutex::new(None),
             generation: 0.into(),
+            policy: Some(policy),
         }
+    }
+
+    /// Replaces its sandbox: none once a save has ended it, the restored one at resume.
+    pub fn set_agent(&self, agent: Option<Arc<AgentSandbox>>) {
+        *self.sandbox.write().unwrap_or_else(|p| p.into_inner()) = agent;
+    }
+
+    /// The generation of its last pause (0 before any).
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
+    }
+
+    /// Time left of its lifetime, for a sandbox restored now.
+    pub fn lifetime_left(&self) -> Duration {
+        self.life_left()
     }
 
     /// A session a server that is gone left a record of, as that record shows it: ended for
@@ -144,9 +167,53 @@ impl Session {
             pausing: tokio::sync::Mutex::new(()),
             last_resume: Mutex::new(info.last_resume.clone()),
             generation: info.paused.as_ref().map_or(0, |p| p.generation).into(),
+            policy: None,
         };
         session.end_as(reason);
         session
+    }
+
+    /// A session saved (paused as `saved`) by a server that is gone, as its record shows it:
+    /// paused still, with no sandbox, to be restored under `policy` by its next call.
+    pub fn saved_remnant(
+        token_id: String,
+        info: &SessionInfo,
+        paused: kennel_types::pause::Paused,
+        policy: kennel_types::Policy,
+        max_frozen: Duration,
+    ) -> Session {
+        let shape = Shape::of(&policy);
+        Session {
+            id: info.id.clone(),
+            token_id,
+            sandbox: RwLock::new(None),
+            limits: info.limits.clone(),
+            isolation: info.isolation.clone(),
+            created_unix_ms: u128::from(info.created_at_unix_ms),
+            created: Instant::now(),
+            last_used: Mutex::new(Instant::now()),
+            busy: AtomicUsize::new(0),
+            idle_ttl: Duration::from_secs(info.idle_ttl_s),
+            max_lifetime: Duration::from_secs(info.max_lifetime_s),
+            ended: OnceLock::new(),
+            closing: false.into(),
+            label: Label {
+                name: info.name.clone(),
+                metadata: info.metadata.clone(),
+                shape,
+            },
+            on_idle: info.on_idle,
+            max_frozen,
+            phase: Mutex::new(Phase::Paused(PausedPhase {
+                since: Instant::now(),
+                freezer: None,
+                info: paused.clone(),
+            })),
+            pausing: tokio::sync::Mutex::new(()),
+            last_resume: Mutex::new(info.last_resume.clone()),
+            generation: paused.generation.into(),
+            policy: Some(policy),
+        }
     }
 
     /// Its sandbox, while it has one.

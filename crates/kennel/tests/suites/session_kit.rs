@@ -288,3 +288,15 @@ fn wait_reaped(server: &Server, id: &str) {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// What background process `pid` of session `id` wrote to stdout, once it has exited.
+fn process_stdout(server: &Server, id: &str, pid: u64) -> String {
+    let output = format!("/v1/sessions/{id}/processes/{pid}/output");
+    let streamed = server.client.get_stream(&output, &[], |e| e.name != "exit");
+    streamed
+        .events
+        .iter()
+        .filter(|e| e.name == "stdout")
+        .map(|e| e.json()["text"].as_str().unwrap().to_string())
+        .collect()
+}

@@ -526,17 +526,6 @@ const USER_UNDER_RUNSC: &str = "invalid request: `user` is not offered under run
                                 runs as nobody); use tier \"native\", runtime \"crun\" or \
                                 \"runc\", or tier \"microvm\"";
 
-/// What background process `pid` of session `id` wrote to stdout, once it has exited.
-fn process_stdout(server: &Server, id: &str, pid: u64) -> String {
-    let output = format!("/v1/sessions/{id}/processes/{pid}/output");
-    let streamed = server.client.get_stream(&output, &[], |e| e.name != "exit");
-    streamed
-        .events
-        .iter()
-        .filter(|e| e.name == "stdout")
-        .map(|e| e.json()["text"].as_str().unwrap().to_string())
-        .collect()
-}
 
 /// `user` runs a shell exec, a python exec (in an interpreter of its own, beside the default
 /// one, whose state stays apart) and a background process as uid and gid 1000 with no

@@ -1,0 +1,233 @@
+//! A microVM session paused `saved` through the server: QEMU migrates the guest (its memory
+//! included) into the session's state directory and exits; the resume checks the state's
+//! manifest (its digests and its generation) before anything runs, and restores it. A Python
+//! variable, a file, and a counter talking over a TCP connection inside the guest come back
+//! and go on; an altered memory file and the previous generation's state (complete, with its
+//! own valid manifest) are refused with 409; a saved session outlives a SIGKILLed server.
+
+// The kit's helpers that these tests do not use.
+#![allow(dead_code)]
+
+/// The runtime this target runs the session under: the microvm tier.
+const RUNTIME: Option<&str> = Some("microvm");
+
+mod common;
+mod server_common;
+
+include!("suites/session_kit.rs");
+
+/// The guest's echo server and the counter that talks to it over one TCP connection: each
+/// line is the count and what the server echoed of it.
+const ECHO: &str = "import socket\ns = socket.socket()\ns.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+s.bind(('127.0.0.1', 7031))\ns.listen(1)\nc, _ = s.accept()\nwhile True:\n    d = c.recv(64)\n    if not d:\n        break\n    c.sendall(d)";
+const TALKER: &str = "import socket, time\nc = socket.create_connection(('127.0.0.1', 7031))\ni = 0\n\
+while True:\n    c.sendall(b'%d' % i)\n    print(i, c.recv(64).decode(), flush=True)\n    i += 1\n    time.sleep(0.2)";
+
+/// The state directory of session `id` on `server`.
+fn state_of(server: &Server, id: &str) -> std::path::PathBuf {
+    server.dir.join("sessions").join(format!("{id}.state"))
+}
+
+fn start(server: &Server, id: &str, code: &str) -> u64 {
+    let r = server.client.post_json(
+        &format!("/v1/sessions/{id}/processes"),
+        &json!({"argv": ["/usr/bin/python3", "-c", code]}),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    r.json()["pid"].as_u64().unwrap()
+}
+
+/// The QEMU processes below the server: the pool's clones and the sessions' VMs.
+fn qemus(server: &Server) -> HashSet<server_common::Proc> {
+    descendants(server.pid)
+        .into_iter()
+        .filter(|p| {
+            std::fs::read(format!("/proc/{}/cmdline", p.pid))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("qemu-system"))
+        })
+        .collect()
+}
+
+#[test]
+fn a_saved_session_comes_back_whole_and_no_other_state_is_resumed() {
+    let server = tier_server("pause-microvm", "");
+    let c = &server.client;
+    let id = open_session(&server, json!({}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (pause, resume) = (
+        format!("/v1/sessions/{id}/pause"),
+        format!("/v1/sessions/{id}/resume"),
+    );
+    session_py(&server, &id, "x = 41");
+    let put = c.put(
+        &format!("/v1/sessions/{id}/files/workspace/kept.txt"),
+        b"kept",
+    );
+    assert_eq!(put.status, 204, "{}", put.text());
+    start(&server, &id, ECHO);
+    std::thread::sleep(Duration::from_millis(500));
+    let talker = start(&server, &id, TALKER);
+    std::thread::sleep(Duration::from_secs(2));
+    // The pool has its clone again: the session's VM is the one QEMU more.
+    wait_for_clone(&server);
+    let before = qemus(&server);
+
+    let paused = c.post_json(&pause, &json!({}));
+    assert_eq!(paused.status, 200, "{}", paused.text());
+    let paused = paused.json();
+    let all = json!({"memory": true, "processes": true, "files": true, "connections": true});
+    assert_eq!(
+        (
+            &paused["keep"],
+            &paused["mechanism"],
+            &paused["kept"],
+            &paused["survives_restart"]
+        ),
+        (&json!("saved"), &json!("qemu-migrate"), &all, &json!(true)),
+        "{paused}"
+    );
+    assert!(
+        paused["state_bytes"].as_u64().unwrap() > 1 << 20,
+        "{paused}"
+    );
+    assert!(state_of(&server, &id).join("manifest.json").exists());
+    let after = qemus(&server);
+    assert!(
+        after.is_subset(&before) && after.len() + 1 == before.len(),
+        "the saved VM's QEMU is not gone: {before:?} -> {after:?}"
+    );
+    let (code, _) = c.post_json(&pause, &json!({})).error(409);
+    assert_eq!(code, "conflict");
+
+    // The previous generation's state, kept aside, complete and valid for its generation.
+    let aside = server.dir.join("aside");
+    copy_dir(&state_of(&server, &id), &aside);
+    let report = c.post(&resume, "");
+    assert_eq!(report.status, 200, "{}", report.text());
+    let report = report.json();
+    assert_eq!(
+        (
+            &report["memory"],
+            &report["digests_matched"],
+            &report["generation"],
+            &report["files_restored"]
+        ),
+        (&json!("restored"), &json!(true), &json!(1), &json!(true)),
+        "{report}"
+    );
+    assert_eq!(report["processes_running"], 2, "{report}");
+    assert!(
+        !state_of(&server, &id).exists(),
+        "a resumed state is history"
+    );
+    assert_eq!(session_py(&server, &id, "print(x + 1)"), "42\n");
+    assert_eq!(
+        c.get(&format!("/v1/sessions/{id}/files/workspace/kept.txt"))
+            .body,
+        b"kept"
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        c.delete(&format!("/v1/sessions/{id}/processes/{talker}"))
+            .status,
+        204
+    );
+    let lines: Vec<String> = process_stdout(&server, &id, talker)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    let expected: Vec<String> = (0..lines.len()).map(|i| format!("{i} {i}")).collect();
+    assert_eq!(
+        lines, expected,
+        "the counter and its connection went on from where they were"
+    );
+
+    // Paused again (generation 2): its memory file altered is refused, and so is generation
+    // 1's state put in its place; the session stays paused.
+    assert_eq!(
+        c.post_json(&pause, &json!({"keep": "saved"})).json()["generation"],
+        2
+    );
+    let memory = state_of(&server, &id).join("memory");
+    let mut bytes = std::fs::read(&memory).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0xff;
+    std::fs::write(&memory, &bytes).unwrap();
+    let (code, message) = c.post(&resume, "").error(409);
+    assert_eq!(code, "conflict");
+    assert!(
+        message.contains("was altered (memory does not match its manifest)"),
+        "{message}"
+    );
+    let (code, _) = c
+        .exec_resp(&id, &json!({"language": "python", "code": "x"}))
+        .error(409);
+    assert_eq!(
+        code, "conflict",
+        "a call does not resume an altered state either"
+    );
+    std::fs::remove_dir_all(state_of(&server, &id)).unwrap();
+    copy_dir(&aside, &state_of(&server, &id));
+    let (code, message) = c.post(&resume, "").error(409);
+    assert_eq!(code, "conflict");
+    assert!(
+        message.contains("generation 1, and the session's current one is 2"),
+        "{message}"
+    );
+    assert_eq!(
+        c.get(&format!("/v1/sessions/{id}")).json()["state"],
+        "paused"
+    );
+    assert_eq!(c.delete(&format!("/v1/sessions/{id}")).status, 204);
+    assert!(
+        !state_of(&server, &id).exists(),
+        "a deleted session's state stayed"
+    );
+}
+
+/// A saved session outlives its server: SIGKILLed, restarted on the same records and job
+/// table, the server lists it paused, and its next call restores it with its state.
+#[test]
+fn a_saved_session_outlives_a_sigkilled_server() {
+    let dir = server_common::test_dir("pause-microvm-state");
+    let (db, records) = (dir.join("jobs.sqlite"), dir.join("sessions"));
+    // A token: a server without one names its caller by its address, which a restart changes.
+    let extra = format!("[jobs]\ndb = {db:?}\n[[tokens]]\nid = \"a\"\ntoken = \"{TOKEN}\"\n");
+    tier();
+    let env = [("KENNEL_SESSIONS_DIR", records.to_str().unwrap())];
+    let first = Server::start_with("pause-microvm-1", &suite_config(&extra), &env, Some(TOKEN));
+    wait_for_clone(&first);
+    let id = open_session(&first, json!({"name": "kept"}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    session_py(&first, &id, "x = 6");
+    let r = first.client.post_json(
+        &format!("/v1/sessions/{id}/pause"),
+        &json!({"keep": "saved"}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    first.signal(libc::SIGKILL);
+    drop(first);
+    let second = Server::start_with("pause-microvm-2", &suite_config(&extra), &env, Some(TOKEN));
+    let shown = second.client.get(&format!("/v1/sessions/{id}")).json();
+    assert_eq!(
+        (&shown["state"], &shown["paused"]["keep"]),
+        (&json!("paused"), &json!("saved")),
+        "{shown}"
+    );
+    assert_eq!(session_py(&second, &id, "print(x * 7)"), "42\n");
+    let shown = second.client.get(&format!("/v1/sessions/{id}")).json();
+    assert_eq!(shown["last_resume"]["memory"], "restored", "{shown}");
+}
+
+const TOKEN: &str = "pause-microvm-0123456789abcdef";
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
