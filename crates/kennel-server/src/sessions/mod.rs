@@ -141,34 +141,10 @@ impl Session {
     /// A session a server that is gone left a record of, as that record shows it: ended for
     /// `reason`, with no sandbox.
     pub fn remnant(token_id: String, info: &SessionInfo, reason: EndReason) -> Session {
-        let session = Session {
-            id: info.id.clone(),
-            token_id,
-            sandbox: RwLock::new(None),
-            limits: info.limits.clone(),
-            isolation: info.isolation.clone(),
-            created_unix_ms: u128::from(info.created_at_unix_ms),
-            created: Instant::now(),
-            last_used: Mutex::new(Instant::now()),
-            busy: AtomicUsize::new(0),
-            idle_ttl: Duration::from_secs(info.idle_ttl_s),
-            max_lifetime: Duration::from_secs(info.max_lifetime_s),
-            ended: OnceLock::new(),
-            closing: false.into(),
-            // Never compared: an ended session has freed its name.
-            label: Label {
-                name: info.name.clone(),
-                metadata: info.metadata.clone(),
-                shape: Shape::of(&kennel_types::Policy::default()),
-            },
-            on_idle: info.on_idle,
-            max_frozen: Duration::ZERO,
-            phase: Mutex::new(Phase::Running),
-            pausing: tokio::sync::Mutex::new(()),
-            last_resume: Mutex::new(info.last_resume.clone()),
-            generation: info.paused.as_ref().map_or(0, |p| p.generation).into(),
-            policy: None,
-        };
+        let generation = info.paused.as_ref().map_or(0, |p| p.generation);
+        // Never compared: an ended session has freed its name.
+        let shape = Shape::of(&kennel_types::Policy::default());
+        let session = Session::recorded(token_id, info, shape, Phase::Running, generation);
         session.end_as(reason);
         session
     }
@@ -182,7 +158,28 @@ impl Session {
         policy: kennel_types::Policy,
         max_frozen: Duration,
     ) -> Session {
+        let generation = paused.generation;
+        let phase = Phase::Paused(PausedPhase {
+            since: Instant::now(),
+            freezer: None,
+            info: paused,
+        });
         let shape = Shape::of(&policy);
+        Session {
+            max_frozen,
+            policy: Some(policy),
+            ..Session::recorded(token_id, info, shape, phase, generation)
+        }
+    }
+
+    /// A session without a sandbox, as its record shows it, in `phase`.
+    fn recorded(
+        token_id: String,
+        info: &SessionInfo,
+        shape: Shape,
+        phase: Phase,
+        generation: u64,
+    ) -> Session {
         Session {
             id: info.id.clone(),
             token_id,
@@ -203,16 +200,12 @@ impl Session {
                 shape,
             },
             on_idle: info.on_idle,
-            max_frozen,
-            phase: Mutex::new(Phase::Paused(PausedPhase {
-                since: Instant::now(),
-                freezer: None,
-                info: paused.clone(),
-            })),
+            max_frozen: Duration::ZERO,
+            phase: Mutex::new(phase),
             pausing: tokio::sync::Mutex::new(()),
             last_resume: Mutex::new(info.last_resume.clone()),
-            generation: paused.generation.into(),
-            policy: Some(policy),
+            generation: generation.into(),
+            policy: None,
         }
     }
 
