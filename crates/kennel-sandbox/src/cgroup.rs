@@ -561,17 +561,33 @@ fn kill_members(dir: &Path) -> bool {
 }
 
 fn remove(layout: &Layout) {
-    for dir in layout.dirs() {
+    let dirs = layout.dirs();
+    // Thawed in every hierarchy before any is removed: a v1 freezer is a hierarchy of its
+    // own, and the processes it holds frozen make every other hierarchy's removal wait.
+    dirs.iter().for_each(|d| thaw_tree(d));
+    for dir in dirs {
         remove_tree(dir);
+    }
+}
+
+/// Thaws `dir` and every cgroup beneath it where it is a v1 freezer's (thawing a parent
+/// leaves a child frozen by its own `freezer.state` frozen).
+fn thaw_tree(dir: &Path) {
+    if !dir.join("freezer.state").exists() {
+        return;
+    }
+    let _ = fs::write(dir.join("freezer.state"), "THAWED");
+    for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            thaw_tree(&entry.path());
+        }
     }
 }
 
 /// Removes `dir` after its sub-cgroups (an OCI runtime's, say), deepest first; thawed first,
 /// so that a frozen sandbox's processes (a v1 freezer holds their SIGKILL back) can die.
 fn remove_tree(dir: &Path) {
-    if dir.join("freezer.state").exists() {
-        let _ = fs::write(dir.join("freezer.state"), "THAWED");
-    }
+    thaw_tree(dir);
     if let Ok(entries) = fs::read_dir(dir) {
         for entry in entries.flatten() {
             if entry.file_type().is_ok_and(|t| t.is_dir()) {
@@ -583,15 +599,21 @@ fn remove_tree(dir: &Path) {
 }
 
 fn remove_dir(dir: &Path) {
-    for attempt in 0..400 {
-        if !dir.exists() {
-            break;
-        }
+    // A killed process leaves its cgroups only once it has exited, which a loaded machine
+    // (or one freeing a large memory) can take seconds to finish: a cgroup given up on is a
+    // leak nothing else removes before the next server start.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut pause = Duration::from_millis(5);
+    while dir.exists() {
         kill_members(dir);
         match fs::remove_dir(dir) {
             Ok(()) => break,
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && attempt < 399 => {
-                std::thread::sleep(Duration::from_millis(5))
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                if std::time::Instant::now() >= deadline {
+                    break;
+                }
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(100));
             }
             Err(_) => break,
         }
@@ -627,17 +649,15 @@ pub fn sweep_stale_once() {
 /// Removes cgroups left behind by supervisors that are gone (killed with SIGKILL, say), in
 /// every hierarchy.
 fn sweep_stale() {
-    for dir in own_dirs_everywhere() {
-        let Ok(entries) = fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if is_stale(&name) {
-                remove_tree(&dir.join(&name));
-            }
-        }
-    }
+    let stale: Vec<PathBuf> = own_dirs_everywhere()
+        .iter()
+        .flat_map(|dir| fs::read_dir(dir).into_iter().flatten().flatten())
+        .filter(|entry| is_stale(&entry.file_name().to_string_lossy()))
+        .map(|entry| entry.path())
+        .collect();
+    // Thawed everywhere first, as in `remove`: the freezer's hierarchy may be listed last.
+    stale.iter().for_each(|d| thaw_tree(d));
+    stale.iter().for_each(|d| remove_tree(d));
 }
 
 /// A probe of the supervisor's own cgroups (what `kennel doctor` asks of them).

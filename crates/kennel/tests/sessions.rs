@@ -898,6 +898,7 @@ fn a_restarted_server_lists_named_and_frozen_sessions_as_lost() {
     expected.sort();
     assert_eq!(kept, expected, "only named and paused sessions are kept");
     let below = descendants(first.pid);
+    let first_pid = first.pid;
     first.signal(libc::SIGKILL);
     drop(first);
     // The running sandbox dies with its server (its parent-death signal); the frozen one
@@ -907,6 +908,12 @@ fn a_restarted_server_lists_named_and_frozen_sessions_as_lost() {
         survivors(&below, Duration::from_secs(10)),
         Vec::<Proc>::new()
     );
+    // And its cgroups go in every hierarchy, the freezer's listed after the others or not.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !kennel_cgroups_of(first_pid).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(kennel_cgroups_of(first_pid), Vec::<String>::new());
     let c = &second.client;
     let all = c.get("/v1/sessions").json();
     let mut ids: Vec<&str> = all

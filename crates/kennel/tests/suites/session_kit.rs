@@ -280,9 +280,9 @@ impl Footprint {
     }
 }
 
-/// Waits (up to 30 s) until `GET /v1/sessions/{id}` answers 404: the reaper ended it.
+/// Waits (up to 60 s) until `GET /v1/sessions/{id}` answers 404: the reaper ended it.
 fn wait_reaped(server: &Server, id: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(60);
     while server.client.get(&format!("/v1/sessions/{id}")).status != 404 {
         assert!(Instant::now() < deadline, "session {id} was never reaped");
         std::thread::sleep(Duration::from_millis(100));
