@@ -60,7 +60,7 @@ fn a_saved_session_comes_back_whole_and_no_other_state_is_resumed() {
         format!("/v1/sessions/{id}/pause"),
         format!("/v1/sessions/{id}/resume"),
     );
-    session_py(&server, &id, "x = 41");
+    session_py(&server, &id, "x = 41\nimport random\nrandom.seed(7)");
     let put = c.put(
         &format!("/v1/sessions/{id}/files/workspace/kept.txt"),
         b"kept",
@@ -123,6 +123,10 @@ fn a_saved_session_comes_back_whole_and_no_other_state_is_resumed() {
         "a resumed state is history"
     );
     assert_eq!(session_py(&server, &id, "print(x + 1)"), "42\n");
+    // Its generators were seeded afresh at the resume: the draw seed 7 gives first is not
+    // the one that comes next.
+    let fresh = "print(random.random() != random.Random(7).random())";
+    assert_eq!(session_py(&server, &id, fresh), "True\n");
     assert_eq!(
         c.get(&format!("/v1/sessions/{id}/files/workspace/kept.txt"))
             .body,

@@ -72,7 +72,9 @@ Requests
     shows it: ``sys.argv == ["-c"]``, tracebacks name ``"<string>"``, and the timeout kills
     the kernel at once (``signal`` 9) instead of interrupting it. With ``"user": "user"`` the
     code runs in a second kernel, started on the first such exec as uid 1000, with the same
-    rules and a state of its own.
+    rules and a state of its own. ``"reseed": true`` (any exec's, the first after the server
+    resumed a paused session) has every kernel seed its ``random`` and numpy generators afresh
+    from the kernel's pool before its next exec, as a new interpreter's are.
 
     A session exec (not one-shot) has rich results, made by rich.py (its docstring has the
     rules), which the kernel compiles on its first session exec: the value of the last
@@ -1095,8 +1097,8 @@ def error_shape(error):
 # /dev/null and every other inherited fd closed except its end of a Unix socketpair. Per exec
 # the agent sends over that socket a HEADER_SIZE-digit length with three fds attached
 # (SCM_RIGHTS: the exec's stdin, stdout and stderr pipes), then the request as JSON
-# ({"code", "one_shot", "rich", "limit", "figures"}). The kernel dup2s the fds onto 0, 1
-# and 2, answers "started\n" once SIGINT would interrupt the code, runs it, flushes, puts 0,
+# ({"code", "one_shot", "rich", "limit", "figures", "reseed"}). The kernel dup2s the fds onto
+# 0, 1 and 2, answers "started\n" once SIGINT would interrupt the code, runs it, flushes, puts 0,
 # 1 and 2 back on /dev/null (so the pipes reach EOF) and answers "exit <status> <cpu_ns>
 # <peak>\n". A rich exec (a session's, or a rich one-shot) also sends "display <json>\n"
 # for each rich output as it comes (and waits for the agent's one-byte answer), and
@@ -1223,9 +1225,10 @@ def run_exec(sock, state, request, fds):
         sys.stderr = sys.__stderr__ = output_stream(2, unbuffered=True)
         reseed_generators()
     else:
-        if not SEEDED:
+        if not SEEDED or request.get("reseed"):
             # A session's kernel may be a microVM clone's, whose generators are its
-            # snapshot's: its first exec seeds them as a fresh interpreter's would be.
+            # snapshot's: its first exec seeds them as a fresh interpreter's would be; and
+            # so does its first after a resume.
             reseed_generators()
         see_new_packages()
     runner = plain_run
@@ -1448,6 +1451,7 @@ class Kernel:
         self.killed_running = False
         self.usage = None  # what the last exec used, by the kernel's own account
         self.rich_sent = False  # whether an exec request carried rich.py's source to it
+        self.reseed = False  # whether its generators are to be seeded afresh (a resume)
 
     @classmethod
     def start(cls, cwd, user="default"):
@@ -1904,6 +1908,12 @@ class Agent:
 
     def op_exec(self, rid, request):
         kind = field(request, "kind", str)
+        if field(request, "reseed", bool, False):
+            # The sandbox was resumed: every kernel's generators are seeded afresh at its next
+            # exec, as a clone's are at its first.
+            for kernel in self.kernels.values():
+                if kernel is not None:
+                    kernel.reseed = True
         if kind == "shell":
             self.exec_shell(rid, request)
         elif kind == "python":
@@ -1989,7 +1999,8 @@ class Agent:
         interpreter = {"restarted": False, "crashed": False, "reason": None}
         kernel = self.live_kernel(interpreter, user)
         to_kernel = {"code": code, "one_shot": one_shot, "rich": with_rich, "limit": limit,
-                     "figures": figures}
+                     "figures": figures, "reseed": kernel.reseed}
+        kernel.reseed = False
         if with_rich and not kernel.rich_sent:
             to_kernel["rich_source"] = lazy_source("rich")
         child_fds, ours = make_pipes(stdin is not None)

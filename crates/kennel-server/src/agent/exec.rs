@@ -61,6 +61,7 @@ impl AgentSandbox {
             stdin_b64: exec.stdin.map(|s| encode(s.as_bytes())),
             figure_formats: exec.figure_formats,
             user: exec.user,
+            reseed: self.reseed.swap(false, std::sync::atomic::Ordering::SeqCst),
         };
         let (mut out, mut err) = (Vec::new(), Vec::new());
         let (mut results, mut budget, mut dropped) = (Vec::new(), exec.output_limit, false);

@@ -42,6 +42,7 @@ impl AgentSandbox {
             self.frozen.now.store(false, Ordering::SeqCst);
             // Calls that waited across the freeze count their time from now.
             self.frozen.count.fetch_add(1, Ordering::SeqCst);
+            self.reseed.store(true, Ordering::SeqCst);
         }
         outcome
     }

@@ -33,6 +33,9 @@ pub enum Request<'a> {
         /// Who runs it (left out for the default, which is all a pooled run knows).
         #[serde(skip_serializing_if = "User::is_default")]
         user: User,
+        /// The first exec after a resume: every python kernel seeds its generators afresh.
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        reseed: bool,
     },
     Write {
         path: &'a str,
@@ -342,6 +345,7 @@ mod tests {
             figure_formats: Some(&[FigureFormat::Png, FigureFormat::Svg]),
             rich: false,
             user: User::Default,
+            reseed: false,
         };
         assert_eq!(
             wire(&python),
@@ -358,6 +362,7 @@ mod tests {
             figure_formats: None,
             rich: false,
             user: User::Default,
+            reseed: false,
         };
         assert_eq!(
             wire(&shell),
@@ -373,8 +378,10 @@ mod tests {
             figure_formats: None,
             rich: false,
             user: User::User,
+            reseed: true,
         };
         assert_eq!(wire(&as_user)["user"], "user");
+        assert_eq!(wire(&as_user)["reseed"], true);
         let path = "/workspace/a";
         let b64 = "eA==".to_string();
         for (request, want) in [

@@ -45,6 +45,9 @@ pub struct AgentSandbox {
     /// Whether its processes are frozen (a session's `frozen` pause), and how many times they
     /// have been: a call that waited across a freeze is not timed out for it.
     pub(super) frozen: Frozen,
+    /// Whether the next exec is the first since the sandbox was resumed (thawed or
+    /// restored): it has the agent seed every kernel's generators afresh.
+    pub(super) reseed: AtomicBool,
 }
 
 impl AgentSandbox {

@@ -115,6 +115,7 @@ impl AgentSandbox {
     ) -> Result<AgentSandbox, Error> {
         let boot = boot_line_off_runtime().await;
         let microvm = req.policy.tier == Tier::Microvm;
+        let restored = req.restore.is_some();
         let ready_within = Duration::from_secs(if microvm { 300 } else { 30 });
         let (reader, writer) = std::io::pipe().map_err(Error::io("creating the agent's stdin"))?;
         let router = Arc::new(Router::default());
@@ -160,6 +161,7 @@ impl AgentSandbox {
             saved,
             started: Instant::now(),
             frozen: super::sandbox::Frozen::default(),
+            reseed: AtomicBool::new(restored),
         };
         match agent.call(&Request::Ping, ready_within, |_| {}).await {
             Ok(_) => {

@@ -401,6 +401,19 @@ class AgentTest(AgentCase):
         self.assertEqual(float(kept), __import__("random").Random(5).random())
         self.assertNotEqual(float(fresh), float(kept))
 
+    def test_a_reseed_reaches_the_next_python_exec_once_even_by_a_shell_exec(self):
+        # The first exec after a resume carries "reseed": every kernel's generators are seeded
+        # afresh before its next python exec, and only that one.
+        draws = "print(random.random())\nrandom.seed(5)"
+        self.python("import random\nrandom.seed(5)")
+        _, kept, _ = self.python(draws)
+        self.shell("true", reseed=True)
+        _, fresh, _ = self.python(draws)
+        _, again, _ = self.python(draws)
+        first = __import__("random").Random(5).random()
+        self.assertEqual((float(kept), float(again)), (first, first))
+        self.assertNotEqual(float(fresh), first)
+
     def test_python_exception(self):
         result, out, err = self.python("print('before')\ndef g():\n    1/0\ng()")
         self.assertEqual(result["exit_code"], 1)

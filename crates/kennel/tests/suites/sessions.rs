@@ -685,7 +685,7 @@ fn a_frozen_pause_keeps_memory_processes_and_files_and_resumes_on_the_next_call(
         assert!(message.contains("pauses as `saved`"), "{message}");
         return;
     }
-    session_py(&server, &id, "x = 41");
+    session_py(&server, &id, "x = 41\nimport random\nrandom.seed(7)");
     assert_eq!(c.put(&format!("/v1/sessions/{id}/files/workspace/kept.txt"), b"kept").status, 204);
     let counter = "import time\ni = 0\nwhile True:\n    print(i, time.monotonic(), flush=True)\n    \
                    i += 1\n    time.sleep(0.05)";
@@ -735,6 +735,10 @@ fn a_frozen_pause_keeps_memory_processes_and_files_and_resumes_on_the_next_call(
     );
     assert_eq!((&report["files_restored"], &report["digests_matched"]), (&json!(true), &json!(null)));
     assert_eq!(session_py(&server, &id, "print(x + 1)"), "42\n");
+    // Its generators were seeded afresh at the resume: the draw seed 7 gives first is not
+    // the one that comes next.
+    let fresh = "print(random.random() != random.Random(7).random())";
+    assert_eq!(session_py(&server, &id, fresh), "True\n");
     assert_eq!(c.get(&format!("/v1/sessions/{id}/files/workspace/kept.txt")).body, b"kept");
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(c.delete(&format!("/v1/sessions/{id}/processes/{pid}")).status, 204);
