@@ -68,7 +68,7 @@ pub use doctor::{checks as doctor, Check};
 pub use image::{Staging, Store, DEFAULT_STATE_DIR};
 pub use microvm::artifacts::{Manifest, Unprepared, VmDir, BASE_IMAGE};
 pub use oci::export_bundle;
-pub use state::StateDir;
+pub use state::{free_bytes, StateDir};
 
 /// What a backend built outside this crate (`kennel-docker`) makes its runs from, so that it
 /// checks a request, shows the filesystem, confines and reports exactly as the tiers here do.

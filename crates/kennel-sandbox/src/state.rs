@@ -92,6 +92,12 @@ fn under_tmp(path: &Path) -> bool {
     absolute.starts_with(tmp) || resolved.starts_with(&real_tmp)
 }
 
+/// The bytes that may still be written on the filesystem holding `path` (what a server
+/// weighs a saved state against before it writes one).
+pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
+    crate::sys::free_bytes(path)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -227,6 +227,52 @@ fn a_saved_session_outlives_a_sigkilled_server() {
     assert_eq!(shown["last_resume"]["memory"], "restored", "{shown}");
 }
 
+/// Saved states are weighed before anything is written: past the token's `quota.disk` (each
+/// counted at its memory limit) a `saved` pause is a 429, and one that would leave the state
+/// directory's filesystem less free than `[state] reserve` is a 507; the refused session runs
+/// on with its state, and nothing of a state is written. Room made (the saved one resumed),
+/// the other saves.
+#[test]
+fn a_save_past_the_disk_quota_or_the_reserve_is_refused_and_loses_nothing() {
+    tier();
+    let token = format!("[[tokens]]\nid = \"a\"\ntoken = \"{TOKEN}\"\n");
+    let extra = format!("[quota]\ndisk = \"700M\"\n{token}");
+    let server = Server::start_with("pause-microvm-disk", &suite_config(&extra), &[], Some(TOKEN));
+    wait_for_clone(&server);
+    let c = &server.client;
+    let id_of = |v: Value| v["id"].as_str().unwrap().to_string();
+    let pause = |id: &str| format!("/v1/sessions/{id}/pause");
+    let first = id_of(open_session(&server, json!({})));
+    let second = id_of(open_session(&server, json!({"limits": {"memory": "256M"}})));
+    session_py(&server, &second, "y = 2");
+    let r = c.post_json(&pause(&first), &json!({}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let (code, message) = c.post_json(&pause(&second), &json!({})).error(429);
+    assert_eq!(code, "quota_exceeded");
+    assert!(
+        message.contains("to 768M, past its disk quota (quota.disk) of 700M"),
+        "{message}"
+    );
+    assert!(!state_of(&server, &second).exists(), "a refused save wrote its state");
+    assert_eq!(session_py(&server, &second, "print(y)"), "2\n");
+    let r = c.post(&format!("/v1/sessions/{first}/resume"), "");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = c.post_json(&pause(&second), &json!({"keep": "saved"}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    drop(server);
+
+    // A reserve no disk has: every save is refused, before anything is written.
+    let extra = format!("[pool]\npython = 0\nbash = 0\n[state]\nreserve = \"1000000G\"\n{token}");
+    let server = Server::start_with("pause-microvm-reserve", &extra, &[], Some(TOKEN));
+    let id = id_of(open_session(&server, json!({})));
+    session_py(&server, &id, "z = 3");
+    let (code, message) = server.client.post_json(&pause(&id), &json!({})).error(507);
+    assert_eq!(code, "insufficient_storage");
+    assert!(message.contains("([state] reserve, 1000000G)"), "{message}");
+    assert!(!state_of(&server, &id).exists(), "a refused save wrote its state");
+    assert_eq!(session_py(&server, &id, "print(z)"), "3\n");
+}
+
 const TOKEN: &str = "pause-microvm-0123456789abcdef";
 
 fn copy_dir(from: &std::path::Path, to: &std::path::Path) {

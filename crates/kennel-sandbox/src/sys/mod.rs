@@ -256,6 +256,12 @@ pub fn pivot_root(new_root: &str, put_old: &str) -> io::Result<()> {
     Ok(rustix::process::pivot_root(new_root, put_old)?)
 }
 
+/// The bytes an unprivileged writer may still use on the filesystem holding `path`.
+pub fn free_bytes(path: &std::path::Path) -> io::Result<u64> {
+    let st = rustix::fs::statvfs(path)?;
+    Ok(st.f_bavail.saturating_mul(st.f_frsize))
+}
+
 /// The `MS_*` flags a mount point already has, which a remount inside a user namespace must
 /// keep (the kernel refuses to clear locked flags such as nosuid or nodev).
 pub fn mount_flags_of(path: &str) -> io::Result<libc::c_ulong> {

@@ -83,6 +83,10 @@ pub struct Quota {
     pub sessions: Option<usize>,
     /// Runs and execs one token may have under way at once.
     pub runs: Option<usize>,
+    /// What one token's saved sessions may take on disk together, each counted by its
+    /// declared size (its memory limit, the most its saved memory can be); unset, no cap
+    /// beyond `[state] reserve`.
+    pub disk: Option<ByteSize>,
 }
 
 /// A token's quota in force.
@@ -321,6 +325,25 @@ pub struct ServerConfig {
     pub mcp: Mcp,
     /// Requests and streams open at once, and how long a client may leave an answer unread.
     pub connections: Connections,
+    /// The state directory's disk.
+    pub state: State,
+}
+
+/// The disk under the state directory, where saved sessions are kept.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct State {
+    /// What a save must leave free on the filesystem it is written to: one that would leave
+    /// less (counting the state at its declared size) is refused with 507.
+    pub reserve: ByteSize,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        State {
+            reserve: ByteSize(1 << 30),
+        }
+    }
 }
 
 /// What open requests may hold: each holds its answer (or its stream) until the client has
@@ -389,6 +412,7 @@ impl Default for ServerConfig {
             callbacks: Callbacks::default(),
             mcp: Mcp::default(),
             connections: Connections::default(),
+            state: State::default(),
         }
     }
 }
@@ -617,6 +641,15 @@ impl ServerConfig {
             }
         }
         Ok(())
+    }
+
+    /// What the saved sessions of `token_id` may take on disk together (`quota.disk`, its
+    /// token's or the server's), if anything caps it.
+    pub fn disk_quota(&self, token_id: &str) -> Option<u64> {
+        let own = self.tokens.iter().find(|t| t.id == token_id);
+        own.and_then(|t| t.quota.disk)
+            .or(self.quota.disk)
+            .map(|b| b.0)
     }
 
     /// The share of the server the caller `token_id` may use; `None` when the server has no

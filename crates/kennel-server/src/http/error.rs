@@ -58,6 +58,7 @@ pub fn status(e: &ServiceError) -> StatusCode {
         ServiceError::SessionEnded(_) => StatusCode::GONE,
         ServiceError::Busy(_) | ServiceError::QuotaExceeded(_) => StatusCode::TOO_MANY_REQUESTS,
         ServiceError::Unsupported(_) => StatusCode::SERVICE_UNAVAILABLE,
+        ServiceError::InsufficientStorage(_) => StatusCode::INSUFFICIENT_STORAGE,
         ServiceError::SandboxFailed(_) | ServiceError::Internal(_) => {
             StatusCode::INTERNAL_SERVER_ERROR
         }

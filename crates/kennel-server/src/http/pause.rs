@@ -22,6 +22,10 @@ use kennel_types::pause::{PauseSpec, Paused, ResumeReport};
         (status = 409, description = "The session is paused already, or busy (an exec or file \
             operation under way), or its processes did not all stop in time (it runs: try again)"),
         (status = 410, description = "The session's sandbox has ended"),
+        (status = 429, description = "Saving it would take this token's saved sessions past its \
+            disk quota (`quota.disk`, each counted at its memory limit)"),
+        (status = 507, description = "Saving it would leave the server's state directory less \
+            free space than it keeps in reserve (`[state] reserve`)"),
     ))]
 pub async fn pause(
     State(state): State<Shared>,

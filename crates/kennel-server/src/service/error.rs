@@ -38,6 +38,10 @@ pub enum ServiceError {
     /// This host cannot enforce a layer the request needs.
     #[error("{0}")]
     Unsupported(String),
+    /// The state directory's filesystem would be left with less than the server keeps free
+    /// (`[state] reserve`).
+    #[error("{0}")]
+    InsufficientStorage(String),
     /// The sandbox could not be set up, or broke.
     #[error("{0}")]
     SandboxFailed(String),
@@ -118,6 +122,7 @@ impl ServiceError {
             ServiceError::Busy(_) => "busy",
             ServiceError::QuotaExceeded(_) => "quota_exceeded",
             ServiceError::Unsupported(_) => "unsupported",
+            ServiceError::InsufficientStorage(_) => "insufficient_storage",
             ServiceError::SandboxFailed(_) => "sandbox_failed",
             ServiceError::Internal(_) => "internal",
         }

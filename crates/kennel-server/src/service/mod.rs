@@ -10,6 +10,7 @@ mod action;
 mod admit;
 pub mod callback;
 mod counts;
+mod disk;
 mod error;
 pub mod jobs;
 mod kept;

@@ -41,17 +41,20 @@ fn cannot_save(shape: &Shape) -> String {
     format!("this session cannot be kept `saved`: {how}; pause it with `\"keep\": \"frozen\"`")
 }
 
-/// The `keep` a pause gives: the one asked for, or by default `saved` where the tier can,
-/// else `frozen`; refused (400, with the reason) where the tier cannot give it.
+/// The `keep` a pause gives: the one asked for, or by default `saved` where the tier can and
+/// the disk has `room` for it, else `frozen`; refused (400, with the reason) where the tier
+/// cannot give it, and with `room`'s refusal where the disk has none for a `saved` one.
 fn keep_for(
     asked: Option<Keep>,
     shape: &Shape,
     can_save: bool,
+    room: Result<(), ServiceError>,
     can_freeze: bool,
 ) -> Result<Keep, ServiceError> {
     match asked {
-        Some(Keep::Saved) | None if can_save => Ok(Keep::Saved),
+        Some(Keep::Saved) if can_save => room.map(|()| Keep::Saved),
         Some(Keep::Saved) => Err(ServiceError::BadRequest(cannot_save(shape))),
+        None if can_save && (room.is_ok() || !can_freeze) => room.map(|()| Keep::Saved),
         Some(Keep::Frozen) | None if can_freeze => Ok(Keep::Frozen),
         Some(Keep::Frozen) | None => Err(ServiceError::BadRequest(format!(
             "this session cannot be paused: {}",
@@ -118,7 +121,11 @@ pub(super) async fn pause_session(
     let freezer = agent.freezer();
     let saver = agent.saver().filter(|_| service.records.is_some());
     let shape = &session.label.shape;
-    let keep = keep_for(keep, shape, saver.is_some(), freezer.is_some())?;
+    let room = match (&saver, &service.records) {
+        (Some(_), Some(records)) => super::disk::room_for(service, session, records.dir()),
+        _ => Ok(()),
+    };
+    let keep = keep_for(keep, shape, saver.is_some(), room, freezer.is_some())?;
     let paused = match (keep, saver, freezer) {
         (Keep::Saved, Some(saver), _) => super::save::save(service, session, &agent, saver).await?,
         (Keep::Frozen, _, Some(freezer)) => freeze(session, &agent, freezer).await?,

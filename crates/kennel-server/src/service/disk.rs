@@ -1,0 +1,76 @@
+//! The disk a `saved` pause takes: each saved session is counted at its declared size (its
+//! memory limit, the most its saved memory can be, whatever the save then writes), against
+//! its token's `quota.disk`, and no save may leave the state directory's filesystem less than
+//! `[state] reserve` free. Both are weighed before anything is written.
+
+use std::path::Path;
+
+use super::error::{Refusal, ServiceError};
+use super::state::Service;
+use crate::sessions::Session;
+use kennel_types::pause::Keep;
+use kennel_types::policy::ByteSize;
+
+/// The size `session`'s saved state is counted at.
+pub(super) fn declared(session: &Session) -> u64 {
+    session.limits.memory.0
+}
+
+/// `n` bytes in whole MiB, as a free space is said (it is rarely a round number).
+fn mib(n: u64) -> String {
+    format!("{} MiB", n >> 20)
+}
+
+/// Whether `session` is paused as `saved` (its state on disk).
+fn is_saved(session: &Session) -> bool {
+    session
+        .phase()
+        .paused()
+        .is_some_and(|p| p.info.keep == Keep::Saved)
+}
+
+/// What the token's other saved sessions take, counted at their declared sizes.
+fn held_by(service: &Service, session: &Session) -> u64 {
+    service
+        .sessions
+        .list()
+        .iter()
+        .filter(|s| s.token_id == session.token_id && s.id != session.id && is_saved(s))
+        .map(|s| declared(s))
+        .sum()
+}
+
+/// Refuses a save of `session` into `dir` past its token's disk quota (429) or the server's
+/// reserve (507).
+pub(super) fn room_for(service: &Service, session: &Session, dir: &Path) -> Result<(), ServiceError> {
+    let size = declared(session);
+    if let Some(quota) = service.config.disk_quota(&session.token_id) {
+        let held = held_by(service, session);
+        if held.saturating_add(size) > quota {
+            return Err(ServiceError::QuotaExceeded(Refusal::from(format!(
+                "saving this session ({} at its memory limit) would take this token's saved \
+                 sessions to {}, past its disk quota (quota.disk) of {}; end or resume one of \
+                 them first, or pause this one with `\"keep\": \"frozen\"` where its tier can",
+                ByteSize(size),
+                ByteSize(held.saturating_add(size)),
+                ByteSize(quota)
+            ))));
+        }
+    }
+    let reserve = service.config.state.reserve.0;
+    let free = kennel_sandbox::free_bytes(dir).map_err(|e| {
+        ServiceError::Internal(format!("the state directory {}: {e}", dir.display()))
+    })?;
+    if free.saturating_sub(size) < reserve {
+        return Err(ServiceError::InsufficientStorage(format!(
+            "saving this session ({} at its memory limit) would leave {} free where the \
+             server keeps its saved sessions, less than it keeps in reserve ([state] reserve, \
+             {}); retry once the operator has made room, or pause it with `\"keep\": \
+             \"frozen\"` where its tier can",
+            ByteSize(size),
+            mib(free.saturating_sub(size)),
+            ByteSize(reserve)
+        )));
+    }
+    Ok(())
+}
