@@ -2919,6 +2919,22 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            /** @description Saving it would take this token's saved sessions past its disk quota (`quota.disk`, each counted at its memory limit) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Saving it would leave the server's state directory less free space than it keeps in reserve (`[state] reserve`) */
+            507: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
         };
     };
     list_processes: {
