@@ -237,7 +237,12 @@ fn a_save_past_the_disk_quota_or_the_reserve_is_refused_and_loses_nothing() {
     tier();
     let token = format!("[[tokens]]\nid = \"a\"\ntoken = \"{TOKEN}\"\n");
     let extra = format!("[quota]\ndisk = \"700M\"\n{token}");
-    let server = Server::start_with("pause-microvm-disk", &suite_config(&extra), &[], Some(TOKEN));
+    let server = Server::start_with(
+        "pause-microvm-disk",
+        &suite_config(&extra),
+        &[],
+        Some(TOKEN),
+    );
     wait_for_clone(&server);
     let c = &server.client;
     let id_of = |v: Value| v["id"].as_str().unwrap().to_string();
@@ -253,7 +258,10 @@ fn a_save_past_the_disk_quota_or_the_reserve_is_refused_and_loses_nothing() {
         message.contains("to 768M, past its disk quota (quota.disk) of 700M"),
         "{message}"
     );
-    assert!(!state_of(&server, &second).exists(), "a refused save wrote its state");
+    assert!(
+        !state_of(&server, &second).exists(),
+        "a refused save wrote its state"
+    );
     assert_eq!(session_py(&server, &second, "print(y)"), "2\n");
     let r = c.post(&format!("/v1/sessions/{first}/resume"), "");
     assert_eq!(r.status, 200, "{}", r.text());
@@ -269,7 +277,10 @@ fn a_save_past_the_disk_quota_or_the_reserve_is_refused_and_loses_nothing() {
     let (code, message) = server.client.post_json(&pause(&id), &json!({})).error(507);
     assert_eq!(code, "insufficient_storage");
     assert!(message.contains("([state] reserve, 1000000G)"), "{message}");
-    assert!(!state_of(&server, &id).exists(), "a refused save wrote its state");
+    assert!(
+        !state_of(&server, &id).exists(),
+        "a refused save wrote its state"
+    );
     assert_eq!(session_py(&server, &id, "print(z)"), "3\n");
 }
 

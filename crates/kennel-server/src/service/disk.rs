@@ -42,7 +42,11 @@ fn held_by(service: &Service, session: &Session) -> u64 {
 
 /// Refuses a save of `session` into `dir` past its token's disk quota (429) or the server's
 /// reserve (507).
-pub(super) fn room_for(service: &Service, session: &Session, dir: &Path) -> Result<(), ServiceError> {
+pub(super) fn room_for(
+    service: &Service,
+    session: &Session,
+    dir: &Path,
+) -> Result<(), ServiceError> {
     let size = declared(session);
     if let Some(quota) = service.config.disk_quota(&session.token_id) {
         let held = held_by(service, session);
