@@ -96,7 +96,12 @@ fn a_saved_runsc_session_comes_back_whole_and_an_altered_one_is_refused() {
             &paused["kept"],
             &paused["survives_restart"]
         ),
-        (&json!("saved"), &json!("runsc-checkpoint"), &all, &json!(true)),
+        (
+            &json!("saved"),
+            &json!("runsc-checkpoint"),
+            &all,
+            &json!(true)
+        ),
         "{paused}"
     );
     eprintln!(

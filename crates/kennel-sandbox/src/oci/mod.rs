@@ -26,10 +26,10 @@ use kennel_types::policy::{NetMode, Platform, Policy, Runtime, Tier};
 use crate::cgroup::{self, Cgroup, Probe};
 use crate::channel::{self, Confinement, InputFiles, LaunchPlan, Msg};
 use crate::error::{Error, SetupStep};
+use crate::microvm::saved::{Answer, Inputs};
 use crate::native::{HOST_ID_BASE, ID_RANGE};
 use crate::request::{check_rootfs, checked_argv, input_files, pick_cpus, sandbox_env};
 use crate::steps::oci::Step;
-use crate::microvm::saved::{Answer, Inputs};
 use crate::supervise::io::{RunIo, Save};
 use crate::supervise::report::{Report, PROXY_PORTS};
 use crate::supervise::supervise;
@@ -245,9 +245,8 @@ impl OciTier {
             return Ok(());
         };
         let id = self.cgroup.name();
-        let config = saved::normalized_config(&self.bundle, id).map_err(|e| {
-            setup(Step::WriteBundle, e)
-        })?;
+        let config =
+            saved::normalized_config(&self.bundle, id).map_err(|e| setup(Step::WriteBundle, e))?;
         if let Some(dir) = &self.restore {
             saved::check(dir, &inputs, &config)?;
         }
@@ -264,7 +263,10 @@ impl OciTier {
 
     /// The runtime's command: `run`, or `restore` from the saved state.
     fn start(&self) -> channel::Start {
-        let (id, host_network) = (self.cgroup.name(), self.policy.network.mode != NetMode::None);
+        let (id, host_network) = (
+            self.cgroup.name(),
+            self.policy.network.mode != NetMode::None,
+        );
         match &self.restore {
             Some(dir) => self.runtime.restore(self.platform, &self.bundle, id, dir),
             None => self

@@ -332,7 +332,8 @@ fn run_bounded(argv: &[String], bound: Duration) -> Result<(), String> {
 /// checkpointed there (the marker is in the bundle and the image is not empty), not ended.
 pub fn saving_into(bundle: &Path) -> Option<PathBuf> {
     let text = std::fs::read(bundle.join(SAVING_FILE)).ok()?;
-    let dir = PathBuf::from(<std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(text));
+    let dir =
+        PathBuf::from(<std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(text));
     let image = std::fs::metadata(dir.join(CHECKPOINT_FILE)).ok()?;
     (image.len() > 0).then_some(dir)
 }
@@ -395,7 +396,9 @@ fn tar(args: &[&std::ffi::OsStr]) -> Result<(), Fail> {
     }
     Err(Fail::new(format!(
         "tar {} failed ({}): {}",
-        args.first().map(|a| a.to_string_lossy()).unwrap_or_default(),
+        args.first()
+            .map(|a| a.to_string_lossy())
+            .unwrap_or_default(),
         out.status,
         String::from_utf8_lossy(&out.stderr).trim()
     )))
@@ -413,26 +416,43 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let inputs = |platform: &str| -> Inputs {
-            [("runsc", "runsc version release-20250512.0"), ("platform", platform)]
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect()
+            [
+                ("runsc", "runsc version release-20250512.0"),
+                ("platform", platform),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
         };
-        let missing = check(&dir, &inputs("ptrace"), b"{}").unwrap_err().to_string();
+        let missing = check(&dir, &inputs("ptrace"), b"{}")
+            .unwrap_err()
+            .to_string();
         assert!(missing.contains("reading inputs.json"), "{missing}");
         write_synced(&dir.join(INPUTS_FILE), &inputs("ptrace")).unwrap();
-        let no_image = check(&dir, &inputs("ptrace"), b"{}").unwrap_err().to_string();
-        assert!(no_image.contains("its checkpoint.img is missing"), "{no_image}");
+        let no_image = check(&dir, &inputs("ptrace"), b"{}")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            no_image.contains("its checkpoint.img is missing"),
+            "{no_image}"
+        );
         std::fs::write(dir.join(CHECKPOINT_FILE), b"image").unwrap();
         std::fs::write(dir.join("tmp.tar"), b"").unwrap();
-        let no_workspace = check(&dir, &inputs("ptrace"), b"{}").unwrap_err().to_string();
-        assert!(no_workspace.contains("its workspace.tar is missing"), "{no_workspace}");
+        let no_workspace = check(&dir, &inputs("ptrace"), b"{}")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            no_workspace.contains("its workspace.tar is missing"),
+            "{no_workspace}"
+        );
         std::fs::write(dir.join("workspace.tar"), b"").unwrap();
         std::fs::write(dir.join(CONFIG_FILE), b"{}").unwrap();
         check(&dir, &inputs("ptrace"), b"{}").unwrap();
         let other = check(&dir, &inputs("kvm"), b"{}").unwrap_err().to_string();
         assert!(other.contains("(platform differ)"), "{other}");
-        let config = check(&dir, &inputs("ptrace"), b"{\"a\":1}").unwrap_err().to_string();
+        let config = check(&dir, &inputs("ptrace"), b"{\"a\":1}")
+            .unwrap_err()
+            .to_string();
         assert!(config.contains("(config differ)"), "{config}");
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -458,7 +478,10 @@ mod tests {
         let b = write("b", "kennel-2-bb", "1", "sandbox");
         assert_eq!(a, b);
         let text = String::from_utf8_lossy(&a).to_string();
-        assert!(text.contains("\"quota\": 1") && text.contains("\"cwd\""), "{text}");
+        assert!(
+            text.contains("\"quota\": 1") && text.contains("\"cwd\""),
+            "{text}"
+        );
         let c = write("c", "kennel-3-cc", "0", "other");
         assert_ne!(a, c);
         let _ = std::fs::remove_dir_all(&base);
