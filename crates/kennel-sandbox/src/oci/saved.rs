@@ -174,10 +174,14 @@ pub struct RunscSaver {
 /// What a [`RunscSaver`] saves, and how.
 #[derive(Debug)]
 pub struct Saving {
+    /// The runsc the run uses, with the platform it runs on.
     pub runsc: Installed,
     pub platform: Platform,
+    /// The container's id, and its bundle.
     pub id: String,
     pub bundle: PathBuf,
+    /// What the state can be restored with only ([`inputs`]), and the run's
+    /// [`normalized_config`].
     pub inputs: Inputs,
     pub config: Vec<u8>,
 }
