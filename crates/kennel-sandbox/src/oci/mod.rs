@@ -90,7 +90,7 @@ impl Oci {
         let files = input_files(req)?;
         check_host(policy)?;
         if let Some(dir) = &req.restore {
-            check_restorable(policy, dir)?;
+            saved::check_restorable(policy, dir)?;
         }
         let runtime = runtime::locate(policy.oci.runtime)?;
         let platform = match (runtime.runtime, policy.oci.platform) {
@@ -217,24 +217,6 @@ impl Oci {
             )),
         }
     }
-}
-
-/// A restore is runsc's only, and only without a network: gVisor cannot checkpoint a sandbox
-/// on the host's network stack, so no other state exists.
-fn check_restorable(policy: &Policy, dir: &Path) -> Result<(), Error> {
-    if saved::can_save(policy.oci.runtime, policy.network.mode) {
-        return Ok(());
-    }
-    Err(Error::Unrestorable {
-        dir: dir.to_path_buf(),
-        why: format!(
-            "the oci tier restores only runsc sandboxes without a network (this run: {}, network \
-             {:?})",
-            policy.oci.runtime.name(),
-            policy.network.mode
-        ),
-        hint: "restore it under the policy it was saved with (runsc, network none)".into(),
-    })
 }
 
 impl OciTier {

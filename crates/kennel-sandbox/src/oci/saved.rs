@@ -27,7 +27,7 @@ use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
 use kennel_types::api::RunRequest;
-use kennel_types::policy::{NetMode, Platform, Runtime};
+use kennel_types::policy::{NetMode, Platform, Policy, Runtime};
 
 use super::bundle::SCRATCH;
 use super::runtime::Installed;
@@ -154,6 +154,24 @@ pub fn check(dir: &Path, now: &Inputs, config: &[u8]) -> Result<(), Error> {
         )));
     }
     Ok(())
+}
+
+/// A restore is runsc's only, and only without a network: gVisor cannot checkpoint a sandbox
+/// on the host's network stack, so no other state exists.
+pub fn check_restorable(policy: &Policy, dir: &Path) -> Result<(), Error> {
+    if can_save(policy.oci.runtime, policy.network.mode) {
+        return Ok(());
+    }
+    Err(Error::Unrestorable {
+        dir: dir.to_path_buf(),
+        why: format!(
+            "the oci tier restores only runsc sandboxes without a network (this run: {}, network \
+             {})",
+            policy.oci.runtime.name(),
+            serde_json::to_value(policy.network.mode).unwrap_or_default()
+        ),
+        hint: "restore it under the policy it was saved with (runsc, network none)".into(),
+    })
 }
 
 /// Saves one running runsc sandbox: the run's `Started::saver`.
@@ -459,6 +477,29 @@ mod tests {
             .to_string();
         assert!(config.contains("(config differ)"), "{config}");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Only a runsc run without a network is restored: no other state can exist.
+    #[test]
+    fn a_restore_is_refused_but_for_runsc_without_a_network() {
+        let dir = Path::new("/var/lib/kennel/sessions/s.state");
+        let mut policy = Policy::default();
+        policy.oci.runtime = Runtime::Runsc;
+        policy.network.mode = NetMode::None;
+        check_restorable(&policy, dir).unwrap();
+        policy.network.mode = NetMode::Full;
+        let full = check_restorable(&policy, dir).unwrap_err().to_string();
+        assert!(
+            full.contains("only runsc sandboxes without a network"),
+            "{full}"
+        );
+        policy.network.mode = NetMode::None;
+        policy.oci.runtime = Runtime::Crun;
+        let crun = check_restorable(&policy, dir).unwrap_err().to_string();
+        assert!(
+            crun.contains("(this run: crun, network \"none\")"),
+            "{crun}"
+        );
     }
 
     /// Two bundles of the same policy differ only in their paths, ids and CPUs, which the
