@@ -16,8 +16,11 @@ pub struct LaunchPlan {
     pub cgroup_join: Vec<String>,
     /// CPUs the runtime and the code are pinned to.
     pub cpus: Vec<usize>,
-    /// The runtime's `run` command line.
+    /// The runtime's `run` command line (`restore`, for a run restored from a save).
     pub start: Start,
+    /// The saved state a runsc run is restored from: its scratch archives are unpacked
+    /// before the runtime starts (`Step::RestoreScratch`).
+    pub restore: Option<PathBuf>,
     /// A cgroup2 mount point to hide from the runtime (hybrid hosts).
     pub hide_cgroup2: Option<String>,
     /// Whether to make a network namespace of the launcher's own for the allowlist proxy.

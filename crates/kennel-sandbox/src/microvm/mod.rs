@@ -12,7 +12,7 @@ pub mod net;
 pub mod qmp;
 pub mod relay;
 pub mod root;
-mod saved;
+pub(crate) mod saved;
 pub mod snapshot;
 pub mod steps;
 mod take;

@@ -124,10 +124,11 @@ pub(super) fn check(dir: &Path, now: &BTreeMap<String, String>) -> Result<Inputs
 }
 
 /// What a saved VM can be restored with only, by name (see [`Saved::inputs`]).
-pub(super) type Inputs = BTreeMap<String, String>;
+pub(crate) type Inputs = BTreeMap<String, String>;
 
-/// The relay's answer to one `Save`: the files it wrote, or why it could not.
-pub(super) type Answer = Result<Vec<String>, String>;
+/// The helper's answer to one save (the relay's, or an OCI launcher's): the files it wrote,
+/// or why it could not.
+pub(crate) type Answer = Result<Vec<String>, String>;
 
 /// Saves one running microvm run through its relay: the run's `Started::saver`.
 #[derive(Debug)]
@@ -201,7 +202,7 @@ impl Save for VmSaver {
 
 /// `dir` as an absolute path (the relay's working directory is not ours to rely on), when it
 /// is an existing empty directory.
-fn empty_dir(dir: &Path) -> Result<PathBuf, Error> {
+pub(crate) fn empty_dir(dir: &Path) -> Result<PathBuf, Error> {
     let bad = |why: String| Error::NotSaved(format!("{}: {why}", dir.display()));
     let abs = std::fs::canonicalize(dir).map_err(|e| bad(e.to_string()))?;
     let mut entries = std::fs::read_dir(&abs).map_err(|e| bad(e.to_string()))?;
@@ -212,7 +213,7 @@ fn empty_dir(dir: &Path) -> Result<PathBuf, Error> {
 }
 
 /// Writes `inputs` as JSON to `path`, synced.
-fn write_synced(path: &Path, inputs: &Inputs) -> std::io::Result<()> {
+pub(crate) fn write_synced(path: &Path, inputs: &Inputs) -> std::io::Result<()> {
     use std::io::Write;
     let text = serde_json::to_vec_pretty(inputs).map_err(std::io::Error::other)?;
     let mut file = std::fs::File::create_new(path)?;

@@ -7,6 +7,7 @@ use std::process::Command;
 
 use super::bundle::SCRATCH;
 use super::runtime::{quiet, DELETE_LIMIT, PID_FILE};
+use super::saved;
 use crate::channel::{self, ChannelError, FileMeta, InputFiles, LaunchPlan, Msg};
 use crate::fail::{Context, Fail};
 use crate::helper::{adopt_control_socket, collect, fail_and_exit};
@@ -41,6 +42,7 @@ pub fn launcher_main() -> ! {
             Step::PrivateNetwork => private_network(&plan, &mut ctl),
             Step::MountScratch => mount_scratch(&plan),
             Step::WriteInputFiles => write_input_files(&plan, &files),
+            Step::RestoreScratch => restore_scratch(&plan),
             Step::WatchSupervisor => watch_supervisor(),
             Step::ListenForSeccomp => listen_for_seccomp(&plan, &ctl),
             Step::StartRuntime => start_container(&plan, &mut ctl).map(|w| waited = Some(w)),
@@ -56,6 +58,7 @@ pub fn launcher_main() -> ! {
         }
     }
     let (code, signal) = match waited {
+        Some(Waited::Saved(archived)) => answer_saved(&mut ctl, archived),
         Some(Waited::Code(exit)) => match exit {
             sys::Exit::Code(c) => (Some(c), None),
             sys::Exit::Signal(s) => (None, Some(s)),
@@ -80,6 +83,26 @@ pub fn launcher_main() -> ! {
         quiet(&plan.teardown, DELETE_LIMIT);
     }
     sys::exit_now(0)
+}
+
+/// Answers a save in place of the code's exit: the sandbox was checkpointed, not ended, so
+/// there is no status to report and nothing to collect.
+fn answer_saved(ctl: &mut UnixStream, archived: Result<Vec<String>, Fail>) -> ! {
+    let (files, error) = match archived {
+        Ok(files) => (files, None),
+        Err(f) => (vec![], Some(f.detail)),
+    };
+    let _ = channel::send(ctl, &Msg::Saved { files, error }, &[]);
+    let _ = channel::send(ctl, &Msg::Done, &[]);
+    sys::exit_now(0)
+}
+
+/// A restored run's scratch space: the saved trees, unpacked into the fresh tmpfs mounts.
+fn restore_scratch(plan: &LaunchPlan) -> Result<(), Fail> {
+    match &plan.restore {
+        Some(dir) => saved::unpack_scratch(&plan.bundle, dir),
+        None => Ok(()),
+    }
 }
 
 /// From here the supervisor's death reaches the launcher as a signal it waits for, instead of
@@ -295,6 +318,9 @@ enum Waited {
     Code(sys::Exit),
     /// From the runtime's `run`, which reports it as a shell would.
     Runtime(sys::Exit),
+    /// runsc's `run` returned because the sandbox was checkpointed (a save): the scratch
+    /// space archived beside the image, or why not.
+    Saved(Result<Vec<String>, Fail>),
 }
 
 /// Binds the spec's `listenerPath` and, on a thread of its own (the runtime connects while the
@@ -359,6 +385,10 @@ fn start_container(plan: &LaunchPlan, ctl: &mut UnixStream) -> Result<Waited, Fa
             Ok(ended) => ended.map(|(_, e)| e),
             Err(SupervisorDied) => tear_down(plan, Some(pid), None),
         };
+        // A checkpoint stops the sandbox and `run` returns 0: the marker says it was a save.
+        if let Some(dir) = saved::saving_into(&plan.bundle) {
+            return Ok(Waited::Saved(saved::archive_scratch(&plan.bundle, &dir)));
+        }
         return match exit {
             Some(exit) if pid_file.exists() => Ok(Waited::Runtime(exit)),
             other => Err(not_started(other)),

@@ -8,6 +8,7 @@
 pub mod bundle;
 pub mod launcher;
 pub mod runtime;
+pub mod saved;
 mod write;
 
 pub use write::export_bundle;
@@ -15,6 +16,7 @@ use write::write_bundle;
 
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use kennel_net::Proxy;
@@ -24,15 +26,17 @@ use kennel_types::policy::{NetMode, Platform, Policy, Runtime, Tier};
 use crate::cgroup::{self, Cgroup, Probe};
 use crate::channel::{self, Confinement, InputFiles, LaunchPlan, Msg};
 use crate::error::{Error, SetupStep};
+use crate::microvm::saved::{Answer, Inputs};
 use crate::native::{HOST_ID_BASE, ID_RANGE};
 use crate::request::{check_rootfs, checked_argv, input_files, pick_cpus, sandbox_env};
 use crate::steps::oci::Step;
-use crate::supervise::io::RunIo;
+use crate::supervise::io::{RunIo, Save};
 use crate::supervise::report::{Report, PROXY_PORTS};
 use crate::supervise::supervise;
 use crate::sys::{self, Spawned};
 use launcher::LAUNCHER_ARG;
 use runtime::Installed;
+use saved::{RunscSaver, Saving};
 
 /// Where bundles are written; each is removed after its run.
 pub const BUNDLE_DIR: &str = "/run/kennel/bundles";
@@ -57,6 +61,15 @@ struct OciTier {
     /// Set once the code ended by itself and the launcher reaped its init: the container is
     /// stopped and only its state directory is left (see `Installed::remove`).
     ended_by_itself: bool,
+    /// The saved state this run restores (runsc only), instead of starting the code.
+    restore: Option<PathBuf>,
+    /// What a save of the run would be restored with only: for a runsc run that can be
+    /// saved (no network), else none.
+    inputs: Option<Inputs>,
+    /// What the run's saver saves, once the bundle is written.
+    saving: Option<Saving>,
+    /// Where the launcher's answers to a save go: to the run's saver, once it has one.
+    saves: Option<mpsc::Sender<Answer>>,
 }
 
 impl Oci {
@@ -76,6 +89,9 @@ impl Oci {
         let argv = checked_argv(req)?;
         let files = input_files(req)?;
         check_host(policy)?;
+        if let Some(dir) = &req.restore {
+            saved::check_restorable(policy, dir)?;
+        }
         let runtime = runtime::locate(policy.oci.runtime)?;
         let platform = match (runtime.runtime, policy.oci.platform) {
             (Runtime::Runsc, Some(Platform::Kvm)) => Some(self.require_kvm(&runtime)?),
@@ -102,6 +118,9 @@ impl Oci {
             why: why.to_string(),
             hint: "run kennel as root on a host with the memory, pids and cpu controllers".into(),
         })?;
+        let inputs = platform
+            .filter(|_| saved::can_save(runtime.runtime, req.policy.network.mode))
+            .map(|p| saved::inputs(&runtime, p, req));
         let mut tier = OciTier {
             bundle: Path::new(BUNDLE_DIR).join(cgroup.name()),
             runtime,
@@ -111,6 +130,10 @@ impl Oci {
             argv,
             collect: req.collect.clone(),
             ended_by_itself: false,
+            restore: req.restore.clone(),
+            inputs,
+            saving: None,
+            saves: None,
         };
         supervise(&mut tier, &self.launcher, req, &files, io)
     }
@@ -197,10 +220,61 @@ impl Oci {
 }
 
 impl OciTier {
+    /// What the run's saver needs once the bundle is written, and a restore's check of its
+    /// state against it: the bundle's config with its paths left out.
+    fn prepare_saving(&mut self) -> Result<(), Error> {
+        let Some(inputs) = self.inputs.clone() else {
+            return Ok(());
+        };
+        let id = self.cgroup.name();
+        let config =
+            saved::normalized_config(&self.bundle, id).map_err(|e| setup(Step::WriteBundle, e))?;
+        if let Some(dir) = &self.restore {
+            saved::check(dir, &inputs, &config)?;
+        }
+        self.saving = Some(Saving {
+            runsc: self.runtime.clone(),
+            platform: self.platform.unwrap_or(Platform::Ptrace),
+            id: id.to_string(),
+            bundle: self.bundle.clone(),
+            inputs,
+            config,
+        });
+        Ok(())
+    }
+
+    /// The runtime's command: `run`, or `restore` from the saved state.
+    fn start(&self) -> channel::Start {
+        let (id, host_network) = (
+            self.cgroup.name(),
+            self.policy.network.mode != NetMode::None,
+        );
+        match &self.restore {
+            Some(dir) => self.runtime.restore(self.platform, &self.bundle, id, dir),
+            None => self
+                .runtime
+                .start(self.platform, host_network, &self.bundle, id),
+        }
+    }
+
     /// The socket runc and crun hand a watched container's seccomp listener to.
     fn listener(&self) -> Option<PathBuf> {
         bundle::watched(self.runtime.runtime, &self.policy)
             .then(|| self.bundle.join(bundle::LISTENER_SOCKET))
+    }
+
+    /// The launcher's answer to a save, for the run's saver.
+    fn pass_saved(&self, files: Vec<String>, error: Option<String>) -> Result<(), Error> {
+        let Some(saves) = &self.saves else {
+            return Err(Error::Protocol(
+                "the launcher saved a run no one asked to".into(),
+            ));
+        };
+        let _ = saves.send(match error {
+            None => Ok(files),
+            Some(why) => Err(why),
+        });
+        Ok(())
     }
 }
 
@@ -236,15 +310,15 @@ impl super::supervise::Supervised for OciTier {
                 write_bundle(&self.bundle, rt, id, policy, argv, &cpus, self.listener())
             })
             .map_err(|e| setup(Step::WriteBundle, e))?;
-        let host_network = policy.network.mode != NetMode::None;
+        self.prepare_saving()?;
+        let policy = &self.policy;
         Ok(Msg::Launch(Box::new(LaunchPlan {
             build: channel::BUILD.to_string(),
             bundle: self.bundle.clone(),
             cgroup_join: self.cgroup.join_files(),
             cpus,
-            start: self
-                .runtime
-                .start(self.platform, host_network, &self.bundle, id),
+            start: self.start(),
+            restore: self.restore.clone(),
             hide_cgroup2: cgroup::hybrid_v2_mount(),
             private_network: policy.network.mode == NetMode::Allow,
             tmp_size: policy.limits.tmp_size.0,
@@ -262,7 +336,7 @@ impl super::supervise::Supervised for OciTier {
             collect_size: policy.limits.collect_size.0,
             listener: bundle::watched(rt, policy)
                 .then(|| self.bundle.join(bundle::LISTENER_SOCKET)),
-            teardown: self.runtime.delete_argv(id),
+            teardown: self.runtime.delete_argv(self.cgroup.name()),
         })))
     }
 
@@ -274,11 +348,15 @@ impl super::supervise::Supervised for OciTier {
         _helper: i32,
         ctl: &mut UnixStream,
     ) -> Result<Option<Proxy>, Error> {
-        let Msg::NetnsReady { pid } = msg else {
-            return Err(Error::Protocol(format!("unexpected message {msg:?}")));
+        let pid = match msg {
+            Msg::NetnsReady { pid } => pid,
+            Msg::Saved { files, error } => return self.pass_saved(files, error).map(|()| None),
+            msg => return Err(Error::Protocol(format!("unexpected message {msg:?}"))),
         };
         if self.policy.network.mode != NetMode::Allow {
-            return Err(Error::Protocol(format!("unexpected message {msg:?}")));
+            return Err(Error::Protocol(format!(
+                "unexpected NetnsReady ({pid}) without an allowlist"
+            )));
         }
         let failed = |e: std::io::Error| Error::Setup {
             step: Step::PrivateNetwork.into(),
@@ -289,6 +367,15 @@ impl super::supervise::Supervised for OciTier {
         let proxy = crate::egress::start_proxy(pid, allow).map_err(failed)?;
         channel::send(ctl, &Msg::ProxyBound, &[]).map_err(failed)?;
         Ok(Some(proxy))
+    }
+
+    /// A runsc run without a network is saved by gVisor's checkpoint, through the launcher
+    /// (see `saved`).
+    fn saver(&mut self, _ctl: &UnixStream) -> Option<Arc<dyn Save>> {
+        let saving = self.saving.take()?;
+        let (tx, rx) = mpsc::channel();
+        self.saves = Some(tx);
+        Some(Arc::new(RunscSaver::new(saving, rx)))
     }
 
     fn kill(&self, _helper: i32, init: Option<i32>) {

@@ -225,6 +225,34 @@ impl Installed {
         Start { argv, detached }
     }
 
+    /// How the launcher restores a runsc container saved into `image` (`runsc checkpoint`):
+    /// `restore` in the foreground, as `run`, under a new id and bundle; the sandbox's stdio
+    /// are the new process's.
+    pub fn restore(
+        &self,
+        platform: Option<Platform>,
+        bundle: &Path,
+        id: &str,
+        image: &Path,
+    ) -> Start {
+        let mut argv = self.command(platform, false);
+        let pid_file = bundle.join(PID_FILE).display().to_string();
+        argv.extend([
+            "restore".into(),
+            "--image-path".into(),
+            image.display().to_string(),
+            "--pid-file".into(),
+            pid_file,
+            "--bundle".into(),
+            bundle.display().to_string(),
+            id.into(),
+        ]);
+        Start {
+            argv,
+            detached: false,
+        }
+    }
+
     /// Sends SIGKILL to the container's init: the kernel then kills every other process of its
     /// pid namespace. (`--all` would walk a cgroup, and crun and runsc run in Kennel's, which
     /// holds the launcher too.)

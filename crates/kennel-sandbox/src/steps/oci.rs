@@ -30,12 +30,14 @@ steps! {
         "/tmp and /workspace are size-capped tmpfs, as in the native tier, where Kennel can place input files and read results after the runtime is gone";
     WriteInputFiles = "write_input_files",
         "the files are in place, owned by the sandbox's root, before the code starts";
+    RestoreScratch = "restore_scratch",
+        "a runsc sandbox restored from a save gets its /tmp and /workspace back, owners and modes as they were, before `runsc restore` starts: gVisor's image holds the files its processes had open, not the trees, and refuses to restore when one is missing";
     WatchSupervisor = "watch_supervisor",
         "the container does not die with the launcher (the runtime starts it without a parent-death signal, and its pid namespace's init is the code's own), so the launcher's own parent-death signal becomes SIGTERM, blocked with SIGCHLD before any thread starts: it waits for either, and on the supervisor's death kills the runtime's run if it still runs and has the runtime `delete --force` the container; until here a dead supervisor's SIGKILL ends the launcher before any container exists";
     ListenForSeccomp = "listen_for_seccomp",
         "runc and crun hand the container's seccomp listener to the spec's listenerPath, a socket in the bundle; the launcher passes it on to the supervisor, which answers the denied calls (and logs the execs) before the code's first execve returns";
     StartRuntime = "start_runtime",
-        "runc and crun `run --detach` the container, and the launcher, their subreaper, waits for the code itself; runsc's `run` builds its sandbox and waits in the foreground";
+        "runc and crun `run --detach` the container, and the launcher, their subreaper, waits for the code itself; runsc's `run` (or `restore`, from a save) builds its sandbox and waits in the foreground; a runsc sandbox checkpointed meanwhile is answered as saved, its scratch space archived beside the image, not as an exit";
     // The supervisor again, after the runtime ends (or is killed).
     DeleteContainer = "delete_container",
         "`delete --force` removes the runtime's state even after a kill or a crash";
@@ -55,6 +57,7 @@ impl Step {
         Step::PrivateNetwork,
         Step::MountScratch,
         Step::WriteInputFiles,
+        Step::RestoreScratch,
         Step::WatchSupervisor,
         Step::ListenForSeccomp,
         Step::StartRuntime,
@@ -88,6 +91,11 @@ mod tests {
         assert!(pos(Step::PrivateMounts) < pos(Step::HideCgroup2));
         assert!(pos(Step::HideCgroup2) < pos(Step::StartRuntime));
         assert!(pos(Step::WriteInputFiles) < pos(Step::StartRuntime));
+        // A restored sandbox's files are the saved ones (they win over any input file), in
+        // the fresh scratch, before gVisor reopens them.
+        assert!(pos(Step::MountScratch) < pos(Step::RestoreScratch));
+        assert!(pos(Step::WriteInputFiles) < pos(Step::RestoreScratch));
+        assert!(pos(Step::RestoreScratch) < pos(Step::StartRuntime));
         // The socket listens before the runtime, which connects to it, starts.
         assert!(pos(Step::ListenForSeccomp) < pos(Step::StartRuntime));
         // The supervisor's death is watched for before there is a container to orphan, and the

@@ -163,13 +163,14 @@ pub struct Started {
     /// What stops the sandbox's processes in place and starts them again (a session's
     /// `frozen` pause), where its tier can.
     pub freezer: Option<Arc<dyn crate::freeze::Freeze>>,
-    /// Saves the sandbox with its memory, where its tier can (the microvm tier's runs).
+    /// Saves the sandbox with its memory, where its tier can (the microvm tier's runs, and runsc
+    /// runs without a network).
     pub saver: Option<Arc<dyn Save>>,
 }
 
 /// Saves a running sandbox with its memory, where its tier can.
 pub trait Save: Send + Sync + std::fmt::Debug {
-    /// As the pause answer names it: "qemu-migrate" (later "runsc-checkpoint").
+    /// As the pause answer names it: "qemu-migrate" or "runsc-checkpoint".
     fn mechanism(&self) -> &'static str;
     /// Saves the sandbox into `dir` (an existing empty directory of the caller's) and ends
     /// it: its run returns (its result is the caller's to ignore). Blocking.

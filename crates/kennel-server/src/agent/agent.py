@@ -2258,7 +2258,7 @@ class Agent:
         send({"id": rid, "event": "ok"})  # no exec runs: nothing to interrupt or cancel
 
     def op_boot(self, rid, request):
-        pass  # the agent itself, read by the boot program; sent again to a resumed microVM
+        pass  # the agent itself, read by the boot program; sent again to a resumed or restored agent
 
     def op_ping(self, rid, request):
         kernel = self.kernel

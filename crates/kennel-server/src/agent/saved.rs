@@ -1,7 +1,10 @@
 //! Saving an agent sandbox with its memory, and restoring it: the agent, its Python kernel,
 //! its background processes (`procs.py`) and the sandbox's files all live in the sandbox's
 //! memory, so a restored sandbox goes on where it was saved. Only a tier that can save its
-//! sandboxes (the microvm tier: `Started::saver`) offers it.
+//! sandboxes (`Started::saver`: the microvm tier's QEMU migration, and gVisor's checkpoint for
+//! a runsc sandbox without a network) offers it. A restored agent gets the boot line on its
+//! new stdin first, as a started one does, and ignores it (its `boot` op does nothing in a
+//! running agent): the requests follow it.
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -15,8 +18,8 @@ use super::error::AgentError;
 use super::sandbox::AgentSandbox;
 use super::start::agent_request;
 
-/// How long the sandbox's run may take to end once it was saved: the relay's exit and the
-/// supervisor's reaping of it.
+/// How long the sandbox's run may take to end once it was saved: the relay's (or the OCI
+/// launcher's) exit and the supervisor's reaping of it.
 const RUN_END: Duration = Duration::from_secs(30);
 
 impl AgentSandbox {

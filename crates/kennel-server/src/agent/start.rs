@@ -123,8 +123,8 @@ impl AgentSandbox {
         let cancel = Canceller::new();
         let live = Arc::new(Mutex::new(None));
         let slot = live.clone();
-        // The agent first, then the requests: a resumed microVM's agent, which has it
-        // already, ignores it.
+        // The agent first, then the requests: a resumed microVM's agent, or a restored one
+        // (microvm, runsc), which has it already, ignores it.
         let stdin = std::io::Read::chain(boot, reader);
         let io = RunIo {
             stdin: StdinSource::Reader(Box::new(stdin)),

@@ -15,19 +15,21 @@ use crate::sessions::{PausedPhase, Session, Shape};
 use kennel_sandbox::{Freeze, FreezeError};
 use kennel_types::api::EndReason;
 use kennel_types::pause::{Keep, Kept, MemoryBack, PauseSpec, Paused, ResumeReport, SessionState};
-use kennel_types::policy::{Runtime, Tier};
+use kennel_types::policy::{NetMode, Runtime, Tier};
 use kennel_types::process::ProcessState;
 
-/// Why this session cannot be kept `saved`: its tier has no way to save yet, or (runsc with
-/// an allowlist) cannot here. Said in the refusal of `keep: saved`.
+/// Why this session cannot be kept `saved`: its tier has no way to save, or (runsc with a
+/// network) cannot here. Said in the refusal of `keep: saved`.
 fn cannot_save(shape: &Shape) -> String {
     let how = match (shape.tier(), shape.runtime()) {
-        (Tier::Oci, Some(Runtime::Runsc)) => {
-            "gVisor's checkpoint of a session (runsc-checkpoint) is not in this build yet"
+        (Tier::Oci, Some(Runtime::Runsc)) if shape.network_mode() != NetMode::None => {
+            "with a network, gVisor runs the sandbox on the host's network stack, which it \
+             cannot checkpoint (runsc: \"checkpoint not supported when using hostinet\")"
         }
-        (Tier::Microvm, _) => {
-            "QEMU's migration (qemu-migrate) writes the state beside the server's session \
-             records, and this server could not open that directory (see its log)"
+        (Tier::Oci, Some(Runtime::Runsc)) | (Tier::Microvm, _) => {
+            "its save (QEMU's migration, gVisor's checkpoint) writes the state beside the \
+             server's session records, and this server could not open that directory (see its \
+             log)"
         }
         (Tier::Oci, Some(Runtime::Docker)) => {
             "the Docker Engine's checkpoint needs CRIU and its experimental mode, which Kennel \

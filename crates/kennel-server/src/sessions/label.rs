@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use kennel_types::policy::{Limits, Network, Platform, Policy, Runtime, Tier};
+use kennel_types::policy::{Limits, NetMode, Network, Platform, Policy, Runtime, Tier};
 
 /// What a session is called and labelled with, and what its sandbox was asked to be.
 #[derive(Debug, Clone)]
@@ -39,6 +39,11 @@ impl Shape {
     /// Its OCI runtime, in the oci tier.
     pub fn runtime(&self) -> Option<Runtime> {
         self.runtime
+    }
+
+    /// Its network mode.
+    pub fn network_mode(&self) -> NetMode {
+        self.network.mode
     }
 
     pub fn of(policy: &Policy) -> Shape {
