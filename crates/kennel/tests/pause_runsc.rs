@@ -62,7 +62,7 @@ fn a_saved_runsc_session_comes_back_whole_and_an_altered_one_is_refused() {
         format!("/v1/sessions/{id}/pause"),
         format!("/v1/sessions/{id}/resume"),
     );
-    session_py(&server, &id, "x = 41");
+    session_py(&server, &id, "x = 41\nimport random\nrandom.seed(7)");
     let put = c.put(
         &format!("/v1/sessions/{id}/files/workspace/kept.txt"),
         b"kept",
@@ -149,6 +149,10 @@ fn a_saved_runsc_session_comes_back_whole_and_an_altered_one_is_refused() {
     assert_eq!(report["processes_running"], 2, "{report}");
     assert!(!state.exists(), "a resumed state is history");
     assert_eq!(session_py(&server, &id, "print(x + 1)"), "42\n");
+    // Its generators were seeded afresh at the restore: the draw seed 7 gives first is not
+    // the one that comes next.
+    let fresh = "print(random.random() != random.Random(7).random())";
+    assert_eq!(session_py(&server, &id, fresh), "True\n");
     assert_eq!(
         c.get(&format!("/v1/sessions/{id}/files/workspace/kept.txt"))
             .body,
@@ -276,6 +280,42 @@ fn a_runsc_session_with_a_network_is_not_saved_and_pauses_frozen() {
     );
     assert_eq!(session_py(&server, &id, "print(x + 1)"), "42\n");
     assert_eq!(c.delete(&format!("/v1/sessions/{id}")).status, 204);
+}
+
+/// Past the token's `quota.disk` (a saved session counted at its memory limit), `saved` is a
+/// 429 that names the quota and writes nothing, and a pause that asks for no `keep` freezes
+/// instead, which a tier that can freeze does.
+#[test]
+fn a_save_past_the_disk_quota_is_refused_and_a_default_pause_freezes() {
+    tier();
+    let extra = format!("[quota]\ndisk = \"256M\"\n[[tokens]]\nid = \"a\"\ntoken = \"{TOKEN}\"\n");
+    let server = Server::start_with("pause-runsc-disk", &suite_config(&extra), &[], Some(TOKEN));
+    let c = &server.client;
+    let id = open_session(&server, json!({}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    session_py(&server, &id, "x = 41");
+    let pause = format!("/v1/sessions/{id}/pause");
+    let (code, message) = c.post_json(&pause, &json!({"keep": "saved"})).error(429);
+    assert_eq!(code, "quota_exceeded");
+    assert!(
+        message.contains("to 512M, past its disk quota (quota.disk) of 256M"),
+        "{message}"
+    );
+    assert!(
+        !state_of(&server, &id).exists(),
+        "a refused save wrote its state"
+    );
+    let paused = c.post_json(&pause, &json!({}));
+    assert_eq!(paused.status, 200, "{}", paused.text());
+    let paused = paused.json();
+    assert_eq!(
+        (&paused["keep"], &paused["mechanism"]),
+        (&json!("frozen"), &json!("freezer")),
+        "{paused}"
+    );
+    assert_eq!(session_py(&server, &id, "print(x + 1)"), "42\n");
 }
 
 const TOKEN: &str = "pause-runsc-0123456789abcdef";

@@ -233,7 +233,7 @@ impl RunscSaver {
             // overwrite.
             let _ = std::fs::remove_file(dir.join(CHECKPOINT_FILE));
         }
-        outcome.map_err(|why| Error::NotSaved(format!("{why}; the sandbox runs on")))
+        outcome
     }
 
     /// The launcher's answer: the scratch archives it wrote.
@@ -300,17 +300,20 @@ fn write_file_synced(path: &Path, data: &[u8]) -> std::io::Result<()> {
     file.sync_all()
 }
 
-/// Runs `argv` to its end within `bound`; on a failure, the last line it printed on stderr
-/// (gVisor's reason).
-fn run_bounded(argv: &[String], bound: Duration) -> Result<(), String> {
-    let program = &argv[0];
+/// Runs `argv` (runsc's checkpoint) to its end within `bound`; on a failure, the last line
+/// it printed on stderr (gVisor's reason).
+fn run_bounded(argv: &[String], bound: Duration) -> Result<(), Error> {
+    let not_saved = |why: String| Error::NotSaved(format!("{why}; the sandbox runs on"));
+    let Some((program, args)) = argv.split_first() else {
+        return Err(not_saved("no checkpoint command".into()));
+    };
     let mut child = Command::new(program)
-        .args(&argv[1..])
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("starting {program}: {e}"))?;
+        .map_err(|e| not_saved(format!("starting {program}: {e}")))?;
     let mut stderr = child.stderr.take();
     let reader = std::thread::spawn(move || {
         let mut text = String::new();
@@ -340,11 +343,11 @@ fn run_bounded(argv: &[String], bound: Duration) -> Result<(), String> {
         .trim();
     match status {
         Some(s) if s.success() => Ok(()),
-        Some(s) => Err(format!("runsc checkpoint failed ({s}): {last}")),
-        None => Err(format!(
+        Some(s) => Err(not_saved(format!("runsc checkpoint failed ({s}): {last}"))),
+        None => Err(not_saved(format!(
             "runsc checkpoint did not end within {} s",
             bound.as_secs()
-        )),
+        ))),
     }
 }
 
