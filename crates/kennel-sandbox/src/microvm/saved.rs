@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{mpsc, Mutex};
 use std::time::Duration;
 
@@ -27,6 +27,7 @@ use crate::channel::{self, Msg, INPUTS_FILE, SAVED_FILE};
 use crate::error::Error;
 use crate::fail::{Context, Fail};
 use crate::supervise::io::{Save, Saved};
+use crate::supervise::saved::{differing, empty_dir, saved_inputs, write_synced, Answer, Inputs};
 
 /// How long streaming a stopped guest may take: its whole RAM (a GiB at most here), written
 /// at the disk's speed.
@@ -101,19 +102,11 @@ pub(super) fn check(dir: &Path, now: &BTreeMap<String, String>) -> Result<Inputs
                (Kennel build) and image, or start a new sandbox"
             .into(),
     };
-    let text = std::fs::read(dir.join(INPUTS_FILE))
-        .map_err(|e| refused(format!("reading {INPUTS_FILE}: {e}")))?;
-    let saved: BTreeMap<String, String> = serde_json::from_slice(&text)
-        .map_err(|e| refused(format!("{INPUTS_FILE} does not parse: {e}")))?;
+    let saved = saved_inputs(dir, refused)?;
     if !dir.join(SAVED_FILE).is_file() {
         return Err(refused(format!("its {SAVED_FILE} file is missing")));
     }
-    let keys: std::collections::BTreeSet<&String> = saved.keys().chain(now.keys()).collect();
-    let differ: Vec<&str> = keys
-        .into_iter()
-        .filter(|k| k.as_str() != MEMORY_BACKEND && saved.get(*k) != now.get(*k))
-        .map(String::as_str)
-        .collect();
+    let differ = differing(&saved, now, &[MEMORY_BACKEND]);
     if !differ.is_empty() {
         return Err(refused(format!(
             "it was saved under other inputs than this host's ({} differ)",
@@ -122,13 +115,6 @@ pub(super) fn check(dir: &Path, now: &BTreeMap<String, String>) -> Result<Inputs
     }
     Ok(saved)
 }
-
-/// What a saved VM can be restored with only, by name (see [`Saved::inputs`]).
-pub(crate) type Inputs = BTreeMap<String, String>;
-
-/// The helper's answer to one save (the relay's, or an OCI launcher's): the files it wrote,
-/// or why it could not.
-pub(crate) type Answer = Result<Vec<String>, String>;
 
 /// Saves one running microvm run through its relay: the run's `Started::saver`.
 #[derive(Debug)]
@@ -198,27 +184,6 @@ impl Save for VmSaver {
             connections: true,
         })
     }
-}
-
-/// `dir` as an absolute path (the relay's working directory is not ours to rely on), when it
-/// is an existing empty directory.
-pub(crate) fn empty_dir(dir: &Path) -> Result<PathBuf, Error> {
-    let bad = |why: String| Error::NotSaved(format!("{}: {why}", dir.display()));
-    let abs = std::fs::canonicalize(dir).map_err(|e| bad(e.to_string()))?;
-    let mut entries = std::fs::read_dir(&abs).map_err(|e| bad(e.to_string()))?;
-    if entries.next().is_some() {
-        return Err(bad("not an empty directory".into()));
-    }
-    Ok(abs)
-}
-
-/// Writes `inputs` as JSON to `path`, synced.
-pub(crate) fn write_synced(path: &Path, inputs: &Inputs) -> std::io::Result<()> {
-    use std::io::Write;
-    let text = serde_json::to_vec_pretty(inputs).map_err(std::io::Error::other)?;
-    let mut file = std::fs::File::create_new(path)?;
-    file.write_all(&text)?;
-    file.sync_all()
 }
 
 #[cfg(test)]

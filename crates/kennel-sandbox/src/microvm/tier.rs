@@ -12,7 +12,7 @@ use kennel_types::policy::{ByteSize, Capabilities, NetMode, Policy, Tier};
 
 use super::artifacts::{Manifest, VmDir};
 use super::relay::{RELAY_ARG, RUN_ROOT};
-use super::saved::{self, Inputs, VmSaver};
+use super::saved::{self, VmSaver};
 use super::snapshot;
 use super::take::{reap_relay, take};
 use super::vmm::{self, Accel, Boot, Qemu, Ram, Vmm};
@@ -28,6 +28,7 @@ use crate::state::StateDir;
 use crate::steps::microvm::Step;
 use crate::supervise::io::{RunIo, Save};
 use crate::supervise::report::PROXY_PORTS;
+use crate::supervise::saved::{Answer, Inputs};
 use crate::supervise::{supervise, Supervised};
 use crate::sys::{self, Spawned};
 
@@ -514,7 +515,7 @@ struct MicrovmTier {
     /// What a save of the run can be restored with only.
     inputs: Inputs,
     /// Where the relay's answers to a save go: to the run's saver, once it has one.
-    saves: Option<mpsc::Sender<saved::Answer>>,
+    saves: Option<mpsc::Sender<Answer>>,
 }
 
 impl Supervised for MicrovmTier {

@@ -34,8 +34,10 @@ use super::runtime::Installed;
 use crate::channel::INPUTS_FILE;
 use crate::error::Error;
 use crate::fail::{Context, Fail};
-use crate::microvm::saved::{empty_dir, write_synced, Answer, Inputs};
 use crate::supervise::io::{Save, Saved};
+use crate::supervise::saved::{
+    differing, empty_dir, saved_inputs, write_file_synced, write_synced, Answer, Inputs,
+};
 
 /// The image `runsc checkpoint` writes into the state directory.
 pub const CHECKPOINT_FILE: &str = "checkpoint.img";
@@ -126,22 +128,14 @@ pub fn check(dir: &Path, now: &Inputs, config: &[u8]) -> Result<(), Error> {
                or start a new sandbox"
             .into(),
     };
-    let text = std::fs::read(dir.join(INPUTS_FILE))
-        .map_err(|e| refused(format!("reading {INPUTS_FILE}: {e}")))?;
-    let saved: Inputs = serde_json::from_slice(&text)
-        .map_err(|e| refused(format!("{INPUTS_FILE} does not parse: {e}")))?;
+    let saved = saved_inputs(dir, refused)?;
     let files = SCRATCH.iter().map(|(d, _)| scratch_archive(d));
     for file in [CHECKPOINT_FILE.to_string()].into_iter().chain(files) {
         if !dir.join(&file).is_file() {
             return Err(refused(format!("its {file} is missing")));
         }
     }
-    let keys: std::collections::BTreeSet<&String> = saved.keys().chain(now.keys()).collect();
-    let mut differ: Vec<&str> = keys
-        .into_iter()
-        .filter(|k| saved.get(*k) != now.get(*k))
-        .map(String::as_str)
-        .collect();
+    let mut differ = differing(&saved, now, &[]);
     let saved_config = std::fs::read(dir.join(CONFIG_FILE))
         .map_err(|e| refused(format!("reading {CONFIG_FILE}: {e}")))?;
     if saved_config != config && !differ.contains(&"config") {
@@ -290,14 +284,6 @@ impl Save for RunscSaver {
             connections: true,
         })
     }
-}
-
-/// Writes `data` to a new file at `path`, synced.
-fn write_file_synced(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut file = std::fs::File::create_new(path)?;
-    file.write_all(data)?;
-    file.sync_all()
 }
 
 /// Runs `argv` (runsc's checkpoint) to its end within `bound`; on a failure, the last line

@@ -11,6 +11,7 @@
 pub mod io;
 pub mod output;
 pub mod report;
+pub(crate) mod saved;
 
 use std::ffi::OsStr;
 use std::os::unix::net::UnixStream;
