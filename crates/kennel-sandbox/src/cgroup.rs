@@ -535,10 +535,9 @@ impl Cgroup {
     /// Kills every process left in the cgroup and removes it, and anything created beneath it,
     /// in every hierarchy.
     pub fn destroy(&self) {
-        remove(&self.layout);
-        for dir in &self.others {
-            remove_tree(dir);
-        }
+        let mut dirs = self.layout.dirs();
+        dirs.extend(self.others.iter().map(PathBuf::as_path));
+        remove_trees(&dirs);
     }
 }
 
@@ -560,14 +559,12 @@ fn kill_members(dir: &Path) -> bool {
     any
 }
 
-fn remove(layout: &Layout) {
-    let dirs = layout.dirs();
-    // Thawed in every hierarchy before any is removed: a v1 freezer is a hierarchy of its
-    // own, and the processes it holds frozen make every other hierarchy's removal wait.
+/// Removes each of `dirs` after its sub-cgroups (an OCI runtime's, say), deepest first, once
+/// all of them are thawed: a v1 freezer is a hierarchy of its own, and the processes it holds
+/// frozen (their SIGKILL held back) make every other hierarchy's removal wait.
+fn remove_trees(dirs: &[&Path]) {
     dirs.iter().for_each(|d| thaw_tree(d));
-    for dir in dirs {
-        remove_tree(dir);
-    }
+    dirs.iter().for_each(|d| remove_thawed(d));
 }
 
 /// Thaws `dir` and every cgroup beneath it where it is a v1 freezer's (thawing a parent
@@ -584,14 +581,12 @@ fn thaw_tree(dir: &Path) {
     }
 }
 
-/// Removes `dir` after its sub-cgroups (an OCI runtime's, say), deepest first; thawed first,
-/// so that a frozen sandbox's processes (a v1 freezer holds their SIGKILL back) can die.
-fn remove_tree(dir: &Path) {
-    thaw_tree(dir);
+/// Removes `dir` after its sub-cgroups, deepest first ([`remove_trees`] thawed them).
+fn remove_thawed(dir: &Path) {
     if let Ok(entries) = fs::read_dir(dir) {
         for entry in entries.flatten() {
             if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                remove_tree(&entry.path());
+                remove_thawed(&entry.path());
             }
         }
     }
@@ -655,9 +650,8 @@ fn sweep_stale() {
         .filter(|entry| is_stale(&entry.file_name().to_string_lossy()))
         .map(|entry| entry.path())
         .collect();
-    // Thawed everywhere first, as in `remove`: the freezer's hierarchy may be listed last.
-    stale.iter().for_each(|d| thaw_tree(d));
-    stale.iter().for_each(|d| remove_tree(d));
+    // Thawed everywhere first: the freezer's hierarchy may be listed last.
+    remove_trees(&stale.iter().map(PathBuf::as_path).collect::<Vec<_>>());
 }
 
 /// A probe of the supervisor's own cgroups (what `kennel doctor` asks of them).
