@@ -15,37 +15,11 @@ mod common;
 mod server_common;
 
 include!("suites/session_kit.rs");
-
-/// The guest's echo server and the counter that talks to it over one TCP connection: each
-/// line is the count and what the server echoed of it.
-const ECHO: &str = "import socket\ns = socket.socket()\ns.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
-s.bind(('127.0.0.1', 7031))\ns.listen(1)\nc, _ = s.accept()\nwhile True:\n    d = c.recv(64)\n    if not d:\n        break\n    c.sendall(d)";
-const TALKER: &str = "import socket, time\nc = socket.create_connection(('127.0.0.1', 7031))\ni = 0\n\
-while True:\n    c.sendall(b'%d' % i)\n    print(i, c.recv(64).decode(), flush=True)\n    i += 1\n    time.sleep(0.2)";
-
-/// The state directory of session `id` on `server`.
-fn state_of(server: &Server, id: &str) -> std::path::PathBuf {
-    server.dir.join("sessions").join(format!("{id}.state"))
-}
-
-fn start(server: &Server, id: &str, code: &str) -> u64 {
-    let r = server.client.post_json(
-        &format!("/v1/sessions/{id}/processes"),
-        &json!({"argv": ["/usr/bin/python3", "-c", code]}),
-    );
-    assert_eq!(r.status, 201, "{}", r.text());
-    r.json()["pid"].as_u64().unwrap()
-}
+include!("suites/pause_kit.rs");
 
 /// The QEMU processes below the server: the pool's clones and the sessions' VMs.
 fn qemus(server: &Server) -> HashSet<server_common::Proc> {
-    descendants(server.pid)
-        .into_iter()
-        .filter(|p| {
-            std::fs::read(format!("/proc/{}/cmdline", p.pid))
-                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("qemu-system"))
-        })
-        .collect()
+    processes_named(server, "qemu-system")
 }
 
 #[test]
@@ -195,36 +169,7 @@ fn a_saved_session_comes_back_whole_and_no_other_state_is_resumed() {
 /// table, the server lists it paused, and its next call restores it with its state.
 #[test]
 fn a_saved_session_outlives_a_sigkilled_server() {
-    let dir = server_common::test_dir("pause-microvm-state");
-    let (db, records) = (dir.join("jobs.sqlite"), dir.join("sessions"));
-    // A token: a server without one names its caller by its address, which a restart changes.
-    let extra = format!("[jobs]\ndb = {db:?}\n[[tokens]]\nid = \"a\"\ntoken = \"{TOKEN}\"\n");
-    tier();
-    let env = [("KENNEL_SESSIONS_DIR", records.to_str().unwrap())];
-    let first = Server::start_with("pause-microvm-1", &suite_config(&extra), &env, Some(TOKEN));
-    wait_for_clone(&first);
-    let id = open_session(&first, json!({"name": "kept"}))["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    session_py(&first, &id, "x = 6");
-    let r = first.client.post_json(
-        &format!("/v1/sessions/{id}/pause"),
-        &json!({"keep": "saved"}),
-    );
-    assert_eq!(r.status, 200, "{}", r.text());
-    first.signal(libc::SIGKILL);
-    drop(first);
-    let second = Server::start_with("pause-microvm-2", &suite_config(&extra), &env, Some(TOKEN));
-    let shown = second.client.get(&format!("/v1/sessions/{id}")).json();
-    assert_eq!(
-        (&shown["state"], &shown["paused"]["keep"]),
-        (&json!("paused"), &json!("saved")),
-        "{shown}"
-    );
-    assert_eq!(session_py(&second, &id, "print(x * 7)"), "42\n");
-    let shown = second.client.get(&format!("/v1/sessions/{id}")).json();
-    assert_eq!(shown["last_resume"]["memory"], "restored", "{shown}");
+    a_saved_session_outlives_its_sigkilled_server("pause-microvm");
 }
 
 /// Saved states are weighed before anything is written: past the token's `quota.disk` (each
@@ -283,8 +228,6 @@ fn a_save_past_the_disk_quota_or_the_reserve_is_refused_and_loses_nothing() {
     );
     assert_eq!(session_py(&server, &id, "print(z)"), "3\n");
 }
-
-const TOKEN: &str = "pause-microvm-0123456789abcdef";
 
 fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     std::fs::create_dir_all(to).unwrap();
