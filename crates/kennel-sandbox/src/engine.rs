@@ -111,7 +111,10 @@ impl Engine {
                 launcher: helper.clone(),
             },
             microvm: Microvm::new(helper.clone()),
-            native: Native { helper },
+            native: Native {
+                helper,
+                boot_id: None,
+            },
             images: Store::from_env(),
             docker: None,
         }

@@ -15,6 +15,7 @@ pub mod request_log;
 pub mod saved;
 pub mod service;
 pub mod sessions;
+pub mod snapshots;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -245,6 +246,7 @@ pub async fn wait_for_signal() {
 async fn reap_sessions(service: Arc<service::Service>, mut stop: watch::Receiver<bool>) {
     while !*stop.borrow() {
         service.pause_or_end_idle().await;
+        service.expire_snapshots();
         for session in service.sessions.take_expired() {
             if session.ended().is_none() {
                 metrics::inc(&service.metrics.sessions_expired);

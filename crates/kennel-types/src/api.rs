@@ -909,7 +909,22 @@ pub struct SessionSpec {
     /// next call to a paused session resumes it.
     #[serde(default)]
     pub on_idle: crate::pause::OnIdle,
+    /// A snapshot of this token's (`POST /v1/sessions/{id}/snapshot`) to make the session
+    /// from: it has the snapshot's tier, image, limits, network and env (so those fields stay
+    /// unset), and its state is checked against the snapshot's manifest before anything of
+    /// it runs.
+    #[serde(default)]
+    pub from_snapshot: Option<String>,
+    /// How many sessions to make at once (1 to 64), answered as `{"sessions": [...]}`: all
+    /// of them, or none when the token's session quota (or the server) has no room for
+    /// them all (429). With `from_snapshot`, a fork. Not with `name`.
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 64)]
+    pub count: Option<u32>,
 }
+
+/// The most sessions one create with `count` makes.
+pub const MAX_FORK: u32 = 64;
 
 /// The most metadata keys a session takes.
 pub const MAX_METADATA_KEYS: usize = 16;
@@ -958,7 +973,54 @@ impl SessionSpec {
             }
             _ => {}
         }
-        check_metadata(&self.metadata)
+        check_metadata(&self.metadata)?;
+        self.check_fork()
+    }
+
+    /// Checks `count` and `from_snapshot`: a count within bounds and without a name (names
+    /// are unique); a snapshot's session takes its shape from the snapshot.
+    fn check_fork(&self) -> Result<(), PolicyError> {
+        match self.count {
+            Some(n) if n == 0 || n > MAX_FORK => {
+                return Err(PolicyError::request(
+                    "count",
+                    format!("is {n}: make 1 to {} sessions at once", MAX_FORK),
+                ))
+            }
+            Some(_) if self.name.is_some() => {
+                return Err(PolicyError::request(
+                    "count",
+                    "cannot go with `name`: a name is one session's",
+                ))
+            }
+            _ => {}
+        }
+        let Some(id) = &self.from_snapshot else {
+            return Ok(());
+        };
+        if !is_session_name(id) {
+            return Err(PolicyError::request(
+                "from_snapshot",
+                format!("{id:?} is not a snapshot id"),
+            ));
+        }
+        let shaped = [
+            ("limits", self.limits != LimitsSpec::default()),
+            ("env", !self.env.is_empty()),
+            ("network", self.network != crate::policy::Network::default()),
+            ("image", self.image.is_some()),
+            ("tier", self.tier.is_some()),
+            ("runtime", self.runtime.is_some()),
+            ("platform", self.platform.is_some()),
+        ];
+        match shaped.iter().find(|(_, set)| *set) {
+            Some((field, _)) => Err(PolicyError::request(
+                field,
+                "cannot go with `from_snapshot`: a session made from a snapshot has the \
+                 snapshot's tier, image, limits, network and env",
+            )),
+            None => Ok(()),
+        }
     }
 
     /// Whether the request names its isolation (a tier or a runtime).

@@ -15,6 +15,7 @@ pub mod policy;
 pub mod process;
 pub mod runs;
 pub mod security;
+pub mod snapshot;
 pub mod terminal;
 pub mod time;
 pub mod user;

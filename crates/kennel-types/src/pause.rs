@@ -110,6 +110,9 @@ pub enum Mechanism {
     Freezer,
     /// The Docker Engine's pause of the container (which freezes its cgroup).
     DockerPause,
+    /// A snapshot of the files only: `/workspace` and `/tmp` archived by the session's agent,
+    /// where the tier cannot save the memory.
+    Files,
 }
 
 /// What a pause keeps of a session.

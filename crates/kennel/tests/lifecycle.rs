@@ -146,6 +146,7 @@ fn a_cancelled_run_ends_at_once() {
     use kennel_types::{Command as Cmd, RunRequest};
     let native = Native {
         helper: KENNEL.into(),
+        boot_id: None,
     };
     let req = RunRequest::new(Cmd::Argv(vec!["/bin/sleep".into(), "30".into()]));
     let cancel = Canceller::new();
@@ -179,6 +180,7 @@ fn raw_output_goes_only_to_the_sink() {
     use std::sync::{Arc, Mutex};
     let native = Native {
         helper: KENNEL.into(),
+        boot_id: None,
     };
     let code = "import sys; sys.stdout.write('x' * 300000)";
     let req = RunRequest::new(Cmd::Argv(vec![PY.into(), "-c".into(), code.into()]));

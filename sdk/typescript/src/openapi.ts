@@ -324,6 +324,22 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sessions/{id}/snapshot": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post: operations["take"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sessions/{id}/terminals": {
         parameters: {
             query?: never;
@@ -383,6 +399,38 @@ export interface paths {
         put?: never;
         post?: never;
         delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/snapshots": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["list"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/snapshots/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["show"];
+        put?: never;
+        post?: never;
+        delete: operations["delete"];
         options?: never;
         head?: never;
         patch?: never;
@@ -450,6 +498,11 @@ export interface components {
             /** @description The tripwire groups; all of them unless given. */
             tripwires?: components["schemas"]["TripwireGroup"][] | null;
         } & (unknown & unknown & unknown);
+        /**
+         * @description Where a clone's boot id comes from.
+         * @enum {string}
+         */
+        BootId: "own" | "absent" | "host";
         /**
          * @description The capabilities the code keeps: each holds only inside the sandbox's own user namespace,
          *     over processes and files whose ids are mapped into it (the scratch space, the code's own
@@ -718,6 +771,21 @@ export interface components {
          * @enum {string}
          */
         FileEventKind: "create" | "modify" | "delete" | "rename" | "overflow";
+        /** @description What each session made from a snapshot gets afresh when it is handed out. */
+        Fresh: {
+            /** @description Where its boot id comes from. */
+            boot_id: components["schemas"]["BootId"];
+            /** @description Its clock: the host's time at hand-out. */
+            clock: boolean;
+            /** @description Its kernel's entropy: `/dev/urandom` differs between clones. */
+            entropy: boolean;
+            /**
+             * @description Python's `random` and numpy's global generator are seeded afresh before its first
+             *     exec. Clones of a snapshot with memory share the interpreter's string-hash secret
+             *     (`PYTHONHASHSEED`), which a running interpreter cannot change.
+             */
+            python_random: boolean;
+        };
         /** @description An image named by a result: which one, exactly. */
         ImageInfo: {
             /** @description The content digest of its root (`sha256:...`), which names its exact contents. */
@@ -881,7 +949,7 @@ export interface components {
          * @description How a tier pauses a session.
          * @enum {string}
          */
-        Mechanism: "qemu-migrate" | "runsc-checkpoint" | "freezer" | "docker-pause";
+        Mechanism: "qemu-migrate" | "runsc-checkpoint" | "freezer" | "docker-pause" | "files";
         /**
          * @description How the memory of a resumed session came back.
          * @enum {string}
@@ -1571,6 +1639,11 @@ export interface components {
              */
             signal?: number | null;
         };
+        /** @description The sessions of one create with `count`: every one of them, or (on any refusal) none. */
+        SessionGroup: {
+            /** @description The sessions made, in no particular order. */
+            sessions: components["schemas"]["SessionInfo"][];
+        };
         /** @description A session as the API lists it. */
         SessionInfo: {
             /**
@@ -1645,10 +1718,24 @@ export interface components {
         };
         /** @description Creates a session: a sandbox kept between an agent's steps. */
         SessionSpec: {
+            /**
+             * Format: int32
+             * @description How many sessions to make at once (1 to 64), answered as `{"sessions": [...]}`: all
+             *     of them, or none when the token's session quota (or the server) has no room for
+             *     them all (429). With `from_snapshot`, a fork. Not with `name`.
+             */
+            count?: number | null;
             /** @description Environment variables for the code, beyond Kennel's clean defaults: names without `=`, names and values without NUL. */
             env?: {
                 [key: string]: string;
             };
+            /**
+             * @description A snapshot of this token's (`POST /v1/sessions/{id}/snapshot`) to make the session
+             *     from: it has the snapshot's tier, image, limits, network and env (so those fields stay
+             *     unset), and its state is checked against the snapshot's manifest before anything of
+             *     it runs.
+             */
+            from_snapshot?: string | null;
             /**
              * @description With `name`: when this token has an open session of that name, answer it (200) rather
              *     than 409, provided its tier, runtime, platform, image, limits, network and env are
@@ -1697,6 +1784,54 @@ export interface components {
          * @enum {string}
          */
         SessionState: "running" | "paused" | "ended";
+        /** @description A snapshot as the API shows it. */
+        SnapshotInfo: {
+            /**
+             * Format: int64
+             * @description When it was taken, in milliseconds since the Unix epoch.
+             */
+            created_at_unix_ms: number;
+            /**
+             * Format: int64
+             * @description When the server deletes it, in milliseconds since the Unix epoch.
+             */
+            expires_at_unix_ms: number;
+            /** @description What each session made from it gets afresh. */
+            fresh: components["schemas"]["Fresh"];
+            /**
+             * @description The snapshot's id: `from_snapshot` of `POST /v1/sessions`, and the `{id}` of its
+             *     `/v1/snapshots/{id}` paths.
+             */
+            id: string;
+            /** @description What a session made from it gets back. */
+            kept: components["schemas"]["Kept"];
+            /**
+             * @description `qemu-migrate` or `runsc-checkpoint` where it holds the memory; `files` where it holds
+             *     `/workspace` and `/tmp` only.
+             */
+            mechanism: components["schemas"]["Mechanism"];
+            /** @description The session it was taken of. */
+            session: string;
+            /**
+             * Format: int64
+             * @description The bytes it takes on disk, counted against the token's `quota.disk`.
+             */
+            state_bytes: number;
+            /**
+             * Format: int64
+             * @description Milliseconds the snapshot took, including (where it holds the memory) the source
+             *     session's restore, which runs on as it was.
+             */
+            took_ms: number;
+        };
+        /** @description `POST /v1/sessions/{id}/snapshot`'s body. */
+        SnapshotSpec: {
+            /**
+             * @description How long the snapshot is kept (such as "1h"); the server's `snapshots.ttl` when unset,
+             *     and never more than its `snapshots.max_ttl`.
+             */
+            ttl?: string | null;
+        };
         /** @description A text frame a client sends on a terminal's WebSocket (binary frames are keystrokes). */
         TerminalControl: {
             /**
@@ -2062,7 +2197,7 @@ export interface operations {
                     "application/json": components["schemas"]["SessionInfo"];
                 };
             };
-            /** @description The session, started */
+            /** @description The session, started (from its snapshot with `from_snapshot`); with `count`, `{"sessions": [...]}`: every one made */
             201: {
                 headers: {
                     [name: string]: unknown;
@@ -2071,7 +2206,7 @@ export interface operations {
                     "application/json": components["schemas"]["SessionInfo"];
                 };
             };
-            /** @description A malformed request, a limit or `idle_ttl` outside this server's bounds, a `runtime` beside a tier other than `oci`, a tier below this caller's minimum isolation, a malformed `name`, `metadata` past its bounds, or `get_or_create` without a `name` */
+            /** @description A malformed request, a limit or `idle_ttl` outside this server's bounds, a `runtime` beside a tier other than `oci`, a tier below this caller's minimum isolation, a malformed `name`, `metadata` past its bounds, or `get_or_create` without a `name`; `count` out of 1 to 64 or beside `name`; `from_snapshot` beside a field that shapes the sandbox (`limits`, `env`, `network`, `image`, `tier`, `runtime`, `platform`) */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2098,7 +2233,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description An `image` this server does not have */
+            /** @description An `image` this server does not have, or no snapshot `from_snapshot` for this caller */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -2107,7 +2242,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description This token has an open session of that `name` (without `get_or_create`), or, with it, one whose spec differs: the message names the fields */
+            /** @description This token has an open session of that `name` (without `get_or_create`), or, with it, one whose spec differs: the message names the fields; or the snapshot's state does not match its manifest (altered, incomplete) or does not restore on this host: nothing of it ran */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -2134,7 +2269,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description The server keeps as many sessions as it may, or this token's quota is used up; see Retry-After */
+            /** @description The server keeps as many sessions as it may, or this token's quota is used up (or has no room for all `count` of them: none is made); see Retry-After */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -3697,6 +3832,119 @@ export interface operations {
             };
         };
     };
+    take: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id, as `POST /v1/sessions` returned it. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["SnapshotSpec"];
+            };
+        };
+        responses: {
+            /** @description Taken: its id, what it keeps (`kept`: the memory where the tier saves it, microvm and runsc without a network; else the files only, and `mechanism` says `files`) and what each session made from it gets afresh. The session runs on */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SnapshotInfo"];
+                };
+            };
+            /** @description A malformed request, or a `ttl` past this server's `snapshots.max_ttl` */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description A valid bearer token is required. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No such session for this caller */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The session is paused (resume it first), or busy (an exec or file operation under way) */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The session's sandbox has ended */
+            410: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The body is larger than this server takes. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The body is not sent as `Content-Type: application/json`. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description This token keeps `snapshots.max_per_token` snapshots, or this one would take its saved sessions and snapshots past its disk quota (`quota.disk`) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The server keeps no state directory, where snapshots live */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description It would leave the server's state directory less free space than it keeps in reserve (`[state] reserve`) */
+            507: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
     list_terminals: {
         parameters: {
             query?: never;
@@ -4129,6 +4377,136 @@ export interface operations {
                 content: {
                     "application/json": components["schemas"]["Error"];
                 };
+            };
+        };
+    };
+    list: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description This caller's snapshots, oldest first */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SnapshotInfo"][];
+                };
+            };
+            /** @description A valid bearer token is required. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The server keeps no state directory, where snapshots live */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    show: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id, as `POST /v1/sessions` returned it. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The snapshot */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SnapshotInfo"];
+                };
+            };
+            /** @description A valid bearer token is required. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No such snapshot for this caller */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The server keeps no state directory, where snapshots live */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    delete: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id, as `POST /v1/sessions` returned it. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Deleted, its state with it (sessions made from it run on) */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description A valid bearer token is required. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No such snapshot for this caller */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The server keeps no state directory, where snapshots live */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
             };
         };
     };

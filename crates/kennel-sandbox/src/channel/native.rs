@@ -29,6 +29,8 @@ pub struct Plan {
     pub host_dirs: Vec<kennel_types::api::HostDir>,
     /// Host devices shown in /dev beyond the usual few (the microvm tier's /dev/kvm).
     pub devices: Vec<String>,
+    /// A file shown as `/proc/sys/kernel/random/boot_id` (a microVM guest's own).
+    pub boot_id: Option<std::path::PathBuf>,
 }
 
 impl Planned for Plan {

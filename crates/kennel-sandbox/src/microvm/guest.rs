@@ -101,6 +101,43 @@ fn bring_up_and_run(port: &mut Option<File>) -> Result<(), Failed> {
 /// How long the guest waits for the host to answer its last `Done` before it powers off.
 const HOST_ANSWER_WAIT: Duration = Duration::from_secs(5);
 
+/// The guest's boot id as its sandbox reads it (`/proc/sys/kernel/random/boot_id`, bound
+/// over the kernel's): the kernel's at a cold boot, and a new one in each clone restored from
+/// a snapshot, whose kernel would otherwise show every clone the same. In the guest's own
+/// `/dev` (a devtmpfs), which no sandbox sees (each has a `/dev` of its own), and which the
+/// sandbox's new root, assembled on `/tmp`, does not cover while its init binds the file.
+const BOOT_ID_FILE: &str = "/dev/.kennel-boot-id";
+
+/// Writes `id` into [`BOOT_ID_FILE`] in place: the sandbox's bind holds the file's inode.
+fn write_boot_id(id: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .open(BOOT_ID_FILE)?;
+    writeln!(file, "{id}")
+}
+
+/// A random (version 4) UUID, as the kernel makes a boot id, from the kernel's pool.
+fn new_boot_id() -> std::io::Result<String> {
+    let mut b = [0u8; 16];
+    std::io::Read::read_exact(&mut File::open("/dev/urandom")?, &mut b)?;
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    Ok(format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    ))
+}
+
 /// Waits until `reader`, the thread that reads the host's frames, has ended, which the host's
 /// `Done` (or a closed port) does, at most `HOST_ANSWER_WAIT`. A write to the port returns
 /// once the frame is queued, and QEMU drops what it has not read yet when the guest powers
@@ -272,8 +309,14 @@ fn run(
     };
     let native = Native {
         helper: "/init".into(),
+        boot_id: Some(BOOT_ID_FILE.into()),
     };
     let send = |msg: &Msg, blob: &[u8]| net::send(&writer, msg, blob).map_err(fail);
+    let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id");
+    boot_id
+        .and_then(|id| write_boot_id(id.trim()))
+        .ctx(|| "writing the guest's boot id".into())
+        .map_err(|f| (Step::ReceivePlan, f))?;
     // Before anything runs: a guest restored from a snapshot has its snapshot's entropy pool
     // and clock, the same in every clone.
     if let Some(f) = &plan.fresh {
@@ -361,13 +404,14 @@ fn output_to(writer: Peer) -> crate::OutputSink {
     })
 }
 
-/// The guest's own entropy (credited to the kernel's pool, then a reseed) and the clock.
+/// The guest's own entropy (credited to the kernel's pool, then a reseed), the clock, and a
+/// boot id of its own.
 fn freshen(f: &Fresh) -> Result<(), Fail> {
-    sys::reseed_kernel_random(&f.seed)
-        .ctx(|| "reseeding the kernel's random pool".into())
-        .and_then(|()| {
-            sys::set_wall_clock(f.unix_secs, f.unix_nanos).ctx(|| "setting the clock".into())
-        })
+    sys::reseed_kernel_random(&f.seed).ctx(|| "reseeding the kernel's random pool".into())?;
+    sys::set_wall_clock(f.unix_secs, f.unix_nanos).ctx(|| "setting the clock".into())?;
+    new_boot_id()
+        .and_then(|id| write_boot_id(&id))
+        .ctx(|| "writing the guest's boot id".into())
 }
 
 /// The isolation the run's sandbox reported, kept to be told again to a host that resumes

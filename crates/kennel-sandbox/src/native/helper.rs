@@ -26,7 +26,7 @@ fn fs_plan(plan: &Plan) -> FsPlan {
         None => mounts::system_view(&host, "", false),
     };
     system.extend(mounts::host_dirs(&plan.host_dirs));
-    let (proc_mount, proc_mask) = mounts::proc(&host);
+    let (proc_mount, proc_mask) = mounts::proc(&host, plan.boot_id.as_deref());
     FsPlan {
         system,
         scratch: mounts::scratch(&plan.policy),

@@ -29,6 +29,10 @@ use crate::sys::{self, Spawned};
 pub struct Native {
     /// The kennel binary, exec'd as the sandbox helper.
     pub helper: PathBuf,
+    /// A file shown read-only as the sandbox's `/proc/sys/kernel/random/boot_id`: a microVM
+    /// guest's own, which it renews in each clone of a snapshot (the kernel's is fixed once
+    /// read). None: the kernel's.
+    pub boot_id: Option<PathBuf>,
 }
 
 /// The standalone helper's file name, looked for beside the running binary.
@@ -47,7 +51,10 @@ impl Native {
         let exe = std::env::current_exe().map_err(Error::io("locating the kennel binary"))?;
         let small = exe.with_file_name(HELPER_BINARY);
         let helper = if small.is_file() { small } else { exe };
-        Ok(Native { helper })
+        Ok(Native {
+            helper,
+            boot_id: None,
+        })
     }
 
     /// Runs one request to its end. Errors mean the run could not happen as asked; a run that
@@ -83,6 +90,7 @@ impl Native {
                 cpus: pick_cpus(policy)?,
                 host_dirs: checked_host_dirs(req)?,
                 devices: checked_devices(req)?,
+                boot_id: self.boot_id.clone(),
             },
             limiter: None,
             forward,

@@ -265,9 +265,13 @@ pub fn dev(policy: &Policy, extra: &[String]) -> Vec<Op> {
     ops
 }
 
+/// Where the kernel shows its boot id, relative to the root.
+pub const BOOT_ID: &str = "proc/sys/kernel/random/boot_id";
+
 /// A fresh `/proc` for the sandbox's pid namespace, then the operations that mask its
-/// host-sensitive parts. `host` answers which entries exist (the kernel's /proc has the same).
-pub fn proc(host: &dyn View) -> (Vec<Op>, Vec<Op>) {
+/// host-sensitive parts, and show `boot_id` (a file) in place of the kernel's boot id.
+/// `host` answers which entries exist (the kernel's /proc has the same).
+pub fn proc(host: &dyn View, boot_id: Option<&std::path::Path>) -> (Vec<Op>, Vec<Op>) {
     let mount = vec![
         Op::Mkdir(r("proc")),
         Op::Mount {
@@ -290,6 +294,10 @@ pub fn proc(host: &dyn View) -> (Vec<Op>, Vec<Op>) {
         if let Some(kind) = host.kind(&format!("proc/{name}")) {
             hide(&mut ops, r(&format!("proc/{name}")), &kind);
         }
+    }
+    if let Some(file) = boot_id.filter(|_| host.kind(BOOT_ID).is_some()) {
+        ops.push(bind(file.to_string_lossy().into_owned(), r(BOOT_ID)));
+        ops.push(Op::RemountReadOnly(r(BOOT_ID)));
     }
     (mount, ops)
 }
@@ -381,11 +389,32 @@ mod tests {
 
     #[test]
     fn proc_masks_what_exists() {
-        let (mount, ops) = proc(&merged_usr_host());
+        let (mount, ops) = proc(&merged_usr_host(), None);
         assert_eq!(mount.len(), 2);
         assert!(ops.contains(&bind("/dev/null".into(), "/tmp/proc/kcore".into())));
         assert!(ops.contains(&Op::RemountReadOnly("/tmp/proc/sys".into())));
         assert!(ops.iter().any(|o| matches!(o, Op::Mount { target, flags, .. } if target == "/tmp/proc/acpi" && flags & libc::MS_RDONLY != 0)));
         assert!(!ops.iter().any(|o| format!("{o:?}").contains("timer_list")));
+        assert!(!ops.iter().any(|o| format!("{o:?}").contains("boot_id")));
+    }
+
+    /// A boot id file given (a microVM guest's) is shown read-only over the kernel's, after
+    /// `/proc/sys` was made read-only; none is shown where the kernel has no boot id.
+    #[test]
+    fn a_boot_id_file_stands_in_for_the_kernels() {
+        let mut host = merged_usr_host();
+        let file = std::path::Path::new("/tmp/.kennel-boot-id");
+        let (_, ops) = proc(&host, Some(file));
+        assert!(!ops.iter().any(|o| format!("{o:?}").contains("boot_id")));
+        host.0.insert(BOOT_ID, Kind::File);
+        let (_, ops) = proc(&host, Some(file));
+        let at = |op: &Op| ops.iter().position(|o| o == op).unwrap();
+        let shown = bind(file.display().to_string(), format!("/tmp/{BOOT_ID}"));
+        let sys = at(&Op::RemountReadOnly("/tmp/proc/sys".into()));
+        assert!(sys < at(&shown));
+        assert_eq!(
+            at(&shown) + 1,
+            at(&Op::RemountReadOnly(format!("/tmp/{BOOT_ID}")))
+        );
     }
 }

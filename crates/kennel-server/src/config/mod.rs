@@ -327,6 +327,30 @@ pub struct ServerConfig {
     pub connections: Connections,
     /// The state directory's disk.
     pub state: State,
+    /// Snapshots of sessions (`POST /v1/sessions/{id}/snapshot`).
+    pub snapshots: Snapshots,
+}
+
+/// The bounds a token's snapshots live under: each counts against its `quota.disk` too.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Snapshots {
+    /// Snapshots one token may keep at once; past this a snapshot is refused with 429.
+    pub max_per_token: usize,
+    /// How long a snapshot is kept when its request names no `ttl`.
+    pub ttl: Span,
+    /// The longest `ttl` a snapshot may ask for.
+    pub max_ttl: Span,
+}
+
+impl Default for Snapshots {
+    fn default() -> Self {
+        Snapshots {
+            max_per_token: 16,
+            ttl: Span(Duration::from_secs(86_400)),
+            max_ttl: Span(Duration::from_secs(7 * 86_400)),
+        }
+    }
 }
 
 /// The disk under the state directory, where saved sessions are kept.
@@ -413,6 +437,7 @@ impl Default for ServerConfig {
             mcp: Mcp::default(),
             connections: Connections::default(),
             state: State::default(),
+            snapshots: Snapshots::default(),
         }
     }
 }

@@ -12,6 +12,7 @@ mod reply;
 pub mod routes;
 mod shared;
 pub mod slow;
+pub mod snapshots;
 mod stream;
 pub mod terminals;
 pub mod watch;
@@ -198,6 +199,12 @@ pub fn router(state: Shared, mounts: &[Mount]) -> Router {
         )
         .route("/v1/sessions/{id}/pause", post(pause::pause))
         .route("/v1/sessions/{id}/resume", post(pause::resume))
+        .route("/v1/sessions/{id}/snapshot", post(snapshots::take))
+        .route("/v1/snapshots", get(snapshots::list))
+        .route(
+            "/v1/snapshots/{id}",
+            get(snapshots::show).delete(snapshots::delete),
+        )
         .route("/v1/sessions/{id}/exec", post(routes::exec))
         .route("/v1/sessions/{id}/interrupt", post(routes::interrupt))
         .route("/v1/sessions/{id}/cancel", post(routes::cancel))

@@ -7,7 +7,7 @@ use kennel_types::api::{MAX_METADATA_KEYS, MAX_METADATA_KEY_BYTES, MAX_METADATA_
 use serde_json::{json, Map, Value};
 use utoipa::OpenApi;
 
-use super::{pause as pausing, processes, routes, terminals, watch};
+use super::{pause as pausing, processes, routes, snapshots, terminals, watch};
 use crate::config::ServerConfig;
 use crate::pattern;
 use kennel_types::api;
@@ -30,6 +30,10 @@ use kennel_types::terminal;
         routes::remove,
         pausing::pause,
         pausing::resume,
+        snapshots::take,
+        snapshots::list,
+        snapshots::show,
+        snapshots::delete,
         routes::exec,
         routes::interrupt,
         routes::cancel,
@@ -67,6 +71,9 @@ use kennel_types::terminal;
         kennel_types::watch::FileEvent, kennel_types::watch::FileEventKind,
         pause::Keep, pause::PauseSpec, pause::OnIdle, pause::Mechanism, pause::Kept,
         pause::SessionState, pause::Paused, pause::MemoryBack, pause::ResumeReport,
+        kennel_types::snapshot::SnapshotSpec, kennel_types::snapshot::SnapshotInfo,
+        kennel_types::snapshot::Fresh, kennel_types::snapshot::BootId,
+        kennel_types::snapshot::SessionGroup,
     )),
     modifiers(&BearerAuth),
     security(("bearer" = []))

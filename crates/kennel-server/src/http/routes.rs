@@ -89,16 +89,22 @@ pub async fn cancel_run(
     responses(
         (status = 200, description = "With `get_or_create`: this token's open session of that \
             `name`, whose spec matched", body = SessionInfo),
-        (status = 201, description = "The session, started", body = SessionInfo),
+        (status = 201, description = "The session, started (from its snapshot with \
+            `from_snapshot`); with `count`, `{\"sessions\": [...]}`: every one made", body = SessionInfo),
         (status = 400, description = "A malformed request, a limit or `idle_ttl` outside this server's bounds, \
             a `runtime` beside a tier other than `oci`, a tier below this caller's minimum isolation, \
-            a malformed `name`, `metadata` past its bounds, or `get_or_create` without a `name`"),
+            a malformed `name`, `metadata` past its bounds, or `get_or_create` without a `name`; \
+            `count` out of 1 to 64 or beside `name`; `from_snapshot` beside a field that shapes the \
+            sandbox (`limits`, `env`, `network`, `image`, `tier`, `runtime`, `platform`)"),
         (status = 403, description = "An `image` this token may not use"),
-        (status = 404, description = "An `image` this server does not have"),
+        (status = 404, description = "An `image` this server does not have, or no snapshot \
+            `from_snapshot` for this caller"),
         (status = 409, description = "This token has an open session of that `name` (without \
-            `get_or_create`), or, with it, one whose spec differs: the message names the fields"),
+            `get_or_create`), or, with it, one whose spec differs: the message names the fields; \
+            or the snapshot's state does not match its manifest (altered, incomplete) or does not \
+            restore on this host: nothing of it ran"),
         (status = 429, description = "The server keeps as many sessions as it may, or this token's quota \
-            is used up; see Retry-After"),
+            is used up (or has no room for all `count` of them: none is made); see Retry-After"),
         (status = 503, description = "This host cannot enforce a layer the session needs (a runtime \
             it does not have, no microVM guest prepared)"),
     ))]

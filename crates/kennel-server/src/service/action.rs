@@ -79,6 +79,22 @@ pub enum Action {
     ResumeSession {
         id: String,
     },
+    /// Snapshots a session: its memory and files where the tier saves memory (the session
+    /// restored from it runs on), else its files only.
+    SnapshotSession {
+        id: String,
+        spec: kennel_types::snapshot::SnapshotSpec,
+    },
+    /// The caller's snapshots.
+    ListSnapshots,
+    /// One of the caller's snapshots; another caller's does not exist for it.
+    ShowSnapshot {
+        id: String,
+    },
+    /// Deletes one of the caller's snapshots, its state with it.
+    DeleteSnapshot {
+        id: String,
+    },
     /// Code in a session; takes a run slot as a run does. A caller that goes away (the
     /// action dropped before it ends) cancels it.
     Exec {

@@ -1,7 +1,8 @@
 //! The disk a `saved` pause takes: each saved session is counted at its declared size (its
 //! memory limit, the most its saved memory can be, whatever the save then writes), against
 //! its token's `quota.disk`, and no save may leave the state directory's filesystem less than
-//! `[state] reserve` free. Both are weighed before anything is written.
+//! `[state] reserve` free. A snapshot counts too, at the bytes it holds once taken (and at
+//! its declared size before). Both are weighed before anything is written.
 
 use std::path::Path;
 
@@ -29,15 +30,33 @@ fn is_saved(session: &Session) -> bool {
         .is_some_and(|p| p.info.keep == Keep::Saved)
 }
 
-/// What the token's other saved sessions take, counted at their declared sizes.
-fn held_by(service: &Service, session: &Session) -> u64 {
-    service
+/// What the token's saved sessions (but `except`) and its snapshots take: the sessions at
+/// their declared sizes, the snapshots at what they hold.
+fn held_by(service: &Service, token_id: &str, except: Option<&str>) -> u64 {
+    let sessions: u64 = service
         .sessions
         .list()
         .iter()
-        .filter(|s| s.token_id == session.token_id && s.id != session.id && is_saved(s))
+        .filter(|s| s.token_id == token_id && Some(s.id.as_str()) != except && is_saved(s))
         .map(|s| declared(s))
-        .sum()
+        .sum();
+    let snapshots: u64 = service
+        .snapshots
+        .as_ref()
+        .map(|store| store.of(token_id).iter().map(|s| s.info.state_bytes).sum())
+        .unwrap_or(0);
+    sessions.saturating_add(snapshots)
+}
+
+/// What is about to be written, to be weighed: `what` says it in a refusal ("saving this
+/// session (512 MiB at its memory limit)"), `or_else` what the caller may do instead.
+pub(super) struct Need<'a> {
+    pub token_id: &'a str,
+    /// The session it is of, whose own saved state it replaces (a pause's).
+    pub replaces: Option<&'a str>,
+    pub size: u64,
+    pub what: String,
+    pub or_else: &'a str,
 }
 
 /// Refuses a save of `session` into `dir` past its token's disk quota (429) or the server's
@@ -48,14 +67,30 @@ pub(super) fn room_for(
     dir: &Path,
 ) -> Result<(), ServiceError> {
     let size = declared(session);
-    if let Some(quota) = service.config.disk_quota(&session.token_id) {
-        let held = held_by(service, session);
+    let need = Need {
+        token_id: &session.token_id,
+        replaces: Some(&session.id),
+        size,
+        what: format!(
+            "saving this session ({} at its memory limit)",
+            ByteSize(size)
+        ),
+        or_else: "end or resume one of them first, or pause this one with `\"keep\": \
+                  \"frozen\"` where its tier can",
+    };
+    room(service, &need, dir)
+}
+
+/// Refuses what `need` would write into `dir` past its token's disk quota (429) or the
+/// server's reserve (507).
+pub(super) fn room(service: &Service, need: &Need<'_>, dir: &Path) -> Result<(), ServiceError> {
+    let (size, what, or_else) = (need.size, &need.what, need.or_else);
+    if let Some(quota) = service.config.disk_quota(need.token_id) {
+        let held = held_by(service, need.token_id, need.replaces);
         if held.saturating_add(size) > quota {
             return Err(ServiceError::QuotaExceeded(Refusal::from(format!(
-                "saving this session ({} at its memory limit) would take this token's saved \
-                 sessions to {}, past its disk quota (quota.disk) of {}; end or resume one of \
-                 them first, or pause this one with `\"keep\": \"frozen\"` where its tier can",
-                ByteSize(size),
+                "{what} would take this token's saved sessions and snapshots to {}, past its \
+                 disk quota (quota.disk) of {}; {or_else}",
                 ByteSize(held.saturating_add(size)),
                 ByteSize(quota)
             ))));
@@ -67,11 +102,9 @@ pub(super) fn room_for(
     })?;
     if free.saturating_sub(size) < reserve {
         return Err(ServiceError::InsufficientStorage(format!(
-            "saving this session ({} at its memory limit) would leave {} free where the \
-             server keeps its saved sessions, less than it keeps in reserve ([state] reserve, \
-             {}); retry once the operator has made room, or pause it with `\"keep\": \
-             \"frozen\"` where its tier can",
-            ByteSize(size),
+            "{what} would leave {} free where the server keeps its saved sessions and \
+             snapshots, less than it keeps in reserve ([state] reserve, {}); retry once the \
+             operator has made room, or {or_else}",
             mib(free.saturating_sub(size)),
             ByteSize(reserve)
         )));

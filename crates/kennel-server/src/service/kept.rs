@@ -30,6 +30,16 @@ impl Service {
         )
     }
 
+    /// The tenant of token `token_id` (an HMAC under the job table's key), where there is a
+    /// job table.
+    pub(super) fn tenant_of(&self, token_id: &str) -> Option<String> {
+        let jobs = self.jobs().ok()?;
+        tenants(self, jobs)
+            .into_iter()
+            .find(|(_, id)| id == token_id)
+            .map(|(t, _)| t)
+    }
+
     /// Writes `session`'s record when it has a name or is paused, and removes it otherwise.
     pub(super) fn keep_record(&self, session: &Session) {
         let (Some(records), Ok(jobs)) = (&self.records, self.jobs()) else {
@@ -56,6 +66,9 @@ impl Service {
             return;
         };
         let ours = tenants(self, jobs);
+        if let Some(snapshots) = &self.snapshots {
+            snapshots.load(&ours);
+        }
         let names: Vec<String> = ours.iter().map(|(t, _)| t.clone()).collect();
         for record in records.take_over(&names) {
             let Some((_, token)) = ours.iter().find(|(t, _)| *t == record.tenant) else {

@@ -12,6 +12,7 @@ pub mod callback;
 mod counts;
 mod disk;
 mod error;
+mod fork;
 pub mod jobs;
 mod kept;
 mod pause;
@@ -22,6 +23,7 @@ mod run;
 mod runs;
 mod save;
 mod session;
+mod snapshot;
 mod state;
 mod terminal;
 mod watch;
@@ -71,6 +73,9 @@ impl Service {
                 Ok(match session::create(self, caller, &spec).await? {
                     session::Created::New(info) => Reply::SessionCreated(info),
                     session::Created::Found(info) => Reply::Session(info),
+                    session::Created::Many(sessions) => {
+                        Reply::SessionsCreated(kennel_types::snapshot::SessionGroup { sessions })
+                    }
                 })
             }
             Action::ListSessions { filter } => {
@@ -90,6 +95,17 @@ impl Service {
                 .map(Reply::Paused),
             Action::ResumeSession { id } => {
                 pause::resume(self, caller, &id).await.map(Reply::Resumed)
+            }
+            Action::SnapshotSession { id, spec } => snapshot::snapshot(self, caller, &id, &spec)
+                .await
+                .map(Reply::Snapshot),
+            Action::ListSnapshots => snapshot::list(self, caller).map(Reply::Snapshots),
+            Action::ShowSnapshot { id } => {
+                snapshot::show(self, caller, &id).map(Reply::SnapshotInfo)
+            }
+            Action::DeleteSnapshot { id } => {
+                snapshot::delete(self, caller, &id)?;
+                Ok(Reply::Done)
             }
             Action::Exec { id, spec, live } => session::exec(self, caller, &id, spec, live)
                 .await

@@ -41,6 +41,13 @@ pub enum Reply {
     Paused(kennel_types::pause::Paused),
     /// A session resumed: what came back.
     Resumed(kennel_types::pause::ResumeReport),
+    /// The sessions of a create with `count`.
+    SessionsCreated(kennel_types::snapshot::SessionGroup),
+    /// A snapshot just taken.
+    Snapshot(kennel_types::snapshot::SnapshotInfo),
+    /// One snapshot, as it is.
+    SnapshotInfo(kennel_types::snapshot::SnapshotInfo),
+    Snapshots(Vec<kennel_types::snapshot::SnapshotInfo>),
     /// Done, with nothing to say (a session ended, a file written or deleted).
     Done,
 }

@@ -19,7 +19,7 @@ pub(super) fn millis(since: Instant) -> u64 {
 }
 
 /// The mechanism a tier's saver names.
-fn mechanism(saver: &dyn Save) -> Mechanism {
+pub(super) fn mechanism(saver: &dyn Save) -> Mechanism {
     match saver.mechanism() {
         "runsc-checkpoint" => Mechanism::RunscCheckpoint,
         _ => Mechanism::QemuMigrate,

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::action::{Accepted, Caller, Live, SessionFilter};
-use super::error::{count, Refusal, ServiceError};
+use super::error::{count as count_of, Refusal, ServiceError};
 use super::state::{in_slot, Service};
 use crate::agent::{AgentError, AgentSandbox, Exec, Progress};
 use crate::audit::Entry;
@@ -16,7 +16,7 @@ use kennel_types::api::{
     EndReason, ExecResult, ExecSpec, Listing, SessionEnd, SessionInfo, SessionSpec,
 };
 use kennel_types::pause::OnIdle;
-use kennel_types::policy::{ByteSize, Policy, Span, Tier};
+use kennel_types::policy::{ByteSize, Policy, Span};
 
 /// The caller's session `id`: another caller's does not exist, as far as this one can tell.
 pub(super) fn owned(
@@ -119,6 +119,8 @@ fn missing_is_not_found(e: AgentError, path: &str, what: &str) -> ServiceError {
 pub(super) enum Created {
     New(SessionInfo),
     Found(SessionInfo),
+    /// The sessions of a create with `count`.
+    Many(Vec<SessionInfo>),
 }
 
 pub(super) async fn create(
@@ -128,7 +130,13 @@ pub(super) async fn create(
 ) -> Result<Created, ServiceError> {
     // Every field is checked before a place is taken: a bad one costs the token nothing.
     spec.check_label()?;
-    let policy = policy_for(service, caller, spec)?;
+    let (policy, source) = match &spec.from_snapshot {
+        Some(id) => super::fork::source(service, caller, id)?,
+        None => (
+            policy_for(service, caller, spec)?,
+            super::fork::Source::Cold,
+        ),
+    };
     let sessions = &service.config.sessions;
     let terms = Terms {
         idle_ttl: idle_ttl(&service.config, spec.idle_ttl)?,
@@ -141,16 +149,41 @@ pub(super) async fn create(
         metadata: spec.metadata.clone(),
         shape: Shape::of(&policy),
     };
+    let made = Made {
+        policy,
+        terms,
+        label,
+        source,
+    };
     let Some(name) = &spec.name else {
-        return start(service, caller, policy, terms, label).await;
+        let n = spec.count.unwrap_or(1);
+        let infos = start(service, caller, made, n).await?;
+        return Ok(match spec.count {
+            Some(_) => Created::Many(infos),
+            None => Created::New(infos.into_iter().next().ok_or_else(nothing)?),
+        });
     };
     // Held until the new session is in the map: a second create of the name waits, then
     // finds it.
     let _name = service.sessions.lock_name(&caller.0, name).await;
     if let Some(existing) = service.sessions.named(&caller.0, name) {
-        return found(&existing, spec.get_or_create, &label.shape);
+        return found(&existing, spec.get_or_create, &made.label.shape);
     }
-    start(service, caller, policy, terms, label).await
+    let info = start(service, caller, made, 1).await?.into_iter().next();
+    Ok(Created::New(info.ok_or_else(nothing)?))
+}
+
+/// A create that made no session and said nothing: never, since `count` is at least 1.
+fn nothing() -> ServiceError {
+    ServiceError::Internal("no session was made".into())
+}
+
+/// What the sessions of one create are made of.
+struct Made {
+    policy: Policy,
+    terms: Terms,
+    label: Label,
+    source: super::fork::Source,
 }
 
 /// The answer to a create of a name `existing` has: the session itself for a `get_or_create`
@@ -175,58 +208,87 @@ fn found(existing: &Session, get: bool, asked: &Shape) -> Result<Created, Servic
     Ok(Created::Found(existing.info()))
 }
 
-/// Starts a session of `policy`, labelled, once a place is free for it.
+/// Starts `n` sessions of `made`, labelled, once places are free for all of them: all, or
+/// (on any refusal or failure) none.
 async fn start(
     service: &Service,
     caller: &Caller,
-    policy: Policy,
-    terms: Terms,
-    label: Label,
-) -> Result<Created, ServiceError> {
+    made: Made,
+    n: u32,
+) -> Result<Vec<SessionInfo>, ServiceError> {
     let config = &service.config;
     let quota = config.share(&caller.0).map(|s| s.sessions);
-    let _place = match service
-        .sessions
-        .reserve(&caller.0, config.sessions.max_sessions, quota)
-    {
-        Ok(place) => place,
-        // A place frees when a session ends: by its TTL at the latest, unless ended sooner.
-        Err(Full::Server(max)) => {
-            return Err(ServiceError::Busy(Refusal {
-                message: format!("{} open, the most this server keeps", count(max, "session")),
-                retry_after: service.sessions.next_end(None),
-            }))
-        }
-        Err(Full::Token(quota)) => {
-            return Err(ServiceError::QuotaExceeded(Refusal {
-                message: format!(
-                    "this token has {} open, its quota (quota.sessions); end one first \
-                     (DELETE /v1/sessions/{{id}}), or retry when one expires (Retry-After)",
-                    count(quota, "session")
-                ),
-                retry_after: service.sessions.next_end(Some(&caller.0)),
-            }))
-        }
-    };
-    let kept = policy.clone();
-    let agent = start_agent(service, policy, terms.max_lifetime).await?;
-    if terms.on_idle == OnIdle::Pause && agent.freezer().is_none() && agent.saver().is_none() {
-        agent.kill();
-        agent.close().await;
+    let count = usize::try_from(n).unwrap_or(usize::MAX);
+    let _places =
+        match service
+            .sessions
+            .reserve_many(&caller.0, count, config.sessions.max_sessions, quota)
+        {
+            Ok(places) => places,
+            // A place frees when a session ends: by its TTL at the latest, unless ended sooner.
+            Err(Full::Server(max)) => {
+                return Err(ServiceError::Busy(Refusal {
+                    message: format!(
+                        "{} open, the most this server keeps{}",
+                        count_of(max, "session"),
+                        if n > 1 {
+                            " (none of these was made)"
+                        } else {
+                            ""
+                        }
+                    ),
+                    retry_after: service.sessions.next_end(None),
+                }))
+            }
+            Err(Full::Token(quota)) => {
+                let held = if n > 1 {
+                    format!(
+                        "this token may have {} open, its quota (quota.sessions), and {n} more \
+                         would pass it (none was made)",
+                        count_of(quota, "session")
+                    )
+                } else {
+                    format!(
+                        "this token has {} open, its quota (quota.sessions)",
+                        count_of(quota, "session")
+                    )
+                };
+                return Err(ServiceError::QuotaExceeded(Refusal {
+                    message: format!(
+                        "{held}; end one first (DELETE /v1/sessions/{{id}}), or retry when one \
+                         expires (Retry-After)"
+                    ),
+                    retry_after: service.sessions.next_end(Some(&caller.0)),
+                }));
+            }
+        };
+    let agents = super::fork::agents(service, &made.policy, &made.source, n).await?;
+    let on_idle = made.terms.on_idle;
+    let cannot_pause = on_idle == OnIdle::Pause
+        && agents
+            .iter()
+            .any(|a| a.freezer().is_none() && a.saver().is_none());
+    if cannot_pause {
+        super::fork::discard(agents).await;
         return Err(ServiceError::BadRequest(format!(
             "`on_idle` \"pause\" needs a session that can pause: {}; use \"end\"",
-            super::pause::cannot_freeze(&label.shape)
+            super::pause::cannot_freeze(&made.label.shape)
         )));
     }
-    let session = Arc::new(Session::new(caller.0.clone(), agent, kept, terms, label));
-    service.sessions.insert(session.clone());
-    service.keep_record(&session);
-    inc(&service.metrics.sessions_created);
+    let mut infos = Vec::with_capacity(agents.len());
+    for agent in agents {
+        let (policy, terms, label) = (made.policy.clone(), made.terms, made.label.clone());
+        let session = Arc::new(Session::new(caller.0.clone(), agent, policy, terms, label));
+        service.sessions.insert(session.clone());
+        service.keep_record(&session);
+        inc(&service.metrics.sessions_created);
+        infos.push(session.info());
+    }
     service
         .metrics
         .active_sessions
         .set(i64::try_from(service.sessions.len()).unwrap_or(i64::MAX));
-    Ok(Created::New(session.info()))
+    Ok(infos)
 }
 
 /// The policy of the session `spec` asks for, under the caller's rules as a run's is: its
@@ -257,30 +319,6 @@ fn policy_for(
     kennel_sandbox::check_cpus(&policy)?;
     service.check_image(caller, &policy)?;
     Ok(policy)
-}
-
-/// The session's sandbox: a microVM clone from the pool when one is exactly what `policy`
-/// would boot cold (fresh, never handed out before), else one started for it.
-async fn start_agent(
-    service: &Service,
-    policy: Policy,
-    lifetime: Duration,
-) -> Result<AgentSandbox, ServiceError> {
-    let pool = &service.pool;
-    // Only microvm sessions count, hit or miss: the pool never serves another session.
-    if policy.tier == Tier::Microvm {
-        let pooled = pool.serves_session(&policy).and_then(|k| pool.take(&k));
-        inc(if pooled.is_some() {
-            &service.metrics.pool_hits
-        } else {
-            &service.metrics.pool_misses
-        });
-        if let Some(agent) = pooled {
-            return Ok(agent);
-        }
-    }
-    let lifetime = lifetime + crate::sessions::LIFETIME_MARGIN;
-    Ok(AgentSandbox::start(service.engine.clone(), policy, lifetime, &[]).await?)
 }
 
 /// The idle TTL a session asked for, refused (never clamped) outside this server's bounds.

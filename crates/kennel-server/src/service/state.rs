@@ -49,6 +49,8 @@ pub struct Service {
     pub(super) streams: Arc<Counts>,
     /// Where named and paused sessions are kept for a restarted server, if anywhere.
     pub(super) records: Option<crate::records::Records>,
+    /// Where snapshots are kept (beside the records), if anywhere.
+    pub(super) snapshots: Option<crate::snapshots::Snapshots>,
 }
 
 impl Service {
@@ -99,12 +101,23 @@ impl Service {
             requests: Arc::default(),
             streams: Arc::default(),
             records: None,
+            snapshots: None,
         }
     }
 
-    /// The service with the directory its named and paused sessions are kept in.
+    /// The service with the directory its named and paused sessions are kept in, and its
+    /// snapshots beside them.
     pub fn with_records(self, records: Option<crate::records::Records>) -> Service {
-        Service { records, ..self }
+        let snapshots = records.as_ref().and_then(|r| {
+            crate::snapshots::Snapshots::open(r.dir())
+                .inspect_err(|why| tracing::warn!("snapshots are refused: {why}"))
+                .ok()
+        });
+        Service {
+            records,
+            snapshots,
+            ..self
+        }
     }
 
     /// The service with its job table (or the reason it has none).

@@ -514,8 +514,20 @@ impl Sessions {
         max: usize,
         quota: Option<usize>,
     ) -> Result<Reservation<'_>, Full> {
+        let mut places = self.reserve_many(token_id, 1, max, quota)?;
+        Ok(places.remove(0))
+    }
+
+    /// Reserves `n` places at once, or none: as [`Sessions::reserve`], for all `n`.
+    pub fn reserve_many(
+        &self,
+        token_id: &str,
+        n: usize,
+        max: usize,
+        quota: Option<usize>,
+    ) -> Result<Vec<Reservation<'_>>, Full> {
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        if self.len() + pending.len() >= max {
+        if self.len() + pending.len() + n > max {
             return Err(Full::Server(max));
         }
         if let Some(quota) = quota {
@@ -525,15 +537,20 @@ impl Sessions {
                 .filter(|s| s.token_id == token_id && s.is_open())
                 .count();
             let making = pending.iter().filter(|t| *t == token_id).count();
-            if open + making >= quota {
+            if open + making + n > quota {
                 return Err(Full::Token(quota));
             }
         }
-        pending.push(token_id.to_string());
-        Ok(Reservation {
-            sessions: self,
-            token_id: token_id.to_string(),
-        })
+        let places = (0..n)
+            .map(|_| {
+                pending.push(token_id.to_string());
+                Reservation {
+                    sessions: self,
+                    token_id: token_id.to_string(),
+                }
+            })
+            .collect();
+        Ok(places)
     }
 
     /// Holds `name` of `token_id` until the lock drops, waiting for whoever holds it now.

@@ -200,6 +200,7 @@ fn plan() -> Plan {
         cpus: vec![0],
         host_dirs: vec![],
         devices: vec![],
+        boot_id: None,
     }
 }
 
@@ -213,7 +214,7 @@ fn record() -> Recorder {
         },
         b"print(1)".to_vec(),
     )];
-    let (proc_mount, proc_mask) = mounts::proc(&Host);
+    let (proc_mount, proc_mask) = mounts::proc(&Host, None);
     let fs = FsPlan {
         system: mounts::system_view(&Host, "", false),
         scratch: mounts::scratch(&plan.policy),

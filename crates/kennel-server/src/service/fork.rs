@@ -1,0 +1,196 @@
+//! Where a new session's sandboxes come from: started cold (or a microVM clone from the pool),
+//! or made from a snapshot (`from_snapshot`), `count` of them at once: a fork. The
+//! snapshot's state is checked against its manifest once, before anything of it runs; then
+//! every sandbox is made, or (when one fails) none is kept. A snapshot with memory is
+//! restored into each, which takes the host's entropy and clock at hand-out and reseeds its
+//! Python generators before its first exec (as a resumed session does); a files-only one is a
+//! cold sandbox with the snapshot's `/workspace` and `/tmp` unpacked into it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+
+use super::action::Caller;
+use super::error::ServiceError;
+use super::snapshot::{owned, store, ARCHIVES};
+use super::state::Service;
+use crate::agent::AgentSandbox;
+use crate::metrics::inc;
+use crate::saved::{self, StateError};
+use crate::snapshots::{Snapshot, GENERATION};
+use kennel_types::policy::Tier;
+use kennel_types::Policy;
+
+/// Where a new session's sandbox comes from.
+pub(super) enum Source {
+    /// Started for it (or a microVM clone from the pool, exactly what it would boot cold).
+    Cold,
+    /// Made from a snapshot of the caller's, checked against its manifest.
+    Snapshot(Arc<crate::snapshots::Snapshot>),
+}
+
+/// The session's sandbox: a microVM clone from the pool when one is exactly what `policy`
+/// would boot cold (fresh, never handed out before), else one started for it.
+pub(super) async fn start_agent(
+    service: &Service,
+    policy: &Policy,
+    lifetime: Duration,
+) -> Result<AgentSandbox, ServiceError> {
+    let pool = &service.pool;
+    // Only microvm sessions count, hit or miss: the pool never serves another session.
+    if policy.tier == Tier::Microvm {
+        let pooled = pool.serves_session(policy).and_then(|k| pool.take(&k));
+        inc(if pooled.is_some() {
+            &service.metrics.pool_hits
+        } else {
+            &service.metrics.pool_misses
+        });
+        if let Some(agent) = pooled {
+            return Ok(agent);
+        }
+    }
+    let lifetime = lifetime + crate::sessions::LIFETIME_MARGIN;
+    Ok(AgentSandbox::start(service.engine.clone(), policy.clone(), lifetime, &[]).await?)
+}
+
+/// The policy and source of a session made from the caller's snapshot `id`: the snapshot's
+/// policy, under the caller's image rules as they are now.
+pub(super) fn source(
+    service: &Service,
+    caller: &Caller,
+    id: &str,
+) -> Result<(Policy, Source), ServiceError> {
+    let snapshot = owned(service, caller, id)?;
+    let now = u64::try_from(crate::audit::now_ms()).unwrap_or(u64::MAX);
+    if snapshot.info.expires_at_unix_ms <= now {
+        return Err(ServiceError::NotFound(format!(
+            "no snapshot {id:?} (it expired)"
+        )));
+    }
+    let policy = snapshot.policy.clone();
+    service.check_image(caller, &policy)?;
+    Ok((policy, Source::Snapshot(snapshot)))
+}
+
+/// `n` sandboxes of `policy` from `source`: all of them, or the first error (the others made
+/// are destroyed).
+pub(super) async fn agents(
+    service: &Service,
+    policy: &Policy,
+    source: &Source,
+    n: u32,
+) -> Result<Vec<AgentSandbox>, ServiceError> {
+    let lifetime = service.config.sessions.max_lifetime.0;
+    let made: Vec<Result<AgentSandbox, ServiceError>> = match source {
+        Source::Cold => join_all((0..n).map(|_| start_agent(service, policy, lifetime))).await,
+        Source::Snapshot(snapshot) => {
+            verify(service, snapshot).await?;
+            if snapshot.has_memory() {
+                let lifetime = lifetime + crate::sessions::LIFETIME_MARGIN;
+                join_all((0..n).map(|_| restore(service, snapshot, policy, lifetime))).await
+            } else {
+                let archives = Arc::new(read_archives(service, snapshot).await?);
+                let one = |_| with_files(service, policy, lifetime, archives.clone());
+                join_all((0..n).map(one)).await
+            }
+        }
+    };
+    let mut agents = Vec::with_capacity(made.len());
+    let mut failed = None;
+    for m in made {
+        match m {
+            Ok(a) => agents.push(a),
+            Err(e) => failed = failed.or(Some(e)),
+        }
+    }
+    match failed {
+        None => Ok(agents),
+        Some(e) => {
+            discard(agents).await;
+            Err(e)
+        }
+    }
+}
+
+/// Destroys sandboxes made for a create that failed.
+pub(super) async fn discard(agents: Vec<AgentSandbox>) {
+    for agent in agents {
+        agent.kill();
+        agent.close().await;
+    }
+}
+
+/// Checks the snapshot's state against its manifest: 409 when it is missing or altered.
+async fn verify(service: &Service, snapshot: &Snapshot) -> Result<(), ServiceError> {
+    let dir = store(service)?.dir().to_path_buf();
+    let id = snapshot.info.id.clone();
+    let checked = tokio::task::spawn_blocking(move || saved::verify(&dir, &id, GENERATION));
+    match checked.await.map_err(internal)? {
+        Ok(_) => Ok(()),
+        Err(StateError::Io(e)) => Err(internal(e)),
+        Err(e) => Err(ServiceError::Conflict(format!(
+            "snapshot {}: {}",
+            snapshot.info.id,
+            e.to_string()
+                .replace("the session's saved state", "its state")
+        ))),
+    }
+}
+
+fn internal(e: impl std::fmt::Display) -> ServiceError {
+    ServiceError::Internal(format!("the snapshot's state: {e}"))
+}
+
+/// One sandbox restored from a snapshot with memory.
+async fn restore(
+    service: &Service,
+    snapshot: &Snapshot,
+    policy: &Policy,
+    lifetime: Duration,
+) -> Result<AgentSandbox, ServiceError> {
+    let state = saved::state_dir(store(service)?.dir(), &snapshot.info.id);
+    AgentSandbox::restore(service.engine.clone(), policy.clone(), lifetime, &state)
+        .await
+        .map_err(|e| {
+            ServiceError::Conflict(format!(
+                "snapshot {} did not restore: {e}",
+                snapshot.info.id
+            ))
+        })
+}
+
+/// The archives of a files-only snapshot, by the sandbox directory each goes to.
+async fn read_archives(
+    service: &Service,
+    snapshot: &Snapshot,
+) -> Result<Vec<(&'static str, Vec<u8>)>, ServiceError> {
+    let state = saved::state_dir(store(service)?.dir(), &snapshot.info.id);
+    let read = tokio::task::spawn_blocking(move || {
+        ARCHIVES
+            .iter()
+            .map(|(dir, name)| std::fs::read(state.join(name)).map(|b| (*dir, b)))
+            .collect::<std::io::Result<Vec<_>>>()
+    });
+    read.await.map_err(internal)?.map_err(internal)
+}
+
+/// One cold sandbox with a files-only snapshot's archives unpacked into it.
+async fn with_files(
+    service: &Service,
+    policy: &Policy,
+    lifetime: Duration,
+    archives: Arc<Vec<(&'static str, Vec<u8>)>>,
+) -> Result<AgentSandbox, ServiceError> {
+    let agent = start_agent(service, policy, lifetime).await?;
+    let max = policy.limits.tmp_size.0 + policy.limits.workspace_size.0;
+    for (dir, tar) in archives.iter() {
+        if let Err(e) = agent.unpack(dir, tar, max).await {
+            discard(vec![agent]).await;
+            return Err(ServiceError::SandboxFailed(format!(
+                "the snapshot's {dir} did not unpack: {e}"
+            )));
+        }
+    }
+    Ok(agent)
+}

@@ -1,0 +1,13 @@
+//! The snapshot suite (`suites/snapshots.rs`) in the oci tier under runsc (gVisor), whose snapshots hold the memory.
+
+// The kit's helpers that these tests do not use.
+#![allow(dead_code)]
+
+/// The runtime this target runs the suite under (`None`: the native tier).
+const RUNTIME: Option<&str> = Some("runsc");
+
+mod common;
+mod server_common;
+
+include!("suites/session_kit.rs");
+include!("suites/snapshots.rs");
