@@ -32,6 +32,23 @@ pub struct Record {
     pub policy: Option<kennel_types::Policy>,
 }
 
+/// Writes `value` as JSON to `path` in `dir`, never seen half-written: to a temporary name
+/// (mode 0600), synced, renamed, and the directory synced.
+pub(crate) fn write_json(dir: &Path, path: &Path, value: &impl Serialize) -> std::io::Result<()> {
+    let temp = path.with_extension("json.tmp");
+    let text = serde_json::to_vec(value).map_err(std::io::Error::other)?;
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&temp)?;
+    file.write_all(&text)?;
+    file.sync_all()?;
+    fs::rename(&temp, path)?;
+    fs::File::open(dir)?.sync_all()
+}
+
 /// The directory of records, owned by this server while it runs.
 #[derive(Debug)]
 pub struct Records {
@@ -85,19 +102,7 @@ impl Records {
     }
 
     fn write(&self, record: &Record) -> std::io::Result<()> {
-        let path = self.path(&record.info.id);
-        let temp = path.with_extension("json.tmp");
-        let text = serde_json::to_vec(record).map_err(std::io::Error::other)?;
-        let mut file = fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&temp)?;
-        file.write_all(&text)?;
-        file.sync_all()?;
-        fs::rename(&temp, &path)?;
-        fs::File::open(&self.dir)?.sync_all()
+        write_json(&self.dir, &self.path(&record.info.id), record)
     }
 
     /// Removes session `id`'s record, if it has one, and its saved state.

@@ -6,8 +6,7 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -143,18 +142,7 @@ impl Snapshots {
             policy: snapshot.policy.clone(),
         };
         let path = self.record_path(&record.info.id);
-        let temp = path.with_extension("json.tmp");
-        let text = serde_json::to_vec(&record).map_err(std::io::Error::other)?;
-        let mut file = fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&temp)?;
-        file.write_all(&text)?;
-        file.sync_all()?;
-        fs::rename(&temp, &path)?;
-        fs::File::open(&self.dir)?.sync_all()?;
+        crate::records::write_json(&self.dir, &path, &record)?;
         self.table()
             .insert(record.info.id.clone(), Arc::new(snapshot));
         Ok(())

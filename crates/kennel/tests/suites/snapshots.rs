@@ -140,6 +140,12 @@ fn a_fork_past_the_session_quota_is_refused_whole() {
         .client
         .with_token(Some("snapshots-quota-token-0123456789"));
     let spec = session_spec(json!({}));
+    // Cold, too: four at once pass the quota of three, and none is made.
+    let mut four = spec.clone();
+    four["count"] = json!(4);
+    let (code, _) = c.post_json("/v1/sessions", &four).error(429);
+    assert_eq!(code, "quota_exceeded");
+    assert_eq!(c.get("/v1/sessions").json(), json!([]));
     let r = c.post_json("/v1/sessions", &spec);
     assert_eq!(r.status, 201, "{}", r.text());
     let id = r.json()["id"].as_str().unwrap().to_string();
@@ -251,7 +257,7 @@ fn nothing_is_left_after_a_snapshot_is_deleted_or_expires() {
         .as_str()
         .unwrap()
         .to_string();
-    let brief = snapshot(&server, &id, json!({"ttl": "2s"}))["id"]
+    let brief = snapshot(&server, &id, json!({"ttl": "10s"}))["id"]
         .as_str()
         .unwrap()
         .to_string();
@@ -271,7 +277,7 @@ fn nothing_is_left_after_a_snapshot_is_deleted_or_expires() {
     assert_eq!(c.delete(&format!("/v1/sessions/{id}")).status, 204);
     let listed = c.get("/v1/snapshots").json();
     assert_eq!(listed.as_array().unwrap().len(), 2, "{listed}");
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(40);
     while c.get(&format!("/v1/snapshots/{brief}")).status != 404 {
         assert!(Instant::now() < deadline, "snapshot {brief} did not expire");
         std::thread::sleep(Duration::from_millis(250));
@@ -283,4 +289,48 @@ fn nothing_is_left_after_a_snapshot_is_deleted_or_expires() {
     assert_eq!(c.delete(&format!("/v1/snapshots/{kept}")).status, 204);
     assert_eq!(c.get(&format!("/v1/snapshots/{kept}")).error(404).0, "not_found");
     assert_eq!(snapshot_files(&server), Vec::<String>::new());
+}
+
+/// A snapshot outlives its session and its server: SIGKILLed, restarted on the same records
+/// and job table, the server lists the snapshot, and a session made from it has its files
+/// (and its memory where the tier saves it).
+#[test]
+fn a_snapshot_outlives_its_sigkilled_server() {
+    const TOKEN: &str = "snapshots-restart-0123456789";
+    let dir = server_common::test_dir("snap-restart-state");
+    let (db, records) = (dir.join("jobs.sqlite"), dir.join("sessions"));
+    // A token: a server without one names its caller by its address, which a restart changes.
+    let extra = format!("[jobs]\ndb = {db:?}\n[[tokens]]\nid = \"a\"\ntoken = \"{TOKEN}\"\n");
+    tier();
+    let env = [("KENNEL_SESSIONS_DIR", records.to_str().unwrap())];
+    let first = Server::start_with("snap-restart-1", &suite_config(&extra), &env, Some(TOKEN));
+    if microvm() {
+        wait_for_clone(&first);
+    }
+    let id = open_session(&first, json!({}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    session_py(&first, &id, "x = 6\nopen('/workspace/w.txt', 'w').write('w')");
+    let snap_id = snapshot(&first, &id, json!({}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    first.signal(libc::SIGKILL);
+    drop(first);
+    let second = Server::start_with("snap-restart-2", &suite_config(&extra), &env, Some(TOKEN));
+    let listed = second.client.get("/v1/snapshots").json();
+    assert_eq!(listed[0]["id"], json!(snap_id), "{listed}");
+    let r = second
+        .client
+        .post_json("/v1/sessions", &json!({"from_snapshot": snap_id}));
+    assert_eq!(r.status, 201, "{}", r.text());
+    let fork = r.json()["id"].as_str().unwrap().to_string();
+    let x = if with_memory() { "6" } else { "None" };
+    let probe = "print(open('/workspace/w.txt').read(), globals().get('x'))";
+    assert_eq!(session_py(&second, &fork, probe).trim(), format!("w {x}"));
+    assert_eq!(second.client.delete(&format!("/v1/sessions/{fork}")).status, 204);
+    let r = second.client.delete(&format!("/v1/snapshots/{snap_id}"));
+    assert_eq!(r.status, 204);
+    assert_eq!(std::fs::read_dir(records.join("snapshots")).unwrap().count(), 0);
 }
