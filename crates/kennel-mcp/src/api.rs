@@ -14,6 +14,7 @@ use kennel_types::api::{
 };
 use kennel_types::pause::{PauseSpec, Paused, ResumeReport};
 use kennel_types::process::{ProcessInfo, ProcessSpec};
+use kennel_types::snapshot::{SessionGroup, SnapshotInfo, SnapshotSpec};
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +51,16 @@ pub trait Api: Send + Sync + std::fmt::Debug {
     async fn pause_session(&self, id: &str, spec: PauseSpec) -> Result<Paused, ApiError>;
     /// Resumes a paused session.
     async fn resume_session(&self, id: &str) -> Result<ResumeReport, ApiError>;
+    /// Snapshots a session, which runs on: its memory and files where the tier saves memory,
+    /// else its files.
+    async fn snapshot_session(
+        &self,
+        id: &str,
+        spec: SnapshotSpec,
+    ) -> Result<SnapshotInfo, ApiError>;
+    /// Makes `spec.count` sessions at once (from `spec.from_snapshot`: a fork): all of them,
+    /// or none.
+    async fn create_sessions(&self, spec: SessionSpec) -> Result<SessionGroup, ApiError>;
     async fn exec(&self, id: &str, spec: ExecSpec) -> Result<ExecResult, ApiError>;
     /// As [`Api::exec`], with the output passed to `output` as it comes.
     async fn exec_live(

@@ -15,6 +15,7 @@ use kennel_types::api::{
 };
 use kennel_types::pause::{PauseSpec, Paused, ResumeReport};
 use kennel_types::process::{ProcessInfo, ProcessSpec};
+use kennel_types::snapshot::{SessionGroup, SnapshotInfo, SnapshotSpec};
 
 /// The service in this process, called as one caller.
 #[derive(Debug)]
@@ -156,6 +157,25 @@ impl Api for Local {
         let id = id.to_string();
         match self.ask(Action::ResumeSession { id }).await? {
             Reply::Resumed(report) => Ok(report),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn snapshot_session(
+        &self,
+        id: &str,
+        spec: SnapshotSpec,
+    ) -> Result<SnapshotInfo, ApiError> {
+        let id = id.to_string();
+        match self.ask(Action::SnapshotSession { id, spec }).await? {
+            Reply::Snapshot(info) => Ok(info),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn create_sessions(&self, spec: SessionSpec) -> Result<SessionGroup, ApiError> {
+        match self.ask(Action::CreateSession { spec }).await? {
+            Reply::SessionsCreated(group) => Ok(group),
             other => Err(unexpected(other)),
         }
     }

@@ -16,6 +16,7 @@ use kennel_types::api::{
 };
 use kennel_types::pause::{PauseSpec, Paused, ResumeReport};
 use kennel_types::process::{ProcessInfo, ProcessSpec};
+use kennel_types::snapshot::{SessionGroup, SnapshotInfo, SnapshotSpec};
 
 /// A `kennel serve` reached over HTTP.
 #[derive(Clone)]
@@ -440,6 +441,19 @@ impl Api for Remote {
     async fn resume_session(&self, id: &str) -> Result<ResumeReport, ApiError> {
         let path = format!("{}/resume", session_url(id));
         parse(&self.call(Method::POST, &path, Body::None).await?)
+    }
+
+    async fn snapshot_session(
+        &self,
+        id: &str,
+        spec: SnapshotSpec,
+    ) -> Result<SnapshotInfo, ApiError> {
+        let path = format!("{}/snapshot", session_url(id));
+        self.call_json(Method::POST, &path, &spec).await
+    }
+
+    async fn create_sessions(&self, spec: SessionSpec) -> Result<SessionGroup, ApiError> {
+        self.call_json(Method::POST, "/v1/sessions", &spec).await
     }
 
     async fn cancel_exec(&self, id: &str) -> Result<(), ApiError> {

@@ -346,9 +346,8 @@ pub fn api_error(e: &ApiError) -> (String, Value) {
     )
 }
 
-/// A pause, in words: how, what was kept, and whether it outlives a restart.
-pub fn paused(id: &str, p: &kennel_types::pause::Paused) -> String {
-    let k = &p.kept;
+/// What a pause or a snapshot kept, in words: "memory, processes, files", or "nothing".
+fn kept_list(k: &kennel_types::pause::Kept) -> String {
     let kept: Vec<&str> = [
         ("memory", k.memory),
         ("processes", k.processes),
@@ -358,6 +357,23 @@ pub fn paused(id: &str, p: &kennel_types::pause::Paused) -> String {
     .into_iter()
     .filter_map(|(name, kept)| kept.then_some(name))
     .collect();
+    if kept.is_empty() {
+        "nothing".to_string()
+    } else {
+        kept.join(", ")
+    }
+}
+
+/// A value's JSON name (`qemu-migrate`, `own`): what the API writes for it.
+fn wire_name<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_value(v)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// A pause, in words: how, what was kept, and whether it outlives a restart.
+pub fn paused(id: &str, p: &kennel_types::pause::Paused) -> String {
     let restart = if p.survives_restart {
         "it survives a server restart"
     } else {
@@ -366,15 +382,27 @@ pub fn paused(id: &str, p: &kennel_types::pause::Paused) -> String {
     format!(
         "session {id} paused ({}, {}): kept {}; {restart}",
         p.keep.name(),
-        serde_json::to_value(p.mechanism)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_string))
-            .unwrap_or_default(),
-        if kept.is_empty() {
-            "nothing".to_string()
-        } else {
-            kept.join(", ")
-        },
+        wire_name(&p.mechanism),
+        kept_list(&p.kept),
+    )
+}
+
+/// A snapshot, in words: its id, what it holds, and what each fork of it gets afresh.
+pub fn snapshot(s: &kennel_types::snapshot::SnapshotInfo) -> String {
+    let boot = match s.fresh.boot_id {
+        kennel_types::snapshot::BootId::Own => "a boot id of its own",
+        kennel_types::snapshot::BootId::Host => "the host's boot id",
+        kennel_types::snapshot::BootId::Absent => "no boot id (gVisor)",
+    };
+    format!(
+        "snapshot_id: {}\nsnapshot of session {} ({}): kept {}; {} bytes, counted against \
+         your disk quota until it expires or is deleted. Each session fork_session makes from \
+         it gets fresh entropy, clock and Python random state, and {boot}.",
+        s.id,
+        s.session,
+        wire_name(&s.mechanism),
+        kept_list(&s.kept),
+        s.state_bytes,
     )
 }
 

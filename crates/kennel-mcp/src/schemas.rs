@@ -246,3 +246,19 @@ pub fn paused() -> Arc<JsonObject> {
 pub fn resumed() -> Arc<JsonObject> {
     of_type::<kennel_types::pause::ResumeReport>()
 }
+
+/// snapshot_session.
+pub fn snapshot() -> Arc<JsonObject> {
+    of_type::<kennel_types::snapshot::SnapshotInfo>()
+}
+
+/// fork_session.
+pub fn forked() -> Arc<JsonObject> {
+    object(
+        json!({"snapshot_id": {"type": "string"},
+               "session_ids": {"type": "array", "items": {"type": "string"},
+                               "description": "the sessions made, each for session_exec"},
+               "sessions": {"type": "array", "items": {"type": "object"}}}),
+        &["snapshot_id", "session_ids"],
+    )
+}

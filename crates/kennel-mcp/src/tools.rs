@@ -199,6 +199,33 @@ pub struct PauseArgs {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+pub struct SnapshotArgs {
+    /// The id that create_session returned.
+    pub session_id: String,
+    /// How long the snapshot is kept, such as "1h" (default and maximum: the server's).
+    pub ttl: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ForkArgs {
+    /// The id that snapshot_session returned.
+    pub snapshot_id: String,
+    /// How many sessions to make from it (1 to 64; default 1): all of them, or none when your
+    /// session quota has no room for them all.
+    #[serde(default = "one")]
+    pub count: u32,
+    /// End each session after it has been unused this long, such as "10m" (default and
+    /// maximum: the server's idle TTL).
+    pub idle_ttl: Option<String>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct WriteFileArgs {
     /// The id that create_session returned.
     pub session_id: String,
@@ -816,6 +843,84 @@ came back.",
     }
 
     #[tool(
+        description = "Snapshot a session made by create_session; the session runs on. The \
+snapshot keeps the session's memory and files where its tier can (microvm; runsc without a \
+network), else its files in /workspace and /tmp only: the answer's mechanism and kept say \
+which. Make sessions from it with fork_session. It counts against your disk quota until its \
+ttl runs out.",
+        annotations(idempotent_hint = false, open_world_hint = false),
+        output_schema = schemas::snapshot()
+    )]
+    async fn snapshot_session(
+        &self,
+        params: Parameters<SnapshotArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let this = self.for_caller(&ctx);
+        let a = params.0;
+        let ttl = match span("ttl", &a.ttl) {
+            Ok(t) => t,
+            Err(e) => return Ok(e),
+        };
+        let spec = kennel_types::snapshot::SnapshotSpec { ttl };
+        Ok(match this.api.snapshot_session(&a.session_id, spec).await {
+            Ok(info) => result(
+                render::snapshot(&info),
+                serde_json::to_value(&info).unwrap_or_default(),
+                false,
+            ),
+            Err(e) => failure(&e),
+        })
+    }
+
+    #[tool(
+        description = "Make `count` new sessions from a snapshot that snapshot_session \
+returned (a fork): each starts with the snapshot's files (and its memory where it kept it), \
+in the snapshot's tier, with fresh entropy, clock and Python random state. All of them are \
+made, or none when your session quota has no room for them all. Use each session_id as \
+create_session's; close_session ends them.",
+        annotations(idempotent_hint = false, open_world_hint = false),
+        output_schema = schemas::forked()
+    )]
+    async fn fork_session(
+        &self,
+        params: Parameters<ForkArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let this = self.for_caller(&ctx);
+        let a = params.0;
+        let idle_ttl = match span("idle_ttl", &a.idle_ttl) {
+            Ok(t) => t,
+            Err(e) => return Ok(e),
+        };
+        let spec = SessionSpec {
+            from_snapshot: Some(a.snapshot_id.clone()),
+            count: Some(a.count),
+            idle_ttl,
+            ..SessionSpec::default()
+        };
+        Ok(match this.api.create_sessions(spec).await {
+            Ok(group) => {
+                let ids: Vec<&str> = group.sessions.iter().map(|s| s.id.as_str()).collect();
+                for id in &ids {
+                    this.remember(id);
+                }
+                let text = format!(
+                    "{} session(s) from snapshot {}: {}\nCall close_session on each when done.",
+                    ids.len(),
+                    a.snapshot_id,
+                    ids.join(", ")
+                );
+                let data = json!({"snapshot_id": a.snapshot_id, "session_ids": ids,
+                                  "sessions": serde_json::to_value(&group.sessions)
+                                      .unwrap_or_default()});
+                result(text, data, false)
+            }
+            Err(e) => failure(&e),
+        })
+    }
+
+    #[tool(
         description = "Write a text file into a session's sandbox (relative paths are under \
 /workspace, the working directory; absolute paths must be under /workspace/ or /tmp/). \
 Parent directories are created; an existing file is replaced.",
@@ -1292,6 +1397,8 @@ mod tests {
             "close_session",
             "pause_session",
             "resume_session",
+            "snapshot_session",
+            "fork_session",
             "write_file",
             "read_file",
             "list_files",

@@ -108,7 +108,11 @@ fn run_client(extra: &[&str], env: &[(&str, &str)]) {
 
 #[test]
 fn python_sdk_client_in_process() {
-    run_client(&[], &[]);
+    // Its snapshot is kept in a directory of its own, not the host's state directory.
+    let dir = server_common::test_dir("mcp-client");
+    let sessions = dir.join("sessions");
+    run_client(&[], &[("KENNEL_SESSIONS_DIR", sessions.to_str().unwrap())]);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -891,4 +895,100 @@ fn pause_and_resume_session_say_what_was_kept() {
         "{resumed}"
     );
     mcp.call_tool("close_session", json!({"session_id": sid}));
+}
+
+/// snapshot_session answers the snapshot (files only for a native session, as it says);
+/// fork_session makes `count` sessions from it, each with the snapshot's file, that
+/// close_session ends; a bad count or ttl is the tool's error.
+fn snapshots_through(mut mcp: Mcp) {
+    let created = mcp.call_tool("create_session", json!({}));
+    let sid = created["structuredContent"]["session_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{created}"))
+        .to_string();
+    mcp.call_tool(
+        "session_exec",
+        json!({"session_id": sid, "language": "python",
+               "code": "open('/workspace/kept.txt', 'w').write('ws')"}),
+    );
+    let snap = mcp.call_tool("snapshot_session", json!({"session_id": sid, "ttl": "10m"}));
+    let s = &snap["structuredContent"];
+    assert_eq!(
+        (
+            &s["session"],
+            &s["mechanism"],
+            &s["kept"]["files"],
+            &s["kept"]["memory"]
+        ),
+        (&json!(sid), &json!("files"), &json!(true), &json!(false)),
+        "{snap}"
+    );
+    let snap_id = s["id"].as_str().unwrap().to_string();
+    let text = snap["content"][0]["text"].as_str().unwrap();
+    assert!(
+        text.starts_with(&format!(
+            "snapshot_id: {snap_id}\nsnapshot of session {sid} (files): kept files;"
+        )),
+        "{text}"
+    );
+    assert!(text.contains("the host's boot id"), "{text}");
+
+    let forked = mcp.call_tool("fork_session", json!({"snapshot_id": snap_id, "count": 2}));
+    let ids: Vec<String> = forked["structuredContent"]["session_ids"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{forked}"))
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(ids.len(), 2, "{forked}");
+    assert!(!ids.contains(&sid), "{forked}");
+    for id in &ids {
+        let ran = mcp.call_tool(
+            "session_exec",
+            json!({"session_id": id, "language": "python",
+                   "code": "print(open('kept.txt').read())"}),
+        );
+        assert_eq!(ran["structuredContent"]["stdout"], "ws\n", "{ran}");
+    }
+
+    let none = mcp.call_tool("fork_session", json!({"snapshot_id": snap_id, "count": 0}));
+    assert_eq!(
+        (
+            &none["isError"],
+            &none["structuredContent"]["error"]["status"]
+        ),
+        (&json!(true), &json!(400)),
+        "{none}"
+    );
+    let bad = mcp.call_tool(
+        "snapshot_session",
+        json!({"session_id": sid, "ttl": "soon"}),
+    );
+    assert_eq!(bad["isError"], true, "{bad}");
+    let missing = mcp.call_tool("fork_session", json!({"snapshot_id": "no-such-snapshot"}));
+    assert_eq!(
+        missing["structuredContent"]["error"]["status"], 404,
+        "{missing}"
+    );
+    for id in ids.iter().chain([&sid]) {
+        let closed = mcp.call_tool("close_session", json!({"session_id": id}));
+        assert_eq!(closed["structuredContent"]["closed"], true, "{closed}");
+    }
+}
+
+#[test]
+fn snapshot_and_fork_sessions_in_process() {
+    let dir = server_common::test_dir("mcp-snapshots");
+    let sessions = dir.join("sessions");
+    snapshots_through(Mcp::start_with(
+        &[],
+        &[("KENNEL_SESSIONS_DIR", sessions.to_str().unwrap())],
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn snapshot_and_fork_sessions_forwarded_to_kennel_serve() {
+    let server = Server::start_with("mcp-snaps", "[pool]\npython = 0\nbash = 0\n", &[], None);
+    snapshots_through(Mcp::start(&["--server", &server.client.base]));
 }

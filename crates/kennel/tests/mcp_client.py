@@ -24,6 +24,8 @@ TOOLS = {
     "close_session",
     "pause_session",
     "resume_session",
+    "snapshot_session",
+    "fork_session",
     "write_file",
     "read_file",
     "list_files",
@@ -326,6 +328,20 @@ async def checks(read, write):
         tool_error("write outside the sandbox dirs", await s.call_tool(
             "write_file", {"session_id": sid, "path": "/etc/evil", "content": "x"}),
             "/workspace")
+
+        # A snapshot of the session, and a session made from it with its files: both
+        # answers hold to their tools' output schemas (this SDK checks them).
+        r = ok("snapshot_session", await s.call_tool(
+            "snapshot_session", {"session_id": sid, "ttl": "10m"}))
+        assert r.structured_content["kept"]["files"] is True, r.structured_content
+        snap = r.structured_content["id"]
+        r = ok("fork_session", await s.call_tool(
+            "fork_session", {"snapshot_id": snap, "count": 1}))
+        (fork,) = r.structured_content["session_ids"]
+        r = ok("read_file in the fork", await s.call_tool(
+            "read_file", {"session_id": fork, "path": "/tmp/a b/c.txt"}))
+        assert text_of(r) == "deep ünïcode", text_of(r)
+        ok("close_session fork", await s.call_tool("close_session", {"session_id": fork}))
 
         ok("close_session", await s.call_tool("close_session", {"session_id": sid}))
         tool_error("exec in a closed session", await s.call_tool("session_exec", {

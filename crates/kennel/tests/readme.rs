@@ -178,6 +178,23 @@ const COMMANDS: &[(&str, How)] = &[
         "curl -s -XPOST localhost:8080/v1/sessions -H 'content-type: application/json' -d '{\"runtime\":\"runsc\"}' | jq -c .isolation.runtime",
         How::Curl,
     ),
+    (
+        "snap=$(curl -s -XPOST localhost:8080/v1/sessions/$id/snapshot -H 'content-type: application/json' -d '{\"ttl\":\"1h\"}' | jq -r .id)",
+        How::Curl,
+    ),
+    (
+        "curl -s localhost:8080/v1/snapshots/$snap | jq -c '{mechanism, kept}'",
+        How::Curl,
+    ),
+    (
+        "curl -s -XPOST localhost:8080/v1/sessions -H 'content-type: application/json' -d \
+         \"{\\\"from_snapshot\\\":\\\"$snap\\\",\\\"count\\\":2}\" | jq -c '.sessions | length'",
+        How::Curl,
+    ),
+    (
+        "curl -s -XDELETE localhost:8080/v1/snapshots/$snap",
+        How::Curl,
+    ),
 ];
 
 /// The README's other blocks, by a line that only that block has, and how each is checked.
@@ -188,6 +205,7 @@ const BLOCKS: &[(&str, &str, Block)] = &[
     ("json", "\"mcpServers\"", Block::McpConfig),
     ("text", "dockerd --userns-remap", Block::DockerdSetup),
     ("python", "websockets.sync.client", Block::TerminalClient),
+    ("python", "client.fork(", Block::ForkClient),
 ];
 
 #[derive(Clone, Copy)]
@@ -203,6 +221,8 @@ enum Block {
     /// A terminal's client: run with /usr/bin/python3 against the server the `curl`
     /// examples talk to, after them.
     TerminalClient,
+    /// The Python SDK's fork: run as the terminal's client is, with the SDK importable.
+    ForkClient,
 }
 
 /// The repository's root.
@@ -538,7 +558,8 @@ impl Drop for Served {
 }
 
 /// The `curl` script's output: a run printing 42, a session, its exec, a stream whose
-/// output is 42 again, an exec whose value is 82, and a gVisor session's runtime.
+/// output is 42 again, an exec whose value is 82, a gVisor session's runtime, a snapshot
+/// that says it keeps files only, and a fork of two sessions from it.
 fn check_curl(out: &Output) {
     succeeded(out);
     let stdout = text(&out.stdout);
@@ -562,6 +583,16 @@ fn check_curl(out: &Output) {
     assert!(
         stdout.contains(r#"{"name":"runsc","#),
         "the gVisor session says runsc ran it: {stdout}"
+    );
+    assert!(
+        stdout.contains(
+            r#"{"mechanism":"files","kept":{"memory":false,"processes":false,"files":true,"connections":false}}"#
+        ),
+        "a native session's snapshot keeps its files only, and says so: {stdout}"
+    );
+    assert!(
+        stdout.lines().any(|l| l == "2"),
+        "the fork made two sessions: {stdout}"
     );
 }
 
@@ -680,6 +711,7 @@ fn every_readme_example_works_as_written() {
     let mut curl = vec![];
     let mut serve = None;
     let mut terminal = None;
+    let mut fork = None;
     for (n, (lang, block)) in found.iter().enumerate() {
         if lang == "sh" {
             for (written, key) in commands(block) {
@@ -729,6 +761,7 @@ fn every_readme_example_works_as_written() {
             Block::McpConfig => check_mcp_config(&scratch, block),
             Block::DockerdSetup => check_dockerd_setup(block),
             Block::TerminalClient => terminal = Some(block.clone()),
+            Block::ForkClient => fork = Some(block.clone()),
         }
         println!("checked the ```{lang} block {n}");
     }
@@ -760,6 +793,39 @@ fn every_readme_example_works_as_written() {
         .expect("python3 runs");
     println!("ran the terminal's client against it");
     check_terminal(&out);
+    let fork = fork.expect("the README shows the Python SDK's fork");
+    let code = fork.replace(
+        &format!("localhost:{README_PORT}"),
+        &format!("localhost:{port}"),
+    );
+    let out = Command::new(common::PY)
+        .args(["-c", &code])
+        .env("PYTHONPATH", root().join("sdk/python"))
+        .output()
+        .expect("python3 runs");
+    println!("ran the Python SDK's fork against it");
+    check_fork(&out);
+}
+
+/// The fork's three sessions each printed the snapshot's file and a random number of its
+/// own.
+fn check_fork(out: &Output) {
+    succeeded(out);
+    let stdout = text(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{stdout}");
+    let randoms: std::collections::HashSet<&str> = lines
+        .iter()
+        .map(|l| {
+            l.strip_prefix("prepared once ")
+                .unwrap_or_else(|| panic!("{stdout}"))
+        })
+        .collect();
+    assert_eq!(
+        randoms.len(),
+        3,
+        "the forks' random numbers repeat: {stdout}"
+    );
 }
 
 /// The terminal's client printed the size it resized to, 42, and the exit notice.

@@ -47,6 +47,11 @@ File watch: ``with s.watch("/workspace") as w: for ev in w: ...`` (:class:`FileE
 ``create``, ``modify``, ``delete``, ``rename``, ``overflow``). Terminals: ``with s.pty() as
 term:`` (a :class:`Terminal`: ``send``, ``recv``, ``read_until``, ``resize``, ``kill``);
 ``s.terminals.create/list/attach/kill``.
+
+Snapshots and forks: ``s.snapshot()`` (a :class:`SnapshotInfo`), ``client.session(from_snapshot=id)``,
+``client.fork(id, n)`` and ``s.fork(n)`` (a snapshot first, then ``n`` sessions from it: all
+of them, or :class:`Busy` and none past the token's session quota);
+``client.list_snapshots()``, ``client.get_snapshot(id)``, ``client.delete_snapshot(id)``.
 """
 
 from .aio import AsyncClient, AsyncProcesses, AsyncSession, AsyncStream, AsyncWatch
@@ -55,7 +60,8 @@ from .errors import (BadRequest, Busy, Conflict, ConnectionFailed, ConnectionLos
                      NotFound, RequestTimeout, SessionEnded, TransportError, Unauthorized)
 from .results import (CollectedFile, ExecError, ExecResult, FileEntry, FileEvent, Interpreter,
                       Isolation, NetEvent, OutputChunk, PauseInfo, ProcessEvent, ProcessInfo,
-                      ResumeReport, RichOutput, RunInfo, RunResult, SessionEnd, SessionInfo)
+                      ResumeReport, RichOutput, RunInfo, RunResult, SessionEnd, SessionInfo,
+                      SnapshotInfo)
 from .terminal import AsyncTerminal, AsyncTerminals, Terminal, Terminals
 from .webhooks import WebhookVerificationError, verify_webhook
 
@@ -65,6 +71,6 @@ __all__ = [
     "AsyncClient", "PauseInfo", "ResumeReport", "AsyncProcesses", "AsyncSession", "Processes", "ProcessEvent", "ProcessInfo", "AsyncStream", "BadRequest", "Busy", "Client",
     "CollectedFile", "Conflict", "ConnectionFailed", "ConnectionLost", "RequestTimeout", "TransportError", "ExecError", "ExecResult", "FileEntry", "Interpreter", "Isolation", "KennelError",
     "Forbidden", "NetEvent", "NotFound", "OutputChunk", "RichOutput", "RunResult", "Session", "SessionEnded",
-    "SessionEnd", "SessionInfo", "Stream", "Unauthorized", "RunInfo", "WebhookVerificationError", "verify_webhook",
+    "SessionEnd", "SessionInfo", "SnapshotInfo", "Stream", "Unauthorized", "RunInfo", "WebhookVerificationError", "verify_webhook",
     "AsyncTerminal", "AsyncTerminals", "AsyncWatch", "FileEvent", "Terminal", "Terminals", "Watch",
 ]

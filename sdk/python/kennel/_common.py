@@ -162,9 +162,17 @@ def session_body(
     metadata: Optional[Mapping[str, str]] = None,
     get_or_create: bool = False,
     on_idle: Optional[str] = None,
+    from_snapshot: Optional[str] = None,
+    count: Optional[int] = None,
 ) -> Dict[str, Any]:
-    """A ``SessionSpec`` with only the fields given; where it runs as :func:`placement` says."""
+    """A ``SessionSpec`` with only the fields given; where it runs as :func:`placement` says.
+    ``from_snapshot`` makes it from a snapshot (whose tier, image, limits, network and env it
+    takes: the server refuses those beside it), ``count`` makes that many at once."""
     body: Dict[str, Any] = {}
+    if from_snapshot is not None:
+        body["from_snapshot"] = _text("from_snapshot", from_snapshot)
+    if count is not None:
+        body["count"] = _count(count)
     if name is not None:
         body["name"] = name
     if metadata:
@@ -185,6 +193,38 @@ def session_body(
         body["idle_ttl"] = span(idle_ttl)
     body.update(placement(tier=tier, runtime=runtime, platform=platform, image=image))
     return body
+
+
+def _count(n: Any) -> int:
+    """A number of sessions to make at once, checked for its type only (the server bounds
+    it: 1 to 64)."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"a count of sessions is an int, not {n!r}")
+    return n
+
+
+def fork_body(snapshot_id: str, n: int, *, idle_ttl: Timeout = None,
+              metadata: Optional[Mapping[str, str]] = None,
+              on_idle: Optional[str] = None) -> Dict[str, Any]:
+    """The ``SessionSpec`` of a fork: ``n`` sessions from snapshot ``snapshot_id``, all of
+    them or none."""
+    return session_body(from_snapshot=snapshot_id, count=n, idle_ttl=idle_ttl,
+                        metadata=metadata, on_idle=on_idle)
+
+
+def snapshot_body(ttl: Timeout) -> Dict[str, Any]:
+    """A ``SnapshotSpec``: ``ttl`` (seconds, or a string such as "1h") when given."""
+    return {} if ttl is None else {"ttl": span(ttl)}
+
+
+def snapshot_url(snapshot_id: Optional[str] = None) -> str:
+    """``/v1/snapshots``, or one snapshot's ``/v1/snapshots/{id}``."""
+    return "/v1/snapshots" if snapshot_id is None else f"/v1/snapshots/{quote(snapshot_id, safe='')}"
+
+
+def forked(answer: Dict[str, Any]) -> List[SessionInfo]:
+    """The sessions of a create with ``count``: ``{"sessions": [...]}``."""
+    return [SessionInfo.from_dict(d) for d in answer.get("sessions", [])]
 
 
 def sessions_params(name: Optional[str] = None,

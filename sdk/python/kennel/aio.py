@@ -26,7 +26,7 @@ from . import _common as c
 from .client import DEFAULT_URL, RECONNECTS, _shell_line
 from .errors import KennelError, NotFound
 from .results import (ExecResult, FileEntry, FileEvent, OutputChunk, PauseInfo, ProcessEvent,
-                      ProcessInfo, ResumeReport, RunInfo, RunResult, SessionInfo)
+                      ProcessInfo, ResumeReport, RunInfo, RunResult, SessionInfo, SnapshotInfo)
 from .terminal import AsyncTerminal, AsyncTerminals
 
 R = TypeVar("R")
@@ -380,6 +380,26 @@ class AsyncSession(c.SessionFields):
         r = await self._client._request("POST", c.session_url(self.id, "/resume"))
         return ResumeReport.from_dict(r.json())
 
+    async def snapshot(self, ttl: c.Timeout = None) -> SnapshotInfo:
+        """Snapshots the session, which runs on, as :meth:`kennel.Session.snapshot`."""
+        r = await self._client._request("POST", c.session_url(self.id, "/snapshot"),
+                                        json=c.snapshot_body(ttl))
+        return SnapshotInfo.from_dict(r.json())
+
+    async def fork(self, n: int, *, ttl: c.Timeout = None, keep_snapshot: bool = True,
+                   idle_ttl: c.Timeout = None, metadata: Optional[Mapping[str, str]] = None,
+                   on_idle: Optional[str] = None) -> List["AsyncSession"]:
+        """``n`` copies of this session, as :meth:`kennel.Session.fork`: it is snapshotted
+        first, then ``n`` sessions are made from the snapshot (kept until its TTL unless
+        ``keep_snapshot=False``)."""
+        snap = await self.snapshot(ttl)
+        try:
+            return await self._client.fork(snap.id, n, idle_ttl=idle_ttl, metadata=metadata,
+                                           on_idle=on_idle)
+        finally:
+            if not keep_snapshot:
+                await self._client.delete_snapshot(snap.id)
+
     async def refresh(self) -> SessionInfo:
         self.info = await self._client.get_session(self.id)
         return self.info
@@ -544,16 +564,18 @@ class AsyncClient:
                 image: Optional[str] = None, name: Optional[str] = None,
                 metadata: Optional[Mapping[str, str]] = None,
                 get_or_create: bool = False,
-                on_idle: Optional[str] = None) -> c.Opening[AsyncSession]:
+                on_idle: Optional[str] = None,
+                from_snapshot: Optional[str] = None) -> c.Opening[AsyncSession]:
         """``async with client.session() as s:`` (ended on exit), or
         ``s = await client.session()`` (end it with ``await s.close()``); the options are
         :meth:`kennel.Client.session`'s (``tier=``, ``runtime=``, ``platform=``, ``image=``
         place its sandbox; ``name=``, ``metadata=`` and ``get_or_create=`` label it;
-        ``on_idle=`` is what its idle TTL does)."""
+        ``on_idle=`` is what its idle TTL does; ``from_snapshot=`` makes it from a
+        snapshot)."""
         body = c.session_body(limits=limits, env=env, network=network, idle_ttl=idle_ttl,
                               tier=tier, runtime=runtime, platform=platform, image=image,
                               name=name, metadata=metadata, get_or_create=get_or_create,
-                              on_idle=on_idle)
+                              on_idle=on_idle, from_snapshot=from_snapshot)
 
         async def create() -> AsyncSession:
             r = await self._request("POST", "/v1/sessions", json=body)
@@ -584,3 +606,27 @@ class AsyncClient:
 
     async def delete_session(self, session_id: str) -> None:
         await self._request("DELETE", c.session_url(session_id))
+
+    async def fork(self, snapshot_id: str, n: int, *, idle_ttl: c.Timeout = None,
+                   metadata: Optional[Mapping[str, str]] = None,
+                   on_idle: Optional[str] = None) -> List[AsyncSession]:
+        """``n`` sessions from one snapshot, all or none, as :meth:`kennel.Client.fork`."""
+        body = c.fork_body(snapshot_id, n, idle_ttl=idle_ttl, metadata=metadata,
+                           on_idle=on_idle)
+        r = await self._request("POST", "/v1/sessions", json=body)
+        return [AsyncSession(self, info) for info in c.forked(r.json())]
+
+    async def list_snapshots(self) -> List[SnapshotInfo]:
+        """This token's snapshots, oldest first."""
+        r = await self._request("GET", c.snapshot_url())
+        return [SnapshotInfo.from_dict(d) for d in r.json()]
+
+    snapshots = list_snapshots
+
+    async def get_snapshot(self, snapshot_id: str) -> SnapshotInfo:
+        """One of this token's snapshots, as :meth:`kennel.Client.get_snapshot`."""
+        return SnapshotInfo.from_dict((await self._request("GET", c.snapshot_url(snapshot_id))).json())
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        """Deletes a snapshot and its state; sessions made from it run on."""
+        await self._request("DELETE", c.snapshot_url(snapshot_id))

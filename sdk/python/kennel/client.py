@@ -12,7 +12,7 @@ import httpx
 from . import _common as c
 from .errors import KennelError, NotFound
 from .results import (ExecResult, FileEntry, FileEvent, OutputChunk, PauseInfo, ProcessEvent,
-                      ProcessInfo, ResumeReport, RunInfo, RunResult, SessionInfo)
+                      ProcessInfo, ResumeReport, RunInfo, RunResult, SessionInfo, SnapshotInfo)
 from .terminal import Terminal, Terminals, attach_process
 
 R = TypeVar("R")
@@ -424,6 +424,36 @@ class Session(c.SessionFields):
         r = self._client._request("POST", c.session_url(self.id, "/resume"))
         return ResumeReport.from_dict(r.json())
 
+    def snapshot(self, ttl: c.Timeout = None) -> SnapshotInfo:
+        """Snapshots the session, which runs on: its memory and files where the tier saves
+        memory (microvm; runsc without a network), else its files in ``/workspace`` and
+        ``/tmp`` only (``mechanism == "files"``). ``ttl`` (seconds or "1h") is how long the
+        server keeps it (its ``snapshots.ttl`` when unset, at most ``snapshots.max_ttl``). It
+        counts against the token's ``quota.disk`` until deleted
+        (:meth:`Client.delete_snapshot`) or expired; past that, or the server's
+        ``snapshots.max_per_token``, :class:`kennel.Busy`. :class:`kennel.Conflict` while the
+        session is paused or busy."""
+        r = self._client._request("POST", c.session_url(self.id, "/snapshot"),
+                                  json=c.snapshot_body(ttl))
+        return SnapshotInfo.from_dict(r.json())
+
+    def fork(self, n: int, *, ttl: c.Timeout = None, keep_snapshot: bool = True,
+             idle_ttl: c.Timeout = None, metadata: Optional[Mapping[str, str]] = None,
+             on_idle: Optional[str] = None) -> List["Session"]:
+        """``n`` copies of this session: it is snapshotted first (:meth:`snapshot`, with
+        ``ttl``), then ``n`` sessions are made from that snapshot (:meth:`Client.fork`),
+        each with fresh entropy, clock and Python/numpy random state. The snapshot is kept
+        (and counts against ``quota.disk``) until its TTL, unless ``keep_snapshot=False``
+        deletes it once the forks exist (they run on). Past the token's session quota no fork
+        is made (:class:`kennel.Busy`)."""
+        snap = self.snapshot(ttl)
+        try:
+            return self._client.fork(snap.id, n, idle_ttl=idle_ttl, metadata=metadata,
+                                     on_idle=on_idle)
+        finally:
+            if not keep_snapshot:
+                self._client.delete_snapshot(snap.id)
+
     def refresh(self) -> SessionInfo:
         """The session as the server sees it now (TTL left, limits)."""
         self.info = self._client.get_session(self.id)
@@ -632,7 +662,8 @@ class Client:
                 runtime: Optional[str] = None, platform: Optional[str] = None,
                 image: Optional[str] = None, name: Optional[str] = None,
                 metadata: Optional[Mapping[str, str]] = None,
-                get_or_create: bool = False, on_idle: Optional[str] = None) -> Session:
+                get_or_create: bool = False, on_idle: Optional[str] = None,
+                from_snapshot: Optional[str] = None) -> Session:
         """Creates a session; use the result as a context manager to end it on exit.
 
         ``limits`` (``timeout`` is each exec's default), ``env`` and ``network`` are as for
@@ -648,11 +679,16 @@ class Client:
         fields otherwise). ``metadata``: at most 16 labels, which :meth:`list_sessions`
         filters by. ``on_idle="pause"`` pauses the session when its idle TTL runs out (the
         next call resumes it) instead of ending it.
+
+        ``from_snapshot`` (a :meth:`Session.snapshot`'s id) makes the session from that
+        snapshot: its files, and its memory where the snapshot holds it, checked before
+        anything runs (:class:`kennel.Conflict` for a snapshot altered since). It has the
+        snapshot's tier, image, limits, network and env, so those stay unset.
         """
         body = c.session_body(limits=limits, env=env, network=network, idle_ttl=idle_ttl,
                               tier=tier, runtime=runtime, platform=platform, image=image,
                               name=name, metadata=metadata, get_or_create=get_or_create,
-                              on_idle=on_idle)
+                              on_idle=on_idle, from_snapshot=from_snapshot)
         info = SessionInfo.from_dict(self._request("POST", "/v1/sessions", json=body).json())
         return Session(self, info)
 
@@ -683,3 +719,31 @@ class Client:
 
     def delete_session(self, session_id: str) -> None:
         self._request("DELETE", c.session_url(session_id))
+
+    # -- snapshots and forks --------------------------------------------------------------
+
+    def fork(self, snapshot_id: str, n: int, *, idle_ttl: c.Timeout = None,
+             metadata: Optional[Mapping[str, str]] = None,
+             on_idle: Optional[str] = None) -> List[Session]:
+        """``n`` sessions (1 to 64) made from one snapshot at once, each with fresh entropy,
+        clock and Python/numpy random state: all of them, or none when the token's session
+        quota (or the server) has no room for them all (:class:`kennel.Busy`, 429). End each
+        (``close()``) when done."""
+        body = c.fork_body(snapshot_id, n, idle_ttl=idle_ttl, metadata=metadata,
+                           on_idle=on_idle)
+        r = self._request("POST", "/v1/sessions", json=body)
+        return [Session(self, info) for info in c.forked(r.json())]
+
+    def list_snapshots(self) -> List[SnapshotInfo]:
+        """This token's snapshots, oldest first."""
+        return [SnapshotInfo.from_dict(d) for d in self._request("GET", c.snapshot_url()).json()]
+
+    snapshots = list_snapshots
+
+    def get_snapshot(self, snapshot_id: str) -> SnapshotInfo:
+        """One of this token's snapshots (:class:`kennel.NotFound` for another's)."""
+        return SnapshotInfo.from_dict(self._request("GET", c.snapshot_url(snapshot_id)).json())
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        """Deletes a snapshot and its state; sessions made from it run on."""
+        self._request("DELETE", c.snapshot_url(snapshot_id))

@@ -551,6 +551,41 @@ class ResumeReport:
 
 
 @dataclass
+class SnapshotInfo:
+    """A snapshot of a session (``session.snapshot()``), which sessions are made from
+    (``client.session(from_snapshot=id)``, ``client.fork(id, n)``).
+
+    ``mechanism`` says what it holds: ``qemu-migrate`` (microvm) or ``runsc-checkpoint``
+    (runsc without a network) keep the memory and files, ``files`` keeps ``/workspace`` and
+    ``/tmp`` only; ``kept`` is what a session made from it gets back (``memory``,
+    ``processes``, ``files``, ``connections``: each a bool). ``fresh`` is what each such
+    session gets afresh: ``entropy``, ``clock`` and ``python_random`` (bools) and
+    ``boot_id`` (``own`` in a microVM, ``host`` where the sandbox shares the host's, ``absent``
+    under gVisor). Clones of a snapshot with memory share the interpreter's string-hash secret
+    (``PYTHONHASHSEED``). ``state_bytes`` count against the token's ``quota.disk`` until the
+    snapshot is deleted or expires (``expires_at_unix_ms``)."""
+
+    id: str
+    session: str
+    mechanism: str
+    kept: Dict[str, bool]
+    fresh: Dict[str, Any]
+    created_at_unix_ms: int
+    expires_at_unix_ms: int
+    state_bytes: int
+    took_ms: int
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "SnapshotInfo":
+        return cls(id=d["id"], session=d.get("session", ""), mechanism=d["mechanism"],
+                   kept=dict(d.get("kept") or {}), fresh=dict(d.get("fresh") or {}),
+                   created_at_unix_ms=d.get("created_at_unix_ms", 0),
+                   expires_at_unix_ms=d.get("expires_at_unix_ms", 0),
+                   state_bytes=d.get("state_bytes", 0), took_ms=d.get("took_ms", 0), raw=d)
+
+
+@dataclass
 class FileEntry:
     """One entry of a session directory listing."""
 

@@ -759,3 +759,106 @@ def test_pause_and_resume_say_what_was_kept_and_what_came_back(client, server):
                 assert (await a.refresh()).on_idle == "pause"
 
     asyncio.run(main())
+
+
+# -- snapshots and forks -------------------------------------------------------------------
+
+def test_a_snapshot_forks_into_sessions_with_its_files(client, server):
+    with client.session() as s:
+        s.write_file("kept.txt", "ws")
+        s.run_code("open('/tmp/kept-tmp', 'w').write('tmp')")
+        snap = s.snapshot(ttl="1h")
+        # A native session keeps its files only, and says so.
+        assert (snap.session, snap.mechanism) == (s.id, "files")
+        assert snap.kept == {"memory": False, "processes": False, "files": True,
+                             "connections": False}
+        assert snap.fresh["boot_id"] == "host" and snap.fresh["entropy"] is True
+        assert snap.state_bytes > 0 and snap.expires_at_unix_ms > snap.created_at_unix_ms
+        assert client.get_snapshot(snap.id) == snap
+        assert snap.id in [i.id for i in client.list_snapshots()]
+        assert s.run_code("print(1)").stdout == "1\n"  # the source runs on
+        forks = client.fork(snap.id, 2, metadata={"fork": "yes"})
+        try:
+            assert len({f.id for f in forks} | {s.id}) == 3
+            for f in forks:
+                assert f.metadata == {"fork": "yes"}
+                assert f.read_file("kept.txt") == b"ws"
+                assert f.read_file("/tmp/kept-tmp") == b"tmp"
+        finally:
+            for f in forks:
+                f.close()
+        with client.session(from_snapshot=snap.id) as one:
+            assert one.run_code("print(open('kept.txt').read())").stdout == "ws\n"
+        with pytest.raises(BadRequest) as e:
+            client.session(from_snapshot=snap.id, tier="native")
+        assert "cannot go with `from_snapshot`" in e.value.message
+        client.delete_snapshot(snap.id)
+        with pytest.raises(NotFound):
+            client.get_snapshot(snap.id)
+        assert snap.id not in [i.id for i in client.list_snapshots()]
+        # session.fork: a snapshot first, then the sessions; keep_snapshot=False deletes it.
+        before = {i.id for i in client.list_snapshots()}
+        forks = s.fork(2, keep_snapshot=False)
+        try:
+            assert [f.read_file("kept.txt") for f in forks] == [b"ws", b"ws"]
+        finally:
+            for f in forks:
+                f.close()
+        assert {i.id for i in client.list_snapshots()} == before
+
+    async def main():
+        async with AsyncClient(server.url, token=server.token, timeout=60) as aclient:
+            async with aclient.session() as a:
+                await a.write_file("a.txt", "async")
+                snap = await a.snapshot()
+                assert (await aclient.get_snapshot(snap.id)).mechanism == "files"
+                assert snap.id in [i.id for i in await aclient.list_snapshots()]
+                forks = await aclient.fork(snap.id, 2)
+                forks += await a.fork(1)
+                try:
+                    assert [await f.read_file("a.txt") for f in forks] == [b"async"] * 3
+                finally:
+                    for f in forks:
+                        await f.close()
+                async with aclient.session(from_snapshot=snap.id) as one:
+                    assert await one.read_file("a.txt") == b"async"
+                for left in await aclient.list_snapshots():
+                    await aclient.delete_snapshot(left.id)
+            assert await aclient.list_snapshots() == []
+
+    asyncio.run(main())
+
+
+def test_a_fork_past_the_session_quota_is_busy_and_makes_none():
+    from conftest import CONFIG, _serving
+
+    with _serving(CONFIG + "[quota]\nsessions = 3\n") as quota_server:
+        with Client(quota_server.url, token=quota_server.token, timeout=60, retries=0) as c:
+            with c.session() as s:
+                snap = s.snapshot()
+                with pytest.raises(Busy) as e:
+                    c.fork(snap.id, 3)
+                assert (e.value.status, e.value.code) == (429, "quota_exceeded")
+                assert "3 more would pass it (none was made)" in e.value.message
+                assert [i.id for i in c.list_sessions()] == [s.id]
+                with pytest.raises(Busy):
+                    s.fork(3, keep_snapshot=False)  # its own snapshot goes with the refusal
+                assert [i.id for i in c.list_snapshots()] == [snap.id]
+                forks = c.fork(snap.id, 2)
+                assert len(c.list_sessions()) == 3
+                for f in forks:
+                    f.close()
+                c.delete_snapshot(snap.id)
+
+
+def test_snapshot_and_fork_bodies_carry_only_what_is_given():
+    from kennel import _common as c
+
+    assert c.snapshot_body(None) == {} and c.snapshot_body(90) == {"ttl": "90s"}
+    assert c.snapshot_body("1h") == {"ttl": "1h"}
+    assert c.fork_body("snap-1", 3) == {"from_snapshot": "snap-1", "count": 3}
+    assert c.session_body(from_snapshot="snap-1", metadata={"k": "v"}) == {
+        "from_snapshot": "snap-1", "metadata": {"k": "v"}}
+    with pytest.raises(TypeError):
+        c.fork_body("snap-1", True)
+    assert c.snapshot_url("a/b") == "/v1/snapshots/a%2Fb"

@@ -20,6 +20,7 @@ import {
   type Keep,
   type Paused,
   type ResumeReport,
+  type SnapshotInfo,
   type User,
 } from "./results.js";
 import { Processes } from "./processes.js";
@@ -82,6 +83,26 @@ export interface SessionOptions extends Placement {
   /** What the idle TTL does: `"end"` the session (the default) or `"pause"` it (the next call
    * resumes it). */
   onIdle?: "end" | "pause";
+  /** A snapshot's id ({@link Session.snapshot}) to make the session from: its files, and its
+   * memory where the snapshot holds it, checked before anything runs (a `Conflict` for one
+   * altered since). The session has the snapshot's tier, image, limits, network and env, so
+   * those stay unset. */
+  fromSnapshot?: string;
+}
+
+/** What the sessions of a fork ({@link Client.fork}, {@link Session.fork}) take: the
+ * snapshot's shape is theirs, so only their idle TTL and what it does, and labels. */
+export interface ForkOptions {
+  idleTtl?: Timeout;
+  metadata?: Record<string, string>;
+  onIdle?: "end" | "pause";
+}
+
+/** {@link Session.fork}'s options: the forks', the snapshot's `ttl`, and whether the snapshot
+ * is kept once the forks exist (by default it is, until its TTL). */
+export interface SessionForkOptions extends ForkOptions {
+  ttl?: Timeout;
+  keepSnapshot?: boolean;
 }
 
 /** What {@link Client.listSessions} keeps: the session of `name`, and those with all of
@@ -253,9 +274,40 @@ export class Client {
       metadata: options.metadata,
       get_or_create: options.getOrCreate || undefined,
       on_idle: options.onIdle,
+      from_snapshot: options.fromSnapshot,
     });
     const info: SessionInfo = await (await this.request("POST", "/v1/sessions", { json: body })).json();
     return new Session(this, info);
+  }
+
+  /** `n` sessions (1 to 64) made from one snapshot at once, each with fresh entropy, clock and
+   * Python/numpy random state: all of them, or none when the token's session quota (or the
+   * server) has no room for them all (`Busy`, 429). Close each when done. */
+  async fork(snapshotId: string, n: number, options: ForkOptions = {}): Promise<Session[]> {
+    const body = defined({
+      from_snapshot: snapshotId,
+      count: n,
+      idle_ttl: span(options.idleTtl),
+      metadata: options.metadata,
+      on_idle: options.onIdle,
+    });
+    const group: { sessions: SessionInfo[] } = await (await this.request("POST", "/v1/sessions", { json: body })).json();
+    return group.sessions.map((info) => new Session(this, info));
+  }
+
+  /** This token's snapshots, oldest first. */
+  async listSnapshots(): Promise<SnapshotInfo[]> {
+    return (await this.request("GET", "/v1/snapshots")).json();
+  }
+
+  /** One of this token's snapshots (`NotFound` for another's). */
+  async getSnapshot(id: string): Promise<SnapshotInfo> {
+    return (await this.request("GET", `/v1/snapshots/${encodeURIComponent(id)}`)).json();
+  }
+
+  /** Deletes a snapshot and its state; sessions made from it run on. */
+  async deleteSnapshot(id: string): Promise<void> {
+    await this.request("DELETE", `/v1/snapshots/${encodeURIComponent(id)}`);
   }
 
   /** This token's open session called `name` when its spec matches `options`, else a new one
@@ -479,6 +531,30 @@ export class Session {
   /** Resumes a paused session; the answer says what came back (a `Conflict` when it runs). */
   async resume(): Promise<ResumeReport> {
     return (await this.client.request("POST", this.path("/resume"))).json();
+  }
+
+  /** Snapshots the session, which runs on: its memory and files where the tier saves memory
+   * (microvm; runsc without a network), else its files in `/workspace` and `/tmp` only
+   * (`mechanism` `files`). `ttl` (seconds or "1h") is how long the server keeps it (its
+   * `snapshots.ttl` when unset, at most `snapshots.max_ttl`); it counts against the token's
+   * `quota.disk` until deleted or expired (past that, or `snapshots.max_per_token`: `Busy`). */
+  async snapshot(ttl?: Timeout): Promise<SnapshotInfo> {
+    const json = defined({ ttl: span(ttl) });
+    return (await this.client.request("POST", this.path("/snapshot"), { json })).json();
+  }
+
+  /** `n` copies of this session: it is snapshotted first ({@link snapshot}, with `ttl`), then
+   * `n` sessions are made from that snapshot ({@link Client.fork}), all or none. The snapshot
+   * is kept (counting against `quota.disk`) until its TTL, unless `keepSnapshot: false`
+   * deletes it once the forks exist (they run on). */
+  async fork(n: number, options: SessionForkOptions = {}): Promise<Session[]> {
+    const { ttl, keepSnapshot = true, ...forks } = options;
+    const snap = await this.snapshot(ttl);
+    try {
+      return await this.client.fork(snap.id, n, forks);
+    } finally {
+      if (!keepSnapshot) await this.client.deleteSnapshot(snap.id);
+    }
   }
 
   /** The session as the server sees it now (its time left, say). */

@@ -15,6 +15,8 @@ export type {
   RunOptions,
   SessionOptions,
   SessionFilter,
+  ForkOptions,
+  SessionForkOptions,
   Timeout,
 } from "./client.js";
 export { Processes } from "./processes.js";
@@ -44,6 +46,8 @@ export type {
   Keep,
   Paused,
   ResumeReport,
+  Fresh,
+  SnapshotInfo,
   User,
 } from "./results.js";
 export { verifyWebhook, WebhookVerificationError } from "./webhooks.js";

@@ -333,7 +333,7 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        post: operations["take"];
+        post: operations["snapshot_session"];
         delete?: never;
         options?: never;
         head?: never;
@@ -411,7 +411,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get: operations["list"];
+        get: operations["list_snapshots"];
         put?: never;
         post?: never;
         delete?: never;
@@ -427,10 +427,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get: operations["show"];
+        get: operations["show_snapshot"];
         put?: never;
         post?: never;
-        delete: operations["delete"];
+        delete: operations["delete_snapshot"];
         options?: never;
         head?: never;
         patch?: never;
@@ -3832,7 +3832,7 @@ export interface operations {
             };
         };
     };
-    take: {
+    snapshot_session: {
         parameters: {
             query?: never;
             header?: never;
@@ -4380,7 +4380,7 @@ export interface operations {
             };
         };
     };
-    list: {
+    list_snapshots: {
         parameters: {
             query?: never;
             header?: never;
@@ -4416,7 +4416,7 @@ export interface operations {
             };
         };
     };
-    show: {
+    show_snapshot: {
         parameters: {
             query?: never;
             header?: never;
@@ -4464,7 +4464,7 @@ export interface operations {
             };
         };
     };
-    delete: {
+    delete_snapshot: {
         parameters: {
             query?: never;
             header?: never;

@@ -17,6 +17,16 @@ export type Keep = Schemas["Keep"];
 export type Paused = Schemas["Paused"];
 /** What a resume brought back. */
 export type ResumeReport = Schemas["ResumeReport"];
+/** A snapshot of a session (`session.snapshot()`): what it holds (`mechanism`: `qemu-migrate`
+ * or `runsc-checkpoint` keep the memory, `files` only `/workspace` and `/tmp`), what a session
+ * made from it gets back (`kept`) and afresh (`fresh`: entropy, clock, Python's random state,
+ * and its `boot_id`: `own`, `host` or `absent`), and the bytes it counts against `quota.disk`
+ * until it is deleted or expires. */
+export type SnapshotInfo = Schemas["SnapshotInfo"];
+/** What each session made from a snapshot gets afresh. */
+export type Fresh = Schemas["Fresh"];
+/** How long a snapshot is kept, and the like (`POST /v1/sessions/{id}/snapshot`'s body). */
+export type SnapshotSpec = Schemas["SnapshotSpec"];
 /** How a session's sandbox died on its own (`SessionInfo.ended`). */
 export type SessionEnd = Schemas["SessionEnd"];
 /** Where a run's or a session's sandbox runs: the isolation `tier` (`native`, the default;

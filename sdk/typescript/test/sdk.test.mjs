@@ -7,7 +7,7 @@ import { execFile } from "node:child_process";
 import { createHmac } from "node:crypto";
 import { promisify } from "node:util";
 import {
-  BadRequest, Client, Conflict, KennelError, NotFound, RichOutput, Unauthorized, valueOf, verifyWebhook,
+  BadRequest, Busy, Client, Conflict, KennelError, NotFound, RichOutput, Unauthorized, valueOf, verifyWebhook,
   WebhookVerificationError,
 } from "../dist/index.js";
 import { startServer, TOKEN } from "./server.mjs";
@@ -439,5 +439,73 @@ test("pause and resume say what was kept and what came back", async () => {
     assert.deepEqual([info.on_idle, info.last_resume.generation], ["pause", 2]);
   } finally {
     await s.close();
+  }
+});
+
+test("a snapshot forks into sessions with its files; snapshots are listed, shown and deleted", async () => {
+  const s = await client.session();
+  const made = [];
+  try {
+    await s.writeFile("kept.txt", "ws");
+    await s.runCode("open('/tmp/kept-tmp', 'w').write('tmp')");
+    const snap = await s.snapshot("1h");
+    // A native session keeps its files only, and says so.
+    assert.deepEqual([snap.session, snap.mechanism], [s.id, "files"]);
+    assert.deepEqual(snap.kept, { memory: false, processes: false, files: true, connections: false });
+    assert.deepEqual([snap.fresh.boot_id, snap.fresh.entropy], ["host", true]);
+    assert.ok(snap.state_bytes > 0 && snap.expires_at_unix_ms > snap.created_at_unix_ms);
+    assert.deepEqual(await client.getSnapshot(snap.id), snap);
+    assert.ok((await client.listSnapshots()).some((i) => i.id === snap.id));
+    const forks = await client.fork(snap.id, 2, { metadata: { fork: "yes" } });
+    made.push(...forks);
+    assert.equal(new Set([s.id, ...forks.map((f) => f.id)]).size, 3);
+    for (const f of forks) {
+      assert.deepEqual(f.metadata, { fork: "yes" });
+      assert.equal(new TextDecoder().decode(await f.readFile("kept.txt")), "ws");
+      assert.equal(new TextDecoder().decode(await f.readFile("/tmp/kept-tmp")), "tmp");
+    }
+    const one = await client.session({ fromSnapshot: snap.id });
+    made.push(one);
+    assert.equal((await one.runCode("print(open('kept.txt').read())")).stdout, "ws\n");
+    await assert.rejects(client.session({ fromSnapshot: snap.id, tier: "native" }), (e) => {
+      assert.ok(e instanceof BadRequest);
+      assert.match(e.message, /cannot go with `from_snapshot`/);
+      return true;
+    });
+    await client.deleteSnapshot(snap.id);
+    await assert.rejects(client.getSnapshot(snap.id), NotFound);
+    // session.fork: a snapshot first, then the sessions; keepSnapshot false deletes it.
+    const before = (await client.listSnapshots()).map((i) => i.id);
+    const own = await s.fork(2, { keepSnapshot: false });
+    made.push(...own);
+    for (const f of own) assert.equal(new TextDecoder().decode(await f.readFile("kept.txt")), "ws");
+    assert.deepEqual((await client.listSnapshots()).map((i) => i.id), before);
+  } finally {
+    for (const f of made) await f.close();
+    await s.close();
+  }
+});
+
+test("a fork past the session quota is Busy and makes none", async () => {
+  const quota = await startServer("[pool]\npython = 1\nbash = 0\n[quota]\nsessions = 3\n");
+  try {
+    const c = new Client(quota.url, { token: TOKEN });
+    const s = await c.session();
+    const snap = await s.snapshot();
+    await assert.rejects(c.fork(snap.id, 3), (e) => {
+      assert.ok(e instanceof Busy);
+      assert.deepEqual([e.status, e.code], [429, "quota_exceeded"]);
+      assert.match(e.message, /3 more would pass it \(none was made\)/);
+      return true;
+    });
+    assert.deepEqual((await c.listSessions()).map((i) => i.id), [s.id]);
+    const forks = await c.fork(snap.id, 2);
+    assert.equal((await c.listSessions()).length, 3);
+    for (const f of forks) await f.close();
+    await c.deleteSnapshot(snap.id);
+    assert.deepEqual(await c.listSnapshots(), []);
+    await s.close();
+  } finally {
+    await quota.stop();
   }
 });

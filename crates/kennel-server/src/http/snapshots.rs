@@ -13,7 +13,7 @@ use super::shared::Shared;
 use crate::service::{Action, Caller};
 use kennel_types::snapshot::{SnapshotInfo, SnapshotSpec};
 
-#[utoipa::path(tag = "session_routes", post, path = "/v1/sessions/{id}/snapshot", request_body = SnapshotSpec,
+#[utoipa::path(tag = "session_routes", post, path = "/v1/sessions/{id}/snapshot", operation_id = "snapshot_session", request_body = SnapshotSpec,
     responses(
         (status = 201, description = "Taken: its id, what it keeps (`kept`: the memory where the \
             tier saves it, microvm and runsc without a network; else the files only, and \
@@ -41,7 +41,7 @@ pub async fn take(
     handle(&state, &caller, Action::SnapshotSession { id, spec }).await
 }
 
-#[utoipa::path(tag = "session_routes", get, path = "/v1/snapshots",
+#[utoipa::path(tag = "session_routes", get, path = "/v1/snapshots", operation_id = "list_snapshots",
     responses(
         (status = 200, description = "This caller's snapshots, oldest first", body = [SnapshotInfo]),
         (status = 503, description = "The server keeps no state directory, where snapshots live"),
@@ -53,7 +53,7 @@ pub async fn list(
     handle(&state, &caller, Action::ListSnapshots).await
 }
 
-#[utoipa::path(tag = "session_routes", get, path = "/v1/snapshots/{id}",
+#[utoipa::path(tag = "session_routes", get, path = "/v1/snapshots/{id}", operation_id = "show_snapshot",
     responses(
         (status = 200, description = "The snapshot", body = SnapshotInfo),
         (status = 404, description = "No such snapshot for this caller"),
@@ -67,7 +67,7 @@ pub async fn show(
     handle(&state, &caller, Action::ShowSnapshot { id }).await
 }
 
-#[utoipa::path(tag = "session_routes", delete, path = "/v1/snapshots/{id}",
+#[utoipa::path(tag = "session_routes", delete, path = "/v1/snapshots/{id}", operation_id = "delete_snapshot",
     responses(
         (status = 204, description = "Deleted, its state with it (sessions made from it run on)"),
         (status = 404, description = "No such snapshot for this caller"),
