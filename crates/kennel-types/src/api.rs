@@ -212,6 +212,11 @@ pub struct RunRequest {
     /// saved. Kennel's own (a paused session's), never read from a request.
     #[serde(skip)]
     pub restore: Option<std::path::PathBuf>,
+    /// The volumes mounted into the sandbox, each with the image the server resolved its
+    /// name to. Never read from a request: a request names volumes (`RunSpec::volumes`), the
+    /// server alone says which host file each is.
+    #[serde(skip)]
+    pub volumes: Vec<crate::volume::Volume>,
 }
 
 /// The point a run is saved at, and resumed from: see [`RunRequest::resume_at`].
@@ -250,6 +255,7 @@ impl RunRequest {
             image: None,
             resume_at: None,
             restore: None,
+            volumes: vec![],
         }
     }
 }
@@ -454,6 +460,9 @@ pub struct Isolation {
     /// `microvm` tier); absent in the native tier.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<RuntimeInfo>,
+    /// The volumes mounted into the sandbox (name, path, read-only); absent when none was.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<crate::volume::VolumeMount>,
 }
 
 /// Where Kennel's allowlist proxy listens inside a sandbox (on 127.0.0.1), as the network
@@ -631,6 +640,11 @@ pub struct RunSpec {
     /// or SSE, is cancelled when its client disconnects).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub detach: bool,
+    /// This token's volumes to mount (`POST /v1/volumes` makes them), each beneath
+    /// `/workspace` or `/tmp`: read-write by one sandbox at a time, or read-only by any
+    /// number with no writer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<crate::volume::VolumeMount>,
 }
 
 /// A field that is either absent (`None`, by `#[serde(default)]`) or a value: `null` is refused.
@@ -830,6 +844,19 @@ impl RunSpec {
             policy.tripwires = t.clone();
         }
         policy.validate()?;
+        crate::volume::check_mounts(&self.volumes)?;
+        let volumes = self
+            .volumes
+            .iter()
+            .map(|m| crate::volume::Volume {
+                name: m.name.clone(),
+                // The server resolves the name: no request says which host file it is.
+                image: std::path::PathBuf::new(),
+                path: m.path.clone(),
+                read_only: m.read_only,
+                kind: crate::volume::VolumeKind::Host,
+            })
+            .collect();
         let files = self
             .files
             .iter()
@@ -844,6 +871,7 @@ impl RunSpec {
             files,
             collect: self.collect.clone(),
             policy,
+            volumes,
             ..RunRequest::new(self.command()?)
         })
     }
@@ -909,6 +937,9 @@ pub struct SessionSpec {
     /// next call to a paused session resumes it.
     #[serde(default)]
     pub on_idle: crate::pause::OnIdle,
+    /// This token's volumes to mount for the session's life, as for runs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<crate::volume::VolumeMount>,
 }
 
 /// The most metadata keys a session takes.
@@ -958,6 +989,7 @@ impl SessionSpec {
             }
             _ => {}
         }
+        crate::volume::check_mounts(&self.volumes)?;
         check_metadata(&self.metadata)
     }
 

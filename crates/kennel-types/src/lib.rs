@@ -18,6 +18,7 @@ pub mod security;
 pub mod terminal;
 pub mod time;
 pub mod user;
+pub mod volume;
 pub mod watch;
 
 pub use api::{

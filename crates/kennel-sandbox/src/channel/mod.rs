@@ -345,6 +345,7 @@ mod tests {
             cpus: vec![0],
             host_dirs: vec![],
             devices: vec![],
+            volumes: vec![],
         }
     }
 

@@ -29,6 +29,9 @@ pub struct Plan {
     pub host_dirs: Vec<kennel_types::api::HostDir>,
     /// Host devices shown in /dev beyond the usual few (the microvm tier's /dev/kvm).
     pub devices: Vec<String>,
+    /// The volumes mounted beneath /workspace or /tmp.
+    #[serde(default)]
+    pub volumes: Vec<kennel_types::volume::Volume>,
 }
 
 impl Planned for Plan {

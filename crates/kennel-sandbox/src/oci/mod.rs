@@ -86,6 +86,12 @@ impl Oci {
                 "directories are shown writable by the native tier only",
             ));
         }
+        if !req.volumes.is_empty() {
+            return Err(Error::request(
+                "volumes",
+                "the oci tier does not mount volumes yet: use the native tier",
+            ));
+        }
         let argv = checked_argv(req)?;
         let files = input_files(req)?;
         check_host(policy)?;

@@ -14,6 +14,7 @@ mod shared;
 pub mod slow;
 mod stream;
 pub mod terminals;
+pub mod volumes;
 pub mod watch;
 
 pub use crate::service::Caller;
@@ -190,6 +191,11 @@ pub fn router(state: Shared, mounts: &[Mount]) -> Router {
         .route(
             "/v1/runs/{id}",
             get(routes::show_run).delete(routes::cancel_run),
+        )
+        .route("/v1/volumes", post(volumes::create).get(volumes::list))
+        .route(
+            "/v1/volumes/{name}",
+            axum::routing::delete(volumes::remove).get(volumes::show),
         )
         .route("/v1/sessions", post(routes::create).get(routes::list))
         .route(

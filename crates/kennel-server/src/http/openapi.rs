@@ -7,7 +7,7 @@ use kennel_types::api::{MAX_METADATA_KEYS, MAX_METADATA_KEY_BYTES, MAX_METADATA_
 use serde_json::{json, Map, Value};
 use utoipa::OpenApi;
 
-use super::{pause as pausing, processes, routes, terminals, watch};
+use super::{pause as pausing, processes, routes, terminals, volumes, watch};
 use crate::config::ServerConfig;
 use crate::pattern;
 use kennel_types::api;
@@ -54,6 +54,10 @@ use kennel_types::terminal;
         terminals::resize_terminal,
         terminals::pty,
         watch::watch,
+        volumes::create,
+        volumes::list,
+        volumes::show,
+        volumes::remove,
     ),
     components(schemas(
         api::RunSpec, api::LimitsSpec, api::RunResult, api::CollectedFile, api::Content,
@@ -67,6 +71,9 @@ use kennel_types::terminal;
         kennel_types::watch::FileEvent, kennel_types::watch::FileEventKind,
         pause::Keep, pause::PauseSpec, pause::OnIdle, pause::Mechanism, pause::Kept,
         pause::SessionState, pause::Paused, pause::MemoryBack, pause::ResumeReport,
+        kennel_types::volume::VolumeSpec, kennel_types::volume::VolumeKind,
+        kennel_types::volume::VolumeMount, kennel_types::volume::VolumeInfo,
+        kennel_types::volume::Attachment,
     )),
     modifiers(&BearerAuth),
     security(("bearer" = []))

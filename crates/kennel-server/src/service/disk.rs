@@ -1,7 +1,8 @@
 //! The disk a `saved` pause takes: each saved session is counted at its declared size (its
-//! memory limit, the most its saved memory can be, whatever the save then writes), against
-//! its token's `quota.disk`, and no save may leave the state directory's filesystem less than
-//! `[state] reserve` free. Both are weighed before anything is written.
+//! memory limit, the most its saved memory can be, whatever the save then writes), and each
+//! volume at its size, against its token's `quota.disk`; no save (nor volume) may leave the
+//! state directory's filesystem less than `[state] reserve` free. Both are weighed before
+//! anything is written.
 
 use std::path::Path;
 
@@ -29,15 +30,28 @@ fn is_saved(session: &Session) -> bool {
         .is_some_and(|p| p.info.keep == Keep::Saved)
 }
 
-/// What the token's other saved sessions take, counted at their declared sizes.
+/// What the token's other saved sessions take, counted at their declared sizes, and its
+/// volumes.
 fn held_by(service: &Service, session: &Session) -> u64 {
+    saved_by(service, &session.token_id, Some(&session.id))
+        + super::volumes::held_by(service, &super::action::Caller(session.token_id.clone()))
+}
+
+/// What the saved sessions of `token_id` but `except` take, at their declared sizes.
+fn saved_by(service: &Service, token_id: &str, except: Option<&str>) -> u64 {
     service
         .sessions
         .list()
         .iter()
-        .filter(|s| s.token_id == session.token_id && s.id != session.id && is_saved(s))
+        .filter(|s| s.token_id == token_id && Some(s.id.as_str()) != except && is_saved(s))
         .map(|s| declared(s))
         .sum()
+}
+
+/// What `token_id` holds on disk: its saved sessions and its volumes.
+pub(super) fn held_of(service: &Service, token_id: &str) -> u64 {
+    saved_by(service, token_id, None)
+        + super::volumes::held_by(service, &super::action::Caller(token_id.to_string()))
 }
 
 /// Refuses a save of `session` into `dir` past its token's disk quota (429) or the server's
@@ -53,8 +67,8 @@ pub(super) fn room_for(
         if held.saturating_add(size) > quota {
             return Err(ServiceError::QuotaExceeded(Refusal::from(format!(
                 "saving this session ({} at its memory limit) would take this token's saved \
-                 sessions to {}, past its disk quota (quota.disk) of {}; end or resume one of \
-                 them first, or pause this one with `\"keep\": \"frozen\"` where its tier can",
+                 sessions and volumes to {}, past its disk quota (quota.disk) of {}; end or \
+                 resume one of them (or delete a volume) first, or pause this one with `\"keep\": \"frozen\"` where its tier can",
                 ByteSize(size),
                 ByteSize(held.saturating_add(size)),
                 ByteSize(quota)

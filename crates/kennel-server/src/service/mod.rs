@@ -24,6 +24,7 @@ mod save;
 mod session;
 mod state;
 mod terminal;
+pub mod volumes;
 mod watch;
 
 pub use crate::agent::ReadFrom;
@@ -72,6 +73,15 @@ impl Service {
                     session::Created::New(info) => Reply::SessionCreated(info),
                     session::Created::Found(info) => Reply::Session(info),
                 })
+            }
+            Action::CreateVolume { spec } => volumes::create(self, caller, spec)
+                .await
+                .map(Reply::VolumeCreated),
+            Action::ListVolumes => volumes::list(self, caller).map(Reply::Volumes),
+            Action::ShowVolume { name } => volumes::show(self, caller, &name).map(Reply::Volume),
+            Action::DeleteVolume { name } => {
+                volumes::delete(self, caller, &name)?;
+                Ok(Reply::Done)
             }
             Action::ListSessions { filter } => {
                 Ok(Reply::Sessions(session::list(self, caller, &filter)))

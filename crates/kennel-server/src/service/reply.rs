@@ -41,6 +41,10 @@ pub enum Reply {
     Paused(kennel_types::pause::Paused),
     /// A session resumed: what came back.
     Resumed(kennel_types::pause::ResumeReport),
+    /// A volume, just made.
+    VolumeCreated(kennel_types::volume::VolumeInfo),
+    Volume(kennel_types::volume::VolumeInfo),
+    Volumes(Vec<kennel_types::volume::VolumeInfo>),
     /// Done, with nothing to say (a session ended, a file written or deleted).
     Done,
 }

@@ -141,8 +141,9 @@ pub(super) async fn create(
         metadata: spec.metadata.clone(),
         shape: Shape::of(&policy),
     };
+    super::volumes::check_tier(&policy, &spec.volumes)?;
     let Some(name) = &spec.name else {
-        return start(service, caller, policy, terms, label).await;
+        return start(service, caller, policy, terms, label, &spec.volumes).await;
     };
     // Held until the new session is in the map: a second create of the name waits, then
     // finds it.
@@ -150,7 +151,7 @@ pub(super) async fn create(
     if let Some(existing) = service.sessions.named(&caller.0, name) {
         return found(&existing, spec.get_or_create, &label.shape);
     }
-    start(service, caller, policy, terms, label).await
+    start(service, caller, policy, terms, label, &spec.volumes).await
 }
 
 /// The answer to a create of a name `existing` has: the session itself for a `get_or_create`
@@ -182,6 +183,7 @@ async fn start(
     policy: Policy,
     terms: Terms,
     label: Label,
+    mounts: &[kennel_types::volume::VolumeMount],
 ) -> Result<Created, ServiceError> {
     let config = &service.config;
     let quota = config.share(&caller.0).map(|s| s.sessions);
@@ -209,7 +211,10 @@ async fn start(
         }
     };
     let kept = policy.clone();
-    let agent = start_agent(service, policy, terms.max_lifetime).await?;
+    let (lease, volumes) =
+        super::volumes::attach(service, caller, "a session starting", policy.tier, mounts)?
+            .map_or((None, vec![]), |(l, v)| (Some(l), v));
+    let agent = start_agent(service, policy, terms.max_lifetime, &volumes).await?;
     if terms.on_idle == OnIdle::Pause && agent.freezer().is_none() && agent.saver().is_none() {
         agent.kill();
         agent.close().await;
@@ -219,6 +224,9 @@ async fn start(
         )));
     }
     let session = Arc::new(Session::new(caller.0.clone(), agent, kept, terms, label));
+    if let Some(lease) = lease {
+        service.volumes.keep(&session.id, lease);
+    }
     service.sessions.insert(session.clone());
     service.keep_record(&session);
     inc(&service.metrics.sessions_created);
@@ -265,10 +273,12 @@ async fn start_agent(
     service: &Service,
     policy: Policy,
     lifetime: Duration,
+    volumes: &[kennel_types::volume::Volume],
 ) -> Result<AgentSandbox, ServiceError> {
     let pool = &service.pool;
-    // Only microvm sessions count, hit or miss: the pool never serves another session.
-    if policy.tier == Tier::Microvm {
+    // Only microvm sessions count, hit or miss: the pool never serves another session (nor
+    // one with volumes, which no clone has).
+    if policy.tier == Tier::Microvm && volumes.is_empty() {
         let pooled = pool.serves_session(&policy).and_then(|k| pool.take(&k));
         inc(if pooled.is_some() {
             &service.metrics.pool_hits
@@ -280,7 +290,8 @@ async fn start_agent(
         }
     }
     let lifetime = lifetime + crate::sessions::LIFETIME_MARGIN;
-    Ok(AgentSandbox::start(service.engine.clone(), policy, lifetime, &[]).await?)
+    let engine = service.engine.clone();
+    Ok(AgentSandbox::start_with(engine, policy, lifetime, &[], volumes).await?)
 }
 
 /// The idle TTL a session asked for, refused (never clamped) outside this server's bounds.

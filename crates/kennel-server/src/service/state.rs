@@ -49,6 +49,8 @@ pub struct Service {
     pub(super) streams: Arc<Counts>,
     /// Where named and paused sessions are kept for a restarted server, if anywhere.
     pub(super) records: Option<crate::records::Records>,
+    /// The tokens' volumes, and who holds them.
+    pub(super) volumes: Arc<super::volumes::Store>,
 }
 
 impl Service {
@@ -99,12 +101,21 @@ impl Service {
             requests: Arc::default(),
             streams: Arc::default(),
             records: None,
+            volumes: Arc::new(super::volumes::Store::none("no volumes directory was given")),
         }
     }
 
     /// The service with the directory its named and paused sessions are kept in.
     pub fn with_records(self, records: Option<crate::records::Records>) -> Service {
         Service { records, ..self }
+    }
+
+    /// The service with its volumes kept in `dir`.
+    pub fn with_volumes(self, dir: std::path::PathBuf) -> Service {
+        Service {
+            volumes: Arc::new(super::volumes::Store::open(dir)),
+            ..self
+        }
     }
 
     /// The service with its job table (or the reason it has none).
@@ -157,6 +168,9 @@ impl Service {
         let open = i64::try_from(self.sessions.len()).unwrap_or(i64::MAX);
         self.metrics.active_sessions.set(open);
         session.closing();
+        // Released after its sandbox is gone (below): not before, or a writer could attach
+        // while this one still has it mounted.
+        let _volumes = ReleaseOnDrop(&self.volumes, &session.id);
         if let Some(records) = &self.records {
             records.forget(&session.id);
         }
@@ -271,5 +285,14 @@ impl Drop for Tracked {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&self.id);
+    }
+}
+
+/// Releases a session's volumes when dropped.
+struct ReleaseOnDrop<'a>(&'a super::volumes::Store, &'a str);
+
+impl Drop for ReleaseOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.release(self.1);
     }
 }
