@@ -83,51 +83,13 @@ impl Native {
                 cpus: pick_cpus(policy)?,
                 host_dirs: checked_host_dirs(req)?,
                 devices: checked_devices(req)?,
-                volumes: checked_volumes(req)?,
+                volumes: crate::request::checked_volumes(req)?,
             },
             limiter: None,
             forward,
         };
         supervise(&mut tier, &self.helper, req, &files, io)
     }
-}
-
-/// The request's volumes (their images resolved by the server): `host` ones, each an image
-/// file, mounted beneath /workspace or /tmp; a supervisor that is not root cannot mount them
-/// (only host root may set up a loop device and mount ext4).
-fn checked_volumes(req: &RunRequest) -> Result<Vec<kennel_types::volume::Volume>, Error> {
-    use kennel_types::volume::VolumeKind;
-    if req.volumes.is_empty() {
-        return Ok(vec![]);
-    }
-    if sys::getuid() != 0 {
-        return Err(Error::Unsupported {
-            layer: "volumes",
-            why: "mounting a volume takes a loop device and an ext4 mount, which only a \
-                  supervisor running as root can set up"
-                .into(),
-            hint: "run Kennel as root (it mounts a volume only in its sandbox's own mount \
-                   namespace)"
-                .into(),
-        });
-    }
-    for v in &req.volumes {
-        let ok = v.kind == VolumeKind::Host
-            && kennel_types::api::in_scratch(&v.path)
-            && v.image.is_absolute()
-            && v.image.is_file();
-        if !ok {
-            return Err(Error::request(
-                "volumes",
-                format!(
-                    "volume {:?} cannot be mounted here: a host volume's image, beneath \
-                     /workspace or /tmp",
-                    v.name
-                ),
-            ));
-        }
-    }
-    Ok(req.volumes.clone())
 }
 
 /// The request's host directories (Kennel's own only), each an existing host directory shown
