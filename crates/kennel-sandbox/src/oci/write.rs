@@ -40,8 +40,17 @@ pub fn export_bundle(req: &RunRequest, dir: &Path) -> Result<(), Error> {
     // Run by hand, the bundle has no one on a listener socket: its denials stay in-kernel.
     let listener = None;
     let volumes = [];
-    write_bundle(dir, runtime, "kennel-bundle", policy, argv, &cpus, listener, &volumes)
-        .map_err(io)?;
+    write_bundle(
+        dir,
+        runtime,
+        "kennel-bundle",
+        policy,
+        argv,
+        &cpus,
+        listener,
+        &volumes,
+    )
+    .map_err(io)?;
     let owner = Some(owner(policy));
     for (scratch, _) in bundle::SCRATCH {
         std::os::unix::fs::chown(dir.join(scratch), owner, owner).map_err(io)?;
@@ -104,7 +113,10 @@ pub(super) fn write_bundle(
         cgroups_path: cgroups_path.to_string(),
         cpus: cpus.to_vec(),
         listener,
-        volumes: volumes.iter().map(|v| (v.path.clone(), v.read_only)).collect(),
+        volumes: volumes
+            .iter()
+            .map(|v| (v.path.clone(), v.read_only))
+            .collect(),
     };
     let spec = bundle::spec(&input, system_mounts);
     let json = serde_json::to_vec_pretty(&spec).map_err(std::io::Error::other)?;

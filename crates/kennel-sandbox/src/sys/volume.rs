@@ -52,7 +52,10 @@ struct LoopConfig {
 /// is released once its last opener (this descriptor, then the filesystem on it) is gone.
 /// Returns the device, open, and its path.
 fn loop_over(image: &File, read_only: bool) -> io::Result<(File, String)> {
-    let control = OpenOptions::new().read(true).write(true).open("/dev/loop-control")?;
+    let control = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/loop-control")?;
     let mut flags = LO_FLAGS_AUTOCLEAR;
     if read_only {
         flags |= LO_FLAGS_READ_ONLY;

@@ -101,7 +101,9 @@ impl Service {
             requests: Arc::default(),
             streams: Arc::default(),
             records: None,
-            volumes: Arc::new(super::volumes::Store::none("no volumes directory was given")),
+            volumes: Arc::new(super::volumes::Store::none(
+                "no volumes directory was given",
+            )),
         }
     }
 

@@ -72,7 +72,13 @@ impl Drop for Lease {
 impl Lease {
     /// Names the holder as the volume list shows it (a session's id).
     pub fn held_by(&self, by: &str) {
-        for h in self.store.held().1.iter_mut().filter(|h| h.lease == self.id) {
+        for h in self
+            .store
+            .held()
+            .1
+            .iter_mut()
+            .filter(|h| h.lease == self.id)
+        {
             h.by = by.to_string();
         }
     }
@@ -93,9 +99,7 @@ impl Store {
     pub fn open(root: PathBuf) -> Store {
         use std::os::unix::fs::PermissionsExt;
         let made = std::fs::create_dir_all(&root)
-            .and_then(|()| {
-                std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700))
-            })
+            .and_then(|()| std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700)))
             .map(|()| root.clone())
             .map_err(|e| format!("{}: {e}", root.display()));
         if let Err(why) = &made {
@@ -238,7 +242,11 @@ impl Store {
                     "volume {:?} is mounted {} by {}: a volume is read-write in one sandbox at \
                      a time, or read-only in any number with no writer",
                     m.name,
-                    if w.read_only { "read-only" } else { "read-write" },
+                    if w.read_only {
+                        "read-only"
+                    } else {
+                        "read-write"
+                    },
                     w.by
                 )));
             }
@@ -367,7 +375,9 @@ fn make(
         Err(why) => {
             let _ = std::fs::remove_file(&tmp);
             let _ = std::fs::remove_file(dir.join(format!("{name}.json")));
-            Err(ServiceError::Internal(format!("making volume {name:?}: {why}")))
+            Err(ServiceError::Internal(format!(
+                "making volume {name:?}: {why}"
+            )))
         }
     }
 }

@@ -398,6 +398,10 @@ fn a_volume_is_attached_beneath_the_new_scratch_before_the_root_is_pivoted() {
     let attach = rec.index("attach_mount /tmp/workspace/data");
     assert!(rec.index("mount_volume") < rec.index("unshare("));
     assert!(rec.index("fork init") < attach, "{:#?}", rec.calls);
-    assert!(rec.index("mount tmpfs tmpfs on /tmp/workspace") < attach, "{:#?}", rec.calls);
+    assert!(
+        rec.index("mount tmpfs tmpfs on /tmp/workspace") < attach,
+        "{:#?}",
+        rec.calls
+    );
     assert!(attach < rec.index("pivot_root"), "{:#?}", rec.calls);
 }
