@@ -2,12 +2,13 @@
 //! What is asked (`POST /v1/volumes`'s [`VolumeSpec`], a run's or session's
 //! [`VolumeMount`]s), what the API lists ([`VolumeInfo`]), and what the engine is handed
 //! ([`Volume`]: the image the server resolved a name to, which no request can name itself).
+//! Their checks are `api`'s (`VolumeSpec::check`, `check_volume_name`, `check_mounts`),
+//! beside the path and name rules they share with files and sessions.
 
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::PolicyError;
 use crate::policy::ByteSize;
 
 /// The smallest volume: ext4's journal and metadata need a few MiB.
@@ -58,39 +59,6 @@ pub struct VolumeSpec {
     pub kind: VolumeKind,
 }
 
-impl VolumeSpec {
-    /// Checks the name and the size's floor; each refusal names its field.
-    pub fn check(&self) -> Result<(), PolicyError> {
-        check_name(&self.name)?;
-        if self.size.0 < MIN_VOLUME_BYTES {
-            return Err(PolicyError::request(
-                "size",
-                format!(
-                    "is {}, below the {} an ext4 volume needs",
-                    self.size,
-                    ByteSize(MIN_VOLUME_BYTES)
-                ),
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// Refuses a name that is not a volume name (the rule of session names), so that it can
-/// never be a path (`..`, `/`) or an option.
-pub fn check_name(name: &str) -> Result<(), PolicyError> {
-    if crate::api::is_session_name(name) {
-        return Ok(());
-    }
-    Err(PolicyError::request(
-        "name",
-        format!(
-            "{name:?} is not a volume name: use 1 to 63 of a-z, 0-9, '.', '_' and '-', \
-             starting with a letter or digit"
-        ),
-    ))
-}
-
 /// A volume mounted into a run or a session.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -103,54 +71,6 @@ pub struct VolumeMount {
     /// Mounted read-only: any number of sandboxes may, as long as none has it read-write.
     #[serde(default)]
     pub read_only: bool,
-}
-
-/// Checks a request's mounts: names, paths beneath `/workspace` or `/tmp`, no name or path
-/// twice, no path beneath another's, at most [`MAX_MOUNTS`].
-pub fn check_mounts(mounts: &[VolumeMount]) -> Result<(), PolicyError> {
-    if mounts.len() > MAX_MOUNTS {
-        return Err(PolicyError::request(
-            "volumes",
-            format!(
-                "names {} volumes; a sandbox mounts at most {MAX_MOUNTS}",
-                mounts.len()
-            ),
-        ));
-    }
-    for (i, m) in mounts.iter().enumerate() {
-        check_name(&m.name).map_err(|_| {
-            PolicyError::request("volumes", format!("{:?} is not a volume name", m.name))
-        })?;
-        if !crate::api::in_scratch(&m.path) {
-            return Err(PolicyError::request(
-                "volumes",
-                format!(
-                    "path {:?} of volume {:?} is not beneath /workspace or /tmp, the \
-                     sandbox's writable places (say `/workspace/{}`)",
-                    m.path, m.name, m.name
-                ),
-            ));
-        }
-        for other in &mounts[..i] {
-            let nested = |a: &str, b: &str| a == b || a.starts_with(&format!("{b}/"));
-            if other.name == m.name {
-                return Err(PolicyError::request(
-                    "volumes",
-                    format!("volume {:?} is named twice", m.name),
-                ));
-            }
-            if nested(&m.path, &other.path) || nested(&other.path, &m.path) {
-                return Err(PolicyError::request(
-                    "volumes",
-                    format!(
-                        "paths {:?} and {:?} overlap: each volume needs its own place",
-                        other.path, m.path
-                    ),
-                ));
-            }
-        }
-    }
-    Ok(())
 }
 
 /// A volume as the engine mounts it: the image the server resolved the name to. Kennel's own,
@@ -203,45 +123,4 @@ pub struct VolumeInfo {
     pub created_at_unix_ms: u64,
     /// The sandboxes that have it mounted now.
     pub attached: Vec<Attachment>,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn m(name: &str, path: &str) -> VolumeMount {
-        VolumeMount {
-            name: name.into(),
-            path: path.into(),
-            read_only: false,
-        }
-    }
-
-    #[test]
-    fn mounts_go_beneath_the_writable_places_once_each() {
-        assert!(check_mounts(&[m("a", "/workspace/a"), m("b", "/tmp/b")]).is_ok());
-        for bad in [
-            vec![m("a", "/workspace")],
-            vec![m("a", "/etc/a")],
-            vec![m("a", "/workspace/../etc")],
-            vec![m("../a", "/workspace/a")],
-            vec![m("a", "/workspace/a"), m("a", "/workspace/b")],
-            vec![m("a", "/workspace/a"), m("b", "/workspace/a/b")],
-        ] {
-            assert!(check_mounts(&bad).is_err(), "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn a_spec_reads_for_and_refuses_unknown_keys() {
-        let s: VolumeSpec =
-            serde_json::from_str(r#"{"name":"d","size":"64M","for":"microvm"}"#).unwrap();
-        assert_eq!(s.kind, VolumeKind::Microvm);
-        assert!(s.check().is_ok());
-        assert!(serde_json::from_str::<VolumeSpec>(r#"{"name":"d","size":"64M","x":1}"#).is_err());
-        let tiny: VolumeSpec = serde_json::from_str(r#"{"name":"d","size":"1M"}"#).unwrap();
-        assert!(tiny.check().is_err());
-        let bad: VolumeSpec = serde_json::from_str(r#"{"name":"..","size":"64M"}"#).unwrap();
-        assert!(bad.check().is_err());
-    }
 }

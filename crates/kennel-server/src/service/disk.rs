@@ -33,8 +33,7 @@ fn is_saved(session: &Session) -> bool {
 /// What the token's other saved sessions take, counted at their declared sizes, and its
 /// volumes.
 fn held_by(service: &Service, session: &Session) -> u64 {
-    saved_by(service, &session.token_id, Some(&session.id))
-        + super::volumes::held_by(service, &super::action::Caller(session.token_id.clone()))
+    saved_by(service, &session.token_id, Some(&session.id)) + volumes_of(service, &session.token_id)
 }
 
 /// What the saved sessions of `token_id` but `except` take, at their declared sizes.
@@ -48,10 +47,19 @@ fn saved_by(service: &Service, token_id: &str, except: Option<&str>) -> u64 {
         .sum()
 }
 
+/// What the volumes of `token_id` take, at their sizes (none without a job table, which
+/// names their tenant).
+fn volumes_of(service: &Service, token_id: &str) -> u64 {
+    let caller = super::action::Caller(token_id.to_string());
+    service.jobs.as_ref().map_or(0, |jobs| {
+        let tenant = super::runs::tenant(service, jobs, &caller);
+        service.volumes.bytes_of(&tenant)
+    })
+}
+
 /// What `token_id` holds on disk: its saved sessions and its volumes.
 pub(super) fn held_of(service: &Service, token_id: &str) -> u64 {
-    saved_by(service, token_id, None)
-        + super::volumes::held_by(service, &super::action::Caller(token_id.to_string()))
+    saved_by(service, token_id, None) + volumes_of(service, token_id)
 }
 
 /// Refuses a save of `session` into `dir` past its token's disk quota (429) or the server's

@@ -24,6 +24,7 @@ mod save;
 mod session;
 mod state;
 mod terminal;
+mod volume_store;
 pub mod volumes;
 mod watch;
 

@@ -140,7 +140,7 @@ struct Job {
     registered: Registered,
     target: Option<Target>,
     /// Its volumes, held until it ends.
-    lease: Option<super::volumes::Lease>,
+    lease: Option<super::volume_store::Lease>,
 }
 
 /// Enters an `async` run in the job table and runs it in a task of its own, which holds its

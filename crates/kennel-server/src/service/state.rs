@@ -50,7 +50,7 @@ pub struct Service {
     /// Where named and paused sessions are kept for a restarted server, if anywhere.
     pub(super) records: Option<crate::records::Records>,
     /// The tokens' volumes, and who holds them.
-    pub(super) volumes: Arc<super::volumes::Store>,
+    pub(super) volumes: Arc<super::volume_store::Store>,
 }
 
 impl Service {
@@ -101,7 +101,7 @@ impl Service {
             requests: Arc::default(),
             streams: Arc::default(),
             records: None,
-            volumes: Arc::new(super::volumes::Store::none(
+            volumes: Arc::new(super::volume_store::Store::none(
                 "no volumes directory was given",
             )),
         }
@@ -115,7 +115,7 @@ impl Service {
     /// The service with its volumes kept in `dir`.
     pub fn with_volumes(self, dir: std::path::PathBuf) -> Service {
         Service {
-            volumes: Arc::new(super::volumes::Store::open(dir)),
+            volumes: Arc::new(super::volume_store::Store::open(dir)),
             ..self
         }
     }
@@ -291,7 +291,7 @@ impl Drop for Tracked {
 }
 
 /// Releases a session's volumes when dropped.
-struct ReleaseOnDrop<'a>(&'a super::volumes::Store, &'a str);
+struct ReleaseOnDrop<'a>(&'a super::volume_store::Store, &'a str);
 
 impl Drop for ReleaseOnDrop<'_> {
     fn drop(&mut self) {
