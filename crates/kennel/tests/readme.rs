@@ -178,6 +178,19 @@ const COMMANDS: &[(&str, How)] = &[
         "curl -s -XPOST localhost:8080/v1/sessions -H 'content-type: application/json' -d '{\"runtime\":\"runsc\"}' | jq -c .isolation.runtime",
         How::Curl,
     ),
+    (
+        "curl -s -XPOST localhost:8080/v1/volumes -H 'content-type: application/json' -d '{\"name\":\"data\",\"size\":\"64M\"}' | jq -c .size_bytes",
+        How::Curl,
+    ),
+    (
+        "curl -s -XPOST localhost:8080/v1/runs -H 'content-type: application/json' -d '{\"argv\":[\"sh\",\"-c\",\"echo kept > /workspace/data/f\"],\"volumes\":[{\"name\":\"data\",\"path\":\"/workspace/data\"}]}' | jq -c .isolation.volumes",
+        How::Curl,
+    ),
+    (
+        "curl -s -XPOST localhost:8080/v1/runs -H 'content-type: application/json' -d '{\"argv\":[\"cat\",\"/workspace/data/f\"],\"volumes\":[{\"name\":\"data\",\"path\":\"/workspace/data\",\"read_only\":true}]}' | jq -c .stdout",
+        How::Curl,
+    ),
+    ("curl -s -XDELETE localhost:8080/v1/volumes/data", How::Curl),
 ];
 
 /// The README's other blocks, by a line that only that block has, and how each is checked.
@@ -538,7 +551,8 @@ impl Drop for Served {
 }
 
 /// The `curl` script's output: a run printing 42, a session, its exec, a stream whose
-/// output is 42 again, an exec whose value is 82, and a gVisor session's runtime.
+/// output is 42 again, an exec whose value is 82, a gVisor session's runtime, and a volume
+/// one run wrote and the next read.
 fn check_curl(out: &Output) {
     succeeded(out);
     let stdout = text(&out.stdout);
@@ -562,6 +576,18 @@ fn check_curl(out: &Output) {
     assert!(
         stdout.contains(r#"{"name":"runsc","#),
         "the gVisor session says runsc ran it: {stdout}"
+    );
+    assert!(
+        stdout.contains("67108864\n"),
+        "the volume is 64 MiB: {stdout}"
+    );
+    assert!(
+        stdout.contains(r#"[{"name":"data","path":"/workspace/data","read_only":false}]"#),
+        "the run lists its volume: {stdout}"
+    );
+    assert!(
+        stdout.contains("\"kept\\n\"\n"),
+        "the next run read what the first wrote: {stdout}"
     );
 }
 

@@ -55,7 +55,8 @@ from .errors import (BadRequest, Busy, Conflict, ConnectionFailed, ConnectionLos
                      NotFound, RequestTimeout, SessionEnded, TransportError, Unauthorized)
 from .results import (CollectedFile, ExecError, ExecResult, FileEntry, FileEvent, Interpreter,
                       Isolation, NetEvent, OutputChunk, PauseInfo, ProcessEvent, ProcessInfo,
-                      ResumeReport, RichOutput, RunInfo, RunResult, SessionEnd, SessionInfo)
+                      ResumeReport, RichOutput, RunInfo, RunResult, SessionEnd, SessionInfo,
+                      VolumeInfo)
 from .terminal import AsyncTerminal, AsyncTerminals, Terminal, Terminals
 from .webhooks import WebhookVerificationError, verify_webhook
 
@@ -67,4 +68,5 @@ __all__ = [
     "Forbidden", "NetEvent", "NotFound", "OutputChunk", "RichOutput", "RunResult", "Session", "SessionEnded",
     "SessionEnd", "SessionInfo", "Stream", "Unauthorized", "RunInfo", "WebhookVerificationError", "verify_webhook",
     "AsyncTerminal", "AsyncTerminals", "AsyncWatch", "FileEvent", "Terminal", "Terminals", "Watch",
+    "VolumeInfo",
 ]
