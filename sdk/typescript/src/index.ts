@@ -45,6 +45,8 @@ export type {
   Paused,
   ResumeReport,
   User,
+  VolumeInfo,
+  VolumeMount,
 } from "./results.js";
 export { verifyWebhook, WebhookVerificationError } from "./webhooks.js";
 export {

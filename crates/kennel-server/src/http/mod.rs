@@ -192,10 +192,13 @@ pub fn router(state: Shared, mounts: &[Mount]) -> Router {
             "/v1/runs/{id}",
             get(routes::show_run).delete(routes::cancel_run),
         )
-        .route("/v1/volumes", post(volumes::create).get(volumes::list))
+        .route(
+            "/v1/volumes",
+            post(volumes::create_volume).get(volumes::list_volumes),
+        )
         .route(
             "/v1/volumes/{name}",
-            axum::routing::delete(volumes::remove).get(volumes::show),
+            axum::routing::delete(volumes::delete_volume).get(volumes::show_volume),
         )
         .route("/v1/sessions", post(routes::create).get(routes::list))
         .route(

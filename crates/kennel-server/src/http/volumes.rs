@@ -25,7 +25,7 @@ use kennel_types::volume::{VolumeInfo, VolumeSpec};
         (status = 507, description = "The volume would leave the server's state directory less \
             free space than it keeps in reserve (`[state] reserve`)"),
     ))]
-pub async fn create(
+pub async fn create_volume(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
     ApiJson(spec): ApiJson<VolumeSpec>,
@@ -36,7 +36,7 @@ pub async fn create(
 #[utoipa::path(tag = "volumes", get, path = "/v1/volumes",
     responses((status = 200, description = "This caller's volumes, by name, with their sizes and \
         the sandboxes that have them mounted", body = Vec<VolumeInfo>)))]
-pub async fn list(
+pub async fn list_volumes(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
 ) -> Result<Response, ApiError> {
@@ -48,7 +48,7 @@ pub async fn list(
     responses(
         (status = 200, description = "The volume", body = VolumeInfo),
         (status = 404, description = "No such volume for this caller")))]
-pub async fn show(
+pub async fn show_volume(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
     ApiPath(name): ApiPath<String>,
@@ -62,7 +62,7 @@ pub async fn show(
         (status = 204, description = "The volume and its data are gone"),
         (status = 404, description = "No such volume for this caller"),
         (status = 409, description = "A run or session has it mounted: end that first")))]
-pub async fn remove(
+pub async fn delete_volume(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
     ApiPath(name): ApiPath<String>,
