@@ -33,8 +33,8 @@ def timed_write(client, sid, path):
     """Seconds the sandbox took to write and fsync MIB MiB to `path` (then removed)."""
     code = (f"s=$(date +%s%N); dd if=/dev/zero of={path} bs=1M count={MIB} conv=fsync "
             f"status=none; e=$(date +%s%N); rm -f {path}; echo $((e - s))")
-    r = client.json("POST", f"/v1/sessions/{sid}/exec",
-                    {"language": "bash", "code": code, "timeout": "300s"})
+    r, _ = client.json("POST", f"/v1/sessions/{sid}/exec",
+                       {"language": "bash", "code": code, "timeout": "300s"})
     if r.get("exit_code") != 0:
         raise SystemExit(f"volumes: the write to {path} failed: {r}")
     return int(r["stdout"].strip()) / 1e9
@@ -48,7 +48,7 @@ def main():
     u = urllib.parse.urlparse(args.url)
     client = Client(u.hostname, u.port, timeout=600.0)
     client.json("POST", "/v1/volumes", {"name": VOLUME, "size": f"{2 * MIB}M"}, want=(201,))
-    session = client.json("POST", "/v1/sessions", {
+    session, _ = client.json("POST", "/v1/sessions", {
         "limits": {"memory": f"{MIB + 512}M", "workspace_size": f"{MIB + 64}M", "timeout": "300s"},
         "volumes": [{"name": VOLUME, "path": "/workspace/vol"}],
     }, want=(201,))
