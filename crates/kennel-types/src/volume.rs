@@ -60,7 +60,9 @@ pub struct VolumeSpec {
 }
 
 /// A volume mounted into a run or a session.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema, schemars::JsonSchema,
+)]
 #[serde(deny_unknown_fields)]
 pub struct VolumeMount {
     /// The volume's name (one of this token's).
