@@ -76,7 +76,8 @@ pub(super) fn room_for(
             return Err(ServiceError::QuotaExceeded(Refusal::from(format!(
                 "saving this session ({} at its memory limit) would take this token's saved \
                  sessions and volumes to {}, past its disk quota (quota.disk) of {}; end or \
-                 resume one of them (or delete a volume) first, or pause this one with `\"keep\": \"frozen\"` where its tier can",
+                 resume one of them (or delete a volume) first, or pause this one with \
+                 `\"keep\": \"frozen\"` where its tier can",
                 ByteSize(size),
                 ByteSize(held.saturating_add(size)),
                 ByteSize(quota)
