@@ -19,7 +19,7 @@ fn the_docker_runtime_refuses_volumes_with_its_reason() {
     if !volumes_available() {
         return;
     }
-    let state = server_common::test_dir("volumes-docker-state");
+    let state = StateDir::new("volumes-docker-state");
     let server = volume_server("volumes-docker", &state, "");
     make_volume(&server, "d", "16M");
     let volumes = json!([{"name": "d", "path": "/workspace/d"}]);

@@ -323,5 +323,13 @@ pub(super) fn format_image(path: &Path, size: u64, kind: VolumeKind) -> Result<(
             .arg(format!("root_owner={uid}:{gid}"))
             .arg(path),
         "mkfs.ext4 (e2fsprogs)",
+    )?;
+    // lost+found belongs to host root, whom no sandbox maps: its code would meet an
+    // unreadable directory in its volume. e2fsck makes one again should it ever need it.
+    run(
+        std::process::Command::new("debugfs")
+            .args(["-w", "-R", "rmdir lost+found"])
+            .arg(path),
+        "debugfs (e2fsprogs)",
     )
 }

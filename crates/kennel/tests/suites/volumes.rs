@@ -36,6 +36,31 @@ fn volume_server(name: &str, state: &std::path::Path, extra: &str) -> Server {
     Server::start_with(name, &config, &env, Some(TOKEN_A))
 }
 
+/// A test's state directory, removed when the test passes (kept, with its log, when it
+/// fails).
+struct StateDir(std::path::PathBuf);
+
+impl StateDir {
+    fn new(name: &str) -> StateDir {
+        StateDir(server_common::test_dir(name))
+    }
+}
+
+impl std::ops::Deref for StateDir {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for StateDir {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
 /// `POST /v1/volumes` of `name` and `size`, which must answer 201.
 fn make_volume(server: &Server, name: &str, size: &str) -> Value {
     let r = server
@@ -133,7 +158,7 @@ fn a_volume_holds_its_cap_and_keeps_its_data_across_sessions_and_a_restart() {
     if !volumes_available() {
         return;
     }
-    let state = server_common::test_dir("volumes-kept-state");
+    let state = StateDir::new("volumes-kept-state");
     let first = volume_server("volumes-kept-1", &state, "");
     let made = make_volume(&first, "data", "32M");
     assert_eq!(made["size_bytes"], 32 << 20, "{made}");
@@ -202,7 +227,7 @@ fn a_volume_has_one_writer_or_many_readers() {
     if !volumes_available() {
         return;
     }
-    let state = server_common::test_dir("volumes-attach-state");
+    let state = StateDir::new("volumes-attach-state");
     let server = volume_server("volumes-attach", &state, "");
     make_volume(&server, "shared", "16M");
     let rw = json!([{"name": "shared", "path": "/workspace/s"}]);
@@ -235,7 +260,7 @@ fn volumes_refuse_bad_names_paths_and_other_tokens() {
     if !volumes_available() {
         return;
     }
-    let state = server_common::test_dir("volumes-refused-state");
+    let state = StateDir::new("volumes-refused-state");
     let server = volume_server("volumes-refused", &state, "[quota]\ndisk = \"48M\"");
     let c = &server.client;
     for bad in [json!({"name": "..", "size": "16M"}), json!({"name": "a/b", "size": "16M"}),
