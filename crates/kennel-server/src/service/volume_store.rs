@@ -333,3 +333,108 @@ pub(super) fn format_image(path: &Path, size: u64, kind: VolumeKind) -> Result<(
         "debugfs (e2fsprogs)",
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A store in a fresh directory with one tenant's volumes `host` and `vm` (metadata and an
+    /// empty image each: attaching reads no image).
+    fn store(name: &str) -> (Arc<Store>, PathBuf) {
+        let root =
+            std::env::temp_dir().join(format!("kennel-volume-store-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let store = Arc::new(Store::open(root.clone()));
+        let dir = root.join("t");
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, kind) in [("host", VolumeKind::Host), ("vm", VolumeKind::Microvm)] {
+            let meta = Meta {
+                name: name.into(),
+                size_bytes: 16 << 20,
+                kind,
+                created_at_unix_ms: 0,
+            };
+            write_meta(&dir, &meta).unwrap();
+            std::fs::write(dir.join(format!("{name}.img")), b"").unwrap();
+        }
+        (store, root)
+    }
+
+    fn mount(name: &str, read_only: bool) -> Vec<VolumeMount> {
+        vec![VolumeMount {
+            name: name.into(),
+            path: "/workspace/v".into(),
+            read_only,
+        }]
+    }
+
+    fn conflict(r: Result<(Lease, Vec<Volume>), ServiceError>) -> String {
+        match r {
+            Err(ServiceError::Conflict(why)) => why,
+            other => panic!("not a conflict: {other:?}"),
+        }
+    }
+
+    /// One writer, or readers only; a lease's end frees the volume; a `microvm` volume is
+    /// refused to a host kernel's sandbox and a `host` one to a microVM; an unknown name is
+    /// a 404; the store lists its tenant's volumes and counts their sizes.
+    #[test]
+    fn a_volume_has_one_writer_or_readers_of_its_kind() {
+        let (store, root) = store("attach");
+        let (w, volumes) = store
+            .attach("t", "run 1", Tier::Native, &mount("host", false))
+            .unwrap();
+        assert_eq!(volumes[0].image, root.join("t/host.img"));
+        assert!(
+            conflict(store.attach("t", "run 2", Tier::Oci, &mount("host", false)))
+                .contains("read-write by run 1")
+        );
+        assert!(
+            conflict(store.attach("t", "run 2", Tier::Oci, &mount("host", true)))
+                .contains("one sandbox at a time")
+        );
+        // Another tenant's name is its own.
+        assert!(matches!(
+            store.attach("u", "run 3", Tier::Native, &mount("host", false)),
+            Err(ServiceError::NotFound(_))
+        ));
+        drop(w);
+        let r1 = store
+            .attach("t", "run 4", Tier::Native, &mount("host", true))
+            .unwrap();
+        let r2 = store
+            .attach("t", "run 5", Tier::Native, &mount("host", true))
+            .unwrap();
+        assert!(
+            conflict(store.attach("t", "run 6", Tier::Native, &mount("host", false)))
+                .contains("read-only by run 4")
+        );
+        let listed = store.info("t", &store.metas("t")["host"]);
+        assert_eq!(listed.attached.len(), 2, "{listed:?}");
+        drop((r1, r2));
+        assert!(
+            conflict(store.attach("t", "run 7", Tier::Native, &mount("vm", false)))
+                .contains("never mounted by the host's kernel")
+        );
+        assert!(
+            conflict(store.attach("t", "run 8", Tier::Microvm, &mount("host", false)))
+                .contains("for host sandboxes")
+        );
+        assert_eq!(store.bytes_of("t"), 32 << 20);
+        // A session's lease is kept by its id until it is released.
+        let (lease, _) = store
+            .attach("t", "starting", Tier::Native, &mount("host", false))
+            .unwrap();
+        store.keep("s1", lease);
+        assert_eq!(
+            store.info("t", &store.metas("t")["host"]).attached[0].by,
+            "session s1"
+        );
+        store.release("s1");
+        assert!(store
+            .info("t", &store.metas("t")["host"])
+            .attached
+            .is_empty());
+        let _ = std::fs::remove_dir_all(&root);
+    }
+}
