@@ -45,6 +45,13 @@ fn check(req: &RunRequest) -> Result<(), Error> {
             "directories are shown writable by the native tier only",
         ));
     }
+    if !req.volumes.is_empty() {
+        return Err(Error::request(
+            "volumes",
+            "the docker runtime cannot mount volumes: its engine mounts what a container sees \
+             from the host's mount namespace, and Kennel never mounts a volume there",
+        ));
+    }
     // The engine mounts its own /etc/resolv.conf, hosts and hostname into every container; a
     // directory's /etc, bound read-only, cannot take them where it lacks one. An image can.
     if policy.filesystem.rootfs.is_some() && req.image.is_none() {

@@ -1,6 +1,7 @@
 //! The MCP tools: each is one typed call through the [`Api`], its answer rendered for a
 //! model.
 
+use kennel_types::volume::VolumeMount;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -86,6 +87,10 @@ pub struct RunOptions {
     /// "none" drops every capability from the code (by default it keeps a small set that
     /// holds only inside the sandbox, so that chown and the like work as on a normal system).
     pub capabilities: Option<Capabilities>,
+    /// Your volumes to mount (made with the API's `POST /v1/volumes`), each at a path under
+    /// /workspace/ or /tmp/: read-write by one sandbox at a time, or read-only by any number.
+    #[serde(default)]
+    pub volumes: Vec<VolumeMount>,
 }
 
 /// Where a sandbox runs: what run_code, run_command and create_session share, flattened into
@@ -153,6 +158,9 @@ pub struct CreateSessionArgs {
     /// and timeout match, rather than an error; otherwise create it.
     #[serde(default)]
     pub get_or_create: bool,
+    /// Your volumes to mount for the session's life, as for run_code.
+    #[serde(default)]
+    pub volumes: Vec<VolumeMount>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -514,6 +522,7 @@ fn run_spec(o: RunOptions, placement: Placement) -> Result<RunSpec, CallToolResu
         platform: placed.platform,
         image: placed.image,
         capabilities: o.capabilities,
+        volumes: o.volumes,
         ..RunSpec::default()
     })
 }
@@ -537,6 +546,7 @@ fn session_spec(a: CreateSessionArgs) -> Result<SessionSpec, CallToolResult> {
         name: a.name,
         metadata: a.metadata,
         get_or_create: a.get_or_create,
+        volumes: a.volumes,
         ..SessionSpec::default()
     })
 }
@@ -1286,14 +1296,21 @@ mod tests {
     #[test]
     fn the_placing_tools_list_their_shared_options_and_refuse_others() {
         let placement = ["tier", "runtime", "platform", "image"];
-        let shared = ["files", "timeout", "collect", "capabilities"];
+        let shared = ["files", "timeout", "collect", "capabilities", "volumes"];
         let tools = KennelTools::tool_router().list_all();
         for (name, own, shared) in [
             ("run_code", &["language", "code", "rich"][..], &shared[..]),
             ("run_command", &["argv"][..], &shared[..]),
             (
                 "create_session",
-                &["timeout", "idle_ttl", "name", "metadata", "get_or_create"][..],
+                &[
+                    "timeout",
+                    "idle_ttl",
+                    "name",
+                    "metadata",
+                    "get_or_create",
+                    "volumes",
+                ][..],
                 &[][..],
             ),
         ] {

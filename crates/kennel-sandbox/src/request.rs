@@ -157,3 +157,41 @@ pub fn pick_cpus(policy: &Policy) -> Result<Vec<usize>, Error> {
         .map(|i| allowed[(start + i) % allowed.len()])
         .collect())
 }
+
+/// The request's volumes (their images resolved by the server): `host` ones, each an image
+/// file, mounted beneath /workspace or /tmp; a supervisor that is not root cannot mount them
+/// (only host root may set up a loop device and mount ext4).
+pub fn checked_volumes(req: &RunRequest) -> Result<Vec<kennel_types::volume::Volume>, Error> {
+    use kennel_types::volume::VolumeKind;
+    if req.volumes.is_empty() {
+        return Ok(vec![]);
+    }
+    if crate::sys::getuid() != 0 {
+        return Err(Error::Unsupported {
+            layer: "volumes",
+            why: "mounting a volume takes a loop device and an ext4 mount, which only a \
+                  supervisor running as root can set up"
+                .into(),
+            hint: "run Kennel as root (it mounts a volume only in its sandbox's own mount \
+                   namespace)"
+                .into(),
+        });
+    }
+    for v in &req.volumes {
+        let ok = v.kind == VolumeKind::Host
+            && kennel_types::api::in_scratch(&v.path)
+            && v.image.is_absolute()
+            && v.image.is_file();
+        if !ok {
+            return Err(Error::request(
+                "volumes",
+                format!(
+                    "volume {:?} cannot be mounted here: a host volume's image, beneath \
+                     /workspace or /tmp",
+                    v.name
+                ),
+            ));
+        }
+    }
+    Ok(req.volumes.clone())
+}

@@ -103,7 +103,8 @@ impl Machinery {
         let service = Arc::new(
             service::Service::new(config, engine, audit, pool.clone())
                 .with_jobs(jobs)
-                .with_records(records),
+                .with_records(records)
+                .with_volumes(volumes_dir()),
         );
         service.recover_jobs();
         service.recover_sessions();
@@ -206,6 +207,14 @@ fn open_jobs(config: &ServerConfig) -> Result<service::jobs::Jobs, service::jobs
             .join("jobs.sqlite")
     });
     service::jobs::Jobs::open(&path)
+}
+
+/// Where volumes are kept: `volumes` in the state directory.
+fn volumes_dir() -> std::path::PathBuf {
+    std::env::var_os("KENNEL_STATE_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| kennel_sandbox::DEFAULT_STATE_DIR.into())
+        .join("volumes")
 }
 
 /// Where named and paused sessions are kept: `[sessions] dir`, `$KENNEL_SESSIONS_DIR`, or

@@ -212,6 +212,11 @@ pub struct RunRequest {
     /// saved. Kennel's own (a paused session's), never read from a request.
     #[serde(skip)]
     pub restore: Option<std::path::PathBuf>,
+    /// The volumes mounted into the sandbox, each with the image the server resolved its
+    /// name to. Never read from a request: a request names volumes (`RunSpec::volumes`), the
+    /// server alone says which host file each is.
+    #[serde(skip)]
+    pub volumes: Vec<crate::volume::Volume>,
 }
 
 /// The point a run is saved at, and resumed from: see [`RunRequest::resume_at`].
@@ -250,6 +255,7 @@ impl RunRequest {
             image: None,
             resume_at: None,
             restore: None,
+            volumes: vec![],
         }
     }
 }
@@ -454,6 +460,9 @@ pub struct Isolation {
     /// `microvm` tier); absent in the native tier.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<RuntimeInfo>,
+    /// The volumes mounted into the sandbox (name, path, read-only); absent when none was.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<crate::volume::VolumeMount>,
 }
 
 /// Where Kennel's allowlist proxy listens inside a sandbox (on 127.0.0.1), as the network
@@ -631,6 +640,11 @@ pub struct RunSpec {
     /// or SSE, is cancelled when its client disconnects).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub detach: bool,
+    /// This token's volumes to mount (`POST /v1/volumes` makes them), each beneath
+    /// `/workspace` or `/tmp`: read-write by one sandbox at a time, or read-only by any
+    /// number with no writer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<crate::volume::VolumeMount>,
 }
 
 /// A field that is either absent (`None`, by `#[serde(default)]`) or a value: `null` is refused.
@@ -830,6 +844,19 @@ impl RunSpec {
             policy.tripwires = t.clone();
         }
         policy.validate()?;
+        check_mounts(&self.volumes)?;
+        let volumes = self
+            .volumes
+            .iter()
+            .map(|m| crate::volume::Volume {
+                name: m.name.clone(),
+                // The server resolves the name: no request says which host file it is.
+                image: std::path::PathBuf::new(),
+                path: m.path.clone(),
+                read_only: m.read_only,
+                kind: crate::volume::VolumeKind::Host,
+            })
+            .collect();
         let files = self
             .files
             .iter()
@@ -844,6 +871,7 @@ impl RunSpec {
             files,
             collect: self.collect.clone(),
             policy,
+            volumes,
             ..RunRequest::new(self.command()?)
         })
     }
@@ -921,6 +949,9 @@ pub struct SessionSpec {
     #[serde(default)]
     #[schema(minimum = 1, maximum = 64)]
     pub count: Option<u32>,
+    /// This token's volumes to mount for the session's life, as for runs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<crate::volume::VolumeMount>,
 }
 
 /// The most sessions one create with `count` makes.
@@ -973,6 +1004,7 @@ impl SessionSpec {
             }
             _ => {}
         }
+        check_mounts(&self.volumes)?;
         check_metadata(&self.metadata)?;
         self.check_fork()
     }
@@ -1478,6 +1510,88 @@ impl User {
     }
 }
 
+impl crate::volume::VolumeSpec {
+    /// Checks the name and the size's floor; each refusal names its field.
+    pub fn check(&self) -> Result<(), PolicyError> {
+        check_volume_name(&self.name)?;
+        if self.size.0 < crate::volume::MIN_VOLUME_BYTES {
+            return Err(PolicyError::request(
+                "size",
+                format!(
+                    "is {}, below the {} an ext4 volume needs",
+                    self.size,
+                    crate::policy::ByteSize(crate::volume::MIN_VOLUME_BYTES)
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Refuses a name that is not a volume name (the rule of session names), so that it can
+/// never be a path (`..`, `/`) or an option.
+pub fn check_volume_name(name: &str) -> Result<(), PolicyError> {
+    if is_session_name(name) {
+        return Ok(());
+    }
+    Err(PolicyError::request(
+        "name",
+        format!(
+            "{name:?} is not a volume name: use 1 to 63 of a-z, 0-9, '.', '_' and '-', \
+             starting with a letter or digit"
+        ),
+    ))
+}
+
+/// Checks a request's mounts: names, paths beneath `/workspace` or `/tmp`, no name or path
+/// twice, no path beneath another's, at most [`crate::volume::MAX_MOUNTS`].
+pub fn check_mounts(mounts: &[crate::volume::VolumeMount]) -> Result<(), PolicyError> {
+    if mounts.len() > crate::volume::MAX_MOUNTS {
+        return Err(PolicyError::request(
+            "volumes",
+            format!(
+                "names {} volumes; a sandbox mounts at most {}",
+                mounts.len(),
+                crate::volume::MAX_MOUNTS
+            ),
+        ));
+    }
+    for (i, m) in mounts.iter().enumerate() {
+        check_volume_name(&m.name).map_err(|_| {
+            PolicyError::request("volumes", format!("{:?} is not a volume name", m.name))
+        })?;
+        if !in_scratch(&m.path) {
+            return Err(PolicyError::request(
+                "volumes",
+                format!(
+                    "path {:?} of volume {:?} is not beneath /workspace or /tmp, the \
+                     sandbox's writable places (say `/workspace/{}`)",
+                    m.path, m.name, m.name
+                ),
+            ));
+        }
+        for other in &mounts[..i] {
+            let nested = |a: &str, b: &str| a == b || a.starts_with(&format!("{b}/"));
+            if other.name == m.name {
+                return Err(PolicyError::request(
+                    "volumes",
+                    format!("volume {:?} is named twice", m.name),
+                ));
+            }
+            if nested(&m.path, &other.path) || nested(&other.path, &m.path) {
+                return Err(PolicyError::request(
+                    "volumes",
+                    format!(
+                        "paths {:?} and {:?} overlap: each volume needs its own place",
+                        other.path, m.path
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1721,5 +1835,46 @@ mod tests {
             check(serde_json::json!({"name": "a", "get_or_create": true})),
             Ok(())
         );
+    }
+
+    fn m(name: &str, path: &str) -> crate::volume::VolumeMount {
+        crate::volume::VolumeMount {
+            name: name.into(),
+            path: path.into(),
+            read_only: false,
+        }
+    }
+
+    #[test]
+    fn mounts_go_beneath_the_writable_places_once_each() {
+        assert!(check_mounts(&[m("a", "/workspace/a"), m("b", "/tmp/b")]).is_ok());
+        for bad in [
+            vec![m("a", "/workspace")],
+            vec![m("a", "/etc/a")],
+            vec![m("a", "/workspace/../etc")],
+            vec![m("../a", "/workspace/a")],
+            vec![m("a", "/workspace/a"), m("a", "/workspace/b")],
+            vec![m("a", "/workspace/a"), m("b", "/workspace/a/b")],
+        ] {
+            assert!(check_mounts(&bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_spec_reads_for_and_refuses_unknown_keys() {
+        let s: crate::volume::VolumeSpec =
+            serde_json::from_str(r#"{"name":"d","size":"64M","for":"microvm"}"#).unwrap();
+        assert_eq!(s.kind, crate::volume::VolumeKind::Microvm);
+        assert!(s.check().is_ok());
+        assert!(serde_json::from_str::<crate::volume::VolumeSpec>(
+            r#"{"name":"d","size":"64M","x":1}"#
+        )
+        .is_err());
+        let tiny: crate::volume::VolumeSpec =
+            serde_json::from_str(r#"{"name":"d","size":"1M"}"#).unwrap();
+        assert!(tiny.check().is_err());
+        let bad: crate::volume::VolumeSpec =
+            serde_json::from_str(r#"{"name":"..","size":"64M"}"#).unwrap();
+        assert!(bad.check().is_err());
     }
 }

@@ -19,6 +19,7 @@ pub mod snapshot;
 pub mod terminal;
 pub mod time;
 pub mod user;
+pub mod volume;
 pub mod watch;
 
 pub use api::{

@@ -195,6 +195,19 @@ const COMMANDS: &[(&str, How)] = &[
         "curl -s -XDELETE localhost:8080/v1/snapshots/$snap",
         How::Curl,
     ),
+    (
+        "curl -s -XPOST localhost:8080/v1/volumes -H 'content-type: application/json' -d '{\"name\":\"data\",\"size\":\"64M\"}' | jq -c .size_bytes",
+        How::Curl,
+    ),
+    (
+        "curl -s -XPOST localhost:8080/v1/runs -H 'content-type: application/json' -d '{\"argv\":[\"sh\",\"-c\",\"echo kept > /workspace/data/f\"],\"volumes\":[{\"name\":\"data\",\"path\":\"/workspace/data\"}]}' | jq -c .isolation.volumes",
+        How::Curl,
+    ),
+    (
+        "curl -s -XPOST localhost:8080/v1/runs -H 'content-type: application/json' -d '{\"argv\":[\"cat\",\"/workspace/data/f\"],\"volumes\":[{\"name\":\"data\",\"path\":\"/workspace/data\",\"read_only\":true}]}' | jq -c .stdout",
+        How::Curl,
+    ),
+    ("curl -s -XDELETE localhost:8080/v1/volumes/data", How::Curl),
 ];
 
 /// The README's other blocks, by a line that only that block has, and how each is checked.
@@ -559,7 +572,8 @@ impl Drop for Served {
 
 /// The `curl` script's output: a run printing 42, a session, its exec, a stream whose
 /// output is 42 again, an exec whose value is 82, a gVisor session's runtime, a snapshot
-/// that says it keeps files only, and a fork of two sessions from it.
+/// that says it keeps files only, a fork of two sessions from it, and a volume one run wrote
+/// and the next read.
 fn check_curl(out: &Output) {
     succeeded(out);
     let stdout = text(&out.stdout);
@@ -593,6 +607,18 @@ fn check_curl(out: &Output) {
     assert!(
         stdout.lines().any(|l| l == "2"),
         "the fork made two sessions: {stdout}"
+    );
+    assert!(
+        stdout.contains("67108864\n"),
+        "the volume is 64 MiB: {stdout}"
+    );
+    assert!(
+        stdout.contains(r#"[{"name":"data","path":"/workspace/data","read_only":false}]"#),
+        "the run lists its volume: {stdout}"
+    );
+    assert!(
+        stdout.contains("\"kept\\n\"\n"),
+        "the next run read what the first wrote: {stdout}"
     );
 }
 

@@ -61,7 +61,7 @@ from .errors import (BadRequest, Busy, Conflict, ConnectionFailed, ConnectionLos
 from .results import (CollectedFile, ExecError, ExecResult, FileEntry, FileEvent, Interpreter,
                       Isolation, NetEvent, OutputChunk, PauseInfo, ProcessEvent, ProcessInfo,
                       ResumeReport, RichOutput, RunInfo, RunResult, SessionEnd, SessionInfo,
-                      SnapshotInfo)
+                      SnapshotInfo, VolumeInfo)
 from .terminal import AsyncTerminal, AsyncTerminals, Terminal, Terminals
 from .webhooks import WebhookVerificationError, verify_webhook
 
@@ -73,4 +73,5 @@ __all__ = [
     "Forbidden", "NetEvent", "NotFound", "OutputChunk", "RichOutput", "RunResult", "Session", "SessionEnded",
     "SessionEnd", "SessionInfo", "SnapshotInfo", "Stream", "Unauthorized", "RunInfo", "WebhookVerificationError", "verify_webhook",
     "AsyncTerminal", "AsyncTerminals", "AsyncWatch", "FileEvent", "Terminal", "Terminals", "Watch",
+    "VolumeInfo",
 ]

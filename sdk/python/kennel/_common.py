@@ -99,6 +99,7 @@ def run_body(
     platform: Optional[str] = None,
     rich: bool = False,
     on_violation: Optional[str] = None,
+    volumes: Any = None,
 ) -> Dict[str, Any]:
     """A ``RunSpec`` with only the fields given; where it runs as :func:`placement` says."""
     body: Dict[str, Any] = {}
@@ -128,6 +129,36 @@ def run_body(
         body["rich"] = True
     if on_violation is not None:
         body["on_violation"] = _text("on_violation", on_violation)
+    mounts = volume_mounts(volumes)
+    if mounts:
+        body["volumes"] = mounts
+    return body
+
+
+def volume_mounts(volumes: Any) -> List[Dict[str, Any]]:
+    """``volumes`` as the API takes them: a list of ``{"name", "path", "read_only"}`` dicts,
+    or of ``(name, path)`` / ``(name, path, read_only)`` tuples; ``path`` beneath /workspace
+    or /tmp."""
+    mounts: List[Dict[str, Any]] = []
+    for v in volumes or []:
+        if isinstance(v, Mapping):
+            mounts.append(dict(v))
+        elif isinstance(v, (tuple, list)) and len(v) in (2, 3):
+            mount: Dict[str, Any] = {"name": v[0], "path": v[1]}
+            if len(v) == 3:
+                mount["read_only"] = bool(v[2])
+            mounts.append(mount)
+        else:
+            raise TypeError(f"a volume is a dict or a (name, path[, read_only]) tuple, not {v!r}")
+    return mounts
+
+
+def volume_body(name: str, size: Any, kind: Optional[str] = None) -> Dict[str, Any]:
+    """``POST /v1/volumes``' body: ``size`` as "64M" or a number of bytes; ``kind`` is
+    ``"host"`` (the default) or ``"microvm"``."""
+    body: Dict[str, Any] = {"name": _text("name", name), "size": size}
+    if kind is not None:
+        body["for"] = _text("for_", kind)
     return body
 
 
@@ -164,6 +195,7 @@ def session_body(
     on_idle: Optional[str] = None,
     from_snapshot: Optional[str] = None,
     count: Optional[int] = None,
+    volumes: Any = None,
 ) -> Dict[str, Any]:
     """A ``SessionSpec`` with only the fields given; where it runs as :func:`placement` says.
     ``from_snapshot`` makes it from a snapshot (whose tier, image, limits, network and env it
@@ -192,6 +224,9 @@ def session_body(
     if idle_ttl is not None:
         body["idle_ttl"] = span(idle_ttl)
     body.update(placement(tier=tier, runtime=runtime, platform=platform, image=image))
+    mounts = volume_mounts(volumes)
+    if mounts:
+        body["volumes"] = mounts
     return body
 
 
@@ -225,6 +260,10 @@ def snapshot_url(snapshot_id: Optional[str] = None) -> str:
 def forked(answer: Dict[str, Any]) -> List[SessionInfo]:
     """The sessions of a create with ``count``: ``{"sessions": [...]}``."""
     return [SessionInfo.from_dict(d) for d in answer.get("sessions", [])]
+
+
+def volume_url(name: str) -> str:
+    return f"/v1/volumes/{quote(name, safe='')}"
 
 
 def sessions_params(name: Optional[str] = None,

@@ -26,7 +26,8 @@ from . import _common as c
 from .client import DEFAULT_URL, RECONNECTS, _shell_line
 from .errors import KennelError, NotFound
 from .results import (ExecResult, FileEntry, FileEvent, OutputChunk, PauseInfo, ProcessEvent,
-                      ProcessInfo, ResumeReport, RunInfo, RunResult, SessionInfo, SnapshotInfo)
+                      ProcessInfo, ResumeReport, RunInfo, RunResult, SessionInfo, SnapshotInfo,
+                      VolumeInfo)
 from .terminal import AsyncTerminal, AsyncTerminals
 
 R = TypeVar("R")
@@ -514,12 +515,12 @@ class AsyncClient:
                        network: Any = None, image: Optional[str] = None,
                        tier: Optional[str] = None, runtime: Optional[str] = None,
                        platform: Optional[str] = None, rich: bool = False,
-                       on_violation: Optional[str] = None) -> RunResult:
+                       on_violation: Optional[str] = None, volumes: Any = None) -> RunResult:
         return await self.run(c.run_body(language=language, code=code, stdin=stdin, files=files,
                                          collect=collect, env=env, limits=limits,
                                          network=network, image=image, tier=tier,
                                          runtime=runtime, platform=platform, rich=rich,
-                                         on_violation=on_violation))
+                                         on_violation=on_violation, volumes=volumes))
 
     async def run_command(self, argv: Sequence[str], *, stdin: Optional[str] = None,
                           files: Optional[Mapping[str, c.FileData]] = None,
@@ -529,12 +530,12 @@ class AsyncClient:
                           network: Any = None, image: Optional[str] = None,
                           tier: Optional[str] = None, runtime: Optional[str] = None,
                           platform: Optional[str] = None,
-                          on_violation: Optional[str] = None) -> RunResult:
+                          on_violation: Optional[str] = None, volumes: Any = None) -> RunResult:
         return await self.run(c.run_body(argv=list(argv), stdin=stdin, files=files,
                                          collect=collect, env=env, limits=limits,
                                          network=network, image=image, tier=tier,
                                          runtime=runtime, platform=platform,
-                                         on_violation=on_violation))
+                                         on_violation=on_violation, volumes=volumes))
 
     async def stream_code(self, code: str, language: str = "python", *,
                           stdin: Optional[str] = None,
@@ -565,7 +566,8 @@ class AsyncClient:
                 metadata: Optional[Mapping[str, str]] = None,
                 get_or_create: bool = False,
                 on_idle: Optional[str] = None,
-                from_snapshot: Optional[str] = None) -> c.Opening[AsyncSession]:
+                from_snapshot: Optional[str] = None,
+                volumes: Any = None) -> c.Opening[AsyncSession]:
         """``async with client.session() as s:`` (ended on exit), or
         ``s = await client.session()`` (end it with ``await s.close()``); the options are
         :meth:`kennel.Client.session`'s (``tier=``, ``runtime=``, ``platform=``, ``image=``
@@ -575,7 +577,8 @@ class AsyncClient:
         body = c.session_body(limits=limits, env=env, network=network, idle_ttl=idle_ttl,
                               tier=tier, runtime=runtime, platform=platform, image=image,
                               name=name, metadata=metadata, get_or_create=get_or_create,
-                              on_idle=on_idle, from_snapshot=from_snapshot)
+                              on_idle=on_idle, from_snapshot=from_snapshot,
+                              volumes=volumes)
 
         async def create() -> AsyncSession:
             r = await self._request("POST", "/v1/sessions", json=body)
@@ -630,3 +633,25 @@ class AsyncClient:
     async def delete_snapshot(self, snapshot_id: str) -> None:
         """Deletes a snapshot and its state; sessions made from it run on."""
         await self._request("DELETE", c.snapshot_url(snapshot_id))
+
+    # -- volumes --------------------------------------------------------------------------
+
+    async def create_volume(self, name: str, size: Any, *, for_: Optional[str] = None) -> VolumeInfo:
+        """``POST /v1/volumes``: an ext4 volume of ``size`` ("64M", or bytes) that outlives
+        sandboxes; ``for_="microvm"`` makes one for microVMs only (the default, ``host``, is
+        for native and oci sandboxes). Mount it with ``volumes=[(name, "/workspace/data")]``
+        on a run or a session; one read-write at a time, or read-only by any number."""
+        r = await self._request("POST", "/v1/volumes", json=c.volume_body(name, size, for_))
+        return VolumeInfo.from_dict(r.json())
+
+    async def list_volumes(self) -> List[VolumeInfo]:
+        """This token's volumes, by name, with who has each mounted."""
+        r = await self._request("GET", "/v1/volumes")
+        return [VolumeInfo.from_dict(d) for d in r.json()]
+
+    async def get_volume(self, name: str) -> VolumeInfo:
+        return VolumeInfo.from_dict((await self._request("GET", c.volume_url(name))).json())
+
+    async def delete_volume(self, name: str) -> None:
+        """Deletes a volume and its data (:class:`kennel.Conflict` while one has it mounted)."""
+        await self._request("DELETE", c.volume_url(name))

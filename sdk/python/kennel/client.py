@@ -12,7 +12,8 @@ import httpx
 from . import _common as c
 from .errors import KennelError, NotFound
 from .results import (ExecResult, FileEntry, FileEvent, OutputChunk, PauseInfo, ProcessEvent,
-                      ProcessInfo, ResumeReport, RunInfo, RunResult, SessionInfo, SnapshotInfo)
+                      ProcessInfo, ResumeReport, RunInfo, RunResult, SessionInfo, SnapshotInfo,
+                      VolumeInfo)
 from .terminal import Terminal, Terminals, attach_process
 
 R = TypeVar("R")
@@ -598,7 +599,7 @@ class Client:
                  limits: Optional[Mapping[str, Any]] = None, network: Any = None, image: Optional[str] = None,
                  tier: Optional[str] = None, runtime: Optional[str] = None,
                  platform: Optional[str] = None, rich: bool = False,
-                 on_violation: Optional[str] = None) -> RunResult:
+                 on_violation: Optional[str] = None, volumes: Any = None) -> RunResult:
         """Runs a snippet in a fresh sandbox.
 
         ``files`` maps sandbox paths (under /workspace or /tmp) to str or bytes; ``collect``
@@ -616,7 +617,7 @@ class Client:
         return self.run(c.run_body(language=language, code=code, stdin=stdin, files=files,
                                    collect=collect, env=env, limits=limits, network=network, image=image,
                                    tier=tier, runtime=runtime, platform=platform, rich=rich,
-                                   on_violation=on_violation))
+                                   on_violation=on_violation, volumes=volumes))
 
     def run_command(self, argv: Sequence[str], *, stdin: Optional[str] = None,
                     files: Optional[Mapping[str, c.FileData]] = None,
@@ -625,12 +626,12 @@ class Client:
                     limits: Optional[Mapping[str, Any]] = None, network: Any = None, image: Optional[str] = None,
                     tier: Optional[str] = None, runtime: Optional[str] = None,
                     platform: Optional[str] = None,
-                    on_violation: Optional[str] = None) -> RunResult:
+                    on_violation: Optional[str] = None, volumes: Any = None) -> RunResult:
         """Runs an argv (no shell) in a fresh sandbox; options as for :meth:`run_code`."""
         return self.run(c.run_body(argv=list(argv), stdin=stdin, files=files, collect=collect,
                                    env=env, limits=limits, network=network, image=image,
                                    tier=tier, runtime=runtime, platform=platform,
-                                   on_violation=on_violation))
+                                   on_violation=on_violation, volumes=volumes))
 
     def stream_code(self, code: str, language: str = "python", *, stdin: Optional[str] = None,
                     files: Optional[Mapping[str, c.FileData]] = None,
@@ -663,7 +664,8 @@ class Client:
                 image: Optional[str] = None, name: Optional[str] = None,
                 metadata: Optional[Mapping[str, str]] = None,
                 get_or_create: bool = False, on_idle: Optional[str] = None,
-                from_snapshot: Optional[str] = None) -> Session:
+                from_snapshot: Optional[str] = None,
+                volumes: Any = None) -> Session:
         """Creates a session; use the result as a context manager to end it on exit.
 
         ``limits`` (``timeout`` is each exec's default), ``env`` and ``network`` are as for
@@ -688,7 +690,8 @@ class Client:
         body = c.session_body(limits=limits, env=env, network=network, idle_ttl=idle_ttl,
                               tier=tier, runtime=runtime, platform=platform, image=image,
                               name=name, metadata=metadata, get_or_create=get_or_create,
-                              on_idle=on_idle, from_snapshot=from_snapshot)
+                              on_idle=on_idle, from_snapshot=from_snapshot,
+                              volumes=volumes)
         info = SessionInfo.from_dict(self._request("POST", "/v1/sessions", json=body).json())
         return Session(self, info)
 
@@ -747,3 +750,25 @@ class Client:
     def delete_snapshot(self, snapshot_id: str) -> None:
         """Deletes a snapshot and its state; sessions made from it run on."""
         self._request("DELETE", c.snapshot_url(snapshot_id))
+
+    # -- volumes --------------------------------------------------------------------------
+
+    def create_volume(self, name: str, size: Any, *, for_: Optional[str] = None) -> VolumeInfo:
+        """``POST /v1/volumes``: an ext4 volume of ``size`` ("64M", or bytes) that outlives
+        sandboxes; ``for_="microvm"`` makes one for microVMs only (the default, ``host``, is
+        for native and oci sandboxes). Mount it with ``volumes=[(name, "/workspace/data")]``
+        on a run or a session; one read-write at a time, or read-only by any number."""
+        r = self._request("POST", "/v1/volumes", json=c.volume_body(name, size, for_))
+        return VolumeInfo.from_dict(r.json())
+
+    def list_volumes(self) -> List[VolumeInfo]:
+        """This token's volumes, by name, with who has each mounted."""
+        r = self._request("GET", "/v1/volumes")
+        return [VolumeInfo.from_dict(d) for d in r.json()]
+
+    def get_volume(self, name: str) -> VolumeInfo:
+        return VolumeInfo.from_dict((self._request("GET", c.volume_url(name))).json())
+
+    def delete_volume(self, name: str) -> None:
+        """Deletes a volume and its data (:class:`kennel.Conflict` while one has it mounted)."""
+        self._request("DELETE", c.volume_url(name))

@@ -713,3 +713,23 @@ class FileEvent:
         return cls(kind=str(d.get("type", kind)), path=d.get("path"), to=d.get("to"),
                    dir=d.get("dir"), lost=int(d.get("lost") or 0), seq=int(d.get("seq", 0)),
                    raw=d)
+
+
+@dataclass
+class VolumeInfo:
+    """A volume: its ``name``, ``size_bytes``, ``kind`` (``host`` or ``microvm``, the API's
+    ``for``), when it was made, and ``attached``: the sandboxes that have it mounted now
+    (``{"by": "session ID" | "run ID", "read_only": bool}``)."""
+
+    name: str
+    size_bytes: int
+    kind: str
+    created_at_unix_ms: int
+    attached: List[Dict[str, Any]]
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "VolumeInfo":
+        return cls(name=d["name"], size_bytes=d["size_bytes"], kind=d.get("for", "host"),
+                   created_at_unix_ms=d.get("created_at_unix_ms", 0),
+                   attached=list(d.get("attached") or []), raw=d)

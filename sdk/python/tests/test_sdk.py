@@ -2,6 +2,7 @@
 of error mapping and stream parsing with httpx's MockTransport."""
 
 import asyncio
+import os
 import time
 
 import httpx
@@ -862,3 +863,26 @@ def test_snapshot_and_fork_bodies_carry_only_what_is_given():
     with pytest.raises(TypeError):
         c.fork_body("snap-1", True)
     assert c.snapshot_url("a/b") == "/v1/snapshots/a%2Fb"
+# -- volumes -------------------------------------------------------------------------------
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a volume needs a root server (a loop device and an ext4 mount)")
+def test_a_volume_keeps_data_between_a_run_and_a_session(client):
+    made = client.create_volume("sdk-data", "32M")
+    assert isinstance(made, kennel.VolumeInfo)
+    assert (made.name, made.size_bytes, made.kind, made.attached) == ("sdk-data", 32 << 20, "host", [])
+    try:
+        r = client.run_command(["sh", "-c", "echo kept > /workspace/data/f"],
+                               volumes=[("sdk-data", "/workspace/data")])
+        assert r.ok, r
+        assert r.isolation.raw["volumes"] == [{"name": "sdk-data", "path": "/workspace/data", "read_only": False}]
+        with client.session(volumes=[{"name": "sdk-data", "path": "/tmp/d", "read_only": True}]) as s:
+            assert s.run_code("cat /tmp/d/f", language="bash").stdout == "kept\n"
+            shown = client.get_volume("sdk-data")
+            assert shown.attached == [{"by": f"session {s.id}", "read_only": True}]
+            with pytest.raises(kennel.Conflict):
+                client.delete_volume("sdk-data")
+        assert [v.name for v in client.list_volumes()] == ["sdk-data"]
+    finally:
+        client.delete_volume("sdk-data")
+    with pytest.raises(NotFound):
+        client.get_volume("sdk-data")

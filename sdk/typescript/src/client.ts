@@ -22,6 +22,8 @@ import {
   type ResumeReport,
   type SnapshotInfo,
   type User,
+  type VolumeInfo,
+  type VolumeMount,
 } from "./results.js";
 import { Processes } from "./processes.js";
 import { Stream } from "./stream.js";
@@ -53,6 +55,9 @@ export interface RunOptions extends Placement {
   /** "kill": the sandbox dies at the first tripwire call (`result.killed_by`); "report"
    * (the default): such calls fail and `result.security_events` lists them. */
   onViolation?: "report" | "kill";
+  /** This token's volumes to mount ({@link Client.createVolume}): read-write by one sandbox
+   * at a time, or read-only by any number. */
+  volumes?: VolumeMount[];
 }
 
 /** What code runs take besides: the language (python by default) and, for python, rich
@@ -88,6 +93,8 @@ export interface SessionOptions extends Placement {
    * altered since). The session has the snapshot's tier, image, limits, network and env, so
    * those stay unset. */
   fromSnapshot?: string;
+  /** This token's volumes to mount for the session's life, as for runs. */
+  volumes?: VolumeMount[];
 }
 
 /** What the sessions of a fork ({@link Client.fork}, {@link Session.fork}) take: the
@@ -178,6 +185,7 @@ function runBody(command: Record<string, unknown>, o: RunOptions): Record<string
     ...placement(o),
     capabilities: o.capabilities,
     on_violation: o.onViolation,
+    volumes: o.volumes?.length ? o.volumes : undefined,
   };
   return defined(body);
 }
@@ -275,6 +283,7 @@ export class Client {
       get_or_create: options.getOrCreate || undefined,
       on_idle: options.onIdle,
       from_snapshot: options.fromSnapshot,
+      volumes: options.volumes?.length ? options.volumes : undefined,
     });
     const info: SessionInfo = await (await this.request("POST", "/v1/sessions", { json: body })).json();
     return new Session(this, info);
@@ -332,6 +341,29 @@ export class Client {
   /** {@link listSessions}. */
   sessions(filter: SessionFilter = {}): Promise<SessionInfo[]> {
     return this.listSessions(filter);
+  }
+
+  /** `POST /v1/volumes`: an ext4 volume of `size` (such as "64M") that outlives sandboxes;
+   * `for: "microvm"` makes one for microVMs only (the default, `host`, is for native and oci
+   * sandboxes). */
+  async createVolume(name: string, size: string, options: { for?: "host" | "microvm" } = {}): Promise<VolumeInfo> {
+    const body = defined({ name, size, for: options.for });
+    return (await this.request("POST", "/v1/volumes", { json: body })).json();
+  }
+
+  /** This token's volumes, by name, with who has each mounted. */
+  async listVolumes(): Promise<VolumeInfo[]> {
+    return (await this.request("GET", "/v1/volumes")).json();
+  }
+
+  /** One of this token's volumes. */
+  async getVolume(name: string): Promise<VolumeInfo> {
+    return (await this.request("GET", `/v1/volumes/${encodeURIComponent(name)}`)).json();
+  }
+
+  /** Deletes a volume and its data (a `Conflict` while a sandbox has it mounted). */
+  async deleteVolume(name: string): Promise<void> {
+    await this.request("DELETE", `/v1/volumes/${encodeURIComponent(name)}`);
   }
 
   /** `GET /healthz`. */

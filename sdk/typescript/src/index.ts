@@ -49,6 +49,8 @@ export type {
   Fresh,
   SnapshotInfo,
   User,
+  VolumeInfo,
+  VolumeMount,
 } from "./results.js";
 export { verifyWebhook, WebhookVerificationError } from "./webhooks.js";
 export {

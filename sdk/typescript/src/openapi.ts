@@ -436,6 +436,38 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/volumes": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["list_volumes"];
+        put?: never;
+        post: operations["create_volume"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/volumes/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["show_volume"];
+        put?: never;
+        post?: never;
+        delete: operations["delete_volume"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -497,7 +529,20 @@ export interface components {
             tier?: null | components["schemas"]["Tier"];
             /** @description The tripwire groups; all of them unless given. */
             tripwires?: components["schemas"]["TripwireGroup"][] | null;
+            /**
+             * @description This token's volumes to mount (`POST /v1/volumes` makes them), each beneath
+             *     `/workspace` or `/tmp`: read-write by one sandbox at a time, or read-only by any
+             *     number with no writer.
+             */
+            volumes?: components["schemas"]["VolumeMount"][];
         } & (unknown & unknown & unknown);
+        /** @description What a sandbox has a volume as. */
+        Attachment: {
+            /** @description The session's id, or `run` for a one-shot run. */
+            by: string;
+            /** @description Whether that sandbox has it read-only. */
+            read_only: boolean;
+        };
         /**
          * @description Where a clone's boot id comes from.
          * @enum {string}
@@ -574,6 +619,12 @@ export interface components {
             tier?: null | components["schemas"]["Tier"];
             /** @description The tripwire groups; all of them unless given. */
             tripwires?: components["schemas"]["TripwireGroup"][] | null;
+            /**
+             * @description This token's volumes to mount (`POST /v1/volumes` makes them), each beneath
+             *     `/workspace` or `/tmp`: read-write by one sandbox at a time, or read-only by any
+             *     number with no writer.
+             */
+            volumes?: components["schemas"]["VolumeMount"][];
         } & (unknown & unknown & unknown & unknown);
         /** @description A file returned from the sandbox. */
         CollectedFile: {
@@ -874,6 +925,8 @@ export interface components {
             seccomp: components["schemas"]["SeccompInfo"];
             /** @description The tier that ran the sandbox: `native`, `oci` or `microvm`. */
             tier: string;
+            /** @description The volumes mounted into the sandbox (name, path, read-only); absent when none was. */
+            volumes?: components["schemas"]["VolumeMount"][];
         };
         /**
          * @description How a paused session is kept.
@@ -1778,6 +1831,8 @@ export interface components {
              *     runs.
              */
             tier?: null | components["schemas"]["Tier"];
+            /** @description This token's volumes to mount for the session's life, as for runs. */
+            volumes?: components["schemas"]["VolumeMount"][];
         };
         /**
          * @description A session's state.
@@ -1937,6 +1992,57 @@ export interface components {
          * @enum {string}
          */
         User: "default" | "user";
+        /** @description A volume as the API lists it. */
+        VolumeInfo: {
+            /** @description The sandboxes that have it mounted now. */
+            attached: components["schemas"]["Attachment"][];
+            /**
+             * Format: int64
+             * @description When it was made, in milliseconds since the Unix epoch.
+             */
+            created_at_unix_ms: number;
+            /** @description `host` or `microvm`. */
+            for: components["schemas"]["VolumeKind"];
+            /** @description The volume's name. */
+            name: string;
+            /**
+             * Format: int64
+             * @description Its size in bytes: the most it holds.
+             */
+            size_bytes: number;
+        };
+        /**
+         * @description Which kernel a volume is for: decided at its creation, never changed.
+         * @enum {string}
+         */
+        VolumeKind: "host" | "microvm";
+        /** @description A volume mounted into a run or a session. */
+        VolumeMount: {
+            /** @description The volume's name (one of this token's). */
+            name: string;
+            /**
+             * @description Where it is mounted: a path beneath `/workspace` or `/tmp` (the sandbox's writable
+             *     places), such as `/workspace/data`.
+             */
+            path: string;
+            /** @description Mounted read-only: any number of sandboxes may, as long as none has it read-write. */
+            read_only?: boolean;
+        };
+        /** @description `POST /v1/volumes`' body. */
+        VolumeSpec: {
+            /** @description `host` (the default: native and oci sandboxes) or `microvm` (microVM guests only). */
+            for?: components["schemas"]["VolumeKind"];
+            /**
+             * @description The volume's name, unique among this token's volumes: 1 to 63 of `a-z`, `0-9`, `.`,
+             *     `_` and `-`, starting with a letter or digit.
+             */
+            name: string;
+            /**
+             * @description Its size, such as "1G" (at least 16M): the filesystem's, which the kernel enforces (a
+             *     write past it fails with ENOSPC inside the sandbox).
+             */
+            size: string;
+        };
     };
     responses: never;
     parameters: never;
@@ -4507,6 +4613,216 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content?: never;
+            };
+        };
+    };
+    list_volumes: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description This caller's volumes, by name, with their sizes and the sandboxes that have them mounted */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["VolumeInfo"][];
+                };
+            };
+            /** @description A valid bearer token is required. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    create_volume: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["VolumeSpec"];
+            };
+        };
+        responses: {
+            /** @description The volume, made: an ext4 image of `size`, empty */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["VolumeInfo"];
+                };
+            };
+            /** @description A malformed request: a bad `name` (`..`, `/`, upper case), a `size` below 16M */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description A valid bearer token is required. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description This token has a volume of that `name` */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The body is larger than this server takes. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The body is not sent as `Content-Type: application/json`. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description This token keeps as many volumes as it may, or the volume would take its disk (volumes and saved sessions) past its `quota.disk` */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description This server keeps no volumes (no state directory, or no job table to name its tenants) */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description The volume would leave the server's state directory less free space than it keeps in reserve (`[state] reserve`) */
+            507: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    show_volume: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The volume's name */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The volume */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["VolumeInfo"];
+                };
+            };
+            /** @description A valid bearer token is required. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No such volume for this caller */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    delete_volume: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The volume's name */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The volume and its data are gone */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description A valid bearer token is required. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No such volume for this caller */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description A run or session has it mounted: end that first */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
             };
         };
     };

@@ -11,6 +11,10 @@ export type RunInfo = Omit<Schemas["RunInfo"], "result"> & { result?: RunResult 
 export type ExecResult = Omit<Schemas["ExecResult"], "results"> & { results: RichOutput[] };
 export type ExecError = Schemas["ExecError"];
 export type SessionInfo = Schemas["SessionInfo"];
+/** A volume: its name, size, kind (`for`: `host` or `microvm`) and who has it mounted. */
+export type VolumeInfo = Schemas["VolumeInfo"];
+/** A volume mounted into a run or a session: `path` beneath /workspace or /tmp. */
+export type VolumeMount = Schemas["VolumeMount"];
 /** How a paused session is kept: `saved` (to disk) or `frozen` (in place). */
 export type Keep = Schemas["Keep"];
 /** A paused session: how (`mechanism`), what was kept, whether it survives a restart. */

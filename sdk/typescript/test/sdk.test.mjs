@@ -509,3 +509,28 @@ test("a fork past the session quota is Busy and makes none", async () => {
     await quota.stop();
   }
 });
+
+test("a volume keeps data between a run and a session", { skip: process.getuid() !== 0 && "a volume needs a root server" }, async () => {
+  const made = await client.createVolume("ts-data", "32M");
+  assert.deepEqual([made.name, made.size_bytes, made.for, made.attached], ["ts-data", 32 << 20, "host", []]);
+  try {
+    const r = await client.runCommand(["sh", "-c", "echo kept > /workspace/data/f"], {
+      volumes: [{ name: "ts-data", path: "/workspace/data" }],
+    });
+    assert.equal(r.exit_code, 0);
+    assert.deepEqual(r.isolation.volumes, [{ name: "ts-data", path: "/workspace/data", read_only: false }]);
+    const s = await client.session({ volumes: [{ name: "ts-data", path: "/tmp/d", read_only: true }] });
+    try {
+      assert.equal((await s.runCommand("cat /tmp/d/f")).stdout, "kept\n");
+      const shown = await client.getVolume("ts-data");
+      assert.deepEqual(shown.attached, [{ by: `session ${s.id}`, read_only: true }]);
+      await assert.rejects(client.deleteVolume("ts-data"), Conflict);
+    } finally {
+      await s.close();
+    }
+    assert.deepEqual((await client.listVolumes()).map((v) => v.name), ["ts-data"]);
+  } finally {
+    await client.deleteVolume("ts-data");
+  }
+  await assert.rejects(client.getVolume("ts-data"), NotFound);
+});

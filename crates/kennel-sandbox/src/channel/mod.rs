@@ -346,6 +346,7 @@ mod tests {
             host_dirs: vec![],
             devices: vec![],
             boot_id: None,
+            volumes: vec![],
         }
     }
 

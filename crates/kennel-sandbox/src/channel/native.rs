@@ -31,6 +31,9 @@ pub struct Plan {
     pub devices: Vec<String>,
     /// A file shown as `/proc/sys/kernel/random/boot_id` (a microVM guest's own).
     pub boot_id: Option<std::path::PathBuf>,
+    /// The volumes mounted beneath /workspace or /tmp.
+    #[serde(default)]
+    pub volumes: Vec<kennel_types::volume::Volume>,
 }
 
 impl Planned for Plan {

@@ -41,6 +41,9 @@ pub struct LaunchPlan {
     pub listener: Option<PathBuf>,
     /// The runtime's `delete --force` of the container, run if the supervisor dies.
     pub teardown: Vec<String>,
+    /// The volumes mounted beneath the scratch.
+    #[serde(default)]
+    pub volumes: Vec<kennel_types::volume::Volume>,
 }
 
 impl Planned for LaunchPlan {

@@ -387,6 +387,12 @@ impl Microvm {
                 "the microvm tier shows no host directory",
             ));
         }
+        if !req.volumes.is_empty() {
+            return Err(Error::request(
+                "volumes",
+                "the microvm tier does not mount volumes yet",
+            ));
+        }
         let vcpus = f64::from(self.config.vcpus);
         if policy.limits.cpus > vcpus {
             return Err(Error::request(

@@ -61,6 +61,7 @@ pub(crate) fn helper_main() -> ! {
         namespaces: vec![],
         landlock: None,
         listener: None,
+        volumes: vec![],
     };
     if let Err((step, fail)) = steps::run_steps(Step::HELPER, &mut ctx, &mut os) {
         fail_and_exit(&mut os.ctl, step, fail);
@@ -68,6 +69,8 @@ pub(crate) fn helper_main() -> ! {
     match sys::fork() {
         Ok(Fork::Child) => init_main(ctx, os),
         Ok(Fork::Parent(pid)) => {
+            // The volumes' mounts are the init's to attach: the helper keeps none of them.
+            drop(ctx);
             let _ = channel::send(&mut os.ctl, &Msg::InitPid { pid }, &[]);
             drop(os);
             let _ = sys::stdio_to_null();

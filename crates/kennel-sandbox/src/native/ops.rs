@@ -56,6 +56,15 @@ pub trait Os {
     /// Sends the listener to the supervisor and closes it here.
     fn hand_over_listener(&mut self, listener: std::os::fd::OwnedFd) -> io::Result<()>;
     fn read_to_string(&mut self, path: &str) -> io::Result<String>;
+    /// Mounts a volume's ext4 image detached (a loop device with autoclear, no namespace):
+    /// the mount's descriptor.
+    fn mount_volume(
+        &mut self,
+        image: &std::path::Path,
+        read_only: bool,
+    ) -> io::Result<std::os::fd::OwnedFd>;
+    /// Attaches a detached mount at `target`.
+    fn attach_mount(&mut self, mount: &std::os::fd::OwnedFd, target: &str) -> io::Result<()>;
     fn report(&mut self, msg: &Msg) -> io::Result<()>;
     /// Replaces the process; returns only the error.
     fn exec(&mut self, path: &str, argv: &[String], env: &[String]) -> io::Error;
@@ -222,6 +231,18 @@ impl Os for RealOs {
         use std::os::fd::AsFd;
         channel::send_with_fd(&self.ctl, &Msg::Listener, listener.as_fd())
         // `listener` is closed here, on return: the code never holds it.
+    }
+
+    fn mount_volume(
+        &mut self,
+        image: &std::path::Path,
+        read_only: bool,
+    ) -> io::Result<std::os::fd::OwnedFd> {
+        sys::mount_volume_detached(image, read_only)
+    }
+
+    fn attach_mount(&mut self, mount: &std::os::fd::OwnedFd, target: &str) -> io::Result<()> {
+        sys::attach_mount(mount, target)
     }
 
     fn read_to_string(&mut self, path: &str) -> io::Result<String> {

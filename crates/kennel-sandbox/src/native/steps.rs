@@ -35,6 +35,9 @@ pub struct Ctx<'a> {
     pub landlock: Option<Outcome>,
     /// The seccomp listener, between its filter's install and its hand-over.
     pub listener: Option<std::os::fd::OwnedFd>,
+    /// The volumes' detached mounts, between their mount and their attachment, each with
+    /// its path inside.
+    pub volumes: Vec<(std::os::fd::OwnedFd, String)>,
 }
 
 const BASE_NAMESPACES: &[(libc::c_int, &str)] = &[
@@ -64,6 +67,7 @@ impl Step {
                 Err(Fail::new("a supervisor step cannot run inside the sandbox"))
             }
             Step::JoinCgroup => join_cgroup(ctx, os),
+            Step::MountVolumes => mount_volumes(ctx, os),
             Step::UnshareNamespaces => unshare_namespaces(ctx, os),
             Step::MapIds => os.request_id_map().ctx(|| "waiting for the id map".into()),
             Step::BecomeRoot => os
@@ -79,6 +83,7 @@ impl Step {
                 .ctx(|| "making / private".into()),
             Step::MountSystemView => perform(&ctx.fs.system, os),
             Step::MountScratch => perform(&ctx.fs.scratch, os),
+            Step::AttachVolumes => attach_volumes(ctx, os),
             Step::WriteInputFiles => write_input_files(ctx, os),
             Step::MountDev => perform(&ctx.fs.dev, os),
             Step::MountProc => perform(&ctx.fs.proc_mount, os),
@@ -132,6 +137,27 @@ fn join_cgroup(ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), Fail> {
     for file in &ctx.plan.cgroup_join {
         os.join_cgroup(file)
             .ctx(|| format!("writing 0 to {file}"))?;
+    }
+    Ok(())
+}
+
+fn mount_volumes(ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), Fail> {
+    for v in &ctx.plan.volumes {
+        let mount = os
+            .mount_volume(&v.image, v.read_only)
+            .ctx(|| format!("mounting volume {:?} ({})", v.name, v.image.display()))?;
+        ctx.volumes.push((mount, v.path.clone()));
+    }
+    Ok(())
+}
+
+fn attach_volumes(ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), Fail> {
+    // Taken: once attached, the init holds no descriptor of them (nor does the code).
+    for (mount, path) in std::mem::take(&mut ctx.volumes) {
+        let target = format!("{}{path}", mounts::NEW_ROOT);
+        os.mkdir_all(&target).ctx(|| format!("mkdir {path}"))?;
+        os.attach_mount(&mount, &target)
+            .ctx(|| format!("attaching a volume at {path}"))?;
     }
     Ok(())
 }
@@ -266,6 +292,14 @@ fn restrict_filesystem(ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), Fail> {
                 .iter()
                 .filter(|d| !d.read_only)
                 .map(|d| d.target.as_str()),
+        )
+        .chain(
+            // Beneath /workspace or /tmp already; listed all the same, as they are mounts.
+            ctx.plan
+                .volumes
+                .iter()
+                .filter(|v| !v.read_only)
+                .map(|v| v.path.as_str()),
         )
         .collect();
     let outcome = os

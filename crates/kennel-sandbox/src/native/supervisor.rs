@@ -91,6 +91,7 @@ impl Native {
                 host_dirs: checked_host_dirs(req)?,
                 devices: checked_devices(req)?,
                 boot_id: self.boot_id.clone(),
+                volumes: crate::request::checked_volumes(req)?,
             },
             limiter: None,
             forward,

@@ -41,6 +41,10 @@ pub struct Input<'a> {
     pub cpus: Vec<usize>,
     /// The seccomp `listenerPath` of a watched container (see [`watched`]).
     pub listener: Option<PathBuf>,
+    /// The volumes' paths inside (and whether read-only): the launcher mounts each beneath
+    /// its scratch, and each is bound in after the scratch (crun's bind of the scratch does
+    /// not carry the mounts beneath it).
+    pub volumes: Vec<(String, bool)>,
 }
 
 /// One entry of the skeleton root the bundle needs before the runtime mounts over it.
@@ -209,6 +213,10 @@ fn sandbox_mounts(input: &Input, shm_size: u64) -> Vec<Mount> {
     ];
     for (dir, inside) in SCRATCH {
         mounts.push(bind(input.bundle.join(dir), inside, false));
+    }
+    for (inside, read_only) in &input.volumes {
+        let source = input.bundle.join(inside.trim_start_matches('/'));
+        mounts.push(bind(source, inside, *read_only));
     }
     mounts
 }

@@ -41,6 +41,7 @@ pub fn launcher_main() -> ! {
             Step::HideCgroup2 => hide_cgroup2(&plan),
             Step::PrivateNetwork => private_network(&plan, &mut ctl),
             Step::MountScratch => mount_scratch(&plan),
+            Step::MountVolumes => mount_volumes(&plan),
             Step::WriteInputFiles => write_input_files(&plan, &files),
             Step::RestoreScratch => restore_scratch(&plan),
             Step::WatchSupervisor => watch_supervisor(),
@@ -277,6 +278,24 @@ fn mount_scratch(plan: &LaunchPlan) -> Result<(), Fail> {
             Some(&data),
         )
         .ctx(|| format!("mounting a tmpfs on {target}"))?;
+    }
+    Ok(())
+}
+
+fn mount_volumes(plan: &LaunchPlan) -> Result<(), Fail> {
+    for v in &plan.volumes {
+        let target = in_bundle(&plan.bundle, &v.path);
+        std::fs::create_dir_all(&target).ctx(|| format!("mkdir {}", v.path))?;
+        let mount = sys::mount_volume_detached(&v.image, v.read_only)
+            .ctx(|| format!("mounting volume {:?} ({})", v.name, v.image.display()))?;
+        sys::attach_mount(&mount, &target.display().to_string())
+            .ctx(|| format!("attaching volume {:?} at {}", v.name, v.path))?;
+        // The runtimes' roots are different host ids (runsc's code is nobody): a writer's
+        // root owns the volume's top directory, as it owns the scratch.
+        if !v.read_only {
+            std::os::unix::fs::chown(&target, Some(plan.owner), Some(plan.owner))
+                .ctx(|| format!("chown {}", v.path))?;
+        }
     }
     Ok(())
 }

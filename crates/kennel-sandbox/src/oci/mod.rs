@@ -58,6 +58,8 @@ struct OciTier {
     policy: Policy,
     argv: Vec<String>,
     collect: Vec<String>,
+    /// The volumes the launcher mounts beneath the scratch.
+    volumes: Vec<kennel_types::volume::Volume>,
     /// Set once the code ended by itself and the launcher reaped its init: the container is
     /// stopped and only its state directory is left (see `Installed::remove`).
     ended_by_itself: bool,
@@ -86,6 +88,7 @@ impl Oci {
                 "directories are shown writable by the native tier only",
             ));
         }
+        crate::request::checked_volumes(req)?;
         let argv = checked_argv(req)?;
         let files = input_files(req)?;
         check_host(policy)?;
@@ -119,7 +122,9 @@ impl Oci {
             hint: "run kennel as root on a host with the memory, pids and cpu controllers".into(),
         })?;
         let inputs = platform
+            // A volume is no part of a save: a sandbox with one is not saved.
             .filter(|_| saved::can_save(runtime.runtime, req.policy.network.mode))
+            .filter(|_| req.volumes.is_empty())
             .map(|p| saved::inputs(&runtime, p, req));
         let mut tier = OciTier {
             bundle: Path::new(BUNDLE_DIR).join(cgroup.name()),
@@ -129,6 +134,7 @@ impl Oci {
             policy: req.policy.clone(),
             argv,
             collect: req.collect.clone(),
+            volumes: req.volumes.clone(),
             ended_by_itself: false,
             restore: req.restore.clone(),
             inputs,
@@ -307,7 +313,8 @@ impl super::supervise::Supervised for OciTier {
             .create(BUNDLE_DIR)
             .and_then(|()| {
                 let argv = self.argv.clone();
-                write_bundle(&self.bundle, rt, id, policy, argv, &cpus, self.listener())
+                let (listener, volumes) = (self.listener(), &self.volumes);
+                write_bundle(&self.bundle, rt, id, policy, argv, &cpus, listener, volumes)
             })
             .map_err(|e| setup(Step::WriteBundle, e))?;
         self.prepare_saving()?;
@@ -337,6 +344,7 @@ impl super::supervise::Supervised for OciTier {
             listener: bundle::watched(rt, policy)
                 .then(|| self.bundle.join(bundle::LISTENER_SOCKET)),
             teardown: self.runtime.delete_argv(self.cgroup.name()),
+            volumes: self.volumes.clone(),
         })))
     }
 

@@ -39,7 +39,18 @@ pub fn export_bundle(req: &RunRequest, dir: &Path) -> Result<(), Error> {
     let cpus = pick_cpus(policy)?;
     // Run by hand, the bundle has no one on a listener socket: its denials stay in-kernel.
     let listener = None;
-    write_bundle(dir, runtime, "kennel-bundle", policy, argv, &cpus, listener).map_err(io)?;
+    let volumes = [];
+    write_bundle(
+        dir,
+        runtime,
+        "kennel-bundle",
+        policy,
+        argv,
+        &cpus,
+        listener,
+        &volumes,
+    )
+    .map_err(io)?;
     let owner = Some(owner(policy));
     for (scratch, _) in bundle::SCRATCH {
         std::os::unix::fs::chown(dir.join(scratch), owner, owner).map_err(io)?;
@@ -50,6 +61,7 @@ pub fn export_bundle(req: &RunRequest, dir: &Path) -> Result<(), Error> {
 /// Writes the bundle (a config.json, the rootfs skeleton the system view is mounted on, and
 /// the `tmp` and `workspace` directories the scratch space is mounted on) into `dir`, which
 /// must not exist yet.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn write_bundle(
     dir: &Path,
     runtime: Runtime,
@@ -58,6 +70,7 @@ pub(super) fn write_bundle(
     argv: Vec<String>,
     cpus: &[usize],
     listener: Option<PathBuf>,
+    volumes: &[kennel_types::volume::Volume],
 ) -> std::io::Result<()> {
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     std::fs::DirBuilder::new().mode(0o755).create(dir)?;
@@ -100,6 +113,10 @@ pub(super) fn write_bundle(
         cgroups_path: cgroups_path.to_string(),
         cpus: cpus.to_vec(),
         listener,
+        volumes: volumes
+            .iter()
+            .map(|v| (v.path.clone(), v.read_only))
+            .collect(),
     };
     let spec = bundle::spec(&input, system_mounts);
     let json = serde_json::to_vec_pretty(&spec).map_err(std::io::Error::other)?;

@@ -17,6 +17,8 @@ steps! {
     // The helper, on the host.
     JoinCgroup = "join_cgroup",
         "the helper moves itself into the cgroup before it unshares: the limits hold for all it starts, and the cgroup namespace is rooted there";
+    MountVolumes = "mount_volumes",
+        "while the helper is still host root (a user namespace can neither use /dev/loop-control nor mount ext4), each volume's image gets an autoclear loop device and a nosuid,nodev ext4 mount attached to no namespace: never in the host's";
     UnshareNamespaces = "unshare_namespaces",
         "user, mount, pid, network, ipc, uts, cgroup (and time) namespaces, all owned by the new user namespace";
     MapIds = "map_ids",
@@ -36,6 +38,8 @@ steps! {
         "the system directories (or the rootfs) read-only, with the secrets under /etc masked";
     MountScratch = "mount_scratch",
         "a fresh, size-capped /tmp and /workspace: the only writable places";
+    AttachVolumes = "attach_volumes",
+        "each volume's detached mount is moved to its path beneath the new /workspace or /tmp, in the sandbox's own mount namespace only; its loop device goes with the last of it";
     WriteInputFiles = "write_input_files",
         "the request's files go into the scratch space before the code starts";
     MountDev = "mount_dev",
@@ -89,6 +93,7 @@ impl Step {
     /// The helper's steps, in order.
     pub const HELPER: &'static [Step] = &[
         Step::JoinCgroup,
+        Step::MountVolumes,
         Step::UnshareNamespaces,
         Step::MapIds,
         Step::BecomeRoot,
@@ -102,6 +107,7 @@ impl Step {
         Step::MakeMountsPrivate,
         Step::MountSystemView,
         Step::MountScratch,
+        Step::AttachVolumes,
         Step::WriteInputFiles,
         Step::MountDev,
         Step::MountProc,

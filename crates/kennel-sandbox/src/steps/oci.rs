@@ -28,6 +28,8 @@ steps! {
         "with an allowlist, the launcher makes a network namespace with only loopback, where the supervisor binds the proxy; the runtime and the code share it (runsc with --network=host), so the proxy is the only way out";
     MountScratch = "mount_scratch",
         "/tmp and /workspace are size-capped tmpfs, as in the native tier, where Kennel can place input files and read results after the runtime is gone";
+    MountVolumes = "mount_volumes",
+        "each volume's image gets an autoclear loop device and a nosuid,nodev ext4 mount, moved beneath the scratch in the launcher's own mount namespace (never the host's), where the scratch's rbind carries it into the container; the launcher is still host root, as a loop device and an ext4 mount need";
     WriteInputFiles = "write_input_files",
         "the files are in place, owned by the sandbox's root, before the code starts";
     RestoreScratch = "restore_scratch",
@@ -56,6 +58,7 @@ impl Step {
         Step::HideCgroup2,
         Step::PrivateNetwork,
         Step::MountScratch,
+        Step::MountVolumes,
         Step::WriteInputFiles,
         Step::RestoreScratch,
         Step::WatchSupervisor,
@@ -91,6 +94,11 @@ mod tests {
         assert!(pos(Step::PrivateMounts) < pos(Step::HideCgroup2));
         assert!(pos(Step::HideCgroup2) < pos(Step::StartRuntime));
         assert!(pos(Step::WriteInputFiles) < pos(Step::StartRuntime));
+        // A volume goes beneath the scratch, once it is mounted, and before any file or
+        // the runtime could reach its path.
+        assert!(pos(Step::MountScratch) < pos(Step::MountVolumes));
+        assert!(pos(Step::PrivateMounts) < pos(Step::MountVolumes));
+        assert!(pos(Step::MountVolumes) < pos(Step::WriteInputFiles));
         // A restored sandbox's files are the saved ones (they win over any input file), in
         // the fresh scratch, before gVisor reopens them.
         assert!(pos(Step::MountScratch) < pos(Step::RestoreScratch));

@@ -455,12 +455,13 @@ impl Drop for KillOnDrop {
     }
 }
 
-/// The isolation, naming the image the root came from when the engine resolved one: every
-/// backend's report goes through it.
+/// The isolation, naming the image the root came from when the engine resolved one, and the
+/// volumes mounted: every backend's report goes through it.
 pub fn on_image(mut isolation: Isolation, req: &RunRequest) -> Isolation {
     if let Some(image) = &req.image {
         isolation.filesystem = format!("image:{}", image.name);
         isolation.image = Some(image.clone());
     }
+    isolation.volumes = req.volumes.iter().map(|v| v.mount()).collect();
     isolation
 }

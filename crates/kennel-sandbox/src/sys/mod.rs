@@ -23,12 +23,14 @@ use rustix::process::{Pid, Signal};
 mod notify;
 mod ret;
 mod spawn;
+mod volume;
 mod wait;
 pub use notify::{
     install_seccomp, notif_answer, notif_id_valid, notif_recv, notif_sync_wakeup, read_remote,
     recv_with_fds, wait_notice, Notice, Ready,
 };
 pub use spawn::{spawn, Spawned, CTL_FD};
+pub use volume::{attach_mount, mount_volume_detached};
 pub use wait::{kill, wait4, Exit};
 
 use ret::{check, check_long, einval};

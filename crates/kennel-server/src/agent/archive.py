@@ -21,7 +21,10 @@ import tarfile
 
 
 def pack(path, limit):
-    """The directory at path as an uncompressed tar archive; EFBIG past limit bytes."""
+    """The directory at path as an uncompressed tar archive; EFBIG past limit bytes. It stays
+    on the directory's own filesystem, as ``tar --one-file-system``: a volume mounted beneath
+    it is archived as its empty mount point, never its contents (a snapshot's files are the
+    sandbox's own; a volume is not copied into a fork)."""
     fd, name = open_parent(path)  # noqa: F821 (put here by the agent)
     try:
         os.close(open_dir_step(fd, name, False))  # noqa: F821: the directory itself, no link
@@ -37,9 +40,18 @@ def pack(path, limit):
         return info
 
     out = io.BytesIO()
+    device = os.lstat(path).st_dev
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for entry in sorted(os.listdir(path)):
-            tar.add(os.path.join(path, entry), arcname=entry, recursive=True, filter=bounded)
+        # Depth first, each directory before what it holds; a stack, not recursion, so that
+        # no depth of tree exhausts Python's.
+        todo = [(os.path.join(path, e), e) for e in sorted(os.listdir(path), reverse=True)]
+        while todo:
+            full, arcname = todo.pop()
+            tar.add(full, arcname=arcname, recursive=False, filter=bounded)
+            st = os.lstat(full)
+            if stat.S_ISDIR(st.st_mode) and st.st_dev == device:
+                inner = sorted(os.listdir(full), reverse=True)
+                todo.extend((os.path.join(full, e), f"{arcname}/{e}") for e in inner)
     return out.getvalue()
 
 

@@ -103,7 +103,24 @@ impl AgentSandbox {
         lifetime: Duration,
         preload: &[String],
     ) -> Result<AgentSandbox, Error> {
-        let req = agent_request(policy, lifetime, preload).await;
+        AgentSandbox::start_with(engine, policy, lifetime, preload, &[]).await
+    }
+
+    /// As [`AgentSandbox::start`], with `volumes` mounted (their images resolved by the
+    /// service).
+    pub async fn start_with(
+        engine: Arc<Engine>,
+        policy: Policy,
+        lifetime: Duration,
+        preload: &[String],
+        volumes: &[kennel_types::volume::Volume],
+    ) -> Result<AgentSandbox, Error> {
+        let mut req = agent_request(policy, lifetime, preload).await;
+        if !volumes.is_empty() {
+            // A saved first ping is of a guest without them: start it cold.
+            req.resume_at = None;
+            req.volumes = volumes.to_vec();
+        }
         AgentSandbox::launch(engine, req).await
     }
 

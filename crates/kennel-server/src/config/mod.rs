@@ -83,9 +83,9 @@ pub struct Quota {
     pub sessions: Option<usize>,
     /// Runs and execs one token may have under way at once.
     pub runs: Option<usize>,
-    /// What one token's saved sessions may take on disk together, each counted by its
-    /// declared size (its memory limit, the most its saved memory can be); unset, no cap
-    /// beyond `[state] reserve`.
+    /// What one token's saved sessions and volumes may take on disk together, a saved
+    /// session counted by its declared size (its memory limit, the most its saved memory can
+    /// be), a volume by its size; unset, no cap beyond `[state] reserve`.
     pub disk: Option<ByteSize>,
 }
 

@@ -15,6 +15,7 @@ pub mod slow;
 pub mod snapshots;
 mod stream;
 pub mod terminals;
+pub mod volumes;
 pub mod watch;
 
 pub use crate::service::Caller;
@@ -191,6 +192,14 @@ pub fn router(state: Shared, mounts: &[Mount]) -> Router {
         .route(
             "/v1/runs/{id}",
             get(routes::show_run).delete(routes::cancel_run),
+        )
+        .route(
+            "/v1/volumes",
+            post(volumes::create_volume).get(volumes::list_volumes),
+        )
+        .route(
+            "/v1/volumes/{name}",
+            axum::routing::delete(volumes::delete_volume).get(volumes::show_volume),
         )
         .route("/v1/sessions", post(routes::create).get(routes::list))
         .route(

@@ -7,7 +7,7 @@ use kennel_types::api::{MAX_METADATA_KEYS, MAX_METADATA_KEY_BYTES, MAX_METADATA_
 use serde_json::{json, Map, Value};
 use utoipa::OpenApi;
 
-use super::{pause as pausing, processes, routes, snapshots, terminals, watch};
+use super::{pause as pausing, processes, routes, snapshots, terminals, volumes, watch};
 use crate::config::ServerConfig;
 use crate::pattern;
 use kennel_types::api;
@@ -58,6 +58,10 @@ use kennel_types::terminal;
         terminals::resize_terminal,
         terminals::pty,
         watch::watch,
+        volumes::create_volume,
+        volumes::list_volumes,
+        volumes::show_volume,
+        volumes::delete_volume,
     ),
     components(schemas(
         api::RunSpec, api::LimitsSpec, api::RunResult, api::CollectedFile, api::Content,
@@ -74,6 +78,9 @@ use kennel_types::terminal;
         kennel_types::snapshot::SnapshotSpec, kennel_types::snapshot::SnapshotInfo,
         kennel_types::snapshot::Fresh, kennel_types::snapshot::BootId,
         kennel_types::snapshot::SessionGroup,
+        kennel_types::volume::VolumeSpec, kennel_types::volume::VolumeKind,
+        kennel_types::volume::VolumeMount, kennel_types::volume::VolumeInfo,
+        kennel_types::volume::Attachment,
     )),
     modifiers(&BearerAuth),
     security(("bearer" = []))

@@ -37,6 +37,9 @@ impl IntoResponse for Reply {
             Reply::Archive(data) => {
                 ([(header::CONTENT_TYPE, "application/x-tar")], data).into_response()
             }
+            Reply::VolumeCreated(info) => (StatusCode::CREATED, Json(info)).into_response(),
+            Reply::Volume(info) => Json(info).into_response(),
+            Reply::Volumes(all) => Json(all).into_response(),
             Reply::Done => StatusCode::NO_CONTENT.into_response(),
             // Only a WebSocket carries an attachment (http/terminals.rs upgrades first).
             Reply::Attached(_) => super::terminals::upgrade_required().into_response(),

@@ -46,6 +46,23 @@ pub enum Action {
     ShowRun {
         id: String,
     },
+    /// Makes a volume: an ext4 image of the caller's, under the state directory. Refused for
+    /// a bad name or size, a name the caller's volumes have (409), past the caller's volume
+    /// count or `quota.disk` (429), or past the state directory's `[state] reserve` (507).
+    CreateVolume {
+        spec: kennel_types::volume::VolumeSpec,
+    },
+    /// The caller's volumes, by name.
+    ListVolumes,
+    /// One of the caller's volumes; another caller's does not exist for it.
+    ShowVolume {
+        name: String,
+    },
+    /// Deletes one of the caller's volumes, image and all; refused (409) while a sandbox has
+    /// it mounted.
+    DeleteVolume {
+        name: String,
+    },
     /// A sandbox kept between steps, in any tier. Refused, before any place is taken, for a
     /// field a run would be refused for (a tier below the caller's minimum isolation, a
     /// runtime beside another tier, an image it may not use), for a malformed `name` or

@@ -1,8 +1,8 @@
 //! The disk a `saved` pause takes: each saved session is counted at its declared size (its
-//! memory limit, the most its saved memory can be, whatever the save then writes), against
-//! its token's `quota.disk`, and no save may leave the state directory's filesystem less than
-//! `[state] reserve` free. A snapshot counts too, at the bytes it holds once taken (and at
-//! its declared size before). Both are weighed before anything is written.
+//! memory limit, the most its saved memory can be, whatever the save then writes), each
+//! snapshot at the bytes it holds once taken (and at its declared size before), and each volume
+//! at its size, against its token's `quota.disk`; nothing may leave the state directory's
+//! filesystem less than `[state] reserve` free. Both are weighed before anything is written.
 
 use std::path::Path;
 
@@ -30,22 +30,31 @@ fn is_saved(session: &Session) -> bool {
         .is_some_and(|p| p.info.keep == Keep::Saved)
 }
 
-/// What the token's saved sessions (but `except`) and its snapshots take: the sessions at
-/// their declared sizes, the snapshots at what they hold.
+/// What the token's saved sessions (but `except`), snapshots and volumes take.
 fn held_by(service: &Service, token_id: &str, except: Option<&str>) -> u64 {
-    let sessions: u64 = service
+    saved_by(service, token_id, except)
+        .saturating_add(snapshots_of(service, token_id))
+        .saturating_add(volumes_of(service, token_id))
+}
+
+/// What the saved sessions of `token_id` but `except` take, at their declared sizes.
+fn saved_by(service: &Service, token_id: &str, except: Option<&str>) -> u64 {
+    service
         .sessions
         .list()
         .iter()
         .filter(|s| s.token_id == token_id && Some(s.id.as_str()) != except && is_saved(s))
         .map(|s| declared(s))
-        .sum();
-    let snapshots: u64 = service
+        .sum()
+}
+
+/// What the snapshots of `token_id` hold.
+fn snapshots_of(service: &Service, token_id: &str) -> u64 {
+    service
         .snapshots
         .as_ref()
         .map(|store| store.of(token_id).iter().map(|s| s.info.state_bytes).sum())
-        .unwrap_or(0);
-    sessions.saturating_add(snapshots)
+        .unwrap_or(0)
 }
 
 /// What is about to be written, to be weighed: `what` says it in a refusal ("saving this
@@ -57,6 +66,21 @@ pub(super) struct Need<'a> {
     pub size: u64,
     pub what: String,
     pub or_else: &'a str,
+}
+
+/// What the volumes of `token_id` take, at their sizes (none without a job table, which
+/// names their tenant).
+fn volumes_of(service: &Service, token_id: &str) -> u64 {
+    let caller = super::action::Caller(token_id.to_string());
+    service.jobs.as_ref().map_or(0, |jobs| {
+        let tenant = super::runs::tenant(service, jobs, &caller);
+        service.volumes.bytes_of(&tenant)
+    })
+}
+
+/// What `token_id` holds on disk: its saved sessions, snapshots and volumes.
+pub(super) fn held_of(service: &Service, token_id: &str) -> u64 {
+    held_by(service, token_id, None)
 }
 
 /// Refuses a save of `session` into `dir` past its token's disk quota (429) or the server's
@@ -75,8 +99,8 @@ pub(super) fn room_for(
             "saving this session ({} at its memory limit)",
             ByteSize(size)
         ),
-        or_else: "end or resume one of them first, or pause this one with `\"keep\": \
-                  \"frozen\"` where its tier can",
+        or_else: "end or resume one of them (or delete a snapshot or volume) first, or \
+                  pause this one with `\"keep\": \"frozen\"` where its tier can",
     };
     room(service, &need, dir)
 }
@@ -89,8 +113,8 @@ pub(super) fn room(service: &Service, need: &Need<'_>, dir: &Path) -> Result<(),
         let held = held_by(service, need.token_id, need.replaces);
         if held.saturating_add(size) > quota {
             return Err(ServiceError::QuotaExceeded(Refusal::from(format!(
-                "{what} would take this token's saved sessions and snapshots to {}, past its \
-                 disk quota (quota.disk) of {}; {or_else}",
+                "{what} would take this token's saved sessions, snapshots and volumes to {}, \
+                 past its disk quota (quota.disk) of {}; {or_else}",
                 ByteSize(held.saturating_add(size)),
                 ByteSize(quota)
             ))));
@@ -102,8 +126,8 @@ pub(super) fn room(service: &Service, need: &Need<'_>, dir: &Path) -> Result<(),
     })?;
     if free.saturating_sub(size) < reserve {
         return Err(ServiceError::InsufficientStorage(format!(
-            "{what} would leave {} free where the server keeps its saved sessions and \
-             snapshots, less than it keeps in reserve ([state] reserve, {}); retry once the \
+            "{what} would leave {} free where the server keeps its saved sessions, \
+             snapshots and volumes, less than it keeps in reserve ([state] reserve, {}); retry once the \
              operator has made room, or {or_else}",
             mib(free.saturating_sub(size)),
             ByteSize(reserve)

@@ -20,6 +20,7 @@ use crate::metrics::inc;
 use crate::saved::{self, StateError};
 use crate::snapshots::{Snapshot, GENERATION};
 use kennel_types::policy::Tier;
+use kennel_types::volume::{Volume, VolumeMount};
 use kennel_types::Policy;
 
 /// Where a new session's sandbox comes from.
@@ -36,10 +37,12 @@ pub(super) async fn start_agent(
     service: &Service,
     policy: &Policy,
     lifetime: Duration,
+    volumes: &[Volume],
 ) -> Result<AgentSandbox, ServiceError> {
     let pool = &service.pool;
-    // Only microvm sessions count, hit or miss: the pool never serves another session.
-    if policy.tier == Tier::Microvm {
+    // Only microvm sessions count, hit or miss: the pool never serves another session (nor
+    // one with volumes, which no clone has).
+    if policy.tier == Tier::Microvm && volumes.is_empty() {
         let pooled = pool.serves_session(policy).and_then(|k| pool.take(&k));
         inc(if pooled.is_some() {
             &service.metrics.pool_hits
@@ -51,7 +54,25 @@ pub(super) async fn start_agent(
         }
     }
     let lifetime = lifetime + crate::sessions::LIFETIME_MARGIN;
-    Ok(AgentSandbox::start(service.engine.clone(), policy.clone(), lifetime, &[]).await?)
+    let (engine, policy) = (service.engine.clone(), policy.clone());
+    Ok(AgentSandbox::start_with(engine, policy, lifetime, &[], volumes).await?)
+}
+
+/// Refuses `volumes` for a session restored from a snapshot with memory: its sandbox comes
+/// back with the mounts it was saved with (none: a sandbox with volumes is not saved), and no
+/// other.
+pub(super) fn check_volumes(source: &Source, mounts: &[VolumeMount]) -> Result<(), ServiceError> {
+    match source {
+        Source::Snapshot(s) if s.has_memory() && !mounts.is_empty() => {
+            Err(ServiceError::BadRequest(format!(
+                "`volumes`: snapshot {} holds its sandbox's memory, which comes back with the \
+                 mounts it was saved with and no other; mount volumes in a session made from \
+                 a files-only snapshot, or in a new one",
+                s.info.id
+            )))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The policy and source of a session made from the caller's snapshot `id`: the snapshot's
@@ -79,11 +100,15 @@ pub(super) async fn agents(
     service: &Service,
     policy: &Policy,
     source: &Source,
-    n: u32,
+    volumes: &[Vec<Volume>],
 ) -> Result<Vec<AgentSandbox>, ServiceError> {
     let lifetime = service.config.sessions.max_lifetime.0;
+    let n = volumes.len();
     let made: Vec<Result<AgentSandbox, ServiceError>> = match source {
-        Source::Cold => join_all((0..n).map(|_| start_agent(service, policy, lifetime))).await,
+        Source::Cold => {
+            let one = |v| start_agent(service, policy, lifetime, v);
+            join_all(volumes.iter().map(|v| one(v))).await
+        }
         Source::Snapshot(snapshot) => {
             verify(service, snapshot).await?;
             if snapshot.has_memory() {
@@ -91,8 +116,8 @@ pub(super) async fn agents(
                 join_all((0..n).map(|_| restore(service, snapshot, policy, lifetime))).await
             } else {
                 let archives = Arc::new(read_archives(service, snapshot).await?);
-                let one = |_| with_files(service, policy, lifetime, archives.clone());
-                join_all((0..n).map(one)).await
+                let one = |v| with_files(service, policy, lifetime, v, archives.clone());
+                join_all(volumes.iter().map(|v| one(v))).await
             }
         }
     };
@@ -180,9 +205,10 @@ async fn with_files(
     service: &Service,
     policy: &Policy,
     lifetime: Duration,
+    volumes: &[Volume],
     archives: Arc<Vec<(&'static str, Vec<u8>)>>,
 ) -> Result<AgentSandbox, ServiceError> {
-    let agent = start_agent(service, policy, lifetime).await?;
+    let agent = start_agent(service, policy, lifetime, volumes).await?;
     let max = policy.limits.tmp_size.0 + policy.limits.workspace_size.0;
     for (dir, tar) in archives.iter() {
         if let Err(e) = agent.unpack(dir, tar, max).await {

@@ -26,6 +26,8 @@ mod session;
 mod snapshot;
 mod state;
 mod terminal;
+mod volume_store;
+pub mod volumes;
 mod watch;
 
 pub use crate::agent::ReadFrom;
@@ -77,6 +79,15 @@ impl Service {
                         Reply::SessionsCreated(kennel_types::snapshot::SessionGroup { sessions })
                     }
                 })
+            }
+            Action::CreateVolume { spec } => volumes::create(self, caller, spec)
+                .await
+                .map(Reply::VolumeCreated),
+            Action::ListVolumes => volumes::list(self, caller).map(Reply::Volumes),
+            Action::ShowVolume { name } => volumes::show(self, caller, &name).map(Reply::Volume),
+            Action::DeleteVolume { name } => {
+                volumes::delete(self, caller, &name)?;
+                Ok(Reply::Done)
             }
             Action::ListSessions { filter } => {
                 Ok(Reply::Sessions(session::list(self, caller, &filter)))

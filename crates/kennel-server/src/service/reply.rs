@@ -48,6 +48,10 @@ pub enum Reply {
     /// One snapshot, as it is.
     SnapshotInfo(kennel_types::snapshot::SnapshotInfo),
     Snapshots(Vec<kennel_types::snapshot::SnapshotInfo>),
+    /// A volume, just made.
+    VolumeCreated(kennel_types::volume::VolumeInfo),
+    Volume(kennel_types::volume::VolumeInfo),
+    Volumes(Vec<kennel_types::volume::VolumeInfo>),
     /// Done, with nothing to say (a session ended, a file written or deleted).
     Done,
 }

@@ -55,9 +55,19 @@ pub(super) async fn run(
             "`rich`: rich results are for python code (`language: python`)".into(),
         ));
     }
+    super::volumes::check_tier(&req.policy, &spec.volumes)?;
     let target = check_async(service, caller, &spec).await?;
     let slot = service.run_slot(caller)?;
     let registered = service.runs.register(caller)?;
+    let by = format!("run {}", registered.id);
+    let lease = match super::volumes::attach(service, caller, &by, req.policy.tier, &spec.volumes)?
+    {
+        Some((lease, volumes)) => {
+            req.volumes = volumes;
+            Some(lease)
+        }
+        None => None,
+    };
     if spec.run_async {
         let job = Job {
             spec,
@@ -65,6 +75,7 @@ pub(super) async fn run(
             slot,
             registered,
             target,
+            lease,
         };
         return submit(service, caller, job, live).await;
     }
@@ -78,6 +89,7 @@ pub(super) async fn run(
     };
     let result = in_slot(slot, live, accepted, |live| async move {
         let _registered = registered;
+        let _lease = lease;
         execute(&service, &caller, &spec, req, live, &_registered).await
     })
     .await;
@@ -127,6 +139,8 @@ struct Job {
     slot: RunSlot,
     registered: Registered,
     target: Option<Target>,
+    /// Its volumes, held until it ends.
+    lease: Option<super::volume_store::Lease>,
 }
 
 /// Enters an `async` run in the job table and runs it in a task of its own, which holds its
@@ -144,6 +158,7 @@ async fn submit(
         slot,
         registered,
         target,
+        lease,
     } = job;
     let jobs = service.jobs()?;
     let created = runs::now_ms_u64();
@@ -186,6 +201,7 @@ async fn submit(
     tokio::spawn(async move {
         let outcome = {
             let _slot = slot;
+            let _lease = lease;
             // The job table keeps the result, output included, for whoever asks later.
             let live = live.map(Live::keeping);
             execute(&service, &caller, &spec, req, live, &registered).await
@@ -248,7 +264,11 @@ async fn execute(
     run: &Registered,
 ) -> Result<RunResult, ServiceError> {
     let started = Instant::now();
-    let agent = state.pool.serves(&req).and_then(|k| state.pool.take(&k));
+    // A pooled sandbox has no volume mounted: a run with volumes is started for it.
+    let agent = match req.volumes.is_empty() {
+        true => state.pool.serves(&req).and_then(|k| state.pool.take(&k)),
+        false => None,
+    };
     inc(if agent.is_some() {
         &state.metrics.pool_hits
     } else {
@@ -305,7 +325,8 @@ async fn execute(
 /// a cold run imports what it imports).
 async fn start_agent(state: &Arc<Service>, req: &RunRequest) -> Result<AgentSandbox, ServiceError> {
     let lifetime = req.policy.limits.timeout.0 + AGENT_GRACE;
-    AgentSandbox::start(state.engine.clone(), req.policy.clone(), lifetime, &[])
+    let policy = req.policy.clone();
+    AgentSandbox::start_with(state.engine.clone(), policy, lifetime, &[], &req.volumes)
         .await
         .map_err(ServiceError::from)
 }

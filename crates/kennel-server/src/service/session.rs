@@ -149,11 +149,14 @@ pub(super) async fn create(
         metadata: spec.metadata.clone(),
         shape: Shape::of(&policy),
     };
+    super::volumes::check_tier(&policy, &spec.volumes)?;
+    super::fork::check_volumes(&source, &spec.volumes)?;
     let made = Made {
         policy,
         terms,
         label,
         source,
+        mounts: spec.volumes.clone(),
     };
     let Some(name) = &spec.name else {
         let n = spec.count.unwrap_or(1);
@@ -184,6 +187,8 @@ struct Made {
     terms: Terms,
     label: Label,
     source: super::fork::Source,
+    /// The volumes each session mounts.
+    mounts: Vec<kennel_types::volume::VolumeMount>,
 }
 
 /// The answer to a create of a name `existing` has: the session itself for a `get_or_create`
@@ -262,7 +267,17 @@ async fn start(
                 }));
             }
         };
-    let agents = super::fork::agents(service, &made.policy, &made.source, n).await?;
+    // Each its own hold on the volumes: a second writer is refused here, before any starts.
+    let mut leases = Vec::with_capacity(count);
+    let mut volumes = Vec::with_capacity(count);
+    for _ in 0..n {
+        let by = "a session starting";
+        let attached = super::volumes::attach(service, caller, by, made.policy.tier, &made.mounts)?;
+        let (lease, held) = attached.map_or((None, vec![]), |(l, v)| (Some(l), v));
+        leases.push(lease);
+        volumes.push(held);
+    }
+    let agents = super::fork::agents(service, &made.policy, &made.source, &volumes).await?;
     let on_idle = made.terms.on_idle;
     let cannot_pause = on_idle == OnIdle::Pause
         && agents
@@ -276,9 +291,12 @@ async fn start(
         )));
     }
     let mut infos = Vec::with_capacity(agents.len());
-    for agent in agents {
+    for (agent, lease) in agents.into_iter().zip(leases) {
         let (policy, terms, label) = (made.policy.clone(), made.terms, made.label.clone());
         let session = Arc::new(Session::new(caller.0.clone(), agent, policy, terms, label));
+        if let Some(lease) = lease {
+            service.volumes.keep(&session.id, lease);
+        }
         service.sessions.insert(session.clone());
         service.keep_record(&session);
         inc(&service.metrics.sessions_created);

@@ -51,6 +51,8 @@ pub struct Service {
     pub(super) records: Option<crate::records::Records>,
     /// Where snapshots are kept (beside the records), if anywhere.
     pub(super) snapshots: Option<crate::snapshots::Snapshots>,
+    /// The tokens' volumes, and who holds them.
+    pub(super) volumes: Arc<super::volume_store::Store>,
 }
 
 impl Service {
@@ -102,6 +104,9 @@ impl Service {
             streams: Arc::default(),
             records: None,
             snapshots: None,
+            volumes: Arc::new(super::volume_store::Store::none(
+                "no volumes directory was given",
+            )),
         }
     }
 
@@ -116,6 +121,14 @@ impl Service {
         Service {
             records,
             snapshots,
+            ..self
+        }
+    }
+
+    /// The service with its volumes kept in `dir`.
+    pub fn with_volumes(self, dir: std::path::PathBuf) -> Service {
+        Service {
+            volumes: Arc::new(super::volume_store::Store::open(dir)),
             ..self
         }
     }
@@ -170,6 +183,9 @@ impl Service {
         let open = i64::try_from(self.sessions.len()).unwrap_or(i64::MAX);
         self.metrics.active_sessions.set(open);
         session.closing();
+        // Released after its sandbox is gone (below): not before, or a writer could attach
+        // while this one still has it mounted.
+        let _volumes = ReleaseOnDrop(&self.volumes, &session.id);
         if let Some(records) = &self.records {
             records.forget(&session.id);
         }
@@ -284,5 +300,14 @@ impl Drop for Tracked {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&self.id);
+    }
+}
+
+/// Releases a session's volumes when dropped.
+struct ReleaseOnDrop<'a>(&'a super::volume_store::Store, &'a str);
+
+impl Drop for ReleaseOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.release(self.1);
     }
 }

@@ -334,3 +334,71 @@ fn a_snapshot_outlives_its_sigkilled_server() {
     assert_eq!(r.status, 204);
     assert_eq!(std::fs::read_dir(records.join("snapshots")).unwrap().count(), 0);
 }
+
+/// A session's read-write volume goes to no fork: its snapshot holds the sandbox's own files
+/// and the volume's empty mount point, never the volume's contents; a fork asking for the
+/// volume read-only while the source still writes it is refused (409), and gets it read-only
+/// once the source has ended. (Not in the microvm tier, which mounts no volume yet.)
+#[test]
+fn a_sessions_volume_goes_to_no_fork_but_read_only_as_asked() {
+    if microvm() {
+        eprintln!("skipped: the microvm tier mounts no volume yet");
+        return;
+    }
+    const TOKEN: &str = "snapshots-volumes-0123456789";
+    let state = server_common::test_dir("snap-volumes-state");
+    let db = state.join("jobs.sqlite");
+    let extra = format!("[jobs]\ndb = {db:?}\n[[tokens]]\nid = \"a\"\ntoken = \"{TOKEN}\"\n");
+    tier();
+    let (state_dir, records) = (state.display().to_string(), state.join("sessions"));
+    let records = records.display().to_string();
+    let env = [
+        ("KENNEL_STATE_DIR", state_dir.as_str()),
+        ("KENNEL_SESSIONS_DIR", records.as_str()),
+    ];
+    let server = Server::start_with("snap-volumes", &suite_config(&extra), &env, Some(TOKEN));
+    let c = &server.client;
+    let r = c.post_json("/v1/volumes", &json!({"name": "data", "size": "16M"}));
+    assert_eq!(r.status, 201, "{}", r.text());
+    let rw = json!([{"name": "data", "path": "/workspace/data"}]);
+    let id = open_session(&server, json!({"volumes": rw}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    session_py(
+        &server,
+        &id,
+        "open('/workspace/data/in-volume', 'w').write('v')\n\
+         open('/workspace/own', 'w').write('o')",
+    );
+    let snap = snapshot(&server, &id, json!({}));
+    // A sandbox with volumes is not saved whole, whatever its tier.
+    assert_eq!(snap["mechanism"], json!("files"), "{snap}");
+    let snap_id = snap["id"].as_str().unwrap();
+    let r = c.post_json("/v1/sessions", &json!({"from_snapshot": snap_id}));
+    assert_eq!(r.status, 201, "{}", r.text());
+    let bare = r.json()["id"].as_str().unwrap().to_string();
+    let probe = "import os\nprint(open('/workspace/own').read(), os.listdir('/workspace/data'))";
+    assert_eq!(session_py(&server, &bare, probe).trim(), "o []");
+    let ro = json!([{"name": "data", "path": "/workspace/data", "read_only": true}]);
+    let asked = json!({"from_snapshot": snap_id, "volumes": ro});
+    let (code, _) = c.post_json("/v1/sessions", &asked).error(409);
+    assert_eq!(code, "conflict");
+    assert_eq!(c.delete(&format!("/v1/sessions/{id}")).status, 204);
+    let r = c.post_json("/v1/sessions", &asked);
+    assert_eq!(r.status, 201, "{}", r.text());
+    let reader = r.json()["id"].as_str().unwrap().to_string();
+    let write = "import os\ntry:\n    open('/workspace/data/x', 'w')\nexcept OSError as e:\n    \
+                 print(os.strerror(e.errno))\nprint(open('/workspace/data/in-volume').read())";
+    assert_eq!(
+        session_py(&server, &reader, write).trim(),
+        "Read-only file system\nv"
+    );
+    for s in [&bare, &reader] {
+        assert_eq!(c.delete(&format!("/v1/sessions/{s}")).status, 204);
+    }
+    assert_eq!(c.delete(&format!("/v1/snapshots/{snap_id}")).status, 204);
+    assert_eq!(c.delete("/v1/volumes/data").status, 204);
+    drop(server);
+    let _ = std::fs::remove_dir_all(&state);
+}

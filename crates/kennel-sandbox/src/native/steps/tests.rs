@@ -39,6 +39,17 @@ impl Recorder {
 }
 
 impl Os for Recorder {
+    fn mount_volume(
+        &mut self,
+        image: &std::path::Path,
+        read_only: bool,
+    ) -> io::Result<std::os::fd::OwnedFd> {
+        self.log(format!("mount_volume {} ro={read_only}", image.display()))?;
+        Ok(std::fs::File::open("/dev/null")?.into())
+    }
+    fn attach_mount(&mut self, _: &std::os::fd::OwnedFd, target: &str) -> io::Result<()> {
+        self.log(format!("attach_mount {target}"))
+    }
     fn join_cgroup(&mut self, file: &str) -> io::Result<()> {
         self.log(format!("join_cgroup {file}"))
     }
@@ -201,6 +212,13 @@ fn plan() -> Plan {
         host_dirs: vec![],
         devices: vec![],
         boot_id: None,
+        volumes: vec![kennel_types::volume::Volume {
+            name: "data".into(),
+            image: "/state/volumes/t/data.img".into(),
+            path: "/workspace/data".into(),
+            read_only: false,
+            kind: kennel_types::volume::VolumeKind::Host,
+        }],
     }
 }
 
@@ -230,6 +248,7 @@ fn record() -> Recorder {
         namespaces: vec![],
         landlock: None,
         listener: None,
+        volumes: vec![],
     };
     let mut rec = Recorder::default();
     run_steps(Step::HELPER, &mut ctx, &mut rec).unwrap();
@@ -248,9 +267,13 @@ fn namespaces_come_first_and_ids_are_mapped_before_becoming_root() {
         rec.calls[0], "join_cgroup /sys/fs/cgroup/memory/kennel-1/tasks",
         "the cgroup is joined before anything else"
     );
-    assert!(rec.calls[1].starts_with("unshare("), "{:?}", rec.calls);
+    assert_eq!(
+        rec.calls[1], "mount_volume /state/volumes/t/data.img ro=false",
+        "a volume is mounted (detached) while the helper is still host root"
+    );
+    assert!(rec.calls[2].starts_with("unshare("), "{:?}", rec.calls);
     let flags = i64::from_str_radix(
-        rec.calls[1]
+        rec.calls[2]
             .trim_start_matches("unshare(0x")
             .trim_end_matches(')'),
         16,
@@ -347,6 +370,7 @@ fn required_landlock_that_is_not_enforced_fails_its_step() {
         namespaces: vec![],
         landlock: None,
         listener: None,
+        volumes: vec![],
     };
     let mut rec = Recorder {
         landlock: Some(Outcome {
@@ -367,4 +391,18 @@ fn required_landlock_that_is_not_enforced_fails_its_step() {
         !rec.calls.iter().any(|c| c.starts_with("exec")),
         "nothing runs after a failed step"
     );
+}
+
+#[test]
+fn a_volume_is_attached_beneath_the_new_scratch_before_the_root_is_pivoted() {
+    let rec = record();
+    let attach = rec.index("attach_mount /tmp/workspace/data");
+    assert!(rec.index("mount_volume") < rec.index("unshare("));
+    assert!(rec.index("fork init") < attach, "{:#?}", rec.calls);
+    assert!(
+        rec.index("mount tmpfs tmpfs on /tmp/workspace") < attach,
+        "{:#?}",
+        rec.calls
+    );
+    assert!(attach < rec.index("pivot_root"), "{:#?}", rec.calls);
 }
