@@ -63,7 +63,9 @@ def one_round(c, tier):
         c.request("DELETE", f"/v1/sessions/{sid}")
 
 
-def main():
+def tier_rounds(one_round, say, timeout):
+    """Parses --url, --tiers, --rounds and --json, and runs `one_round(client, tier)` that
+    many times per tier, saying each: (the arguments, [(tier, [its rounds])])."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--url", required=True)
     ap.add_argument("--tiers", default="native")
@@ -71,13 +73,21 @@ def main():
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     host, port = a.url.split("//")[1].split(":")
-    c = Client(host, int(port), timeout=600)
-    figures, report = {}, {}
+    c = Client(host, int(port), timeout=timeout)
+    done = []
     for tier in a.tiers.split(","):
         rounds = []
         for i in range(a.rounds):
             rounds.append(one_round(c, tier))
             say(tier, "round", i + 1, json.dumps(rounds[-1]))
+        done.append((tier, rounds))
+    return a, done
+
+
+def main():
+    a, done = tier_rounds(one_round, say, 600)
+    figures, report = {}, {}
+    for tier, rounds in done:
         med = {k: statistics.median(r[k] for r in rounds)
                for k in ("cold_ms", "pause_ms", "state_mib", "resume_ms", "verify_ms")}
         med["ratio_resume_to_cold"] = med["resume_ms"] / med["cold_ms"]

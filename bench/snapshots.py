@@ -5,7 +5,6 @@ the snapshot until all 5 have answered an exec, beside 5 sessions started cold a
 and 5 guests booted cold (a shape the pool does not hold) are measured too. Run by
 bench/snapshots.sh."""
 
-import argparse
 import json
 import os
 import statistics
@@ -13,8 +12,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import Client, against_baseline, fmt  # noqa: E402
-from pause import FILL, exec_py, spec_of  # noqa: E402
+from harness import against_baseline, fmt  # noqa: E402
+from pause import FILL, exec_py, spec_of, tier_rounds  # noqa: E402
 
 FIGURES = ("snapshot_ms", "snapshot_mib", "pause_ms", "pause_mib", "fork5_ms", "cold5_ms")
 
@@ -64,20 +63,9 @@ def one_round(c, tier):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--url", required=True)
-    ap.add_argument("--tiers", default="native")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--json", action="store_true")
-    a = ap.parse_args()
-    host, port = a.url.split("//")[1].split(":")
-    c = Client(host, int(port), timeout=900)
+    a, done = tier_rounds(one_round, say, 900)
     figures, report = {}, {}
-    for tier in a.tiers.split(","):
-        rounds = []
-        for i in range(a.rounds):
-            rounds.append(one_round(c, tier))
-            say(tier, "round", i + 1, json.dumps(rounds[-1]))
+    for tier, rounds in done:
         keys = FIGURES + (("boot5_ms",) if tier == "microvm" else ())
         med = {k: statistics.median(r[k] for r in rounds) for k in keys}
         med["ratio_snapshot_to_pause"] = med["snapshot_ms"] / med["pause_ms"]
