@@ -48,16 +48,13 @@ pub struct Manifest {
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
     /// Nothing is there.
-    #[error("the session's saved state is missing ({0}): it cannot be resumed")]
+    #[error("the saved state is missing ({0}): it cannot be restored")]
     Missing(String),
     /// A file differs from its digest, or is gone, or one was added.
-    #[error(
-        "the session's saved state was altered ({0} does not match its manifest): it is not \
-         resumed"
-    )]
+    #[error("the saved state was altered ({0} does not match its manifest): it is not restored")]
     Tampered(String),
-    /// The state is another session's.
-    #[error("the saved state is session {found}'s, not this one's: it is not resumed")]
+    /// The state is another session's (or snapshot's).
+    #[error("the saved state is {found}'s, not this one's: it is not restored")]
     Mismatched {
         /// The session the manifest names.
         found: String,
@@ -74,7 +71,7 @@ pub enum StateError {
         current: u64,
     },
     /// The disk failed.
-    #[error("the session's saved state: {0}")]
+    #[error("the saved state: {0}")]
     Io(#[from] std::io::Error),
 }
 

@@ -71,11 +71,9 @@ pub(super) struct Need<'a> {
 /// What the volumes of `token_id` take, at their sizes (none without a job table, which
 /// names their tenant).
 fn volumes_of(service: &Service, token_id: &str) -> u64 {
-    let caller = super::action::Caller(token_id.to_string());
-    service.jobs.as_ref().map_or(0, |jobs| {
-        let tenant = super::runs::tenant(service, jobs, &caller);
-        service.volumes.bytes_of(&tenant)
-    })
+    service
+        .tenant_of(token_id)
+        .map_or(0, |tenant| service.volumes.bytes_of(&tenant))
 }
 
 /// What `token_id` holds on disk: its saved sessions, snapshots and volumes.

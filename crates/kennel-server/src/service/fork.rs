@@ -94,15 +94,15 @@ pub(super) fn source(
     Ok((policy, Source::Snapshot(snapshot)))
 }
 
-/// `n` sandboxes of `policy` from `source`: all of them, or the first error (the others made
-/// are destroyed).
+/// A sandbox of `policy` from `source` for each of `volumes` (its mounts), to live at most
+/// `lifetime`: all of them, or the first error (the others made are destroyed).
 pub(super) async fn agents(
     service: &Service,
     policy: &Policy,
     source: &Source,
+    lifetime: Duration,
     volumes: &[Vec<Volume>],
 ) -> Result<Vec<AgentSandbox>, ServiceError> {
-    let lifetime = service.config.sessions.max_lifetime.0;
     let n = volumes.len();
     let made: Vec<Result<AgentSandbox, ServiceError>> = match source {
         Source::Cold => {
@@ -155,10 +155,8 @@ async fn verify(service: &Service, snapshot: &Snapshot) -> Result<(), ServiceErr
         Ok(_) => Ok(()),
         Err(StateError::Io(e)) => Err(internal(e)),
         Err(e) => Err(ServiceError::Conflict(format!(
-            "snapshot {}: {}",
-            snapshot.info.id,
-            e.to_string()
-                .replace("the session's saved state", "its state")
+            "snapshot {}: {e}",
+            snapshot.info.id
         ))),
     }
 }
@@ -209,7 +207,7 @@ async fn with_files(
     archives: Arc<Vec<(&'static str, Vec<u8>)>>,
 ) -> Result<AgentSandbox, ServiceError> {
     let agent = start_agent(service, policy, lifetime, volumes).await?;
-    let max = policy.limits.tmp_size.0 + policy.limits.workspace_size.0;
+    let max = super::snapshot::files_max(&policy.limits);
     for (dir, tar) in archives.iter() {
         if let Err(e) = agent.unpack(dir, tar, max).await {
             discard(vec![agent]).await;

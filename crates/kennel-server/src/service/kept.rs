@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::runs::tenants;
+use super::runs::{tenant, tenants};
 use super::state::Service;
 use crate::sessions::Session;
 use kennel_types::api::EndReason;
@@ -33,11 +33,8 @@ impl Service {
     /// The tenant of token `token_id` (an HMAC under the job table's key), where there is a
     /// job table.
     pub(super) fn tenant_of(&self, token_id: &str) -> Option<String> {
-        let jobs = self.jobs().ok()?;
-        tenants(self, jobs)
-            .into_iter()
-            .find(|(_, id)| id == token_id)
-            .map(|(t, _)| t)
+        let caller = super::action::Caller(token_id.to_string());
+        Some(tenant(self, self.jobs().ok()?, &caller))
     }
 
     /// Writes `session`'s record when it has a name or is paused, and removes it otherwise.

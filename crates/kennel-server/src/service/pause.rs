@@ -104,22 +104,7 @@ pub(super) async fn pause_session(
     keep: Option<Keep>,
 ) -> Result<Paused, ServiceError> {
     let _one = session.pausing.lock().await;
-    if let Some(end) = session.ended() {
-        return Err(ServiceError::SessionEnded(end.describe()));
-    }
-    if session.is_paused() {
-        return Err(ServiceError::Conflict(
-            "the session is paused already: resume it (or call it) first".into(),
-        ));
-    }
-    if session.is_busy() {
-        return Err(ServiceError::Conflict(
-            "the session is busy (an exec or a file operation is under way): wait for it to \
-             end, or interrupt it, then pause"
-                .into(),
-        ));
-    }
-    let agent = sandbox_of(session)?;
+    let agent = idle_sandbox(session, "pause")?;
     let freezer = agent.freezer();
     let saver = agent.saver().filter(|_| service.records.is_some());
     let shape = &session.label.shape;
@@ -238,6 +223,29 @@ async fn running_processes(agent: &AgentSandbox) -> u64 {
         .filter(|p| p.state == ProcessState::Running)
         .count();
     u64::try_from(running).unwrap_or(u64::MAX)
+}
+
+/// The sandbox of `session`, when it can be paused or snapshotted (`verb`) now: running
+/// and idle. Called holding `session.pausing`.
+pub(super) fn idle_sandbox(
+    session: &Session,
+    verb: &str,
+) -> Result<Arc<AgentSandbox>, ServiceError> {
+    if let Some(end) = session.ended() {
+        return Err(ServiceError::SessionEnded(end.describe()));
+    }
+    if session.is_paused() {
+        return Err(ServiceError::Conflict(
+            "the session is paused already: resume it (or call it) first".into(),
+        ));
+    }
+    if session.is_busy() {
+        return Err(ServiceError::Conflict(format!(
+            "the session is busy (an exec or a file operation is under way): wait for it to \
+             end, or interrupt it, then {verb} it"
+        )));
+    }
+    sandbox_of(session)
 }
 
 /// The session's sandbox, which a running or frozen session has.

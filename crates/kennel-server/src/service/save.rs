@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use super::error::ServiceError;
 use super::state::Service;
-use crate::agent::{AgentError, AgentSandbox};
+use crate::agent::AgentSandbox;
 use crate::saved::{self, StateError};
 use crate::sessions::{PausedPhase, Session};
 use kennel_sandbox::Save;
@@ -49,10 +49,7 @@ pub(super) async fn save(
         Err(e) => {
             saved::remove_staging(&dir, &session.id);
             // The sandbox runs on, as it was.
-            return Err(match e {
-                AgentError::Save(e) => ServiceError::SandboxFailed(format!("not saved: {e}")),
-                e => ServiceError::SandboxFailed(format!("not saved: {e}")),
-            });
+            return Err(ServiceError::SandboxFailed(format!("not saved: {e}")));
         }
     };
     let generation = session.generation() + 1;

@@ -277,7 +277,9 @@ async fn start(
         leases.push(lease);
         volumes.push(held);
     }
-    let agents = super::fork::agents(service, &made.policy, &made.source, &volumes).await?;
+    let lifetime = made.terms.max_lifetime;
+    let agents = super::fork::agents(service, &made.policy, &made.source, lifetime, &volumes);
+    let agents = agents.await?;
     let on_idle = made.terms.on_idle;
     let cannot_pause = on_idle == OnIdle::Pause
         && agents

@@ -13,7 +13,7 @@ use super::disk::{declared, room, Need};
 use super::error::{Refusal, ServiceError};
 use super::save::millis;
 use super::state::Service;
-use crate::agent::{AgentError, AgentSandbox};
+use crate::agent::AgentSandbox;
 use crate::audit::Event;
 use crate::saved;
 use crate::sessions::Session;
@@ -21,12 +21,17 @@ use crate::snapshots::{Snapshot, Snapshots, GENERATION};
 use kennel_sandbox::Save;
 use kennel_types::api::EndReason;
 use kennel_types::pause::{Kept, Mechanism};
-use kennel_types::policy::{ByteSize, Runtime, Span, Tier};
+use kennel_types::policy::{ByteSize, Limits, Runtime, Span, Tier};
 use kennel_types::snapshot::{BootId, Fresh, SnapshotInfo, SnapshotSpec};
 
 /// The archives a files-only snapshot holds, by the sandbox directory each is of.
 pub(super) const ARCHIVES: &[(&str, &str)] =
     &[("/workspace", "workspace.tar"), ("/tmp", "tmp.tar")];
+
+/// The most a files-only snapshot holds: `/tmp` and `/workspace` at their size limits.
+pub(super) fn files_max(limits: &Limits) -> u64 {
+    limits.tmp_size.0.saturating_add(limits.workspace_size.0)
+}
 
 /// The store, where the server keeps snapshots at all (503 otherwise).
 pub(super) fn store(service: &Service) -> Result<&Snapshots, ServiceError> {
@@ -91,9 +96,14 @@ pub(super) async fn snapshot(
 ) -> Result<SnapshotInfo, ServiceError> {
     let store = store(service)?;
     let ttl = ttl(service, spec.ttl)?;
+    let tenant = service.tenant_of(&caller.0).ok_or_else(|| {
+        ServiceError::Unsupported(
+            "snapshots need the job table, under whose key they name their token".into(),
+        )
+    })?;
     let session = service.session_of(caller, id)?;
     let _one = session.pausing.lock().await;
-    let agent = ready(&session)?;
+    let agent = super::pause::idle_sandbox(&session, "snapshot")?;
     let max = service.config.snapshots.max_per_token;
     if store.of(&caller.0).len() >= max {
         return Err(ServiceError::QuotaExceeded(Refusal::from(format!(
@@ -104,7 +114,7 @@ pub(super) async fn snapshot(
     let saver = agent.saver();
     let size = match saver {
         Some(_) => declared(&session),
-        None => session.limits.tmp_size.0 + session.limits.workspace_size.0,
+        None => files_max(&session.limits),
     };
     let need = Need {
         token_id: &caller.0,
@@ -162,58 +172,18 @@ pub(super) async fn snapshot(
         state_bytes: manifest.bytes,
         took_ms: millis(started),
     };
-    keep(service, caller, store, &session, info.clone())?;
-    audit(service, caller, "snapshot", &snap_id);
-    Ok(info)
-}
-
-/// The session's sandbox, when it can be snapshotted now: running, and idle.
-fn ready(session: &Session) -> Result<Arc<AgentSandbox>, ServiceError> {
-    if let Some(end) = session.ended() {
-        return Err(ServiceError::SessionEnded(end.describe()));
-    }
-    if session.is_paused() {
-        return Err(ServiceError::Conflict(
-            "the session is paused: resume it (or call it) first, then snapshot it".into(),
-        ));
-    }
-    if session.is_busy() {
-        return Err(ServiceError::Conflict(
-            "the session is busy (an exec or a file operation is under way): wait for it to \
-             end, or interrupt it, then snapshot it"
-                .into(),
-        ));
-    }
-    session
-        .agent()
-        .ok_or_else(|| ServiceError::SessionEnded(format!("session {} has no sandbox", session.id)))
-}
-
-/// Lists `info` under the caller's token, with its record on disk.
-fn keep(
-    service: &Service,
-    caller: &Caller,
-    store: &Snapshots,
-    session: &Session,
-    info: SnapshotInfo,
-) -> Result<(), ServiceError> {
-    let id = info.id.clone();
-    let tenant = service.tenant_of(&caller.0).ok_or_else(|| {
-        store.remove(&id);
-        ServiceError::Unsupported(
-            "snapshots need the job table, under whose key they name their token".into(),
-        )
-    })?;
     let snapshot = Snapshot {
         token_id: caller.0.clone(),
         tenant,
-        info,
+        info: info.clone(),
         policy: session.policy.clone().unwrap_or_default(),
     };
     store.insert(snapshot).map_err(|e| {
-        store.remove(&id);
+        store.remove(&snap_id);
         disk(e)
-    })
+    })?;
+    audit(service, caller, "snapshot", &snap_id);
+    Ok(info)
 }
 
 /// Saves the sandbox whole into `staging` (it ends): the mechanism and the inputs it names.
@@ -222,10 +192,10 @@ async fn save_whole(
     saver: &dyn Save,
     staging: &Path,
 ) -> Result<(Mechanism, std::collections::BTreeMap<String, String>), ServiceError> {
-    let wrote = agent.save(staging).await.map_err(|e| match e {
-        AgentError::Save(e) => ServiceError::SandboxFailed(format!("no snapshot taken: {e}")),
-        e => ServiceError::SandboxFailed(format!("no snapshot taken: {e}")),
-    })?;
+    let wrote = agent
+        .save(staging)
+        .await
+        .map_err(|e| ServiceError::SandboxFailed(format!("no snapshot taken: {e}")))?;
     Ok((super::save::mechanism(saver), wrote.inputs))
 }
 
@@ -236,7 +206,7 @@ async fn archive(
     staging: &Path,
 ) -> Result<(Mechanism, std::collections::BTreeMap<String, String>), ServiceError> {
     let _busy = session.busy();
-    let max = session.limits.tmp_size.0 + session.limits.workspace_size.0;
+    let max = files_max(&session.limits);
     for (dir, name) in ARCHIVES {
         let tar = agent
             .pack(dir, max)
