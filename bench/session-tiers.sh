@@ -4,15 +4,8 @@
 # /var/tmp, and runs "$here/$name.py" against it with the tiers and rounds asked for.
 [[ $(id -u) -eq 0 ]] || { say "sessions' cgroups and the microvm tier need root"; exit 2; }
 tiers="${BENCH_TIERS:-native,microvm}"
-export KENNEL_STATE_DIR="${KENNEL_STATE_DIR:-/var/cache/kennel-tests/state}"
-# shellcheck source=bench/kennel.sh
-. "$root/bench/kennel.sh"
-microvm_pool=""
-if [[ ,$tiers, == *,microvm,* ]]; then
-    say "preparing the guest in $KENNEL_STATE_DIR/vm (kennel vm prepare; once per machine)"
-    "$kennel" vm prepare >&2
-    microvm_pool="microvm = { microvm-base = $clones }"
-fi
+# shellcheck source=bench/guest.sh
+. "$here/guest.sh"
 # shellcheck source=bench/serve.sh
 . "$here/serve.sh"
 # Not under /tmp: the microvm tier's sandboxes build their roots there.

@@ -21,15 +21,9 @@ name=sessions help=2,15
 pool="${BENCH_POOL:-1}"
 [[ $pool =~ ^[1-9][0-9]*$ ]] || { say "BENCH_POOL must be a positive integer, not '$pool'"; exit 2; }
 tiers="${BENCH_TIERS:-native,runsc,crun,docker,microvm}"
-export KENNEL_STATE_DIR="${KENNEL_STATE_DIR:-/var/cache/kennel-tests/state}"
-# shellcheck source=bench/kennel.sh
-. "$root/bench/kennel.sh"
-microvm_pool=""
-if [[ ,$tiers, == *,microvm,* ]]; then
-    say "preparing the guest in $KENNEL_STATE_DIR/vm (kennel vm prepare; once per machine)"
-    "$kennel" vm prepare >&2
-    microvm_pool="microvm = { microvm-base = $pool }"
-fi
+clones=$pool
+# shellcheck source=bench/guest.sh
+. "$here/guest.sh"
 
 if [[ ,$tiers, == *,docker,* ]]; then
     # shellcheck source=bench/dockerd.sh
