@@ -51,7 +51,7 @@ pub fn return_large_frees() -> std::io::Result<()> {
 pub use engine::{Backend, Engine};
 pub use error::{Error, PolicyError, SetupStep};
 pub use freeze::{CgroupFreezer, Freeze, FreezeError};
-pub use native::{sandbox_root_host_ids, sandbox_root_host_uid, Native};
+pub use native::{sandbox_root_host_ids, sandbox_root_host_uid, Native, HOST_ID_BASE};
 pub use role::{maybe_run_helper, run_helper};
 pub use supervise::io::{
     Canceller, OnStarted, OutputMode, OutputSink, RunIo, Save, Saved, Started, StdinSource,

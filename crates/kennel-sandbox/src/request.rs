@@ -158,9 +158,11 @@ pub fn pick_cpus(policy: &Policy) -> Result<Vec<usize>, Error> {
         .collect())
 }
 
-/// The request's volumes (their images resolved by the server): `host` ones, each an image
-/// file, mounted beneath /workspace or /tmp; a supervisor that is not root cannot mount them
-/// (only host root may set up a loop device and mount ext4).
+/// The request's volumes (their images resolved by the server), each mounted beneath
+/// /workspace or /tmp: on a host, `host` ones, each an image file; in a microVM's guest,
+/// `microvm` ones, each a disk of the guest's (a block device: no host has one for a
+/// volume, so the host's kernel never mounts a `microvm` volume). A supervisor that is not
+/// root cannot mount them (only root may set up a loop device and mount ext4).
 pub fn checked_volumes(req: &RunRequest) -> Result<Vec<kennel_types::volume::Volume>, Error> {
     use kennel_types::volume::VolumeKind;
     if req.volumes.is_empty() {
@@ -178,7 +180,39 @@ pub fn checked_volumes(req: &RunRequest) -> Result<Vec<kennel_types::volume::Vol
         });
     }
     for v in &req.volumes {
-        let ok = v.kind == VolumeKind::Host
+        use std::os::unix::fs::FileTypeExt;
+        let kind = std::fs::metadata(&v.image).map(|m| m.file_type());
+        let what = match v.kind {
+            VolumeKind::Host => kind.is_ok_and(|k| k.is_file()),
+            VolumeKind::Microvm => kind.is_ok_and(|k| k.is_block_device()),
+        };
+        let ok = what && kennel_types::api::in_scratch(&v.path) && v.image.is_absolute();
+        if !ok {
+            return Err(Error::request(
+                "volumes",
+                format!(
+                    "volume {:?} cannot be mounted here: a host volume's image or, in a \
+                     microVM's guest, its disk, beneath /workspace or /tmp",
+                    v.name
+                ),
+            ));
+        }
+    }
+    Ok(req.volumes.clone())
+}
+
+/// The volumes of a microvm run: `microvm` ones, each an image file on the host that the
+/// relay shows QEMU as a disk; at most [`MAX_MOUNTS`](kennel_types::volume::MAX_MOUNTS).
+pub fn checked_vm_volumes(req: &RunRequest) -> Result<(), Error> {
+    use kennel_types::volume::{VolumeKind, MAX_MOUNTS};
+    if req.volumes.len() > MAX_MOUNTS {
+        return Err(Error::request(
+            "volumes",
+            format!("at most {MAX_MOUNTS} volumes per sandbox"),
+        ));
+    }
+    for v in &req.volumes {
+        let ok = v.kind == VolumeKind::Microvm
             && kennel_types::api::in_scratch(&v.path)
             && v.image.is_absolute()
             && v.image.is_file();
@@ -186,12 +220,12 @@ pub fn checked_volumes(req: &RunRequest) -> Result<Vec<kennel_types::volume::Vol
             return Err(Error::request(
                 "volumes",
                 format!(
-                    "volume {:?} cannot be mounted here: a host volume's image, beneath \
-                     /workspace or /tmp",
+                    "volume {:?} cannot be mounted in a microVM: a `microvm` volume's image, \
+                     beneath /workspace or /tmp",
                     v.name
                 ),
             ));
         }
     }
-    Ok(req.volumes.clone())
+    Ok(())
 }

@@ -209,8 +209,11 @@ fn open_jobs(config: &ServerConfig) -> Result<service::jobs::Jobs, service::jobs
     service::jobs::Jobs::open(&path)
 }
 
-/// Where volumes are kept: `volumes` in the state directory.
+/// Where volumes are kept: `$KENNEL_VOLUMES_DIR`, else `volumes` in the state directory.
 fn volumes_dir() -> std::path::PathBuf {
+    if let Some(dir) = std::env::var_os("KENNEL_VOLUMES_DIR") {
+        return dir.into();
+    }
     std::env::var_os("KENNEL_STATE_DIR")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| kennel_sandbox::DEFAULT_STATE_DIR.into())

@@ -223,6 +223,7 @@ mod tests {
             kernel_release: release.into(),
             modules: modules.iter().map(|m| m.to_string()).collect(),
             packages: vec!["seabios=1".into(), kernel.into()],
+            wanted_modules: vec![],
         }
     }
 

@@ -172,7 +172,8 @@ fn artifacts(vm: &VmDir, progress: &dyn Progress) -> Result<Artifacts, PrepareEr
         (Err(e), None) => return Err(e),
     };
     if let Some(current) = complete.as_ref() {
-        if apt::same_packages(&current.packages, &wanted.packages()) {
+        let modules = modules::resolved_for_wanted(&current.wanted_modules);
+        if modules && apt::same_packages(&current.packages, &wanted.packages()) {
             progress.step("the guest's packages are up to date");
             return Ok(Artifacts::kept(current.clone(), None));
         }
@@ -249,6 +250,7 @@ fn stage(
         kernel_release: wanted.release.clone(),
         modules: names,
         packages: wanted.packages(),
+        wanted_modules: modules::WANTED.iter().map(|m| m.to_string()).collect(),
     })
 }
 

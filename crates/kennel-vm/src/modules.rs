@@ -8,15 +8,24 @@ use crate::run::{command, run};
 use crate::PrepareError;
 
 /// What the guest loads: the virtio-mmio transport (microvm's devices), the console and agent
-/// ports, the root disk, its filesystem, and a source of entropy. Their dependencies come with
-/// them.
+/// ports, the root disk and its filesystem, a source of entropy, and ext4 for the volumes a
+/// guest alone mounts. Their dependencies come with them.
 pub const WANTED: &[&str] = &[
     "virtio_mmio",
     "virtio_console",
     "virtio_blk",
     "erofs",
     "virtio_rng",
+    "ext4",
 ];
+
+/// Whether a prepared guest's modules were resolved for `WANTED` as it is now.
+pub fn resolved_for_wanted(prepared: &[String]) -> bool {
+    prepared
+        .iter()
+        .map(String::as_str)
+        .eq(WANTED.iter().copied())
+}
 
 const KMOD_HINT: &str = "the kernel package may be damaged: run `apt-get clean` and prepare again";
 
@@ -128,6 +137,16 @@ fn module_path(rest: &str) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A guest prepared before a module was added to `WANTED` (its manifest lists none, or
+    /// fewer) is resolved again; one prepared for the list as it is, is kept.
+    #[test]
+    fn a_guest_prepared_for_fewer_modules_is_resolved_again() {
+        let now: Vec<String> = WANTED.iter().map(|m| m.to_string()).collect();
+        assert!(resolved_for_wanted(&now));
+        assert!(!resolved_for_wanted(&[]));
+        assert!(!resolved_for_wanted(&now[..now.len() - 1]));
+    }
 
     const SHOW_DEPENDS: &str = "\
 insmod /k/lib/modules/6.1.0-57-cloud-amd64/kernel/drivers/virtio/virtio_ring.ko 

@@ -34,6 +34,43 @@ pub struct VmPlan {
     pub proxy: bool,
     pub mode: VmMode,
     pub guest: GuestPlan,
+    /// The volumes' images on the host, in the order of the guest's disks: each bound alone
+    /// into the VMM's jail at [`volume_in_jail`] (read-only where asked), for QEMU to open.
+    #[serde(default)]
+    pub volumes: Vec<VmVolume>,
+}
+
+/// A volume's image as the relay shows it to the VMM.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmVolume {
+    /// The image on the host.
+    pub image: PathBuf,
+    /// Bound read-only into the jail, and opened read-only by QEMU.
+    pub read_only: bool,
+}
+
+/// A volume as the guest agent mounts it: the disk whose virtio serial is `serial`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestVolume {
+    /// The volume's name, for the result's isolation.
+    pub name: String,
+    /// The disk's virtio serial ([`volume_serial`]): found by it, never by the order in
+    /// which the guest's kernel probed its disks.
+    pub serial: String,
+    /// Where it is mounted: beneath `/workspace` or `/tmp`.
+    pub path: String,
+    pub read_only: bool,
+}
+
+/// Where the VMM's jail shows the `index`th volume's image: a file of its own at the top of
+/// the jail, so that QEMU can open that image and no other.
+pub fn volume_in_jail(index: usize) -> String {
+    format!("/volume-{index}")
+}
+
+/// The virtio serial of the `index`th volume's disk (at most 20 bytes, virtio-blk's bound).
+pub fn volume_serial(index: usize) -> String {
+    format!("kennel-volume-{index}")
 }
 
 /// How the guest comes to be: booted, booted and saved, or restored from a snapshot.
@@ -100,6 +137,9 @@ pub struct GuestPlan {
     /// hello says the agent waits) instead of powering off: a snapshot's warm-up run.
     #[serde(default)]
     pub then_wait: bool,
+    /// The volumes to mount, each a disk of the guest's.
+    #[serde(default)]
+    pub volumes: Vec<GuestVolume>,
 }
 
 /// A guest's own entropy and the time, from the host.

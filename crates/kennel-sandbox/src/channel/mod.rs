@@ -13,8 +13,9 @@ mod oci;
 mod planned;
 
 pub use microvm::{
-    Fresh, GuestEnd, GuestPlan, GuestSecurity, VmMode, VmPlan, AGENT_SOCKET, CONSOLE, INPUTS_FILE,
-    IO_MOUNT, QMP_SOCKET, RAM_FILE, SAVED_FILE, SNAP_MOUNT, STATE_FILE, VM_MOUNT,
+    volume_in_jail, volume_serial, Fresh, GuestEnd, GuestPlan, GuestSecurity, GuestVolume, VmMode,
+    VmPlan, VmVolume, AGENT_SOCKET, CONSOLE, INPUTS_FILE, IO_MOUNT, QMP_SOCKET, RAM_FILE,
+    SAVED_FILE, SNAP_MOUNT, STATE_FILE, VM_MOUNT,
 };
 pub use native::Plan;
 pub use oci::{LaunchPlan, Start};

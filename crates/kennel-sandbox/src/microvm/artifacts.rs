@@ -46,6 +46,10 @@ pub struct Manifest {
     pub modules: Vec<String>,
     /// Every Debian package unpacked, as `name=version`.
     pub packages: Vec<String>,
+    /// The modules asked for when these were resolved (`kennel-vm`'s `WANTED`): a prepare
+    /// whose list has grown since resolves them again. Empty in a manifest from before.
+    #[serde(default)]
+    pub wanted_modules: Vec<String>,
 }
 
 /// Why a VM directory cannot boot a guest (the caller adds the hint: `kennel vm prepare`).

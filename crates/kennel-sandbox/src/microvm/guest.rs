@@ -292,6 +292,7 @@ fn run(
     let (stdin, reader) =
         read_port(port, links.clone(), started.clone(), writer.clone()).map_err(fail)?;
     let mut req = plan.request.clone();
+    req.volumes = super::volumes::guest_disks(&plan.volumes).map_err(at(Step::FindVolumes))?;
     req.files = files
         .into_iter()
         .map(|(meta, data)| FileIn {
@@ -325,7 +326,9 @@ fn run(
     // The code's proxy listeners hand their connections to the host, the guest's only route.
     let forward: crate::egress::Forward =
         Arc::new(move |stream, port| links.outbound(stream, port));
-    match native.run_with(&req, io, Some(forward)) {
+    let ran = native.run_with(&req, io, Some(forward));
+    super::volumes::await_unmounted(&req.volumes, Duration::from_secs(5));
+    match ran {
         Ok(result) => {
             let o = &result.outcome;
             send(

@@ -3,7 +3,8 @@
 //! `tier` is the translation for the one supervision loop; `relay` owns one VM on the host
 //! (QEMU in a native sandbox, frames to and from the guest); `guest` is the guest's `/init`;
 //! `crate::steps::microvm` lists the sequence (`steps` charges a failure to one of its steps);
-//! `artifacts`, `initrd` and `root` are what a VM boots from.
+//! `artifacts`, `initrd` and `root` are what a VM boots from; `volumes` shows a volume's
+//! image to QEMU and finds its disk in the guest.
 
 pub mod artifacts;
 pub mod guest;
@@ -18,6 +19,7 @@ pub mod steps;
 mod take;
 pub mod tier;
 pub mod vmm;
+mod volumes;
 
 mod temp;
 

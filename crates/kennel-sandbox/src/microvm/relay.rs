@@ -17,6 +17,7 @@ use super::net::{self, Connector, Links, Peer};
 use super::saved;
 use super::snapshot;
 use super::steps::{at, Failed};
+use super::volumes;
 use crate::channel::{self, InputFiles, Msg};
 use crate::channel::{
     Fresh, GuestPlan, VmMode, VmPlan, AGENT_SOCKET, CONSOLE, IO_MOUNT, QMP_SOCKET, SNAP_MOUNT,
@@ -75,6 +76,8 @@ pub fn relay_main() -> ! {
 
 fn relay(ctl: &mut UnixStream, plan: &VmPlan, files: InputFiles, dir: &Path) -> Result<(), Failed> {
     let listener = agent_socket(dir).map_err(at(Step::AgentSocket))?;
+    // Before any thread of the relay's starts (the console's is its first).
+    let volumes = volumes::show_to_vmm(&plan.volumes, dir).map_err(at(Step::ShowVolumes))?;
     let console = Console::open(dir).map_err(at(Step::AgentSocket))?;
     let connector = match plan.proxy {
         true => Some(bind_proxy(ctl).map_err(at(Step::BindProxy))?),
@@ -84,7 +87,7 @@ fn relay(ctl: &mut UnixStream, plan: &VmPlan, files: InputFiles, dir: &Path) -> 
         snapshot::ram_for_vmm(snap).map_err(at(Step::SaveSnapshot))?;
     }
     let cancel = Canceller::new();
-    let vmm = start_vmm(plan, dir, cancel.clone());
+    let vmm = start_vmm(plan, volumes.dirs.clone(), dir, cancel.clone());
     let stop = cancel.clone();
     std::thread::spawn(move || {
         if sys::wait_signal(&[libc::SIGTERM]).is_ok() {
@@ -398,7 +401,7 @@ fn agent_socket(dir: &Path) -> Result<UnixListener, Fail> {
 /// The VMM's sandbox, running: its result arrives here when QEMU exits.
 pub(super) type Vmm = mpsc::Receiver<Result<RunResult, Error>>;
 
-fn start_vmm(plan: &VmPlan, dir: &Path, cancel: Canceller) -> Vmm {
+fn start_vmm(plan: &VmPlan, volumes: Vec<HostDir>, dir: &Path, cancel: Canceller) -> Vmm {
     let mut req = RunRequest::new(Command::Argv(plan.argv.clone()));
     req.policy = plan.jail.clone();
     req.policy.env.extend(plan.env.iter().cloned());
@@ -415,6 +418,7 @@ fn start_vmm(plan: &VmPlan, dir: &Path, cancel: Canceller) -> Vmm {
             read_only: false,
         },
     ];
+    req.host_dirs.extend(volumes);
     if let VmMode::Snapshot { dir: snap, .. } = &plan.mode {
         req.host_dirs.push(HostDir {
             source: snap.clone(),
@@ -693,7 +697,9 @@ mod tests {
                 files: 0,
                 fresh: None,
                 then_wait: false,
+                volumes: vec![],
             },
+            volumes: vec![],
         }
     }
 

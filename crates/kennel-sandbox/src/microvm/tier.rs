@@ -15,12 +15,12 @@ use super::relay::{RELAY_ARG, RUN_ROOT};
 use super::saved::{self, VmSaver};
 use super::snapshot;
 use super::take::{reap_relay, take};
-use super::vmm::{self, Accel, Boot, Qemu, Ram, Vmm};
+use super::vmm::{self, Accel, Boot, Disk, Qemu, Ram, Vmm};
 use super::{initrd, root};
 use crate::cgroup::{Probe, Stats};
 use crate::channel::{
-    self, Confinement, GuestEnd, GuestPlan, Msg, VmMode, VmPlan, AGENT_SOCKET, CONSOLE, IO_MOUNT,
-    QMP_SOCKET, RAM_FILE, SNAP_MOUNT, VM_MOUNT,
+    self, Confinement, GuestEnd, GuestPlan, GuestVolume, Msg, VmMode, VmPlan, VmVolume,
+    AGENT_SOCKET, CONSOLE, IO_MOUNT, QMP_SOCKET, RAM_FILE, SNAP_MOUNT, VM_MOUNT,
 };
 use crate::error::{Error, SetupStep};
 use crate::request::input_files;
@@ -110,6 +110,7 @@ impl Microvm {
             end: None,
             inputs: prepared.inputs,
             saves: None,
+            saveable: req.volumes.is_empty(),
         };
         supervise(&mut tier, &self.helper, req, &files, io)
     }
@@ -174,7 +175,9 @@ impl Microvm {
             // Saved again, it is restored as it was restored now.
             inputs.insert(saved::MEMORY_BACKEND.into(), backend);
             plan.mode = VmMode::Saved { dir: dir.clone() };
-        } else if self.config.snapshots {
+        } else if self.config.snapshots && req.volumes.is_empty() {
+            // A guest with volumes boots cold: a snapshot's guest has no disks of them, and a
+            // microvm machine's virtio-mmio devices cannot be added to a running guest.
             let boots_from = [
                 self.vm.qemu_binary(),
                 self.vm.microvm_firmware(),
@@ -286,6 +289,16 @@ impl Microvm {
             console: format!("{IO_MOUNT}/{CONSOLE}"),
             prefix: in_vm(&self.vm.qemu_prefix()),
             tsc_khz: vmm::host_tsc_khz(),
+            disks: req
+                .volumes
+                .iter()
+                .enumerate()
+                .map(|(i, v)| Disk {
+                    file: channel::volume_in_jail(i),
+                    serial: channel::volume_serial(i),
+                    read_only: v.read_only,
+                })
+                .collect(),
         };
         VmPlan {
             build: channel::BUILD.into(),
@@ -308,7 +321,26 @@ impl Microvm {
                 files,
                 fresh: None,
                 then_wait: false,
+                volumes: req
+                    .volumes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| GuestVolume {
+                        name: v.name.clone(),
+                        serial: channel::volume_serial(i),
+                        path: v.path.clone(),
+                        read_only: v.read_only,
+                    })
+                    .collect(),
             },
+            volumes: req
+                .volumes
+                .iter()
+                .map(|v| VmVolume {
+                    image: v.image.clone(),
+                    read_only: v.read_only,
+                })
+                .collect(),
         }
     }
 
@@ -387,12 +419,7 @@ impl Microvm {
                 "the microvm tier shows no host directory",
             ));
         }
-        if !req.volumes.is_empty() {
-            return Err(Error::request(
-                "volumes",
-                "the microvm tier does not mount volumes yet",
-            ));
-        }
+        crate::request::checked_vm_volumes(req)?;
         let vcpus = f64::from(self.config.vcpus);
         if policy.limits.cpus > vcpus {
             return Err(Error::request(
@@ -452,6 +479,7 @@ fn warm_up(run: &RunRequest, manifest: &snapshot::Manifest) -> GuestPlan {
         files: 0,
         fresh: None,
         then_wait: true,
+        volumes: vec![],
     }
 }
 
@@ -522,6 +550,9 @@ struct MicrovmTier {
     inputs: Inputs,
     /// Where the relay's answers to a save go: to the run's saver, once it has one.
     saves: Option<mpsc::Sender<Answer>>,
+    /// Whether the run can be saved: not with volumes, whose disks a restored VM would need
+    /// attached again exactly as they were.
+    saveable: bool,
 }
 
 impl Supervised for MicrovmTier {
@@ -586,8 +617,12 @@ impl Supervised for MicrovmTier {
         None
     }
 
-    /// Every microvm run can be saved through its relay, which answers on the control channel.
+    /// A microvm run without volumes can be saved through its relay, which answers on the
+    /// control channel.
     fn saver(&mut self, ctl: &UnixStream) -> Option<Arc<dyn Save>> {
+        if !self.saveable {
+            return None;
+        }
         let ctl = ctl.try_clone().ok()?;
         let (tx, rx) = mpsc::channel();
         self.saves = Some(tx);
@@ -703,6 +738,7 @@ mod tests {
             end: None,
             inputs: Inputs::new(),
             saves: None,
+            saveable: true,
         };
         let iso = isolation(&run, (1000, 1001));
         assert_eq!((iso.host_uid, iso.host_gid), (1000, 1001));

@@ -54,6 +54,18 @@ pub struct Boot {
     pub prefix: String,
     /// The host's TSC rate, which a TCG guest cannot calibrate by itself.
     pub tsc_khz: Option<u64>,
+    /// The volumes' disks, after the root disk.
+    pub disks: Vec<Disk>,
+}
+
+/// A volume's disk: a raw ext4 image the guest alone mounts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Disk {
+    /// The image as the VMM's jail shows it.
+    pub file: String,
+    /// The serial the guest finds it by.
+    pub serial: String,
+    pub read_only: bool,
 }
 
 /// How a guest's RAM is backed around a snapshot (paths as the VMM's jail shows them).
@@ -114,7 +126,7 @@ impl Vmm for Qemu {
             // Without it, TCG boots hang at TSC calibration about half the time.
             cmdline.push_str(&format!(" tsc_early_khz={khz} tsc=reliable"));
         }
-        let args: Vec<String> = vec![
+        let mut args: Vec<String> = vec![
             format!("{p}/usr/bin/qemu-system-x86_64"),
             "-L".into(),
             format!("{p}/{QEMU_DATA}"),
@@ -166,6 +178,9 @@ impl Vmm for Qemu {
             "-sandbox".into(),
             "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny".into(),
         ];
+        for (i, d) in b.disks.iter().enumerate() {
+            args.extend(disk_args(i, d));
+        }
         args
     }
 
@@ -209,6 +224,22 @@ impl Vmm for Qemu {
         let dirs = QEMU_LIBRARIES.map(|d| format!("{}/{d}", b.prefix));
         vec![("LD_LIBRARY_PATH".into(), dirs.join(":"))]
     }
+}
+
+/// A volume's drive and its virtio-blk device. The image is raw (no format the host would
+/// parse), opened read-only where asked, and its writes reach the host's file when the guest
+/// flushes (an `fsync` in the guest is one on the image).
+fn disk_args(index: usize, d: &Disk) -> Vec<String> {
+    let ro = if d.read_only { "on" } else { "off" };
+    vec![
+        "-drive".into(),
+        format!(
+            "id=volume{index},file={},format=raw,if=none,readonly={ro}",
+            d.file
+        ),
+        "-device".into(),
+        format!("virtio-blk-device,drive=volume{index},serial={}", d.serial),
+    ]
 }
 
 /// The host's TSC rate in kHz, from /proc/cpuinfo's `cpu MHz` (the TSC on the VMs this runs
@@ -364,7 +395,36 @@ mod tests {
             console: "/io/console".into(),
             prefix: "/vm/qemu".into(),
             tsc_khz: Some(2_596_000),
+            disks: vec![],
         }
+    }
+
+    /// Each volume is a raw virtio-blk disk of its own, after the root, found by its serial,
+    /// and read-only to QEMU where the mount is.
+    #[test]
+    fn volumes_are_raw_disks_named_by_serial_after_the_root() {
+        let mut b = boot(Accel::Tcg);
+        b.disks = vec![
+            Disk {
+                file: "/volume-0".into(),
+                serial: "kennel-volume-0".into(),
+                read_only: false,
+            },
+            Disk {
+                file: "/volume-1".into(),
+                serial: "kennel-volume-1".into(),
+                read_only: true,
+            },
+        ];
+        let argv = Qemu.argv(&b).join(" ");
+        let root = argv.find("drive=root").unwrap();
+        let first = argv
+            .find("-drive id=volume0,file=/volume-0,format=raw,if=none,readonly=off -device virtio-blk-device,drive=volume0,serial=kennel-volume-0")
+            .unwrap();
+        assert!(root < first, "{argv}");
+        assert!(argv.contains(
+            "-drive id=volume1,file=/volume-1,format=raw,if=none,readonly=on -device virtio-blk-device,drive=volume1,serial=kennel-volume-1"
+        ));
     }
 
     #[test]

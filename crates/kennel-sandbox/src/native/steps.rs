@@ -145,7 +145,17 @@ fn mount_volumes(ctx: &mut Ctx, os: &mut dyn Os) -> Result<(), Fail> {
     for v in &ctx.plan.volumes {
         let mount = os
             .mount_volume(&v.image, v.read_only)
-            .ctx(|| format!("mounting volume {:?} ({})", v.name, v.image.display()))?;
+            .ctx(|| format!("mounting volume {:?} ({})", v.name, v.image.display()));
+        let mount = mount.map_err(|mut f| {
+            // ext4 replays an unclean journal before it mounts, which a read-only disk cannot.
+            if v.read_only && f.errno == Some(libc::EROFS) {
+                f.detail.push_str(
+                    " (its filesystem was not cleanly unmounted, as when a sandbox that had it \
+                     read-write was killed: mount it read-write once, which replays its journal)",
+                );
+            }
+            f
+        })?;
         ctx.volumes.push((mount, v.path.clone()));
     }
     Ok(())

@@ -102,7 +102,8 @@ impl Native {
 
 /// The request's host directories (Kennel's own only), each an existing host directory shown
 /// at an absolute path that is a directory of the sandbox's root, or a new top-level name
-/// (`/vm`) that neither the root nor Kennel's own mounts use.
+/// (`/vm`) that neither the root nor Kennel's own mounts use; or a host file shown at such a
+/// new name (`/volume-0`).
 fn checked_host_dirs(req: &RunRequest) -> Result<Vec<HostDir>, Error> {
     let root = req
         .policy
@@ -128,15 +129,18 @@ fn checked_host_dirs(req: &RunRequest) -> Result<Vec<HostDir>, Error> {
             && !mounts::PROVIDED.contains(&inside)
             && shown.is_err()
             && (req.policy.filesystem.rootfs.is_some() || !mounts::SYSTEM_DIRS.contains(&inside));
+        // A file (a microVM's volume image, shown to its jailed QEMU) only at a new name.
+        let shape = (w.source.is_dir() && (shown.is_ok_and(|m| m.is_dir()) || new_top))
+            || (w.source.is_file() && new_top);
         let ok = w.target.starts_with('/')
             && !w.target.split('/').any(|c| c == ".." || c == ".")
-            && w.source.is_dir()
-            && (shown.is_ok_and(|m| m.is_dir()) || new_top);
+            && shape;
         if !ok {
             return Err(Error::request(
                 "writable",
                 format!(
-                    "{} cannot be shown at {}: both must be directories",
+                    "{} cannot be shown at {}: both must be directories (or a file shown at \
+                     a new top-level name)",
                     w.source.display(),
                     w.target
                 ),

@@ -183,12 +183,15 @@ pub fn system_view(view: &dyn View, source_root: &str, rootfs: bool) -> Vec<Op> 
 
 /// Host directories shown over the read-only view: writable (the image builder's pip step) or
 /// read-only (the microvm tier's artifacts). A target that is a new top-level name gets its
-/// mount point in the new root, which is still writable then.
+/// mount point in the new root, which is still writable then: a file's for a host file (a
+/// microVM's volume image).
 pub fn host_dirs(dirs: &[kennel_types::api::HostDir]) -> Vec<Op> {
     let mut ops = vec![];
     for d in dirs {
         let rel = d.target.trim_start_matches('/');
-        if !rel.contains('/') {
+        if !rel.contains('/') && d.source.is_file() {
+            ops.push(Op::Touch(r(rel)));
+        } else if !rel.contains('/') {
             ops.push(Op::Mkdir(r(rel)));
         }
         ops.push(bind(d.source.display().to_string(), r(rel)));

@@ -21,6 +21,8 @@ steps! {
     // The relay, on the host.
     AgentSocket = "agent_socket",
         "the relay listens before QEMU starts, so the channel exists before the guest runs and a frame sent early waits for it";
+    ShowVolumes = "show_volumes",
+        "each volume's image is given to the uid QEMU runs as and bound, in a private mount namespace of the relay's, onto a file of its directory, which the jail shows alone (read-only where asked) for QEMU to open as a raw disk: the host's kernel never mounts a filesystem a guest wrote";
     BindProxy = "bind_proxy",
         "with an allowlist, the supervisor binds the run's proxy in a network namespace only the relay's connector thread is in; the guest, which has no network device, reaches it only as frames on the agent port";
     JailVmm = "jail_vmm",
@@ -48,6 +50,8 @@ steps! {
         "the run's memory, CPU and task limits are a cgroup inside the guest, so one guest size serves many policies";
     ReceivePlan = "receive_plan",
         "the plan must come from the same build as the guest agent";
+    FindVolumes = "find_volumes",
+        "each volume's disk is found by its virtio serial, never by the order the kernel probed the disks in, and handed to the guest's native tier, which mounts it nosuid,nodev in the sandbox's own mount namespace";
     RunSandboxed = "run_sandboxed",
         "inside the guest the code runs in the native tier too (namespaces, seccomp, Landlock, no capabilities, a non-root uid): defence in depth behind the hypervisor";
     Report = "report",
@@ -69,6 +73,7 @@ impl Step {
         Step::MountRoot,
         Step::GuestCgroups,
         Step::ReceivePlan,
+        Step::FindVolumes,
         Step::RunSandboxed,
         Step::Report,
         Step::PowerOff,
@@ -96,6 +101,11 @@ mod tests {
         // Limits hold before the code runs.
         assert!(pos(Step::GuestCgroups) < pos(Step::RunSandboxed));
         assert!(pos(Step::MountRoot) < pos(Step::RunSandboxed));
+        // A volume is shown to QEMU before it starts, and found in the guest before the code
+        // runs; its relay's namespace is made before any thread of the relay's.
+        assert!(pos(Step::AgentSocket) < pos(Step::ShowVolumes));
+        assert!(pos(Step::ShowVolumes) < pos(Step::BindProxy));
+        assert!(pos(Step::FindVolumes) < pos(Step::RunSandboxed));
         assert_eq!(pos(Step::RemoveRunDir), Step::ALL.len() - 1);
     }
 }

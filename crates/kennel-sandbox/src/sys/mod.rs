@@ -247,6 +247,11 @@ pub fn mount(
     Ok(())
 }
 
+/// Flushes every filesystem's dirty data and metadata to its disk.
+pub fn sync() {
+    rustix::fs::sync();
+}
+
 pub fn umount_detach(target: &str) -> io::Result<()> {
     Ok(rustix::mount::unmount(
         target,

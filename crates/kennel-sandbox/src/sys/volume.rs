@@ -110,13 +110,21 @@ fn loop_over(image: &File, read_only: bool) -> io::Result<(File, String)> {
 
 /// The ext4 filesystem in `image`, mounted `nosuid,nodev` (and read-only when asked) but
 /// attached nowhere: the returned descriptor is the mount, for [`attach_mount`] to place.
+/// `image` is an image file (through a loop device) or, in a microVM's guest, the volume's
+/// own disk, mounted as it is.
 pub fn mount_volume_detached(image: &Path, read_only: bool) -> io::Result<OwnedFd> {
+    use std::os::unix::fs::FileTypeExt;
     let file = OpenOptions::new()
         .read(true)
         .write(!read_only)
         .open(image)?;
-    let (dev, path) = loop_over(&file, read_only)?;
-    drop(file);
+    let (dev, path) = if file.metadata()?.file_type().is_block_device() {
+        (file, image.display().to_string())
+    } else {
+        let looped = loop_over(&file, read_only)?;
+        drop(file);
+        looped
+    };
     let fs = fsopen("ext4", FsOpenFlags::FSOPEN_CLOEXEC)?;
     fsconfig_set_string(&fs, "source", path.as_str())?;
     if read_only {

@@ -132,17 +132,22 @@ pub(super) async fn agents(
     match failed {
         None => Ok(agents),
         Some(e) => {
-            discard(agents).await;
+            let with_volumes = volumes.iter().any(|v| !v.is_empty());
+            discard(
+                agents,
+                super::ending::ends_gently(policy.tier, with_volumes),
+            )
+            .await;
             Err(e)
         }
     }
 }
 
-/// Destroys sandboxes made for a create that failed.
-pub(super) async fn discard(agents: Vec<AgentSandbox>) {
+/// Destroys sandboxes made for a create that failed (`gently`: microVMs with volumes, see
+/// `ending::end_sandbox`).
+pub(super) async fn discard(agents: Vec<AgentSandbox>, gently: bool) {
     for agent in agents {
-        agent.kill();
-        agent.close().await;
+        super::ending::end_sandbox(&agent, gently).await;
     }
 }
 
@@ -210,7 +215,8 @@ async fn with_files(
     let max = super::snapshot::files_max(&policy.limits);
     for (dir, tar) in archives.iter() {
         if let Err(e) = agent.unpack(dir, tar, max).await {
-            discard(vec![agent]).await;
+            let gently = super::ending::ends_gently(policy.tier, !volumes.is_empty());
+            discard(vec![agent], gently).await;
             return Err(ServiceError::SandboxFailed(format!(
                 "the snapshot's {dir} did not unpack: {e}"
             )));

@@ -11,6 +11,7 @@ mod admit;
 pub mod callback;
 mod counts;
 mod disk;
+mod ending;
 mod error;
 mod fork;
 pub mod jobs;

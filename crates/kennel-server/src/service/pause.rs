@@ -43,6 +43,12 @@ fn cannot_save(shape: &Shape) -> String {
     format!("this session cannot be kept `saved`: {how}; pause it with `\"keep\": \"frozen\"`")
 }
 
+/// Why a microVM session with volumes cannot be paused.
+const VM_WITH_VOLUMES: &str = "this session cannot be paused: a microVM pauses as `saved` \
+    (QEMU's migration), and one with volumes is not saved, as its resume would need each \
+    volume's disk attached again exactly as it was; take a snapshot (which keeps its files) \
+    or end the session, and the volumes keep what it wrote";
+
 /// The `keep` a pause gives: the one asked for, or by default `saved` where the tier can and
 /// the disk has `room` for it, else `frozen`; refused (400, with the reason) where the tier
 /// cannot give it, and with `room`'s refusal where the disk has none for a `saved` one.
@@ -105,6 +111,9 @@ pub(super) async fn pause_session(
 ) -> Result<Paused, ServiceError> {
     let _one = session.pausing.lock().await;
     let agent = idle_sandbox(session, "pause")?;
+    if session.label.shape.tier() == Tier::Microvm && service.volumes.held_by_session(&session.id) {
+        return Err(ServiceError::BadRequest(VM_WITH_VOLUMES.into()));
+    }
     let freezer = agent.freezer();
     let saver = agent.saver().filter(|_| service.records.is_some());
     let shape = &session.label.shape;

@@ -463,6 +463,7 @@ async fn run_pooled(
         id: None,
         user: kennel_types::user::User::Default,
     };
+    let gently = super::ending::ends_gently(req.policy.tier, !req.volumes.is_empty());
     let watch = agent.watch();
     let before = watch.as_ref().map(|w| w.tally());
     let exec = agent.exec(exec, on_progress).await;
@@ -485,7 +486,10 @@ async fn run_pooled(
     let (exec, isolation, usage) = match (exec, measured) {
         (Ok(ran), Some((isolation, usage))) => (ran.exec, isolation, usage),
         (exec, _) => {
-            agent.kill();
+            // As `ending::end_sandbox`, keeping the sandbox's own result.
+            if !gently {
+                agent.kill();
+            }
             let sandbox = match agent.close().await {
                 Some(r) => r?,
                 None => return Err(agent_failed(AgentError::Gone(String::new()))),
@@ -509,10 +513,7 @@ async fn run_pooled(
             return Ok(result);
         }
     };
-    tokio::spawn(async move {
-        agent.kill();
-        agent.close().await;
-    });
+    tokio::spawn(async move { super::ending::end_sandbox(&agent, gently).await });
     let mut result = RunResult {
         rich: rich_of(&exec),
         outcome: exec.outcome,

@@ -286,10 +286,14 @@ async fn start(
             .iter()
             .any(|a| a.freezer().is_none() && a.saver().is_none());
     if cannot_pause {
-        super::fork::discard(agents).await;
+        let gently = super::ending::ends_gently(made.policy.tier, !made.mounts.is_empty());
+        super::fork::discard(agents, gently).await;
+        let why = match gently {
+            true => "a microVM with volumes is not saved",
+            false => super::pause::cannot_freeze(&made.label.shape),
+        };
         return Err(ServiceError::BadRequest(format!(
-            "`on_idle` \"pause\" needs a session that can pause: {}; use \"end\"",
-            super::pause::cannot_freeze(&made.label.shape)
+            "`on_idle` \"pause\" needs a session that can pause: {why}; use \"end\""
         )));
     }
     let mut infos = Vec::with_capacity(agents.len());

@@ -190,8 +190,9 @@ impl Service {
             records.forget(&session.id);
         }
         if let Some(agent) = session.agent() {
-            agent.kill();
-            agent.close().await;
+            let volumes = self.volumes.held_by_session(&session.id);
+            let gently = super::ending::ends_gently(session.label.shape.tier(), volumes);
+            super::ending::end_sandbox(&agent, gently).await;
         }
     }
 

@@ -127,6 +127,14 @@ impl Store {
             .insert(session.to_string(), lease);
     }
 
+    /// Whether the session `session` holds volumes.
+    pub fn held_by_session(&self, session: &str) -> bool {
+        self.sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(session)
+    }
+
     /// Releases a session's volumes, if it had any.
     pub fn release(&self, session: &str) {
         let lease = self
@@ -313,9 +321,11 @@ pub(super) fn format_image(path: &Path, size: u64, kind: VolumeKind) -> Result<(
             .arg(path),
         "fallocate",
     )?;
+    // The sandbox's root owns the volume's root directory: on a host, the ids this server's
+    // sandboxes map it to; in a guest, whose agent is always root, the base of the range.
     let (uid, gid) = match kind {
         VolumeKind::Host => kennel_sandbox::sandbox_root_host_ids(),
-        VolumeKind::Microvm => (0, 0),
+        VolumeKind::Microvm => (kennel_sandbox::HOST_ID_BASE, kennel_sandbox::HOST_ID_BASE),
     };
     run(
         std::process::Command::new("mkfs.ext4")

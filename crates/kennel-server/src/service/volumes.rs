@@ -182,7 +182,7 @@ pub(super) fn attach(
 
 /// Refuses volumes where the sandbox cannot mount them, with the reason: the docker runtime
 /// (its engine would need the image mounted in the host's mount namespace, where Kennel never
-/// mounts one) and, for now, the microvm tier.
+/// mounts one).
 pub(super) fn check_tier(
     policy: &kennel_types::Policy,
     mounts: &[VolumeMount],
@@ -192,13 +192,6 @@ pub(super) fn check_tier(
     }
     if policy.tier == Tier::Oci && policy.oci.runtime == kennel_types::policy::Runtime::Docker {
         return Err(ServiceError::BadRequest(DOCKER_REFUSAL.into()));
-    }
-    if policy.tier == Tier::Microvm {
-        return Err(ServiceError::Unsupported(
-            "`volumes`: the microvm tier does not mount volumes yet (a virtio-blk disk the \
-             guest alone mounts); use the native or oci tier with a `host` volume"
-                .into(),
-        ));
     }
     Ok(())
 }

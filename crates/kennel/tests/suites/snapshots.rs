@@ -338,27 +338,29 @@ fn a_snapshot_outlives_its_sigkilled_server() {
 /// A session's read-write volume goes to no fork: its snapshot holds the sandbox's own files
 /// and the volume's empty mount point, never the volume's contents; a fork asking for the
 /// volume read-only while the source still writes it is refused (409), and gets it read-only
-/// once the source has ended. (Not in the microvm tier, which mounts no volume yet.)
+/// once the source has ended. (In the microvm tier, a `microvm` volume: a disk of the guest's.)
 #[test]
 fn a_sessions_volume_goes_to_no_fork_but_read_only_as_asked() {
-    if microvm() {
-        eprintln!("skipped: the microvm tier mounts no volume yet");
-        return;
-    }
     const TOKEN: &str = "snapshots-volumes-0123456789";
     let state = server_common::test_dir("snap-volumes-state");
     let db = state.join("jobs.sqlite");
     let extra = format!("[jobs]\ndb = {db:?}\n[[tokens]]\nid = \"a\"\ntoken = \"{TOKEN}\"\n");
     tier();
-    let (state_dir, records) = (state.display().to_string(), state.join("sessions"));
-    let records = records.display().to_string();
-    let env = [
-        ("KENNEL_STATE_DIR", state_dir.as_str()),
+    let path = |p: std::path::PathBuf| p.display().to_string();
+    let (records, volumes) = (path(state.join("sessions")), path(state.join("volumes")));
+    let state_dir = path(state.clone());
+    let mut env = vec![
         ("KENNEL_SESSIONS_DIR", records.as_str()),
+        ("KENNEL_VOLUMES_DIR", volumes.as_str()),
     ];
+    // A microVM's guest and images are the tests' shared state.
+    if !microvm() {
+        env.push(("KENNEL_STATE_DIR", state_dir.as_str()));
+    }
     let server = Server::start_with("snap-volumes", &suite_config(&extra), &env, Some(TOKEN));
     let c = &server.client;
-    let r = c.post_json("/v1/volumes", &json!({"name": "data", "size": "16M"}));
+    let kind = if microvm() { "microvm" } else { "host" };
+    let r = c.post_json("/v1/volumes", &json!({"name": "data", "size": "16M", "for": kind}));
     assert_eq!(r.status, 201, "{}", r.text());
     let rw = json!([{"name": "data", "path": "/workspace/data"}]);
     let id = open_session(&server, json!({"volumes": rw}))["id"]

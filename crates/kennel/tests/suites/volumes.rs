@@ -18,22 +18,46 @@ fn volumes_available() -> bool {
     require("root, /dev/loop-control and mkfs.ext4 (e2fsprogs)", is_root() && mkfs && loop_control)
 }
 
-/// A server of this tier whose state directory is `state` (kept across a restart), with
-/// tokens `a` and `b` (the default client is `a`) and `extra` config.
+/// A server of this tier whose volumes, sessions and jobs are under `state` (kept across a
+/// restart), with tokens `a` and `b` (the default client is `a`) and `extra` config, and no
+/// pool: a sandbox with volumes is never a pooled one. In the microvm tier the rest of its
+/// state (the guest, the images) is the tests' shared one.
 fn volume_server(name: &str, state: &std::path::Path, extra: &str) -> Server {
     tier();
     let db = state.join("jobs.sqlite");
-    let config = suite_config(&format!(
-        "[jobs]\ndb = {db:?}\n{extra}\n[[tokens]]\nid = \"a\"\ntoken = \"{TOKEN_A}\"\n\
-         [[tokens]]\nid = \"b\"\ntoken = \"{TOKEN_B}\"\n"
-    ));
-    let (state_dir, records) = (state.display().to_string(), state.join("sessions"));
-    let records = records.display().to_string();
-    let env = [
-        ("KENNEL_STATE_DIR", state_dir.as_str()),
+    let config = format!(
+        "[pool]\npython = 0\nbash = 0\n[jobs]\ndb = {db:?}\n{extra}\n[[tokens]]\nid = \"a\"\n\
+         token = \"{TOKEN_A}\"\n[[tokens]]\nid = \"b\"\ntoken = \"{TOKEN_B}\"\n"
+    );
+    let path = |p: std::path::PathBuf| p.display().to_string();
+    let (records, volumes) = (path(state.join("sessions")), path(state.join("volumes")));
+    let state_dir = path(state.to_path_buf());
+    let mut env = vec![
         ("KENNEL_SESSIONS_DIR", records.as_str()),
+        ("KENNEL_VOLUMES_DIR", volumes.as_str()),
     ];
+    if !microvm() {
+        env.push(("KENNEL_STATE_DIR", state_dir.as_str()));
+    }
     Server::start_with(name, &config, &env, Some(TOKEN_A))
+}
+
+/// The kind of volume this tier mounts: `microvm` in a microVM, `host` elsewhere.
+fn kind() -> &'static str {
+    if microvm() {
+        "microvm"
+    } else {
+        "host"
+    }
+}
+
+/// The kind this tier refuses.
+fn other_kind() -> &'static str {
+    if microvm() {
+        "host"
+    } else {
+        "microvm"
+    }
 }
 
 /// A test's state directory, removed when the test passes (kept, with its log, when it
@@ -61,11 +85,11 @@ impl Drop for StateDir {
     }
 }
 
-/// `POST /v1/volumes` of `name` and `size`, which must answer 201.
+/// `POST /v1/volumes` of `name` and `size`, for this tier, which must answer 201.
 fn make_volume(server: &Server, name: &str, size: &str) -> Value {
     let r = server
         .client
-        .post_json("/v1/volumes", &json!({"name": name, "size": size}));
+        .post_json("/v1/volumes", &json!({"name": name, "size": size, "for": kind()}));
     assert_eq!(r.status, 201, "{}", r.text());
     r.json()
 }
@@ -134,16 +158,64 @@ fn mounted_anywhere(image: &std::path::Path) -> Vec<String> {
     found
 }
 
-/// Waits (up to 5 s: the kernel frees a loop device once its filesystem is released, which
-/// a dying namespace does a little after its last process) until `image` has no loop
-/// device, and asserts no namespace shows it mounted.
+/// The processes that have `image` open (a microVM's QEMU, its disk's file), by its device
+/// and inode: a process in another mount namespace names it by another path.
+fn open_by(image: &std::path::Path) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    let mut found = vec![];
+    let Ok(meta) = std::fs::metadata(image) else {
+        return found;
+    };
+    let same = |fd: &std::path::Path| {
+        std::fs::metadata(fd).is_ok_and(|m| (m.dev(), m.ino()) == (meta.dev(), meta.ino()))
+    };
+    for p in std::fs::read_dir("/proc").unwrap().flatten() {
+        let pid = p.file_name().to_string_lossy().to_string();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let fds = std::fs::read_dir(p.path().join("fd")).into_iter().flatten().flatten();
+        if fds.into_iter().any(|fd| same(&fd.path())) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// Waits (up to 10 s: the kernel frees a loop device once its filesystem is released, which
+/// a dying namespace does a little after its last process, and a microVM's QEMU exits a
+/// little after its guest) until `image` has no loop device and no process has it open, and
+/// asserts no namespace shows it mounted.
 fn assert_released(image: &std::path::Path) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !loops_over(image).is_empty() && Instant::now() < deadline {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let held = || !loops_over(image).is_empty() || !open_by(image).is_empty();
+    while held() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(loops_over(image), Vec::<String>::new(), "{}", image.display());
+    assert_eq!(open_by(image), Vec::<String>::new(), "still open");
     assert_eq!(mounted_anywhere(image), Vec::<String>::new(), "still mounted");
+}
+
+/// Asserts how `image` is held by the sandbox of the server `server_pid`: on a host, by one
+/// loop device, mounted in namespaces of processes below the server only; in a microVM, by
+/// QEMU (a process below the server) as an open file, with no loop device and no mount of the
+/// host's kernel anywhere.
+fn assert_held_by_sandbox(image: &std::path::Path, server_pid: u32) {
+    let me = std::process::id().to_string();
+    let below: HashSet<String> = descendants(server_pid).iter().map(|p| p.pid.to_string()).collect();
+    let (devices, mounted, open) = (loops_over(image), mounted_anywhere(image), open_by(image));
+    let holders = if microvm() {
+        assert_eq!((devices, mounted), (vec![], vec![]), "the host's kernel never mounts it");
+        open
+    } else {
+        assert_eq!(devices.len(), 1, "one loop device while mounted: {devices:?}");
+        mounted
+    };
+    assert!(!holders.is_empty(), "the volume is held somewhere");
+    for pid in &holders {
+        assert!(pid != &me && below.contains(pid), "{pid} is not below the server: {holders:?}");
+    }
 }
 
 // ---- the tests -------------------------------------------------------------------------------
@@ -162,7 +234,7 @@ fn a_volume_holds_its_cap_and_keeps_its_data_across_sessions_and_a_restart() {
     let first = volume_server("volumes-kept-1", &state, "");
     let made = make_volume(&first, "data", "32M");
     assert_eq!(made["size_bytes"], 32 << 20, "{made}");
-    assert_eq!(made["for"], "host", "{made}");
+    assert_eq!(made["for"], kind(), "{made}");
     let image = images(&state)
         .into_iter()
         .find(|p| p.extension().is_some_and(|e| e == "img"))
@@ -171,17 +243,8 @@ fn a_volume_holds_its_cap_and_keeps_its_data_across_sessions_and_a_restart() {
     let session = open_session(&first, json!({"volumes": mount}));
     let id = session["id"].as_str().unwrap().to_string();
     assert_eq!(session["isolation"]["volumes"], json!([{"name": "data", "path": "/workspace/data", "read_only": false}]), "{session}");
-    let devices = loops_over(&image);
-    assert_eq!(devices.len(), 1, "one loop device while mounted: {devices:?}");
-    // Mounted in the sandbox's namespace only: never in the host's (this process's), and
-    // only by processes below the server.
-    let holders = mounted_anywhere(&image);
-    assert!(!holders.is_empty(), "the volume is mounted somewhere");
-    let me = std::process::id().to_string();
-    let below: HashSet<String> = descendants(first.pid).iter().map(|p| p.pid.to_string()).collect();
-    for pid in &holders {
-        assert!(pid != &me && below.contains(pid), "{pid} is not below the server: {holders:?}");
-    }
+    // Held by the sandbox alone: never mounted in the host's namespace (this process's).
+    assert_held_by_sandbox(&image, first.pid);
     let c = &first.client;
     let r = c.exec(
         &id,
@@ -193,6 +256,18 @@ fn a_volume_holds_its_cap_and_keeps_its_data_across_sessions_and_a_restart() {
     assert_eq!(r["stdout"], "1\nfine\n", "{r}");
     let shown = c.get("/v1/volumes/data").json();
     assert_eq!(shown["attached"], json!([{"by": format!("session {id}"), "read_only": false}]));
+    if microvm() {
+        // Not paused (a saved VM would need its disks back as they were), and a snapshot
+        // keeps its files only.
+        let r = c.post_json(&format!("/v1/sessions/{id}/pause"), &json!({}));
+        assert_eq!(r.status, 400, "{}", r.text());
+        assert!(r.text().contains("one with volumes is not saved"), "{}", r.text());
+        let r = c.post_json(&format!("/v1/sessions/{id}/snapshot"), &json!({}));
+        assert_eq!(r.status, 201, "{}", r.text());
+        assert_eq!(r.json()["mechanism"], "files", "{}", r.text());
+        let snap = r.json()["id"].as_str().unwrap().to_string();
+        assert_eq!(c.delete(&format!("/v1/snapshots/{snap}")).status, 204);
+    }
     assert_eq!(c.delete(&format!("/v1/sessions/{id}")).status, 204);
     assert_released(&image);
 
@@ -288,10 +363,10 @@ fn volumes_refuse_bad_names_paths_and_other_tokens() {
     assert_eq!(b.delete("/v1/volumes/mine").status, 204);
     assert_eq!(c.get("/v1/volumes/mine").status, 200);
 
-    let r = c.post_json("/v1/volumes", &json!({"name": "vm", "size": "16M", "for": "microvm"}));
+    let r = c.post_json("/v1/volumes", &json!({"name": "vm", "size": "16M", "for": other_kind()}));
     assert_eq!(r.status, 201, "{}", r.text());
     let (status, r) = run_with(&server, "true", json!([{"name": "vm", "path": "/workspace/v"}]));
-    assert_eq!(status, 409, "a microvm volume in this tier: {r}");
+    assert_eq!(status, 409, "a {} volume in this tier: {r}", other_kind());
     assert!(r.to_string().contains("never mounted by the host"), "{r}");
     for name in ["mine", "vm"] {
         assert_eq!(c.delete(&format!("/v1/volumes/{name}")).status, 204);
