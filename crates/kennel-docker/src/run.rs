@@ -324,6 +324,7 @@ async fn in_container(
             watch: None,
             freezer,
             saver: None,
+            network: proxy.as_ref().map(|p| p.live()),
         });
     }
     let started = Instant::now();

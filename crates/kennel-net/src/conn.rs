@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, RwLock};
 use std::time::Duration;
 
 use kennel_types::net::{forbidden, Allowlist, NetEvent};
@@ -86,22 +86,30 @@ pub(crate) trait Answer {
     fn open(&self, client: &mut TcpStream) -> io::Result<()>;
 }
 
-/// What the proxy's threads share: the rules, the log, and the sockets of open connections.
+/// What the proxy's threads share: the rules (which its owner may change while it runs), the
+/// log, and the open connections.
 #[derive(Debug)]
 pub(crate) struct Shared {
-    allow: Allowlist,
+    allow: RwLock<Allowlist>,
     log: Mutex<Vec<NetEvent>>,
     open: AtomicUsize,
-    /// The sockets of each open connection, so that stopping can end tunnels whose far side
-    /// would never close.
-    sockets: Mutex<HashMap<u64, Vec<TcpStream>>>,
+    /// Each open connection's sockets, and where it was admitted to: stopping ends tunnels
+    /// whose far side would never close, and a change of rules ends those it no longer allows.
+    sockets: Mutex<HashMap<u64, Open>>,
     next_id: AtomicU64,
+}
+
+/// One open connection: its sockets, and the host and port it was admitted to, once it was.
+#[derive(Debug, Default)]
+struct Open {
+    sockets: Vec<TcpStream>,
+    to: Option<(String, u16)>,
 }
 
 impl Shared {
     pub(crate) fn new(allow: Allowlist) -> Shared {
         Shared {
-            allow,
+            allow: RwLock::new(allow),
             log: Mutex::new(vec![]),
             open: AtomicUsize::new(0),
             sockets: Mutex::new(HashMap::new()),
@@ -132,13 +140,50 @@ impl Shared {
 
     /// Ends every open connection's sockets (a far side may never close on its own).
     pub(crate) fn shut_all(&self) {
-        for s in lock(&self.sockets).values().flatten() {
+        for s in lock(&self.sockets).values().flat_map(|o| &o.sockets) {
             let _ = s.shutdown(Shutdown::Both);
         }
     }
 
     pub(crate) fn take_log(&self) -> Vec<NetEvent> {
         std::mem::take(&mut *lock(&self.log))
+    }
+
+    /// The log's entries from the `from`th on (they are only ever appended, until the proxy
+    /// stops), and how many it holds now.
+    pub(crate) fn log_since(&self, from: usize) -> (Vec<NetEvent>, usize) {
+        let log = lock(&self.log);
+        (log.get(from..).unwrap_or_default().to_vec(), log.len())
+    }
+
+    /// Replaces the rules: a connection decided from now on follows `allow`, and every open
+    /// one to a host `allow` no longer names is shut. Logs `note` (with the count in its
+    /// reason) and returns how many were shut.
+    ///
+    /// The write lock on the rules is held while the open connections are looked at: a
+    /// connection records where it goes under the read lock it decided under, so none is
+    /// admitted by the old rules and missed by the sweep.
+    pub(crate) fn replace(&self, allow: Allowlist, mut note: NetEvent) -> usize {
+        let mut rules = self.allow.write().unwrap_or_else(|p| p.into_inner());
+        let old = std::mem::replace(&mut *rules, allow);
+        let mut shut = 0;
+        for open in lock(&self.sockets).values() {
+            let Some((host, port)) = &open.to else {
+                continue;
+            };
+            // A pin changed or gone moves the host's address: its connection went elsewhere.
+            let moved = old.pins.get(host) != rules.pins.get(host);
+            if moved || decide_rules(&rules, host, *port).is_err() {
+                for s in &open.sockets {
+                    let _ = s.shutdown(Shutdown::Both);
+                }
+                shut += 1;
+            }
+        }
+        drop(rules);
+        note.reason = format!("{}; {shut} open connection(s) closed", note.reason);
+        lock(&self.log).push(note);
+        shut
     }
 }
 
@@ -157,7 +202,7 @@ pub(crate) struct Conn<'a> {
 impl Drop for Conn<'_> {
     fn drop(&mut self) {
         let gone = lock(&self.shared.sockets).remove(&self.id);
-        for s in gone.into_iter().flatten() {
+        for s in gone.into_iter().flat_map(|o| o.sockets) {
             let _ = s.shutdown(Shutdown::Both);
         }
     }
@@ -179,6 +224,7 @@ impl<'a> Conn<'a> {
             lock(&self.shared.sockets)
                 .entry(self.id)
                 .or_default()
+                .sockets
                 .push(clone);
         }
     }
@@ -190,9 +236,19 @@ impl<'a> Conn<'a> {
         target: &Target,
         answer: &dyn Answer,
     ) -> Result<SocketAddr, Denial> {
-        decide(&self.shared.allow, &target.host, target.port).inspect_err(|why| {
-            answer.refuse(client, why);
-        })
+        let rules = self.shared.allow.read().unwrap_or_else(|p| p.into_inner());
+        let allowed = decide_rules(&rules, &target.host, target.port).map(|host| {
+            // Under the read lock it was decided under (see `Shared::replace`).
+            let to = (host.clone(), target.port);
+            lock(&self.shared.sockets).entry(self.id).or_default().to = Some(to);
+            let pin = rules.pins.get(&host).copied();
+            (host, pin)
+        });
+        // Names resolve with the lock released: a change of rules never waits on a resolver.
+        drop(rules);
+        allowed
+            .and_then(|(host, pin)| resolve(host, pin, target.port))
+            .inspect_err(|why| answer.refuse(client, why))
     }
 
     /// A tunnel, by CONNECT or SOCKS5: decide, open, check the client's first message and only
@@ -259,13 +315,18 @@ pub(crate) fn relay(
     ev
 }
 
-/// The address to dial for `host:port`, or why not.
-pub(crate) fn decide(allow: &Allowlist, host: &str, port: u16) -> Result<SocketAddr, Denial> {
+/// A host as the rules compare it: lower case, without a trailing dot.
+fn normal(host: &str) -> String {
+    host.trim_end_matches('.').to_ascii_lowercase()
+}
+
+/// Whether the rules allow `host:port` at all (before any name is resolved), or why not.
+fn decide_rules(allow: &Allowlist, host: &str, port: u16) -> Result<String, Denial> {
     let bare = host.trim_start_matches('[').trim_end_matches(']');
     if bare.parse::<IpAddr>().is_ok() {
         return Err(Denial::AddressLiteral);
     }
-    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    let host = normal(host);
     if !allow.rules.iter().any(|r| r.matches(&host, port)) {
         let named = allow.rules.iter().any(|r| r.matches(&host, r.ports[0]));
         return Err(if named {
@@ -274,8 +335,22 @@ pub(crate) fn decide(allow: &Allowlist, host: &str, port: u16) -> Result<SocketA
             Denial::NotListed(host)
         });
     }
-    if let Some(ip) = allow.pins.get(&host) {
-        return Ok(SocketAddr::new(*ip, port));
+    Ok(host)
+}
+
+/// The address to dial for `host:port`, or why not.
+#[cfg(test)]
+pub(crate) fn decide(allow: &Allowlist, host: &str, port: u16) -> Result<SocketAddr, Denial> {
+    let host = decide_rules(allow, host, port)?;
+    let pin = allow.pins.get(&host).copied();
+    resolve(host, pin, port)
+}
+
+/// The address to dial for an allowed `host`: its pin, else the first of its addresses the
+/// proxy may dial.
+fn resolve(host: String, pin: Option<IpAddr>, port: u16) -> Result<SocketAddr, Denial> {
+    if let Some(ip) = pin {
+        return Ok(SocketAddr::new(ip, port));
     }
     let addrs: Vec<SocketAddr> = match (host.as_str(), port).to_socket_addrs() {
         Ok(addrs) => addrs.collect(),

@@ -17,4 +17,4 @@ pub mod proxy;
 mod socks;
 pub mod tls;
 
-pub use proxy::{proxy_env, Proxy, HTTP_PORT, SOCKS_PORT};
+pub use proxy::{proxy_env, LivePolicy, Proxy, HTTP_PORT, SOCKS_PORT};

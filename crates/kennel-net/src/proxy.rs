@@ -45,6 +45,25 @@ pub struct Proxy {
     shared: Arc<Shared>,
 }
 
+/// A running proxy's rules, which its owner may change while it runs, and its log so far.
+#[derive(Debug, Clone)]
+pub struct LivePolicy(Arc<Shared>);
+
+impl LivePolicy {
+    /// Replaces the rules: new connections follow `allow` at once, and open ones to a host it
+    /// no longer allows (or whose pin it changed) are closed. `note` is logged, its reason
+    /// followed by how many were closed; returns that count.
+    pub fn replace(&self, allow: Allowlist, note: NetEvent) -> usize {
+        self.0.replace(allow, note)
+    }
+
+    /// The log's entries from the `from`th on, and the index of the next: a caller reads the
+    /// entries one span of its own (an exec) added.
+    pub fn log_since(&self, from: usize) -> (Vec<NetEvent>, usize) {
+        self.0.log_since(from)
+    }
+}
+
 #[derive(Clone, Copy)]
 enum Kind {
     Http,
@@ -69,6 +88,11 @@ impl Proxy {
             accept_threads,
             shared,
         })
+    }
+
+    /// The handle that changes the proxy's rules while it runs.
+    pub fn live(&self) -> LivePolicy {
+        LivePolicy(self.shared.clone())
     }
 
     /// Stops accepting and returns the log. Connections still open end with the sandbox.

@@ -1188,6 +1188,14 @@ pub struct SessionInfo {
     /// What its last resume brought back, once it has been resumed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_resume: Option<crate::pause::ResumeReport>,
+    /// The network its sandbox has now: as the session was created, or as its last change
+    /// (`PATCH /v1/sessions/{id}/network`) set it; null for a session the server knows only
+    /// from a record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<crate::policy::Network>,
+    /// How many times its network was changed while it ran.
+    #[serde(default)]
+    pub network_changes: u64,
 }
 
 /// How a session's sandbox died on its own. An ended session holds no quota; its id answers
@@ -1339,6 +1347,11 @@ pub struct ExecResult {
     /// `limits.memory`.
     #[serde(default)]
     pub oom_killed: bool,
+    /// The session's connections through the allowlist proxy that ended since its previous
+    /// exec, and each change of its network policy (`protocol` `policy`, `decision`
+    /// `changed`), in the order they came; empty without an allowlist.
+    #[serde(default)]
+    pub network_log: Vec<crate::net::NetEvent>,
 }
 
 /// One rich output of a python exec: a MIME bundle, as Jupyter's display protocol has it.

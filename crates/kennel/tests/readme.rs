@@ -208,6 +208,18 @@ const COMMANDS: &[(&str, How)] = &[
         How::Curl,
     ),
     ("curl -s -XDELETE localhost:8080/v1/volumes/data", How::Curl),
+    (
+        "net=$(curl -s -XPOST localhost:8080/v1/sessions -H 'content-type: application/json' -d '{\"network\":{\"mode\":\"allow\",\"allow\":[\"pypi.org\",\"files.pythonhosted.org\"]}}' | jq -r .id)",
+        How::Curl,
+    ),
+    (
+        "curl -s -XPATCH localhost:8080/v1/sessions/$net/network -H 'content-type: application/json' -d '{\"mode\":\"none\"}' | jq -c .network",
+        How::Curl,
+    ),
+    (
+        "curl -s -o /dev/null -w '%{http_code}\\n' -XPATCH localhost:8080/v1/sessions/$net/network -H 'content-type: application/json' -d '{\"mode\":\"full\"}'",
+        How::Curl,
+    ),
 ];
 
 /// The README's other blocks, by a line that only that block has, and how each is checked.
@@ -572,8 +584,8 @@ impl Drop for Served {
 
 /// The `curl` script's output: a run printing 42, a session, its exec, a stream whose
 /// output is 42 again, an exec whose value is 82, a gVisor session's runtime, a snapshot
-/// that says it keeps files only, a fork of two sessions from it, and a volume one run wrote
-/// and the next read.
+/// that says it keeps files only, a fork of two sessions from it, a volume one run wrote
+/// and the next read, and a session's network locked live (and refused `full`).
 fn check_curl(out: &Output) {
     succeeded(out);
     let stdout = text(&out.stdout);
@@ -619,6 +631,10 @@ fn check_curl(out: &Output) {
     assert!(
         stdout.contains("\"kept\\n\"\n"),
         "the next run read what the first wrote: {stdout}"
+    );
+    assert!(
+        stdout.contains("{\"mode\":\"none\",\"allow\":[],\"resolve\":[]}\n409\n"),
+        "the session's network was locked, and a change to full refused: {stdout}"
     );
 }
 

@@ -54,8 +54,8 @@ of them, or :class:`Busy` and none past the token's session quota);
 ``client.list_snapshots()``, ``client.get_snapshot(id)``, ``client.delete_snapshot(id)``.
 """
 
-from .aio import AsyncClient, AsyncProcesses, AsyncSession, AsyncStream, AsyncWatch
-from .client import Client, Processes, Session, Stream, Watch
+from .aio import AsyncClient, AsyncNetwork, AsyncProcesses, AsyncSession, AsyncStream, AsyncWatch
+from .client import Client, Network, Processes, Session, Stream, Watch
 from .errors import (BadRequest, Busy, Conflict, ConnectionFailed, ConnectionLost, Forbidden, KennelError,
                      NotFound, RequestTimeout, SessionEnded, TransportError, Unauthorized)
 from .results import (CollectedFile, ExecError, ExecResult, FileEntry, FileEvent, Interpreter,
@@ -68,7 +68,7 @@ from .webhooks import WebhookVerificationError, verify_webhook
 __version__ = "0.1.0"
 
 __all__ = [
-    "AsyncClient", "PauseInfo", "ResumeReport", "AsyncProcesses", "AsyncSession", "Processes", "ProcessEvent", "ProcessInfo", "AsyncStream", "BadRequest", "Busy", "Client",
+    "AsyncClient", "PauseInfo", "ResumeReport", "AsyncNetwork", "AsyncProcesses", "Network", "AsyncSession", "Processes", "ProcessEvent", "ProcessInfo", "AsyncStream", "BadRequest", "Busy", "Client",
     "CollectedFile", "Conflict", "ConnectionFailed", "ConnectionLost", "RequestTimeout", "TransportError", "ExecError", "ExecResult", "FileEntry", "Interpreter", "Isolation", "KennelError",
     "Forbidden", "NetEvent", "NotFound", "OutputChunk", "RichOutput", "RunResult", "Session", "SessionEnded",
     "SessionEnd", "SessionInfo", "SnapshotInfo", "Stream", "Unauthorized", "RunInfo", "WebhookVerificationError", "verify_webhook",

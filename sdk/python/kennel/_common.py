@@ -904,6 +904,15 @@ class Opening(Generic[T]):
             await self._opened.__aexit__(*exc)
 
 
+def network_update_body(network: Any, resolve: Optional[Sequence[str]]) -> Dict[str, Any]:
+    """The body of ``PATCH /v1/sessions/{id}/network``: the whole network, as ``network=``
+    takes it at creation (``None`` is mode ``none``), with ``resolve``'s pins."""
+    body = dict(network_spec(network) or {"mode": "none"})
+    if resolve is not None:
+        body["resolve"] = list(resolve)
+    return body
+
+
 def pause_body(keep: Optional[str]) -> Dict[str, Any]:
     """A ``PauseSpec``: ``keep`` (``"saved"`` or ``"frozen"``) when given."""
     return {} if keep is None else {"keep": keep}

@@ -194,6 +194,22 @@ class AsyncWatch:
         await self.aclose()
 
 
+class AsyncNetwork:
+    """A session's network (``session.network``), as :class:`kennel.client.Network`."""
+
+    def __init__(self, session: "AsyncSession"):
+        self._session = session
+
+    async def update(self, network: Any = None, *,
+                     resolve: Optional[Sequence[str]] = None) -> SessionInfo:
+        """Replaces the session's network, as :meth:`kennel.client.Network.update`."""
+        r = await self._session._client._request(
+            "PATCH", c.session_url(self._session.id, "/network"),
+            json=c.network_update_body(network, resolve))
+        self._session.info = SessionInfo.from_dict(r.json())
+        return self._session.info
+
+
 class AsyncProcesses:
     """The asyncio twin of :class:`kennel.client.Processes` (``session.processes``);
     :meth:`output` is an async iterator."""
@@ -279,6 +295,8 @@ class AsyncSession(c.SessionFields):
         self.closed = False
         #: The session's background processes: :class:`AsyncProcesses`.
         self.processes = AsyncProcesses(self)
+        #: The session's network, which :meth:`AsyncNetwork.update` changes.
+        self.network = AsyncNetwork(self)
         #: The session's terminals: :class:`kennel.terminal.AsyncTerminals`.
         self.terminals = AsyncTerminals(self)
 

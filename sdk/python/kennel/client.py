@@ -191,6 +191,33 @@ class Watch:
 RECONNECTS = 3
 
 
+class Network:
+    """A session's network (``session.network``), which can change while it runs.
+
+    :meth:`update` replaces the whole network (mode, allowlist, pins) under the checks of a
+    creation: new connections follow it at once, and open ones to hosts it no longer allows
+    are closed. :class:`kennel.Conflict` for a change the sandbox cannot take (to or from
+    ``"full"``, or from ``"none"`` to an allowlist); :class:`kennel.BadRequest` for one a
+    creation would refuse, which changes nothing.
+
+    >>> s.network.update(["pypi.org", "files.pythonhosted.org"])   # install...
+    >>> s.network.update("none")                                    # ...then lock
+    """
+
+    def __init__(self, session: "Session"):
+        self._session = session
+
+    def update(self, network: Any = None, *,
+               resolve: Optional[Sequence[str]] = None) -> SessionInfo:
+        """Replaces the session's network: a list of domains (mode ``allow``), a mode, or a
+        dict as the API takes it; ``resolve`` pins names (``"NAME:IP"``). The session's info
+        after the change."""
+        r = self._session._client._request("PATCH", c.session_url(self._session.id, "/network"),
+                                           json=c.network_update_body(network, resolve))
+        self._session.info = SessionInfo.from_dict(r.json())
+        return self._session.info
+
+
 class Processes:
     """A session's background processes (``session.processes``): programs that keep running
     between calls (servers, watchers, long jobs) until they exit, are killed, their
@@ -299,6 +326,8 @@ class Session(c.SessionFields):
         self.closed = False
         #: The session's background processes: :class:`Processes`.
         self.processes = Processes(self)
+        #: The session's network, which :meth:`Network.update` changes: :class:`Network`.
+        self.network = Network(self)
         #: The session's terminals: :class:`kennel.terminal.Terminals`.
         self.terminals = Terminals(self)
 

@@ -389,6 +389,9 @@ class ExecResult:
     cancelled: bool = False
     #: The sandbox ran out of memory during the exec (files in /workspace and /tmp count).
     oom_killed: bool = False
+    #: The session's proxied connections that ended since its previous exec, and each change
+    #: of its network (``protocol == "policy"``); empty without an allowlist.
+    network_log: List[NetEvent] = field(default_factory=list)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -421,6 +424,7 @@ class ExecResult:
             results_truncated=d.get("results_truncated", False),
             cancelled=d.get("cancelled", False),
             oom_killed=d.get("oom_killed", False),
+            network_log=[NetEvent.from_dict(e) for e in d.get("network_log") or []],
             raw=d,
         )
 
@@ -473,6 +477,11 @@ class SessionInfo:
     on_idle: str = "end"
     paused: Optional["PauseInfo"] = None
     last_resume: Optional["ResumeReport"] = None
+    #: Its network now (``mode``, ``allow``, ``resolve``): as created, or as the last
+    #: ``session.network.update(...)`` set it.
+    network: Optional[Dict[str, Any]] = None
+    #: How many times its network was changed while it ran.
+    network_changes: int = 0
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -494,6 +503,8 @@ class SessionInfo:
             paused=PauseInfo.from_dict(d["paused"]) if d.get("paused") else None,
             last_resume=(ResumeReport.from_dict(d["last_resume"])
                          if d.get("last_resume") else None),
+            network=d.get("network"),
+            network_changes=d.get("network_changes", 0),
             raw=d,
         )
 

@@ -418,10 +418,33 @@ export class Client {
  * results); shell execs keep their directory and exports. End it with {@link close}, or
  * `await using` it.
  */
+/** A session's network (`session.network`), which can change while it runs. */
+export class SessionNetwork {
+  constructor(
+    private readonly session: Session,
+    private readonly client: Client,
+    private readonly base: string,
+  ) {}
+
+  /** Replaces the session's whole network (a list of domains for mode `allow`, a mode, or an
+   * object as the API takes it; `resolve` pins names as `"NAME:IP"`) under the checks of a
+   * creation: new connections follow it at once, and open ones to hosts it no longer allows
+   * are closed. A change to or from `"full"`, or from `"none"` to an allowlist, is a
+   * `Conflict`; one a creation would refuse is a `BadRequest`, and changes nothing. */
+  async update(n: RunOptions["network"], options: { resolve?: string[] } = {}): Promise<SessionInfo> {
+    const json = { ...(network(n) ?? { mode: "none" }), ...defined({ resolve: options.resolve }) };
+    const r = await this.client.request("PATCH", `${this.base}/network`, { json });
+    this.session.info = await r.json();
+    return this.session.info;
+  }
+}
+
 export class Session {
   readonly id: string;
   info: SessionInfo;
   closed = false;
+  /** The session's network, which {@link SessionNetwork.update} changes while it runs. */
+  readonly network: SessionNetwork;
   /** The session's background processes. */
   readonly processes: Processes;
   /** The session's terminals. */
@@ -432,6 +455,7 @@ export class Session {
     this.info = info;
     this.processes = new Processes(client, this.path());
     this.terminals = new Terminals(client, this.path());
+    this.network = new SessionNetwork(this, client, this.path());
   }
 
   /**

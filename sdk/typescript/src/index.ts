@@ -6,7 +6,7 @@
  * then); the API's types are generated from the OpenAPI document (src/openapi.ts).
  */
 
-export { Client, Session, DEFAULT_URL } from "./client.js";
+export { Client, Session, SessionNetwork, DEFAULT_URL } from "./client.js";
 export type {
   ClientOptions,
   CodeOptions,

@@ -164,6 +164,22 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sessions/{id}/network": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch: operations["network"];
+        trace?: never;
+    };
     "/v1/sessions/{id}/pause": {
         parameters: {
             query?: never;
@@ -718,6 +734,12 @@ export interface components {
              *     null for a shell's exec.
              */
             interpreter?: null | components["schemas"]["Interpreter"];
+            /**
+             * @description The session's connections through the allowlist proxy that ended since its previous
+             *     exec, and each change of its network policy (`protocol` `policy`, `decision`
+             *     `changed`), in the order they came; empty without an allowlist.
+             */
+            network_log?: components["schemas"]["NetEvent"][];
             /**
              * @description The sandbox ran out of memory during the exec (its OOM killer acted: python's
              *     interpreter is then restarted). Files in `/workspace` and `/tmp` count against
@@ -1745,6 +1767,17 @@ export interface components {
             };
             /** @description The session's name, unique among its token's open sessions; null when it has none. */
             name?: string | null;
+            /**
+             * @description The network its sandbox has now: as the session was created, or as its last change
+             *     (`PATCH /v1/sessions/{id}/network`) set it; null for a session the server knows only
+             *     from a record.
+             */
+            network?: null | components["schemas"]["Network"];
+            /**
+             * Format: int64
+             * @description How many times its network was changed while it ran.
+             */
+            network_changes?: number;
             /** @description What its idle TTL does: `end` or `pause`. */
             on_idle?: components["schemas"]["OnIdle"];
             /** @description While it is paused: how, and what was kept. */
@@ -3063,6 +3096,88 @@ export interface operations {
             };
             /** @description The body is larger than this server takes. */
             413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    network: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id, as `POST /v1/sessions` returned it. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        /** @description The session's whole network, as a session is created with it: `mode`, `allow` and `resolve` */
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["Network"];
+            };
+        };
+        responses: {
+            /** @description Changed: new connections follow it, open ones it no longer allows were closed. The session, with its `network` now */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SessionInfo"];
+                };
+            };
+            /** @description What a creation would refuse (a malformed rule or pin, a pin this token may not have, mode `allow` without rules): the network is unchanged */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description A valid bearer token is required. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No such session for this caller */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description A change the sandbox cannot take: to or from mode `full` (the host's network, with no namespace of the session's own), or from `none` to `allow` (its sandbox has no proxy) */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The session's sandbox has ended */
+            410: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The body is not sent as `Content-Type: application/json`. */
+            415: {
                 headers: {
                     [name: string]: unknown;
                 };

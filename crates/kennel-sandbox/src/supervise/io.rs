@@ -166,6 +166,9 @@ pub struct Started {
     /// Saves the sandbox with its memory, where its tier can (the microvm tier's runs, and runsc
     /// runs without a network).
     pub saver: Option<Arc<dyn Save>>,
+    /// The allowlist proxy's rules, which its owner may change while the sandbox runs, where
+    /// the sandbox has a proxy of the host's (network mode `allow`).
+    pub network: Option<kennel_net::LivePolicy>,
 }
 
 /// Saves a running sandbox with its memory, where its tier can.

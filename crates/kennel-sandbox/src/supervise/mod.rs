@@ -174,7 +174,7 @@ fn watch<T: Supervised>(
         .map_err(|e| setup(T::SPAWN_STEP, e, "sending the plan"))?;
     let mut on_started = io.on_started;
     let saver = tier.saver(&running.ctl);
-    let mut notify = |tier: &T, c: Option<Confinement>, watch: Option<Arc<Watch>>| {
+    let mut notify = |tier: &T, c: Option<Confinement>, watch: Option<Arc<Watch>>, network| {
         if let Some(f) = on_started.take() {
             f(Started {
                 isolation: on_image(tier.isolation(c), req),
@@ -182,6 +182,7 @@ fn watch<T: Supervised>(
                 watch,
                 freezer: tier.freezer(),
                 saver: saver.clone(),
+                network,
             });
         }
     };
@@ -319,8 +320,10 @@ fn events<T: Supervised>(
     Ok(report)
 }
 
-/// Tells the caller the code started: the isolation it verified, and the watch, if any.
-type Notify<'a, T> = dyn FnMut(&T, Option<Confinement>, Option<Arc<Watch>>) + 'a;
+/// Tells the caller the code started: the isolation it verified, the watch and the proxy's
+/// live rules, if any.
+type Notify<'a, T> =
+    dyn FnMut(&T, Option<Confinement>, Option<Arc<Watch>>, Option<kennel_net::LivePolicy>) + 'a;
 
 /// Why the loop stops the sandbox.
 enum Stop {
@@ -366,12 +369,13 @@ fn on_frame<T: Supervised>(
             report.init_pid = Some(pid);
             report.code_started.get_or_insert_with(Instant::now);
             if !T::REPORTS_CONFINEMENT {
-                notify(tier, None, None);
+                notify(tier, None, None, report.proxy.as_ref().map(Proxy::live));
             }
         }
         Msg::Started(c) => {
             let watch = report.watcher.as_ref().map(|w| w.watch.clone());
-            notify(tier, Some(c.clone()), watch);
+            let network = report.proxy.as_ref().map(Proxy::live);
+            notify(tier, Some(c.clone()), watch, network);
             report.confinement = Some(c);
         }
         Msg::Failed {

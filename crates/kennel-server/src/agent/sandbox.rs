@@ -222,6 +222,13 @@ impl AgentSandbox {
         live.as_ref().and_then(|s| s.watch.clone())
     }
 
+    /// The rules of the sandbox's allowlist proxy, which can change while it runs, where it
+    /// has a proxy of the host's.
+    pub fn network(&self) -> Option<kennel_sandbox::LivePolicy> {
+        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        live.as_ref().and_then(|s| s.network.clone())
+    }
+
     /// A handle that kills the sandbox (for shutdown).
     pub fn canceller(&self) -> Canceller {
         self.cancel.clone()

@@ -208,6 +208,10 @@ pub fn router(state: Shared, mounts: &[Mount]) -> Router {
         )
         .route("/v1/sessions/{id}/pause", post(pause::pause))
         .route("/v1/sessions/{id}/resume", post(pause::resume))
+        .route(
+            "/v1/sessions/{id}/network",
+            axum::routing::patch(pause::network),
+        )
         .route("/v1/sessions/{id}/snapshot", post(snapshots::take))
         .route("/v1/snapshots", get(snapshots::list))
         .route(

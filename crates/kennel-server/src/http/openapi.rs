@@ -30,6 +30,7 @@ use kennel_types::terminal;
         routes::remove,
         pausing::pause,
         pausing::resume,
+        pausing::network,
         snapshots::take,
         snapshots::list,
         snapshots::show,

@@ -1,4 +1,4 @@
-//! Pausing and resuming a session over HTTP: each handler parses its request into an
+//! Pausing and resuming a session, and changing its network, over HTTP: each handler parses its request into an
 //! [`Action`]; the service decides.
 
 use axum::extract::State;
@@ -10,7 +10,9 @@ use super::extract::{ApiJson, ApiPath};
 use super::routes::handle;
 use super::shared::Shared;
 use crate::service::{Action, Caller};
+use kennel_types::api::SessionInfo;
 use kennel_types::pause::{PauseSpec, Paused, ResumeReport};
+use kennel_types::policy::Network;
 
 #[utoipa::path(tag = "session_routes", post, path = "/v1/sessions/{id}/pause", request_body = PauseSpec,
     responses(
@@ -52,4 +54,27 @@ pub async fn resume(
     _body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
     handle(&state, &caller, Action::ResumeSession { id }).await
+}
+
+#[utoipa::path(tag = "session_routes", patch, path = "/v1/sessions/{id}/network",
+    request_body(content = Network, description = "The session's whole network, as a session \
+        is created with it: `mode`, `allow` and `resolve`"),
+    responses(
+        (status = 200, description = "Changed: new connections follow it, open ones it no \
+            longer allows were closed. The session, with its `network` now", body = SessionInfo),
+        (status = 400, description = "What a creation would refuse (a malformed rule or pin, a \
+            pin this token may not have, mode `allow` without rules): the network is unchanged"),
+        (status = 404, description = "No such session for this caller"),
+        (status = 409, description = "A change the sandbox cannot take: to or from mode `full` \
+            (the host's network, with no namespace of the session's own), or from `none` to \
+            `allow` (its sandbox has no proxy)"),
+        (status = 410, description = "The session's sandbox has ended"),
+    ))]
+pub async fn network(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(network): ApiJson<Network>,
+) -> Result<Response, ApiError> {
+    handle(&state, &caller, Action::UpdateNetwork { id, network }).await
 }

@@ -96,6 +96,14 @@ pub enum Action {
     ResumeSession {
         id: String,
     },
+    /// Changes a running session's network (its mode, rules and pins) under the checks of a
+    /// creation: new connections follow it at once, and open ones it no longer allows are
+    /// closed. A change to or from `full`, or from `none` to `allow`, is a conflict (its
+    /// sandbox cannot take it); a refused change leaves the network as it was.
+    UpdateNetwork {
+        id: String,
+        network: kennel_types::policy::Network,
+    },
     /// Snapshots a session: its memory and files where the tier saves memory (the session
     /// restored from it runs on), else its files only.
     SnapshotSession {

@@ -48,7 +48,7 @@ impl Service {
                 .find(|(_, id)| *id == session.token_id)
                 .map(|(t, _)| t);
             if let Some(tenant) = tenant {
-                records.save(&tenant, &session.info(), session.policy.as_ref());
+                records.save(&tenant, &session.info(), session.policy_now().as_ref());
             }
         } else {
             records.forget(&session.id);

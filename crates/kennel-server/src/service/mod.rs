@@ -16,6 +16,7 @@ mod error;
 mod fork;
 pub mod jobs;
 mod kept;
+mod network;
 mod pause;
 mod process;
 mod registry;
@@ -105,6 +106,11 @@ impl Service {
             Action::PauseSession { id, spec } => pause::pause(self, caller, &id, &spec)
                 .await
                 .map(Reply::Paused),
+            Action::UpdateNetwork { id, network } => {
+                network::update(self, caller, &id, &network)
+                    .await
+                    .map(Reply::Session)
+            }
             Action::ResumeSession { id } => {
                 pause::resume(self, caller, &id).await.map(Reply::Resumed)
             }

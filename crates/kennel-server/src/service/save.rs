@@ -98,7 +98,7 @@ pub(super) async fn restore(
     service: &Service,
     session: &Session,
 ) -> Result<(Arc<AgentSandbox>, u64), ServiceError> {
-    let (Some(records), Some(policy)) = (&service.records, session.policy.clone()) else {
+    let (Some(records), Some(policy)) = (&service.records, session.policy_now()) else {
         return Err(ServiceError::Conflict(
             "the session's saved state cannot be found on this server".into(),
         ));

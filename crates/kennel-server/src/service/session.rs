@@ -496,6 +496,9 @@ async fn run_exec(
         (Some(before), Some(after)) => after > before,
         _ => false,
     };
+    if let Some(live) = session.agent.network() {
+        result.network_log = session.network_log(&live);
+    }
     let o = &result.outcome;
     inc(&service.metrics.execs);
     service

@@ -176,7 +176,7 @@ pub(super) async fn snapshot(
         token_id: caller.0.clone(),
         tenant,
         info: info.clone(),
-        policy: session.policy.clone().unwrap_or_default(),
+        policy: session.policy_now().unwrap_or_default(),
     };
     store.insert(snapshot).map_err(|e| {
         store.remove(&snap_id);
@@ -230,7 +230,7 @@ async fn go_on(
     store: &Snapshots,
     id: &str,
 ) -> Result<(), ServiceError> {
-    let policy = session.policy.clone().unwrap_or_default();
+    let policy = session.policy_now().unwrap_or_default();
     let lifetime = session.lifetime_left() + crate::sessions::LIFETIME_MARGIN;
     let state = saved::state_dir(store.dir(), id);
     match AgentSandbox::restore(service.engine.clone(), policy, lifetime, &state).await {

@@ -69,6 +69,10 @@ pub struct Session {
     generation: std::sync::atomic::AtomicU64,
     /// The policy its sandbox runs under: what a saved session is restored with.
     pub policy: Option<kennel_types::Policy>,
+    /// Its network now, and how many times it was changed (`network::update`).
+    network: Mutex<(Option<kennel_types::policy::Network>, u64)>,
+    /// How much of its proxy's log the execs so far have reported.
+    net_seen: AtomicUsize,
 }
 
 /// How long a session may live and idle, and what idling does.
@@ -119,7 +123,9 @@ impl Session {
             pausing: tokio::sync::Mutex::new(()),
             last_resume: Mutex::new(None),
             generation: 0.into(),
+            network: Mutex::new((Some(policy.network.clone()), 0)),
             policy: Some(policy),
+            net_seen: AtomicUsize::new(0),
         }
     }
 
@@ -167,6 +173,7 @@ impl Session {
         let shape = Shape::of(&policy);
         Session {
             max_frozen,
+            network: Mutex::new((Some(policy.network.clone()), info.network_changes)),
             policy: Some(policy),
             ..Session::recorded(token_id, info, shape, phase, generation)
         }
@@ -206,6 +213,8 @@ impl Session {
             last_resume: Mutex::new(info.last_resume.clone()),
             generation: generation.into(),
             policy: None,
+            network: Mutex::new((info.network.clone(), info.network_changes)),
+            net_seen: AtomicUsize::new(0),
         }
     }
 
@@ -395,7 +404,41 @@ impl Session {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
+            network: self.network().0,
+            network_changes: self.network().1,
         }
+    }
+
+    /// Its network now, and how many times it was changed.
+    pub fn network(&self) -> (Option<kennel_types::policy::Network>, u64) {
+        self.network
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The policy its sandbox runs under now: as created, with its network as last changed.
+    /// What a saved session is restored with, a snapshot keeps and its record holds.
+    pub fn policy_now(&self) -> Option<kennel_types::Policy> {
+        let mut policy = self.policy.clone()?;
+        if let Some(network) = self.network().0 {
+            policy.network = network;
+        }
+        Some(policy)
+    }
+
+    /// Records a change of its network, which its sandbox has taken.
+    pub fn set_network(&self, network: kennel_types::policy::Network) {
+        let mut now = self.network.lock().unwrap_or_else(|p| p.into_inner());
+        *now = (Some(network), now.1 + 1);
+    }
+
+    /// The entries of its proxy's log that no exec has reported yet; they are then reported.
+    pub fn network_log(&self, live: &kennel_sandbox::LivePolicy) -> Vec<kennel_types::net::NetEvent> {
+        let from = self.net_seen.load(Ordering::SeqCst);
+        let (events, next) = live.log_since(from);
+        self.net_seen.store(next, Ordering::SeqCst);
+        events
     }
 }
 

@@ -308,6 +308,13 @@ impl Client {
         self.post(path, &body.to_string())
     }
 
+    /// A PATCH of `body`, sent as JSON.
+    pub fn patch_json(&self, path: &str, body: &Value) -> Resp {
+        let req = self.auth(self.agent.patch(self.url(path)));
+        let req = req.header("Content-Type", "application/json");
+        Self::finish(req.send(body.to_string()), &format!("PATCH {path}"))
+    }
+
     pub fn put(&self, path: &str, body: &[u8]) -> Resp {
         let req = self.auth(self.agent.put(self.url(path)));
         Self::finish(req.send(body), &format!("PUT {path}"))
