@@ -1074,6 +1074,7 @@ export interface components {
              */
             allow: string[];
             /**
+             * @description How much network: `none` (loopback only), `allow` (the allow list, through Kennel's proxy) or `full` (the host's network, where the server permits it).
              * @default none
              * @enum {string}
              */

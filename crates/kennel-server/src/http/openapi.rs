@@ -416,7 +416,14 @@ fn network_schema(config: &ServerConfig) -> Value {
                         where the server permits it.",
         "additionalProperties": false,
         "properties": {
-            "mode": {"type": "string", "enum": modes, "default": "none"},
+            "mode": {
+                "type": "string",
+                "enum": modes,
+                "default": "none",
+                "description": "How much network: `none` (loopback only), `allow` (the allow \
+                                list, through Kennel's proxy) or `full` (the host's network, \
+                                where the server permits it).",
+            },
             "allow": {
                 "type": "array",
                 "items": {"type": "string", "pattern": pattern::host_rule()},
