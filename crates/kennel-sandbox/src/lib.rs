@@ -60,9 +60,9 @@ pub use supervise::output::Stream;
 
 // What runs are measured and watched with.
 pub use cgroup::{sweep_stale_once as sweep_stale_cgroups, Stats};
+pub use kennel_net::LivePolicy;
 pub use request::{check_cpus, host_cpus};
 pub use watch::{Tally, Watch, UNWATCHED_TIER};
-pub use kennel_net::LivePolicy;
 
 // Kennel's state on the host: images, the microVM tier's prepared guest, the checks.
 pub use doctor::{checks as doctor, Check};

@@ -762,6 +762,37 @@ def test_pause_and_resume_say_what_was_kept_and_what_came_back(client, server):
     asyncio.run(main())
 
 
+# -- live network policy -------------------------------------------------------------------
+
+def test_a_session_network_is_locked_live_and_a_change_to_full_is_refused(client, server):
+    with client.session(network=["pypi.org", "files.pythonhosted.org"]) as s:
+        assert s.info.network["allow"] == ["pypi.org", "files.pythonhosted.org"]
+        info = s.network.update(["pypi.org:443"])
+        assert (info.network["allow"], info.network_changes) == (["pypi.org:443"], 1)
+        with pytest.raises(kennel.Conflict) as e:
+            s.network.update("full")
+        assert "\"full\"" in e.value.message
+        with pytest.raises(BadRequest):
+            s.network.update(["not a rule"])
+        assert s.refresh().network["allow"] == ["pypi.org:443"]
+        assert s.network.update("none").network == {"mode": "none", "allow": [], "resolve": []}
+        log = s.run_code("print(1)").network_log
+        assert [e.protocol for e in log] == ["policy", "policy"], log
+        assert log[-1].reason.startswith("the session's network changed: mode none"), log
+
+    async def main():
+        async with AsyncClient(server.url, token=server.token, timeout=60) as aclient:
+            async with aclient.session(network=["pypi.org"]) as a:
+                assert (await a.network.update("none")).network_changes == 1
+
+    asyncio.run(main())
+
+    from kennel import _common as c
+    assert c.network_update_body(None, None) == {"mode": "none"}
+    assert c.network_update_body(["a.test"], ["a.test:10.0.0.1"]) == {
+        "mode": "allow", "allow": ["a.test"], "resolve": ["a.test:10.0.0.1"]}
+
+
 # -- snapshots and forks -------------------------------------------------------------------
 
 def test_a_snapshot_forks_into_sessions_with_its_files(client, server):

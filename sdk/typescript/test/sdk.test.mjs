@@ -421,6 +421,22 @@ test("a runtime's own WebSocket (a browser's) reaches a terminal with the kennel
   assert.equal(stdout, "reached\n");
 });
 
+test("a session's network is locked live; a change to full is a Conflict", async () => {
+  const s = await client.session({ network: ["pypi.org", "files.pythonhosted.org"] });
+  try {
+    const info = await s.network.update(["pypi.org:443"]);
+    assert.deepEqual([info.network.allow, info.network_changes], [["pypi.org:443"], 1]);
+    await assert.rejects(s.network.update("full"), (e) => e instanceof Conflict);
+    await assert.rejects(s.network.update(["not a rule"]), (e) => e instanceof BadRequest);
+    assert.deepEqual((await s.network.update("none")).network, { mode: "none", allow: [], resolve: [] });
+    assert.equal(s.info.network_changes, 2);
+    const log = (await s.runCode("print(1)")).network_log;
+    assert.deepEqual(log.map((e) => e.protocol), ["policy", "policy"]);
+  } finally {
+    await s.close();
+  }
+});
+
 test("pause and resume say what was kept and what came back", async () => {
   const s = await client.session({ onIdle: "pause" });
   try {

@@ -106,11 +106,9 @@ impl Service {
             Action::PauseSession { id, spec } => pause::pause(self, caller, &id, &spec)
                 .await
                 .map(Reply::Paused),
-            Action::UpdateNetwork { id, network } => {
-                network::update(self, caller, &id, &network)
-                    .await
-                    .map(Reply::Session)
-            }
+            Action::UpdateNetwork { id, network } => network::update(self, caller, &id, &network)
+                .await
+                .map(Reply::Session),
             Action::ResumeSession { id } => {
                 pause::resume(self, caller, &id).await.map(Reply::Resumed)
             }

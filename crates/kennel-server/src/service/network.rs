@@ -28,7 +28,9 @@ pub(super) async fn update(
     // The checks of a creation: the server's rules for this token (pins), then the policy's.
     service.config.check_network(&caller.0, network)?;
     let mut policy = open.session.policy_now().ok_or_else(|| {
-        ServiceError::Conflict(format!("session {id} has no policy on this server to change"))
+        ServiceError::Conflict(format!(
+            "session {id} has no policy on this server to change"
+        ))
     })?;
     policy.network = network.clone();
     policy.validate()?;

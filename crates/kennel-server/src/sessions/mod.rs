@@ -434,7 +434,10 @@ impl Session {
     }
 
     /// The entries of its proxy's log that no exec has reported yet; they are then reported.
-    pub fn network_log(&self, live: &kennel_sandbox::LivePolicy) -> Vec<kennel_types::net::NetEvent> {
+    pub fn network_log(
+        &self,
+        live: &kennel_sandbox::LivePolicy,
+    ) -> Vec<kennel_types::net::NetEvent> {
         let from = self.net_seen.load(Ordering::SeqCst);
         let (events, next) = live.log_since(from);
         self.net_seen.store(next, Ordering::SeqCst);
