@@ -25,6 +25,8 @@ pub(crate) enum Protocol {
     /// An HTTP CONNECT tunnel.
     Connect,
     Socks5,
+    /// A connection to a synthetic address the sandbox's resolver gave a name (`dns`).
+    Direct,
 }
 
 impl Protocol {
@@ -33,6 +35,7 @@ impl Protocol {
             Protocol::Http => "http",
             Protocol::Connect => "connect",
             Protocol::Socks5 => "socks5",
+            Protocol::Direct => "direct",
         }
     }
 }
@@ -147,6 +150,10 @@ impl Shared {
 
     pub(crate) fn take_log(&self) -> Vec<NetEvent> {
         std::mem::take(&mut *lock(&self.log))
+    }
+
+    pub(crate) fn with_rules<T>(&self, f: impl FnOnce(&Allowlist) -> T) -> T {
+        f(&self.allow.read().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// The log's entries from the `from`th on (they are only ever appended, until the proxy
@@ -294,6 +301,26 @@ impl<'a> Conn<'a> {
         self.watch(&upstream);
         Ok(upstream)
     }
+}
+
+/// A direct connection's answers: there is no protocol to answer in, so a refusal closes it.
+struct Direct;
+
+impl Answer for Direct {
+    fn refuse(&self, client: &mut TcpStream, _why: &Denial) {
+        let _ = client.shutdown(Shutdown::Both);
+    }
+
+    fn open(&self, _client: &mut TcpStream) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A connection to a synthetic address of `host`, on `port`: a tunnel to `host:port` whose
+/// client asked for nothing but connected there.
+pub(crate) fn serve_direct(client: TcpStream, conn: &Conn, host: &str, port: u16) -> NetEvent {
+    let target = Target::new(host, port, Protocol::Direct);
+    conn.tunnel(client, &target, vec![], &Direct)
 }
 
 /// Sends `first` upstream, then copies both ways until both sides are done; the allowed event

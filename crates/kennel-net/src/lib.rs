@@ -10,6 +10,7 @@
 
 mod conn;
 mod denial;
+pub mod dns;
 mod first;
 mod http_head;
 mod http_proxy;

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use kennel_types::net::{Allowlist, NetEvent};
 
-use crate::conn::{Conn, Shared};
+use crate::conn::{serve_direct, Conn, Shared};
 use crate::http_proxy::serve_http;
 use crate::socks::serve_socks;
 
@@ -57,6 +57,20 @@ impl LivePolicy {
         self.0.replace(allow, note)
     }
 
+    /// Serves `listener` (bound by the caller at a synthetic address the resolver gave `host`,
+    /// on `port`) as the proxy's own: every connection to it is one to `host:port`, decided,
+    /// checked, dialled and logged as a CONNECT to it would be. Until the listener is shut
+    /// down.
+    pub fn serve_direct(&self, listener: TcpListener, host: String, port: u16) -> JoinHandle<()> {
+        let shared = self.0.clone();
+        std::thread::spawn(move || accept_loop(listener, Kind::Direct(host, port), shared))
+    }
+
+    /// `f` of the rules as they are now (held for its call: keep it short).
+    pub fn with_rules<T>(&self, f: impl FnOnce(&Allowlist) -> T) -> T {
+        self.0.with_rules(f)
+    }
+
     /// The log's entries from the `from`th on, and the index of the next: a caller reads the
     /// entries one span of its own (an exec) added.
     pub fn log_since(&self, from: usize) -> (Vec<NetEvent>, usize) {
@@ -64,10 +78,12 @@ impl LivePolicy {
     }
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 enum Kind {
     Http,
     Socks,
+    /// A synthetic address's listener: every connection is to this host and port.
+    Direct(String, u16),
 }
 
 impl Proxy {
@@ -137,17 +153,107 @@ fn accept_loop(listener: TcpListener, kind: Kind, shared: Arc<Shared>) {
         if !shared.try_open(MAX_CONNECTIONS) {
             continue;
         }
-        let shared = shared.clone();
+        let (shared, kind) = (shared.clone(), kind.clone());
         std::thread::spawn(move || {
             let _ = client.set_read_timeout(Some(HANDSHAKE_TIMEOUT));
             let conn = Conn::new(&shared, &client);
-            let event = match kind {
+            let event = match &kind {
                 Kind::Http => serve_http(client, &conn),
                 Kind::Socks => serve_socks(client, &conn),
+                Kind::Direct(host, port) => Some(serve_direct(client, &conn, host, *port)),
             };
             // Closes the connection's sockets before it is logged as done.
             drop(conn);
             shared.close(event);
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+
+    /// A server on 127.0.0.1 that answers each connection's request with `hi`, then closes.
+    fn upstream() -> u16 {
+        let l = TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+        let port = l.local_addr().expect("its address").port();
+        std::thread::spawn(move || {
+            for mut c in l.incoming().flatten() {
+                let mut head = vec![];
+                let mut b = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && c.read(&mut b).is_ok_and(|n| n == 1) {
+                    head.push(b[0]);
+                }
+                let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi");
+            }
+        });
+        port
+    }
+
+    fn get(at: std::net::SocketAddr, host: &str) -> String {
+        let mut c = TcpStream::connect(at).expect("the synthetic listener");
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let _ = write!(
+            c,
+            "GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+        );
+        let mut got = String::new();
+        let _ = c.read_to_string(&mut got);
+        got
+    }
+
+    #[test]
+    fn a_synthetic_address_takes_the_proxys_one_way() {
+        let port = upstream();
+        let rule = kennel_types::net::Rule::parse(&format!("app.test:{port}")).unwrap();
+        let allow = Allowlist {
+            rules: vec![rule],
+            pins: [("app.test".to_string(), "127.0.0.1".parse().unwrap())].into(),
+        };
+        let bind = || TcpListener::bind("127.0.0.1:0").unwrap();
+        let proxy = Proxy::serve(bind(), bind(), allow).unwrap();
+        let synthetic = bind();
+        let at = synthetic.local_addr().unwrap();
+        let _ = proxy
+            .live()
+            .serve_direct(synthetic, "app.test".into(), port);
+        assert!(get(at, &format!("app.test:{port}")).ends_with("\r\n\r\nhi"));
+        // A first message for another host never crosses.
+        assert_eq!(get(at, "other.test"), "");
+        let note = NetEvent {
+            host: String::new(),
+            port: 0,
+            protocol: "policy".into(),
+            decision: "changed".into(),
+            reason: "emptied".into(),
+            address: None,
+            bytes_up: 0,
+            bytes_down: 0,
+        };
+        proxy.live().replace(Allowlist::default(), note);
+        assert_eq!(get(at, &format!("app.test:{port}")), "");
+        std::thread::sleep(Duration::from_millis(100));
+        let log: Vec<(String, String, String)> = proxy
+            .stop()
+            .into_iter()
+            .map(|e| (e.protocol, e.decision, e.reason))
+            .collect();
+        let direct = |decision: &str, reason: &str| {
+            (
+                "direct".to_string(),
+                decision.to_string(),
+                reason.to_string(),
+            )
+        };
+        assert_eq!(log[0], direct("allowed", "on the allowlist"), "{log:?}");
+        assert_eq!(log[1].1, "denied", "{log:?}");
+        assert_eq!(log[2].2, "emptied; 0 open connection(s) closed", "{log:?}");
+        assert_eq!(
+            log[3],
+            direct("denied", "app.test is not on the allowlist"),
+            "{log:?}"
+        );
     }
 }

@@ -184,9 +184,10 @@ pub struct NetEvent {
     pub host: String,
     /// The port it asked for.
     pub port: u16,
-    /// `connect` (HTTP CONNECT), `http` (plain HTTP) or `socks5`.
+    /// `connect` (HTTP CONNECT), `http` (plain HTTP), `socks5`, `direct` (to an address the
+    /// sandbox's resolver gave a name), or `policy` for a change of the session's network.
     pub protocol: String,
-    /// `allowed` or `denied`.
+    /// `allowed` or `denied`; `changed` for a change of the session's network.
     pub decision: String,
     /// Why: `on the allowlist`, or what refused it (not on the allowlist, a forbidden address,
     /// a name that did not resolve).

@@ -1,0 +1,261 @@
+//! The sandbox's resolver, for programs that ignore proxy variables: it answers a name the
+//! allowlist names with a synthetic address of 198.18.0.0/15 (RFC 2544's benchmarking range,
+//! which no real host has), one per name, so that a connection to that address can be taken
+//! for a connection to the name and go the proxy's one way (`conn`). Its AAAA query gets an
+//! empty NOERROR answer (an NXDOMAIN there makes some clients drop the A answer too); a name
+//! the allowlist does not name gets NXDOMAIN at once.
+//!
+//! Messages are read and written by hickory-proto, never by hand: a resolver inside the
+//! sandbox reads what hostile code sends it.
+
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, UdpSocket};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
+use hickory_proto::rr::rdata::A;
+use hickory_proto::rr::{Name, RData, Record, RecordType};
+use kennel_types::net::Allowlist;
+
+use crate::proxy::LivePolicy;
+
+/// The first synthetic address: 198.18.0.0/15 holds 2^17 of them, of which a sandbox uses the
+/// first [`MAX_NAMES`] after it.
+pub const SYNTHETIC_BASE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 0);
+/// The most names a sandbox's resolver holds at once; past it, the least recently used name's
+/// address is given to the new one.
+pub const MAX_NAMES: usize = 4096;
+/// How long an answer may be cached, in seconds.
+pub const TTL: u32 = 60;
+
+/// The names a sandbox's resolver has answered, each with its synthetic address, the least
+/// recently used first to go.
+#[derive(Debug, Default)]
+pub struct Names {
+    by_name: HashMap<String, (Ipv4Addr, u64)>,
+    by_addr: HashMap<Ipv4Addr, String>,
+    /// A clock of uses: each lookup takes the next tick.
+    tick: u64,
+}
+
+impl Names {
+    /// The address of `name` (lower case, no trailing dot), given now if it has none.
+    pub fn address_of(&mut self, name: &str) -> Ipv4Addr {
+        self.tick += 1;
+        let tick = self.tick;
+        if let Some((addr, used)) = self.by_name.get_mut(name) {
+            *used = tick;
+            return *addr;
+        }
+        let addr = if self.by_name.len() < MAX_NAMES {
+            nth_address(self.by_name.len() + 1)
+        } else {
+            self.evict_oldest()
+        };
+        self.by_name.insert(name.to_string(), (addr, tick));
+        self.by_addr.insert(addr, name.to_string());
+        addr
+    }
+
+    /// The name `addr` stands for, if it stands for one now.
+    pub fn name_of(&self, addr: Ipv4Addr) -> Option<&str> {
+        self.by_addr.get(&addr).map(String::as_str)
+    }
+
+    /// Forgets the least recently used name; its address, free again.
+    fn evict_oldest(&mut self) -> Ipv4Addr {
+        let oldest = self
+            .by_name
+            .iter()
+            .min_by_key(|(_, (_, used))| *used)
+            .map(|(name, (addr, _))| (name.clone(), *addr));
+        match oldest {
+            Some((name, addr)) => {
+                self.by_name.remove(&name);
+                self.by_addr.remove(&addr);
+                addr
+            }
+            None => nth_address(1),
+        }
+    }
+}
+
+/// The `n`th synthetic address after [`SYNTHETIC_BASE`] (`n` at most [`MAX_NAMES`]).
+fn nth_address(n: usize) -> Ipv4Addr {
+    let n = u32::try_from(n).unwrap_or(u32::MAX).min(MAX_NAMES as u32);
+    Ipv4Addr::from(u32::from(SYNTHETIC_BASE) + n)
+}
+
+/// Whether any rule names `host` (on any of its ports).
+fn named(allow: &Allowlist, host: &str) -> bool {
+    allow
+        .rules
+        .iter()
+        .any(|r| r.ports.iter().any(|&p| r.matches(host, p)))
+}
+
+/// The answer to `query`, a DNS message as the sandbox sent it; `None` for one that is not a
+/// query of one question (it gets no answer, as a malformed packet would not).
+pub fn answer(query: &[u8], allow: &Allowlist, names: &mut Names) -> Option<Vec<u8>> {
+    let query = Message::from_vec(query).ok()?;
+    let meta = &query.metadata;
+    if meta.message_type != MessageType::Query || meta.op_code != OpCode::Query {
+        return None;
+    }
+    let mut reply = Message::response(meta.id, meta.op_code);
+    reply.metadata.recursion_desired = meta.recursion_desired;
+    reply.metadata.recursion_available = true;
+    let [question] = query.queries.as_slice() else {
+        reply.metadata.response_code = ResponseCode::FormErr;
+        return reply.to_vec().ok();
+    };
+    reply.add_query(question.clone());
+    let host = question
+        .name()
+        .to_ascii()
+        .trim_end_matches('.')
+        .to_ascii_lowercase();
+    if !named(allow, &host) {
+        reply.metadata.response_code = ResponseCode::NXDomain;
+        return reply.to_vec().ok();
+    }
+    // An allowed name has an A record and no other: the rest get an empty NOERROR.
+    if question.query_type() == RecordType::A {
+        let addr = names.address_of(&host);
+        let name: Name = question.name().clone();
+        reply.add_answer(Record::from_rdata(name, TTL, RData::A(A(addr))));
+    }
+    reply.to_vec().ok()
+}
+
+/// The largest query read: a DNS message over UDP without EDNS is at most 512 bytes, and a
+/// query with EDNS's options still fits well under this.
+const MAX_QUERY: usize = 4096;
+
+/// Serves the resolver on `socket` (bound by the caller at 127.0.0.1:53 in the sandbox's
+/// network namespace) under `live`'s rules as they are at each query, so that a change of
+/// them applies at once, until the socket is shut down. `names` is shared with whatever
+/// takes connections to the synthetic addresses.
+pub fn serve(socket: UdpSocket, live: LivePolicy, names: Arc<Mutex<Names>>) -> JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; MAX_QUERY];
+        while let Ok((n, from)) = socket.recv_from(&mut buf) {
+            let reply = {
+                let mut names = names.lock().unwrap_or_else(|p| p.into_inner());
+                live.with_rules(|rules| answer(&buf[..n], rules, &mut names))
+            };
+            if let Some(reply) = reply {
+                let _ = socket.send_to(&reply, from);
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hickory_proto::op::Query;
+
+    fn allow(rules: &[&str]) -> Allowlist {
+        Allowlist {
+            rules: rules
+                .iter()
+                .map(|r| kennel_types::net::Rule::parse(r).expect("a valid rule"))
+                .collect(),
+            pins: Default::default(),
+        }
+    }
+
+    fn ask(name: &str, kind: RecordType, allow: &Allowlist, names: &mut Names) -> Message {
+        let mut q = Message::query();
+        q.metadata.recursion_desired = true;
+        q.add_query(Query::query(Name::from_ascii(name).unwrap(), kind));
+        let bytes = answer(&q.to_vec().unwrap(), allow, names).expect("an answer");
+        let reply = Message::from_vec(&bytes).unwrap();
+        assert_eq!(reply.metadata.id, q.metadata.id);
+        assert_eq!(reply.metadata.message_type, MessageType::Response);
+        reply
+    }
+
+    fn addresses(reply: &Message) -> Vec<Ipv4Addr> {
+        reply
+            .answers
+            .iter()
+            .filter_map(|r| match &r.data {
+                RData::A(a) => Some(a.0),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn allowed_names_get_a_synthetic_address_and_others_nxdomain() {
+        let rules = allow(&["pypi.org", "*.example.com:8080"]);
+        let mut names = Names::default();
+        let a = ask("PyPI.org.", RecordType::A, &rules, &mut names);
+        assert_eq!(a.metadata.response_code, ResponseCode::NoError);
+        assert_eq!(addresses(&a), vec![Ipv4Addr::new(198, 18, 0, 1)]);
+        assert_eq!(a.answers[0].ttl, TTL);
+        let w = ask("api.example.com", RecordType::A, &rules, &mut names);
+        assert_eq!(addresses(&w), vec![Ipv4Addr::new(198, 18, 0, 2)]);
+        assert_eq!(
+            names.name_of(Ipv4Addr::new(198, 18, 0, 2)),
+            Some("api.example.com")
+        );
+        // The same name keeps its address.
+        let again = ask("pypi.org", RecordType::A, &rules, &mut names);
+        assert_eq!(addresses(&again), vec![Ipv4Addr::new(198, 18, 0, 1)]);
+        let v6 = ask("pypi.org", RecordType::AAAA, &rules, &mut names);
+        assert_eq!(v6.metadata.response_code, ResponseCode::NoError);
+        assert!(v6.answers.is_empty());
+        for unlisted in ["example.com", "evil.org", "pypi.org.evil.org"] {
+            let r = ask(unlisted, RecordType::A, &rules, &mut names);
+            assert_eq!(
+                r.metadata.response_code,
+                ResponseCode::NXDomain,
+                "{unlisted}"
+            );
+            assert!(r.answers.is_empty());
+        }
+        // A change of rules applies to the next query.
+        let narrowed = allow(&["*.example.com:8080"]);
+        let gone = ask("pypi.org", RecordType::A, &narrowed, &mut names);
+        assert_eq!(gone.metadata.response_code, ResponseCode::NXDomain);
+    }
+
+    #[test]
+    fn the_least_recently_used_name_gives_up_its_address() {
+        let mut names = Names::default();
+        for i in 0..MAX_NAMES {
+            names.address_of(&format!("n{i}.test"));
+        }
+        // n0 is used again: n1 is now the oldest, and the next name takes its address.
+        let first = names.address_of("n0.test");
+        let n1 = names.address_of("n1.test");
+        names.address_of("n0.test");
+        for i in 2..MAX_NAMES {
+            names.address_of(&format!("n{i}.test"));
+        }
+        let newest = names.address_of("new.test");
+        assert_eq!(newest, n1);
+        assert_eq!(names.name_of(n1), Some("new.test"));
+        assert_eq!(names.address_of("n0.test"), first);
+        let last = nth_address(MAX_NAMES);
+        assert_eq!(last, Ipv4Addr::new(198, 18, 16, 0));
+    }
+
+    #[test]
+    fn what_is_not_one_query_gets_no_answer_or_formerr() {
+        let rules = allow(&["pypi.org"]);
+        let mut names = Names::default();
+        assert!(answer(b"\x00\x01garbage", &rules, &mut names).is_none());
+        let mut two = Message::query();
+        for n in ["a.test", "b.test"] {
+            two.add_query(Query::query(Name::from_ascii(n).unwrap(), RecordType::A));
+        }
+        let bytes = answer(&two.to_vec().unwrap(), &rules, &mut names).unwrap();
+        let reply = Message::from_vec(&bytes).unwrap();
+        assert_eq!(reply.metadata.response_code, ResponseCode::FormErr);
+    }
+}
