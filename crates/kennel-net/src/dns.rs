@@ -25,7 +25,8 @@ use crate::proxy::LivePolicy;
 pub const SYNTHETIC_BASE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 0);
 /// The most names a sandbox's resolver holds at once; past it, the least recently used name's
 /// address is given to the new one.
-pub const MAX_NAMES: usize = 4096;
+pub const MAX_NAMES: usize = MAX_NAMES_U32 as usize;
+const MAX_NAMES_U32: u32 = 4096;
 /// How long an answer may be cached, in seconds.
 pub const TTL: u32 = 60;
 
@@ -83,7 +84,7 @@ impl Names {
 
 /// The `n`th synthetic address after [`SYNTHETIC_BASE`] (`n` at most [`MAX_NAMES`]).
 fn nth_address(n: usize) -> Ipv4Addr {
-    let n = u32::try_from(n).unwrap_or(u32::MAX).min(MAX_NAMES as u32);
+    let n = u32::try_from(n).unwrap_or(u32::MAX).min(MAX_NAMES_U32);
     Ipv4Addr::from(u32::from(SYNTHETIC_BASE) + n)
 }
 
