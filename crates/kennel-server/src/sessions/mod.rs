@@ -132,6 +132,8 @@ impl Session {
     /// Replaces its sandbox: none once a save has ended it, the restored one at resume.
     pub fn set_agent(&self, agent: Option<Arc<AgentSandbox>>) {
         *self.sandbox.write().unwrap_or_else(|p| p.into_inner()) = agent;
+        // A new sandbox has a new proxy, whose log starts empty.
+        self.net_seen.store(0, Ordering::SeqCst);
     }
 
     /// The generation of its last pause (0 before any).
