@@ -6,7 +6,9 @@
 use super::action::Caller;
 use super::error::ServiceError;
 use super::state::Service;
+use crate::agent::AgentSandbox;
 use crate::audit::Event;
+use crate::sessions::Session;
 use kennel_types::api::SessionInfo;
 use kennel_types::net::NetEvent;
 use kennel_types::policy::{NetMode, Network};
@@ -49,6 +51,26 @@ pub(super) async fn update(
         .event(&Event::new(&caller.0, "network", &open.session.id));
     service.keep_record(&open.session);
     Ok(open.session.info())
+}
+
+/// Gives a sandbox made again for `session` (restored under [`Session::policy_now`], which
+/// keeps the mode it was created with) a change of mode its policy could not carry: `allow`
+/// to `none` empties its proxy's rules. (Between the sandbox's start and this, it had the
+/// rules of its creation; see the README.)
+pub(super) fn take_up(session: &Session, agent: &AgentSandbox) -> Result<(), ServiceError> {
+    let (Some(now), Some(created)) = (session.network().0, session.policy.as_ref()) else {
+        return Ok(());
+    };
+    if now.mode == created.network.mode {
+        return Ok(());
+    }
+    let live = agent.network().ok_or_else(|| {
+        ServiceError::Conflict(
+            "the restored sandbox has no proxy whose rules can take the session's network".into(),
+        )
+    })?;
+    live.replace(now.allowlist()?, note(&now));
+    Ok(())
 }
 
 /// Whether a live sandbox can go from mode `from` to mode `to`: `full` has no network

@@ -117,6 +117,7 @@ pub(super) async fn restore(
         ServiceError::Conflict(format!("the session's saved state did not restore: {e}"))
     })?);
     session.set_agent(Some(agent.clone()));
+    super::network::take_up(session, &agent)?;
     saved::remove_state(&dir, &session.id);
     Ok((agent, verified.millis))
 }

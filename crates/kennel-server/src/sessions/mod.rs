@@ -175,7 +175,12 @@ impl Session {
         let shape = Shape::of(&policy);
         Session {
             max_frozen,
-            network: Mutex::new((Some(policy.network.clone()), info.network_changes)),
+            network: Mutex::new((
+                info.network
+                    .clone()
+                    .or_else(|| Some(policy.network.clone())),
+                info.network_changes,
+            )),
             policy: Some(policy),
             ..Session::recorded(token_id, info, shape, phase, generation)
         }
@@ -419,12 +424,18 @@ impl Session {
             .clone()
     }
 
-    /// The policy its sandbox runs under now: as created, with its network as last changed.
-    /// What a saved session is restored with, a snapshot keeps and its record holds.
+    /// The policy a sandbox made again for it starts under (a restore of its saved state, a
+    /// session of its snapshot), and its record holds: as created, with its network as last
+    /// changed where the change kept the mode. A change of mode (`allow` to `none`) is not in
+    /// it: the mode is part of the sandbox's shape, which a restore keeps (a microVM saved with
+    /// a proxy's connector is restored with one); a restore takes such a change from
+    /// [`Session::network`] once its sandbox runs.
     pub fn policy_now(&self) -> Option<kennel_types::Policy> {
         let mut policy = self.policy.clone()?;
         if let Some(network) = self.network().0 {
-            policy.network = network;
+            if network.mode == policy.network.mode {
+                policy.network = network;
+            }
         }
         Some(policy)
     }

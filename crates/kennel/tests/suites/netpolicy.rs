@@ -175,6 +175,25 @@ fn a_live_change_closes_what_it_no_longer_allows_and_refuses_what_it_cannot_take
         "{log:?}"
     );
 
+    // A sandbox made again from the session's saved state (a microVM pauses as `saved`) has
+    // its network as changed, not as created: its proxy (the shape it was saved with) allows
+    // nothing under mode none.
+    if microvm() {
+        let r = c.post_json(&format!("/v1/sessions/{id}/pause"), &json!({"keep": "saved"}));
+        assert_eq!(r.status, 200, "{}", r.text());
+        let again = c.exec(
+            &id,
+            "python",
+            &format!(
+                "import socket\ntry:\n    print(tunnel('kept.test', {port}))\n\
+                 except OSError as e:\n    print(type(e).__name__)"
+            ),
+        );
+        assert_eq!(again["stdout"], "HTTP/1.1 403 Forbidden\n", "{again}");
+        let info = c.get(&format!("/v1/sessions/{id}")).json();
+        assert_eq!(info["network"]["mode"], "none", "{info}");
+    }
+
     // Each change has its audit line.
     let lines = std::fs::read_to_string(&audit).unwrap_or_default();
     let changes = lines
