@@ -84,7 +84,8 @@ fn a_live_change_closes_what_it_no_longer_allows_and_refuses_what_it_cannot_take
     if microvm() {
         wait_for_clone(&server);
     }
-    let far = PortServer::start(&[&write_script("hold", HOLD_PY)]);
+    let script = write_script("hold", HOLD_PY);
+    let far = PortServer::start(&[&script]);
     let port = far.port;
     let network = |allow: &[&str]| {
         json!({
@@ -206,6 +207,8 @@ fn a_live_change_closes_what_it_no_longer_allows_and_refuses_what_it_cannot_take
         assert_eq!(c.delete(&format!("/v1/sessions/{s}")).status, 204);
     }
     let _ = std::fs::remove_dir_all(audit.parent().unwrap());
+    drop(far);
+    let _ = std::fs::remove_dir_all(script.parent().unwrap());
 }
 
 /// Writes a script to a fresh file under the temporary directory; its path.
