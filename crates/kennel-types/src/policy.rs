@@ -320,6 +320,33 @@ pub struct Network {
 }
 
 impl Network {
+    /// The proxy's log entry of a change of a session's network to this one: what it is now
+    /// (the proxy adds how many open connections the change closed).
+    pub fn change_event(&self) -> crate::net::NetEvent {
+        let mode = match self.mode {
+            NetMode::Allow => "allow",
+            NetMode::None => "none",
+            NetMode::Full => "full",
+        };
+        let mut reason = format!("the session's network changed: mode {mode}");
+        if !self.allow.is_empty() {
+            reason += &format!(", allow {}", self.allow.join(" "));
+        }
+        if !self.resolve.is_empty() {
+            reason += &format!(", resolve {}", self.resolve.join(" "));
+        }
+        crate::net::NetEvent {
+            host: String::new(),
+            port: 0,
+            protocol: "policy".into(),
+            decision: "changed".into(),
+            reason,
+            address: None,
+            bytes_up: 0,
+            bytes_down: 0,
+        }
+    }
+
     /// The parsed allowlist (valid after [`Policy::validate`]).
     pub fn allowlist(&self) -> Result<crate::net::Allowlist, PolicyError> {
         Ok(crate::net::Allowlist {

@@ -6,11 +6,8 @@
 use super::action::Caller;
 use super::error::ServiceError;
 use super::state::Service;
-use crate::agent::AgentSandbox;
 use crate::audit::Event;
-use crate::sessions::Session;
 use kennel_types::api::SessionInfo;
-use kennel_types::net::NetEvent;
 use kennel_types::policy::{NetMode, Network};
 
 /// `PATCH /v1/sessions/{id}/network`: replaces the session's network with `network`, or
@@ -43,7 +40,7 @@ pub(super) async fn update(
                 "this session's sandbox has no proxy of the host's whose rules can change".into(),
             )
         })?;
-        live.replace(allow, note(network));
+        live.replace(allow, network.change_event());
     }
     open.session.set_network(network.clone());
     service
@@ -51,26 +48,6 @@ pub(super) async fn update(
         .event(&Event::new(&caller.0, "network", &open.session.id));
     service.keep_record(&open.session);
     Ok(open.session.info())
-}
-
-/// Gives a sandbox made again for `session` (restored under [`Session::policy_now`], which
-/// keeps the mode it was created with) a change of mode its policy could not carry: `allow`
-/// to `none` empties its proxy's rules. (Between the sandbox's start and this, it had the
-/// rules of its creation; see the README.)
-pub(super) fn take_up(session: &Session, agent: &AgentSandbox) -> Result<(), ServiceError> {
-    let (Some(now), Some(created)) = (session.network().0, session.policy.as_ref()) else {
-        return Ok(());
-    };
-    if now.mode == created.network.mode {
-        return Ok(());
-    }
-    let live = agent.network().ok_or_else(|| {
-        ServiceError::Conflict(
-            "the restored sandbox has no proxy whose rules can take the session's network".into(),
-        )
-    })?;
-    live.replace(now.allowlist()?, note(&now));
-    Ok(())
 }
 
 /// Whether a live sandbox can go from mode `from` to mode `to`: `full` has no network
@@ -92,32 +69,6 @@ fn movable(from: NetMode, to: NetMode) -> Result<(), ServiceError> {
         }
     };
     Err(ServiceError::Conflict(why.into()))
-}
-
-/// The proxy's log entry of a change: what the network is now.
-fn note(network: &Network) -> NetEvent {
-    let mode = match network.mode {
-        NetMode::Allow => "allow",
-        NetMode::None => "none",
-        NetMode::Full => "full",
-    };
-    let mut reason = format!("the session's network changed: mode {mode}");
-    if !network.allow.is_empty() {
-        reason += &format!(", allow {}", network.allow.join(" "));
-    }
-    if !network.resolve.is_empty() {
-        reason += &format!(", resolve {}", network.resolve.join(" "));
-    }
-    NetEvent {
-        host: String::new(),
-        port: 0,
-        protocol: "policy".into(),
-        decision: "changed".into(),
-        reason,
-        address: None,
-        bytes_up: 0,
-        bytes_down: 0,
-    }
 }
 
 #[cfg(test)]

@@ -117,9 +117,29 @@ pub(super) async fn restore(
         ServiceError::Conflict(format!("the session's saved state did not restore: {e}"))
     })?);
     session.set_agent(Some(agent.clone()));
-    super::network::take_up(session, &agent)?;
+    take_up(session, &agent)?;
     saved::remove_state(&dir, &session.id);
     Ok((agent, verified.millis))
+}
+
+/// Gives a sandbox made again for `session` (restored under [`Session::policy_now`], which
+/// keeps the mode it was created with) a change of mode its policy could not carry: `allow`
+/// to `none` empties its proxy's rules. (Between the sandbox's start and this, it had the
+/// rules of its creation; see the README.)
+fn take_up(session: &Session, agent: &AgentSandbox) -> Result<(), ServiceError> {
+    let (Some(now), Some(created)) = (session.network().0, session.policy.as_ref()) else {
+        return Ok(());
+    };
+    if now.mode == created.network.mode {
+        return Ok(());
+    }
+    let live = agent.network().ok_or_else(|| {
+        ServiceError::Conflict(
+            "the restored sandbox has no proxy whose rules can take the session's network".into(),
+        )
+    })?;
+    live.replace(now.allowlist()?, now.change_event());
+    Ok(())
 }
 
 /// A state the resume refuses: a conflict that says why (its disk failing is the server's).
