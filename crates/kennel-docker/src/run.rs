@@ -324,6 +324,10 @@ async fn in_container(
             watch: None,
             freezer,
             saver: None,
+            ports: Some(std::sync::Arc::new(kennel_sandbox::Ports::refused(
+                "previews do not reach the docker runtime's containers yet: use the oci tier's \
+                 crun or runc, or the native tier",
+            ))),
         });
     }
     let started = Instant::now();

@@ -166,6 +166,8 @@ pub struct Started {
     /// Saves the sandbox with its memory, where its tier can (the microvm tier's runs, and runsc
     /// runs without a network).
     pub saver: Option<Arc<dyn Save>>,
+    /// How a preview reaches the code's ports (`None`: the tier does not say).
+    pub ports: Option<Arc<crate::egress::Ports>>,
 }
 
 /// Saves a running sandbox with its memory, where its tier can.

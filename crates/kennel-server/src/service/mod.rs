@@ -17,6 +17,7 @@ mod fork;
 pub mod jobs;
 mod kept;
 mod pause;
+pub mod ports;
 mod process;
 mod registry;
 mod reply;
@@ -202,6 +203,14 @@ impl Service {
             Action::Attach { id, to } => terminal::attach(self, caller, &id, to)
                 .await
                 .map(|a| Reply::Attached(Box::new(a))),
+            Action::OpenPort { id, spec, base } => {
+                ports::open(self, caller, &id, &spec, base.as_deref()).map(Reply::Port)
+            }
+            Action::ListPorts { id } => ports::list(self, caller, &id).map(Reply::Ports),
+            Action::RevokePort { id, port } => {
+                ports::revoke(self, caller, &id, port)?;
+                Ok(Reply::Done)
+            }
             Action::Watch {
                 id,
                 path,
