@@ -7,6 +7,7 @@ mod extract;
 mod front;
 pub mod openapi;
 pub mod pause;
+pub mod previews;
 pub mod processes;
 mod reply;
 pub mod routes;
@@ -270,11 +271,21 @@ pub fn router(state: Shared, mounts: &[Mount]) -> Router {
             post(terminals::resize_terminal),
         )
         .route("/v1/sessions/{id}/pty", get(terminals::pty))
-        .route("/v1/sessions/{id}/watch", get(watch::watch));
+        .route("/v1/sessions/{id}/watch", get(watch::watch))
+        .route(
+            "/v1/sessions/{id}/ports",
+            post(previews::open).get(previews::list),
+        )
+        .route(
+            "/v1/sessions/{id}/ports/{port}",
+            axum::routing::delete(previews::revoke),
+        );
     for mount in mounts {
         routes = routes.nest_service(mount.path, (mount.make)(state.clone()));
     }
     let hosts = Arc::new(Hosts::of(&state.config));
+    let domain: Option<Arc<str>> = state.config.ports.domain.as_deref().map(Arc::from);
+    let previews = state.clone();
     routes
         .fallback(fallback)
         .method_not_allowed_fallback(wrong_method)
@@ -292,6 +303,11 @@ pub fn router(state: Shared, mounts: &[Mount]) -> Router {
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(
             panic_response,
         ))
+        // Before the front door and the bearer check: a preview has its own token, and its
+        // pages their own origins.
+        .layer(middleware::from_fn(move |req, next| {
+            previews::route(previews.clone(), domain.clone(), req, next)
+        }))
         .layer(middleware::from_fn(request_log::log_request))
         .with_state(state)
 }

@@ -7,7 +7,7 @@ use kennel_types::api::{MAX_METADATA_KEYS, MAX_METADATA_KEY_BYTES, MAX_METADATA_
 use serde_json::{json, Map, Value};
 use utoipa::OpenApi;
 
-use super::{pause as pausing, processes, routes, snapshots, terminals, volumes, watch};
+use super::{pause as pausing, previews, processes, routes, snapshots, terminals, volumes, watch};
 use crate::config::ServerConfig;
 use crate::pattern;
 use kennel_types::api;
@@ -62,6 +62,9 @@ use kennel_types::terminal;
         volumes::list_volumes,
         volumes::show_volume,
         volumes::delete_volume,
+        previews::open,
+        previews::list,
+        previews::revoke,
     ),
     components(schemas(
         api::RunSpec, api::LimitsSpec, api::RunResult, api::CollectedFile, api::Content,
@@ -81,6 +84,7 @@ use kennel_types::terminal;
         kennel_types::volume::VolumeSpec, kennel_types::volume::VolumeKind,
         kennel_types::volume::VolumeMount, kennel_types::volume::VolumeInfo,
         kennel_types::volume::Attachment,
+        kennel_types::ports::PortSpec, kennel_types::ports::PortInfo,
     )),
     modifiers(&BearerAuth),
     security(("bearer" = []))
