@@ -187,8 +187,10 @@ async fn serve(state: &Shared, target: Target, mut req: Request) -> Response {
         Err(denied) => return refused(denied, target.form),
     };
     // The host form trades a token in the query for a cookie of its own host, and drops it
-    // from the address the page then has (and would send on as a referrer).
-    if let (Form::Host, Some(token)) = (target.form, &from_query) {
+    // from the address the page then has (and would send on as a referrer). A WebSocket
+    // follows no redirect: its handshake goes on, the token taken out.
+    let upgrading = req.headers().contains_key(header::UPGRADE);
+    if let (Form::Host, Some(token), false) = (target.form, &from_query, upgrading) {
         let to = match &query {
             Some(q) => format!("{}?{q}", target.rest),
             None => target.rest.clone(),
