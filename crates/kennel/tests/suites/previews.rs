@@ -266,3 +266,109 @@ fn a_websocket_echoes_through_the_preview() {
     s.read_exact(&mut data).unwrap();
     assert_eq!(data, b"echo: hello through kennel");
 }
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+
+/// Loads `url` in a fresh headless chromium (`--dump-dom`, its own profile under `profile`)
+/// and returns the DOM it dumped. Chromium runs in a process group of its own, killed (by
+/// that group's id) once it has answered or after 120 s.
+fn chromium_dom(url: &str, profile: &std::path::Path) -> String {
+    use std::os::unix::process::CommandExt as _;
+    let mut child = std::process::Command::new(CHROMIUM)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-proxy-server",
+            "--virtual-time-budget=10000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(["--dump-dom", url])
+        .env_remove("http_proxy")
+        .env_remove("https_proxy")
+        .env_remove("all_proxy")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("starting chromium");
+    let group = i32::try_from(child.id()).unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stdout.read_to_string(&mut s);
+        s
+    });
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: kill() with a negative pid signals the process group this test made for the
+    // chromium it started (process_group(0) made the child its leader); no memory is touched.
+    unsafe {
+        libc::kill(-group, libc::SIGKILL);
+    }
+    let _ = child.wait();
+    out.join().unwrap()
+}
+
+/// The results the preview app's page put into `<pre id="out">` (base64 of JSON).
+fn page_results(dom: &str) -> Vec<Value> {
+    use base64::Engine as _;
+    let encoded = dom
+        .split_once("<pre id=\"out\">")
+        .and_then(|(_, rest)| rest.split_once("</pre>"))
+        .map(|(text, _)| text.trim().to_string())
+        .unwrap_or_else(|| panic!("no results in the page's DOM:\n{dom}"));
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(&encoded)
+        .unwrap_or_else(|e| panic!("the page's results ({e}): {encoded:?}"));
+    serde_json::from_slice::<Value>(&bytes).unwrap().as_array().cloned().unwrap_or_default()
+}
+
+#[test]
+fn chromium_opens_a_preview_and_its_websocket_but_not_another_sessions() {
+    if !require("Debian's chromium (/usr/bin/chromium)", std::path::Path::new(CHROMIUM).is_file()) {
+        return;
+    }
+    let server = preview_server("previews-chromium");
+    let a = open_session(&server, json!({}))["id"].as_str().unwrap().to_string();
+    let b = open_session(&server, json!({}))["id"].as_str().unwrap().to_string();
+    start_app(&server, &a, 8000);
+    start_app(&server, &b, 8000);
+    let info = open_port(&server.client, &a, json!({"port": 8000}));
+    let ta = info["token"].as_str().unwrap().to_string();
+    let tb = open_port(&server.client, &b, json!({"port": 8000}))["token"].as_str().unwrap().to_string();
+    wait_for_app(&server, &a, 8000, &ta);
+    wait_for_app(&server, &b, 8000, &tb);
+    let profile = test_dir("previews-chromium-profile");
+    // The preview's own URL, on its page: the query's token becomes the host's cookie, and the
+    // page's script reaches the WebSocket with it, and tries session b's preview.
+    let other = format!("http://8000-{b}.localhost:{}/secret", server.port);
+    let url = info["url"]
+        .as_str()
+        .unwrap()
+        .replacen("/?", "/page?", 1)
+        + "&other="
+        + &other.replace(':', "%3A").replace('/', "%2F");
+    let results = page_results(&chromium_dom(&url, &profile));
+    let ws = results.iter().find(|r| r["name"] == "ws").unwrap_or_else(|| panic!("{results:?}"));
+    assert_eq!(ws["data"], "echo: ping from the page", "{results:?}");
+    let cross = results.iter().find(|r| r["name"] == "other").unwrap();
+    assert!(cross.get("error").is_some() || cross["status"] == 401, "{cross}");
+    let seen_by_b = session_py(&server, &b, "print(open('/tmp/app-8000.log').read())");
+    assert!(!seen_by_b.contains("/secret"), "session b's app was reached: {seen_by_b}");
+    // Revoked, then expired: the browser gets Kennel's refusal, not the page.
+    assert_eq!(server.client.delete(&format!("/v1/sessions/{a}/ports/8000")).status, 204);
+    let dom = chromium_dom(&url, &test_dir("previews-chromium-revoked"));
+    assert!(dom.contains("kennel: the token was revoked"), "{dom}");
+    let short = open_port(&server.client, &a, json!({"port": 8000, "expires_in": "1s"}));
+    std::thread::sleep(Duration::from_millis(1200));
+    let dom = chromium_dom(short["url"].as_str().unwrap(), &test_dir("previews-chromium-expired"));
+    assert!(dom.contains("kennel: the token has expired"), "{dom}");
+}
