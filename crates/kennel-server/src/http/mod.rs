@@ -274,11 +274,11 @@ pub fn router(state: Shared, mounts: &[Mount]) -> Router {
         .route("/v1/sessions/{id}/watch", get(watch::watch))
         .route(
             "/v1/sessions/{id}/ports",
-            post(previews::open).get(previews::list),
+            post(previews::open_port).get(previews::list_ports),
         )
         .route(
             "/v1/sessions/{id}/ports/{port}",
-            axum::routing::delete(previews::revoke),
+            axum::routing::delete(previews::revoke_port),
         );
     for mount in mounts {
         routes = routes.nest_service(mount.path, (mount.make)(state.clone()));

@@ -62,9 +62,9 @@ use kennel_types::terminal;
         volumes::list_volumes,
         volumes::show_volume,
         volumes::delete_volume,
-        previews::open,
-        previews::list,
-        previews::revoke,
+        previews::open_port,
+        previews::list_ports,
+        previews::revoke_port,
     ),
     components(schemas(
         api::RunSpec, api::LimitsSpec, api::RunResult, api::CollectedFile, api::Content,

@@ -45,7 +45,7 @@ const PATH_FORM_CSP: &str = "sandbox allow-scripts allow-forms";
         (status = 503, description = "No preview reaches this session's ports: its tier \
             (microvm, docker, runsc without a network) or its network (`full`) says why"),
     ))]
-pub async fn open(
+pub async fn open_port(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
     ApiPath(id): ApiPath<String>,
@@ -65,7 +65,7 @@ pub async fn open(
     responses(
         (status = 200, description = "The session's open previews, by port", body = Vec<PortInfo>),
         (status = 404, description = "No such session for this caller")))]
-pub async fn list(
+pub async fn list_ports(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
     ApiPath(id): ApiPath<String>,
@@ -80,7 +80,7 @@ pub async fn list(
         (status = 204, description = "Revoked: its token opens nothing from now on"),
         (status = 404, description = "No such session for this caller, or no open preview of \
             that port")))]
-pub async fn revoke(
+pub async fn revoke_port(
     State(state): State<Shared>,
     Extension(caller): Extension<Caller>,
     ApiPath((id, port)): ApiPath<(String, u16)>,
