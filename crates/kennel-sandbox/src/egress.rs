@@ -14,7 +14,8 @@ use kennel_types::net::Allowlist;
 use crate::sys;
 
 /// Why a sandbox with network `full` has no previews: its ports are the host's.
-pub(crate) const FULL_NETWORK: &str = "a sandbox with network \"full\" shares the host's network: its \
+pub(crate) const FULL_NETWORK: &str =
+    "a sandbox with network \"full\" shares the host's network: its \
      ports are the host's, which no preview reaches; use network \"none\" or \"allow\"";
 
 /// Where a guest's proxy listeners hand each accepted connection, with the port it came to.
@@ -83,7 +84,9 @@ impl Ports {
     /// The network namespace process `pid` is in now.
     pub(crate) fn of_pid(pid: i32) -> io::Result<Ports> {
         let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))?;
-        Ok(Ports { how: How::Netns(ns) })
+        Ok(Ports {
+            how: How::Netns(ns),
+        })
     }
 
     /// The network namespace of the processes of a cgroup that are not in this process's.
@@ -116,7 +119,9 @@ impl Ports {
     /// nothing listens there.
     pub fn connect(&self, port: u16, within: std::time::Duration) -> io::Result<TcpStream> {
         let ns = match &self.how {
-            How::Refused(why) => return Err(io::Error::new(io::ErrorKind::Unsupported, why.clone())),
+            How::Refused(why) => {
+                return Err(io::Error::new(io::ErrorKind::Unsupported, why.clone()))
+            }
             How::Netns(ns) => ns.try_clone()?,
             How::Cgroup { probe, found } => match found.get() {
                 Some(ns) => ns.try_clone()?,

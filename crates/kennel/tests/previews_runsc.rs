@@ -15,7 +15,10 @@ include!("suites/session_kit.rs");
 #[test]
 fn runsc_without_a_network_refuses_previews_with_the_reason() {
     let server = tier_server("previews-runsc", "");
-    let id = open_session(&server, json!({}))["id"].as_str().unwrap().to_string();
+    let id = open_session(&server, json!({}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let r = server
         .client
         .post_json(&format!("/v1/sessions/{id}/ports"), &json!({"port": 8000}));

@@ -226,13 +226,15 @@ impl Supervised for NativeTier {
         })?;
         // The helper has unshared its namespaces (ids are mapped for its user namespace): its
         // network namespace is the sandbox's, unless the network is the host's.
-        self.ports = Some(std::sync::Arc::new(if self.plan.policy.network.mode == NetMode::Full {
-            crate::egress::Ports::refused(FULL_NETWORK)
-        } else {
-            crate::egress::Ports::of_pid(pid).unwrap_or_else(|e| {
-                crate::egress::Ports::refused(format!("the sandbox's network namespace: {e}"))
-            })
-        }));
+        self.ports = Some(std::sync::Arc::new(
+            if self.plan.policy.network.mode == NetMode::Full {
+                crate::egress::Ports::refused(FULL_NETWORK)
+            } else {
+                crate::egress::Ports::of_pid(pid).unwrap_or_else(|e| {
+                    crate::egress::Ports::refused(format!("the sandbox's network namespace: {e}"))
+                })
+            },
+        ));
         let mut proxy = None;
         if self.plan.policy.network.mode == NetMode::Allow {
             let failed = |e: std::io::Error| Error::Setup {

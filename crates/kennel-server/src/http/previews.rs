@@ -149,7 +149,11 @@ impl Target {
         };
         let Some(rest) = parts.next() else {
             // `/p/{id}/{port}`: the app's relative links need the slash.
-            let query = req.uri().query().map(|q| format!("?{q}")).unwrap_or_default();
+            let query = req
+                .uri()
+                .query()
+                .map(|q| format!("?{q}"))
+                .unwrap_or_default();
             let to = format!("/p/{session}/{port}/{query}");
             return Some(Err(redirect(StatusCode::PERMANENT_REDIRECT, &to)));
         };
@@ -213,7 +217,10 @@ async fn serve(state: &Shared, target: Target, mut req: Request) -> Response {
         None => target.rest.clone(),
     };
     let Ok(uri) = path.parse::<Uri>() else {
-        return plain(StatusCode::BAD_REQUEST, "the request's path is not a valid URI");
+        return plain(
+            StatusCode::BAD_REQUEST,
+            "the request's path is not a valid URI",
+        );
     };
     *req.uri_mut() = uri;
     let mut answer = forward(ports, target.port, req).await;
@@ -231,27 +238,26 @@ async fn serve(state: &Shared, target: Target, mut req: Request) -> Response {
 /// Sends `req` to the port inside the sandbox and its answer back; an upgrade (WebSocket)
 /// joins the two connections once the app has answered 101.
 async fn forward(ports: Arc<kennel_sandbox::Ports>, port: u16, mut req: Request) -> Response {
-    let stream = match tokio::task::spawn_blocking(move || ports.connect(port, CONNECT_WITHIN))
-        .await
-    {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-            return plain(
-                StatusCode::BAD_GATEWAY,
-                &format!("nothing listens on port {port} in the session's sandbox"),
-            )
-        }
-        Ok(Err(e)) if e.kind() == std::io::ErrorKind::Unsupported => {
-            return plain(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())
-        }
-        Ok(Err(e)) => {
-            return plain(
-                StatusCode::BAD_GATEWAY,
-                &format!("port {port} in the session's sandbox: {e}"),
-            )
-        }
-        Err(_) => return plain(StatusCode::BAD_GATEWAY, "the connecting task failed"),
-    };
+    let stream =
+        match tokio::task::spawn_blocking(move || ports.connect(port, CONNECT_WITHIN)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                return plain(
+                    StatusCode::BAD_GATEWAY,
+                    &format!("nothing listens on port {port} in the session's sandbox"),
+                )
+            }
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::Unsupported => {
+                return plain(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())
+            }
+            Ok(Err(e)) => {
+                return plain(
+                    StatusCode::BAD_GATEWAY,
+                    &format!("port {port} in the session's sandbox: {e}"),
+                )
+            }
+            Err(_) => return plain(StatusCode::BAD_GATEWAY, "the connecting task failed"),
+        };
     let stream = match stream
         .set_nonblocking(true)
         .and_then(|()| tokio::net::TcpStream::from_std(stream))
@@ -384,7 +390,10 @@ mod tests {
         let (q, t) = strip_query(Some("kennel_token=abc"));
         assert_eq!((q, t.as_deref()), (None, Some("abc")));
         let mut h = HeaderMap::new();
-        h.insert(header::COOKIE, HeaderValue::from_static("x=1; kennel_token=t; y=2"));
+        h.insert(
+            header::COOKIE,
+            HeaderValue::from_static("x=1; kennel_token=t; y=2"),
+        );
         let (c, t) = strip_cookie(&h);
         assert_eq!((c.as_deref(), t.as_deref()), (Some("x=1; y=2"), Some("t")));
     }

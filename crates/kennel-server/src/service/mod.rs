@@ -18,6 +18,7 @@ pub mod jobs;
 mod kept;
 mod pause;
 pub mod ports;
+mod preview_store;
 mod process;
 mod registry;
 mod reply;

@@ -54,7 +54,7 @@ pub struct Service {
     /// The tokens' volumes, and who holds them.
     pub(super) volumes: Arc<super::volume_store::Store>,
     /// The sessions' open previews and the key their tokens are signed under.
-    pub(crate) previews: super::ports::Previews,
+    pub(crate) previews: super::preview_store::Previews,
 }
 
 impl Service {
@@ -109,7 +109,7 @@ impl Service {
             volumes: Arc::new(super::volume_store::Store::none(
                 "no volumes directory was given",
             )),
-            previews: super::ports::Previews::open(None, None),
+            previews: super::preview_store::Previews::open(None, None),
         }
     }
 
@@ -141,7 +141,7 @@ impl Service {
     pub fn with_previews(self, state: Option<&std::path::Path>) -> Service {
         let key = self.config.ports.key.clone();
         Service {
-            previews: super::ports::Previews::open(key.as_deref(), state),
+            previews: super::preview_store::Previews::open(key.as_deref(), state),
             ..self
         }
     }

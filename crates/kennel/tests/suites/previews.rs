@@ -38,10 +38,15 @@ fn preview_server(name: &str) -> Server {
 
 /// Starts the app in session `id` on `port` (its log in /tmp/app-PORT.log).
 fn start_app(server: &Server, id: &str, port: u16) {
-    let r = server.client.put(&format!("/v1/sessions/{id}/files/workspace/app.py"), APP.as_bytes());
+    let r = server.client.put(
+        &format!("/v1/sessions/{id}/files/workspace/app.py"),
+        APP.as_bytes(),
+    );
     assert!(r.status == 204 || r.status == 200, "{}", r.text());
     let spec = json!({"argv": ["python3", "/workspace/app.py", port.to_string(), format!("/tmp/app-{port}.log")]});
-    let r = server.client.post_json(&format!("/v1/sessions/{id}/processes"), &spec);
+    let r = server
+        .client
+        .post_json(&format!("/v1/sessions/{id}/processes"), &spec);
     assert_eq!(r.status, 201, "{}", r.text());
 }
 
@@ -54,7 +59,12 @@ fn open_port(client: &Client, id: &str, body: Value) -> Value {
 
 /// One raw HTTP/1.1 exchange with the server: `Host: host`, no redirect followed, the
 /// connection closed after. Status, headers (names lower-cased) and body.
-fn raw(server: &Server, host: &str, target: &str, headers: &[(&str, &str)]) -> (u16, Vec<(String, String)>, String) {
+fn raw(
+    server: &Server,
+    host: &str,
+    target: &str,
+    headers: &[(&str, &str)],
+) -> (u16, Vec<(String, String)>, String) {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", server.port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let mut req = format!("GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
@@ -68,7 +78,11 @@ fn raw(server: &Server, host: &str, target: &str, headers: &[(&str, &str)]) -> (
     let text = String::from_utf8_lossy(&all).to_string();
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     let mut lines = head.lines();
-    let status = lines.next().and_then(|l| l.split(' ').nth(1)).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
     let headers = lines
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
@@ -77,7 +91,10 @@ fn raw(server: &Server, host: &str, target: &str, headers: &[(&str, &str)]) -> (
 }
 
 fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
-    headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    headers
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
 }
 
 /// The path form's address of `port` of session `id`, under `rest`.
@@ -89,11 +106,19 @@ fn path_form(id: &str, port: u16, rest: &str) -> String {
 fn wait_for_app(server: &Server, id: &str, port: u16, token: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let (status, _, body) = raw(server, "127.0.0.1", &path_form(id, port, "/"), &[("X-Kennel-Token", token)]);
+        let (status, _, body) = raw(
+            server,
+            "127.0.0.1",
+            &path_form(id, port, "/"),
+            &[("X-Kennel-Token", token)],
+        );
         if status == 200 {
             return;
         }
-        assert!(status == 502 && Instant::now() < deadline, "the app never answered: {status} {body}");
+        assert!(
+            status == 502 && Instant::now() < deadline,
+            "the app never answered: {status} {body}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -101,15 +126,28 @@ fn wait_for_app(server: &Server, id: &str, port: u16, token: &str) {
 #[test]
 fn previews_reach_the_sandboxed_app_in_both_forms_and_keep_kennels_token_from_it() {
     let server = preview_server("previews-forms");
-    let id = open_session(&server, json!({}))["id"].as_str().unwrap().to_string();
+    let id = open_session(&server, json!({}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     // Without a preview, no token opens the port.
     let (status, _, _) = raw(&server, "127.0.0.1", &path_form(&id, 8000, "/"), &[]);
     assert_eq!(status, 401);
     start_app(&server, &id, 8000);
-    let info = open_port(&server.client, &id, json!({"port": 8000, "expires_in": "1h"}));
+    let info = open_port(
+        &server.client,
+        &id,
+        json!({"port": 8000, "expires_in": "1h"}),
+    );
     let token = info["token"].as_str().unwrap().to_string();
     let url = info["url"].as_str().unwrap();
-    assert_eq!(url, format!("http://8000-{id}.localhost:{}/?kennel_token={token}", server.port));
+    assert_eq!(
+        url,
+        format!(
+            "http://8000-{id}.localhost:{}/?kennel_token={token}",
+            server.port
+        )
+    );
     wait_for_app(&server, &id, 8000, &token);
 
     // The path form, the token as a header: the app sees neither it nor a cookie of Kennel's;
@@ -118,7 +156,10 @@ fn previews_reach_the_sandboxed_app_in_both_forms_and_keep_kennels_token_from_it
         &server,
         "127.0.0.1",
         &path_form(&id, 8000, "/hello?a=1"),
-        &[("X-Kennel-Token", &token), ("Cookie", &format!("kennel_token={token}; mine=2"))],
+        &[
+            ("X-Kennel-Token", &token),
+            ("Cookie", &format!("kennel_token={token}; mine=2")),
+        ],
     );
     assert_eq!(status, 200, "{body}");
     let seen: Value = serde_json::from_str(&body).unwrap();
@@ -126,18 +167,33 @@ fn previews_reach_the_sandboxed_app_in_both_forms_and_keep_kennels_token_from_it
     assert!(seen["headers"].get("x-kennel-token").is_none(), "{seen}");
     assert_eq!(seen["headers"]["cookie"], "mine=2", "{seen}");
     assert!(!body.contains(&token), "{body}");
-    assert_eq!(header(&headers, "content-security-policy"), Some("sandbox allow-scripts allow-forms"));
+    assert_eq!(
+        header(&headers, "content-security-policy"),
+        Some("sandbox allow-scripts allow-forms")
+    );
     assert_eq!(header(&headers, "set-cookie"), None, "{headers:?}");
 
     // The path form, the token in the query: taken out before the app sees the path, and
     // no cookie set.
-    let (status, headers, body) =
-        raw(&server, "127.0.0.1", &path_form(&id, 8000, &format!("/q?kennel_token={token}&b=2")), &[]);
+    let (status, headers, body) = raw(
+        &server,
+        "127.0.0.1",
+        &path_form(&id, 8000, &format!("/q?kennel_token={token}&b=2")),
+        &[],
+    );
     assert_eq!(status, 200, "{body}");
-    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["path"], "/q?b=2");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["path"],
+        "/q?b=2"
+    );
     assert_eq!(header(&headers, "set-cookie"), None);
     // The path form takes no cookie.
-    let (status, _, _) = raw(&server, "127.0.0.1", &path_form(&id, 8000, "/"), &[("Cookie", &format!("kennel_token={token}"))]);
+    let (status, _, _) = raw(
+        &server,
+        "127.0.0.1",
+        &path_form(&id, 8000, "/"),
+        &[("Cookie", &format!("kennel_token={token}"))],
+    );
     assert_eq!(status, 401);
 
     // The host form: the query's token becomes a cookie of that host alone, and a redirect
@@ -148,8 +204,16 @@ fn previews_reach_the_sandboxed_app_in_both_forms_and_keep_kennels_token_from_it
     assert_eq!(header(&headers, "location"), Some("/x?c=3"));
     assert_eq!(header(&headers, "referrer-policy"), Some("no-referrer"));
     let cookie = header(&headers, "set-cookie").unwrap();
-    assert_eq!(cookie, format!("kennel_token={token}; Path=/; HttpOnly; SameSite=Lax"));
-    let (status, headers, body) = raw(&server, &host, "/x?c=3", &[("Cookie", &format!("app=1; kennel_token={token}"))]);
+    assert_eq!(
+        cookie,
+        format!("kennel_token={token}; Path=/; HttpOnly; SameSite=Lax")
+    );
+    let (status, headers, body) = raw(
+        &server,
+        &host,
+        "/x?c=3",
+        &[("Cookie", &format!("app=1; kennel_token={token}"))],
+    );
     assert_eq!(status, 200, "{body}");
     let seen: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(seen["headers"]["cookie"], "app=1");
@@ -160,10 +224,23 @@ fn previews_reach_the_sandboxed_app_in_both_forms_and_keep_kennels_token_from_it
     // A preview token opens no API route; an API token opens no preview.
     let as_preview = server.client.with_token(Some(&token));
     assert_eq!(as_preview.get("/v1/sessions").status, 401);
-    assert_eq!(as_preview.get(&format!("/v1/sessions/{id}/ports")).status, 401);
-    let (status, _, _) = raw(&server, "127.0.0.1", &path_form(&id, 8000, "/"), &[("X-Kennel-Token", TOKEN_A)]);
+    assert_eq!(
+        as_preview.get(&format!("/v1/sessions/{id}/ports")).status,
+        401
+    );
+    let (status, _, _) = raw(
+        &server,
+        "127.0.0.1",
+        &path_form(&id, 8000, "/"),
+        &[("X-Kennel-Token", TOKEN_A)],
+    );
     assert_eq!(status, 401);
-    let (status, _, _) = raw(&server, "127.0.0.1", &path_form(&id, 8000, "/"), &[("Authorization", &format!("Bearer {TOKEN_A}"))]);
+    let (status, _, _) = raw(
+        &server,
+        "127.0.0.1",
+        &path_form(&id, 8000, "/"),
+        &[("Authorization", &format!("Bearer {TOKEN_A}"))],
+    );
     assert_eq!(status, 401);
     // The app never saw Kennel's token in any form.
     let log = session_py(&server, &id, "print(open('/tmp/app-8000.log').read())");
@@ -173,69 +250,191 @@ fn previews_reach_the_sandboxed_app_in_both_forms_and_keep_kennels_token_from_it
 #[test]
 fn previews_refuse_what_they_must() {
     let server = preview_server("previews-refusals");
-    let a = open_session(&server, json!({}))["id"].as_str().unwrap().to_string();
-    let b = open_session(&server, json!({}))["id"].as_str().unwrap().to_string();
+    let a = open_session(&server, json!({}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let b = open_session(&server, json!({}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     start_app(&server, &a, 8000);
     start_app(&server, &b, 8000);
-    let ta = open_port(&server.client, &a, json!({"port": 8000}))["token"].as_str().unwrap().to_string();
-    let tb = open_port(&server.client, &b, json!({"port": 8000}))["token"].as_str().unwrap().to_string();
+    let ta = open_port(&server.client, &a, json!({"port": 8000}))["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let tb = open_port(&server.client, &b, json!({"port": 8000}))["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
     wait_for_app(&server, &a, 8000, &ta);
     wait_for_app(&server, &b, 8000, &tb);
     // Another session's port with this session's token.
-    let (status, _, _) = raw(&server, "127.0.0.1", &path_form(&b, 8000, "/"), &[("X-Kennel-Token", &ta)]);
+    let (status, _, _) = raw(
+        &server,
+        "127.0.0.1",
+        &path_form(&b, 8000, "/"),
+        &[("X-Kennel-Token", &ta)],
+    );
     assert_eq!(status, 401);
     // Another token's session does not exist for it.
     let other = server.client.with_token(Some(TOKEN_B));
-    assert_eq!(other.post_json(&format!("/v1/sessions/{a}/ports"), &json!({"port": 8000})).status, 404);
+    assert_eq!(
+        other
+            .post_json(&format!("/v1/sessions/{a}/ports"), &json!({"port": 8000}))
+            .status,
+        404
+    );
     assert_eq!(other.get(&format!("/v1/sessions/{a}/ports")).status, 404);
-    assert_eq!(other.delete(&format!("/v1/sessions/{a}/ports/8000")).status, 404);
+    assert_eq!(
+        other.delete(&format!("/v1/sessions/{a}/ports/8000")).status,
+        404
+    );
     // Kennel's own proxy ports in the sandbox.
     for port in [3128, 1080] {
-        let r = server.client.post_json(&format!("/v1/sessions/{a}/ports"), &json!({"port": port}));
+        let r = server
+            .client
+            .post_json(&format!("/v1/sessions/{a}/ports"), &json!({"port": port}));
         assert_eq!(r.status, 404, "{port}: {}", r.text());
-        let (status, _, _) = raw(&server, "127.0.0.1", &path_form(&a, port, "/"), &[("X-Kennel-Token", &ta)]);
+        let (status, _, _) = raw(
+            &server,
+            "127.0.0.1",
+            &path_form(&a, port, "/"),
+            &[("X-Kennel-Token", &ta)],
+        );
         assert_eq!(status, 404);
     }
-    assert_eq!(server.client.post_json(&format!("/v1/sessions/{a}/ports"), &json!({"port": 0})).status, 400);
-    assert_eq!(server.client.post_json(&format!("/v1/sessions/{a}/ports"), &json!({"port": 1, "expires_in": "400h"})).status, 400);
-    assert_eq!(server.client.post_json(&format!("/v1/sessions/{a}/ports"), &json!({"port": 1, "bogus": 1})).status, 400);
+    assert_eq!(
+        server
+            .client
+            .post_json(&format!("/v1/sessions/{a}/ports"), &json!({"port": 0}))
+            .status,
+        400
+    );
+    assert_eq!(
+        server
+            .client
+            .post_json(
+                &format!("/v1/sessions/{a}/ports"),
+                &json!({"port": 1, "expires_in": "400h"})
+            )
+            .status,
+        400
+    );
+    assert_eq!(
+        server
+            .client
+            .post_json(
+                &format!("/v1/sessions/{a}/ports"),
+                &json!({"port": 1, "bogus": 1})
+            )
+            .status,
+        400
+    );
     // A port nothing listens on: 502, one line.
-    let t9 = open_port(&server.client, &a, json!({"port": 8009}))["token"].as_str().unwrap().to_string();
-    let (status, _, body) = raw(&server, "127.0.0.1", &path_form(&a, 8009, "/"), &[("X-Kennel-Token", &t9)]);
+    let t9 = open_port(&server.client, &a, json!({"port": 8009}))["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (status, _, body) = raw(
+        &server,
+        "127.0.0.1",
+        &path_form(&a, 8009, "/"),
+        &[("X-Kennel-Token", &t9)],
+    );
     assert_eq!(status, 502);
     assert_eq!(body.trim().lines().count(), 1, "{body}");
     assert!(body.contains("nothing listens on port 8009"), "{body}");
     // The list, then a revoke: the revoked token is refused, the others work.
     let listed = server.client.get(&format!("/v1/sessions/{a}/ports")).json();
-    let ports: Vec<u64> = listed.as_array().unwrap().iter().map(|p| p["port"].as_u64().unwrap()).collect();
+    let ports: Vec<u64> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["port"].as_u64().unwrap())
+        .collect();
     assert_eq!(ports, vec![8000, 8009]);
     assert_eq!(listed[0]["token"], ta.as_str());
-    assert_eq!(server.client.delete(&format!("/v1/sessions/{a}/ports/8000")).status, 204);
-    assert_eq!(server.client.delete(&format!("/v1/sessions/{a}/ports/8000")).status, 404);
-    let (status, _, _) = raw(&server, "127.0.0.1", &path_form(&a, 8000, "/"), &[("X-Kennel-Token", &ta)]);
+    assert_eq!(
+        server
+            .client
+            .delete(&format!("/v1/sessions/{a}/ports/8000"))
+            .status,
+        204
+    );
+    assert_eq!(
+        server
+            .client
+            .delete(&format!("/v1/sessions/{a}/ports/8000"))
+            .status,
+        404
+    );
+    let (status, _, _) = raw(
+        &server,
+        "127.0.0.1",
+        &path_form(&a, 8000, "/"),
+        &[("X-Kennel-Token", &ta)],
+    );
     assert_eq!(status, 401);
     // An expired token.
-    let short = open_port(&server.client, &a, json!({"port": 8000, "expires_in": "1s"}))["token"].as_str().unwrap().to_string();
-    let (status, _, _) = raw(&server, "127.0.0.1", &path_form(&a, 8000, "/"), &[("X-Kennel-Token", &short)]);
+    let short = open_port(
+        &server.client,
+        &a,
+        json!({"port": 8000, "expires_in": "1s"}),
+    )["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (status, _, _) = raw(
+        &server,
+        "127.0.0.1",
+        &path_form(&a, 8000, "/"),
+        &[("X-Kennel-Token", &short)],
+    );
     assert_eq!(status, 200);
     std::thread::sleep(Duration::from_millis(1200));
-    let (status, _, body) = raw(&server, "127.0.0.1", &path_form(&a, 8000, "/"), &[("X-Kennel-Token", &short)]);
+    let (status, _, body) = raw(
+        &server,
+        "127.0.0.1",
+        &path_form(&a, 8000, "/"),
+        &[("X-Kennel-Token", &short)],
+    );
     assert_eq!(status, 401, "{body}");
     assert!(body.contains("expired"), "{body}");
     // After the session ends, its previews are gone.
-    assert_eq!(server.client.delete(&format!("/v1/sessions/{b}")).status, 204);
-    let (status, _, _) = raw(&server, "127.0.0.1", &path_form(&b, 8000, "/"), &[("X-Kennel-Token", &tb)]);
+    assert_eq!(
+        server.client.delete(&format!("/v1/sessions/{b}")).status,
+        204
+    );
+    let (status, _, _) = raw(
+        &server,
+        "127.0.0.1",
+        &path_form(&b, 8000, "/"),
+        &[("X-Kennel-Token", &tb)],
+    );
     assert_eq!(status, 404);
-    let (status, _, _) = raw(&server, &format!("8000-{b}.localhost"), "/", &[("Cookie", &format!("kennel_token={tb}"))]);
+    let (status, _, _) = raw(
+        &server,
+        &format!("8000-{b}.localhost"),
+        "/",
+        &[("Cookie", &format!("kennel_token={tb}"))],
+    );
     assert_eq!(status, 404);
 }
 
 #[test]
 fn a_websocket_echoes_through_the_preview() {
     let server = preview_server("previews-websocket");
-    let id = open_session(&server, json!({}))["id"].as_str().unwrap().to_string();
+    let id = open_session(&server, json!({}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     start_app(&server, &id, 8000);
-    let token = open_port(&server.client, &id, json!({"port": 8000}))["token"].as_str().unwrap().to_string();
+    let token = open_port(&server.client, &id, json!({"port": 8000}))["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
     wait_for_app(&server, &id, 8000, &token);
     let mut s = std::net::TcpStream::connect(("127.0.0.1", server.port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
@@ -255,7 +454,7 @@ fn a_websocket_echoes_through_the_preview() {
     assert!(head.contains("s3pPLMBiTxaQ9kYGzzhZRbK+xOo="), "{head}");
     let message = b"hello through kennel";
     let mask = [1u8, 2, 3, 4];
-    let mut frame = vec![0x81, 0x80 | message.len() as u8];
+    let mut frame = vec![0x81, 0x80 | u8::try_from(message.len()).unwrap()];
     frame.extend_from_slice(&mask);
     frame.extend(message.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
     s.write_all(&frame).unwrap();
@@ -328,47 +527,82 @@ fn page_results(dom: &str) -> Vec<Value> {
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(&encoded)
         .unwrap_or_else(|e| panic!("the page's results ({e}): {encoded:?}"));
-    serde_json::from_slice::<Value>(&bytes).unwrap().as_array().cloned().unwrap_or_default()
+    serde_json::from_slice::<Value>(&bytes)
+        .unwrap()
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
 }
 
 #[test]
 fn chromium_opens_a_preview_and_its_websocket_but_not_another_sessions() {
-    if !require("Debian's chromium (/usr/bin/chromium)", std::path::Path::new(CHROMIUM).is_file()) {
+    if !require(
+        "Debian's chromium (/usr/bin/chromium)",
+        std::path::Path::new(CHROMIUM).is_file(),
+    ) {
         return;
     }
     let server = preview_server("previews-chromium");
-    let a = open_session(&server, json!({}))["id"].as_str().unwrap().to_string();
-    let b = open_session(&server, json!({}))["id"].as_str().unwrap().to_string();
+    let a = open_session(&server, json!({}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let b = open_session(&server, json!({}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     start_app(&server, &a, 8000);
     start_app(&server, &b, 8000);
     let info = open_port(&server.client, &a, json!({"port": 8000}));
     let ta = info["token"].as_str().unwrap().to_string();
-    let tb = open_port(&server.client, &b, json!({"port": 8000}))["token"].as_str().unwrap().to_string();
+    let tb = open_port(&server.client, &b, json!({"port": 8000}))["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
     wait_for_app(&server, &a, 8000, &ta);
     wait_for_app(&server, &b, 8000, &tb);
     let profile = test_dir("previews-chromium-profile");
     // The preview's own URL, on its page: the query's token becomes the host's cookie, and the
     // page's script reaches the WebSocket with it, and tries session b's preview.
     let other = format!("http://8000-{b}.localhost:{}/secret", server.port);
-    let url = info["url"]
-        .as_str()
-        .unwrap()
-        .replacen("/?", "/page?", 1)
+    let url = info["url"].as_str().unwrap().replacen("/?", "/page?", 1)
         + "&other="
         + &other.replace(':', "%3A").replace('/', "%2F");
     let results = page_results(&chromium_dom(&url, &profile));
-    let ws = results.iter().find(|r| r["name"] == "ws").unwrap_or_else(|| panic!("{results:?}"));
+    let ws = results
+        .iter()
+        .find(|r| r["name"] == "ws")
+        .unwrap_or_else(|| panic!("{results:?}"));
     assert_eq!(ws["data"], "echo: ping from the page", "{results:?}");
     let cross = results.iter().find(|r| r["name"] == "other").unwrap();
-    assert!(cross.get("error").is_some() || cross["status"] == 401, "{cross}");
+    assert!(
+        cross.get("error").is_some() || cross["status"] == 401,
+        "{cross}"
+    );
     let seen_by_b = session_py(&server, &b, "print(open('/tmp/app-8000.log').read())");
-    assert!(!seen_by_b.contains("/secret"), "session b's app was reached: {seen_by_b}");
+    assert!(
+        !seen_by_b.contains("/secret"),
+        "session b's app was reached: {seen_by_b}"
+    );
     // Revoked, then expired: the browser gets Kennel's refusal, not the page.
-    assert_eq!(server.client.delete(&format!("/v1/sessions/{a}/ports/8000")).status, 204);
+    assert_eq!(
+        server
+            .client
+            .delete(&format!("/v1/sessions/{a}/ports/8000"))
+            .status,
+        204
+    );
     let dom = chromium_dom(&url, &test_dir("previews-chromium-revoked"));
     assert!(dom.contains("kennel: the token was revoked"), "{dom}");
-    let short = open_port(&server.client, &a, json!({"port": 8000, "expires_in": "1s"}));
+    let short = open_port(
+        &server.client,
+        &a,
+        json!({"port": 8000, "expires_in": "1s"}),
+    );
     std::thread::sleep(Duration::from_millis(1200));
-    let dom = chromium_dom(short["url"].as_str().unwrap(), &test_dir("previews-chromium-expired"));
+    let dom = chromium_dom(
+        short["url"].as_str().unwrap(),
+        &test_dir("previews-chromium-expired"),
+    );
     assert!(dom.contains("kennel: the token has expired"), "{dom}");
 }
