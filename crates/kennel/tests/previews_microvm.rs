@@ -10,18 +10,7 @@ const RUNTIME: Option<&str> = Some("microvm");
 mod common;
 mod server_common;
 
-include!("suites/session_kit.rs");
+/// What the refusal says.
+const REASON: &str = "microvm tier";
 
-#[test]
-fn the_microvm_tier_refuses_previews_with_the_reason() {
-    let server = tier_server("previews-microvm", "");
-    let id = open_session(&server, json!({}))["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let r = server
-        .client
-        .post_json(&format!("/v1/sessions/{id}/ports"), &json!({"port": 8000}));
-    assert_eq!(r.status, 503, "{}", r.text());
-    assert!(r.text().contains("microvm tier"), "{}", r.text());
-}
+include!("suites/previews_refused.rs");

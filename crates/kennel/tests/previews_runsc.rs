@@ -10,18 +10,7 @@ const RUNTIME: Option<&str> = Some("runsc");
 mod common;
 mod server_common;
 
-include!("suites/session_kit.rs");
+/// What the refusal says.
+const REASON: &str = "gVisor's own network";
 
-#[test]
-fn runsc_without_a_network_refuses_previews_with_the_reason() {
-    let server = tier_server("previews-runsc", "");
-    let id = open_session(&server, json!({}))["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let r = server
-        .client
-        .post_json(&format!("/v1/sessions/{id}/ports"), &json!({"port": 8000}));
-    assert_eq!(r.status, 503, "{}", r.text());
-    assert!(r.text().contains("gVisor's own network"), "{}", r.text());
-}
+include!("suites/previews_refused.rs");

@@ -247,29 +247,30 @@ fn previews_reach_the_sandboxed_app_in_both_forms_and_keep_kennels_token_from_it
     assert!(!log.contains(&token), "{log}");
 }
 
+/// A session of this tier running the app on port 8000, opened to previews and answering:
+/// its id, and the open's answer (`url`, `token`).
+fn app_session(server: &Server) -> (String, Value) {
+    let id = open_session(server, json!({}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    start_app(server, &id, 8000);
+    let info = open_port(&server.client, &id, json!({"port": 8000}));
+    wait_for_app(server, &id, 8000, token_of(&info));
+    (id, info)
+}
+
+/// The token of an open's answer.
+fn token_of(info: &Value) -> &str {
+    info["token"].as_str().unwrap()
+}
+
 #[test]
 fn previews_refuse_what_they_must() {
     let server = preview_server("previews-refusals");
-    let a = open_session(&server, json!({}))["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let b = open_session(&server, json!({}))["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    start_app(&server, &a, 8000);
-    start_app(&server, &b, 8000);
-    let ta = open_port(&server.client, &a, json!({"port": 8000}))["token"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let tb = open_port(&server.client, &b, json!({"port": 8000}))["token"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    wait_for_app(&server, &a, 8000, &ta);
-    wait_for_app(&server, &b, 8000, &tb);
+    let (a, ia) = app_session(&server);
+    let (b, ib) = app_session(&server);
+    let (ta, tb) = (token_of(&ia).to_string(), token_of(&ib).to_string());
     // Another session's port with this session's token.
     let (status, _, _) = raw(
         &server,
@@ -426,16 +427,8 @@ fn previews_refuse_what_they_must() {
 #[test]
 fn a_websocket_echoes_through_the_preview() {
     let server = preview_server("previews-websocket");
-    let id = open_session(&server, json!({}))["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    start_app(&server, &id, 8000);
-    let token = open_port(&server.client, &id, json!({"port": 8000}))["token"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    wait_for_app(&server, &id, 8000, &token);
+    let (id, info) = app_session(&server);
+    let token = token_of(&info);
     let mut s = std::net::TcpStream::connect(("127.0.0.1", server.port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let handshake = format!(
@@ -543,24 +536,8 @@ fn chromium_opens_a_preview_and_its_websocket_but_not_another_sessions() {
         return;
     }
     let server = preview_server("previews-chromium");
-    let a = open_session(&server, json!({}))["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let b = open_session(&server, json!({}))["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    start_app(&server, &a, 8000);
-    start_app(&server, &b, 8000);
-    let info = open_port(&server.client, &a, json!({"port": 8000}));
-    let ta = info["token"].as_str().unwrap().to_string();
-    let tb = open_port(&server.client, &b, json!({"port": 8000}))["token"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    wait_for_app(&server, &a, 8000, &ta);
-    wait_for_app(&server, &b, 8000, &tb);
+    let (a, info) = app_session(&server);
+    let (b, _) = app_session(&server);
     let profile = test_dir("previews-chromium-profile");
     // The preview's own URL, on its page: the query's token becomes the host's cookie, and the
     // page's script reaches the WebSocket with it, and tries session b's preview.
