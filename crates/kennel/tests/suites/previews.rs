@@ -102,16 +102,28 @@ fn path_form(id: &str, port: u16, rest: &str) -> String {
     format!("/p/{id}/{port}{rest}")
 }
 
+/// A GET of the path form of `port` of session `id`, under `rest`, with `token` in
+/// `X-Kennel-Token`.
+fn with_token(
+    server: &Server,
+    id: &str,
+    port: u16,
+    rest: &str,
+    token: &str,
+) -> (u16, Vec<(String, String)>, String) {
+    raw(
+        server,
+        "127.0.0.1",
+        &path_form(id, port, rest),
+        &[("X-Kennel-Token", token)],
+    )
+}
+
 /// Waits (up to 30 s) until the app answers through the preview (502 while it starts).
 fn wait_for_app(server: &Server, id: &str, port: u16, token: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let (status, _, body) = raw(
-            server,
-            "127.0.0.1",
-            &path_form(id, port, "/"),
-            &[("X-Kennel-Token", token)],
-        );
+        let (status, _, body) = with_token(server, id, port, "/", token);
         if status == 200 {
             return;
         }
@@ -228,12 +240,7 @@ fn previews_reach_the_sandboxed_app_in_both_forms_and_keep_kennels_token_from_it
         as_preview.get(&format!("/v1/sessions/{id}/ports")).status,
         401
     );
-    let (status, _, _) = raw(
-        &server,
-        "127.0.0.1",
-        &path_form(&id, 8000, "/"),
-        &[("X-Kennel-Token", TOKEN_A)],
-    );
+    let (status, _, _) = with_token(&server, &id, 8000, "/", TOKEN_A);
     assert_eq!(status, 401);
     let (status, _, _) = raw(
         &server,
@@ -272,12 +279,7 @@ fn previews_refuse_what_they_must() {
     let (b, ib) = app_session(&server);
     let (ta, tb) = (token_of(&ia).to_string(), token_of(&ib).to_string());
     // Another session's port with this session's token.
-    let (status, _, _) = raw(
-        &server,
-        "127.0.0.1",
-        &path_form(&b, 8000, "/"),
-        &[("X-Kennel-Token", &ta)],
-    );
+    let (status, _, _) = with_token(&server, &b, 8000, "/", &ta);
     assert_eq!(status, 401);
     // Another token's session does not exist for it.
     let other = server.client.with_token(Some(TOKEN_B));
@@ -298,12 +300,7 @@ fn previews_refuse_what_they_must() {
             .client
             .post_json(&format!("/v1/sessions/{a}/ports"), &json!({"port": port}));
         assert_eq!(r.status, 404, "{port}: {}", r.text());
-        let (status, _, _) = raw(
-            &server,
-            "127.0.0.1",
-            &path_form(&a, port, "/"),
-            &[("X-Kennel-Token", &ta)],
-        );
+        let (status, _, _) = with_token(&server, &a, port, "/", &ta);
         assert_eq!(status, 404);
     }
     assert_eq!(
@@ -338,12 +335,7 @@ fn previews_refuse_what_they_must() {
         .as_str()
         .unwrap()
         .to_string();
-    let (status, _, body) = raw(
-        &server,
-        "127.0.0.1",
-        &path_form(&a, 8009, "/"),
-        &[("X-Kennel-Token", &t9)],
-    );
+    let (status, _, body) = with_token(&server, &a, 8009, "/", &t9);
     assert_eq!(status, 502);
     assert_eq!(body.trim().lines().count(), 1, "{body}");
     assert!(body.contains("nothing listens on port 8009"), "{body}");
@@ -371,12 +363,7 @@ fn previews_refuse_what_they_must() {
             .status,
         404
     );
-    let (status, _, _) = raw(
-        &server,
-        "127.0.0.1",
-        &path_form(&a, 8000, "/"),
-        &[("X-Kennel-Token", &ta)],
-    );
+    let (status, _, _) = with_token(&server, &a, 8000, "/", &ta);
     assert_eq!(status, 401);
     // An expired token.
     let short = open_port(
@@ -387,20 +374,10 @@ fn previews_refuse_what_they_must() {
         .as_str()
         .unwrap()
         .to_string();
-    let (status, _, _) = raw(
-        &server,
-        "127.0.0.1",
-        &path_form(&a, 8000, "/"),
-        &[("X-Kennel-Token", &short)],
-    );
+    let (status, _, _) = with_token(&server, &a, 8000, "/", &short);
     assert_eq!(status, 200);
     std::thread::sleep(Duration::from_millis(1200));
-    let (status, _, body) = raw(
-        &server,
-        "127.0.0.1",
-        &path_form(&a, 8000, "/"),
-        &[("X-Kennel-Token", &short)],
-    );
+    let (status, _, body) = with_token(&server, &a, 8000, "/", &short);
     assert_eq!(status, 401, "{body}");
     assert!(body.contains("expired"), "{body}");
     // After the session ends, its previews are gone.
@@ -408,12 +385,7 @@ fn previews_refuse_what_they_must() {
         server.client.delete(&format!("/v1/sessions/{b}")).status,
         204
     );
-    let (status, _, _) = raw(
-        &server,
-        "127.0.0.1",
-        &path_form(&b, 8000, "/"),
-        &[("X-Kennel-Token", &tb)],
-    );
+    let (status, _, _) = with_token(&server, &b, 8000, "/", &tb);
     assert_eq!(status, 404);
     let (status, _, _) = raw(
         &server,
