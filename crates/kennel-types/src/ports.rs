@@ -19,7 +19,9 @@ pub struct PortSpec {
 }
 
 /// An open preview of a session's port.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema, schemars::JsonSchema,
+)]
 #[serde(deny_unknown_fields)]
 pub struct PortInfo {
     /// The port inside the session's sandbox.
