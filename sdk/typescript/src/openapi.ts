@@ -3384,6 +3384,8 @@ export interface operations {
             path: {
                 /** @description The session's id, as `POST /v1/sessions` returned it. */
                 id: string;
+                /** @description The port inside the session's sandbox, as `POST .../ports` opened it. */
+                port: number;
             };
             cookie?: never;
         };

@@ -877,6 +877,11 @@ fn path_params(path: &str) -> Vec<Value> {
             "description": "The terminal's id (its shell's pid), as `POST .../terminals` returned it.",
             "schema": {"type": "integer", "minimum": 0, "maximum": u32::MAX}}));
     }
+    if path.contains("{port}") {
+        params.push(json!({"name": "port", "in": "path", "required": true,
+            "description": "The port inside the session's sandbox, as `POST .../ports` opened it.",
+            "schema": {"type": "integer", "minimum": 1, "maximum": u16::MAX}}));
+    }
     if path.contains("{path}") {
         params.push(json!({"name": "path", "in": "path", "required": true,
             "description": "A file under /workspace/ or /tmp/, such as `workspace/notes.txt`.",
