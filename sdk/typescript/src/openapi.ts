@@ -3398,6 +3398,15 @@ export interface operations {
                 };
                 content?: never;
             };
+            /** @description A `port` that is not a number from 0 to 65535 */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
             /** @description A valid bearer token is required. */
             401: {
                 headers: {

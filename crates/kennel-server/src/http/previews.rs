@@ -78,6 +78,7 @@ pub async fn list_ports(
         ("port" = u16, Path, description = "The port")),
     responses(
         (status = 204, description = "Revoked: its token opens nothing from now on"),
+        (status = 400, description = "A `port` that is not a number from 0 to 65535"),
         (status = 404, description = "No such session for this caller, or no open preview of \
             that port")))]
 pub async fn revoke_port(
