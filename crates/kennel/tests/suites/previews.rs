@@ -16,9 +16,10 @@ const APP: &str = include_str!("preview_app.py");
 
 /// A server of this tier with tokens `a` (the default client's) and `b`, whose previews are
 /// kept under its own directory, and whose host form is `{port}-{session}.localhost`.
-fn preview_server(name: &str) -> Server {
+fn preview_server(name: &str) -> PreviewServer {
     tier();
-    let state = test_dir(&format!("{name}-state"));
+    let kept = Scratch(test_dir(&format!("{name}-state")));
+    let state = &kept.0;
     let config = format!(
         "{}\n[ports]\ndomain = \"localhost\"\n[[tokens]]\nid = \"a\"\ntoken = \"{TOKEN_A}\"\n\
          [[tokens]]\nid = \"b\"\ntoken = \"{TOKEN_B}\"\n",
@@ -33,7 +34,36 @@ fn preview_server(name: &str) -> Server {
     if microvm() {
         wait_for_clone(&server);
     }
-    server
+    PreviewServer {
+        server,
+        _state: kept,
+    }
+}
+
+/// A directory of this test's, removed when the test passes (kept for its files when it
+/// panics, as the server's own).
+struct Scratch(std::path::PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// A server of this suite, with its state directory (removed after it, the server first).
+struct PreviewServer {
+    server: Server,
+    _state: Scratch,
+}
+
+impl std::ops::Deref for PreviewServer {
+    type Target = Server;
+
+    fn deref(&self) -> &Server {
+        &self.server
+    }
 }
 
 /// Starts the app in session `id` on `port` (its log in /tmp/app-PORT.log).
@@ -510,14 +540,14 @@ fn chromium_opens_a_preview_and_its_websocket_but_not_another_sessions() {
     let server = preview_server("previews-chromium");
     let (a, info) = app_session(&server);
     let (b, _) = app_session(&server);
-    let profile = test_dir("previews-chromium-profile");
+    let profile = Scratch(test_dir("previews-chromium-profile"));
     // The preview's own URL, on its page: the query's token becomes the host's cookie, and the
     // page's script reaches the WebSocket with it, and tries session b's preview.
     let other = format!("http://8000-{b}.localhost:{}/secret", server.port);
     let url = info["url"].as_str().unwrap().replacen("/?", "/page?", 1)
         + "&other="
         + &other.replace(':', "%3A").replace('/', "%2F");
-    let results = page_results(&chromium_dom(&url, &profile));
+    let results = page_results(&chromium_dom(&url, &profile.0));
     let ws = results
         .iter()
         .find(|r| r["name"] == "ws")
@@ -541,7 +571,8 @@ fn chromium_opens_a_preview_and_its_websocket_but_not_another_sessions() {
             .status,
         204
     );
-    let dom = chromium_dom(&url, &test_dir("previews-chromium-revoked"));
+    let revoked = Scratch(test_dir("previews-chromium-revoked"));
+    let dom = chromium_dom(&url, &revoked.0);
     assert!(dom.contains("kennel: the token was revoked"), "{dom}");
     let short = open_port(
         &server.client,
@@ -551,7 +582,7 @@ fn chromium_opens_a_preview_and_its_websocket_but_not_another_sessions() {
     std::thread::sleep(Duration::from_millis(1200));
     let dom = chromium_dom(
         short["url"].as_str().unwrap(),
-        &test_dir("previews-chromium-expired"),
+        &Scratch(test_dir("previews-chromium-expired")).0,
     );
     assert!(dom.contains("kennel: the token has expired"), "{dom}");
 }
