@@ -325,6 +325,10 @@ async fn in_container(
             freezer,
             saver: None,
             network: proxy.as_ref().map(|p| p.live()),
+            ports: Some(std::sync::Arc::new(kennel_sandbox::Ports::refused(
+                "previews do not reach the docker runtime's containers yet: use the oci tier's \
+                 crun or runc, or the native tier",
+            ))),
         });
     }
     let started = Instant::now();

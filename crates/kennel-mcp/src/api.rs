@@ -13,6 +13,7 @@ use kennel_types::api::{
     ExecResult, ExecSpec, Listing, RunResult, RunSpec, SessionInfo, SessionSpec,
 };
 use kennel_types::pause::{PauseSpec, Paused, ResumeReport};
+use kennel_types::ports::{PortInfo, PortSpec};
 use kennel_types::process::{ProcessInfo, ProcessSpec};
 use kennel_types::snapshot::{SessionGroup, SnapshotInfo, SnapshotSpec};
 
@@ -58,6 +59,8 @@ pub trait Api: Send + Sync + std::fmt::Debug {
         id: &str,
         spec: SnapshotSpec,
     ) -> Result<SnapshotInfo, ApiError>;
+    /// Opens a port of a session to previews: its URL and token.
+    async fn open_port(&self, id: &str, spec: PortSpec) -> Result<PortInfo, ApiError>;
     /// Makes `spec.count` sessions at once (from `spec.from_snapshot`: a fork): all of them,
     /// or none.
     async fn create_sessions(&self, spec: SessionSpec) -> Result<SessionGroup, ApiError>;

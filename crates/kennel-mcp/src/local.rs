@@ -14,6 +14,7 @@ use kennel_types::api::{
     ExecResult, ExecSpec, Listing, RunResult, RunSpec, SessionInfo, SessionSpec,
 };
 use kennel_types::pause::{PauseSpec, Paused, ResumeReport};
+use kennel_types::ports::{PortInfo, PortSpec};
 use kennel_types::process::{ProcessInfo, ProcessSpec};
 use kennel_types::snapshot::{SessionGroup, SnapshotInfo, SnapshotSpec};
 
@@ -169,6 +170,23 @@ impl Api for Local {
         let id = id.to_string();
         match self.ask(Action::SnapshotSession { id, spec }).await? {
             Reply::Snapshot(info) => Ok(info),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn open_port(&self, id: &str, spec: PortSpec) -> Result<PortInfo, ApiError> {
+        let id = id.to_string();
+        // In this process there is no address the caller reached: the URL is the path form's
+        // path, relative to the server.
+        match self
+            .ask(Action::OpenPort {
+                id,
+                spec,
+                base: None,
+            })
+            .await?
+        {
+            Reply::Port(info) => Ok(info),
             other => Err(unexpected(other)),
         }
     }

@@ -15,6 +15,7 @@ use kennel_types::api::{
     ExecResult, ExecSpec, Listing, RunResult, RunSpec, SessionInfo, SessionSpec,
 };
 use kennel_types::pause::{PauseSpec, Paused, ResumeReport};
+use kennel_types::ports::{PortInfo, PortSpec};
 use kennel_types::process::{ProcessInfo, ProcessSpec};
 use kennel_types::snapshot::{SessionGroup, SnapshotInfo, SnapshotSpec};
 
@@ -449,6 +450,11 @@ impl Api for Remote {
         spec: SnapshotSpec,
     ) -> Result<SnapshotInfo, ApiError> {
         let path = format!("{}/snapshot", session_url(id));
+        self.call_json(Method::POST, &path, &spec).await
+    }
+
+    async fn open_port(&self, id: &str, spec: PortSpec) -> Result<PortInfo, ApiError> {
+        let path = format!("{}/ports", session_url(id));
         self.call_json(Method::POST, &path, &spec).await
     }
 

@@ -388,6 +388,15 @@ pub fn paused(id: &str, p: &kennel_types::pause::Paused) -> String {
 }
 
 /// A snapshot, in words: its id, what it holds, and what each fork of it gets afresh.
+pub fn port(p: &kennel_types::ports::PortInfo) -> String {
+    format!(
+        "url: {}\nport {} of the session is open to previews until {} ms after the Unix epoch: \
+         give the url to the user to open in a browser (its token opens this port only, and \
+         no API route).",
+        p.url, p.port, p.expires_at_unix_ms
+    )
+}
+
 pub fn snapshot(s: &kennel_types::snapshot::SnapshotInfo) -> String {
     let boot = match s.fresh.boot_id {
         kennel_types::snapshot::BootId::Own => "a boot id of its own",

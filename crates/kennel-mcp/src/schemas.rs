@@ -252,6 +252,11 @@ pub fn snapshot() -> Arc<JsonObject> {
     of_type::<kennel_types::snapshot::SnapshotInfo>()
 }
 
+/// open_port.
+pub fn port() -> Arc<JsonObject> {
+    of_type::<kennel_types::ports::PortInfo>()
+}
+
 /// fork_session.
 pub fn forked() -> Arc<JsonObject> {
     object(

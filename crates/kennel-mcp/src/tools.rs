@@ -216,6 +216,18 @@ pub struct SnapshotArgs {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+pub struct OpenPortArgs {
+    /// The id that create_session returned.
+    pub session_id: String,
+    /// The port the session's program listens on (such as a web server started with
+    /// start_process), 1 to 65535.
+    pub port: u16,
+    /// How long the URL works, such as "1h" (default and maximum: the server's).
+    pub expires_in: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ForkArgs {
     /// The id that snapshot_session returned.
     pub snapshot_id: String,
@@ -884,6 +896,39 @@ ttl runs out.",
     }
 
     #[tool(
+        description = "Open a port of a session to a browser: a preview URL, with a signed \
+token in its query, that reverse-proxies HTTP and WebSocket to that port inside the session's \
+sandbox until it expires. Start the server first (start_process, listening on 127.0.0.1 or \
+any address); give the url to the user.",
+        annotations(idempotent_hint = false, open_world_hint = false),
+        output_schema = schemas::port()
+    )]
+    async fn open_port(
+        &self,
+        params: Parameters<OpenPortArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let this = self.for_caller(&ctx);
+        let a = params.0;
+        let expires_in = match span("expires_in", &a.expires_in) {
+            Ok(t) => t,
+            Err(e) => return Ok(e),
+        };
+        let spec = kennel_types::ports::PortSpec {
+            port: a.port,
+            expires_in,
+        };
+        Ok(match this.api.open_port(&a.session_id, spec).await {
+            Ok(info) => result(
+                render::port(&info),
+                serde_json::to_value(&info).unwrap_or_default(),
+                false,
+            ),
+            Err(e) => failure(&e),
+        })
+    }
+
+    #[tool(
         description = "Make `count` new sessions from a snapshot that snapshot_session \
 returned (a fork): each starts with the snapshot's files (and its memory where it kept it), \
 in the snapshot's tier, with fresh entropy, clock and Python random state. All of them are \
@@ -1416,6 +1461,7 @@ mod tests {
             "resume_session",
             "snapshot_session",
             "fork_session",
+            "open_port",
             "write_file",
             "read_file",
             "list_files",

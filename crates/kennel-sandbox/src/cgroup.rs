@@ -475,6 +475,27 @@ impl Probe {
         self.0.paths()
     }
 
+    /// The processes in the cgroup and beneath it (in its first hierarchy), as they are now.
+    pub fn members(&self) -> Vec<i32> {
+        fn walk(dir: &Path, out: &mut Vec<i32>) {
+            if let Ok(text) = fs::read_to_string(dir.join("cgroup.procs")) {
+                out.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+            }
+            if let Ok(entries) = fs::read_dir(dir) {
+                for entry in entries.flatten() {
+                    if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                        walk(&entry.path(), out);
+                    }
+                }
+            }
+        }
+        let mut out = Vec::new();
+        if let Some(dir) = self.0.dirs().first() {
+            walk(dir, &mut out);
+        }
+        out
+    }
+
     /// The directory whose freezer holds the cgroup and everything beneath it, and whether
     /// it is cgroup2's (`cgroup.freeze`) rather than the v1 freezer hierarchy's, where the
     /// host mounts one.

@@ -13,6 +13,11 @@ use kennel_types::net::Allowlist;
 
 use crate::sys;
 
+/// Why a sandbox with network `full` has no previews: its ports are the host's.
+pub(crate) const FULL_NETWORK: &str =
+    "a sandbox with network \"full\" shares the host's network: its \
+     ports are the host's, which no preview reaches; use network \"none\" or \"allow\"";
+
 /// Where a guest's proxy listeners hand each accepted connection, with the port it came to.
 pub type Forward = Arc<dyn Fn(TcpStream, u16) + Send + Sync>;
 
@@ -51,4 +56,110 @@ fn bind_in(pid: i32) -> io::Result<(TcpListener, TcpListener)> {
     })
     .join()
     .map_err(|_| io::Error::other("the proxy's setup thread panicked"))?
+}
+
+/// How a preview reaches the code's ports: a TCP connection to `127.0.0.1:port` made inside
+/// the sandbox's network namespace, or the reason this sandbox's ports cannot be reached.
+#[derive(Debug)]
+pub struct Ports {
+    how: How,
+}
+
+#[derive(Debug)]
+enum How {
+    /// The namespace itself, opened while the sandbox's process was known to be in it.
+    Netns(std::fs::File),
+    /// The namespace of the cgroup's members that are not in the host's (an OCI runtime's
+    /// container, whose init's pid the supervisor does not learn), found at the first
+    /// connection.
+    Cgroup {
+        probe: crate::cgroup::Probe,
+        found: std::sync::OnceLock<std::fs::File>,
+    },
+    /// Why no host socket reaches the code's ports.
+    Refused(String),
+}
+
+impl Ports {
+    /// The network namespace process `pid` is in now.
+    pub(crate) fn of_pid(pid: i32) -> io::Result<Ports> {
+        let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))?;
+        Ok(Ports {
+            how: How::Netns(ns),
+        })
+    }
+
+    /// The network namespace of the processes of a cgroup that are not in this process's.
+    pub(crate) fn of_cgroup(probe: crate::cgroup::Probe) -> Ports {
+        Ports {
+            how: How::Cgroup {
+                probe,
+                found: std::sync::OnceLock::new(),
+            },
+        }
+    }
+
+    /// Ports that no preview reaches, and why.
+    pub fn refused(why: impl Into<String>) -> Ports {
+        Ports {
+            how: How::Refused(why.into()),
+        }
+    }
+
+    /// Why this sandbox's ports cannot be reached, if they cannot.
+    pub fn refusal(&self) -> Option<&str> {
+        match &self.how {
+            How::Refused(why) => Some(why),
+            _ => None,
+        }
+    }
+
+    /// Connects to `127.0.0.1:port` inside the sandbox (blocking, at most `within`). An error
+    /// of kind `Unsupported` is a refusal (see [`Ports::refusal`]); `ConnectionRefused` means
+    /// nothing listens there.
+    pub fn connect(&self, port: u16, within: std::time::Duration) -> io::Result<TcpStream> {
+        let ns = match &self.how {
+            How::Refused(why) => {
+                return Err(io::Error::new(io::ErrorKind::Unsupported, why.clone()))
+            }
+            How::Netns(ns) => ns.try_clone()?,
+            How::Cgroup { probe, found } => match found.get() {
+                Some(ns) => ns.try_clone()?,
+                None => {
+                    let ns = sandbox_netns(probe)?;
+                    let copy = ns.try_clone()?;
+                    let _ = found.set(ns);
+                    copy
+                }
+            },
+        };
+        // As `bind_in`: a thread of our own joins the namespace for the connect alone; the
+        // socket keeps the namespace it was made in.
+        std::thread::spawn(move || -> io::Result<TcpStream> {
+            sys::setns(ns.as_raw_fd(), libc::CLONE_NEWNET)?;
+            TcpStream::connect_timeout(&(std::net::Ipv4Addr::LOCALHOST, port).into(), within)
+        })
+        .join()
+        .map_err(|_| io::Error::other("the preview's connecting thread panicked"))?
+    }
+}
+
+/// The network namespace of the cgroup's members that are not in this process's: the
+/// container's. The launcher and the runtime share the host's (network "none" gives the
+/// container one of its own) and are passed over, so a host port is never reached.
+fn sandbox_netns(probe: &crate::cgroup::Probe) -> io::Result<std::fs::File> {
+    use std::os::unix::fs::MetadataExt;
+    let own = std::fs::metadata("/proc/self/ns/net")?.ino();
+    for pid in probe.members() {
+        let Ok(ns) = std::fs::File::open(format!("/proc/{pid}/ns/net")) else {
+            continue;
+        };
+        if ns.metadata().is_ok_and(|m| m.ino() != own) {
+            return Ok(ns);
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::NotFound,
+        "no process of the sandbox is in a network namespace of its own",
+    ))
 }

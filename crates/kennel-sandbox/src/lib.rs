@@ -48,6 +48,7 @@ pub fn return_large_frees() -> std::io::Result<()> {
 }
 
 // The engine, its tiers, and a run's I/O.
+pub use egress::Ports;
 pub use engine::{Backend, Engine};
 pub use error::{Error, PolicyError, SetupStep};
 pub use freeze::{CgroupFreezer, Freeze, FreezeError};

@@ -104,7 +104,8 @@ impl Machinery {
             service::Service::new(config, engine, audit, pool.clone())
                 .with_jobs(jobs)
                 .with_records(records)
-                .with_volumes(volumes_dir()),
+                .with_volumes(volumes_dir())
+                .with_previews(Some(&state_dir())),
         );
         service.recover_jobs();
         service.recover_sessions();
@@ -207,6 +208,13 @@ fn open_jobs(config: &ServerConfig) -> Result<service::jobs::Jobs, service::jobs
             .join("jobs.sqlite")
     });
     service::jobs::Jobs::open(&path)
+}
+
+/// The state directory: `$KENNEL_STATE_DIR`, else Kennel's default.
+fn state_dir() -> std::path::PathBuf {
+    std::env::var_os("KENNEL_STATE_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| kennel_sandbox::DEFAULT_STATE_DIR.into())
 }
 
 /// Where volumes are kept: `$KENNEL_VOLUMES_DIR`, else `volumes` in the state directory.

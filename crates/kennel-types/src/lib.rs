@@ -12,6 +12,7 @@ pub mod image;
 pub mod net;
 pub mod pause;
 pub mod policy;
+pub mod ports;
 pub mod process;
 pub mod runs;
 pub mod security;

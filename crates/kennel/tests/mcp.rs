@@ -992,3 +992,41 @@ fn snapshot_and_fork_sessions_forwarded_to_kennel_serve() {
     let server = Server::start_with("mcp-snaps", "[pool]\npython = 0\nbash = 0\n", &[], None);
     snapshots_through(Mcp::start(&["--server", &server.client.base]));
 }
+
+/// open_port answers a preview URL of the session's port, with its token, and says so in its
+/// text; Kennel's own proxy port is the tool's error.
+fn open_port_through(mut mcp: Mcp) {
+    let created = mcp.call_tool("create_session", json!({}));
+    let sid = created["structuredContent"]["session_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{created}"))
+        .to_string();
+    let opened = mcp.call_tool(
+        "open_port",
+        json!({"session_id": sid, "port": 8000, "expires_in": "10m"}),
+    );
+    let p = &opened["structuredContent"];
+    let token = p["token"].as_str().unwrap_or_else(|| panic!("{opened}"));
+    let url = p["url"].as_str().unwrap();
+    assert!(
+        url.ends_with(&format!("/p/{sid}/8000/?kennel_token={token}")),
+        "{opened}"
+    );
+    assert_eq!(p["port"], 8000, "{opened}");
+    let text = opened["content"][0]["text"].as_str().unwrap();
+    assert!(text.starts_with(&format!("url: {url}\n")), "{text}");
+    let refused = mcp.call_tool("open_port", json!({"session_id": sid, "port": 3128}));
+    assert_eq!(refused["isError"], true, "{refused}");
+    mcp.call_tool("close_session", json!({"session_id": sid}));
+}
+
+#[test]
+fn open_port_in_process() {
+    open_port_through(Mcp::start(&[]));
+}
+
+#[test]
+fn open_port_forwarded_to_kennel_serve() {
+    let server = Server::start_with("mcp-ports", "[pool]\npython = 0\nbash = 0\n", &[], None);
+    open_port_through(Mcp::start(&["--server", &server.client.base]));
+}

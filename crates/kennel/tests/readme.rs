@@ -220,6 +220,18 @@ const COMMANDS: &[(&str, How)] = &[
         "curl -s -o /dev/null -w '%{http_code}\\n' -XPATCH localhost:8080/v1/sessions/$net/network -H 'content-type: application/json' -d '{\"mode\":\"full\"}'",
         How::Curl,
     ),
+    (
+        "curl -s -XPOST localhost:8080/v1/sessions/$id/processes -H 'content-type: application/json' -d '{\"cmd\":\"python3 -m http.server 3000 --bind 127.0.0.1\"}' | jq -c .state",
+        How::Curl,
+    ),
+    (
+        "url=$(curl -s -XPOST localhost:8080/v1/sessions/$id/ports -H 'content-type: application/json' -d '{\"port\":3000,\"expires_in\":\"1h\"}' | jq -r .url)",
+        How::Curl,
+    ),
+    (
+        "curl -s --retry 30 --retry-delay 1 \"$url\" | grep -m1 -o 'Directory listing for /'",
+        How::Curl,
+    ),
 ];
 
 /// The README's other blocks, by a line that only that block has, and how each is checked.
@@ -635,6 +647,10 @@ fn check_curl(out: &Output) {
     assert!(
         stdout.contains("{\"mode\":\"none\",\"allow\":[],\"resolve\":[]}\n409\n"),
         "the session's network was locked, and a change to full refused: {stdout}"
+    );
+    assert!(
+        stdout.lines().any(|l| l == "Directory listing for /"),
+        "the session's http.server answered through its preview URL: {stdout}"
     );
 }
 

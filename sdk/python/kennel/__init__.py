@@ -52,16 +52,20 @@ Snapshots and forks: ``s.snapshot()`` (a :class:`SnapshotInfo`), ``client.sessio
 ``client.fork(id, n)`` and ``s.fork(n)`` (a snapshot first, then ``n`` sessions from it: all
 of them, or :class:`Busy` and none past the token's session quota);
 ``client.list_snapshots()``, ``client.get_snapshot(id)``, ``client.delete_snapshot(id)``.
+
+Preview URLs: ``s.ports.open(3000, expires_in="1h")`` (a :class:`PortInfo`: its ``url`` and
+``token``), ``s.ports.list()``, ``s.ports.revoke(3000)``.
 """
 
-from .aio import AsyncClient, AsyncNetwork, AsyncProcesses, AsyncSession, AsyncStream, AsyncWatch
-from .client import Client, Network, Processes, Session, Stream, Watch
+from .aio import (AsyncClient, AsyncNetwork, AsyncPorts, AsyncProcesses, AsyncSession, AsyncStream,
+                  AsyncWatch)
+from .client import Client, Network, Ports, Processes, Session, Stream, Watch
 from .errors import (BadRequest, Busy, Conflict, ConnectionFailed, ConnectionLost, Forbidden, KennelError,
                      NotFound, RequestTimeout, SessionEnded, TransportError, Unauthorized)
 from .results import (CollectedFile, ExecError, ExecResult, FileEntry, FileEvent, Interpreter,
                       Isolation, NetEvent, OutputChunk, PauseInfo, ProcessEvent, ProcessInfo,
                       ResumeReport, RichOutput, RunInfo, RunResult, SessionEnd, SessionInfo,
-                      SnapshotInfo, VolumeInfo)
+                      PortInfo, SnapshotInfo, VolumeInfo)
 from .terminal import AsyncTerminal, AsyncTerminals, Terminal, Terminals
 from .webhooks import WebhookVerificationError, verify_webhook
 
@@ -73,5 +77,5 @@ __all__ = [
     "Forbidden", "NetEvent", "NotFound", "OutputChunk", "RichOutput", "RunResult", "Session", "SessionEnded",
     "SessionEnd", "SessionInfo", "SnapshotInfo", "Stream", "Unauthorized", "RunInfo", "WebhookVerificationError", "verify_webhook",
     "AsyncTerminal", "AsyncTerminals", "AsyncWatch", "FileEvent", "Terminal", "Terminals", "Watch",
-    "VolumeInfo",
+    "VolumeInfo", "Ports", "AsyncPorts", "PortInfo",
 ]

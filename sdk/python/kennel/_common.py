@@ -262,6 +262,20 @@ def forked(answer: Dict[str, Any]) -> List[SessionInfo]:
     return [SessionInfo.from_dict(d) for d in answer.get("sessions", [])]
 
 
+def port_url(session_id: str, port: Optional[int] = None) -> str:
+    """A session's ``/ports``, or one port's ``/ports/{port}``."""
+    base = session_url(session_id, "/ports")
+    return base if port is None else f"{base}/{int(port)}"
+
+
+def port_body(port: int, expires_in: Timeout) -> Dict[str, Any]:
+    """A ``PortSpec``: the port, and ``expires_in`` (seconds, or a string such as "1h")."""
+    body: Dict[str, Any] = {"port": int(port)}
+    if expires_in is not None:
+        body["expires_in"] = span(expires_in)
+    return body
+
+
 def volume_url(name: str) -> str:
     return f"/v1/volumes/{quote(name, safe='')}"
 

@@ -26,8 +26,8 @@ from . import _common as c
 from .client import DEFAULT_URL, RECONNECTS, _shell_line
 from .errors import KennelError, NotFound
 from .results import (ExecResult, FileEntry, FileEvent, OutputChunk, PauseInfo, ProcessEvent,
-                      ProcessInfo, ResumeReport, RunInfo, RunResult, SessionInfo, SnapshotInfo,
-                      VolumeInfo)
+                      PortInfo, ProcessInfo, ResumeReport, RunInfo, RunResult, SessionInfo,
+                      SnapshotInfo, VolumeInfo)
 from .terminal import AsyncTerminal, AsyncTerminals
 
 R = TypeVar("R")
@@ -284,6 +284,25 @@ class AsyncProcesses:
                             json=c.size_body(cols, rows))
 
 
+class AsyncPorts:
+    """The asyncio twin of :class:`kennel.client.Ports` (``session.ports``)."""
+
+    def __init__(self, session: "AsyncSession"):
+        self._session = session
+
+    async def open(self, port: int, expires_in: c.Timeout = None) -> PortInfo:
+        r = await self._session._client._request("POST", c.port_url(self._session.id),
+                                                 json=c.port_body(port, expires_in))
+        return PortInfo.from_dict(r.json())
+
+    async def list(self) -> List[PortInfo]:
+        r = await self._session._client._request("GET", c.port_url(self._session.id))
+        return [PortInfo.from_dict(d) for d in r.json()]
+
+    async def revoke(self, port: int) -> None:
+        await self._session._client._request("DELETE", c.port_url(self._session.id, port))
+
+
 class AsyncSession(c.SessionFields):
     """The asyncio twin of :class:`kennel.Session`, with its :attr:`isolation` and
     :attr:`ended`."""
@@ -299,6 +318,8 @@ class AsyncSession(c.SessionFields):
         self.network = AsyncNetwork(self)
         #: The session's terminals: :class:`kennel.terminal.AsyncTerminals`.
         self.terminals = AsyncTerminals(self)
+        #: The session's preview URLs: :class:`AsyncPorts`.
+        self.ports = AsyncPorts(self)
 
     def __repr__(self) -> str:
         return f"<kennel.AsyncSession {self.id}{' closed' if self.closed else ''}>"

@@ -12,8 +12,8 @@ import httpx
 from . import _common as c
 from .errors import KennelError, NotFound
 from .results import (ExecResult, FileEntry, FileEvent, OutputChunk, PauseInfo, ProcessEvent,
-                      ProcessInfo, ResumeReport, RunInfo, RunResult, SessionInfo, SnapshotInfo,
-                      VolumeInfo)
+                      PortInfo, ProcessInfo, ResumeReport, RunInfo, RunResult, SessionInfo,
+                      SnapshotInfo, VolumeInfo)
 from .terminal import Terminal, Terminals, attach_process
 
 R = TypeVar("R")
@@ -310,6 +310,39 @@ class Processes:
                       json=c.size_body(cols, rows))
 
 
+class Ports:
+    """A session's preview URLs (``session.ports``): a port its code listens on, opened to a
+    browser behind a signed token.
+
+    >>> s.processes.start(cmd="python3 -m http.server 3000")
+    >>> preview = s.ports.open(3000, expires_in="1h")
+    >>> preview.url   # open it in a browser
+    """
+
+    def __init__(self, session: "Session"):
+        self._session = session
+
+    def open(self, port: int, expires_in: c.Timeout = None) -> PortInfo:
+        """Opens ``port`` to previews for ``expires_in`` (seconds or "1h"; the server's
+        ``ports.default_expiry`` when unset). Opening a port again gives a new token and
+        revokes the old one. :class:`kennel.NotFound` for Kennel's own ports in the sandbox,
+        :class:`kennel.Busy` past ``ports.max_per_session``, a :class:`kennel.KennelError` of
+        status 503 where the session's tier or network gives no way to its ports (the message
+        says why)."""
+        r = self._session._client._request("POST", c.port_url(self._session.id),
+                                           json=c.port_body(port, expires_in))
+        return PortInfo.from_dict(r.json())
+
+    def list(self) -> List[PortInfo]:
+        """The session's open previews, by port."""
+        r = self._session._client._request("GET", c.port_url(self._session.id))
+        return [PortInfo.from_dict(d) for d in r.json()]
+
+    def revoke(self, port: int) -> None:
+        """Revokes the preview of ``port``: its token opens nothing from now on."""
+        self._session._client._request("DELETE", c.port_url(self._session.id, port))
+
+
 class Session(c.SessionFields):
     """A sandbox kept between an agent's steps (``POST /v1/sessions``).
 
@@ -330,6 +363,8 @@ class Session(c.SessionFields):
         self.network = Network(self)
         #: The session's terminals: :class:`kennel.terminal.Terminals`.
         self.terminals = Terminals(self)
+        #: The session's preview URLs: :class:`Ports`.
+        self.ports = Ports(self)
 
     def __repr__(self) -> str:
         return f"<kennel.Session {self.id}{' closed' if self.closed else ''}>"

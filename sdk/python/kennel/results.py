@@ -597,6 +597,26 @@ class SnapshotInfo:
 
 
 @dataclass
+class PortInfo:
+    """A session's port opened to previews (``session.ports.open(3000)``): ``url`` is where a
+    browser opens it (the host form ``{port}-{session}.{domain}`` where the server has a
+    ``ports.domain``, else the path form ``/p/{session}/{port}/``), its ``token`` in the query;
+    the token opens that port of that session only, and no API route, until
+    ``expires_at_unix_ms`` or a revoke."""
+
+    port: int
+    url: str
+    token: str
+    expires_at_unix_ms: int
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "PortInfo":
+        return cls(port=d["port"], url=d["url"], token=d["token"],
+                   expires_at_unix_ms=d.get("expires_at_unix_ms", 0), raw=d)
+
+
+@dataclass
 class FileEntry:
     """One entry of a session directory listing."""
 

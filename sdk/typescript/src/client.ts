@@ -21,6 +21,7 @@ import {
   type Paused,
   type ResumeReport,
   type SnapshotInfo,
+  type PortInfo,
   type User,
   type VolumeInfo,
   type VolumeMount,
@@ -412,12 +413,6 @@ export class Client {
   }
 }
 
-/**
- * A session: python runs in one persistent interpreter (variables, imports and functions
- * survive between execs, and the last expression's value and plots come back as rich
- * results); shell execs keep their directory and exports. End it with {@link close}, or
- * `await using` it.
- */
 /** A session's network (`session.network`), which can change while it runs. */
 export class SessionNetwork {
   constructor(
@@ -439,6 +434,42 @@ export class SessionNetwork {
   }
 }
 
+/**
+ * A session's preview URLs (`session.ports`): a port its code listens on, opened to a browser
+ * behind a signed token that opens that port of that session only, and no API route.
+ */
+export class Ports {
+  constructor(
+    private readonly client: Client,
+    private readonly base: string,
+  ) {}
+
+  /** Opens `port` for `expiresIn` (seconds or "1h"; the server's `ports.default_expiry` when
+   * unset); opening it again gives a new token and revokes the old one. `NotFound` for
+   * Kennel's own ports in the sandbox, `Busy` past `ports.max_per_session`, a 503
+   * `KennelError` where the session's tier or network gives no way to its ports. */
+  async open(port: number, expiresIn?: Timeout): Promise<PortInfo> {
+    const json = { port, expires_in: span(expiresIn) };
+    return (await this.client.request("POST", `${this.base}/ports`, { json })).json();
+  }
+
+  /** The session's open previews, by port. */
+  async list(): Promise<PortInfo[]> {
+    return (await this.client.request("GET", `${this.base}/ports`)).json();
+  }
+
+  /** Revokes the preview of `port`: its token opens nothing from now on. */
+  async revoke(port: number): Promise<void> {
+    await this.client.request("DELETE", `${this.base}/ports/${port}`);
+  }
+}
+
+/**
+ * A session: python runs in one persistent interpreter (variables, imports and functions
+ * survive between execs, and the last expression's value and plots come back as rich
+ * results); shell execs keep their directory and exports. End it with {@link close}, or
+ * `await using` it.
+ */
 export class Session {
   readonly id: string;
   info: SessionInfo;
@@ -449,6 +480,8 @@ export class Session {
   readonly processes: Processes;
   /** The session's terminals. */
   readonly terminals: Terminals;
+  /** The session's preview URLs. */
+  readonly ports: Ports;
 
   constructor(private readonly client: Client, info: SessionInfo) {
     this.id = info.id;
@@ -456,6 +489,7 @@ export class Session {
     this.processes = new Processes(client, this.path());
     this.terminals = new Terminals(client, this.path());
     this.network = new SessionNetwork(this, client, this.path());
+    this.ports = new Ports(client, this.path());
   }
 
   /**

@@ -48,6 +48,7 @@ export type {
   ResumeReport,
   Fresh,
   SnapshotInfo,
+  PortInfo,
   User,
   VolumeInfo,
   VolumeMount,

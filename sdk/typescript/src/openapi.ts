@@ -196,6 +196,38 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sessions/{id}/ports": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["list_ports"];
+        put?: never;
+        post: operations["open_port"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sessions/{id}/ports/{port}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        delete: operations["revoke_port"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sessions/{id}/processes": {
         parameters: {
             query?: never;
@@ -1044,7 +1076,7 @@ export interface components {
              * @description Bytes the code sent through the connection (0 when denied).
              */
             bytes_up: number;
-            /** @description `allowed` or `denied`. */
+            /** @description `allowed` or `denied`; `changed` for a change of the session's network. */
             decision: string;
             /** @description The host the code asked for, as it named it (a name or an address). */
             host: string;
@@ -1053,7 +1085,10 @@ export interface components {
              * @description The port it asked for.
              */
             port: number;
-            /** @description `connect` (HTTP CONNECT), `http` (plain HTTP) or `socks5`. */
+            /**
+             * @description `connect` (HTTP CONNECT), `http` (plain HTTP), `socks5`, `direct` (to an address the
+             *     sandbox's resolver gave a name), or `policy` for a change of the session's network.
+             */
             protocol: string;
             /**
              * @description Why: `on the allowlist`, or what refused it (not on the allowlist, a forbidden address,
@@ -1147,6 +1182,44 @@ export interface components {
          * @enum {string}
          */
         Platform: "ptrace" | "kvm";
+        /** @description An open preview of a session's port. */
+        PortInfo: {
+            /**
+             * Format: int64
+             * @description When the token stops working, in milliseconds since the Unix epoch.
+             */
+            expires_at_unix_ms: number;
+            /**
+             * Format: int32
+             * @description The port inside the session's sandbox.
+             */
+            port: number;
+            /**
+             * @description The preview's token, for the `X-Kennel-Token` header or the `kennel_token` query
+             *     parameter; it opens this port of this session only, and no API route.
+             */
+            token: string;
+            /**
+             * @description Where a browser opens it, the token in its query: the host form
+             *     (`{port}-{session}.{ports.domain}`) where the server has a `ports.domain`, else the path
+             *     form (`/p/{session}/{port}/` on the API's own address).
+             */
+            url: string;
+        };
+        /** @description `POST /v1/sessions/{id}/ports`'s body. */
+        PortSpec: {
+            /**
+             * @description How long the preview's token is valid (such as "1h"); the server's
+             *     `ports.default_expiry` when unset, and never more than its `ports.max_expiry`.
+             */
+            expires_in?: string | null;
+            /**
+             * Format: int32
+             * @description The port inside the session's sandbox that the code listens on (127.0.0.1 or any
+             *     address), 1 to 65535.
+             */
+            port: number;
+        };
         /** @description A background process of a session, as listed. */
         ProcessInfo: {
             /** @description What it runs. */
@@ -3291,6 +3364,185 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content?: never;
+            };
+        };
+    };
+    list_ports: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id, as `POST /v1/sessions` returned it. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The session's open previews, by port */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PortInfo"][];
+                };
+            };
+            /** @description A valid bearer token is required. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No such session for this caller */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    open_port: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id, as `POST /v1/sessions` returned it. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["PortSpec"];
+            };
+        };
+        responses: {
+            /** @description The port, opened to previews: its URL and token (a port already open gets a new token, and its old one stops working) */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PortInfo"];
+                };
+            };
+            /** @description Port 0, or an `expires_in` past the server's `ports.max_expiry` */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description A valid bearer token is required. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No such session for this caller, or a port Kennel itself listens on inside the sandbox (its proxy's) */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The body is larger than this server takes. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The body is not sent as `Content-Type: application/json`. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The session has `ports.max_per_session` ports open */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No preview reaches this session's ports: its tier (microvm, docker, runsc without a network) or its network (`full`) says why */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    revoke_port: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id, as `POST /v1/sessions` returned it. */
+                id: string;
+                /** @description The port inside the session's sandbox, as `POST .../ports` opened it. */
+                port: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Revoked: its token opens nothing from now on */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description A `port` that is not a number from 0 to 65535 */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description A valid bearer token is required. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No such session for this caller, or no open preview of that port */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
             };
         };
     };

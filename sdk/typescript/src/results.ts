@@ -27,6 +27,8 @@ export type ResumeReport = Schemas["ResumeReport"];
  * and its `boot_id`: `own`, `host` or `absent`), and the bytes it counts against `quota.disk`
  * until it is deleted or expires. */
 export type SnapshotInfo = Schemas["SnapshotInfo"];
+/** A session's port opened to previews: its `url`, `token` and expiry. */
+export type PortInfo = Schemas["PortInfo"];
 /** What each session made from a snapshot gets afresh. */
 export type Fresh = Schemas["Fresh"];
 /** How long a snapshot is kept, and the like (`POST /v1/sessions/{id}/snapshot`'s body). */

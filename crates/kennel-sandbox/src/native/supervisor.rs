@@ -15,6 +15,7 @@ use super::helper::HELPER_ARG;
 use super::ids::{HOST_ID_BASE, ID_RANGE};
 use crate::cgroup::{Cgroup, CgroupError, Probe};
 use crate::channel::{self, Confinement, Msg, Plan};
+use crate::egress::FULL_NETWORK;
 use crate::error::{Error, SetupStep};
 use crate::profile::{mounts, seccomp};
 use crate::request::{check_rootfs, checked_argv, input_files, pick_cpus, sandbox_env};
@@ -95,6 +96,7 @@ impl Native {
             },
             limiter: None,
             forward,
+            ports: None,
         };
         supervise(&mut tier, &self.helper, req, &files, io)
     }
@@ -172,6 +174,8 @@ struct NativeTier {
     plan: Plan,
     limiter: Option<Limiter>,
     forward: Option<crate::egress::Forward>,
+    /// The sandbox's network namespace, opened once the helper has unshared it.
+    ports: Option<std::sync::Arc<crate::egress::Ports>>,
 }
 
 impl NativeTier {
@@ -220,6 +224,17 @@ impl Supervised for NativeTier {
             errno: e.raw_os_error(),
             detail: format!("writing /proc/{pid}/uid_map: {e}"),
         })?;
+        // The helper has unshared its namespaces (ids are mapped for its user namespace): its
+        // network namespace is the sandbox's, unless the network is the host's.
+        self.ports = Some(std::sync::Arc::new(
+            if self.plan.policy.network.mode == NetMode::Full {
+                crate::egress::Ports::refused(FULL_NETWORK)
+            } else {
+                crate::egress::Ports::of_pid(pid).unwrap_or_else(|e| {
+                    crate::egress::Ports::refused(format!("the sandbox's network namespace: {e}"))
+                })
+            },
+        ));
         let mut proxy = None;
         if self.plan.policy.network.mode == NetMode::Allow {
             let failed = |e: std::io::Error| Error::Setup {
@@ -249,6 +264,10 @@ impl Supervised for NativeTier {
 
     fn probe(&self) -> Option<Probe> {
         self.cgroup().map(Cgroup::probe)
+    }
+
+    fn ports(&self) -> Option<std::sync::Arc<crate::egress::Ports>> {
+        self.ports.clone()
     }
 
     fn isolation(&self, confinement: Option<Confinement>) -> Isolation {

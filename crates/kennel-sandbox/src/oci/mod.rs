@@ -418,6 +418,25 @@ impl super::supervise::Supervised for OciTier {
         isolation(self)
     }
 
+    /// The container's network namespace, found among the cgroup's processes: crun and runc
+    /// give it one of its own (network "none"), or share the launcher's (network "allow",
+    /// runsc's `--network=host` included). gVisor without a network keeps the code's sockets
+    /// in its own network stack, inside the sandbox's memory: no host socket reaches them.
+    fn ports(&self) -> Option<Arc<crate::egress::Ports>> {
+        use crate::egress::Ports;
+        Some(Arc::new(
+            match (self.runtime.runtime, self.policy.network.mode) {
+                (_, NetMode::Full) => Ports::refused(crate::egress::FULL_NETWORK),
+                (Runtime::Runsc, NetMode::None) => Ports::refused(
+                    "runsc without a network keeps the code's sockets in gVisor's own network \
+                 stack, which no host socket reaches: give the session network \"allow\" \
+                 (gVisor then uses the sandbox's namespace), or use crun, runc or native",
+                ),
+                _ => Ports::of_cgroup(self.cgroup.probe()),
+            },
+        ))
+    }
+
     fn unwatched(&self) -> String {
         match self.runtime.runtime {
             Runtime::Runsc => {

@@ -169,6 +169,8 @@ pub struct Started {
     /// The allowlist proxy's rules, which its owner may change while the sandbox runs, where
     /// the sandbox has a proxy of the host's (network mode `allow`).
     pub network: Option<kennel_net::LivePolicy>,
+    /// How a preview reaches the code's ports (`None`: the tier does not say).
+    pub ports: Option<Arc<crate::egress::Ports>>,
 }
 
 /// Saves a running sandbox with its memory, where its tier can.

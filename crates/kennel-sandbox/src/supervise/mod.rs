@@ -77,6 +77,10 @@ pub(crate) trait Supervised {
     fn saver(&mut self, _ctl: &UnixStream) -> Option<Arc<dyn io::Save>> {
         None
     }
+    /// How a preview reaches the code's ports, where the tier knows.
+    fn ports(&self) -> Option<Arc<crate::egress::Ports>> {
+        None
+    }
     /// What the code used, once it ended: the probe's counters, unless the tier learns them
     /// another way (a guest kernel counts its own).
     fn stats(&self) -> Option<crate::cgroup::Stats> {
@@ -183,6 +187,7 @@ fn watch<T: Supervised>(
                 freezer: tier.freezer(),
                 saver: saver.clone(),
                 network,
+                ports: tier.ports(),
             });
         }
     };

@@ -216,6 +216,12 @@ impl AgentSandbox {
             .map(|s| (s.isolation.clone(), s.usage.as_ref().map(|p| p.read())))
     }
 
+    /// How a preview reaches the sandbox's ports, where its tier says.
+    pub fn ports(&self) -> Option<Arc<kennel_sandbox::Ports>> {
+        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        live.as_ref().and_then(|s| s.ports.clone())
+    }
+
     /// What the sandbox's seccomp watcher has seen, where its tier reports denied calls.
     pub fn watch(&self) -> Option<Arc<kennel_sandbox::Watch>> {
         let live = self.live.lock().unwrap_or_else(|p| p.into_inner());

@@ -97,6 +97,11 @@ pub enum SecretError {
     Length(usize),
 }
 
+/// Whether two secrets are equal, in time that does not depend on where they differ.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 /// A signing secret: `whsec_` + base64 of its bytes.
 #[derive(Clone)]
 pub struct Secret(Vec<u8>);

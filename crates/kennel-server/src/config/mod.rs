@@ -329,6 +329,39 @@ pub struct ServerConfig {
     pub state: State,
     /// Snapshots of sessions (`POST /v1/sessions/{id}/snapshot`).
     pub snapshots: Snapshots,
+    /// Preview URLs of sessions' ports (`POST /v1/sessions/{id}/ports`).
+    pub ports: Ports,
+}
+
+/// Preview URLs: a session's port opened to a browser behind a signed token.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Ports {
+    /// The secret preview tokens are HMACs under (32 characters or more); when unset, a key
+    /// made once and kept in the state directory (`ports.key`, mode 0600).
+    pub key: Option<String>,
+    /// The domain of the host form, `{port}-{session}.{domain}`: a registrable domain of its
+    /// own, not a name under the API's (see the README's "Preview URLs"). Unset: the path
+    /// form `/p/{session}/{port}/` only.
+    pub domain: Option<String>,
+    /// Ports one session may have open at once; past this an open is refused with 429.
+    pub max_per_session: usize,
+    /// How long a token lives when its request names no `expires_in`.
+    pub default_expiry: Span,
+    /// The longest `expires_in` a request may ask for.
+    pub max_expiry: Span,
+}
+
+impl Default for Ports {
+    fn default() -> Self {
+        Ports {
+            key: None,
+            domain: None,
+            max_per_session: 16,
+            default_expiry: Span(Duration::from_secs(3600)),
+            max_expiry: Span(Duration::from_secs(7 * 86_400)),
+        }
+    }
 }
 
 /// The bounds a token's snapshots live under: each counts against its `quota.disk` too.
@@ -438,6 +471,7 @@ impl Default for ServerConfig {
             connections: Connections::default(),
             state: State::default(),
             snapshots: Snapshots::default(),
+            ports: Ports::default(),
         }
     }
 }
@@ -538,6 +572,7 @@ impl ServerConfig {
         }
         self.check_callbacks()?;
         self.check_front()?;
+        self.check_ports()?;
         for quota in std::iter::once(&self.quota).chain(self.tokens.iter().map(|t| &t.quota)) {
             self.check_quota(quota)?;
         }
@@ -545,6 +580,44 @@ impl ServerConfig {
             return bad(
                 "listen",
                 "a non-loopback address needs at least one token (tokens or KENNEL_TOKENS)",
+            );
+        }
+        Ok(())
+    }
+
+    fn check_ports(&self) -> Result<(), PolicyError> {
+        let bad = |field: &'static str, why: &str| {
+            Err(PolicyError::Invalid {
+                field,
+                why: why.into(),
+            })
+        };
+        let p = &self.ports;
+        if p.key.as_ref().is_some_and(|k| k.len() < 32) {
+            return bad("ports.key", "needs at least 32 characters");
+        }
+        if let Some(domain) = &p.domain {
+            let label_ok = |l: &str| {
+                !l.is_empty()
+                    && l.len() <= 63
+                    && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+            };
+            if domain.len() > 200 || !domain.split('.').all(label_ok) {
+                return bad(
+                    "ports.domain",
+                    "must be a DNS name such as \"preview.example\" (no scheme, port or path)",
+                );
+            }
+        }
+        if p.max_per_session == 0 {
+            return bad("ports.max_per_session", "must be at least 1");
+        }
+        if p.default_expiry.0.is_zero() || p.max_expiry.0 < p.default_expiry.0 {
+            return bad(
+                "ports.default_expiry",
+                "must be more than 0s and no more than ports.max_expiry",
             );
         }
         Ok(())

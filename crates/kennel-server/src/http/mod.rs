@@ -7,6 +7,7 @@ mod extract;
 mod front;
 pub mod openapi;
 pub mod pause;
+pub mod previews;
 pub mod processes;
 mod reply;
 pub mod routes;
@@ -35,6 +36,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 
+use crate::config::entries::constant_time_eq;
 use crate::metrics::inc;
 use crate::request_log;
 
@@ -85,10 +87,6 @@ fn bearer_token(value: &str) -> Option<&str> {
     let (scheme, token) = value.split_once(' ')?;
     let token = token.trim_start_matches(' ');
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Counts refused and failed requests for the metrics.
@@ -273,11 +271,21 @@ pub fn router(state: Shared, mounts: &[Mount]) -> Router {
             post(terminals::resize_terminal),
         )
         .route("/v1/sessions/{id}/pty", get(terminals::pty))
-        .route("/v1/sessions/{id}/watch", get(watch::watch));
+        .route("/v1/sessions/{id}/watch", get(watch::watch))
+        .route(
+            "/v1/sessions/{id}/ports",
+            post(previews::open_port).get(previews::list_ports),
+        )
+        .route(
+            "/v1/sessions/{id}/ports/{port}",
+            axum::routing::delete(previews::revoke_port),
+        );
     for mount in mounts {
         routes = routes.nest_service(mount.path, (mount.make)(state.clone()));
     }
     let hosts = Arc::new(Hosts::of(&state.config));
+    let domain: Option<Arc<str>> = state.config.ports.domain.as_deref().map(Arc::from);
+    let previews = state.clone();
     routes
         .fallback(fallback)
         .method_not_allowed_fallback(wrong_method)
@@ -295,6 +303,11 @@ pub fn router(state: Shared, mounts: &[Mount]) -> Router {
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(
             panic_response,
         ))
+        // Before the front door and the bearer check: a preview has its own token, and its
+        // pages their own origins.
+        .layer(middleware::from_fn(move |req, next| {
+            previews::route(previews.clone(), domain.clone(), req, next)
+        }))
         .layer(middleware::from_fn(request_log::log_request))
         .with_state(state)
 }

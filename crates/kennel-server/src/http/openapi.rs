@@ -7,7 +7,7 @@ use kennel_types::api::{MAX_METADATA_KEYS, MAX_METADATA_KEY_BYTES, MAX_METADATA_
 use serde_json::{json, Map, Value};
 use utoipa::OpenApi;
 
-use super::{pause as pausing, processes, routes, snapshots, terminals, volumes, watch};
+use super::{pause as pausing, previews, processes, routes, snapshots, terminals, volumes, watch};
 use crate::config::ServerConfig;
 use crate::pattern;
 use kennel_types::api;
@@ -63,6 +63,9 @@ use kennel_types::terminal;
         volumes::list_volumes,
         volumes::show_volume,
         volumes::delete_volume,
+        previews::open_port,
+        previews::list_ports,
+        previews::revoke_port,
     ),
     components(schemas(
         api::RunSpec, api::LimitsSpec, api::RunResult, api::CollectedFile, api::Content,
@@ -82,6 +85,7 @@ use kennel_types::terminal;
         kennel_types::volume::VolumeSpec, kennel_types::volume::VolumeKind,
         kennel_types::volume::VolumeMount, kennel_types::volume::VolumeInfo,
         kennel_types::volume::Attachment,
+        kennel_types::ports::PortSpec, kennel_types::ports::PortInfo,
     )),
     modifiers(&BearerAuth),
     security(("bearer" = []))
@@ -880,6 +884,11 @@ fn path_params(path: &str) -> Vec<Value> {
         params.push(json!({"name": "tid", "in": "path", "required": true,
             "description": "The terminal's id (its shell's pid), as `POST .../terminals` returned it.",
             "schema": {"type": "integer", "minimum": 0, "maximum": u32::MAX}}));
+    }
+    if path.contains("{port}") {
+        params.push(json!({"name": "port", "in": "path", "required": true,
+            "description": "The port inside the session's sandbox, as `POST .../ports` opened it.",
+            "schema": {"type": "integer", "minimum": 1, "maximum": u16::MAX}}));
     }
     if path.contains("{path}") {
         params.push(json!({"name": "path", "in": "path", "required": true,

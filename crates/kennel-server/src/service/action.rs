@@ -241,6 +241,27 @@ pub enum Action {
         path: Option<String>,
         recursive: bool,
     },
+    /// Opens a port of the caller's session to previews: a URL and a token that opens that
+    /// port of that session only, until it expires or is revoked (a port already open gets a
+    /// new token, its old one revoked). Refused for port 0 (400), Kennel's own ports in the
+    /// sandbox (404), an `expires_in` past `ports.max_expiry` (400), past
+    /// `ports.max_per_session` (429), and where the session's tier or network gives no way
+    /// to its ports (503, saying why). `base` is the API's origin as the request reached it,
+    /// for the URL.
+    OpenPort {
+        id: String,
+        spec: kennel_types::ports::PortSpec,
+        base: Option<String>,
+    },
+    /// The caller's session's open previews.
+    ListPorts {
+        id: String,
+    },
+    /// Revokes a preview: its token opens nothing from now on (404 for a port not open).
+    RevokePort {
+        id: String,
+        port: u16,
+    },
 }
 
 /// Which sessions a listing keeps: all when empty.

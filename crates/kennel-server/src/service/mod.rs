@@ -18,6 +18,8 @@ pub mod jobs;
 mod kept;
 mod network;
 mod pause;
+pub mod ports;
+mod preview_store;
 mod process;
 mod registry;
 mod reply;
@@ -206,6 +208,14 @@ impl Service {
             Action::Attach { id, to } => terminal::attach(self, caller, &id, to)
                 .await
                 .map(|a| Reply::Attached(Box::new(a))),
+            Action::OpenPort { id, spec, base } => {
+                ports::open(self, caller, &id, &spec, base.as_deref()).map(Reply::Port)
+            }
+            Action::ListPorts { id } => ports::list(self, caller, &id).map(Reply::Ports),
+            Action::RevokePort { id, port } => {
+                ports::revoke(self, caller, &id, port)?;
+                Ok(Reply::Done)
+            }
             Action::Watch {
                 id,
                 path,

@@ -52,6 +52,10 @@ pub enum Reply {
     VolumeCreated(kennel_types::volume::VolumeInfo),
     Volume(kennel_types::volume::VolumeInfo),
     Volumes(Vec<kennel_types::volume::VolumeInfo>),
+    /// A session's port, just opened to previews.
+    Port(kennel_types::ports::PortInfo),
+    /// A session's open previews.
+    Ports(Vec<kennel_types::ports::PortInfo>),
     /// Done, with nothing to say (a session ended, a file written or deleted).
     Done,
 }

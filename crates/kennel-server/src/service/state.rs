@@ -53,6 +53,8 @@ pub struct Service {
     pub(super) snapshots: Option<crate::snapshots::Snapshots>,
     /// The tokens' volumes, and who holds them.
     pub(super) volumes: Arc<super::volume_store::Store>,
+    /// The sessions' open previews and the key their tokens are signed under.
+    pub(crate) previews: super::preview_store::Previews,
 }
 
 impl Service {
@@ -107,6 +109,7 @@ impl Service {
             volumes: Arc::new(super::volume_store::Store::none(
                 "no volumes directory was given",
             )),
+            previews: super::preview_store::Previews::open(None, None),
         }
     }
 
@@ -129,6 +132,16 @@ impl Service {
     pub fn with_volumes(self, dir: std::path::PathBuf) -> Service {
         Service {
             volumes: Arc::new(super::volume_store::Store::open(dir)),
+            ..self
+        }
+    }
+
+    /// The service with its previews' key and table: the config's `[ports] key`, or one kept
+    /// in `state`, the state directory.
+    pub fn with_previews(self, state: Option<&std::path::Path>) -> Service {
+        let key = self.config.ports.key.clone();
+        Service {
+            previews: super::preview_store::Previews::open(key.as_deref(), state),
             ..self
         }
     }
@@ -189,6 +202,7 @@ impl Service {
         if let Some(records) = &self.records {
             records.forget(&session.id);
         }
+        self.previews.forget(&session.id);
         if let Some(agent) = session.agent() {
             let volumes = self.volumes.held_by_session(&session.id);
             let gently = super::ending::ends_gently(session.label.shape.tier(), volumes);
