@@ -30,11 +30,13 @@ die() { echo "setup-ci: error: $*" >&2; exit 1; }
 #                    order with them, against the unpacked kernel (tests/vm_prepare.rs)
 #   erofs-utils      mkfs.erofs: the microVM tier's read-only root disks, made from images
 #   python3-venv     the agent-framework adapters' virtualenvs (scripts/adapter-venvs.sh)
+#   python3-numpy    the snapshot suite: forks of a session that imported numpy each reseed its
+#                    generator (runsc runs the host's python3)
 #   chromium         headless, as the browser of tests/front.rs: a web page of another origin,
 #                    or under a name rebound to 127.0.0.1, cannot drive `kennel serve`
 packages=(bubblewrap python3 coreutils util-linux bash dash gcc libc6-dev ca-certificates jq
     curl openssl python3-pip runsc crun runc mmdebstrap umoci docker.io kmod erofs-utils
-    python3-venv chromium)
+    python3-venv python3-numpy chromium)
 
 installed() {
     [[ $(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true) == "install ok installed" ]]

@@ -333,33 +333,15 @@ fn previews_refuse_what_they_must() {
         let (status, _, _) = with_token(&server, &a, port, "/", &ta);
         assert_eq!(status, 404);
     }
-    assert_eq!(
-        server
-            .client
-            .post_json(&format!("/v1/sessions/{a}/ports"), &json!({"port": 0}))
-            .status,
-        400
-    );
-    assert_eq!(
-        server
-            .client
-            .post_json(
-                &format!("/v1/sessions/{a}/ports"),
-                &json!({"port": 1, "expires_in": "400h"})
-            )
-            .status,
-        400
-    );
-    assert_eq!(
-        server
-            .client
-            .post_json(
-                &format!("/v1/sessions/{a}/ports"),
-                &json!({"port": 1, "bogus": 1})
-            )
-            .status,
-        400
-    );
+    let bad = [
+        json!({"port": 0}),
+        json!({"port": 1, "expires_in": "400h"}),
+        json!({"port": 1, "bogus": 1}),
+    ];
+    for body in bad {
+        let r = server.client.post_json(&format!("/v1/sessions/{a}/ports"), &body);
+        assert_eq!(r.status, 400, "{body}: {}", r.text());
+    }
     // A port nothing listens on: 502, one line.
     let t9 = open_port(&server.client, &a, json!({"port": 8009}))["token"]
         .as_str()

@@ -404,3 +404,48 @@ fn a_sessions_volume_goes_to_no_fork_but_read_only_as_asked() {
     drop(server);
     let _ = std::fs::remove_dir_all(&state);
 }
+
+/// numpy's global generator, seeded alike in the source before its snapshot, differs between
+/// the forks of a snapshot with memory, and from the seeded sequence: each fork's agent
+/// reseeds it (with Python's `random`) from the fork's fresh entropy before its first exec.
+/// numpy is the host's (python3-numpy, scripts/setup-ci.sh) under runsc's view of the host, and
+/// the python-data image's in a microVM. A files-only snapshot's forks start a new interpreter.
+#[test]
+fn forks_reseed_numpys_generator() {
+    if !with_memory() {
+        eprintln!("skipped: this tier's forks start a new interpreter (its snapshots keep files)");
+        return;
+    }
+    let spec = if microvm() {
+        common::vm::build_python_data();
+        json!({"image": "python-data"})
+    } else {
+        json!({})
+    };
+    let server = tier_server("snap-numpy", "");
+    let c = &server.client;
+    let id = open_session(&server, spec)["id"].as_str().unwrap().to_string();
+    // The seeded sequence's first draw, then the generator put back at its start.
+    let seeded = session_py(
+        &server,
+        &id,
+        "import numpy\nnumpy.random.seed(7)\nprint(numpy.random.random())\nnumpy.random.seed(7)",
+    );
+    let snap = snapshot(&server, &id, json!({}));
+    assert_eq!(snap["kept"]["memory"], json!(true), "{snap}");
+    let snap_id = snap["id"].as_str().unwrap();
+    let r = c.post_json("/v1/sessions", &json!({"from_snapshot": snap_id, "count": 3}));
+    assert_eq!(r.status, 201, "{}", r.text());
+    let forks = ids_of(&r.json());
+    let draws: Vec<String> = forks
+        .iter()
+        .map(|f| session_py(&server, f, "import numpy\nprint(numpy.random.random())"))
+        .collect();
+    let distinct: HashSet<&String> = draws.iter().collect();
+    assert_eq!(distinct.len(), 3, "numpy's generator repeats between forks: {draws:?}");
+    assert!(!draws.contains(&seeded), "a fork kept the seeded sequence {seeded}: {draws:?}");
+    for f in forks.iter().chain([&id]) {
+        assert_eq!(c.delete(&format!("/v1/sessions/{f}")).status, 204);
+    }
+    assert_eq!(c.delete(&format!("/v1/snapshots/{snap_id}")).status, 204);
+}
