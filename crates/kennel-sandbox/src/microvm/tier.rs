@@ -15,12 +15,12 @@ use super::relay::{RELAY_ARG, RUN_ROOT};
 use super::saved::{self, VmSaver};
 use super::snapshot;
 use super::take::{reap_relay, take};
-use super::vmm::{self, Accel, Boot, Disk, Qemu, Ram, Vmm};
+use super::vmm::{self, Accel, Boot, Qemu, Ram, Vmm};
 use super::{initrd, root};
 use crate::cgroup::{Probe, Stats};
 use crate::channel::{
-    self, Confinement, GuestEnd, GuestPlan, GuestVolume, Msg, VmMode, VmPlan, VmVolume,
-    AGENT_SOCKET, CONSOLE, IO_MOUNT, QMP_SOCKET, RAM_FILE, SNAP_MOUNT, VM_MOUNT,
+    self, Confinement, GuestEnd, GuestPlan, Msg, VmMode, VmPlan, AGENT_SOCKET, CONSOLE, IO_MOUNT,
+    QMP_SOCKET, RAM_FILE, SNAP_MOUNT, VM_MOUNT,
 };
 use crate::error::{Error, SetupStep};
 use crate::request::input_files;
@@ -277,6 +277,7 @@ impl Microvm {
     ) -> VmPlan {
         let policy = &req.policy;
         let in_vm = |p: &std::path::Path| self.in_vm(p);
+        let volumes = super::volumes::planned(&req.volumes);
         let boot = Boot {
             accel,
             vcpus: self.config.vcpus,
@@ -289,16 +290,7 @@ impl Microvm {
             console: format!("{IO_MOUNT}/{CONSOLE}"),
             prefix: in_vm(&self.vm.qemu_prefix()),
             tsc_khz: vmm::host_tsc_khz(),
-            disks: req
-                .volumes
-                .iter()
-                .enumerate()
-                .map(|(i, v)| Disk {
-                    file: channel::volume_in_jail(i),
-                    serial: channel::volume_serial(i),
-                    read_only: v.read_only,
-                })
-                .collect(),
+            disks: volumes.disks,
         };
         VmPlan {
             build: channel::BUILD.into(),
@@ -321,26 +313,9 @@ impl Microvm {
                 files,
                 fresh: None,
                 then_wait: false,
-                volumes: req
-                    .volumes
-                    .iter()
-                    .enumerate()
-                    .map(|(i, v)| GuestVolume {
-                        name: v.name.clone(),
-                        serial: channel::volume_serial(i),
-                        path: v.path.clone(),
-                        read_only: v.read_only,
-                    })
-                    .collect(),
+                volumes: volumes.guest,
             },
-            volumes: req
-                .volumes
-                .iter()
-                .map(|v| VmVolume {
-                    image: v.image.clone(),
-                    read_only: v.read_only,
-                })
-                .collect(),
+            volumes: volumes.relay,
         }
     }
 

@@ -10,9 +10,47 @@ use std::path::{Path, PathBuf};
 use kennel_types::api::HostDir;
 use kennel_types::volume::{Volume, VolumeKind};
 
-use crate::channel::{volume_in_jail, GuestVolume, VmVolume};
+use super::vmm::Disk;
+use crate::channel::{volume_in_jail, volume_serial, GuestVolume, VmVolume};
 use crate::fail::{Context, Fail};
 use crate::sys;
+
+/// A run's volumes as each side of the VM takes them, the `i`th of each the same volume.
+pub(super) struct Planned {
+    /// QEMU's drives, after the root disk.
+    pub(super) disks: Vec<Disk>,
+    /// What the guest agent mounts, by each disk's serial.
+    pub(super) guest: Vec<GuestVolume>,
+    /// The images the relay shows QEMU.
+    pub(super) relay: Vec<VmVolume>,
+}
+
+/// The run's `volumes`, as QEMU, the guest and the relay each take them.
+pub(super) fn planned(volumes: &[Volume]) -> Planned {
+    let mut planned = Planned {
+        disks: vec![],
+        guest: vec![],
+        relay: vec![],
+    };
+    for (i, v) in volumes.iter().enumerate() {
+        planned.disks.push(Disk {
+            file: volume_in_jail(i),
+            serial: volume_serial(i),
+            read_only: v.read_only,
+        });
+        planned.guest.push(GuestVolume {
+            name: v.name.clone(),
+            serial: volume_serial(i),
+            path: v.path.clone(),
+            read_only: v.read_only,
+        });
+        planned.relay.push(VmVolume {
+            image: v.image.clone(),
+            read_only: v.read_only,
+        });
+    }
+    planned
+}
 
 /// The volumes as QEMU's jail is to show them, and the binds that make them reachable there,
 /// undone when dropped (before the relay removes its directory).

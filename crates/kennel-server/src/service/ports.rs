@@ -75,12 +75,11 @@ pub(super) fn open(
     }
     reach(&session)?;
     let key = service.previews.key()?;
-    let entry = Entry {
-        nonce: crate::audit::hex(&random::<8>()?),
+    let mut entry = Entry {
+        nonce: super::registry::random_hex::<8>("a preview token")?,
         expires_at_unix_ms: now_ms_u64().saturating_add(kennel_types::time::millis(expires_in)),
         url: String::new(),
     };
-    let mut entry = entry;
     let token = Previews::token(key, &session.id, spec.port, &entry);
     entry.url = url(
         config.domain.as_deref(),
@@ -186,18 +185,18 @@ pub async fn target(
         ));
     };
     service.previews.check(id, port, token)?;
+    // What a preview is told: why its tier cannot be reached, or (for anything else) that
+    // the session is gone.
+    let denied = |e: ServiceError| match e {
+        ServiceError::Unsupported(why) => Denied::Unsupported(why),
+        _ => gone(),
+    };
     let caller = Caller(session.token_id.clone());
     let open = super::session::open(service, &caller, id)
         .await
-        .map_err(|e| match e {
-            ServiceError::Unsupported(why) => Denied::Unsupported(why),
-            _ => gone(),
-        })?;
+        .map_err(denied)?;
     open.touch();
-    reach(&open.session).map_err(|e| match e {
-        ServiceError::Unsupported(why) => Denied::Unsupported(why),
-        _ => gone(),
-    })
+    reach(&open.session).map_err(denied)
 }
 
 /// The preview's URL: the host form under `domain` (on the API's port, from `base`), else the
@@ -220,13 +219,6 @@ fn url(domain: Option<&str>, base: Option<&str>, id: &str, port: u16, token: &st
             base.unwrap_or("").trim_end_matches('/')
         ),
     }
-}
-
-fn random<const N: usize>() -> Result<[u8; N], ServiceError> {
-    let mut bytes = [0u8; N];
-    getrandom::getrandom(&mut bytes)
-        .map_err(|e| ServiceError::Internal(format!("no randomness for a preview token: {e}")))?;
-    Ok(bytes)
 }
 
 #[cfg(test)]

@@ -11,9 +11,14 @@ use kennel_sandbox::Canceller;
 /// A new run id: 128 random bits from the kernel, in hex. Unguessable, so that an id is no
 /// handle on another token's run even before the owner check.
 pub(crate) fn new_id() -> Result<String, ServiceError> {
-    let mut bytes = [0u8; 16];
+    random_hex::<16>("a run id")
+}
+
+/// `N` random bytes from the kernel, in hex; `what` they are for names them in the error.
+pub(crate) fn random_hex<const N: usize>(what: &str) -> Result<String, ServiceError> {
+    let mut bytes = [0u8; N];
     getrandom::getrandom(&mut bytes)
-        .map_err(|e| ServiceError::Internal(format!("no randomness for a run id: {e}")))?;
+        .map_err(|e| ServiceError::Internal(format!("no randomness for {what}: {e}")))?;
     Ok(crate::audit::hex(&bytes))
 }
 

@@ -23,6 +23,22 @@ fn suite_config(extra: &str) -> String {
     format!("[pool]\npython = 0\nbash = 0\n{clones}{extra}")
 }
 
+/// The environment that keeps a server's sessions and volumes under `state` (and, outside the
+/// microvm tier, the rest of its state: a microVM's guest and images are the tests' shared
+/// state, which `tier()` points `KENNEL_STATE_DIR` at).
+#[allow(dead_code)] // not every suite that includes the kit keeps its own state
+fn own_state_env(state: &std::path::Path) -> Vec<(&'static str, String)> {
+    let path = |p: std::path::PathBuf| p.display().to_string();
+    let mut env = vec![
+        ("KENNEL_SESSIONS_DIR", path(state.join("sessions"))),
+        ("KENNEL_VOLUMES_DIR", path(state.join("volumes"))),
+    ];
+    if !microvm() {
+        env.push(("KENNEL_STATE_DIR", path(state.to_path_buf())));
+    }
+    env
+}
+
 /// A server for this binary's tier (its engine or guest made ready first: the server inherits
 /// `DOCKER_HOST` and `KENNEL_STATE_DIR`), with `extra` config; in the microvm tier it waits
 /// for its pooled clone, so that the suite's sessions of the default shape are served warm.

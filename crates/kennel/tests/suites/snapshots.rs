@@ -346,17 +346,8 @@ fn a_sessions_volume_goes_to_no_fork_but_read_only_as_asked() {
     let db = state.join("jobs.sqlite");
     let extra = format!("[jobs]\ndb = {db:?}\n[[tokens]]\nid = \"a\"\ntoken = \"{TOKEN}\"\n");
     tier();
-    let path = |p: std::path::PathBuf| p.display().to_string();
-    let (records, volumes) = (path(state.join("sessions")), path(state.join("volumes")));
-    let state_dir = path(state.clone());
-    let mut env = vec![
-        ("KENNEL_SESSIONS_DIR", records.as_str()),
-        ("KENNEL_VOLUMES_DIR", volumes.as_str()),
-    ];
-    // A microVM's guest and images are the tests' shared state.
-    if !microvm() {
-        env.push(("KENNEL_STATE_DIR", state_dir.as_str()));
-    }
+    let env = own_state_env(&state);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let server = Server::start_with("snap-volumes", &suite_config(&extra), &env, Some(TOKEN));
     let c = &server.client;
     let kind = if microvm() { "microvm" } else { "host" };

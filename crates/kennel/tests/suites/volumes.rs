@@ -29,16 +29,8 @@ fn volume_server(name: &str, state: &std::path::Path, extra: &str) -> Server {
         "[pool]\npython = 0\nbash = 0\n[jobs]\ndb = {db:?}\n{extra}\n[[tokens]]\nid = \"a\"\n\
          token = \"{TOKEN_A}\"\n[[tokens]]\nid = \"b\"\ntoken = \"{TOKEN_B}\"\n"
     );
-    let path = |p: std::path::PathBuf| p.display().to_string();
-    let (records, volumes) = (path(state.join("sessions")), path(state.join("volumes")));
-    let state_dir = path(state.to_path_buf());
-    let mut env = vec![
-        ("KENNEL_SESSIONS_DIR", records.as_str()),
-        ("KENNEL_VOLUMES_DIR", volumes.as_str()),
-    ];
-    if !microvm() {
-        env.push(("KENNEL_STATE_DIR", state_dir.as_str()));
-    }
+    let env = own_state_env(state);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     Server::start_with(name, &config, &env, Some(TOKEN_A))
 }
 
