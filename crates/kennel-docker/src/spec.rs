@@ -122,6 +122,9 @@ pub fn container(policy: &Policy, plan: &Plan) -> Config<String> {
         readonly_rootfs: Some(true),
         init: Some(false),
         network_mode: Some(network.into()),
+        // `allow`: the engine's /etc/resolv.conf names Kennel's resolver, which the proxy
+        // serves on that loopback (`kennel_net::dns`).
+        dns: (policy.network.mode == NetMode::Allow).then(|| vec!["127.0.0.1".into()]),
         memory: Some(limit(l.memory.0)),
         memory_swap: Some(limit(l.memory.0)),
         nano_cpus: Some(nano_cpus),

@@ -8,8 +8,10 @@
 //! Messages are read and written by hickory-proto, never by hand: a resolver inside the
 //! sandbox reads what hostile code sends it.
 
-use std::collections::HashMap;
-use std::net::{Ipv4Addr, UdpSocket};
+use std::collections::{BTreeSet, HashMap};
+use std::io;
+use std::net::{Ipv4Addr, TcpListener, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -23,6 +25,10 @@ use crate::proxy::LivePolicy;
 /// The first synthetic address: 198.18.0.0/15 holds 2^17 of them, of which a sandbox uses the
 /// first [`MAX_NAMES`] after it.
 pub const SYNTHETIC_BASE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 0);
+/// The netmask of the synthetic range, 198.18.0.0/15.
+pub const SYNTHETIC_MASK: Ipv4Addr = Ipv4Addr::new(255, 254, 0, 0);
+/// Where the resolver listens: 127.0.0.1, port 53, in the sandbox's network namespace.
+pub const DNS_PORT: u16 = 53;
 /// The most names a sandbox's resolver holds at once; past it, the least recently used name's
 /// address is given to the new one.
 pub const MAX_NAMES: usize = MAX_NAMES_U32 as usize;
@@ -88,17 +94,29 @@ fn nth_address(n: usize) -> Ipv4Addr {
     Ipv4Addr::from(u32::from(SYNTHETIC_BASE) + n)
 }
 
-/// Whether any rule names `host` (on any of its ports).
-fn named(allow: &Allowlist, host: &str) -> bool {
-    allow
+/// The ports the rules allow `host` on, over every rule that names it, in order; none when no
+/// rule names it.
+pub fn ports_of(allow: &Allowlist, host: &str) -> Vec<u16> {
+    let ports: BTreeSet<u16> = allow
         .rules
         .iter()
-        .any(|r| r.ports.iter().any(|&p| r.matches(host, p)))
+        .flat_map(|r| r.ports.iter().copied().filter(|&p| r.matches(host, p)))
+        .collect();
+    ports.into_iter().collect()
+}
+
+/// A reply to send, and the name the reply gave an address, with that address.
+#[derive(Debug)]
+pub struct Answer {
+    /// The DNS message to send back.
+    pub reply: Vec<u8>,
+    /// The name (lower case, no trailing dot) an A record was given for, and its address.
+    pub given: Option<(String, Ipv4Addr)>,
 }
 
 /// The answer to `query`, a DNS message as the sandbox sent it; `None` for one that is not a
 /// query of one question (it gets no answer, as a malformed packet would not).
-pub fn answer(query: &[u8], allow: &Allowlist, names: &mut Names) -> Option<Vec<u8>> {
+pub fn answer(query: &[u8], allow: &Allowlist, names: &mut Names) -> Option<Answer> {
     let query = Message::from_vec(query).ok()?;
     let meta = &query.metadata;
     if meta.message_type != MessageType::Query || meta.op_code != OpCode::Query {
@@ -109,7 +127,10 @@ pub fn answer(query: &[u8], allow: &Allowlist, names: &mut Names) -> Option<Vec<
     reply.metadata.recursion_available = true;
     let [question] = query.queries.as_slice() else {
         reply.metadata.response_code = ResponseCode::FormErr;
-        return reply.to_vec().ok();
+        return reply
+            .to_vec()
+            .ok()
+            .map(|reply| Answer { reply, given: None });
     };
     reply.add_query(question.clone());
     let host = question
@@ -117,40 +138,164 @@ pub fn answer(query: &[u8], allow: &Allowlist, names: &mut Names) -> Option<Vec<
         .to_ascii()
         .trim_end_matches('.')
         .to_ascii_lowercase();
-    if !named(allow, &host) {
+    if ports_of(allow, &host).is_empty() {
         reply.metadata.response_code = ResponseCode::NXDomain;
-        return reply.to_vec().ok();
+        return reply
+            .to_vec()
+            .ok()
+            .map(|reply| Answer { reply, given: None });
     }
     // An allowed name has an A record and no other: the rest get an empty NOERROR.
+    let mut given = None;
     if question.query_type() == RecordType::A {
         let addr = names.address_of(&host);
         let name: Name = question.name().clone();
         reply.add_answer(Record::from_rdata(name, TTL, RData::A(A(addr))));
+        given = Some((host, addr));
     }
-    reply.to_vec().ok()
+    reply.to_vec().ok().map(|reply| Answer { reply, given })
+}
+
+/// Binds a listener at a synthetic address and port, inside the sandbox's network namespace
+/// (the proxy runs outside it, so only its owner can).
+pub type Bind = Arc<dyn Fn(Ipv4Addr, u16) -> io::Result<TcpListener> + Send + Sync>;
+
+/// A sandbox's resolver, serving until it is stopped: its names, and the listeners of their
+/// synthetic addresses.
+pub struct Resolver {
+    socket: UdpSocket,
+    stopped: Arc<AtomicBool>,
+    listeners: Arc<Mutex<Listeners>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Resolver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Resolver").finish_non_exhaustive()
+    }
+}
+
+/// The listeners of the synthetic addresses given so far: each address's name, and a listener
+/// per port its rules allow.
+#[derive(Default)]
+struct Listeners(HashMap<Ipv4Addr, (String, HashMap<u16, TcpListener>)>);
+
+impl Listeners {
+    /// Makes `addr` listen for `host` on each of `ports` it does not yet listen on; an address
+    /// given to another name before (the least recently used one's) first stops listening.
+    fn ensure(
+        &mut self,
+        addr: Ipv4Addr,
+        host: &str,
+        ports: &[u16],
+        live: &LivePolicy,
+        bind: &Bind,
+    ) {
+        let entry = self
+            .0
+            .entry(addr)
+            .or_insert_with(|| (host.to_string(), HashMap::new()));
+        if entry.0 != host {
+            shut(entry.1.drain().map(|(_, l)| l));
+            entry.0 = host.to_string();
+        }
+        for &port in ports {
+            if entry.1.contains_key(&port) {
+                continue;
+            }
+            // A port the code itself listens on, on every address, cannot be bound: the
+            // code's connection there reaches its own listener, as it would on loopback.
+            let Ok(listener) = bind(addr, port) else {
+                continue;
+            };
+            let Ok(kept) = listener.try_clone() else {
+                continue;
+            };
+            let _ = live.serve_direct(listener, host.to_string(), port);
+            entry.1.insert(port, kept);
+        }
+    }
+
+    fn shut_all(&mut self) {
+        shut(
+            self.0
+                .drain()
+                .flat_map(|(_, (_, ports))| ports.into_values()),
+        );
+    }
+}
+
+/// Makes each listener's accepting thread return: `close` alone would not wake it.
+fn shut(listeners: impl Iterator<Item = TcpListener>) {
+    for l in listeners {
+        let _ = rustix::net::shutdown(&l, rustix::net::Shutdown::Both);
+    }
 }
 
 /// The largest query read: a DNS message over UDP without EDNS is at most 512 bytes, and a
 /// query with EDNS's options still fits well under this.
 const MAX_QUERY: usize = 4096;
 
-/// Serves the resolver on `socket` (bound by the caller at 127.0.0.1:53 in the sandbox's
-/// network namespace) under `live`'s rules as they are at each query, so that a change of
-/// them applies at once, until the socket is shut down. `names` is shared with whatever
-/// takes connections to the synthetic addresses.
-pub fn serve(socket: UdpSocket, live: LivePolicy, names: Arc<Mutex<Names>>) -> JoinHandle<()> {
-    std::thread::spawn(move || {
-        let mut buf = vec![0u8; MAX_QUERY];
-        while let Ok((n, from)) = socket.recv_from(&mut buf) {
-            let reply = {
-                let mut names = names.lock().unwrap_or_else(|p| p.into_inner());
-                live.with_rules(|rules| answer(&buf[..n], rules, &mut names))
-            };
-            if let Some(reply) = reply {
-                let _ = socket.send_to(&reply, from);
+impl Resolver {
+    /// Serves the resolver on `socket` (bound by the caller at 127.0.0.1:53 in the sandbox's
+    /// network namespace) under `live`'s rules as they are at each query, so that a change of
+    /// them applies at once. Each name answered gets its address's listeners from `bind`
+    /// before the answer goes, on the ports its rules allow then (a later query of it binds
+    /// the ports a change of rules added).
+    pub fn serve(socket: UdpSocket, live: LivePolicy, bind: Bind) -> io::Result<Resolver> {
+        let stopped = Arc::new(AtomicBool::new(false));
+        let listeners = Arc::new(Mutex::new(Listeners::default()));
+        let (rx, done, held) = (socket.try_clone()?, stopped.clone(), listeners.clone());
+        let thread = std::thread::spawn(move || {
+            let mut names = Names::default();
+            let mut buf = vec![0u8; MAX_QUERY];
+            // rustix's, not std's `recv_from`: a shut-down socket returns no address, which
+            // std takes for a broken invariant and panics on.
+            use rustix::net::{recvfrom, sendto, RecvFlags, SendFlags};
+            while let Ok((n, _, from)) = recvfrom(&rx, &mut buf[..], RecvFlags::empty()) {
+                let Some(from) = from.filter(|_| !done.load(Ordering::SeqCst)) else {
+                    break;
+                };
+                let Some(a) = live.with_rules(|rules| answer(&buf[..n], rules, &mut names)) else {
+                    continue;
+                };
+                if let Some((host, addr)) = &a.given {
+                    let ports = live.with_rules(|rules| ports_of(rules, host));
+                    lock(&held).ensure(*addr, host, &ports, &live, &bind);
+                }
+                let _ = sendto(&rx, &a.reply, SendFlags::empty(), &from);
             }
+        });
+        Ok(Resolver {
+            socket,
+            stopped,
+            listeners,
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops answering and closes every synthetic address's listener (their accepting threads
+    /// would otherwise keep the sandbox's network namespace alive).
+    pub fn stop(&mut self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        // Wakes the thread blocked in `recv_from`.
+        let _ = rustix::net::shutdown(&self.socket, rustix::net::Shutdown::Both);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
         }
-    })
+        lock(&self.listeners).shut_all();
+    }
+}
+
+impl Drop for Resolver {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A poisoned lock still guards sound data here: each critical section leaves it whole.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]
@@ -172,7 +317,9 @@ mod tests {
         let mut q = Message::query();
         q.metadata.recursion_desired = true;
         q.add_query(Query::query(Name::from_ascii(name).unwrap(), kind));
-        let bytes = answer(&q.to_vec().unwrap(), allow, names).expect("an answer");
+        let bytes = answer(&q.to_vec().unwrap(), allow, names)
+            .expect("an answer")
+            .reply;
         let reply = Message::from_vec(&bytes).unwrap();
         assert_eq!(reply.metadata.id, q.metadata.id);
         assert_eq!(reply.metadata.message_type, MessageType::Response);
@@ -255,7 +402,9 @@ mod tests {
         for n in ["a.test", "b.test"] {
             two.add_query(Query::query(Name::from_ascii(n).unwrap(), RecordType::A));
         }
-        let bytes = answer(&two.to_vec().unwrap(), &rules, &mut names).unwrap();
+        let bytes = answer(&two.to_vec().unwrap(), &rules, &mut names)
+            .unwrap()
+            .reply;
         let reply = Message::from_vec(&bytes).unwrap();
         assert_eq!(reply.metadata.response_code, ResponseCode::FormErr);
     }

@@ -5,7 +5,7 @@
 //! allowlist names, never a private address unless a pin says so.
 
 use std::io;
-use std::net::TcpListener;
+use std::net::{TcpListener, UdpSocket};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -13,6 +13,7 @@ use std::time::Duration;
 use kennel_types::net::{Allowlist, NetEvent};
 
 use crate::conn::{serve_direct, Conn, Shared};
+use crate::dns::{Bind, Resolver};
 use crate::http_proxy::serve_http;
 use crate::socks::serve_socks;
 
@@ -43,6 +44,7 @@ pub struct Proxy {
     listeners: Vec<TcpListener>,
     accept_threads: Vec<JoinHandle<()>>,
     shared: Arc<Shared>,
+    resolver: Option<Resolver>,
 }
 
 /// A running proxy's rules, which its owner may change while it runs, and its log so far.
@@ -103,7 +105,16 @@ impl Proxy {
             listeners,
             accept_threads,
             shared,
+            resolver: None,
         })
+    }
+
+    /// Serves the sandbox's resolver on `socket` (bound at 127.0.0.1:53 in its namespace)
+    /// under this proxy's rules, its synthetic addresses' listeners bound by `bind` and served
+    /// as this proxy's own, until the proxy stops.
+    pub fn serve_dns(&mut self, socket: UdpSocket, bind: Bind) -> io::Result<()> {
+        self.resolver = Some(Resolver::serve(socket, self.live(), bind)?);
+        Ok(())
     }
 
     /// The handle that changes the proxy's rules while it runs.
@@ -114,6 +125,9 @@ impl Proxy {
     /// Stops accepting and returns the log. Connections still open end with the sandbox.
     pub fn stop(mut self) -> Vec<NetEvent> {
         self.stop_accepting();
+        if let Some(mut r) = self.resolver.take() {
+            r.stop();
+        }
         for t in std::mem::take(&mut self.accept_threads) {
             let _ = t.join();
         }

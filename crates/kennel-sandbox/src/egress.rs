@@ -4,10 +4,11 @@
 //! forwarded to the host's proxy instead (see `microvm::net`).
 
 use std::io;
-use std::net::{TcpListener, TcpStream};
+use std::net::{Ipv4Addr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
+use kennel_net::dns::{Bind, DNS_PORT, SYNTHETIC_BASE, SYNTHETIC_MASK};
 use kennel_net::{Proxy, HTTP_PORT, SOCKS_PORT};
 use kennel_types::net::Allowlist;
 
@@ -21,16 +22,32 @@ pub(crate) const FULL_NETWORK: &str =
 /// Where a guest's proxy listeners hand each accepted connection, with the port it came to.
 pub type Forward = Arc<dyn Fn(TcpStream, u16) + Send + Sync>;
 
-/// Binds the proxy's listeners inside the network namespace of process `pid` and serves them.
+/// Binds the proxy's listeners inside the network namespace of process `pid` and serves them,
+/// with the sandbox's resolver at 127.0.0.1:53 and the listeners of the synthetic addresses it
+/// gives names (see `kennel_net::dns`).
 pub fn start_proxy(pid: i32, allow: Allowlist) -> io::Result<Proxy> {
-    let (http, socks) = bind_in(pid)?;
-    Proxy::serve(http, socks, allow)
+    let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))?;
+    let (http, socks, dns) = in_netns(&ns, || {
+        let (http, socks) = proxy_listeners()?;
+        sys::loopback_add_net(SYNTHETIC_BASE, SYNTHETIC_MASK)?;
+        Ok((
+            http,
+            socks,
+            UdpSocket::bind((Ipv4Addr::LOCALHOST, DNS_PORT))?,
+        ))
+    })?;
+    let mut proxy = Proxy::serve(http, socks, allow)?;
+    let bind: Bind =
+        Arc::new(move |addr, port| in_netns(&ns, move || TcpListener::bind((addr, port))));
+    proxy.serve_dns(dns, bind)?;
+    Ok(proxy)
 }
 
 /// Binds the proxy's listeners inside the network namespace of process `pid` and hands every
 /// connection to `forward`, on threads that last as long as the process (a guest's).
 pub fn start_forwarder(pid: i32, forward: Forward) -> io::Result<()> {
-    let (http, socks) = bind_in(pid)?;
+    let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))?;
+    let (http, socks) = in_netns(&ns, proxy_listeners)?;
     for (listener, port) in [(http, HTTP_PORT), (socks, SOCKS_PORT)] {
         let forward = forward.clone();
         std::thread::spawn(move || {
@@ -42,20 +59,29 @@ pub fn start_forwarder(pid: i32, forward: Forward) -> io::Result<()> {
     Ok(())
 }
 
-fn bind_in(pid: i32) -> io::Result<(TcpListener, TcpListener)> {
-    let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))?;
-    // A thread of our own joins the sandbox's namespace just long enough to bring loopback up
-    // (so 127.0.0.1 exists) and bind; sockets keep the namespace they were made in.
-    std::thread::spawn(move || -> io::Result<(TcpListener, TcpListener)> {
+/// Brings loopback up (so 127.0.0.1 exists) and binds the proxy's two listeners on it, in the
+/// current thread's network namespace.
+fn proxy_listeners() -> io::Result<(TcpListener, TcpListener)> {
+    sys::loopback_up()?;
+    Ok((
+        TcpListener::bind((Ipv4Addr::LOCALHOST, HTTP_PORT))?,
+        TcpListener::bind((Ipv4Addr::LOCALHOST, SOCKS_PORT))?,
+    ))
+}
+
+/// `f` on a thread of our own that joins the network namespace `ns` for it alone: sockets keep
+/// the namespace they were made in, and no other thread of ours leaves the host's.
+fn in_netns<T: Send + 'static>(
+    ns: &std::fs::File,
+    f: impl FnOnce() -> io::Result<T> + Send + 'static,
+) -> io::Result<T> {
+    let ns = ns.try_clone()?;
+    std::thread::spawn(move || -> io::Result<T> {
         sys::setns(ns.as_raw_fd(), libc::CLONE_NEWNET)?;
-        sys::loopback_up()?;
-        Ok((
-            TcpListener::bind(("127.0.0.1", HTTP_PORT))?,
-            TcpListener::bind(("127.0.0.1", SOCKS_PORT))?,
-        ))
+        f()
     })
     .join()
-    .map_err(|_| io::Error::other("the proxy's setup thread panicked"))?
+    .map_err(|_| io::Error::other("a thread in the sandbox's network namespace panicked"))?
 }
 
 /// How a preview reaches the code's ports: a TCP connection to `127.0.0.1:port` made inside
@@ -133,14 +159,9 @@ impl Ports {
                 }
             },
         };
-        // As `bind_in`: a thread of our own joins the namespace for the connect alone; the
-        // socket keeps the namespace it was made in.
-        std::thread::spawn(move || -> io::Result<TcpStream> {
-            sys::setns(ns.as_raw_fd(), libc::CLONE_NEWNET)?;
-            TcpStream::connect_timeout(&(std::net::Ipv4Addr::LOCALHOST, port).into(), within)
+        in_netns(&ns, move || {
+            TcpStream::connect_timeout(&(Ipv4Addr::LOCALHOST, port).into(), within)
         })
-        .join()
-        .map_err(|_| io::Error::other("the preview's connecting thread panicked"))?
     }
 }
 

@@ -21,10 +21,18 @@ pub const HELPER_ARG: &str = "__kennel-sandbox-helper";
 /// rootfs) as it is now.
 fn fs_plan(plan: &Plan) -> FsPlan {
     let host = Dir::new(PathBuf::from("/"));
+    let source = plan
+        .policy
+        .filesystem
+        .rootfs
+        .as_ref()
+        .map(|r| Dir::new(r.clone()));
+    let view = source.as_ref().unwrap_or(&host);
     let mut system = match &plan.policy.filesystem.rootfs {
-        Some(root) => mounts::system_view(&Dir::new(root.clone()), &root.to_string_lossy(), true),
-        None => mounts::system_view(&host, "", false),
+        Some(root) => mounts::system_view(view, &root.to_string_lossy(), true),
+        None => mounts::system_view(view, "", false),
     };
+    system.extend(mounts::resolver(view, plan.policy.network.mode));
     system.extend(mounts::host_dirs(&plan.host_dirs));
     let (proc_mount, proc_mask) = mounts::proc(&host, plan.boot_id.as_deref());
     FsPlan {

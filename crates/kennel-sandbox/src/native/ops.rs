@@ -34,6 +34,7 @@ pub trait Os {
     fn touch(&mut self, path: &str) -> io::Result<()>;
     fn symlink(&mut self, target: &str, link: &str) -> io::Result<()>;
     fn write_file(&mut self, path: &str, data: &[u8], mode: u32) -> io::Result<()>;
+    fn remove_file(&mut self, path: &str) -> io::Result<()>;
     fn chdir(&mut self, path: &str) -> io::Result<()>;
     fn sethostname(&mut self, name: &str) -> io::Result<()>;
     fn loopback_up(&mut self) -> io::Result<()>;
@@ -161,6 +162,10 @@ impl Os for RealOs {
 
     fn symlink(&mut self, target: &str, link: &str) -> io::Result<()> {
         symlink(target, link)
+    }
+
+    fn remove_file(&mut self, path: &str) -> io::Result<()> {
+        std::fs::remove_file(path)
     }
 
     fn write_file(&mut self, path: &str, data: &[u8], mode: u32) -> io::Result<()> {

@@ -230,6 +230,10 @@ pub fn perform(ops: &[Op], os: &mut dyn Os) -> Result<(), Fail> {
                 )
                 .ctx(|| format!("mount {} on {target}", source.as_deref().unwrap_or("-")))?,
             Op::RemountReadOnly(target) => remount_read_only(os, target)?,
+            Op::Write { path, data } => os
+                .write_file(path, data.as_bytes(), 0o644)
+                .ctx(|| format!("writing {path}"))?,
+            Op::Remove(path) => os.remove_file(path).ctx(|| format!("removing {path}"))?,
         }
     }
     Ok(())

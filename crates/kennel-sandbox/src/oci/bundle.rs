@@ -163,7 +163,8 @@ pub fn private_entries(source: &Path) -> Vec<(String, bool)> {
     found
 }
 
-fn bind(source: PathBuf, destination: &str, read_only: bool) -> Mount {
+/// A recursive bind of `source` at `destination`, `nosuid,nodev`.
+pub(super) fn bind(source: PathBuf, destination: &str, read_only: bool) -> Mount {
     let mode = if read_only { "ro" } else { "rw" };
     MountBuilder::default()
         .destination(destination)

@@ -58,6 +58,24 @@ pub fn export_bundle(req: &RunRequest, dir: &Path) -> Result<(), Error> {
     Ok(())
 }
 
+/// The sandbox's /etc/resolv.conf (`mounts::resolv_conf`), written into the bundle and bound
+/// over the view's file; none where the view has no file there to bind over.
+fn resolver(
+    dir: &Path,
+    view: &Dir,
+    policy: &Policy,
+) -> std::io::Result<Option<oci_spec::runtime::Mount>> {
+    use crate::profile::mounts::{self, Kind, View};
+    let mode = policy.network.mode;
+    let (Some(data), Some(Kind::File)) = (mounts::resolv_conf(mode), view.kind("etc/resolv.conf"))
+    else {
+        return Ok(None);
+    };
+    let file = dir.join("resolv.conf");
+    std::fs::write(&file, data)?;
+    Ok(Some(bundle::bind(file, "/etc/resolv.conf", true)))
+}
+
 /// Writes the bundle (a config.json, the rootfs skeleton the system view is mounted on, and
 /// the `tmp` and `workspace` directories the scratch space is mounted on) into `dir`, which
 /// must not exist yet.
@@ -92,6 +110,9 @@ pub(super) fn write_bundle(
         // may not read, as an unmapped uid would be refused it.
         let private = bundle::private_entries(&source);
         system_mounts.extend(private.iter().map(|(path, dir)| bundle::mask(path, *dir)));
+    }
+    if let Some(mount) = resolver(dir, &view, policy)? {
+        system_mounts.push(mount);
     }
     for node in nodes {
         match node {

@@ -73,6 +73,13 @@ pub enum Op {
     },
     /// Remounts `target` read-only, keeping its locked flags.
     RemountReadOnly(String),
+    /// Writes a new file (mode 0644) of `data`.
+    Write {
+        path: String,
+        data: String,
+    },
+    /// Removes a file (a mount of it stays).
+    Remove(String),
 }
 
 /// What the planner needs to know about the host (or the rootfs).
@@ -200,6 +207,44 @@ pub fn host_dirs(dirs: &[kennel_types::api::HostDir]) -> Vec<Op> {
         }
     }
     ops
+}
+
+/// What the sandbox's /etc/resolv.conf says with network "allow": ask Kennel's resolver, on
+/// loopback inside the sandbox's own network namespace (`kennel_net::dns`).
+pub const RESOLV_CONF_ALLOW: &str =
+    "# Kennel's resolver: the allowlist's names, each at an address of its own.\n\
+nameserver 127.0.0.1\noptions edns0\n";
+/// ... and with network "none": no resolver (the host's would name a server no route reaches).
+pub const RESOLV_CONF_NONE: &str = "# No network: no resolver.\n";
+
+/// The sandbox's /etc/resolv.conf for a network `mode`: none for "full", which shares the
+/// host's network and so its resolver.
+pub fn resolv_conf(mode: kennel_types::policy::NetMode) -> Option<&'static str> {
+    use kennel_types::policy::NetMode;
+    match mode {
+        NetMode::Allow => Some(RESOLV_CONF_ALLOW),
+        NetMode::None => Some(RESOLV_CONF_NONE),
+        NetMode::Full => None,
+    }
+}
+
+/// Shows [`resolv_conf`] at /etc/resolv.conf where the view has a file there: written into
+/// the new root's own tmpfs, bound over the file read-only, and unlinked (the mount keeps it).
+/// A view without the file (or with a symlink there, which a mount would follow) is left as is.
+pub fn resolver(view: &dyn View, mode: kennel_types::policy::NetMode) -> Vec<Op> {
+    let (Some(data), Some(Kind::File)) = (resolv_conf(mode), view.kind("etc/resolv.conf")) else {
+        return vec![];
+    };
+    let source = r(".kennel-resolv.conf");
+    vec![
+        Op::Write {
+            path: source.clone(),
+            data: data.into(),
+        },
+        bind(source.clone(), r("etc/resolv.conf")),
+        Op::RemountReadOnly(r("etc/resolv.conf")),
+        Op::Remove(source),
+    ]
 }
 
 /// The writable scratch space: `/tmp` and `/workspace`, each a size-capped tmpfs.

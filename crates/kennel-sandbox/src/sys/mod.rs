@@ -292,21 +292,32 @@ pub fn sethostname(name: &str) -> io::Result<()> {
     Ok(rustix::system::sethostname(name.as_bytes())?)
 }
 
-/// Brings the loopback interface up in the current network namespace.
-pub fn loopback_up() -> io::Result<()> {
+/// A datagram socket of the current network namespace, for its interfaces' ioctls.
+fn inet_dgram() -> io::Result<OwnedFd> {
     use rustix::net::{AddressFamily, SocketFlags, SocketType};
-    let sock = rustix::net::socket_with(
+    Ok(rustix::net::socket_with(
         AddressFamily::INET,
         SocketType::DGRAM,
         SocketFlags::CLOEXEC,
         None,
-    )?;
-    // rustix has no safe interface ioctls (SIOCGIFFLAGS/SIOCSIFFLAGS), so these stay on libc.
+    )?)
+}
+
+/// An `ifreq` naming the interface (or address label) `name`, at most 15 bytes.
+fn ifreq_named(name: &str) -> libc::ifreq {
     // SAFETY: ifreq is plain old data; all-zero is a valid value.
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
-        *dst = *src as libc::c_char;
+    for (dst, src) in req.ifr_name.iter_mut().zip(name.bytes().take(15)) {
+        *dst = src as libc::c_char;
     }
+    req
+}
+
+/// Brings the loopback interface up in the current network namespace.
+pub fn loopback_up() -> io::Result<()> {
+    let sock = inet_dgram()?;
+    // rustix has no safe interface ioctls (SIOCGIFFLAGS/SIOCSIFFLAGS), so these stay on libc.
+    let mut req = ifreq_named("lo");
     // SAFETY: `req` is a valid ifreq naming "lo"; SIOCGIFFLAGS writes only into it.
     check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) })?;
     // SAFETY: reading the flags member of the union SIOCGIFFLAGS just filled.
@@ -314,6 +325,35 @@ pub fn loopback_up() -> io::Result<()> {
     req.ifr_ifru.ifru_flags = flags | (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
     // SAFETY: `req` is a valid ifreq; SIOCSIFFLAGS only reads it.
     check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) }).map(drop)
+}
+
+/// An IPv4 address as the `sockaddr` of an interface ioctl (`sockaddr_in`'s layout: the port,
+/// zero, then the address, in network order).
+fn ioctl_addr(addr: std::net::Ipv4Addr) -> libc::sockaddr {
+    let mut sa = libc::sockaddr {
+        sa_family: libc::AF_INET as libc::sa_family_t,
+        sa_data: [0; 14],
+    };
+    for (dst, src) in sa.sa_data[2..6].iter_mut().zip(addr.octets()) {
+        *dst = src as libc::c_char;
+    }
+    sa
+}
+
+/// Makes every address of `net`/`mask` local to the current network namespace: `net` becomes
+/// an address of loopback under the label `lo:kennel`, and the kernel routes a loopback
+/// address's whole prefix to loopback (as it does 127.0.0.0/8), so a listener may bind any of
+/// them and a connection to one without a listener is refused at once.
+pub fn loopback_add_net(net: std::net::Ipv4Addr, mask: std::net::Ipv4Addr) -> io::Result<()> {
+    let sock = inet_dgram()?;
+    let mut req = ifreq_named("lo:kennel");
+    req.ifr_ifru.ifru_addr = ioctl_addr(net);
+    // SAFETY: `req` is a valid ifreq naming a label of "lo" and holding an AF_INET address;
+    // SIOCSIFADDR only reads it.
+    check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFADDR, &req) })?;
+    req.ifr_ifru.ifru_netmask = ioctl_addr(mask);
+    // SAFETY: as above, with the netmask; SIOCSIFNETMASK only reads it.
+    check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFNETMASK, &req) }).map(drop)
 }
 
 /// The CPUs this process may run on.

@@ -111,6 +111,9 @@ impl Os for Recorder {
     fn write_file(&mut self, path: &str, _: &[u8], _: u32) -> io::Result<()> {
         self.log(format!("write {path}"))
     }
+    fn remove_file(&mut self, path: &str) -> io::Result<()> {
+        self.log(format!("remove {path}"))
+    }
     fn chdir(&mut self, path: &str) -> io::Result<()> {
         self.log(format!("chdir {path}"))
     }
