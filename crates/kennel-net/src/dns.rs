@@ -156,6 +156,20 @@ pub fn answer(query: &[u8], allow: &Allowlist, names: &mut Names) -> Option<Answ
     reply.to_vec().ok().map(|reply| Answer { reply, given })
 }
 
+/// Whether `addr` is in the synthetic range.
+pub fn is_synthetic(addr: Ipv4Addr) -> bool {
+    u32::from(addr) & u32::from(SYNTHETIC_MASK) == u32::from(SYNTHETIC_BASE)
+}
+
+/// The address a reply's A record gives, if it gives one (the resolver gives at most one).
+pub fn answered_address(reply: &[u8]) -> Option<Ipv4Addr> {
+    let reply = Message::from_vec(reply).ok()?;
+    reply.answers.iter().find_map(|r| match &r.data {
+        RData::A(a) => Some(a.0),
+        _ => None,
+    })
+}
+
 /// Binds a listener at a synthetic address and port, inside the sandbox's network namespace
 /// (the proxy runs outside it, so only its owner can).
 pub type Bind = Arc<dyn Fn(Ipv4Addr, u16) -> io::Result<TcpListener> + Send + Sync>;

@@ -4,7 +4,7 @@
 //! forwarded to the host's proxy instead (see `microvm::net`).
 
 use std::io;
-use std::net::{Ipv4Addr, TcpListener, TcpStream, UdpSocket};
+use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
@@ -19,8 +19,26 @@ pub(crate) const FULL_NETWORK: &str =
     "a sandbox with network \"full\" shares the host's network: its \
      ports are the host's, which no preview reaches; use network \"none\" or \"allow\"";
 
-/// Where a guest's proxy listeners hand each accepted connection, with the port it came to.
-pub type Forward = Arc<dyn Fn(TcpStream, u16) + Send + Sync>;
+/// Where a guest's proxy listeners, resolver and synthetic addresses hand what the code sends:
+/// to the host, which has the proxy (see `microvm::net`).
+pub trait Outbound: Send + Sync {
+    /// A connection the code made to `to`: a proxy listener's address, or a synthetic one's.
+    fn connect(&self, stream: TcpStream, to: SocketAddrV4);
+    /// The host resolver's answer to a DNS query the code sent; `None` for no answer.
+    fn resolve(&self, query: &[u8]) -> Option<Resolved>;
+}
+
+/// A resolver's reply, and the synthetic address it gave with the ports that listen there.
+#[derive(Debug)]
+pub struct Resolved {
+    /// The DNS message to send the code.
+    pub reply: Vec<u8>,
+    /// The address the reply gave a name, and the ports the proxy listens on there.
+    pub given: Option<(Ipv4Addr, Vec<u16>)>,
+}
+
+/// A guest's way out, shared by its listeners' threads.
+pub type Forward = Arc<dyn Outbound>;
 
 /// Binds the proxy's listeners inside the network namespace of process `pid` and serves them,
 /// with the sandbox's resolver at 127.0.0.1:53 and the listeners of the synthetic addresses it
@@ -43,20 +61,69 @@ pub fn start_proxy(pid: i32, allow: Allowlist) -> io::Result<Proxy> {
     Ok(proxy)
 }
 
-/// Binds the proxy's listeners inside the network namespace of process `pid` and hands every
-/// connection to `forward`, on threads that last as long as the process (a guest's).
+/// Binds the proxy's listeners, the resolver's socket and the synthetic range inside the
+/// network namespace of process `pid` (a guest's sandbox), and hands everything the code sends
+/// them to `forward`, on threads that last as long as the process (a guest's).
 pub fn start_forwarder(pid: i32, forward: Forward) -> io::Result<()> {
     let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))?;
-    let (http, socks) = in_netns(&ns, proxy_listeners)?;
+    let (http, socks, dns) = in_netns(&ns, resolver_sockets)?;
     for (listener, port) in [(http, HTTP_PORT), (socks, SOCKS_PORT)] {
-        let forward = forward.clone();
-        std::thread::spawn(move || {
-            for stream in listener.incoming().flatten() {
-                forward(stream, port);
-            }
-        });
+        forward_from(
+            listener,
+            SocketAddrV4::new(Ipv4Addr::LOCALHOST, port),
+            forward.clone(),
+        );
     }
+    std::thread::spawn(move || forward_queries(&dns, &ns, &forward));
     Ok(())
+}
+
+/// Hands each connection `listener` accepts (at `to`) to `forward`, on a thread of its own.
+fn forward_from(listener: TcpListener, to: SocketAddrV4, forward: Forward) {
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            forward.connect(stream, to);
+        }
+    });
+}
+
+/// A guest's resolver: each query goes to the host's, and the address its reply gives a name
+/// listens here on the ports it listens on there, before the reply reaches the code.
+fn forward_queries(dns: &UdpSocket, ns: &std::fs::File, forward: &Forward) {
+    use std::collections::{HashMap, HashSet};
+    let mut bound: HashMap<Ipv4Addr, HashSet<u16>> = HashMap::new();
+    let mut buf = vec![0u8; 4096];
+    while let Ok((n, from)) = dns.recv_from(&mut buf) {
+        let Some(answer) = forward.resolve(&buf[..n]) else {
+            continue;
+        };
+        if let Some((addr, ports)) = answer.given {
+            let have = bound.entry(addr).or_default();
+            for port in ports {
+                if have.contains(&port) {
+                    continue;
+                }
+                let Ok(listener) = in_netns(ns, move || TcpListener::bind((addr, port))) else {
+                    continue;
+                };
+                forward_from(listener, SocketAddrV4::new(addr, port), forward.clone());
+                have.insert(port);
+            }
+        }
+        let _ = dns.send_to(&answer.reply, from);
+    }
+}
+
+/// The proxy's listeners, the synthetic range on loopback and the resolver's socket, in the
+/// current thread's network namespace.
+fn resolver_sockets() -> io::Result<(TcpListener, TcpListener, UdpSocket)> {
+    let (http, socks) = proxy_listeners()?;
+    sys::loopback_add_net(SYNTHETIC_BASE, SYNTHETIC_MASK)?;
+    Ok((
+        http,
+        socks,
+        UdpSocket::bind((Ipv4Addr::LOCALHOST, DNS_PORT))?,
+    ))
 }
 
 /// Brings loopback up (so 127.0.0.1 exists) and binds the proxy's two listeners on it, in the

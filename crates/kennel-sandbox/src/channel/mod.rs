@@ -129,11 +129,24 @@ pub enum Msg {
     GuestStarted(Box<kennel_types::api::Isolation>),
     /// From a guest agent (through the relay): what the guest counted, after the exit.
     GuestEnded(Box<GuestEnd>),
-    /// Between a guest and its relay: a TCP connection to the proxy's `port` opened by the
-    /// code (guest to host), its bytes as blobs (both ways), and either side's end of it.
+    /// Between a guest and its relay: a TCP connection to the proxy's `port` (or, with `to`,
+    /// to that synthetic address's `port`) opened by the code (guest to host), its bytes as
+    /// blobs (both ways), and either side's end of it.
     Conn {
         id: u32,
         port: u16,
+        #[serde(default)]
+        to: Option<std::net::Ipv4Addr>,
+    },
+    /// From a guest (to its relay): a DNS query the code sent its resolver, as the blob.
+    DnsQuery {
+        id: u32,
+    },
+    /// From a relay (to its guest): the host resolver's reply to query `id` as the blob, and
+    /// the synthetic address it gave with the ports that address listens on.
+    DnsAnswer {
+        id: u32,
+        given: Option<(std::net::Ipv4Addr, Vec<u16>)>,
     },
     ConnData {
         id: u32,

@@ -323,9 +323,9 @@ fn run(
     if let Some(f) = &plan.fresh {
         freshen(f).map_err(|f| (Step::ReceivePlan, f))?;
     }
-    // The code's proxy listeners hand their connections to the host, the guest's only route.
-    let forward: crate::egress::Forward =
-        Arc::new(move |stream, port| links.outbound(stream, port));
+    // The code's proxy listeners, resolver and synthetic addresses hand what it sends to the
+    // host, the guest's only route.
+    let forward: crate::egress::Forward = Arc::new(links);
     let ran = native.run_with(&req, io, Some(forward));
     super::volumes::await_unmounted(&req.volumes, Duration::from_secs(5));
     match ran {
@@ -473,6 +473,7 @@ fn read_port(
                 Msg::StdinEnd => stdin = None,
                 Msg::ConnData { id } => links.deliver(id, &blob),
                 Msg::ConnClose { id } => links.close(id),
+                Msg::DnsAnswer { id, given } => links.answered(id, given, &blob),
                 _ => break,
             }
         }

@@ -7,13 +7,15 @@
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, TcpStream};
+use std::net::{Ipv4Addr, Shutdown, SocketAddrV4, TcpStream, UdpSocket};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
 
 use kennel_net::{HTTP_PORT, SOCKS_PORT};
 
 use crate::channel::{self, Msg};
+use crate::egress::{Outbound, Resolved};
 use crate::sys;
 
 /// Connections open at once, per VM: a guest cannot make the host hold more.
@@ -38,6 +40,8 @@ pub struct Links {
     peer: Peer,
     open: Mutex<HashMap<u32, TcpStream>>,
     next: AtomicU32,
+    /// The guest side's DNS queries awaiting the host's answer, by id.
+    asked: Mutex<HashMap<u32, mpsc::Sender<Resolved>>>,
 }
 
 impl std::fmt::Debug for Links {
@@ -62,16 +66,18 @@ impl Links {
             peer,
             open: Mutex::new(HashMap::new()),
             next: AtomicU32::new(1),
+            asked: Mutex::new(HashMap::new()),
         })
     }
 
-    /// The guest side: a connection the code made to a proxy port, announced and pumped.
-    pub fn outbound(self: &Arc<Self>, stream: TcpStream, port: u16) {
+    /// The guest side: a connection the code made to a proxy port (or to a synthetic address,
+    /// `to`), announced and pumped.
+    pub fn outbound(self: &Arc<Self>, stream: TcpStream, port: u16, to: Option<Ipv4Addr>) {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         if !self.register(id, &stream) {
             return;
         }
-        if send(&self.peer, &Msg::Conn { id, port }, &[]).is_err() {
+        if send(&self.peer, &Msg::Conn { id, port, to }, &[]).is_err() {
             self.close(id);
             return;
         }
@@ -96,6 +102,18 @@ impl Links {
         let links = self.clone();
         std::thread::spawn(move || links.pump(id, stream));
         Ok(())
+    }
+
+    /// The guest side: the host's answer to query `id`, handed to the thread that asked (one
+    /// that gave up waiting is gone, and the answer with it).
+    pub fn answered(&self, id: u32, given: Option<(Ipv4Addr, Vec<u16>)>, reply: &[u8]) {
+        let waiting = lock(&self.asked).remove(&id);
+        if let Some(tx) = waiting {
+            let _ = tx.send(Resolved {
+                reply: reply.to_vec(),
+                given,
+            });
+        }
     }
 
     /// A refused connection: the other side learns it is closed.
@@ -163,19 +181,54 @@ impl Links {
     }
 }
 
+/// How long the guest's resolver waits for the host's answer: a client retries after its own
+/// timeout (glibc's is 5 s).
+const DNS_WAIT: Duration = Duration::from_secs(5);
+
+/// The guest's way out: through the agent port to the host's proxy and resolver.
+impl Outbound for Arc<Links> {
+    fn connect(&self, stream: TcpStream, to: SocketAddrV4) {
+        let synthetic = (*to.ip() != Ipv4Addr::LOCALHOST).then_some(*to.ip());
+        self.outbound(stream, to.port(), synthetic);
+    }
+
+    fn resolve(&self, query: &[u8]) -> Option<Resolved> {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel();
+        lock(&self.asked).insert(id, tx);
+        let answer = send(&self.peer, &Msg::DnsQuery { id }, query)
+            .ok()
+            .and_then(|()| rx.recv_timeout(DNS_WAIT).ok());
+        lock(&self.asked).remove(&id);
+        answer
+    }
+}
+
+/// A poisoned lock still guards sound data here: each critical section leaves it whole.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// The relay's way to the run's proxy: a thread in a network namespace of its own, where the
 /// supervisor binds the proxy's listeners (on 127.0.0.1, reachable from nowhere else), and
 /// which connects to them on request.
 #[derive(Debug)]
 pub struct Connector {
-    ask: mpsc::Sender<(u16, mpsc::Sender<io::Result<TcpStream>>)>,
+    ask: mpsc::Sender<Ask>,
     /// The connector thread's id: its `/proc/TID/ns/net` is the namespace to bind in.
     pub tid: i32,
 }
 
+/// What the relay asks of its connector thread, with where the answer goes.
+#[derive(Debug)]
+enum Ask {
+    Connect(SocketAddrV4, mpsc::Sender<io::Result<TcpStream>>),
+    Resolve(Vec<u8>, mpsc::Sender<io::Result<Resolved>>),
+}
+
 impl Connector {
     pub fn start() -> io::Result<Connector> {
-        let (ask, asked) = mpsc::channel::<(u16, mpsc::Sender<io::Result<TcpStream>>)>();
+        let (ask, asked) = mpsc::channel::<Ask>();
         let (ready, up) = mpsc::channel();
         std::thread::spawn(move || {
             // unshare(CLONE_NEWNET) moves this thread only.
@@ -187,8 +240,15 @@ impl Connector {
             if !ok {
                 return;
             }
-            for (port, reply) in asked {
-                let _ = reply.send(TcpStream::connect(("127.0.0.1", port)));
+            for ask in asked {
+                match ask {
+                    Ask::Connect(to, reply) => {
+                        let _ = reply.send(TcpStream::connect(to));
+                    }
+                    Ask::Resolve(query, reply) => {
+                        let _ = reply.send(ask_resolver(&query));
+                    }
+                }
             }
         });
         let tid = up
@@ -197,20 +257,102 @@ impl Connector {
         Ok(Connector { ask, tid })
     }
 
-    /// A connection to the proxy's `port` (its HTTP or SOCKS listener, nothing else).
-    pub fn connect(&self, port: u16) -> io::Result<TcpStream> {
-        if port != HTTP_PORT && port != SOCKS_PORT {
-            return Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                format!("port {port} is not the proxy's"),
-            ));
-        }
+    /// A connection to the proxy's `port` (its HTTP or SOCKS listener), or with `to`, to a
+    /// synthetic address's `port`: nothing else.
+    pub fn connect(&self, port: u16, to: Option<Ipv4Addr>) -> io::Result<TcpStream> {
+        let addr = match to {
+            None if port == HTTP_PORT || port == SOCKS_PORT => Ipv4Addr::LOCALHOST,
+            Some(addr) if kennel_net::dns::is_synthetic(addr) => addr,
+            _ => {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!(
+                        "{}:{port} is not the proxy's",
+                        to.unwrap_or(Ipv4Addr::LOCALHOST)
+                    ),
+                ))
+            }
+        };
         let (reply, answer) = mpsc::channel();
-        self.ask
-            .send((port, reply))
-            .map_err(|_| io::Error::other("the connector thread ended"))?;
-        answer
-            .recv()
-            .map_err(|_| io::Error::other("the connector thread ended"))?
+        self.send(Ask::Connect(SocketAddrV4::new(addr, port), reply))?;
+        answer.recv().map_err(|_| ended())?
+    }
+
+    /// The answer of the proxy's resolver to `query`, with the ports the address it gave
+    /// listens on.
+    pub fn resolve(&self, query: &[u8]) -> io::Result<Resolved> {
+        let (reply, answer) = mpsc::channel();
+        self.send(Ask::Resolve(query.to_vec(), reply))?;
+        answer.recv().map_err(|_| ended())?
+    }
+
+    fn send(&self, ask: Ask) -> io::Result<()> {
+        self.ask.send(ask).map_err(|_| ended())
+    }
+}
+
+fn ended() -> io::Error {
+    io::Error::other("the connector thread ended")
+}
+
+/// Asks the proxy's resolver, from the connector's namespace: its reply, and the ports the
+/// proxy listens on at the address it gave (it binds them before it answers), read from this
+/// namespace's own socket table.
+fn ask_resolver(query: &[u8]) -> io::Result<Resolved> {
+    let socket = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0))?;
+    socket.connect((Ipv4Addr::LOCALHOST, kennel_net::dns::DNS_PORT))?;
+    socket.set_read_timeout(Some(DNS_WAIT))?;
+    socket.send(query)?;
+    let mut buf = vec![0u8; 4096];
+    let n = socket.recv(&mut buf)?;
+    buf.truncate(n);
+    let given = match kennel_net::dns::answered_address(&buf) {
+        Some(addr) => {
+            let table = std::fs::read_to_string("/proc/thread-self/net/tcp")?;
+            Some((addr, listening_ports(&table, addr)))
+        }
+        None => None,
+    };
+    Ok(Resolved { reply: buf, given })
+}
+
+/// The ports sockets listen on at `addr`, from a `/proc/net/tcp` table (addresses as the
+/// kernel's native-endian hex of the network-order value, ports as hex, state `0A` listen).
+fn listening_ports(table: &str, addr: Ipv4Addr) -> Vec<u16> {
+    let mut ports: Vec<u16> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace().skip(1);
+            let local = fields.next()?;
+            let state = fields.nth(1)?;
+            let (ip, port) = local.split_once(':')?;
+            let ip = Ipv4Addr::from(u32::from_str_radix(ip, 16).ok()?.to_ne_bytes());
+            (state == "0A" && ip == addr).then(|| u16::from_str_radix(port, 16).ok())?
+        })
+        .collect();
+    ports.sort_unstable();
+    ports.dedup();
+    ports
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listening_ports_are_read_from_the_socket_table() {
+        // 198.18.0.1:8080 and :443 listening, 198.18.0.2:80 listening, 198.18.0.1:9000 not.
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+   0: 010012C6:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1\n\
+   1: 020012C6:0050 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2 1\n\
+   2: 010012C6:01BB 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 3 1\n\
+   3: 010012C6:2328 0100007F:D431 01 00000000:00000000 00:00000000 00000000     0        0 4 1\n";
+        let one = Ipv4Addr::new(198, 18, 0, 1);
+        assert_eq!(listening_ports(table, one), vec![443, 8080]);
+        assert_eq!(
+            listening_ports(table, Ipv4Addr::new(198, 18, 0, 3)),
+            Vec::<u16>::new()
+        );
     }
 }

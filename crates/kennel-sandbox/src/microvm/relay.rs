@@ -355,14 +355,9 @@ struct Route {
 }
 
 impl Route {
-    /// The guest opened connection `id` to the proxy's `port`.
-    fn open(&self, id: u32, port: u16) -> Result<(), Fail> {
-        let Some(connector) = &self.connector else {
-            return Err(Fail::new(
-                "the guest broke protocol: it opened a connection in a run without network",
-            ));
-        };
-        match connector.connect(port) {
+    /// The guest opened connection `id` to the proxy's `port`, or to a synthetic address's.
+    fn open(&self, id: u32, port: u16, to: Option<std::net::Ipv4Addr>) -> Result<(), Fail> {
+        match self.connector()?.connect(port, to) {
             Ok(stream) => self
                 .links
                 .inbound(id, stream)
@@ -372,6 +367,29 @@ impl Route {
                 Ok(())
             }
         }
+    }
+}
+
+impl Route {
+    /// The guest's resolver asked query `id`: the proxy's resolver answers (no answer, for a
+    /// query it drops, is none here too: the guest's client asks again).
+    fn resolve(&self, id: u32, query: &[u8]) -> Result<(), Fail> {
+        let Ok(answer) = self.connector()?.resolve(query) else {
+            return Ok(());
+        };
+        let msg = Msg::DnsAnswer {
+            id,
+            given: answer.given,
+        };
+        // A guest that stopped reading is seen by the frame loop.
+        let _ = self.links.send(&msg, &answer.reply);
+        Ok(())
+    }
+
+    fn connector(&self) -> Result<&Connector, Fail> {
+        self.connector.as_ref().ok_or_else(|| {
+            Fail::new("the guest broke protocol: it used the network in a run without one")
+        })
     }
 }
 
@@ -647,7 +665,8 @@ fn pass_frames(
                 forward(ctl, &msg, &[])?
             }
             Msg::Collected(_) => forward(ctl, &msg, &blob)?,
-            Msg::Conn { id, port } => route.open(id, port)?,
+            Msg::Conn { id, port, to } => route.open(id, port, to)?,
+            Msg::DnsQuery { id } => route.resolve(id, &blob)?,
             Msg::ConnData { id } => route.links.deliver(id, &blob),
             Msg::ConnClose { id } => route.links.close(id),
             Msg::Done => {
