@@ -20,8 +20,6 @@ use hickory_proto::rr::rdata::A;
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 use kennel_types::net::Allowlist;
 
-use crate::proxy::LivePolicy;
-
 /// The first synthetic address: 198.18.0.0/15 holds 2^17 of them, of which a sandbox uses the
 /// first [`MAX_NAMES`] after it.
 pub const SYNTHETIC_BASE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 0);
@@ -174,6 +172,17 @@ pub fn answered_address(reply: &[u8]) -> Option<Ipv4Addr> {
 /// (the proxy runs outside it, so only its owner can).
 pub type Bind = Arc<dyn Fn(Ipv4Addr, u16) -> io::Result<TcpListener> + Send + Sync>;
 
+/// What a resolver serves: the proxy's rules as they are now, and its way of taking a synthetic
+/// address's connections (the proxy implements it; this module names no proxy type).
+pub trait Served: Send {
+    /// The answer to `query` under the rules as they are now.
+    fn answer(&self, query: &[u8], names: &mut Names) -> Option<Answer>;
+    /// The ports the rules allow `host` on now.
+    fn ports_of(&self, host: &str) -> Vec<u16>;
+    /// Serves `listener` as the proxy's own, every connection to it one to `host:port`.
+    fn serve_direct(&self, listener: TcpListener, host: String, port: u16);
+}
+
 /// A sandbox's resolver, serving until it is stopped: its names, and the listeners of their
 /// synthetic addresses.
 pub struct Resolver {
@@ -202,7 +211,7 @@ impl Listeners {
         addr: Ipv4Addr,
         host: &str,
         ports: &[u16],
-        live: &LivePolicy,
+        live: &dyn Served,
         bind: &Bind,
     ) {
         let entry = self
@@ -225,7 +234,7 @@ impl Listeners {
             let Ok(kept) = listener.try_clone() else {
                 continue;
             };
-            let _ = live.serve_direct(listener, host.to_string(), port);
+            live.serve_direct(listener, host.to_string(), port);
             entry.1.insert(port, kept);
         }
     }
@@ -256,7 +265,11 @@ impl Resolver {
     /// them applies at once. Each name answered gets its address's listeners from `bind`
     /// before the answer goes, on the ports its rules allow then (a later query of it binds
     /// the ports a change of rules added).
-    pub fn serve(socket: UdpSocket, live: LivePolicy, bind: Bind) -> io::Result<Resolver> {
+    pub fn serve(
+        socket: UdpSocket,
+        live: impl Served + 'static,
+        bind: Bind,
+    ) -> io::Result<Resolver> {
         let stopped = Arc::new(AtomicBool::new(false));
         let listeners = Arc::new(Mutex::new(Listeners::default()));
         let (rx, done, held) = (socket.try_clone()?, stopped.clone(), listeners.clone());
@@ -270,11 +283,11 @@ impl Resolver {
                 let Some(from) = from.filter(|_| !done.load(Ordering::SeqCst)) else {
                     break;
                 };
-                let Some(a) = live.with_rules(|rules| answer(&buf[..n], rules, &mut names)) else {
+                let Some(a) = live.answer(&buf[..n], &mut names) else {
                     continue;
                 };
                 if let Some((host, addr)) = &a.given {
-                    let ports = live.with_rules(|rules| ports_of(rules, host));
+                    let ports = live.ports_of(host);
                     lock(&held).ensure(*addr, host, &ports, &live, &bind);
                 }
                 let _ = sendto(&rx, &a.reply, SendFlags::empty(), &from);

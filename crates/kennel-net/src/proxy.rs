@@ -13,7 +13,7 @@ use std::time::Duration;
 use kennel_types::net::{Allowlist, NetEvent};
 
 use crate::conn::{serve_direct, Conn, Shared};
-use crate::dns::{Bind, Resolver};
+use crate::dns::{self, Answer, Bind, Names, Resolver, Served};
 use crate::http_proxy::serve_http;
 use crate::socks::serve_socks;
 
@@ -77,6 +77,22 @@ impl LivePolicy {
     /// entries one span of its own (an exec) added.
     pub fn log_since(&self, from: usize) -> (Vec<NetEvent>, usize) {
         self.0.log_since(from)
+    }
+}
+
+/// The resolver answers under the proxy's rules as they are at each query, and its synthetic
+/// addresses' connections are the proxy's own.
+impl Served for LivePolicy {
+    fn answer(&self, query: &[u8], names: &mut Names) -> Option<Answer> {
+        self.with_rules(|rules| dns::answer(query, rules, names))
+    }
+
+    fn ports_of(&self, host: &str) -> Vec<u16> {
+        self.with_rules(|rules| dns::ports_of(rules, host))
+    }
+
+    fn serve_direct(&self, listener: TcpListener, host: String, port: u16) {
+        let _ = LivePolicy::serve_direct(self, listener, host, port);
     }
 }
 

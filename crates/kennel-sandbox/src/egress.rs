@@ -169,6 +169,9 @@ enum How {
         probe: crate::cgroup::Probe,
         found: std::sync::OnceLock<std::fs::File>,
     },
+    /// A microVM relay's dialer, listening in this namespace (see `microvm::net::Dialer`): a
+    /// connection to it names the port, and the guest dials it inside its sandbox.
+    Relay(std::fs::File),
     /// Why no host socket reaches the code's ports.
     Refused(String),
 }
@@ -189,6 +192,13 @@ impl Ports {
                 probe,
                 found: std::sync::OnceLock::new(),
             },
+        }
+    }
+
+    /// The ports of a microVM's guest, through its relay's dialer in network namespace `ns`.
+    pub(crate) fn through_relay(ns: std::fs::File) -> Ports {
+        Ports {
+            how: How::Relay(ns),
         }
     }
 
@@ -216,6 +226,7 @@ impl Ports {
                 return Err(io::Error::new(io::ErrorKind::Unsupported, why.clone()))
             }
             How::Netns(ns) => ns.try_clone()?,
+            How::Relay(ns) => return through_relay(ns, port, within),
             How::Cgroup { probe, found } => match found.get() {
                 Some(ns) => ns.try_clone()?,
                 None => {
@@ -229,6 +240,42 @@ impl Ports {
         in_netns(&ns, move || {
             TcpStream::connect_timeout(&(Ipv4Addr::LOCALHOST, port).into(), within)
         })
+    }
+}
+
+/// What a preview's connection to a microVM relay's dialer reads first: the guest dialled the
+/// port, nothing listens there, or dialling failed otherwise.
+pub const DIAL_OK: u8 = 0;
+/// See [`DIAL_OK`].
+pub const DIAL_REFUSED: u8 = 1;
+/// See [`DIAL_OK`].
+pub const DIAL_FAILED: u8 = 2;
+/// Where a microVM relay's dialer listens, on loopback in a network namespace of its own.
+pub const DIAL_PORT: u16 = 2;
+
+/// A connection to `port` of a guest through its relay's dialer (in namespace `ns`): the port
+/// is written, and the status byte the relay answers once the guest dialled is read, within
+/// `within`.
+fn through_relay(
+    ns: &std::fs::File,
+    port: u16,
+    within: std::time::Duration,
+) -> io::Result<TcpStream> {
+    use std::io::{Read, Write};
+    let mut stream = in_netns(ns, move || {
+        TcpStream::connect_timeout(&(Ipv4Addr::LOCALHOST, DIAL_PORT).into(), within)
+    })?;
+    stream.write_all(&port.to_be_bytes())?;
+    stream.set_read_timeout(Some(within))?;
+    let mut status = [0u8; 1];
+    stream.read_exact(&mut status)?;
+    stream.set_read_timeout(None)?;
+    match status[0] {
+        DIAL_OK => Ok(stream),
+        DIAL_REFUSED => Err(io::ErrorKind::ConnectionRefused.into()),
+        _ => Err(io::Error::other(format!(
+            "the guest could not dial port {port}"
+        ))),
     }
 }
 

@@ -473,6 +473,8 @@ pub struct ProxyPorts {
     pub http: u16,
     /// SOCKS5.
     pub socks: u16,
+    /// The resolver (UDP), which answers the allowlist's names with synthetic addresses.
+    pub dns: u16,
 }
 
 impl Isolation {
@@ -497,9 +499,11 @@ impl Isolation {
                 crate::policy::NetMode::None => "none (private namespace, loopback only)".into(),
                 crate::policy::NetMode::Full => "full (the host's network namespace)".into(),
                 crate::policy::NetMode::Allow => format!(
-                    "allowlist through Kennel's proxy (HTTP 127.0.0.1:{}, SOCKS5 127.0.0.1:{}): {}",
+                    "allowlist through Kennel's proxy (HTTP 127.0.0.1:{}, SOCKS5 127.0.0.1:{}, \
+                     DNS 127.0.0.1:{}): {}",
                     proxy.http,
                     proxy.socks,
+                    proxy.dns,
                     network.allow.join(", ")
                 ),
             },
@@ -1762,6 +1766,7 @@ mod tests {
         let ports = ProxyPorts {
             http: 3128,
             socks: 1080,
+            dns: 53,
         };
         let mut policy = Policy::default();
         let plain = Isolation::for_policy(Tier::Native, &policy, ports);
@@ -1777,8 +1782,8 @@ mod tests {
         assert_eq!(iso.filesystem, "rootfs:/srv/root");
         assert_eq!(
             iso.network,
-            "allowlist through Kennel's proxy (HTTP 127.0.0.1:3128, SOCKS5 127.0.0.1:1080): \
-             pypi.org:443, *.example.com"
+            "allowlist through Kennel's proxy (HTTP 127.0.0.1:3128, SOCKS5 127.0.0.1:1080, DNS \
+             127.0.0.1:53): pypi.org:443, *.example.com"
         );
         policy.network.mode = NetMode::Full;
         let full = Isolation::for_policy(Tier::Microvm, &policy, ports);

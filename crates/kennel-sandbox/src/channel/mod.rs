@@ -138,6 +138,24 @@ pub enum Msg {
         #[serde(default)]
         to: Option<std::net::Ipv4Addr>,
     },
+    /// From a relay (to its guest): a connection a preview opened to the code's `port`, to be
+    /// dialled at 127.0.0.1 in the guest's sandbox; its id has [`DIALLED`] set.
+    Dial {
+        id: u32,
+        port: u16,
+    },
+    /// From a guest (to its relay): how dialling `id` went: connected, refused (nothing
+    /// listens), or failed for `error`.
+    Dialed {
+        id: u32,
+        refused: bool,
+        error: Option<String>,
+    },
+    /// From a microvm relay (to its supervisor): the thread whose network namespace holds the
+    /// listener previews dial the guest's ports through.
+    Dialer {
+        tid: i32,
+    },
     /// From a guest (to its relay): a DNS query the code sent its resolver, as the blob.
     DnsQuery {
         id: u32,
@@ -156,6 +174,10 @@ pub enum Msg {
     },
     Done,
 }
+
+/// The bit of a connection id that says the host opened it (a preview's [`Msg::Dial`]): ids
+/// the guest opens never have it, so the two sides never pick the same one.
+pub const DIALLED: u32 = 1 << 31;
 
 /// Why a helper could not read what the supervisor sent it.
 #[derive(Debug, thiserror::Error)]

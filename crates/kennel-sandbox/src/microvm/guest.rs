@@ -16,6 +16,7 @@ use super::steps::{at, Failed};
 use super::vmm::AGENT_PORT;
 use crate::cgroup::Stats;
 use crate::channel::{self, Collected, Fresh, GuestEnd, GuestPlan, GuestSecurity, InputFiles, Msg};
+use crate::egress::Ports;
 use crate::fail::{Context, Fail};
 use crate::native::Native;
 use crate::steps::microvm::Step;
@@ -27,6 +28,9 @@ use crate::sys;
 pub fn is_guest_init() -> bool {
     sys::getpid() == 1 && std::env::args_os().next().is_some_and(|a| a == "/init")
 }
+
+/// How long the guest tries to connect to a port a preview dials.
+const DIAL_WITHIN: Duration = Duration::from_secs(5);
 
 /// How long devices may take to appear once their driver is loaded.
 const DEVICE_WAIT: Duration = Duration::from_secs(10);
@@ -419,11 +423,14 @@ fn freshen(f: &Fresh) -> Result<(), Fail> {
 
 /// The isolation the run's sandbox reported, kept to be told again to a host that resumes
 /// the run from a snapshot.
-type Started = Arc<Mutex<Option<kennel_types::api::Isolation>>>;
+/// What the guest's sandbox reported when it started: its isolation, and the way into its
+/// network namespace that previews dial through.
+type Started = Arc<Mutex<Option<(kennel_types::api::Isolation, Option<Arc<Ports>>)>>>;
 
 fn started_to(writer: Peer, kept: Started) -> crate::supervise::io::OnStarted {
     Box::new(move |started| {
-        *kept.lock().unwrap_or_else(|p| p.into_inner()) = Some(started.isolation.clone());
+        let ports = started.ports.clone();
+        *kept.lock().unwrap_or_else(|p| p.into_inner()) = Some((started.isolation.clone(), ports));
         let _ = net::send(
             &writer,
             &Msg::GuestStarted(Box::new(started.isolation)),
@@ -448,7 +455,7 @@ fn read_port(
             match msg {
                 Msg::Fresh(f) => {
                     let kept = started.lock().unwrap_or_else(|p| p.into_inner()).clone();
-                    let answer = match (freshen(&f), kept) {
+                    let answer = match (freshen(&f), kept.map(|(iso, _)| iso)) {
                         (Ok(()), Some(iso)) => Msg::GuestStarted(Box::new(iso)),
                         (Ok(()), None) => Msg::Failed {
                             step: Step::ReceivePlan.into(),
@@ -474,6 +481,17 @@ fn read_port(
                 Msg::ConnData { id } => links.deliver(id, &blob),
                 Msg::ConnClose { id } => links.close(id),
                 Msg::DnsAnswer { id, given } => links.answered(id, given, &blob),
+                Msg::Dial { id, port } => {
+                    let ports = started.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                    let links = links.clone();
+                    // Off the frame loop: a connect may take its whole bound.
+                    std::thread::spawn(move || {
+                        links.answer_dial(id, port, |port| match ports.and_then(|(_, p)| p) {
+                            Some(p) => p.connect(port, DIAL_WITHIN),
+                            None => Err(std::io::Error::other("the run has not started")),
+                        })
+                    });
+                }
                 _ => break,
             }
         }

@@ -15,7 +15,7 @@ use std::time::Duration;
 use kennel_net::{HTTP_PORT, SOCKS_PORT};
 
 use crate::channel::{self, Msg};
-use crate::egress::{Outbound, Resolved};
+use crate::egress::{Outbound, Resolved, DIAL_FAILED, DIAL_OK, DIAL_PORT, DIAL_REFUSED};
 use crate::sys;
 
 /// Connections open at once, per VM: a guest cannot make the host hold more.
@@ -42,6 +42,8 @@ pub struct Links {
     next: AtomicU32,
     /// The guest side's DNS queries awaiting the host's answer, by id.
     asked: Mutex<HashMap<u32, mpsc::Sender<Resolved>>>,
+    /// The host side's previews' connections awaiting the guest's dial, by id.
+    dialling: Mutex<HashMap<u32, TcpStream>>,
 }
 
 impl std::fmt::Debug for Links {
@@ -67,6 +69,7 @@ impl Links {
             open: Mutex::new(HashMap::new()),
             next: AtomicU32::new(1),
             asked: Mutex::new(HashMap::new()),
+            dialling: Mutex::new(HashMap::new()),
         })
     }
 
@@ -113,6 +116,81 @@ impl Links {
                 reply: reply.to_vec(),
                 given,
             });
+        }
+    }
+
+    /// The host side: a preview's connection (`stream`, which asked for `port`), announced to
+    /// the guest to dial; it waits for the guest's [`Links::dialled`]. Past [`MAX_LINKS`]
+    /// waiting, refused.
+    pub fn dial(&self, stream: TcpStream, port: u16) {
+        let id = self.next.fetch_add(1, Ordering::Relaxed) | channel::DIALLED;
+        {
+            let mut dialling = lock(&self.dialling);
+            if dialling.len() >= MAX_LINKS {
+                return;
+            }
+            dialling.insert(id, stream);
+        }
+        if send(&self.peer, &Msg::Dial { id, port }, &[]).is_err() {
+            lock(&self.dialling).remove(&id);
+        }
+    }
+
+    /// The host side: the guest dialled `id` (or could not); the preview's connection learns
+    /// how ([`DIAL_OK`], [`DIAL_REFUSED`] or [`DIAL_FAILED`]) and, connected, is pumped. An id
+    /// no preview waits for is ignored.
+    pub fn dialled(self: &Arc<Self>, id: u32, refused: bool, error: Option<&str>) {
+        let Some(mut stream) = lock(&self.dialling).remove(&id) else {
+            return;
+        };
+        let status = match (refused, error) {
+            (true, _) => DIAL_REFUSED,
+            (false, Some(_)) => DIAL_FAILED,
+            (false, None) => DIAL_OK,
+        };
+        if status != DIAL_OK {
+            let _ = stream.write_all(&[status]);
+            return;
+        }
+        // The guest pumps its end already: one the preview gave up on is closed there too.
+        if stream.write_all(&[DIAL_OK]).is_err() || !self.register(id, &stream) {
+            self.refuse(id);
+            return;
+        }
+        let links = self.clone();
+        std::thread::spawn(move || links.pump(id, stream));
+    }
+
+    /// The guest side: the host asked for a connection to the code's `port`; `dial` makes it
+    /// (in the sandbox's network namespace), and the host learns how it went.
+    pub fn answer_dial(
+        self: &Arc<Self>,
+        id: u32,
+        port: u16,
+        dial: impl FnOnce(u16) -> io::Result<TcpStream>,
+    ) {
+        if id & channel::DIALLED == 0 {
+            return; // only the host opens dialled ids
+        }
+        let msg = |refused, error| Msg::Dialed { id, refused, error };
+        match dial(port) {
+            Ok(stream) if self.register(id, &stream) => {
+                if send(&self.peer, &msg(false, None), &[]).is_ok() {
+                    let links = self.clone();
+                    std::thread::spawn(move || links.pump(id, stream));
+                } else {
+                    self.close(id);
+                }
+            }
+            Ok(_) => drop(send(
+                &self.peer,
+                &msg(false, Some("too many connections".into())),
+                &[],
+            )),
+            Err(e) => {
+                let refused = e.kind() == io::ErrorKind::ConnectionRefused;
+                let _ = send(&self.peer, &msg(refused, Some(e.to_string())), &[]);
+            }
         }
     }
 
@@ -178,6 +256,43 @@ impl Links {
             }
         }
         let _ = send(&self.peer, &Msg::ConnClose { id }, &[]);
+    }
+}
+
+/// A relay's listener for previews: on 127.0.0.1 in a network namespace only one thread of
+/// the relay is in, which the supervisor enters to connect (so no other process reaches it).
+/// Each connection writes the guest's port (two bytes, network order), reads one status byte
+/// and, on [`DIAL_OK`], is the connection to that port.
+#[derive(Debug)]
+pub struct Dialer {
+    /// The listening thread's id: its `/proc/TID/ns/net` is the namespace to connect in.
+    pub tid: i32,
+}
+
+impl Dialer {
+    /// Starts listening; each connection is handed to `links` to dial.
+    pub fn start(links: Arc<Links>) -> io::Result<Dialer> {
+        let (ready, up) = mpsc::channel();
+        std::thread::spawn(move || {
+            // unshare(CLONE_NEWNET) moves this thread only.
+            let made = sys::unshare(libc::CLONE_NEWNET)
+                .and_then(|()| sys::loopback_up())
+                .and_then(|()| std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, DIAL_PORT)));
+            let listener = match made {
+                Ok(l) => l,
+                Err(e) => return drop(ready.send(Err(e))),
+            };
+            let _ = ready.send(Ok(sys::gettid()));
+            for mut stream in listener.incoming().flatten() {
+                let mut port = [0u8; 2];
+                let _ = stream.set_read_timeout(Some(DNS_WAIT));
+                if stream.read_exact(&mut port).is_ok() && stream.set_read_timeout(None).is_ok() {
+                    links.dial(stream, u16::from_be_bytes(port));
+                }
+            }
+        });
+        let tid = up.recv().map_err(|_| ended())??;
+        Ok(Dialer { tid })
     }
 }
 

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use kennel_types::api::{Command, HostDir, ResumeAt, RunRequest, RunResult};
 
-use super::net::{self, Connector, Links, Peer};
+use super::net::{self, Connector, Dialer, Links, Peer};
 use super::saved;
 use super::snapshot;
 use super::steps::{at, Failed};
@@ -184,6 +184,7 @@ fn talk(
     };
     let clone = ctl.try_clone().ctx(|| "the control socket".into());
     let reports: Reports = Arc::new(Mutex::new(clone.map_err(at(Step::Report))?));
+    open_dialer(&route, &reports).map_err(at(Step::OpenDialer))?;
     let asks = ctl.try_clone().ctx(|| "the control socket".into());
     serve_saves(
         asks.map_err(at(Step::Report))?,
@@ -192,6 +193,15 @@ fn talk(
         cancel.clone(),
     );
     pass_frames(&reports, &mut guest, plan, &route, cancel).map_err(at(Step::Report))
+}
+
+/// Starts the listener previews reach the guest's ports through, and tells the supervisor
+/// which thread's namespace it is in.
+fn open_dialer(route: &Route, reports: &Reports) -> Result<(), Fail> {
+    let dialer = Dialer::start(route.links.clone()).ctx(|| "the previews' listener".into())?;
+    let mut ctl = reports.lock().unwrap_or_else(|p| p.into_inner());
+    channel::send(&mut *ctl, &Msg::Dialer { tid: dialer.tid }, &[])
+        .ctx(|| "naming the previews' listener".into())
 }
 
 /// The relay's writer to the supervisor once the guest runs, shared by the frames it passes
@@ -665,7 +675,13 @@ fn pass_frames(
                 forward(ctl, &msg, &[])?
             }
             Msg::Collected(_) => forward(ctl, &msg, &blob)?,
+            Msg::Conn { id, .. } if id & channel::DIALLED != 0 => return Err(Fail::new(format!(
+                "the guest broke protocol: it opened connection {id:#x}, an id only the host opens"
+            ))),
             Msg::Conn { id, port, to } => route.open(id, port, to)?,
+            Msg::Dialed { id, refused, error } => {
+                route.links.dialled(id, refused, error.as_deref())
+            }
             Msg::DnsQuery { id } => route.resolve(id, &blob)?,
             Msg::ConnData { id } => route.links.deliver(id, &blob),
             Msg::ConnClose { id } => route.links.close(id),

@@ -111,6 +111,7 @@ impl Microvm {
             inputs: prepared.inputs,
             saves: None,
             saveable: req.volumes.is_empty(),
+            ports: None,
         };
         supervise(&mut tier, &self.helper, req, &files, io)
     }
@@ -528,6 +529,8 @@ struct MicrovmTier {
     /// Whether the run can be saved: not with volumes, whose disks a restored VM would need
     /// attached again exactly as they were.
     saveable: bool,
+    /// How previews reach the guest's ports: through the relay's dialer, once it is named.
+    ports: Option<Arc<crate::egress::Ports>>,
 }
 
 impl Supervised for MicrovmTier {
@@ -561,6 +564,7 @@ impl Supervised for MicrovmTier {
             Msg::GuestStarted(iso) => self.guest = Some(*iso),
             Msg::GuestEnded(end) => self.end = Some(*end),
             Msg::NetnsReady { pid } => return self.bind_proxy(pid, helper, ctl).map(Some),
+            Msg::Dialer { tid } => self.ports = Some(Arc::new(dialer_ports(helper, tid))),
             Msg::Saved { files, error } => {
                 let answer = match error {
                     None => Ok(files),
@@ -628,7 +632,22 @@ impl Supervised for MicrovmTier {
         isolation(self, crate::native::sandbox_root_host_ids())
     }
 
+    /// Through the relay, which asks the guest to dial the port inside its sandbox; `full`
+    /// is refused before a guest boots.
+    fn ports(&self) -> Option<Arc<crate::egress::Ports>> {
+        self.ports.clone()
+    }
+
     fn cleanup(&mut self) {}
+}
+
+/// The ports of a guest, reached through its relay's (`relay`) dialer thread `tid`, or why not.
+fn dialer_ports(relay: i32, tid: i32) -> crate::egress::Ports {
+    use crate::egress::Ports;
+    match std::fs::File::open(format!("/proc/{relay}/task/{tid}/ns/net")) {
+        Ok(ns) => Ports::through_relay(ns),
+        Err(e) => Ports::refused(format!("the relay's previews listener: {e}")),
+    }
 }
 
 impl MicrovmTier {
@@ -714,6 +733,7 @@ mod tests {
             inputs: Inputs::new(),
             saves: None,
             saveable: true,
+            ports: None,
         };
         let iso = isolation(&run, (1000, 1001));
         assert_eq!((iso.host_uid, iso.host_gid), (1000, 1001));

@@ -35,6 +35,8 @@ steps! {
         "a saved VM comes back only under the inputs it was saved with (checked before QEMU starts), its whole memory from its save's own file, never a snapshot's shared RAM";
     SendPlan = "send_plan",
         "the guest gets the run's request, its files and its stdin only over the agent port; the host bounds every frame it reads back";
+    OpenDialer = "open_dialer",
+        "previews reach the code's ports through a listener in a network namespace only one thread of the relay's is in, which the supervisor enters to connect; the guest dials each port inside its sandbox's own namespace, so no port of the host's is ever opened for a guest";
     // The guest agent, PID 1 of the guest.
     LeaveRootfs = "leave_rootfs",
         "the initramfs is the kernel's rootfs, which pivot_root cannot leave; a bind mount of it moved onto / can be, so the guest's own sandboxes pivot as on a host";
@@ -106,6 +108,9 @@ mod tests {
         assert!(pos(Step::AgentSocket) < pos(Step::ShowVolumes));
         assert!(pos(Step::ShowVolumes) < pos(Step::BindProxy));
         assert!(pos(Step::FindVolumes) < pos(Step::RunSandboxed));
+        // The dialer needs the guest's links, and is known before the run is said to start.
+        assert!(pos(Step::SendPlan) < pos(Step::OpenDialer));
+        assert!(pos(Step::OpenDialer) < pos(Step::RunSandboxed));
         assert_eq!(pos(Step::RemoveRunDir), Step::ALL.len() - 1);
     }
 }

@@ -395,6 +395,7 @@ fn on_frame<T: Supervised>(
         Msg::Collected(meta) => report.collected.push((meta, blob)),
         request @ (Msg::MapIds { .. }
         | Msg::NetnsReady { .. }
+        | Msg::Dialer { .. }
         | Msg::GuestStarted(_)
         | Msg::GuestEnded(_)
         | Msg::Saved { .. }) => {

@@ -129,4 +129,5 @@ fn collected_files(req: &RunRequest, collected: Vec<(Collected, Vec<u8>)>) -> Ve
 pub const PROXY_PORTS: ProxyPorts = ProxyPorts {
     http: proxy::HTTP_PORT,
     socks: proxy::SOCKS_PORT,
+    dns: kennel_net::dns::DNS_PORT,
 };

@@ -18,10 +18,11 @@ use super::state::Service;
 /// How long a preview's connection to the code's port may take to open.
 pub(crate) const CONNECT_WITHIN: Duration = Duration::from_secs(5);
 
-/// The ports Kennel itself listens on inside a sandbox (its proxy's): never a preview's.
+/// The ports Kennel itself listens on inside a sandbox (its proxy's and its resolver's): never
+/// a preview's.
 fn kennels_own(port: u16) -> bool {
     let own = kennel_sandbox::kit::PROXY_PORTS;
-    port == own.http || port == own.socks
+    port == own.http || port == own.socks || port == own.dns
 }
 
 /// How a preview reaches the session's sandbox, or why it cannot.
@@ -34,8 +35,8 @@ fn reach(session: &crate::sessions::Session) -> Result<Arc<Ports>, ServiceError>
     };
     match agent.ports() {
         None => Err(ServiceError::Unsupported(format!(
-            "previews do not reach the {} tier's sandboxes yet: use the native tier, or the oci \
-             tier's crun or runc",
+            "previews do not reach the {} tier's sandboxes yet: use the native or microvm tier, \
+             or the oci tier's crun or runc",
             session.label.shape.tier().name()
         ))),
         Some(ports) => match ports.refusal() {

@@ -1,12 +1,14 @@
 # A small app for the preview tests, run inside a session's sandbox: `python3 app.py PORT LOG`.
 # GET /ws with an Upgrade is a WebSocket that echoes text frames; GET /page is a page whose
 # script talks to that WebSocket and, given ?other=URL, tries to fetch another URL; anything
-# else answers its own request as JSON (method, path, headers) and sets a cookie. Each
+# else answers its own request as JSON (method, path, headers) and sets a cookie; GET /wait
+# answers that way too, once a WebSocket has echoed (or after 30 s). Each
 # request's path is appended to LOG.
 import asyncio, base64, hashlib, json, struct, sys
 
 PORT, LOG = int(sys.argv[1]), sys.argv[2]
 GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+ECHOED = None  # an asyncio.Event, made in the server's loop
 
 PAGE = """<!doctype html><html><body><pre id="out">pending</pre><script>
 const results = [];
@@ -18,7 +20,9 @@ if (other) {
   catch (e) { results.push({name: 'other', error: e.name}); }
 }
 const ws = new WebSocket((location.protocol === 'https:' ? 'wss://' : 'ws://') + location.host + location.pathname.replace(/page$/, 'ws'));
-ws.onopen = () => ws.send('ping from the page');
+// The fetch of `wait` is answered once the echo has gone: a pending fetch holds chromium's
+// virtual time, which an open WebSocket does not, so the page is not dumped before the echo.
+ws.onopen = () => { ws.send('ping from the page'); fetch(location.pathname.replace(/page$/, 'wait')); };
 ws.onmessage = (m) => { results.push({name: 'ws', data: m.data}); ws.close(); done(); };
 ws.onerror = () => { results.push({name: 'ws', error: 'error'}); done(); };
 </script></body></html>"""
@@ -63,8 +67,15 @@ async def handle(reader, writer):
                 writer.write(bytes([0x81, len(reply)]) + reply if len(reply) < 126 else
                              bytes([0x81, 126]) + struct.pack("!H", len(reply)) + reply)
                 await writer.drain()
+                ECHOED.set()
         writer.close()
         return
+    if path.endswith("/wait"):
+        try:
+            await asyncio.wait_for(ECHOED.wait(), 30)
+            await asyncio.sleep(0.2)  # the echo's frame reaches the browser first
+        except asyncio.TimeoutError:
+            pass
     if path.endswith("/page"):
         body, kind = PAGE.encode(), b"text/html"
     else:
@@ -77,6 +88,8 @@ async def handle(reader, writer):
 
 
 async def main():
+    global ECHOED
+    ECHOED = asyncio.Event()
     server = await asyncio.start_server(handle, "127.0.0.1", PORT)
     async with server:
         await server.serve_forever()
