@@ -609,11 +609,15 @@ fn allowed_downloads_count_their_bytes() {
 
 // ---- bypasses --------------------------------------------------------------------------------
 
-/// Going around the proxy: the namespace has no route but loopback, and its loopback is not
-/// the host's, so the kernel refuses before the proxy sees anything (nothing is logged). The
-/// control: the same host port accepts a connection from the test itself.
+/// Going around the proxy: an allowed name resolves (the sandbox's resolver, at 127.0.0.1:53,
+/// answers it with its first synthetic address, 198.18.0.1, and no IPv6 address), a name off
+/// the allowlist gets NXDOMAIN (EAI_NONAME), and the rest fails in the kernel: the namespace
+/// has no route but loopback, and its loopback is not the host's, so UDP to another DNS server
+/// and TCP to an address are refused before the proxy sees anything (nothing is logged; a
+/// lookup connects nowhere). The control: the same host port accepts a connection from the test
+/// itself.
 #[test]
-fn direct_connections_and_dns_fail_in_the_kernel() {
+fn names_resolve_to_synthetic_addresses_and_other_routes_fail_in_the_kernel() {
     if !ready() {
         return;
     }
@@ -621,27 +625,28 @@ fn direct_connections_and_dns_fail_in_the_kernel() {
     let h = f.http.port;
     TcpStream::connect(("127.0.0.1", h)).expect("the host's server accepts (control)");
     let code = format!(
-        "print(errno_of(socket.create_connection, ('1.1.1.1', 80), 5))\n\
+        "print(sorted({{a[4][0] for a in socket.getaddrinfo('pypi.test', 80)}}))\n\
+         try:\n    socket.getaddrinfo('evil.test', 80)\n    print('resolved')\n\
+         except socket.gaierror as e:\n    print(type(e).__name__, e.errno == socket.EAI_NONAME and 'EAI_NONAME' or e.errno)\n\
+         print(errno_of(socket.create_connection, ('1.1.1.1', 80), 5))\n\
          print(errno_of(socket.create_connection, ('127.0.0.1', {h}), 5))\n\
          u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
-         print(errno_of(u.sendto, b'\\x12\\x34\\x01\\x00\\x00\\x01\\x00\\x00\\x00\\x00\\x00\\x00\\x04pypi\\x04test\\x00\\x00\\x01\\x00\\x01', ('8.8.8.8', 53)))\n\
-         try:\n    socket.getaddrinfo('pypi.test', 80)\n    print('resolved')\n\
-         except socket.gaierror as e:\n    print(type(e).__name__, socket.EAI_AGAIN == e.errno and 'EAI_AGAIN' or e.errno)\n"
+         print(errno_of(u.sendto, b'\\x12\\x34\\x01\\x00\\x00\\x01\\x00\\x00\\x00\\x00\\x00\\x00\\x04pypi\\x04test\\x00\\x00\\x01\\x00\\x01', ('8.8.8.8', 53)))\n"
     );
     let (out, r) = py_net(&allow(&[("pypi.test", h)]), &code);
     assert_eq!(
         out,
-        "ENETUNREACH\nECONNREFUSED\nENETUNREACH\ngaierror EAI_AGAIN\n"
+        "['198.18.0.1']\ngaierror EAI_NONAME\nENETUNREACH\nECONNREFUSED\nENETUNREACH\n"
     );
     assert_log(&r, Vec::<Value>::new());
 }
 
-/// Without the proxy variables, curl resolves the name itself. The sandbox has no resolver
-/// (the host's /etc/resolv.conf names a server no route leads to), so curl fails with exit
-/// code 6, CURLE_COULDNT_RESOLVE_HOST; with an address instead of a name it fails with 7,
-/// CURLE_COULDNT_CONNECT (ENETUNREACH). Neither reaches the proxy, so nothing is logged.
+/// Without the proxy variables, curl resolves the name itself: the sandbox's resolver gives it
+/// the name's synthetic address, whose listener is the proxy's own, so the request gets through
+/// and is logged as a `direct` connection to the name. With an address instead of a name there
+/// is no way out: curl fails with 7, CURLE_COULDNT_CONNECT (ENETUNREACH), and nothing is logged.
 #[test]
-fn unsetting_the_proxy_variables_leaves_no_way_out() {
+fn without_proxy_variables_names_go_through_the_proxy_and_addresses_nowhere() {
     if !ready() {
         return;
     }
@@ -655,9 +660,10 @@ fn unsetting_the_proxy_variables_leaves_no_way_out() {
         &opts,
         &["/bin/sh", "-c", &format!("{unset} curl -sS {url}")],
     );
-    assert_eq!(r["exit_code"], 6);
-    assert_eq!(r["stderr"], "curl: (6) Could not resolve host: pkg.test\n");
-    assert_log(&r, Vec::<Value>::new());
+    assert_eq!(r["exit_code"], 0, "{}", r["stderr"]);
+    assert_eq!(stdout(&r), INDEX);
+    assert_eq!(r["stderr"], "");
+    assert_log(&r, vec![allowed("pkg.test", h, "direct")]);
 
     let r = run(
         &opts,
