@@ -10,53 +10,11 @@
 
 include!("session_kit.rs");
 
-/// An HTTP server on a free port of 127.0.0.1, in TLS when given a certificate and its key: it
-/// prints its port, then answers every request with the `repr` of its Host header. Connections
-/// end gracefully (FIN, then the client's), so that the proxy never sees a reset.
-const SERVE_PY: &str = r#"
-import http.server, socket, ssl, sys
-ctx = None
-if len(sys.argv) > 2:
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(sys.argv[1], sys.argv[2])
-class H(http.server.BaseHTTPRequestHandler):
-    def log_message(self, *a):
-        pass
-    def do_GET(self):
-        body = repr(self.headers.get("Host")).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(body)
-class S(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    def finish_request(self, request, addr):
-        request.settimeout(20)
-        conn = request
-        try:
-            if ctx:
-                conn = ctx.wrap_socket(request, server_side=True)
-            self.RequestHandlerClass(conn, addr, self)
-        finally:
-            try:
-                conn.shutdown(socket.SHUT_WR)
-                conn.settimeout(5)
-                while conn.recv(65536):
-                    pass
-            except OSError:
-                pass
-            conn.close()
-srv = S(("127.0.0.1", 0), H)
-print(srv.server_address[1], flush=True)
-srv.serve_forever()
-"#;
-
 /// Python helpers of the probes: `query(name, qtype)` sends one DNS question over UDP to the
 /// resolver (built with `struct`, not a library) and returns `(rcode, ancount, answers)` with
 /// each answer as `(type, ttl, address)`; `gai(name)` is getaddrinfo's IPv4 addresses or its
 /// error's name; `errno_of(fn, *args)` is an errno's name or OK; `get(sock, host)` sends a
-/// GET by hand and returns the status line and the body.
+/// GET of `/host` by hand and returns the status line and the body.
 const PRELUDE: &str = r#"
 import errno, socket, struct, time
 def query(name, qtype):
@@ -96,7 +54,7 @@ def errno_of(fn, *args):
     except OSError as e:
         return errno.errorcode.get(e.errno, str(e.errno))
 def get(s, host):
-    s.sendall(b"GET / HTTP/1.0\r\nHost: %s\r\n\r\n" % host.encode())
+    s.sendall(b"GET /host HTTP/1.0\r\nHost: %s\r\n\r\n" % host.encode())
     got = b""
     while True:
         b = s.recv(65536)
@@ -133,12 +91,13 @@ struct Far {
 }
 
 impl Far {
-    /// `n` plain HTTP servers.
+    /// `n` plain HTTP servers ([`SERVE_PY`]: `/host` answers with the `repr` of the request's
+    /// Host header).
     fn http(tag: &str, n: usize) -> Far {
         let dir = server_common::test_dir(&format!("dns-{tag}"));
         std::fs::write(dir.join("serve.py"), SERVE_PY).unwrap();
         let servers = (0..n)
-            .map(|_| PortServer::start(&[&dir.join("serve.py")]))
+            .map(|_| PortServer::start(&[&dir.join("serve.py"), &dir]))
             .collect();
         Far {
             servers,
@@ -150,19 +109,10 @@ impl Far {
     fn tls(tag: &str) -> Far {
         let mut far = Far::http(tag, 0);
         let d = &far.dir.0;
-        let out = std::process::Command::new("openssl")
-            .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes"])
-            .args(["-subj", "/CN=secure.test"])
-            .args(["-addext", "subjectAltName=DNS:secure.test", "-days", "1"])
-            .arg("-keyout")
-            .arg(d.join("key.pem"))
-            .arg("-out")
-            .arg(d.join("ca.pem"))
-            .output()
-            .expect("openssl runs");
-        assert!(out.status.success(), "openssl: {}", String::from_utf8_lossy(&out.stderr));
-        let server = PortServer::start(&[&d.join("serve.py"), &d.join("ca.pem"), &d.join("key.pem")]);
-        far.servers.push(server);
+        secure_test_cert(d);
+        let args = ["serve.py", "", "ca.pem", "key.pem"].map(|f| d.join(f));
+        let args: Vec<&std::path::Path> = args.iter().map(|p| p.as_path()).collect();
+        far.servers.push(PortServer::start(&args));
         far
     }
 
@@ -209,17 +159,7 @@ fn client_opts() -> Vec<&'static str> {
 /// `kennel run` in this tier with `--allow-net NAME:PORT --resolve NAME:127.0.0.1` for each
 /// of `names`, plus `extra`, of `argv` with every proxy variable unset: the result.
 fn run_bare(names: &[(&str, u16)], extra: &[&str], argv: &[&str]) -> Value {
-    let mut opts: Vec<String> = names
-        .iter()
-        .flat_map(|(n, p)| {
-            [
-                "--allow-net".to_string(),
-                format!("{n}:{p}"),
-                "--resolve".to_string(),
-                format!("{n}:127.0.0.1"),
-            ]
-        })
-        .collect();
+    let mut opts = pinned_allow(names);
     opts.extend(client_opts().iter().chain(extra).map(|s| s.to_string()));
     let opts: Vec<&str> = opts.iter().map(String::as_str).collect();
     let all: Vec<&str> = UNSET.iter().chain(argv).copied().collect();
@@ -280,7 +220,7 @@ fn aiohttp_reaches_an_allowed_name() {
         "import aiohttp, asyncio\n\
          async def main():\n\
          \x20   async with aiohttp.ClientSession() as s:\n\
-         \x20       async with s.get('http://app.test:{p}/') as r:\n\
+         \x20       async with s.get('http://app.test:{p}/host') as r:\n\
          \x20           print(r.status, await r.text())\n\
          asyncio.run(main())\n"
     );
@@ -300,7 +240,7 @@ fn node_fetch_reaches_an_allowed_name() {
     let far = Far::http("node", 1);
     let p = far.port(0);
     let code = format!(
-        "fetch('http://app.test:{p}/').then(async r => console.log(r.status, await r.text()))"
+        "fetch('http://app.test:{p}/host').then(async r => console.log(r.status, await r.text()))"
     );
     let r = run_bare(&[("app.test", p)], &[], &["node", "-e", &code]);
     assert_eq!(r["exit_code"], 0, "node failed: {}", r["stderr"]);
@@ -524,7 +464,7 @@ fn a_live_policy_change_applies_to_the_resolver_at_once() {
         &format!(
             "print(query('a.test', 1), gai('a.test'))\nprint(gai('b.test'))\n\
              s = socket.create_connection(('198.18.0.1', {p}), timeout=20)\n\
-             s.sendall(b'GET / HTTP/1.0\\r\\nHost: a.test\\r\\n\\r\\n')\n\
+             s.sendall(b'GET /host HTTP/1.0\\r\\nHost: a.test\\r\\n\\r\\n')\n\
              print(s.recv(4096))\n"
         ),
     );
