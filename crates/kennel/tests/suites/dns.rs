@@ -368,9 +368,10 @@ fn logs_of(execs: &[&Value]) -> Vec<Value> {
 
 /// A synthetic address is one sandbox's own: while a session holds `a.test` at 198.18.0.1 (an
 /// open connection there, and new ones work), a run whose allowlist names only `b.test` cannot
-/// resolve `a.test` and finds nothing at 198.18.0.1 on the same port (ECONNREFUSED), nor at
-/// its own first address before it gave it out. The session's open connection then still
-/// carries its request.
+/// resolve `a.test` and finds nothing at 198.18.0.1 on the same port (ECONNREFUSED: it has
+/// not given that address out, and the session's listener is in another namespace). Once it
+/// resolves `b.test`, 198.18.0.1 is `b.test` there: the same address, another name. The
+/// session's open connection then still carries its request, to `a.test`.
 #[test]
 fn a_synthetic_address_of_another_sandbox_reaches_nothing() {
     if !ready() {
@@ -399,11 +400,16 @@ fn a_synthetic_address_of_another_sandbox_reaches_nothing() {
 
     let code = format!(
         "print(gai('a.test'))\n\
-         print(errno_of(socket.create_connection, ('198.18.0.1', {p}), 5))\n"
+         print(errno_of(socket.create_connection, ('198.18.0.1', {p}), 5))\n\
+         print(gai('b.test'))\n\
+         print(*get(socket.create_connection(('198.18.0.1', {p}), timeout=20), 'b.test'))\n"
     );
     let (out, other) = py_bare(&[("b.test", p)], &[], &code);
-    assert_eq!(out, "EAI_NONAME\nECONNREFUSED\n");
-    assert_log(&other, &[]);
+    assert_eq!(
+        out,
+        "EAI_NONAME\nECONNREFUSED\n['198.18.0.1']\nHTTP/1.0 200 OK 'b.test'\n"
+    );
+    assert_log(&other, &[direct("b.test", p)]);
 
     let used = server.client.exec(
         &id,
