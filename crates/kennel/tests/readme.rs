@@ -97,6 +97,11 @@ const COMMANDS: &[(&str, How)] = &[
         How::LocalHttp(prints_local_body),
     ),
     (
+        "kennel run --allow-net api.test:8080 --resolve api.test:127.0.0.1 -- env -u http_proxy \
+         -u HTTP_PROXY curl -s http://api.test:8080/",
+        How::LocalHttp(prints_local_body),
+    ),
+    (
         "kennel run --runtime runsc -- python3 -c 'print(1)'",
         How::Run(prints_1),
     ),

@@ -318,3 +318,96 @@ pub fn sdk_tiers(cmd: &mut Command) {
     cmd.env("KENNEL_SDK_TEST_STATE", vm::STATE)
         .env("KENNEL_SDK_TEST_GUEST_RELEASE", manifest.kernel_release);
 }
+
+/// A threaded static file server on a free port of 127.0.0.1, optionally in TLS. It prints its
+/// port, then serves its first argument's directory (in TLS when a certificate and its key
+/// follow). Two extra paths report what the server saw: `/sni` answers with the
+/// TLS server name of the connection (`repr`, so `None` without TLS) and `/host` with the Host
+/// header. The TLS handshake runs in the connection's thread, so a stalled client blocks no one.
+/// Connections end gracefully (FIN, then wait for the client's): a server that closes with the
+/// client's last bytes unread (a TLS close_notify) ends with an RST instead, and then the proxy
+/// logs 0 bytes down (see the network suite's `a_download_the_server_resets_still_counts_its_bytes`).
+pub const SERVE_PY: &str = r#"
+import http.server, socket, ssl, sys
+root = sys.argv[1]
+ctx = None
+if len(sys.argv) > 3:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(sys.argv[2], sys.argv[3])
+    def sni(sock, name, _ctx):
+        sock.kennel_sni = name
+    ctx.sni_callback = sni
+class H(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def reply(self, text):
+        body = text.encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def do_GET(self):
+        if self.path == "/sni":
+            return self.reply(repr(getattr(self.request, "kennel_sni", None)))
+        if self.path == "/host":
+            return self.reply(repr(self.headers.get("Host")))
+        return super().do_GET()
+class S(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    def finish_request(self, request, addr):
+        request.settimeout(20)
+        conn = request
+        try:
+            if ctx:
+                conn = ctx.wrap_socket(request, server_side=True)
+            self.RequestHandlerClass(conn, addr, self, directory=root)
+        finally:
+            # Close gracefully: FIN, then read until the client's FIN. Closing with the client's
+            # late bytes unread (a TLS close_notify) would send an RST instead.
+            try:
+                conn.shutdown(socket.SHUT_WR)
+                conn.settimeout(5)
+                while conn.recv(65536):
+                    pass
+            except OSError:
+                pass
+            conn.close()
+srv = S(("127.0.0.1", 0), H)
+print(srv.server_address[1], flush=True)
+srv.serve_forever()
+"#;
+
+/// A self-signed certificate for `secure.test` (`ca.pem`) and its key (`key.pem`) in `dir`, for
+/// [`SERVE_PY`]'s TLS.
+pub fn secure_test_cert(dir: &std::path::Path) {
+    let out = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes"])
+        .args(["-subj", "/CN=secure.test"])
+        .args(["-addext", "subjectAltName=DNS:secure.test", "-days", "1"])
+        .arg("-keyout")
+        .arg(dir.join("key.pem"))
+        .arg("-out")
+        .arg(dir.join("ca.pem"))
+        .output()
+        .expect("openssl runs");
+    assert!(
+        out.status.success(),
+        "openssl: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `--allow-net NAME:PORT --resolve NAME:127.0.0.1` for each name.
+pub fn pinned_allow(names: &[(&str, u16)]) -> Vec<String> {
+    names
+        .iter()
+        .flat_map(|(n, p)| {
+            [
+                "--allow-net".to_string(),
+                format!("{n}:{p}"),
+                "--resolve".to_string(),
+                format!("{n}:127.0.0.1"),
+            ]
+        })
+        .collect()
+}

@@ -95,16 +95,22 @@ pub fn snapshot_capable_qemu(version: &str) -> bool {
 /// must succeed (a spec built before is found again in about a second).
 pub fn build_python_data() -> Value {
     let spec = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../images/python-data.toml");
+    build_image("python-data", &spec)
+}
+
+/// `kennel image build NAME -f SPEC --json` into [`STATE`], which must succeed: its output (a
+/// spec built before is found again in about a second, so a machine builds each image once).
+pub fn build_image(name: &str, spec: &Path) -> Value {
     let out = Command::new(super::KENNEL)
-        .args(["image", "build", "python-data", "-f"])
-        .arg(&spec)
+        .args(["image", "build", name, "-f"])
+        .arg(spec)
         .arg("--json")
         .env("KENNEL_STATE_DIR", STATE)
         .output()
         .expect("kennel starts");
     assert!(
         out.status.success(),
-        "building python-data failed: {}",
+        "building {name} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).unwrap()

@@ -54,63 +54,6 @@ impl Drop for TempDir {
 /// A server process on the host ([`PortServer`]).
 type Server = PortServer;
 
-/// A threaded static file server on a free port of 127.0.0.1, optionally in TLS. It prints its
-/// port, then serves `ROOT`. Two extra paths report what the server saw: `/sni` answers with the
-/// TLS server name of the connection (`repr`, so `None` without TLS) and `/host` with the Host
-/// header. The TLS handshake runs in the connection's thread, so a stalled client blocks no one.
-/// Connections end gracefully (FIN, then wait for the client's): a server that closes with the
-/// client's last bytes unread (a TLS close_notify) ends with an RST instead, and then the proxy
-/// logs 0 bytes down (see `a_download_the_server_resets_still_counts_its_bytes`).
-const SERVE_PY: &str = r#"
-import http.server, socket, ssl, sys
-root = sys.argv[1]
-ctx = None
-if len(sys.argv) > 3:
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(sys.argv[2], sys.argv[3])
-    def sni(sock, name, _ctx):
-        sock.kennel_sni = name
-    ctx.sni_callback = sni
-class H(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *a):
-        pass
-    def reply(self, text):
-        body = text.encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def do_GET(self):
-        if self.path == "/sni":
-            return self.reply(repr(getattr(self.request, "kennel_sni", None)))
-        if self.path == "/host":
-            return self.reply(repr(self.headers.get("Host")))
-        return super().do_GET()
-class S(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    def finish_request(self, request, addr):
-        request.settimeout(20)
-        conn = request
-        try:
-            if ctx:
-                conn = ctx.wrap_socket(request, server_side=True)
-            self.RequestHandlerClass(conn, addr, self, directory=root)
-        finally:
-            # Close gracefully: FIN, then read until the client's FIN. Closing with the client's
-            # late bytes unread (a TLS close_notify) would send an RST instead.
-            try:
-                conn.shutdown(socket.SHUT_WR)
-                conn.settimeout(5)
-                while conn.recv(65536):
-                    pass
-            except OSError:
-                pass
-            conn.close()
-srv = S(("127.0.0.1", 0), H)
-print(srv.server_address[1], flush=True)
-srv.serve_forever()
-"#;
-
 /// A server that accepts connections and then neither reads, writes nor closes them.
 const TARPIT_PY: &str = r#"
 import socket
@@ -160,21 +103,7 @@ impl Fixture {
         let www = dir.path("www");
         let http = Server::start(&[&script, &www]);
         let https = tls.then(|| {
-            let out = Command::new("openssl")
-                .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes"])
-                .args(["-subj", "/CN=secure.test"])
-                .args(["-addext", "subjectAltName=DNS:secure.test", "-days", "1"])
-                .arg("-keyout")
-                .arg(dir.path("key.pem"))
-                .arg("-out")
-                .arg(dir.path("ca.pem"))
-                .output()
-                .expect("openssl runs");
-            assert!(
-                out.status.success(),
-                "openssl: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            secure_test_cert(&dir.0);
             Server::start(&[&script, &www, &dir.path("ca.pem"), &dir.path("key.pem")])
         });
         Fixture { http, https, dir }
@@ -208,21 +137,6 @@ fn ready() -> bool {
                 .output()
                 .is_ok_and(|o| o.status.success()),
         )
-}
-
-/// `--allow-net NAME:PORT --resolve NAME:127.0.0.1` for each name.
-fn allow(names: &[(&str, u16)]) -> Vec<String> {
-    names
-        .iter()
-        .flat_map(|(n, p)| {
-            [
-                "--allow-net".to_string(),
-                format!("{n}:{p}"),
-                "--resolve".to_string(),
-                format!("{n}:127.0.0.1"),
-            ]
-        })
-        .collect()
 }
 
 fn run(opts: &[String], argv: &[&str]) -> Value {
@@ -397,7 +311,7 @@ fn curl_reaches_allowed_names_over_http_and_https() {
     }
     let f = Fixture::new("curl", true);
     let (h, s) = (f.http.port, f.https_port());
-    let mut opts = allow(&[("pkg.test", h), ("secure.test", s)]);
+    let mut opts = pinned_allow(&[("pkg.test", h), ("secure.test", s)]);
     opts.extend(["--file".into(), f.ca_file_arg()]);
     let script = format!(
         "curl -sS http://pkg.test:{h}/index.txt && \
@@ -425,7 +339,7 @@ fn python_urllib_reaches_allowed_names_over_http_and_https() {
     }
     let f = Fixture::new("urllib", true);
     let (h, s) = (f.http.port, f.https_port());
-    let mut opts = allow(&[("pkg.test", h), ("secure.test", s)]);
+    let mut opts = pinned_allow(&[("pkg.test", h), ("secure.test", s)]);
     opts.extend(["--file".into(), f.ca_file_arg()]);
     let code = format!(
         "import ssl, urllib.request\n\
@@ -475,7 +389,7 @@ fn pip_installs_from_an_allowed_index() {
          PYTHONPATH=/workspace/lib {PY} -c 'import kennel_probe; print(kennel_probe.VALUE)'"
     );
     // pip is a large Python program: under a microVM's TCG it can take most of the 30 s default.
-    let mut opts = allow(&[("pypi.test", p)]);
+    let mut opts = pinned_allow(&[("pypi.test", p)]);
     opts.extend(["--timeout".to_string(), "120s".to_string()]);
     let r = run(&opts, &["/bin/sh", "-c", &script]);
     assert_eq!(r["exit_code"], 0, "{}", r["stderr"]);
@@ -514,7 +428,7 @@ fn socks5_with_a_host_name_is_allowed() {
         "curl -sS --socks5-hostname 127.0.0.1:1080 http://pkg.test:{h}/index.txt && \
          env -u HTTP_PROXY -u http_proxy curl -sS http://pkg.test:{h}/index.txt"
     );
-    let r = run(&allow(&[("pkg.test", h)]), &["/bin/sh", "-c", &script]);
+    let r = run(&pinned_allow(&[("pkg.test", h)]), &["/bin/sh", "-c", &script]);
     assert_eq!(r["exit_code"], 0, "{}", r["stderr"]);
     assert_eq!(stdout(&r), format!("{INDEX}{INDEX}"));
     // The second curl had only ALL_PROXY=socks5h://127.0.0.1:1080 left.
@@ -558,7 +472,7 @@ fn allowed_downloads_count_their_bytes() {
     }
     let f = Fixture::new("bytes", true);
     let (h, s) = (f.http.port, f.https_port());
-    let mut opts = allow(&[("pkg.test", h), ("secure.test", s)]);
+    let mut opts = pinned_allow(&[("pkg.test", h), ("secure.test", s)]);
     opts.extend(["--file".into(), f.ca_file_arg()]);
     let script = format!(
         "curl -sS -o /dev/null -w '%{{size_download}}\\n' http://pkg.test:{h}/data.bin && \
@@ -609,11 +523,15 @@ fn allowed_downloads_count_their_bytes() {
 
 // ---- bypasses --------------------------------------------------------------------------------
 
-/// Going around the proxy: the namespace has no route but loopback, and its loopback is not
-/// the host's, so the kernel refuses before the proxy sees anything (nothing is logged). The
-/// control: the same host port accepts a connection from the test itself.
+/// Going around the proxy: an allowed name resolves (the sandbox's resolver, at 127.0.0.1:53,
+/// answers it with its first synthetic address, 198.18.0.1, and no IPv6 address), a name off
+/// the allowlist gets NXDOMAIN (EAI_NONAME), and the rest fails in the kernel: the namespace
+/// has no route but loopback, and its loopback is not the host's, so UDP to another DNS server
+/// and TCP to an address are refused before the proxy sees anything (nothing is logged; a
+/// lookup connects nowhere). The control: the same host port accepts a connection from the test
+/// itself.
 #[test]
-fn direct_connections_and_dns_fail_in_the_kernel() {
+fn names_resolve_to_synthetic_addresses_and_other_routes_fail_in_the_kernel() {
     if !ready() {
         return;
     }
@@ -621,27 +539,28 @@ fn direct_connections_and_dns_fail_in_the_kernel() {
     let h = f.http.port;
     TcpStream::connect(("127.0.0.1", h)).expect("the host's server accepts (control)");
     let code = format!(
-        "print(errno_of(socket.create_connection, ('1.1.1.1', 80), 5))\n\
+        "print(sorted({{a[4][0] for a in socket.getaddrinfo('pypi.test', 80)}}))\n\
+         try:\n    socket.getaddrinfo('evil.test', 80)\n    print('resolved')\n\
+         except socket.gaierror as e:\n    print(type(e).__name__, e.errno == socket.EAI_NONAME and 'EAI_NONAME' or e.errno)\n\
+         print(errno_of(socket.create_connection, ('1.1.1.1', 80), 5))\n\
          print(errno_of(socket.create_connection, ('127.0.0.1', {h}), 5))\n\
          u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
-         print(errno_of(u.sendto, b'\\x12\\x34\\x01\\x00\\x00\\x01\\x00\\x00\\x00\\x00\\x00\\x00\\x04pypi\\x04test\\x00\\x00\\x01\\x00\\x01', ('8.8.8.8', 53)))\n\
-         try:\n    socket.getaddrinfo('pypi.test', 80)\n    print('resolved')\n\
-         except socket.gaierror as e:\n    print(type(e).__name__, socket.EAI_AGAIN == e.errno and 'EAI_AGAIN' or e.errno)\n"
+         print(errno_of(u.sendto, b'\\x12\\x34\\x01\\x00\\x00\\x01\\x00\\x00\\x00\\x00\\x00\\x00\\x04pypi\\x04test\\x00\\x00\\x01\\x00\\x01', ('8.8.8.8', 53)))\n"
     );
-    let (out, r) = py_net(&allow(&[("pypi.test", h)]), &code);
+    let (out, r) = py_net(&pinned_allow(&[("pypi.test", h)]), &code);
     assert_eq!(
         out,
-        "ENETUNREACH\nECONNREFUSED\nENETUNREACH\ngaierror EAI_AGAIN\n"
+        "['198.18.0.1']\ngaierror EAI_NONAME\nENETUNREACH\nECONNREFUSED\nENETUNREACH\n"
     );
     assert_log(&r, Vec::<Value>::new());
 }
 
-/// Without the proxy variables, curl resolves the name itself. The sandbox has no resolver
-/// (the host's /etc/resolv.conf names a server no route leads to), so curl fails with exit
-/// code 6, CURLE_COULDNT_RESOLVE_HOST; with an address instead of a name it fails with 7,
-/// CURLE_COULDNT_CONNECT (ENETUNREACH). Neither reaches the proxy, so nothing is logged.
+/// Without the proxy variables, curl resolves the name itself: the sandbox's resolver gives it
+/// the name's synthetic address, whose listener is the proxy's own, so the request gets through
+/// and is logged as a `direct` connection to the name. With an address instead of a name there
+/// is no way out: curl fails with 7, CURLE_COULDNT_CONNECT (ENETUNREACH), and nothing is logged.
 #[test]
-fn unsetting_the_proxy_variables_leaves_no_way_out() {
+fn without_proxy_variables_names_go_through_the_proxy_and_addresses_nowhere() {
     if !ready() {
         return;
     }
@@ -649,15 +568,16 @@ fn unsetting_the_proxy_variables_leaves_no_way_out() {
     let h = f.http.port;
     let unset =
         "env -u HTTP_PROXY -u http_proxy -u HTTPS_PROXY -u https_proxy -u ALL_PROXY -u all_proxy";
-    let opts = allow(&[("pkg.test", h)]);
+    let opts = pinned_allow(&[("pkg.test", h)]);
     let url = format!("http://pkg.test:{h}/index.txt");
     let r = run(
         &opts,
         &["/bin/sh", "-c", &format!("{unset} curl -sS {url}")],
     );
-    assert_eq!(r["exit_code"], 6);
-    assert_eq!(r["stderr"], "curl: (6) Could not resolve host: pkg.test\n");
-    assert_log(&r, Vec::<Value>::new());
+    assert_eq!(r["exit_code"], 0, "{}", r["stderr"]);
+    assert_eq!(stdout(&r), INDEX);
+    assert_eq!(r["stderr"], "");
+    assert_log(&r, vec![allowed("pkg.test", h, "direct")]);
 
     let r = run(
         &opts,
@@ -687,7 +607,7 @@ fn names_off_the_allowlist_are_refused_and_logged() {
     let h = f.http.port;
     let code = "s, head = connect('evil.test:443')\nprint(repr(head + read_all(s)))\n\
                 print(repr(http_proxy(b'GET http://evil.test/ HTTP/1.1\\r\\nHost: evil.test\\r\\n\\r\\n')))\n";
-    let (out, r) = py_net(&allow(&[("pkg.test", h)]), code);
+    let (out, r) = py_net(&pinned_allow(&[("pkg.test", h)]), code);
     let why = "evil.test is not on the allowlist";
     let line = format!("{}\n", py_repr(&forbidden_response(why)));
     assert_eq!(out, line.repeat(2));
@@ -710,7 +630,7 @@ fn tls_server_name_must_match_the_connect_host() {
     }
     let f = Fixture::new("sni", true);
     let s = f.https_port();
-    let mut opts = allow(&[("secure.test", s)]);
+    let mut opts = pinned_allow(&[("secure.test", s)]);
     opts.extend(["--file".into(), f.ca_file_arg()]);
     let code = format!(
         "s, head = connect('secure.test:{s}')\nprint(repr(head))\n\
@@ -750,7 +670,7 @@ fn http_host_header_must_match_the_target() {
          print(repr(read_all(s)))\n\
          print(http_proxy(b'GET http://pkg.test:{h}/host HTTP/1.1\\r\\nHost: evil.test\\r\\n\\r\\n').decode())\n"
     );
-    let (out, r) = py_net(&allow(&[("pkg.test", h)]), &code);
+    let (out, r) = py_net(&pinned_allow(&[("pkg.test", h)]), &code);
     let why = format!("Host header evil.test differs from the request's target pkg.test:{h}");
     assert_eq!(
         out,
@@ -839,7 +759,7 @@ fn address_literals_are_refused() {
          \x20   s.sendall(bytes([5, 1, 0, atyp]) + addr + ({h}).to_bytes(2, 'big'))\n\
          \x20   print(read_all(s))\n"
     );
-    let (out, r) = py_net(&allow(&[("pkg.test", h)]), &code);
+    let (out, r) = py_net(&pinned_allow(&[("pkg.test", h)]), &code);
     let refused = format!("{}\n", py_repr(&forbidden_response(LITERAL)));
     assert_eq!(
         out,
@@ -869,13 +789,13 @@ fn ports_outside_the_rule_are_refused() {
     let f = Fixture::new("port", false);
     let h = f.http.port;
     let code = "s, head = connect('pkg.test:22')\nprint(repr(head + read_all(s)))\n";
-    let (out, r) = py_net(&allow(&[("pkg.test", h)]), code);
+    let (out, r) = py_net(&pinned_allow(&[("pkg.test", h)]), code);
     let why = "port 22 is not allowed for pkg.test";
     assert_eq!(out, format!("{}\n", py_repr(&forbidden_response(why))));
     assert_log(&r, vec![denied("pkg.test", 22, "connect", why)]);
 
     let r = run(
-        &allow(&[("pkg.test", h)]),
+        &pinned_allow(&[("pkg.test", h)]),
         &[
             "curl",
             "-sS",
@@ -1036,7 +956,7 @@ except (EOFError, ssl.SSLError, OSError):
     print("refused")
 "#
     );
-    let (out, r) = py_net(&allow(&[("secure.test", s)]), &code);
+    let (out, r) = py_net(&pinned_allow(&[("secure.test", s)]), &code);
     // Today: "server saw 'evil.test'" and the tunnel is logged allowed.
     assert_eq!(out, "refused\n");
     let log = decisions(&r);
@@ -1065,7 +985,7 @@ fn http_in_a_tunnel_is_checked_however_it_is_split() {
          s.sendall(b'Host: evil.test\\r\\n\\r\\n')\n\
          print(repr(read_all(s).split(b'\\r\\n\\r\\n')[-1]))\n"
     );
-    let (out, r) = py_net(&allow(&[("pkg.test", h)]), &code);
+    let (out, r) = py_net(&pinned_allow(&[("pkg.test", h)]), &code);
     // Today: b"'evil.test'" (the server answered for evil.test), logged allowed.
     assert_eq!(out, "b''\n");
     assert_log(
@@ -1098,7 +1018,7 @@ fn an_interrupted_download_still_counts_its_bytes() {
          print(got >= 1 << 20)\n\
          s.close()\n"
     );
-    let (out, r) = py_net(&allow(&[("pkg.test", h)]), &code);
+    let (out, r) = py_net(&pinned_allow(&[("pkg.test", h)]), &code);
     assert_eq!(out, "True\n");
     assert_log(&r, vec![allowed("pkg.test", h, "http")]);
     let down = r["network_log"][0]["bytes_down"].as_u64().unwrap();
@@ -1122,7 +1042,7 @@ fn a_tunnel_the_upstream_never_closes_is_still_logged() {
     let tarpit = Server::start(&[&dir.write("tarpit.py", TARPIT_PY)]);
     let t = tarpit.port;
     let r = run(
-        &allow(&[("tarpit.test", t)]),
+        &pinned_allow(&[("tarpit.test", t)]),
         &[
             "curl",
             "-sS",
@@ -1152,7 +1072,7 @@ fn a_download_the_server_resets_still_counts_its_bytes() {
     let server = Server::start(&[&dir.write("rst.py", RST_PY)]);
     let p = server.port;
     let r = run(
-        &allow(&[("rst.test", p)]),
+        &pinned_allow(&[("rst.test", p)]),
         &[
             "curl",
             "-sS",
