@@ -459,7 +459,8 @@ fn allow_mode_sets_the_proxy_variables() {
     );
     assert_eq!(
         r["isolation"]["network"],
-        "allowlist through Kennel's proxy (HTTP 127.0.0.1:3128, SOCKS5 127.0.0.1:1080): pkg.test:80"
+        "allowlist through Kennel's proxy (HTTP 127.0.0.1:3128, SOCKS5 127.0.0.1:1080, DNS \
+         127.0.0.1:53): pkg.test:80"
     );
 }
 
