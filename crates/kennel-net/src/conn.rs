@@ -137,6 +137,26 @@ impl Shared {
         self.open.fetch_sub(1, Ordering::SeqCst);
     }
 
+    /// Logs a connection the kernel refused at synthetic address `addr:port` (standing for
+    /// `host`, or for no name now), as the rules explain it.
+    pub(crate) fn refused_direct(&self, host: Option<&str>, addr: std::net::Ipv4Addr, port: u16) {
+        let (name, why) = match host {
+            Some(h) => {
+                let why = self.with_rules(|rules| decide_rules(rules, h, port).err());
+                (
+                    h.to_string(),
+                    why.unwrap_or(Denial::NotYetListening {
+                        host: h.to_string(),
+                        port,
+                    }),
+                )
+            }
+            None => (addr.to_string(), Denial::Unassigned(addr)),
+        };
+        let event = Target::new(name, port, Protocol::Direct).denied(why);
+        lock(&self.log).push(event);
+    }
+
     pub(crate) fn open_count(&self) -> usize {
         self.open.load(Ordering::SeqCst)
     }

@@ -34,6 +34,10 @@ pub(crate) enum Denial {
     Port { host: String, port: u16 },
     #[error("{0} is not on the allowlist")]
     NotListed(String),
+    #[error("{0} is no allowed name's address now")]
+    Unassigned(std::net::Ipv4Addr),
+    #[error("port {port} of {host} was allowed after its address was given: it listens now, connect again")]
+    NotYetListening { host: String, port: u16 },
     #[error("cannot resolve {host}: {error}")]
     Resolve { host: String, error: String },
     #[error("{host} resolves to {ip} ({kind}); pin it with --resolve to allow that")]

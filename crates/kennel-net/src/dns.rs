@@ -154,6 +154,11 @@ pub fn answer(query: &[u8], allow: &Allowlist, names: &mut Names) -> Option<Answ
     reply.to_vec().ok().map(|reply| Answer { reply, given })
 }
 
+/// The destination of a TCP segment as a raw socket reads it (see `Resolver::watch_refusals`).
+pub fn syn_destination(packet: &[u8]) -> Option<(Ipv4Addr, u16)> {
+    crate::refused::destination(packet)
+}
+
 /// Whether `addr` is in the synthetic range.
 pub fn is_synthetic(addr: Ipv4Addr) -> bool {
     u32::from(addr) & u32::from(SYNTHETIC_MASK) == u32::from(SYNTHETIC_BASE)
@@ -174,13 +179,16 @@ pub type Bind = Arc<dyn Fn(Ipv4Addr, u16) -> io::Result<TcpListener> + Send + Sy
 
 /// What a resolver serves: the proxy's rules as they are now, and its way of taking a synthetic
 /// address's connections (the proxy implements it; this module names no proxy type).
-pub trait Served: Send {
+pub trait Served: Send + Sync {
     /// The answer to `query` under the rules as they are now.
     fn answer(&self, query: &[u8], names: &mut Names) -> Option<Answer>;
     /// The ports the rules allow `host` on now.
     fn ports_of(&self, host: &str) -> Vec<u16>;
     /// Serves `listener` as the proxy's own, every connection to it one to `host:port`.
     fn serve_direct(&self, listener: TcpListener, host: String, port: u16);
+    /// Logs a connection the kernel refused at `addr:port`, which stands for `host` (or for
+    /// no name now): nothing of the proxy's listens there.
+    fn refused(&self, host: Option<&str>, addr: Ipv4Addr, port: u16);
 }
 
 /// A sandbox's resolver, serving until it is stopped: its names, and the listeners of their
@@ -188,8 +196,13 @@ pub trait Served: Send {
 pub struct Resolver {
     socket: UdpSocket,
     stopped: Arc<AtomicBool>,
+    names: Arc<Mutex<Names>>,
     listeners: Arc<Mutex<Listeners>>,
-    thread: Option<JoinHandle<()>>,
+    live: Arc<dyn Served>,
+    bind: Bind,
+    threads: Vec<JoinHandle<()>>,
+    /// The raw socket that sees connections to the synthetic range, once it is watched.
+    watched: Option<std::fs::File>,
 }
 
 impl std::fmt::Debug for Resolver {
@@ -239,6 +252,13 @@ impl Listeners {
         }
     }
 
+    /// Whether the proxy listens at `addr:port`.
+    fn listening(&self, addr: Ipv4Addr, port: u16) -> bool {
+        self.0
+            .get(&addr)
+            .is_some_and(|(_, ports)| ports.contains_key(&port))
+    }
+
     fn shut_all(&mut self) {
         shut(
             self.0
@@ -272,9 +292,11 @@ impl Resolver {
     ) -> io::Result<Resolver> {
         let stopped = Arc::new(AtomicBool::new(false));
         let listeners = Arc::new(Mutex::new(Listeners::default()));
+        let names = Arc::new(Mutex::new(Names::default()));
+        let live: Arc<dyn Served> = Arc::new(live);
         let (rx, done, held) = (socket.try_clone()?, stopped.clone(), listeners.clone());
+        let (known, served, binder) = (names.clone(), live.clone(), bind.clone());
         let thread = std::thread::spawn(move || {
-            let mut names = Names::default();
             let mut buf = vec![0u8; MAX_QUERY];
             // rustix's, not std's `recv_from`: a shut-down socket returns no address, which
             // std takes for a broken invariant and panics on.
@@ -283,12 +305,12 @@ impl Resolver {
                 let Some(from) = from.filter(|_| !done.load(Ordering::SeqCst)) else {
                     break;
                 };
-                let Some(a) = live.answer(&buf[..n], &mut names) else {
+                let Some(a) = served.answer(&buf[..n], &mut lock(&known)) else {
                     continue;
                 };
                 if let Some((host, addr)) = &a.given {
-                    let ports = live.ports_of(host);
-                    lock(&held).ensure(*addr, host, &ports, &live, &bind);
+                    let ports = served.ports_of(host);
+                    lock(&held).ensure(*addr, host, &ports, &*served, &binder);
                 }
                 let _ = sendto(&rx, &a.reply, SendFlags::empty(), &from);
             }
@@ -296,18 +318,56 @@ impl Resolver {
         Ok(Resolver {
             socket,
             stopped,
+            names,
             listeners,
-            thread: Some(thread),
+            live,
+            bind,
+            threads: vec![thread],
+            watched: None,
         })
+    }
+
+    /// Logs each connection to a synthetic address that no listener of the proxy's takes, as
+    /// `raw` (a raw TCP socket of the sandbox's namespace that reads only SYNs to the
+    /// synthetic range) shows them, until the resolver stops.
+    pub fn watch_refusals(&mut self, raw: std::fs::File) -> io::Result<()> {
+        let (names, listeners, live) = (
+            self.names.clone(),
+            self.listeners.clone(),
+            self.live.clone(),
+        );
+        let bind = self.bind.clone();
+        self.watched = Some(raw.try_clone()?);
+        let seen = move |addr: Ipv4Addr, port: u16| {
+            if lock(&listeners).listening(addr, port) {
+                return;
+            }
+            let host = lock(&names).name_of(addr).map(str::to_string);
+            live.refused(host.as_deref(), addr, port);
+            // A port a change of rules allowed after the name was answered listens from now
+            // on: the code's next attempt gets through, as a new query would have made it.
+            if let Some(host) = host {
+                let ports = live.ports_of(&host);
+                if ports.contains(&port) {
+                    lock(&listeners).ensure(addr, &host, &ports, &*live, &bind);
+                }
+            }
+        };
+        let thread = crate::refused::watch(raw, self.stopped.clone(), seen);
+        self.threads.push(thread);
+        Ok(())
     }
 
     /// Stops answering and closes every synthetic address's listener (their accepting threads
     /// would otherwise keep the sandbox's network namespace alive).
     pub fn stop(&mut self) {
         self.stopped.store(true, Ordering::SeqCst);
-        // Wakes the thread blocked in `recv_from`.
+        // Wakes the threads blocked in `recv_from` and `read`.
         let _ = rustix::net::shutdown(&self.socket, rustix::net::Shutdown::Both);
-        if let Some(t) = self.thread.take() {
+        if let Some(raw) = &self.watched {
+            let _ = rustix::net::shutdown(raw, rustix::net::Shutdown::Both);
+        }
+        for t in self.threads.drain(..) {
             let _ = t.join();
         }
         lock(&self.listeners).shut_all();

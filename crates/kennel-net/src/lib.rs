@@ -15,6 +15,7 @@ mod first;
 mod http_head;
 mod http_proxy;
 pub mod proxy;
+mod refused;
 mod socks;
 pub mod tls;
 

@@ -94,6 +94,10 @@ impl Served for LivePolicy {
     fn serve_direct(&self, listener: TcpListener, host: String, port: u16) {
         let _ = LivePolicy::serve_direct(self, listener, host, port);
     }
+
+    fn refused(&self, host: Option<&str>, addr: std::net::Ipv4Addr, port: u16) {
+        self.0.refused_direct(host, addr, port);
+    }
 }
 
 #[derive(Clone)]
@@ -131,6 +135,15 @@ impl Proxy {
     pub fn serve_dns(&mut self, socket: UdpSocket, bind: Bind) -> io::Result<()> {
         self.resolver = Some(Resolver::serve(socket, self.live(), bind)?);
         Ok(())
+    }
+
+    /// Logs the connections to synthetic addresses that no listener takes, as `raw` shows
+    /// them (see `dns::Resolver::watch_refusals`); a proxy without a resolver ignores it.
+    pub fn watch_refusals(&mut self, raw: std::fs::File) -> io::Result<()> {
+        match &mut self.resolver {
+            Some(r) => r.watch_refusals(raw),
+            None => Ok(()),
+        }
     }
 
     /// The handle that changes the proxy's rules while it runs.

@@ -26,6 +26,9 @@ pub trait Outbound: Send + Sync {
     fn connect(&self, stream: TcpStream, to: SocketAddrV4);
     /// The host resolver's answer to a DNS query the code sent; `None` for no answer.
     fn resolve(&self, query: &[u8]) -> Option<Resolved>;
+    /// A connection to synthetic address `to` that nothing here listens for, refused: the
+    /// host tries it too (unless its proxy listens there), so that its proxy logs the refusal.
+    fn knock(&self, to: SocketAddrV4);
 }
 
 /// A resolver's reply, and the synthetic address it gave with the ports that listen there.
@@ -45,19 +48,15 @@ pub type Forward = Arc<dyn Outbound>;
 /// gives names (see `kennel_net::dns`).
 pub fn start_proxy(pid: i32, allow: Allowlist) -> io::Result<Proxy> {
     let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))?;
-    let (http, socks, dns) = in_netns(&ns, || {
-        let (http, socks) = proxy_listeners()?;
-        sys::loopback_add_net(SYNTHETIC_BASE, SYNTHETIC_MASK)?;
-        Ok((
-            http,
-            socks,
-            UdpSocket::bind((Ipv4Addr::LOCALHOST, DNS_PORT))?,
-        ))
+    let (http, socks, dns) = in_netns(&ns, resolver_sockets)?;
+    let raw = in_netns(&ns, || {
+        sys::syn_watch_socket(SYNTHETIC_BASE, SYNTHETIC_MASK)
     })?;
     let mut proxy = Proxy::serve(http, socks, allow)?;
     let bind: Bind =
         Arc::new(move |addr, port| in_netns(&ns, move || TcpListener::bind((addr, port))));
     proxy.serve_dns(dns, bind)?;
+    proxy.watch_refusals(std::fs::File::from(raw))?;
     Ok(proxy)
 }
 
@@ -74,8 +73,42 @@ pub fn start_forwarder(pid: i32, forward: Forward) -> io::Result<()> {
             forward.clone(),
         );
     }
-    std::thread::spawn(move || forward_queries(&dns, &ns, &forward));
+    let raw = in_netns(&ns, || {
+        sys::syn_watch_socket(SYNTHETIC_BASE, SYNTHETIC_MASK)
+    })?;
+    let bound = Bound::default();
+    let (knocks, seen) = (forward.clone(), bound.clone());
+    std::thread::spawn(move || forward_refusals(raw, &seen, &knocks));
+    std::thread::spawn(move || forward_queries(&dns, &ns, &forward, &bound));
     Ok(())
+}
+
+/// The synthetic addresses a guest's sandbox listens on, with their ports.
+type Bound =
+    Arc<std::sync::Mutex<std::collections::HashMap<Ipv4Addr, std::collections::HashSet<u16>>>>;
+
+/// A guest's refused connections to synthetic addresses: each is tried again on the host,
+/// where the proxy's own watch logs it (see `Outbound::knock`).
+fn forward_refusals(raw: std::os::fd::OwnedFd, bound: &Bound, forward: &Forward) {
+    use std::io::Read;
+    let mut raw = std::fs::File::from(raw);
+    let mut buf = [0u8; 128];
+    while let Ok(n) = raw.read(&mut buf) {
+        let Some((addr, port)) = kennel_net::dns::syn_destination(&buf[..n]) else {
+            continue;
+        };
+        let listening = lock(bound)
+            .get(&addr)
+            .is_some_and(|ports| ports.contains(&port));
+        if !listening {
+            forward.knock(SocketAddrV4::new(addr, port));
+        }
+    }
+}
+
+/// A poisoned lock still guards sound data here: each critical section leaves it whole.
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Hands each connection `listener` accepts (at `to`) to `forward`, on a thread of its own.
@@ -89,15 +122,14 @@ fn forward_from(listener: TcpListener, to: SocketAddrV4, forward: Forward) {
 
 /// A guest's resolver: each query goes to the host's, and the address its reply gives a name
 /// listens here on the ports it listens on there, before the reply reaches the code.
-fn forward_queries(dns: &UdpSocket, ns: &std::fs::File, forward: &Forward) {
-    use std::collections::{HashMap, HashSet};
-    let mut bound: HashMap<Ipv4Addr, HashSet<u16>> = HashMap::new();
+fn forward_queries(dns: &UdpSocket, ns: &std::fs::File, forward: &Forward, bound: &Bound) {
     let mut buf = vec![0u8; 4096];
     while let Ok((n, from)) = dns.recv_from(&mut buf) {
         let Some(answer) = forward.resolve(&buf[..n]) else {
             continue;
         };
         if let Some((addr, ports)) = answer.given {
+            let mut bound = lock(bound);
             let have = bound.entry(addr).or_default();
             for port in ports {
                 if have.contains(&port) {

@@ -156,6 +156,13 @@ pub enum Msg {
     Dialer {
         tid: i32,
     },
+    /// From a guest (to its relay): the code's connection to synthetic address `to`, `port`,
+    /// was refused in the guest (nothing listens there); the relay tries it on the host, whose
+    /// proxy logs the refusal.
+    Knock {
+        to: std::net::Ipv4Addr,
+        port: u16,
+    },
     /// From a guest (to its relay): a DNS query the code sent its resolver, as the blob.
     DnsQuery {
         id: u32,

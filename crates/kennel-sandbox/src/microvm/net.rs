@@ -307,6 +307,16 @@ impl Outbound for Arc<Links> {
         self.outbound(stream, to.port(), synthetic);
     }
 
+    fn knock(&self, to: SocketAddrV4) {
+        let _ = self.send(
+            &Msg::Knock {
+                to: *to.ip(),
+                port: to.port(),
+            },
+            &[],
+        );
+    }
+
     fn resolve(&self, query: &[u8]) -> Option<Resolved> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel();
@@ -339,6 +349,7 @@ pub struct Connector {
 enum Ask {
     Connect(SocketAddrV4, mpsc::Sender<io::Result<TcpStream>>),
     Resolve(Vec<u8>, mpsc::Sender<io::Result<Resolved>>),
+    Knock(SocketAddrV4),
 }
 
 impl Connector {
@@ -363,6 +374,7 @@ impl Connector {
                     Ask::Resolve(query, reply) => {
                         let _ = reply.send(ask_resolver(&query));
                     }
+                    Ask::Knock(to) => knock(to),
                 }
             }
         });
@@ -401,6 +413,18 @@ impl Connector {
         answer.recv().map_err(|_| ended())?
     }
 
+    /// Tries a connection the guest refused at synthetic address `to`, so that the proxy's
+    /// watch logs it; a port the proxy listens on is left alone (no connection is made).
+    pub fn knock(&self, to: SocketAddrV4) -> io::Result<()> {
+        if !kennel_net::dns::is_synthetic(*to.ip()) {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("{to} is not a synthetic address"),
+            ));
+        }
+        self.send(Ask::Knock(to))
+    }
+
     fn send(&self, ask: Ask) -> io::Result<()> {
         self.ask.send(ask).map_err(|_| ended())
     }
@@ -408,6 +432,15 @@ impl Connector {
 
 fn ended() -> io::Error {
     io::Error::other("the connector thread ended")
+}
+
+/// In the connector's namespace: a connection to `to` unless the proxy listens there, which
+/// the kernel refuses and the proxy's watch logs.
+fn knock(to: SocketAddrV4) {
+    let table = std::fs::read_to_string("/proc/thread-self/net/tcp").unwrap_or_default();
+    if !listening_ports(&table, *to.ip()).contains(&to.port()) {
+        let _ = TcpStream::connect_timeout(&to.into(), DNS_WAIT);
+    }
 }
 
 /// Asks the proxy's resolver, from the connector's namespace: its reply, and the ports the

@@ -675,14 +675,22 @@ fn pass_frames(
                 forward(ctl, &msg, &[])?
             }
             Msg::Collected(_) => forward(ctl, &msg, &blob)?,
-            Msg::Conn { id, .. } if id & channel::DIALLED != 0 => return Err(Fail::new(format!(
+            Msg::Conn { id, .. } if id & channel::DIALLED != 0 => {
+                return Err(Fail::new(format!(
                 "the guest broke protocol: it opened connection {id:#x}, an id only the host opens"
-            ))),
+            )))
+            }
             Msg::Conn { id, port, to } => route.open(id, port, to)?,
             Msg::Dialed { id, refused, error } => {
                 route.links.dialled(id, refused, error.as_deref())
             }
             Msg::DnsQuery { id } => route.resolve(id, &blob)?,
+            Msg::Knock { to, port } => {
+                let knocked = route
+                    .connector()?
+                    .knock(std::net::SocketAddrV4::new(to, port));
+                knocked.map_err(|e| Fail::new(format!("the guest broke protocol: {e}")))?
+            }
             Msg::ConnData { id } => route.links.deliver(id, &blob),
             Msg::ConnClose { id } => route.links.close(id),
             Msg::Done => {

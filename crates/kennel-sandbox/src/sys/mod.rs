@@ -23,6 +23,7 @@ use rustix::process::{Pid, Signal};
 mod notify;
 mod ret;
 mod spawn;
+mod syn_watch;
 mod volume;
 mod wait;
 pub use notify::{
@@ -30,6 +31,7 @@ pub use notify::{
     recv_with_fds, wait_notice, Notice, Ready,
 };
 pub use spawn::{spawn, Spawned, CTL_FD};
+pub use syn_watch::syn_watch_socket;
 pub use volume::{attach_mount, mount_volume_detached};
 pub use wait::{kill, wait4, Exit};
 

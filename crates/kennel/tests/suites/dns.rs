@@ -182,6 +182,15 @@ fn direct(host: &str, port: u16) -> Value {
     })
 }
 
+/// The log entry of a connection the kernel refused at a synthetic address (`host` is the
+/// name it stands for, or the address itself), which the proxy's watch saw.
+fn refused(host: &str, port: u16, reason: &str) -> Value {
+    json!({
+        "host": host, "port": port, "protocol": "direct", "decision": "denied",
+        "reason": reason, "address": null,
+    })
+}
+
 /// The log's entries without their byte counts, in a stable order (an entry is written when
 /// its connection ends, so the log's own order is that of the ends).
 fn log_of(entries: &[Value]) -> Vec<Value> {
@@ -297,7 +306,8 @@ fn the_resolver_answers_allowed_names_and_nxdomain_for_the_rest() {
 
 /// A synthetic address listens only on the ports its name's rules allow: another port of the
 /// allowed name is refused by the sandbox's kernel (ECONNREFUSED), though the host's server on
-/// that port accepts (the control). No listener sees it, so nothing is logged.
+/// that port accepts (the control). The proxy's watch of the synthetic range sees the attempt
+/// and logs it denied, with the reason.
 #[test]
 fn another_port_of_an_allowed_name_is_refused() {
     if !ready() {
@@ -309,7 +319,8 @@ fn another_port_of_an_allowed_name_is_refused() {
     let code = format!("print(errno_of(socket.create_connection, ('app.test', {other}), 5))\n");
     let (out, r) = py_bare(&[("app.test", p)], &[], &code);
     assert_eq!(out, "ECONNREFUSED\n");
-    assert_log(&r, &[]);
+    let why = format!("port {other} is not allowed for app.test");
+    assert_log(&r, &[refused("app.test", other, &why)]);
 }
 
 /// TLS's server name must still match the name: a handshake to `secure.test`'s synthetic
@@ -369,7 +380,8 @@ fn logs_of(execs: &[&Value]) -> Vec<Value> {
 /// A synthetic address is one sandbox's own: while a session holds `a.test` at 198.18.0.1 (an
 /// open connection there, and new ones work), a run whose allowlist names only `b.test` cannot
 /// resolve `a.test` and finds nothing at 198.18.0.1 on the same port (ECONNREFUSED: it has
-/// not given that address out, and the session's listener is in another namespace). Once it
+/// not given that address out, and the session's listener is in another namespace; its proxy
+/// logs the attempt at an address that stands for no name). Once it
 /// resolves `b.test`, 198.18.0.1 is `b.test` there: the same address, another name. The
 /// session's open connection then still carries its request, to `a.test`.
 #[test]
@@ -409,7 +421,8 @@ fn a_synthetic_address_of_another_sandbox_reaches_nothing() {
         out,
         "EAI_NONAME\nECONNREFUSED\n['198.18.0.1']\nHTTP/1.0 200 OK 'b.test'\n"
     );
-    assert_log(&other, &[direct("b.test", p)]);
+    let why = "198.18.0.1 is no allowed name's address now";
+    assert_log(&other, &[refused("198.18.0.1", p, why), direct("b.test", p)]);
 
     let used = server.client.exec(
         &id,
