@@ -59,6 +59,12 @@ pub trait Api: Send + Sync + std::fmt::Debug {
         id: &str,
         spec: SnapshotSpec,
     ) -> Result<SnapshotInfo, ApiError>;
+    /// Changes a live session's network (its allowlist, or none): the session's info.
+    async fn update_network(
+        &self,
+        id: &str,
+        network: kennel_types::policy::Network,
+    ) -> Result<SessionInfo, ApiError>;
     /// Opens a port of a session to previews: its URL and token.
     async fn open_port(&self, id: &str, spec: PortSpec) -> Result<PortInfo, ApiError>;
     /// Makes `spec.count` sessions at once (from `spec.from_snapshot`: a fork): all of them,

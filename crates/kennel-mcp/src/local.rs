@@ -174,6 +174,18 @@ impl Api for Local {
         }
     }
 
+    async fn update_network(
+        &self,
+        id: &str,
+        network: kennel_types::policy::Network,
+    ) -> Result<SessionInfo, ApiError> {
+        let id = id.to_string();
+        match self.ask(Action::UpdateNetwork { id, network }).await? {
+            Reply::Session(info) => Ok(info),
+            other => Err(unexpected(other)),
+        }
+    }
+
     async fn open_port(&self, id: &str, spec: PortSpec) -> Result<PortInfo, ApiError> {
         let id = id.to_string();
         // In this process there is no address the caller reached: the URL is the path form's

@@ -453,6 +453,15 @@ impl Api for Remote {
         self.call_json(Method::POST, &path, &spec).await
     }
 
+    async fn update_network(
+        &self,
+        id: &str,
+        network: kennel_types::policy::Network,
+    ) -> Result<SessionInfo, ApiError> {
+        let path = format!("{}/network", session_url(id));
+        self.call_json(Method::PATCH, &path, &network).await
+    }
+
     async fn open_port(&self, id: &str, spec: PortSpec) -> Result<PortInfo, ApiError> {
         let path = format!("{}/ports", session_url(id));
         self.call_json(Method::POST, &path, &spec).await

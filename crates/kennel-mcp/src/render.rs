@@ -388,6 +388,17 @@ pub fn paused(id: &str, p: &kennel_types::pause::Paused) -> String {
 }
 
 /// A snapshot, in words: its id, what it holds, and what each fork of it gets afresh.
+/// A session's network as it is now, in one line.
+pub fn network_line(info: &kennel_types::api::SessionInfo) -> String {
+    use kennel_types::policy::NetMode;
+    match &info.network {
+        Some(n) if n.mode == NetMode::Allow && n.allow.is_empty() => "allow (nothing)".into(),
+        Some(n) if n.mode == NetMode::Allow => format!("allow {}", n.allow.join(", ")),
+        Some(n) if n.mode == NetMode::Full => "full (the host's network)".into(),
+        _ => "none".into(),
+    }
+}
+
 pub fn port(p: &kennel_types::ports::PortInfo) -> String {
     format!(
         "url: {}\nport {} of the session is open to previews until {} ms after the Unix epoch: \

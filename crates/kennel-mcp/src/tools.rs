@@ -161,6 +161,10 @@ pub struct CreateSessionArgs {
     /// Your volumes to mount for the session's life, as for run_code.
     #[serde(default)]
     pub volumes: Vec<VolumeMount>,
+    /// The session's network: none by default; {"mode": "allow", "allow": ["pypi.org"]} for
+    /// only those names. update_network changes it while the session runs.
+    #[serde(default)]
+    pub network: NetworkArgs,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -224,6 +228,44 @@ pub struct OpenPortArgs {
     pub port: u16,
     /// How long the URL works, such as "1h" (default and maximum: the server's).
     pub expires_in: Option<String>,
+}
+
+/// A session's network, as create_session and update_network take it.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkArgs {
+    /// "none" (no network: the default) or "allow" (only the names in `allow`, through
+    /// Kennel's proxy, for programs that ignore proxy variables too).
+    pub mode: Option<String>,
+    /// The names the code may reach, such as "pypi.org" or "*.example.com:443" (ports 443
+    /// and 80 unless given).
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// NAME:IP pins for names the server's resolver should not look up (they may name private
+    /// addresses).
+    #[serde(default)]
+    pub resolve: Vec<String>,
+}
+
+impl NetworkArgs {
+    /// The API's network, or the tool's error naming the mode's choices.
+    fn read(self) -> Result<kennel_types::policy::Network, CallToolResult> {
+        let mode = choice("network.mode", &self.mode)?.unwrap_or_default();
+        Ok(kennel_types::policy::Network {
+            mode,
+            allow: self.allow,
+            resolve: self.resolve,
+        })
+    }
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateNetworkArgs {
+    /// The id that create_session returned.
+    pub session_id: String,
+    /// The session's network from now on.
+    pub network: NetworkArgs,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -545,7 +587,9 @@ fn session_spec(a: CreateSessionArgs) -> Result<SessionSpec, CallToolResult> {
     let timeout = span("timeout", &a.timeout)?;
     let idle_ttl = span("idle_ttl", &a.idle_ttl)?;
     let placed = a.placement.read()?;
+    let network = a.network.read()?;
     Ok(SessionSpec {
+        network,
         limits: LimitsSpec {
             timeout,
             ..LimitsSpec::default()
@@ -893,6 +937,40 @@ ttl runs out.",
             ),
             Err(e) => failure(&e),
         })
+    }
+
+    #[tool(
+        description = "Change a live session's network at once: {\"mode\": \"allow\", \"allow\": [...]} for only those names (such as opening pypi.org for a pip install), or {\"mode\": \"none\"} to close it (install, then lock). New connections follow the new rules at once, and open ones to a name no longer allowed are closed. A session made with no network cannot be given one (create it with network allow and an empty list instead).",
+        annotations(idempotent_hint = true, open_world_hint = false),
+        output_schema = schemas::session()
+    )]
+    async fn update_network(
+        &self,
+        params: Parameters<UpdateNetworkArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let this = self.for_caller(&ctx);
+        let a = params.0;
+        let network = match a.network.read() {
+            Ok(n) => n,
+            Err(e) => return Ok(e),
+        };
+        Ok(
+            match this.api.update_network(&a.session_id, network).await {
+                Ok(info) => {
+                    let text = format!(
+                        "session {} network now: {}",
+                        info.id,
+                        render::network_line(&info)
+                    );
+                    let mut data =
+                        render::structured(serde_json::to_value(&info).unwrap_or_default());
+                    data["session_id"] = json!(info.id);
+                    result(text, data, false)
+                }
+                Err(e) => failure(&e),
+            },
+        )
     }
 
     #[tool(
@@ -1462,6 +1540,7 @@ mod tests {
             "snapshot_session",
             "fork_session",
             "open_port",
+            "update_network",
             "write_file",
             "read_file",
             "list_files",

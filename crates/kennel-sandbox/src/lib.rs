@@ -18,6 +18,7 @@
 //! ```
 
 mod beneath;
+mod bpf;
 mod cgroup;
 mod channel;
 mod doctor;

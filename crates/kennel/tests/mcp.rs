@@ -1030,3 +1030,77 @@ fn open_port_forwarded_to_kennel_serve() {
     let server = Server::start_with("mcp-ports", "[pool]\npython = 0\nbash = 0\n", &[], None);
     open_port_through(Mcp::start(&["--server", &server.client.base]));
 }
+
+/// create_session takes a network, and update_network changes it while the session runs: an
+/// allowlist narrowed, then closed (`none`); `full` is the tool's error, and an unknown mode
+/// the tool's own argument error, naming the field.
+fn update_network_through(mut mcp: Mcp) {
+    let created = mcp.call_tool(
+        "create_session",
+        json!({"network": {"mode": "allow", "allow": ["pypi.org", "files.pythonhosted.org"]}}),
+    );
+    let sid = created["structuredContent"]["session_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{created}"))
+        .to_string();
+    let narrowed = mcp.call_tool(
+        "update_network",
+        json!({"session_id": sid, "network": {"mode": "allow", "allow": ["pypi.org"]}}),
+    );
+    let n = &narrowed["structuredContent"];
+    assert_eq!(n["network"]["allow"], json!(["pypi.org"]), "{narrowed}");
+    assert_eq!(n["network_changes"], 1, "{narrowed}");
+    let text = narrowed["content"][0]["text"].as_str().unwrap();
+    assert_eq!(text, format!("session {sid} network now: allow pypi.org"));
+    let closed = mcp.call_tool(
+        "update_network",
+        json!({"session_id": sid, "network": {"mode": "none"}}),
+    );
+    assert_eq!(
+        closed["structuredContent"]["network"]["mode"], "none",
+        "{closed}"
+    );
+    assert_eq!(
+        closed["structuredContent"]["network_changes"], 2,
+        "{closed}"
+    );
+    let full = mcp.call_tool(
+        "update_network",
+        json!({"session_id": sid, "network": {"mode": "full"}}),
+    );
+    assert_eq!(full["isError"], true, "{full}");
+    let bad = mcp.call_tool(
+        "update_network",
+        json!({"session_id": sid, "network": {"mode": "some"}}),
+    );
+    assert_eq!(bad["isError"], true, "{bad}");
+    let said = bad["content"][0]["text"].as_str().unwrap();
+    assert!(
+        said.starts_with("invalid arguments: `network.mode`: "),
+        "{said}"
+    );
+    mcp.call_tool("close_session", json!({"session_id": sid}));
+}
+
+#[test]
+fn update_network_in_process() {
+    if !common::require(
+        "root (a session with network allow binds its proxy)",
+        common::is_root(),
+    ) {
+        return;
+    }
+    update_network_through(Mcp::start(&[]));
+}
+
+#[test]
+fn update_network_forwarded_to_kennel_serve() {
+    if !common::require(
+        "root (a session with network allow binds its proxy)",
+        common::is_root(),
+    ) {
+        return;
+    }
+    let server = Server::start_with("mcp-network", "[pool]\npython = 0\nbash = 0\n", &[], None);
+    update_network_through(Mcp::start(&["--server", &server.client.base]));
+}

@@ -20,6 +20,7 @@
     clippy::cast_possible_wrap
 )]
 
+use crate::bpf::{jump, stmt};
 use libc::sock_filter;
 
 pub const DENIED_ERRNO: i32 = libc::ENOSYS;
@@ -409,19 +410,6 @@ const OFFSET_ARCH: u32 = 4;
 const OFFSET_ARGS: u32 = 16;
 /// The kernel's limit on a classic BPF program (linux/bpf_common.h).
 const BPF_MAXINSNS: usize = 4096;
-
-const fn stmt(code: u16, k: u32) -> sock_filter {
-    sock_filter {
-        code,
-        jt: 0,
-        jf: 0,
-        k,
-    }
-}
-
-const fn jump(code: u16, k: u32, jt: u8, jf: u8) -> sock_filter {
-    sock_filter { code, jt, jf, k }
-}
 
 const fn deny(errno: i32) -> sock_filter {
     stmt(BPF_RET_K, SECCOMP_RET_ERRNO | (errno as u32 & 0xffff))

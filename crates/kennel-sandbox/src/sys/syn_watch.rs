@@ -10,18 +10,7 @@ use libc::sock_filter;
 
 use super::ret::check;
 
-const fn stmt(code: u16, k: u32) -> sock_filter {
-    sock_filter {
-        code,
-        jt: 0,
-        jf: 0,
-        k,
-    }
-}
-
-const fn jump(code: u16, k: u32, jt: u8, jf: u8) -> sock_filter {
-    sock_filter { code, jt, jf, k }
-}
+use crate::bpf::{jump, stmt};
 
 /// Bytes of each packet kept: the IP header (with options) and the TCP ports.
 const SNAP: u32 = 128;
