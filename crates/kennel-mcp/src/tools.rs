@@ -1433,6 +1433,7 @@ mod tests {
                     "metadata",
                     "get_or_create",
                     "volumes",
+                    "network",
                 ][..],
                 &[][..],
             ),
