@@ -14,9 +14,13 @@ pub mod dns;
 mod first;
 mod http_head;
 mod http_proxy;
+pub mod intercept;
 pub mod proxy;
 mod refused;
 mod socks;
 pub mod tls;
 
+pub use intercept::{
+    InterceptError, Interceptor, Roots, Secret, SecretEvent, SecretEventKind, SecretValue,
+};
 pub use proxy::{proxy_env, LivePolicy, Proxy, HTTP_PORT, SOCKS_PORT};
