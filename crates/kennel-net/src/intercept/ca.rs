@@ -54,10 +54,7 @@ impl Ca {
     /// A leaf for `host` signed by this CA: its certificate and its key. (The name constraints
     /// make one for a host outside them worthless; the caller makes them only for covered
     /// hosts anyway.)
-    pub(crate) fn leaf(
-        &self,
-        host: &str,
-    ) -> Result<(CertificateDer<'static>, KeyPair), InterceptError> {
+    pub(crate) fn leaf(&self, host: &str) -> Result<(rcgen::Certificate, KeyPair), InterceptError> {
         let mut params = CertificateParams::new(vec![host.to_string()])?;
         params.distinguished_name.push(DnType::CommonName, host);
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
@@ -66,7 +63,7 @@ impl Ca {
         validity(&mut params);
         let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
         let cert = params.signed_by(&key, &self.issuer)?;
-        Ok((cert.der().clone(), key))
+        Ok((cert, key))
     }
 
     /// A TLS server configuration presenting `host`'s leaf (and the CA), offering ALPN
@@ -78,7 +75,7 @@ impl Ca {
         let mut config = ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()?
             .with_no_client_auth()
-            .with_single_cert(vec![leaf, self.cert.clone()], key)?;
+            .with_single_cert(vec![leaf.der().clone(), self.cert.clone()], key)?;
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(Arc::new(config))
     }
