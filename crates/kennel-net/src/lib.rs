@@ -5,6 +5,8 @@
 //! applies are `kennel_types::net`'s; the sandbox crate binds its listeners in the namespace.
 //! `proxy` accepts, `http_proxy` and `socks` read their protocols' requests, and `conn` is the
 //! one path every connection then takes (decide, check the first message, dial, splice, log).
+//! `intercept` terminates TLS to the hosts of a sandbox's secrets, to put their values in
+//! place of placeholders (issue 34); every other connection stays a plain tunnel.
 
 #![forbid(unsafe_code)]
 

@@ -81,7 +81,8 @@ impl LivePolicy {
     }
 
     /// The secrets' injections (an audit line each) and misuses (a security event each) since
-    /// the last call, oldest first. None holds a value.
+    /// the last call, oldest first; a connection's are added as it ends, so after
+    /// [`Proxy::stop`] (a handle taken before still answers) none is missed. None holds a value.
     pub fn take_secret_events(&self) -> Vec<SecretEvent> {
         self.0.take_secret_events()
     }

@@ -166,6 +166,11 @@ fn connect(
         "{}",
         String::from_utf8_lossy(&answer)
     );
+    tls_over(s, host, ca)
+}
+
+/// TLS to `host` over `s`, trusting `ca` (PEM), offering h2 too as browsers and curl do.
+fn tls_over(s: TcpStream, host: &str, ca: &str) -> StreamOwned<ClientConnection, TcpStream> {
     let mut roots = RootCertStore::empty();
     for c in CertificateDer::pem_slice_iter(ca.as_bytes()) {
         roots.add(c.unwrap()).unwrap();
@@ -221,9 +226,11 @@ fn the_upstream_receives_the_value_on_every_kept_alive_request() {
         post.replace(PLACEHOLDER, VALUE)
     );
     assert_eq!(String::from_utf8_lossy(&got.lock().unwrap()), expect);
-    let events = proxy.live().take_secret_events();
-    let shown = format!("{events:?} {proxy:?}");
+    // Events are recorded as the connection ends: read them once the proxy has stopped.
+    let (live, shown) = (proxy.live(), format!("{proxy:?}"));
     let log = proxy.stop();
+    let events = live.take_secret_events();
+    let shown = format!("{events:?} {shown}");
     assert_eq!(log.len(), 1, "{log:?}");
     let ev = &log[0];
     assert_eq!(
@@ -278,8 +285,9 @@ fn a_placeholder_goes_unreplaced_elsewhere_and_over_plain_http() {
         let got = String::from_utf8_lossy(&got.lock().unwrap()).into_owned();
         assert!(got.contains(&format!("Bearer {PLACEHOLDER}")), "{got}");
     }
-    let events = proxy.live().take_secret_events();
+    let live = proxy.live();
     let log = proxy.stop();
+    let events = live.take_secret_events();
     assert_eq!(events.len(), 1, "{events:?}");
     let e = &events[0];
     assert_eq!(e.kind, SecretEventKind::Misused);
@@ -319,5 +327,40 @@ fn an_upstream_with_a_certificate_not_in_the_roots_is_refused() {
             .reason
             .starts_with("upstream TLS refused: invalid peer certificate"),
         "{log:?}"
+    );
+}
+
+#[test]
+fn a_direct_connection_to_a_secrets_host_is_intercepted_too() {
+    let test_ca = TestCa::new();
+    let (port, got) = upstream(Some(test_ca.server("api.test")));
+    let mut roots = Roots::none();
+    roots
+        .add_pem(test_ca.0.pem().as_bytes(), "the test CA")
+        .unwrap();
+    let rule = vec![format!("api.test:{port}")];
+    let (proxy, _at, ca) = proxy(&rule, &rule, roots);
+    // As the sandbox's resolver would: a synthetic address whose connections are the proxy's.
+    let synthetic = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = synthetic.local_addr().unwrap();
+    let _ = proxy
+        .live()
+        .serve_direct(synthetic, "api.test".into(), port);
+    let s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut tls = tls_over(s, "api.test", &ca);
+    let get = format!("GET / HTTP/1.1\r\nHost: api.test\r\nX-Key: {PLACEHOLDER}\r\n\r\n");
+    tls.write_all(get.as_bytes()).unwrap();
+    assert!(read_message(&mut tls).ends_with(b"ok"));
+    drop(tls);
+    std::thread::sleep(Duration::from_millis(200));
+    let got = String::from_utf8_lossy(&got.lock().unwrap()).into_owned();
+    assert_eq!(got, get.replace(PLACEHOLDER, VALUE));
+    let log = proxy.stop();
+    assert_eq!(log.len(), 1, "{log:?}");
+    assert_eq!(log[0].protocol, "direct");
+    assert_eq!(
+        log[0].reason,
+        "on the allowlist; intercepted to inject secrets"
     );
 }
