@@ -19,6 +19,9 @@ use rustls::{
 const VALUE: &str = "sk-live-REAL-VALUE-42";
 const PLACEHOLDER: &str = "KENNEL_PLACEHOLDER_abc123";
 
+/// The size of `/big`'s response: many times the proxy's buffers.
+const BIG: usize = 8 << 20;
+
 type Received = Arc<Mutex<Vec<u8>>>;
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
@@ -92,6 +95,11 @@ fn answer(mut s: impl Read + Write, got: &Received) {
             return;
         }
         got.lock().unwrap().extend_from_slice(&req);
+        if req.starts_with(b"GET /big ") {
+            let _ = write!(s, "HTTP/1.1 200 OK\r\nContent-Length: {BIG}\r\n\r\n");
+            let _ = s.write_all(&vec![b'x'; BIG]);
+            continue;
+        }
         let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
     }
 }
@@ -363,4 +371,30 @@ fn a_direct_connection_to_a_secrets_host_is_intercepted_too() {
         log[0].reason,
         "on the allowlist; intercepted to inject secrets"
     );
+}
+
+#[test]
+fn a_large_response_and_the_next_request_cross_intact() {
+    let test_ca = TestCa::new();
+    let (port, _got) = upstream(Some(test_ca.server("api.test")));
+    let mut roots = Roots::none();
+    roots
+        .add_pem(test_ca.0.pem().as_bytes(), "the test CA")
+        .unwrap();
+    let rule = vec![format!("api.test:{port}")];
+    let (proxy, at, ca) = proxy(&rule, &rule, roots);
+    let mut tls = connect(at, "api.test", port, &ca);
+    tls.write_all(b"GET /big HTTP/1.1\r\nHost: api.test\r\n\r\n")
+        .unwrap();
+    // Read slowly at first, so that the proxy's buffers fill and it stops reading upstream.
+    std::thread::sleep(Duration::from_millis(300));
+    let big = read_message(&mut tls);
+    assert!(big.ends_with(&vec![b'x'; BIG]), "{} bytes", big.len());
+    tls.write_all(b"GET / HTTP/1.1\r\nHost: api.test\r\n\r\n")
+        .unwrap();
+    assert!(read_message(&mut tls).ends_with(b"ok"));
+    drop(tls);
+    let log = proxy.stop();
+    assert_eq!(log.len(), 1, "{log:?}");
+    assert!(log[0].bytes_down > BIG as u64, "{log:?}");
 }

@@ -70,8 +70,9 @@ struct Side {
     pending: Vec<u8>,
     /// Its peer has sent all it will (close_notify, EOF or an error).
     eof: bool,
-    /// The proxy has sent it close_notify and shut the socket's write half.
+    /// The proxy has queued close_notify for it, and then shut the socket's write half.
     closed: bool,
+    shut: bool,
 }
 
 impl Side {
@@ -82,6 +83,7 @@ impl Side {
             pending: vec![],
             eof: false,
             closed: false,
+            shut: false,
         }
     }
 
@@ -117,42 +119,52 @@ impl Side {
             let _ = self.tls.write_tls(&mut self.sock);
             return Err(e.to_string());
         }
+        self.plaintext(out);
+        Ok(())
+    }
+
+    /// Appends the plaintext TLS has decrypted already to `out`. (The handshake may have read
+    /// the first request with the peer's Finished: the socket will not say so again.)
+    fn plaintext(&mut self, out: &mut Vec<u8>) {
         let mut buf = [0u8; 16 << 10];
         loop {
             match self.tls.reader().read(&mut buf) {
                 Ok(0) => {
                     self.eof = true;
-                    return Ok(());
+                    return;
                 }
                 Ok(n) => out.extend_from_slice(&buf[..n]),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 // A peer gone without close_notify: what it sent before stands.
                 Err(_) => {
                     self.eof = true;
-                    return Ok(());
+                    return;
                 }
             }
         }
     }
 
-    /// Hands pending plaintext to TLS and writes what TLS has, as far as the socket takes.
+    /// Hands pending plaintext to TLS and writes what TLS has, over and again, until all is
+    /// out or the socket takes no more (TLS takes only so much plaintext at a time).
     fn flush(&mut self) -> Result<(), String> {
-        while !self.pending.is_empty() {
-            match self.tls.writer().write(&self.pending) {
-                Ok(0) => break,
-                Ok(n) => drop(self.pending.drain(..n)),
-                Err(e) => return Err(e.to_string()),
+        loop {
+            while !self.pending.is_empty() {
+                match self.tls.writer().write(&self.pending) {
+                    Ok(0) => break,
+                    Ok(n) => drop(self.pending.drain(..n)),
+                    Err(e) => return Err(e.to_string()),
+                }
             }
-        }
-        while self.tls.wants_write() {
+            if !self.tls.wants_write() {
+                return Ok(());
+            }
             match self.tls.write_tls(&mut self.sock) {
                 Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e.to_string()),
             }
         }
-        Ok(())
     }
 
     /// Ends the stream toward this side once `from` is done and all of it has gone out.
@@ -161,8 +173,9 @@ impl Side {
             self.tls.send_close_notify();
             self.closed = true;
         }
-        if self.closed && !self.tls.wants_write() {
+        if self.closed && !self.shut && !self.tls.wants_write() {
             let _ = self.sock.shutdown(Shutdown::Write);
+            self.shut = true;
         }
     }
 
@@ -171,60 +184,96 @@ impl Side {
         if !self.eof && other.pending.len() < PENDING_LIMIT {
             f |= PollFlags::IN;
         }
-        if self.tls.wants_write() {
+        if self.tls.wants_write() || !self.pending.is_empty() {
             f |= PollFlags::OUT;
         }
         f
     }
 }
 
+/// Waits until `a` or `b` is ready for what its flags ask (a side with none is not watched);
+/// whether each can be read (or has hung up).
+fn wait(a: &TcpStream, af: PollFlags, b: &TcpStream, bf: PollFlags) -> io::Result<(bool, bool)> {
+    let mut fds = Vec::with_capacity(2);
+    for (s, f) in [(a, af), (b, bf)] {
+        if !f.is_empty() {
+            fds.push(PollFd::new(s, f));
+        }
+    }
+    match poll(&mut fds, None) {
+        Ok(_) | Err(rustix::io::Errno::INTR) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let readable = PollFlags::IN | PollFlags::HUP | PollFlags::ERR;
+    let mut ready = fds.iter().map(|fd| fd.revents().intersects(readable));
+    let a_ready = !af.is_empty() && ready.next().unwrap_or(false);
+    let b_ready = !bf.is_empty() && ready.next().unwrap_or(false);
+    Ok((a_ready, b_ready))
+}
+
 /// Carries both ways until both are done or one fails.
 fn pump(mut down: Side, mut up: Side, mut requests: Requests) -> Carried {
     let mut carried = Carried::default();
     let mut plain = vec![];
-    let ended = loop {
-        if let Err(e) = down.flush().and_then(|()| up.flush()) {
-            break Some(e);
-        }
-        up.close_after(down.eof);
-        down.close_after(up.eof);
-        if let Err(e) = down.flush().and_then(|()| up.flush()) {
-            break Some(e);
-        }
-        let (di, ui) = (down.interest(&up), up.interest(&down));
-        if di.is_empty() && ui.is_empty() {
-            break None;
-        }
-        let mut fds = [PollFd::new(&down.sock, di), PollFd::new(&up.sock, ui)];
-        match poll(&mut fds, None) {
-            Ok(_) | Err(rustix::io::Errno::INTR) => {}
-            Err(e) => break Some(e.to_string()),
-        }
-        let ready =
-            |f: PollFlags| !(f & (PollFlags::IN | PollFlags::HUP | PollFlags::ERR)).is_empty();
-        let (d_ready, u_ready) = (ready(fds[0].revents()), ready(fds[1].revents()));
-        if d_ready && !down.eof {
-            plain.clear();
-            if let Err(e) = down.read(&mut plain) {
-                break Some(e);
-            }
-            carried.up += plain.len() as u64;
-            if let Err(e) = requests.feed(&plain, &mut up.pending) {
-                break Some(e.to_string());
-            }
-        }
-        if u_ready && !up.eof {
-            let before = down.pending.len();
-            if let Err(e) = up.read(&mut down.pending) {
-                break Some(e);
-            }
-            carried.down += (down.pending.len() - before) as u64;
-        }
+    // What the handshakes read already, first.
+    down.plaintext(&mut plain);
+    up.plaintext(&mut down.pending);
+    carried.up = plain.len() as u64;
+    carried.down = down.pending.len() as u64;
+    carried.ended = match requests.feed(&plain, &mut up.pending) {
+        Ok(()) => run(&mut down, &mut up, &mut requests, &mut carried),
+        Err(e) => Some(e.to_string()),
     };
     for s in [&down.sock, &up.sock] {
         let _ = s.shutdown(Shutdown::Both);
     }
     carried.events = std::mem::take(&mut requests.events);
-    carried.ended = ended;
     carried
+}
+
+/// The loop of `pump`: why it ended early, if it did.
+fn run(
+    down: &mut Side,
+    up: &mut Side,
+    requests: &mut Requests,
+    carried: &mut Carried,
+) -> Option<String> {
+    let mut plain = vec![];
+    loop {
+        if let Err(e) = down.flush().and_then(|()| up.flush()) {
+            return Some(e);
+        }
+        up.close_after(down.eof);
+        down.close_after(up.eof);
+        if let Err(e) = down.flush().and_then(|()| up.flush()) {
+            return Some(e);
+        }
+        let (di, ui) = (down.interest(up), up.interest(down));
+        if di.is_empty() && ui.is_empty() {
+            return None;
+        }
+        // A side with nothing to wait for is left out: a closed socket reports HUP whatever
+        // was asked, and would make `poll` return at once, again and again.
+        let (d_ready, u_ready) = match wait(&down.sock, di, &up.sock, ui) {
+            Ok(ready) => ready,
+            Err(e) => return Some(e.to_string()),
+        };
+        if d_ready && !down.eof {
+            plain.clear();
+            if let Err(e) = down.read(&mut plain) {
+                return Some(e);
+            }
+            carried.up += plain.len() as u64;
+            if let Err(e) = requests.feed(&plain, &mut up.pending) {
+                return Some(e.to_string());
+            }
+        }
+        if u_ready && !up.eof {
+            let before = down.pending.len();
+            if let Err(e) = up.read(&mut down.pending) {
+                return Some(e);
+            }
+            carried.down += (down.pending.len() - before) as u64;
+        }
+    }
 }
