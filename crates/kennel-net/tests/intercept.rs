@@ -154,6 +154,35 @@ fn proxy(allow: &[String], secret_hosts: &[String], roots: Roots) -> (Proxy, Soc
     (proxy, at, ca)
 }
 
+/// A proxy intercepting for `api.test`, an HTTPS upstream with a test CA's leaf.
+struct Api {
+    /// The upstream's port, and what it received.
+    port: u16,
+    got: Received,
+    proxy: Proxy,
+    /// The proxy's HTTP listener, and the sandbox CA's PEM.
+    at: SocketAddr,
+    ca: String,
+}
+
+/// [`Api`], the proxy trusting `roots` and the test CA.
+fn api(mut roots: Roots) -> Api {
+    let test_ca = TestCa::new();
+    let (port, got) = upstream(Some(test_ca.server("api.test")));
+    roots
+        .add_pem(test_ca.0.pem().as_bytes(), "the test CA")
+        .unwrap();
+    let rule = vec![format!("api.test:{port}")];
+    let (proxy, at, ca) = proxy(&rule, &rule, roots);
+    Api {
+        port,
+        got,
+        proxy,
+        at,
+        ca,
+    }
+}
+
 /// A TLS stream to `host:port` through the proxy at `at`, trusting `ca` (PEM).
 fn connect(
     at: SocketAddr,
@@ -200,14 +229,14 @@ fn no_value_in(log: &[NetEvent], proxy_debug: &str) {
 
 #[test]
 fn the_upstream_receives_the_value_on_every_kept_alive_request() {
-    let test_ca = TestCa::new();
-    let (port, got) = upstream(Some(test_ca.server("api.test")));
-    let mut roots = Roots::public();
-    roots
-        .add_pem(test_ca.0.pem().as_bytes(), "the test CA")
-        .unwrap();
-    let rule = vec![format!("api.test:{port}")];
-    let (proxy, at, ca) = proxy(&rule, &rule, roots);
+    // The public roots too, as a server's would be: the test CA is one more.
+    let Api {
+        port,
+        got,
+        proxy,
+        at,
+        ca,
+    } = api(Roots::public());
     let mut tls = connect(at, "api.test", port, &ca);
     let get =
         format!("GET / HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer {PLACEHOLDER}\r\n\r\n");
@@ -340,14 +369,13 @@ fn an_upstream_with_a_certificate_not_in_the_roots_is_refused() {
 
 #[test]
 fn a_direct_connection_to_a_secrets_host_is_intercepted_too() {
-    let test_ca = TestCa::new();
-    let (port, got) = upstream(Some(test_ca.server("api.test")));
-    let mut roots = Roots::none();
-    roots
-        .add_pem(test_ca.0.pem().as_bytes(), "the test CA")
-        .unwrap();
-    let rule = vec![format!("api.test:{port}")];
-    let (proxy, _at, ca) = proxy(&rule, &rule, roots);
+    let Api {
+        port,
+        got,
+        proxy,
+        ca,
+        ..
+    } = api(Roots::none());
     // As the sandbox's resolver would: a synthetic address whose connections are the proxy's.
     let synthetic = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = synthetic.local_addr().unwrap();
@@ -375,14 +403,13 @@ fn a_direct_connection_to_a_secrets_host_is_intercepted_too() {
 
 #[test]
 fn a_large_response_and_the_next_request_cross_intact() {
-    let test_ca = TestCa::new();
-    let (port, _got) = upstream(Some(test_ca.server("api.test")));
-    let mut roots = Roots::none();
-    roots
-        .add_pem(test_ca.0.pem().as_bytes(), "the test CA")
-        .unwrap();
-    let rule = vec![format!("api.test:{port}")];
-    let (proxy, at, ca) = proxy(&rule, &rule, roots);
+    let Api {
+        port,
+        proxy,
+        at,
+        ca,
+        ..
+    } = api(Roots::none());
     let mut tls = connect(at, "api.test", port, &ca);
     tls.write_all(b"GET /big HTTP/1.1\r\nHost: api.test\r\n\r\n")
         .unwrap();
