@@ -29,7 +29,8 @@ pub use secrets::{Secret, SecretEvent, SecretEventKind, SecretValue};
 pub(crate) use session::{Carried, SessionError};
 
 /// The interception state of one sandbox: its secrets, its CA and leaves, and the upstream
-/// TLS client. Dropping it drops the CA's key (zeroed by `rcgen`'s `KeyPair`).
+/// TLS client. Dropping it frees the CA's key (which was never written anywhere) and zeroes
+/// the secrets' values; `ring`'s key types do not scrub their memory.
 pub struct Interceptor {
     secrets: secrets::Secrets,
     ca: ca::Ca,
