@@ -7,15 +7,21 @@ use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use kennel_types::net::{forbidden, Allowlist, NetEvent};
 
 use crate::denial::Denial;
 use crate::first::first_message;
+use crate::intercept::{Interceptor, Place, SecretEvent};
+use crate::tls::{parse_client_hello, Hello};
 
 const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an intercepted connection's upstream may take over its TLS handshake.
+const UPSTREAM_HANDSHAKE: Duration = Duration::from_secs(30);
+/// The reason of an intercepted connection's allowed event.
+const INTERCEPTED: &str = "on the allowlist; intercepted to inject secrets";
 
 /// The protocol a connection came in by, as the log names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,6 +67,16 @@ impl Target {
         self.event("denied", why.to_string())
     }
 
+    /// Where the target is, as secret events name it.
+    fn place(&self, intercepted: bool) -> Place {
+        Place {
+            host: normal(&self.host),
+            port: self.port,
+            protocol: self.protocol.name(),
+            intercepted,
+        }
+    }
+
     fn allowed(&self, addr: SocketAddr) -> NetEvent {
         let mut ev = self.event("allowed", "on the allowlist".into());
         ev.address = Some(addr.to_string());
@@ -100,6 +116,10 @@ pub(crate) struct Shared {
     /// whose far side would never close, and a change of rules ends those it no longer allows.
     sockets: Mutex<HashMap<u64, Open>>,
     next_id: AtomicU64,
+    /// The sandbox's secrets and CA, when it has secrets: TLS to their hosts is intercepted.
+    interceptor: RwLock<Option<Arc<Interceptor>>>,
+    /// Injections and misuses of secrets, until the owner takes them.
+    secret_events: Mutex<Vec<SecretEvent>>,
 }
 
 /// One open connection: its sockets, and the host and port it was admitted to, once it was.
@@ -117,7 +137,24 @@ impl Shared {
             open: AtomicUsize::new(0),
             sockets: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
+            interceptor: RwLock::new(None),
+            secret_events: Mutex::new(vec![]),
         }
+    }
+
+    /// Sets (or, with `None`, drops) the sandbox's interception state; connections already
+    /// intercepted keep theirs until they end.
+    pub(crate) fn set_interceptor(&self, i: Option<Interceptor>) {
+        *self.interceptor.write().unwrap_or_else(|p| p.into_inner()) = i.map(Arc::new);
+    }
+
+    fn interceptor(&self) -> Option<Arc<Interceptor>> {
+        let i = self.interceptor.read().unwrap_or_else(|p| p.into_inner());
+        i.clone()
+    }
+
+    pub(crate) fn take_secret_events(&self) -> Vec<SecretEvent> {
+        std::mem::take(&mut *lock(&self.secret_events))
     }
 
     /// Counts a new connection unless `max` are open already.
@@ -302,12 +339,69 @@ impl<'a> Conn<'a> {
                 return target.denied(why);
             }
         };
+        if let Some(icpt) = self.shared.interceptor() {
+            let tls = matches!(parse_client_hello(&first), Hello::ClientHello(_));
+            if tls && icpt.covers(&normal(&target.host), target.port) {
+                return self.intercept(client, target, addr, &first, &icpt);
+            }
+            if !tls {
+                self.plaintext(&first, target);
+            }
+        }
         match self.dial(addr) {
             Ok(upstream) => relay(client, upstream, target, addr, &first),
             Err(why) => {
                 let _ = client.shutdown(Shutdown::Both);
                 target.denied(why)
             }
+        }
+    }
+
+    /// A TLS tunnel to a secret's host: dialled at the admitted address, TLS terminated with
+    /// the host's leaf and the requests rewritten (`intercept`). One event, saying so.
+    fn intercept(
+        &self,
+        client: TcpStream,
+        target: &Target,
+        addr: SocketAddr,
+        first: &[u8],
+        icpt: &Interceptor,
+    ) -> NetEvent {
+        let upstream = match self.dial(addr) {
+            Ok(upstream) => upstream,
+            Err(why) => {
+                let _ = client.shutdown(Shutdown::Both);
+                return target.denied(why);
+            }
+        };
+        let _ = upstream.set_read_timeout(Some(UPSTREAM_HANDSHAKE));
+        let to = target.place(true);
+        match icpt.carry(client, upstream, first, to) {
+            Ok(carried) => {
+                self.record(carried.events);
+                let mut ev = target.allowed(addr);
+                ev.reason = match carried.ended {
+                    Some(why) => format!("{INTERCEPTED}; ended: {why}"),
+                    None => INTERCEPTED.into(),
+                };
+                (ev.bytes_up, ev.bytes_down) = (carried.up, carried.down);
+                ev
+            }
+            Err(why) => target.denied(Denial::Intercept(why)),
+        }
+    }
+
+    /// Reports the placeholders in `bytes`, plaintext going to `target` that is never
+    /// rewritten (plain HTTP, or a tunnel's first message that is not TLS).
+    pub(crate) fn plaintext(&self, bytes: &[u8], target: &Target) {
+        if let Some(icpt) = self.shared.interceptor() {
+            self.record(icpt.misuses(bytes, &target.place(false)));
+        }
+    }
+
+    fn record(&self, events: Vec<SecretEvent>) {
+        if !events.is_empty() {
+            lock(&self.shared.secret_events).extend(events);
         }
     }
 

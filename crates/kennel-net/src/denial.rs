@@ -3,6 +3,8 @@
 
 use std::net::{IpAddr, SocketAddr};
 
+use crate::intercept::SessionError;
+
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum Denial {
     // The request itself.
@@ -72,4 +74,7 @@ pub(crate) enum Denial {
     ClientGone,
     #[error("connect to {addr} failed: {error}")]
     Dial { addr: SocketAddr, error: String },
+    /// An intercepted connection that could not be set up (a bad upstream certificate).
+    #[error(transparent)]
+    Intercept(#[from] SessionError),
 }

@@ -104,6 +104,8 @@ fn plain(mut client: TcpStream, conn: &Conn, head: &Head, rest: Vec<u8>) -> NetE
     };
     let mut first = head.to_origin(if path.is_empty() { "/" } else { path });
     first.extend_from_slice(&rest);
+    // Never rewritten, even to a secret's host; a placeholder in it is reported.
+    conn.plaintext(&first, &target);
     relay(client, upstream, &target, addr, &first)
 }
 

@@ -5,6 +5,8 @@
 //! applies are `kennel_types::net`'s; the sandbox crate binds its listeners in the namespace.
 //! `proxy` accepts, `http_proxy` and `socks` read their protocols' requests, and `conn` is the
 //! one path every connection then takes (decide, check the first message, dial, splice, log).
+//! `intercept` terminates TLS to the hosts of a sandbox's secrets, to put their values in
+//! place of placeholders (issue 34); every other connection stays a plain tunnel.
 
 #![forbid(unsafe_code)]
 
@@ -14,9 +16,13 @@ pub mod dns;
 mod first;
 mod http_head;
 mod http_proxy;
+pub mod intercept;
 pub mod proxy;
 mod refused;
 mod socks;
 pub mod tls;
 
+pub use intercept::{
+    InterceptError, Interceptor, Roots, Secret, SecretEvent, SecretEventKind, SecretValue,
+};
 pub use proxy::{proxy_env, LivePolicy, Proxy, HTTP_PORT, SOCKS_PORT};

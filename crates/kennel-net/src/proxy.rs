@@ -15,6 +15,7 @@ use kennel_types::net::{Allowlist, NetEvent};
 use crate::conn::{serve_direct, Conn, Shared};
 use crate::dns::{self, Answer, Bind, Names, Resolver, Served};
 use crate::http_proxy::serve_http;
+use crate::intercept::{Interceptor, SecretEvent};
 use crate::socks::serve_socks;
 
 pub const HTTP_PORT: u16 = 3128;
@@ -77,6 +78,13 @@ impl LivePolicy {
     /// entries one span of its own (an exec) added.
     pub fn log_since(&self, from: usize) -> (Vec<NetEvent>, usize) {
         self.0.log_since(from)
+    }
+
+    /// The secrets' injections (an audit line each) and misuses (a security event each) since
+    /// the last call, oldest first; a connection's are added as it ends, so after
+    /// [`Proxy::stop`] (a handle taken before still answers) none is missed. None holds a value.
+    pub fn take_secret_events(&self) -> Vec<SecretEvent> {
+        self.0.take_secret_events()
     }
 }
 
@@ -146,6 +154,12 @@ impl Proxy {
         }
     }
 
+    /// Intercepts TLS to the hosts of `interceptor`'s secrets from now on, to inject them.
+    /// Without a call, nothing is intercepted. Stopping the proxy drops it, CA key and all.
+    pub fn intercept(&mut self, interceptor: Interceptor) {
+        self.shared.set_interceptor(Some(interceptor));
+    }
+
     /// The handle that changes the proxy's rules while it runs.
     pub fn live(&self) -> LivePolicy {
         LivePolicy(self.shared.clone())
@@ -169,6 +183,7 @@ impl Proxy {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+        self.shared.set_interceptor(None);
         self.shared.take_log()
     }
 }
