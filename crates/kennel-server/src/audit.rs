@@ -129,7 +129,12 @@ pub struct Event<'a> {
     pub token_id: &'a str,
     /// `cancel` or `callback`.
     pub kind: &'a str,
+    /// The run or session it was done to; empty (and left out) for a secret's events.
+    #[serde(skip_serializing_if = "str::is_empty")]
     pub run: &'a str,
+    /// The secret it was done to (never its value).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret: Option<&'a str>,
     /// Who cancelled: `request` (DELETE /v1/runs/{id}) or `disconnect` (its client went away).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub by: Option<&'a str>,
@@ -154,6 +159,7 @@ impl<'a> Event<'a> {
             token_id,
             kind,
             run,
+            secret: None,
             by: None,
             url: None,
             attempt: None,

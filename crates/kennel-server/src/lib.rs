@@ -41,6 +41,8 @@ pub enum ServeError {
     },
     #[error("cannot open the audit log: {0}")]
     Audit(std::io::Error),
+    #[error(transparent)]
+    SecretKey(#[from] service::secret_store::KeyError),
     #[error("server failed: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -100,13 +102,20 @@ impl Machinery {
         // sandbox among it) ends now.
         kennel_sandbox::sweep_stale_cgroups();
         let records = open_records(&config);
-        let service = Arc::new(
-            service::Service::new(config, engine, audit, pool.clone())
-                .with_jobs(jobs)
-                .with_records(records)
-                .with_volumes(volumes_dir())
-                .with_previews(Some(&state_dir())),
-        );
+        // A key that cannot be used stops the start: an operator who set one expects secrets.
+        let secret_key = match &config.secrets.key_file {
+            Some(path) => Some(service::secret_store::SealKey::load(path, &state_dir())?),
+            None => None,
+        };
+        let mut service = service::Service::new(config, engine, audit, pool.clone())
+            .with_jobs(jobs)
+            .with_records(records)
+            .with_volumes(volumes_dir())
+            .with_previews(Some(&state_dir()));
+        if let Some(key) = secret_key {
+            service = service.with_secrets(state_dir().join("secrets"), key);
+        }
+        let service = Arc::new(service);
         service.recover_jobs();
         service.recover_sessions();
         let (stop, stop_rx) = watch::channel(false);

@@ -15,6 +15,7 @@ pub mod policy;
 pub mod ports;
 pub mod process;
 pub mod runs;
+pub mod secret;
 pub mod security;
 pub mod snapshot;
 pub mod terminal;

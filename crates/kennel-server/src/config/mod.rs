@@ -331,6 +331,17 @@ pub struct ServerConfig {
     pub snapshots: Snapshots,
     /// Preview URLs of sessions' ports (`POST /v1/sessions/{id}/ports`).
     pub ports: Ports,
+    /// Secrets the code never sees (`/v1/secrets`).
+    pub secrets: Secrets,
+}
+
+/// Secrets: values kept sealed in the state directory, under a key kept outside it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Secrets {
+    /// A file of 32 random bytes (or 64 hex characters), mode 0600, outside the state
+    /// directory: the key secrets' values are sealed under. Unset: `/v1/secrets` answers 503.
+    pub key_file: Option<std::path::PathBuf>,
 }
 
 /// Preview URLs: a session's port opened to a browser behind a signed token.
@@ -472,6 +483,7 @@ impl Default for ServerConfig {
             state: State::default(),
             snapshots: Snapshots::default(),
             ports: Ports::default(),
+            secrets: Secrets::default(),
         }
     }
 }

@@ -16,6 +16,7 @@ pub mod slow;
 pub mod snapshots;
 mod stream;
 pub mod terminals;
+pub mod secrets;
 pub mod volumes;
 pub mod watch;
 
@@ -190,6 +191,14 @@ pub fn router(state: Shared, mounts: &[Mount]) -> Router {
         .route(
             "/v1/runs/{id}",
             get(routes::show_run).delete(routes::cancel_run),
+        )
+        .route(
+            "/v1/secrets",
+            post(secrets::create_secret).get(secrets::list_secrets),
+        )
+        .route(
+            "/v1/secrets/{name}",
+            axum::routing::delete(secrets::delete_secret),
         )
         .route(
             "/v1/volumes",

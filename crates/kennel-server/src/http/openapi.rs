@@ -7,7 +7,9 @@ use kennel_types::api::{MAX_METADATA_KEYS, MAX_METADATA_KEY_BYTES, MAX_METADATA_
 use serde_json::{json, Map, Value};
 use utoipa::OpenApi;
 
-use super::{pause as pausing, previews, processes, routes, snapshots, terminals, volumes, watch};
+use super::{
+    pause as pausing, previews, processes, routes, secrets, snapshots, terminals, volumes, watch,
+};
 use crate::config::ServerConfig;
 use crate::pattern;
 use kennel_types::api;
@@ -63,6 +65,9 @@ use kennel_types::terminal;
         volumes::list_volumes,
         volumes::show_volume,
         volumes::delete_volume,
+        secrets::create_secret,
+        secrets::list_secrets,
+        secrets::delete_secret,
         previews::open_port,
         previews::list_ports,
         previews::revoke_port,
@@ -84,6 +89,7 @@ use kennel_types::terminal;
         kennel_types::snapshot::SessionGroup,
         kennel_types::volume::VolumeSpec, kennel_types::volume::VolumeKind,
         kennel_types::volume::VolumeMount, kennel_types::volume::VolumeInfo,
+        kennel_types::secret::SecretSpec, kennel_types::secret::SecretInfo,
         kennel_types::volume::Attachment,
         kennel_types::ports::PortSpec, kennel_types::ports::PortInfo,
     )),

@@ -40,6 +40,8 @@ impl IntoResponse for Reply {
             Reply::VolumeCreated(info) => (StatusCode::CREATED, Json(info)).into_response(),
             Reply::Volume(info) => Json(info).into_response(),
             Reply::Volumes(all) => Json(all).into_response(),
+            Reply::SecretCreated(info) => (StatusCode::CREATED, Json(info)).into_response(),
+            Reply::Secrets(all) => Json(all).into_response(),
             Reply::Port(info) => (StatusCode::CREATED, Json(info)).into_response(),
             Reply::Ports(all) => Json(all).into_response(),
             Reply::Done => StatusCode::NO_CONTENT.into_response(),

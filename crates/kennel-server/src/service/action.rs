@@ -63,6 +63,17 @@ pub enum Action {
     DeleteVolume {
         name: String,
     },
+    /// Stores a secret of the caller's, sealed: refused for a bad field (400), a name the
+    /// caller's secrets have (409) or past the most a token keeps (429).
+    CreateSecret {
+        spec: kennel_types::secret::SecretSpec,
+    },
+    /// The caller's secrets, by name, without values.
+    ListSecrets,
+    /// Deletes one of the caller's secrets; another caller's does not exist for it.
+    DeleteSecret {
+        name: String,
+    },
     /// A sandbox kept between steps, in any tier. Refused, before any place is taken, for a
     /// field a run would be refused for (a tier below the caller's minimum isolation, a
     /// runtime beside another tier, an image it may not use), for a malformed `name` or

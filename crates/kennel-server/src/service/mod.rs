@@ -26,6 +26,8 @@ mod reply;
 mod run;
 mod runs;
 mod save;
+pub mod secret_store;
+mod secrets;
 mod session;
 mod snapshot;
 mod state;
@@ -91,6 +93,14 @@ impl Service {
             Action::ShowVolume { name } => volumes::show(self, caller, &name).map(Reply::Volume),
             Action::DeleteVolume { name } => {
                 volumes::delete(self, caller, &name)?;
+                Ok(Reply::Done)
+            }
+            Action::CreateSecret { spec } => {
+                secrets::create(self, caller, &spec).map(Reply::SecretCreated)
+            }
+            Action::ListSecrets => secrets::list(self, caller).map(Reply::Secrets),
+            Action::DeleteSecret { name } => {
+                secrets::delete(self, caller, &name)?;
                 Ok(Reply::Done)
             }
             Action::ListSessions { filter } => {

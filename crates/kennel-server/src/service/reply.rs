@@ -52,6 +52,9 @@ pub enum Reply {
     VolumeCreated(kennel_types::volume::VolumeInfo),
     Volume(kennel_types::volume::VolumeInfo),
     Volumes(Vec<kennel_types::volume::VolumeInfo>),
+    /// A secret, just stored (never its value).
+    SecretCreated(kennel_types::secret::SecretInfo),
+    Secrets(Vec<kennel_types::secret::SecretInfo>),
     /// A session's port, just opened to previews.
     Port(kennel_types::ports::PortInfo),
     /// A session's open previews.

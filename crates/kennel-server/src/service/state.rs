@@ -53,6 +53,8 @@ pub struct Service {
     pub(super) snapshots: Option<crate::snapshots::Snapshots>,
     /// The tokens' volumes, and who holds them.
     pub(super) volumes: Arc<super::volume_store::Store>,
+    /// The tokens' secrets, sealed, or why this server keeps none.
+    pub(super) secrets: super::secret_store::Store,
     /// The sessions' open previews and the key their tokens are signed under.
     pub(crate) previews: super::preview_store::Previews,
 }
@@ -110,6 +112,7 @@ impl Service {
                 "no volumes directory was given",
             )),
             previews: super::preview_store::Previews::open(None, None),
+            secrets: super::secret_store::Store::none("no [secrets] key_file is set"),
         }
     }
 
@@ -132,6 +135,14 @@ impl Service {
     pub fn with_volumes(self, dir: std::path::PathBuf) -> Service {
         Service {
             volumes: Arc::new(super::volume_store::Store::open(dir)),
+            ..self
+        }
+    }
+
+    /// The service with its secrets kept in `dir`, sealed under `key`.
+    pub fn with_secrets(self, dir: std::path::PathBuf, key: super::secret_store::SealKey) -> Service {
+        Service {
+            secrets: super::secret_store::Store::open(dir, key),
             ..self
         }
     }
