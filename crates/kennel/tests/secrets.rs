@@ -114,7 +114,12 @@ fn secrets_are_stored_sealed_listed_without_values_and_each_tokens_own() {
     let files: Vec<PathBuf> = std::fs::read_dir(f.state.join("secrets"))
         .unwrap()
         .flatten()
-        .flat_map(|t| std::fs::read_dir(t.path()).unwrap().flatten().map(|e| e.path()))
+        .flat_map(|t| {
+            std::fs::read_dir(t.path())
+                .unwrap()
+                .flatten()
+                .map(|e| e.path())
+        })
         .collect();
     assert_eq!(files.len(), 1, "{files:?}");
     let mode = std::fs::metadata(&files[0]).unwrap().permissions().mode() & 0o777;
@@ -151,13 +156,20 @@ fn every_bad_field_is_a_400_naming_it_and_stores_nothing() {
     for (field, body) in cases {
         let r = a.post_json("/v1/secrets", &body);
         assert_eq!(r.status, 400, "{field}: {}", r.text());
-        assert!(r.text().contains(&format!("`{field}`")), "{field}: {}", r.text());
+        assert!(
+            r.text().contains(&format!("`{field}`")),
+            "{field}: {}",
+            r.text()
+        );
     }
     // Unknown fields and wrong types are 400s too.
     let mut extra = spec("GOOD");
     extra["extra"] = json!(1);
     assert_eq!(a.post_json("/v1/secrets", &extra).status, 400);
-    assert_eq!(a.post_json("/v1/secrets", &json!({"name": "GOOD"})).status, 400);
+    assert_eq!(
+        a.post_json("/v1/secrets", &json!({"name": "GOOD"})).status,
+        400
+    );
     assert_eq!(a.get("/v1/secrets").json(), json!([]));
     assert!(!f.state.join("secrets").exists() || nothing_in(&f.state.join("secrets")));
     // A name no secret could have is simply not found.

@@ -36,6 +36,38 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/secrets": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["list_secrets"];
+        put?: never;
+        post: operations["create_secret"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/secrets/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        delete: operations["delete_secret"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sessions": {
         parameters: {
             query?: never;
@@ -1699,6 +1731,38 @@ export interface components {
             /** @description The profile's name and version, such as `kennel-default-v1`. */
             profile: string;
         };
+        /** @description A secret as the API lists it: never its value. */
+        SecretInfo: {
+            /**
+             * Format: int64
+             * @description When it was stored, in milliseconds since the Unix epoch.
+             */
+            created_unix_ms: number;
+            /** @description The request header it goes in. */
+            header: string;
+            /** @description The hosts it may go to, as allowlist rules. */
+            hosts: string[];
+            /** @description The secret's name. */
+            name: string;
+        };
+        /** @description `POST /v1/secrets`' body. */
+        SecretSpec: {
+            /** @description The request header it goes in (such as `Authorization`): an HTTP token. */
+            header: string;
+            /**
+             * @description The hosts it may go to, as allowlist rules (`api.example.com`, `*.example.com:443`);
+             *     at least one.
+             */
+            hosts: string[];
+            /**
+             * @description The secret's name, unique among this token's secrets, and the environment variable that
+             *     holds its placeholder in a sandbox: 1 to 64 of `A-Z`, `a-z`, `0-9` and `_`, not
+             *     starting with a digit.
+             */
+            name: string;
+            /** @description The value (1 byte to 8 KiB, no control characters): stored encrypted, never answered. */
+            value: string;
+        };
         /** @description One kind of thing the policy stopped. */
         SecurityEvent: {
             /**
@@ -2347,6 +2411,173 @@ export interface operations {
                 content: {
                     "application/json": components["schemas"]["Error"];
                 };
+            };
+        };
+    };
+    list_secrets: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description This caller's secrets, by name: their hosts and headers, never their values */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SecretInfo"][];
+                };
+            };
+            /** @description A valid bearer token is required. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description This server keeps no secrets (no `[secrets] key_file`) */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    create_secret: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["SecretSpec"];
+            };
+        };
+        responses: {
+            /** @description The secret, stored sealed: its name, hosts and header, never its value */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SecretInfo"];
+                };
+            };
+            /** @description A malformed request: a bad `name`, an empty `value` or one past 8 KiB, a `header` that is not an HTTP token, `hosts` empty or not allowlist rules. Nothing is stored */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description A valid bearer token is required. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description This token has a secret of that `name` */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The body is larger than this server takes. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The body is not sent as `Content-Type: application/json`. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description This token keeps as many secrets as it may */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description This server keeps no secrets (no `[secrets] key_file`) */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    delete_secret: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The secret's name */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The secret is gone */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description A valid bearer token is required. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No such secret for this caller */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description This server keeps no secrets (no `[secrets] key_file`) */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
             };
         };
     };

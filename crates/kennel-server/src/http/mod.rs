@@ -11,12 +11,12 @@ pub mod previews;
 pub mod processes;
 mod reply;
 pub mod routes;
+pub mod secrets;
 mod shared;
 pub mod slow;
 pub mod snapshots;
 mod stream;
 pub mod terminals;
-pub mod secrets;
 pub mod volumes;
 pub mod watch;
 

@@ -74,7 +74,12 @@ impl SealKey {
     }
 
     /// Seals `value` for `tenant`'s secret `name`: the nonce and the sealed bytes.
-    fn seal(&self, tenant: &str, name: &str, value: &[u8]) -> Result<(Vec<u8>, Vec<u8>), ServiceError> {
+    fn seal(
+        &self,
+        tenant: &str,
+        name: &str,
+        value: &[u8],
+    ) -> Result<(Vec<u8>, Vec<u8>), ServiceError> {
         let mut nonce = [0u8; NONCE_LEN];
         getrandom::getrandom(&mut nonce).map_err(|e| internal("a nonce", e))?;
         let mut sealed = value.to_vec();
@@ -296,7 +301,7 @@ fn hex_encode(bytes: &[u8]) -> String {
 }
 
 fn hex_decode(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     (0..s.len() / 2)
@@ -360,15 +365,24 @@ mod tests {
         std::fs::write(&open, "22".repeat(32)).unwrap();
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).unwrap();
         let state = dir.join("state");
-        assert!(matches!(SealKey::load(&open, &state), Err(KeyError::Mode(..))));
+        assert!(matches!(
+            SealKey::load(&open, &state),
+            Err(KeyError::Mode(..))
+        ));
         let inside = state.join("key");
         std::fs::write(&inside, "22".repeat(32)).unwrap();
         std::fs::set_permissions(&inside, std::fs::Permissions::from_mode(0o600)).unwrap();
-        assert!(matches!(SealKey::load(&inside, &state), Err(KeyError::InStateDir(..))));
+        assert!(matches!(
+            SealKey::load(&inside, &state),
+            Err(KeyError::InStateDir(..))
+        ));
         let short = dir.join("short");
         std::fs::write(&short, "abc").unwrap();
         std::fs::set_permissions(&short, std::fs::Permissions::from_mode(0o600)).unwrap();
-        assert!(matches!(SealKey::load(&short, &state), Err(KeyError::Length(..))));
+        assert!(matches!(
+            SealKey::load(&short, &state),
+            Err(KeyError::Length(..))
+        ));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

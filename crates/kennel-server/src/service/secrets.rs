@@ -4,7 +4,6 @@
 
 use super::action::Caller;
 use super::error::ServiceError;
-use super::secret_store::Opened;
 use super::state::Service;
 use crate::audit::Event;
 use kennel_types::secret::{SecretInfo, SecretSpec, MAX_SECRETS};
@@ -35,8 +34,10 @@ pub(super) fn create(
     }
     if held.len() >= MAX_SECRETS {
         return Err(ServiceError::QuotaExceeded(
-            format!("this token has {MAX_SECRETS} secrets, the most a token keeps; delete one first")
-                .into(),
+            format!(
+                "this token has {MAX_SECRETS} secrets, the most a token keeps; delete one first"
+            )
+            .into(),
         ));
     }
     let info = SecretInfo {
@@ -73,27 +74,4 @@ pub(super) fn delete(service: &Service, caller: &Caller, name: &str) -> Result<(
         ..Event::new(&caller.0, "secret-delete", "")
     });
     Ok(())
-}
-
-/// The secrets a run or session names, opened: each must be the caller's (404 names the first
-/// that is not, and the sandbox does not start).
-pub(super) fn open_named(
-    service: &Service,
-    caller: &Caller,
-    names: &[String],
-) -> Result<Vec<Opened>, ServiceError> {
-    if names.is_empty() {
-        return Ok(vec![]);
-    }
-    let tenant = super::volumes::tenant_of(service, caller)?;
-    names
-        .iter()
-        .map(|name| {
-            kennel_types::secret::check_secret_name(name).map_err(|_| not_found(name))?;
-            service
-                .secrets
-                .get(&tenant, name)?
-                .ok_or_else(|| not_found(name))
-        })
-        .collect()
 }

@@ -140,7 +140,11 @@ impl Service {
     }
 
     /// The service with its secrets kept in `dir`, sealed under `key`.
-    pub fn with_secrets(self, dir: std::path::PathBuf, key: super::secret_store::SealKey) -> Service {
+    pub fn with_secrets(
+        self,
+        dir: std::path::PathBuf,
+        key: super::secret_store::SealKey,
+    ) -> Service {
         Service {
             secrets: super::secret_store::Store::open(dir, key),
             ..self
