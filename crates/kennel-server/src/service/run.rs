@@ -56,9 +56,11 @@ pub(super) async fn run(
         ));
     }
     super::volumes::check_tier(&req.policy, &spec.volumes)?;
-    if spec.rich && !spec.secrets.is_empty() {
+    if (spec.rich || spec.run_async) && !spec.secrets.is_empty() {
         return Err(ServiceError::BadRequest(
-            "`secrets`: a rich run cannot name secrets yet; run the code without `rich`".into(),
+            "`secrets`: a rich or async run cannot name secrets yet; run the code without \
+             `rich` and `async`"
+                .into(),
         ));
     }
     super::secrets::grant(service, caller, &spec.secrets, &mut req)?;
