@@ -34,11 +34,13 @@ die() { echo "setup-ci: error: $*" >&2; exit 1; }
 #                    generator (runsc runs the host's python3)
 #   python3-aiohttp  the DNS suite: an HTTP client that ignores proxy variables (trust_env off)
 #                    resolves an allowed name through the sandbox's resolver (tests/suites/dns.rs)
+#   python3-requests the secrets suite: a client of a secret's host, through the proxy's
+#                    interception, that trusts the sandbox's CA bundle (REQUESTS_CA_BUNDLE)
 #   chromium         headless, as the browser of tests/front.rs: a web page of another origin,
 #                    or under a name rebound to 127.0.0.1, cannot drive `kennel serve`
 packages=(bubblewrap python3 coreutils util-linux bash dash gcc libc6-dev ca-certificates jq
     curl openssl python3-pip runsc crun runc mmdebstrap umoci docker.io kmod erofs-utils
-    python3-venv python3-numpy python3-aiohttp chromium)
+    python3-venv python3-numpy python3-aiohttp python3-requests chromium)
 
 installed() {
     [[ $(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true) == "install ok installed" ]]

@@ -154,6 +154,14 @@ impl Engine {
     /// here, once, for every tier: the tier sees the image's root as its rootfs, the code gets
     /// the image's environment under its own, and the result names the image and its digest.
     pub fn run(&self, req: &RunRequest, io: RunIo) -> Result<RunResult, Error> {
+        // Only the native tier gives the proxy its interception: another refuses, never runs
+        // the code with placeholders that would go out as they are.
+        if !req.secrets.is_empty() && req.policy.tier != Tier::Native {
+            return Err(Error::request(
+                "secrets",
+                "the proxy injects secrets in the native tier for now: run it there",
+            ));
+        }
         self.on_image(req, |req| self.backend(&req.policy)?.run(req, io))
     }
 

@@ -29,6 +29,7 @@ mod fail;
 mod freeze;
 mod helper;
 mod image;
+mod intercept;
 mod microvm;
 mod native;
 mod oci;

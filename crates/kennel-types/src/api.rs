@@ -217,6 +217,14 @@ pub struct RunRequest {
     /// server alone says which host file each is.
     #[serde(skip)]
     pub volumes: Vec<crate::volume::Volume>,
+    /// The secrets the run named, with their values and placeholders, which the proxy
+    /// injects (`RunSpec::secrets`). Never read from a request: the server opens them.
+    #[serde(skip)]
+    pub secrets: Vec<crate::secret::Grant>,
+    /// PEM files of CAs the proxy trusts upstream beside the public roots, when it intercepts
+    /// for a secret (`[secrets] upstream_ca`). Never read from a request.
+    #[serde(skip)]
+    pub upstream_ca: Vec<std::path::PathBuf>,
 }
 
 /// The point a run is saved at, and resumed from: see [`RunRequest::resume_at`].
@@ -256,6 +264,8 @@ impl RunRequest {
             resume_at: None,
             restore: None,
             volumes: vec![],
+            secrets: vec![],
+            upstream_ca: vec![],
         }
     }
 }
@@ -341,6 +351,10 @@ pub struct RunResult {
     /// `tripwire:SYSCALL`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub killed_by: Option<String>,
+    /// Each request a secret's value went into (the server's audit log has a line for each);
+    /// never a value, and never on the wire.
+    #[serde(skip)]
+    pub secret_uses: Vec<crate::secret::Use>,
 }
 
 /// What a python exec (or a `rich` run) adds: its rich outputs, its error as data, whether
@@ -649,6 +663,12 @@ pub struct RunSpec {
     /// number with no writer.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<crate::volume::VolumeMount>,
+    /// This token's secrets (`POST /v1/secrets` stores them) the code may use: each is an
+    /// environment variable of its name holding a placeholder, which Kennel's proxy replaces
+    /// with the value in request headers sent over TLS to the secret's own hosts. The run
+    /// needs network `allow` naming those hosts (native tier).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<String>,
 }
 
 /// A field that is either absent (`None`, by `#[serde(default)]`) or a value: `null` is refused.
@@ -849,6 +869,7 @@ impl RunSpec {
         }
         policy.validate()?;
         check_mounts(&self.volumes)?;
+        crate::secret::check_named(&self.secrets)?;
         let volumes = self
             .volumes
             .iter()

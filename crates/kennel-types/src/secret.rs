@@ -107,6 +107,62 @@ impl SecretSpec {
     }
 }
 
+/// A secret a sandbox may use: its value (never printed), the placeholder its environment
+/// holds instead, and where the value may go. Kennel's own, made by the server.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Grant {
+    /// The secret's name: the environment variable holding the placeholder.
+    pub name: String,
+    /// What the code sees instead of the value: random, per sandbox.
+    pub placeholder: String,
+    /// The value.
+    pub value: String,
+    /// The header it goes in.
+    pub header: String,
+    /// The hosts it may go to.
+    pub hosts: Vec<Rule>,
+}
+
+impl std::fmt::Debug for Grant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grant")
+            .field("name", &self.name)
+            .field("value", &"<secret>")
+            .field("hosts", &self.hosts)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A request a secret's value went into.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Use {
+    /// The secret's name.
+    pub secret: String,
+    /// The host the request went to.
+    pub host: String,
+    /// Its port.
+    pub port: u16,
+}
+
+/// Checks the secrets a run names: at most [`MAX_NAMED`], each a secret's name, none twice.
+pub fn check_named(names: &[String]) -> Result<(), PolicyError> {
+    if names.len() > MAX_NAMED {
+        return Err(PolicyError::request(
+            "secrets",
+            format!("names {} secrets; a sandbox gets at most {MAX_NAMED}", names.len()),
+        ));
+    }
+    for (i, name) in names.iter().enumerate() {
+        check_secret_name(name).map_err(|_| {
+            PolicyError::request("secrets", format!("{name:?} is not a secret name"))
+        })?;
+        if names[..i].contains(name) {
+            return Err(PolicyError::request("secrets", format!("names {name:?} twice")));
+        }
+    }
+    Ok(())
+}
+
 /// Checks a secret's name, as a spec or a run names it.
 pub fn check_secret_name(name: &str) -> Result<(), PolicyError> {
     let mut chars = name.chars();

@@ -174,6 +174,18 @@ pub enum SecurityEvent {
         /// Why the first one was refused (not on the allowlist, a forbidden address).
         reason: String,
     },
+    /// A secret's placeholder the proxy saw going to a host that is not one of the secret's:
+    /// sent on unchanged (never the value).
+    SecretMisused {
+        /// The secret whose placeholder it was.
+        secret: String,
+        /// Where it was going.
+        host: String,
+        /// The port.
+        port: u16,
+        /// How it was going (`http`, `connect`, `direct`).
+        protocol: String,
+    },
     /// A limit the run reached: `pids`, `memory`, `output` or `time`.
     LimitHit {
         /// The limit: `pids`, `memory`, `output` or `time`.
@@ -188,6 +200,7 @@ impl SecurityEvent {
             SecurityEvent::DeniedSyscall { .. } => "denied_syscall",
             SecurityEvent::NetworkRefused { .. } => "network_refused",
             SecurityEvent::LimitHit { .. } => "limit_hit",
+            SecurityEvent::SecretMisused { .. } => "secret_misused",
         }
     }
 }

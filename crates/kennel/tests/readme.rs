@@ -248,6 +248,8 @@ const BLOCKS: &[(&str, &str, Block)] = &[
     ("text", "dockerd --userns-remap", Block::DockerdSetup),
     ("python", "websockets.sync.client", Block::TerminalClient),
     ("python", "client.fork(", Block::ForkClient),
+    ("json", "\"header\": \"Authorization\"", Block::SecretSpec),
+    ("json", "\"secrets\": [\"OPENAI_KEY\"]", Block::SecretRun),
 ];
 
 #[derive(Clone, Copy)]
@@ -265,6 +267,10 @@ enum Block {
     TerminalClient,
     /// The Python SDK's fork: run as the terminal's client is, with the SDK importable.
     ForkClient,
+    /// A secret as `POST /v1/secrets` takes it: it passes the server's own checks.
+    SecretSpec,
+    /// A run naming a secret: it is a run request whose network reaches the secret's host.
+    SecretRun,
 }
 
 /// The repository's root.
@@ -682,6 +688,24 @@ fn check_result_sample(scratch: &Scratch, sample: &str) {
     }
 }
 
+/// The README's secret is one the server stores: it parses and passes the server's checks.
+fn check_secret_spec(block: &str) {
+    let spec: kennel_types::secret::SecretSpec =
+        serde_json::from_str(block).unwrap_or_else(|e| panic!("{e}: {block}"));
+    let hosts = spec.check().unwrap_or_else(|e| panic!("{e}: {block}"));
+    assert_eq!(spec.name, "OPENAI_KEY");
+    assert!(hosts[0].matches("api.openai.com", 443), "{block}");
+}
+
+/// The README's run names that secret, with an allowlist that reaches its host.
+fn check_secret_run(block: &str) {
+    let spec: kennel_types::api::RunSpec =
+        serde_json::from_str(block).unwrap_or_else(|e| panic!("{e}: {block}"));
+    assert_eq!(spec.secrets, ["OPENAI_KEY"]);
+    let allow = spec.network.allowlist().unwrap();
+    assert!(allow.rules.iter().any(|r| r.matches("api.openai.com", 443)), "{block}");
+}
+
 fn check_mcp_config(scratch: &Scratch, config: &str) {
     let config: Value = serde_json::from_str(config).expect("the README's MCP config is JSON");
     let server = &config["mcpServers"]["kennel"];
@@ -825,6 +849,8 @@ fn every_readme_example_works_as_written() {
             Block::DockerdSetup => check_dockerd_setup(block),
             Block::TerminalClient => terminal = Some(block.clone()),
             Block::ForkClient => fork = Some(block.clone()),
+            Block::SecretSpec => check_secret_spec(block),
+            Block::SecretRun => check_secret_run(block),
         }
         println!("checked the ```{lang} block {n}");
     }

@@ -184,3 +184,248 @@ fn nothing_in(dir: &Path) -> bool {
         .flatten()
         .all(|e| e.path().is_dir() && nothing_in(&e.path()))
 }
+
+// ---- runs that name secrets (native) ---------------------------------------------------------
+
+/// An HTTPS server on the host's 127.0.0.1 that appends each request's path and
+/// `Authorization` header to `LOG` and answers `ok PATH`; plain HTTP with `plain`.
+const RECORDER_PY: &str = r#"
+import http.server, ssl, sys
+log, cert, key = sys.argv[1], sys.argv[2], sys.argv[3]
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def do_GET(self):
+        with open(log, "a") as f:
+            f.write("%s %s\n" % (self.path, self.headers.get("Authorization")))
+        body = ("ok " + self.path).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+if cert != "plain":
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+print(srv.server_address[1], flush=True)
+srv.serve_forever()
+"#;
+
+/// A recording server (see [`RECORDER_PY`]), killed by its PID when dropped.
+struct Recorder {
+    child: std::process::Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Recorder {
+    fn start(dir: &Path, name: &str, tls: Option<(&Path, &Path)>) -> Recorder {
+        use std::io::BufRead;
+        let log = dir.join(format!("{name}.log"));
+        let (cert, key) = match tls {
+            Some((c, k)) => (c.display().to_string(), k.display().to_string()),
+            None => ("plain".into(), "plain".into()),
+        };
+        let mut child = std::process::Command::new("/usr/bin/python3")
+            .args(["-c", RECORDER_PY])
+            .arg(&log)
+            .args([&cert, &key])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("starting the recorder");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line.trim().parse().expect("the recorder's port");
+        Recorder { child, port, log }
+    }
+
+    fn seen(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A test CA (`ca.pem`) and a leaf it signed for `api.test` (`leaf.pem`, `leaf.key`) in `dir`.
+fn test_ca(dir: &Path) {
+    let openssl = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl runs");
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    openssl(&["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=Kennel test CA",
+        "-days", "1", "-keyout", "ca.key", "-out", "ca.pem"]);
+    openssl(&["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=api.test", "-keyout",
+        "leaf.key", "-out", "leaf.csr"]);
+    std::fs::write(
+        dir.join("leaf.ext"),
+        "subjectAltName=DNS:api.test\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    openssl(&["x509", "-req", "-in", "leaf.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+        "-CAcreateserial", "-days", "1", "-extfile", "leaf.ext", "-out", "leaf.pem"]);
+}
+
+/// A server whose secrets' upstreams may be signed by `ca`.
+fn injecting_server(name: &str, ca: &Path) -> Fixture {
+    let dir = test_dir(&format!("{name}-files"));
+    let state = dir.join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let audit = dir.join("audit.log");
+    let key = dir.join("secrets.key");
+    std::fs::write(&key, "5a".repeat(32)).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let config = format!(
+        "audit_log = {audit:?}\nallow_pins_to = [\"127.0.0.0/8\"]\n{NO_POOL}\n\
+         [[tokens]]\nid = \"a\"\ntoken = \"{TOKEN_A}\"\n\
+         [[tokens]]\nid = \"b\"\ntoken = \"{TOKEN_B}\"\n\
+         [secrets]\nkey_file = {key:?}\nupstream_ca = [{ca:?}]\n"
+    );
+    let env = [("KENNEL_STATE_DIR", state.to_str().unwrap())];
+    let server = Server::start_with(name, &config, &env, Some(TOKEN_A));
+    Fixture {
+        server,
+        state,
+        audit,
+    }
+}
+
+fn needs_root() -> bool {
+    common::require(
+        "root (a run with network allow binds its proxy in the sandbox)",
+        common::is_root(),
+    ) && common::require("openssl", std::path::Path::new("/usr/bin/openssl").exists())
+}
+
+/// The code sees a placeholder; curl, Python's requests and Node's https each send it to the
+/// secret's host over TLS, and the host receives the value. The same placeholder over plain
+/// HTTP to another allowed host arrives as it was, and is a security event. The value is in
+/// no result, log or audit line; each injection has its audit line.
+#[test]
+fn a_runs_secret_reaches_its_host_only_and_the_code_never_sees_it() {
+    if !needs_root() {
+        return;
+    }
+    let dir = test_dir("secrets-inject-upstream");
+    test_ca(&dir);
+    let api = Recorder::start(&dir, "api", Some((&dir.join("leaf.pem"), &dir.join("leaf.key"))));
+    let other = Recorder::start(&dir, "other", None);
+    let f = injecting_server("secrets-inject", &dir.join("ca.pem"));
+    let (p, o) = (api.port, other.port);
+    let mut s = spec("API_KEY");
+    s["hosts"] = json!([format!("api.test:{p}")]);
+    assert_eq!(f.server.client.post_json("/v1/secrets", &s).status, 201);
+    let code = format!(
+        "set -e\n\
+         case \"$API_KEY\" in kennel_secret_*) echo placeholder;; *) echo \"$API_KEY\";; esac\n\
+         curl -sS https://api.test:{p}/curl -H \"Authorization: Bearer $API_KEY\"; echo\n\
+         python3 -c 'import os, requests; print(requests.get(\"https://api.test:{p}/requests\", headers={{\"Authorization\": \"Bearer \" + os.environ[\"API_KEY\"]}}).text)'\n\
+         node -e 'require(\"https\").get({{host: \"api.test\", port: {p}, path: \"/node\", headers: {{Authorization: \"Bearer \" + process.env.API_KEY}}}}, r => {{ let b = \"\"; r.on(\"data\", d => b += d); r.on(\"end\", () => console.log(b)); }})'\n\
+         curl -sS http://other.test:{o}/plain -H \"Authorization: Bearer $API_KEY\"; echo\n"
+    );
+    let run = json!({
+        "language": "sh", "code": code, "secrets": ["API_KEY"],
+        "network": {"mode": "allow", "allow": [format!("api.test:{p}"), format!("other.test:{o}")],
+                    "resolve": ["api.test:127.0.0.1", "other.test:127.0.0.1"]},
+    });
+    let r = f.server.client.post_json("/v1/runs", &run);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let result = r.json();
+    assert_eq!(
+        result["stdout"],
+        "placeholder\nok /curl\nok /requests\nok /node\nok /plain\n",
+        "{result}"
+    );
+    assert!(!r.text().contains(VALUE), "the result holds the value");
+    let seen = api.seen();
+    for path in ["/curl", "/requests", "/node"] {
+        assert!(seen.contains(&format!("{path} Bearer {VALUE}\n")), "{seen}");
+    }
+    let plain = other.seen();
+    assert!(plain.starts_with("/plain Bearer kennel_secret_"), "{plain}");
+    assert!(!plain.contains(VALUE), "{plain}");
+    let misused: Vec<&Value> = result["security_events"]["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "secret_misused")
+        .collect();
+    assert_eq!(
+        misused,
+        [&json!({"kind": "secret_misused", "secret": "API_KEY", "host": "other.test",
+                 "port": o, "protocol": "http"})],
+        "{result}"
+    );
+    let audit = std::fs::read_to_string(&f.audit).unwrap();
+    assert!(!audit.contains(VALUE));
+    let injected = audit
+        .lines()
+        .filter(|l| l.contains("\"kind\":\"secret-inject\"") && l.contains("\"secret\":\"API_KEY\""))
+        .count();
+    assert_eq!(injected, 3, "{audit}");
+    assert!(!f.server.log_text().contains(VALUE));
+    nowhere_under(&f.state, VALUE);
+}
+
+/// A run naming a secret that does not exist, or another token's, gets 404 and does not
+/// start; one whose secret's hosts its allowlist does not reach, or without network `allow`,
+/// or in another tier, gets 400 saying why.
+#[test]
+fn runs_naming_secrets_they_cannot_have_are_refused_before_they_start() {
+    if !needs_root() {
+        return;
+    }
+    let dir = test_dir("secrets-refused-ca");
+    test_ca(&dir);
+    let f = injecting_server("secrets-refused", &dir.join("ca.pem"));
+    let a = &f.server.client;
+    let b = a.with_token(Some(TOKEN_B));
+    let mut s = spec("API_KEY");
+    s["hosts"] = json!(["api.test:443"]);
+    assert_eq!(a.post_json("/v1/secrets", &s).status, 201);
+    assert_eq!(b.post_json("/v1/secrets", &spec("B_KEY")).status, 201);
+    let allow = |names: &[&str]| json!({"mode": "allow", "allow": names});
+    let run = |secret: &str, network: Value, extra: Value| {
+        let mut r = json!({"argv": ["touch", "/workspace/started"], "secrets": [secret],
+                           "network": network, "collect": []});
+        for (k, v) in extra.as_object().unwrap() {
+            r[k] = v.clone();
+        }
+        a.post_json("/v1/runs", &r)
+    };
+    let nope = run("NOPE", allow(&["api.test:443"]), json!({}));
+    assert_eq!(nope.status, 404, "{}", nope.text());
+    assert!(nope.text().contains("no secret \\\"NOPE\\\""), "{}", nope.text());
+    let theirs = run("B_KEY", allow(&["api.test:443"]), json!({}));
+    assert_eq!(theirs.status, 404, "{}", theirs.text());
+    let far = run("API_KEY", allow(&["pypi.org"]), json!({}));
+    assert_eq!(far.status, 400, "{}", far.text());
+    assert!(far.text().contains("API_KEY may go to api.test:443, which the run's allowlist does not reach"), "{}", far.text());
+    let closed = run("API_KEY", json!({"mode": "none"}), json!({}));
+    assert_eq!(closed.status, 400, "{}", closed.text());
+    assert!(closed.text().contains("network \\\"allow\\\""), "{}", closed.text());
+    let oci = run("API_KEY", allow(&["api.test:443"]), json!({"runtime": "runsc"}));
+    assert_eq!(oci.status, 400, "{}", oci.text());
+    assert!(oci.text().contains("native tier"), "{}", oci.text());
+    let env = run("API_KEY", allow(&["api.test:443"]), json!({"env": {"API_KEY": "x"}}));
+    assert_eq!(env.status, 400, "{}", env.text());
+    let twice = a.post_json(
+        "/v1/runs",
+        &json!({"argv": ["true"], "secrets": ["API_KEY", "API_KEY"], "network": allow(&["api.test:443"])}),
+    );
+    assert_eq!(twice.status, 400, "{}", twice.text());
+    // None of them ran: no run is on record as started.
+    let audit = std::fs::read_to_string(&f.audit).unwrap_or_default();
+    assert!(!audit.contains("\"kind\":\"run\""), "{audit}");
+}

@@ -34,6 +34,10 @@ pub struct Plan {
     /// The volumes mounted beneath /workspace or /tmp.
     #[serde(default)]
     pub volumes: Vec<kennel_types::volume::Volume>,
+    /// The CA bundle shown at the system's bundle path when the proxy intercepts for a
+    /// secret: the view's own bundle and the sandbox's CA (see `mounts::trust`).
+    #[serde(default)]
+    pub ca_bundle: Option<String>,
 }
 
 impl Planned for Plan {

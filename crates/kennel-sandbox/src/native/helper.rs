@@ -33,6 +33,7 @@ fn fs_plan(plan: &Plan) -> FsPlan {
         None => mounts::system_view(view, "", false),
     };
     system.extend(mounts::resolver(view, plan.policy.network.mode));
+    system.extend(mounts::trust(view, plan.ca_bundle.as_deref()));
     system.extend(mounts::host_dirs(&plan.host_dirs));
     let (proc_mount, proc_mask) = mounts::proc(&host, plan.boot_id.as_deref());
     FsPlan {

@@ -78,11 +78,17 @@ impl Native {
         check_rootfs(policy)?;
         let files = input_files(req)?;
         check_host(policy)?;
+        let interceptor = crate::intercept::interceptor(req).map_err(intercept_failed)?;
+        let ca_bundle = interceptor.as_ref().map(|i| crate::intercept::ca_bundle(policy, i));
+        let mut env = sandbox_env(policy);
+        if interceptor.is_some() {
+            env.extend(crate::intercept::trust_env());
+        }
         let mut tier = NativeTier {
             plan: Plan {
                 build: channel::BUILD.to_string(),
                 argv: checked_argv(req)?,
-                env: sandbox_env(policy),
+                env,
                 policy: policy.clone(),
                 collect: req.collect.clone(),
                 files: files.len(),
@@ -93,12 +99,24 @@ impl Native {
                 devices: checked_devices(req)?,
                 boot_id: self.boot_id.clone(),
                 volumes: crate::request::checked_volumes(req)?,
+                ca_bundle,
             },
             limiter: None,
             forward,
             ports: None,
+            interceptor,
         };
         supervise(&mut tier, &self.helper, req, &files, io)
+    }
+}
+
+/// A run's secrets that the proxy cannot intercept for (a CA or a root that cannot be made):
+/// the run does not start.
+fn intercept_failed(e: kennel_net::InterceptError) -> Error {
+    Error::Setup {
+        step: Step::StartProxy.into(),
+        errno: None,
+        detail: format!("the proxy's interception for the run's secrets: {e}"),
     }
 }
 
@@ -176,6 +194,8 @@ struct NativeTier {
     forward: Option<crate::egress::Forward>,
     /// The sandbox's network namespace, opened once the helper has unshared it.
     ports: Option<std::sync::Arc<crate::egress::Ports>>,
+    /// The proxy's interception for the run's secrets, handed to the proxy once it starts.
+    interceptor: Option<kennel_net::Interceptor>,
 }
 
 impl NativeTier {
@@ -246,7 +266,11 @@ impl Supervised for NativeTier {
                 Some(f) => crate::egress::start_forwarder(pid, f.clone()).map_err(failed)?,
                 None => {
                     let allow = self.plan.policy.network.allowlist()?;
-                    proxy = Some(crate::egress::start_proxy(pid, allow).map_err(failed)?);
+                    let mut started = crate::egress::start_proxy(pid, allow).map_err(failed)?;
+                    if let Some(i) = self.interceptor.take() {
+                        started.intercept(i);
+                    }
+                    proxy = Some(started);
                 }
             }
         }

@@ -247,6 +247,26 @@ pub fn resolver(view: &dyn View, mode: kennel_types::policy::NetMode) -> Vec<Op>
     ]
 }
 
+/// Shows `bundle` (the sandbox's CA bundle, with the CA its secrets' interception signs with)
+/// at the system's bundle path where the view has a file there, as [`resolver`] shows its
+/// file: written into the new root's tmpfs, bound read-only, unlinked.
+pub fn trust(view: &dyn View, bundle: Option<&str>) -> Vec<Op> {
+    let rel = crate::intercept::BUNDLE.trim_start_matches('/');
+    let (Some(data), Some(Kind::File)) = (bundle, view.kind(rel)) else {
+        return vec![];
+    };
+    let source = r(".kennel-ca.pem");
+    vec![
+        Op::Write {
+            path: source.clone(),
+            data: data.into(),
+        },
+        bind(source.clone(), r(rel)),
+        Op::RemountReadOnly(r(rel)),
+        Op::Remove(source),
+    ]
+}
+
 /// The writable scratch space: `/tmp` and `/workspace`, each a size-capped tmpfs.
 pub fn scratch(policy: &Policy) -> Vec<Op> {
     let flags = libc::MS_NOSUID | libc::MS_NODEV;

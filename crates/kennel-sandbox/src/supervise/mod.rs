@@ -207,7 +207,10 @@ fn watch<T: Supervised>(
     let (stdout, stderr) = (join(out), join(err));
     drop(stdin_thread);
     let mut report = report?;
+    let live = report.proxy.as_ref().map(Proxy::live);
     let network_log = report.proxy.take().map(Proxy::stop).unwrap_or_default();
+    // Read after the proxy stopped: a connection adds its events as it ends.
+    let secret_events = live.map(|l| l.take_secret_events()).unwrap_or_default();
     if let Some((step, errno, detail)) = report.failed.take() {
         return Err(Error::Setup {
             step,
@@ -251,6 +254,7 @@ fn watch<T: Supervised>(
     };
     let mut result = build_result(req, outcome, isolation);
     result.network_log = network_log;
+    report::add_secret_events(&mut result, secret_events);
     tier.finish(&mut result);
     match tally {
         Some(tally) => tally.into_result(&mut result),

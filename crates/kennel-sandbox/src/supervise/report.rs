@@ -131,3 +131,30 @@ pub const PROXY_PORTS: ProxyPorts = ProxyPorts {
     socks: proxy::SOCKS_PORT,
     dns: kennel_net::dns::DNS_PORT,
 };
+
+/// What the proxy saw of the run's secrets: each injection for the server's audit log, and
+/// each placeholder sent elsewhere as a security event (never a value in either).
+pub fn add_secret_events(result: &mut RunResult, events: Vec<kennel_net::SecretEvent>) {
+    use kennel_net::SecretEventKind;
+    use kennel_types::security::SecurityEvent;
+    for e in events {
+        match e.kind {
+            SecretEventKind::Injected => result.secret_uses.push(kennel_types::secret::Use {
+                secret: e.secret,
+                host: e.host,
+                port: e.port,
+            }),
+            SecretEventKind::Misused => {
+                result
+                    .security_events
+                    .events
+                    .push(SecurityEvent::SecretMisused {
+                        secret: e.secret,
+                        host: e.host,
+                        port: e.port,
+                        protocol: e.protocol,
+                    })
+            }
+        }
+    }
+}

@@ -342,6 +342,9 @@ pub struct Secrets {
     /// A file of 32 random bytes (or 64 hex characters), mode 0600, outside the state
     /// directory: the key secrets' values are sealed under. Unset: `/v1/secrets` answers 503.
     pub key_file: Option<std::path::PathBuf>,
+    /// PEM files of CAs the proxy trusts, beside the public roots, for the hosts it intercepts
+    /// for secrets (a private API's CA). Every other upstream stays a plain tunnel.
+    pub upstream_ca: Vec<std::path::PathBuf>,
 }
 
 /// Preview URLs: a session's port opened to a browser behind a signed token.

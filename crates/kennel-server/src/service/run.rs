@@ -56,6 +56,14 @@ pub(super) async fn run(
         ));
     }
     super::volumes::check_tier(&req.policy, &spec.volumes)?;
+    if (spec.rich || spec.run_async) && !spec.secrets.is_empty() {
+        return Err(ServiceError::BadRequest(
+            "`secrets`: a rich or async run cannot name secrets yet; run the code without \
+             `rich` and `async`"
+                .into(),
+        ));
+    }
+    super::secrets::grant(service, caller, &spec.secrets, &mut req)?;
     let target = check_async(service, caller, &spec).await?;
     let slot = service.run_slot(caller)?;
     let registered = service.runs.register(caller)?;
@@ -264,8 +272,9 @@ async fn execute(
     run: &Registered,
 ) -> Result<RunResult, ServiceError> {
     let started = Instant::now();
-    // A pooled sandbox has no volume mounted: a run with volumes is started for it.
-    let agent = match req.volumes.is_empty() {
+    // A pooled sandbox has no volume mounted and no secret's interception: a run with
+    // either is started for it.
+    let agent = match req.volumes.is_empty() && req.secrets.is_empty() {
         true => state.pool.serves(&req).and_then(|k| state.pool.take(&k)),
         false => None,
     };
@@ -312,6 +321,7 @@ async fn execute(
             };
             state.audit.record(&entry);
             state.audit.record_security(&entry, r);
+            super::secrets::audit_uses(state, caller, &run.id, &r.secret_uses);
         }
         Err(e) => state.audit.record(&Entry {
             error: Some(e.to_string()),

@@ -75,3 +75,112 @@ pub(super) fn delete(service: &Service, caller: &Caller, name: &str) -> Result<(
     });
     Ok(())
 }
+
+/// The secrets `names` (a run's), opened for its sandbox: each must be the caller's (404 names
+/// the first that is not), the run must be a native one with network `allow`, and every host
+/// of each must be reachable under its allowlist (400 names those that are not). Each gets a
+/// random placeholder, set as the environment variable of its name.
+pub(super) fn grant(
+    service: &Service,
+    caller: &Caller,
+    names: &[String],
+    req: &mut kennel_types::api::RunRequest,
+) -> Result<(), ServiceError> {
+    use kennel_types::policy::{NetMode, Tier};
+    if names.is_empty() {
+        return Ok(());
+    }
+    if req.policy.tier != Tier::Native {
+        return Err(ServiceError::BadRequest(format!(
+            "`secrets`: the proxy injects secrets in the native tier for now, and this run is \
+             {}: run it in the native tier",
+            req.policy.tier.name()
+        )));
+    }
+    if req.policy.network.mode != NetMode::Allow {
+        return Err(ServiceError::BadRequest(
+            "`secrets`: a secret goes out only through Kennel's proxy: give the run network \
+             \"allow\" naming the secret's hosts"
+                .into(),
+        ));
+    }
+    let tenant = super::volumes::tenant_of(service, caller)?;
+    let allow = req.policy.network.allowlist()?;
+    for name in names {
+        if req.policy.env.contains_key(name) {
+            return Err(ServiceError::BadRequest(format!(
+                "`env` sets {name}, which `secrets` names: the variable holds the secret's \
+                 placeholder; drop it from `env`"
+            )));
+        }
+        let opened = service
+            .secrets
+            .get(&tenant, name)?
+            .ok_or_else(|| not_found(name))?;
+        let hosts = rules_of(&opened.info.hosts)?;
+        let unreachable: Vec<String> = hosts
+            .iter()
+            .filter(|r| !reachable(&allow, r))
+            .map(ToString::to_string)
+            .collect();
+        if !unreachable.is_empty() {
+            return Err(ServiceError::BadRequest(format!(
+                "`secrets`: {name} may go to {}, which the run's allowlist does not reach: add \
+                 them to `network.allow`",
+                unreachable.join(", ")
+            )));
+        }
+        let placeholder = format!(
+            "kennel_secret_{}",
+            super::registry::random_hex::<16>("a secret's placeholder")?
+        );
+        req.policy.env.insert(name.clone(), placeholder.clone());
+        req.secrets.push(kennel_types::secret::Grant {
+            name: name.clone(),
+            placeholder,
+            value: opened.value,
+            header: opened.info.header,
+            hosts,
+        });
+    }
+    req.upstream_ca = service.config.secrets.upstream_ca.clone();
+    Ok(())
+}
+
+/// A stored secret's hosts as rules (they were checked when it was stored).
+fn rules_of(hosts: &[String]) -> Result<Vec<kennel_types::net::Rule>, ServiceError> {
+    hosts
+        .iter()
+        .map(|h| {
+            kennel_types::net::Rule::parse(h)
+                .map_err(|e| ServiceError::Internal(format!("a stored secret's host {h:?}: {e}")))
+        })
+        .collect()
+}
+
+/// Whether the allowlist reaches every host and port `rule` names: an exact host on each of
+/// its ports; a wildcard's subdomains only through a wildcard rule of that domain or above.
+fn reachable(allow: &kennel_types::net::Allowlist, rule: &kennel_types::net::Rule) -> bool {
+    rule.ports.iter().all(|&port| {
+        if !rule.wildcard {
+            return allow.rules.iter().any(|a| a.matches(&rule.domain, port));
+        }
+        allow.rules.iter().any(|a| {
+            a.wildcard
+                && a.ports.contains(&port)
+                && (rule.domain == a.domain || rule.domain.ends_with(&format!(".{}", a.domain)))
+        })
+    })
+}
+
+/// Writes an audit line for each request a run's secrets went into (never a value).
+pub(super) fn audit_uses(service: &Service, caller: &Caller, run: &str, uses: &[kennel_types::secret::Use]) {
+    for u in uses {
+        let to = format!("{}:{}", u.host, u.port);
+        service.audit.event(&Event {
+            secret: Some(&u.secret),
+            url: Some(&to),
+            ..Event::new(&caller.0, "secret-inject", run)
+        });
+    }
+}
