@@ -560,6 +560,7 @@ mod tests {
             security_events: Default::default(),
             exec_log: Vec::new(),
             killed_by: None,
+            secret_uses: vec![],
         };
         let s = structured(serde_json::to_value(&r).unwrap());
         assert_eq!(s["isolation_tier"], "microvm");

@@ -2,7 +2,7 @@
 //! with (a CA of the sandbox's own, `kennel_net::Interceptor`), the CA bundle the sandbox
 //! trusts it through, and the variables that point its clients at that bundle.
 
-use kennel_net::{Interceptor, InterceptError, Roots, Secret, SecretValue};
+use kennel_net::{InterceptError, Interceptor, Roots, Secret, SecretValue};
 use kennel_types::api::RunRequest;
 use kennel_types::policy::Policy;
 
@@ -13,10 +13,16 @@ pub const BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// The variables that make Python's `ssl` and `requests`, pip, curl and Node trust the bundle
 /// (Node adds its file to its own roots).
 pub fn trust_env() -> Vec<(String, String)> {
-    ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "PIP_CERT", "CURL_CA_BUNDLE"]
-        .iter()
-        .map(|k| (k.to_string(), BUNDLE.to_string()))
-        .collect()
+    [
+        "SSL_CERT_FILE",
+        "REQUESTS_CA_BUNDLE",
+        "NODE_EXTRA_CA_CERTS",
+        "PIP_CERT",
+        "CURL_CA_BUNDLE",
+    ]
+    .iter()
+    .map(|k| (k.to_string(), BUNDLE.to_string()))
+    .collect()
 }
 
 /// The interceptor for `req`'s secrets, with a CA made for this sandbox; none without secrets.
@@ -50,8 +56,8 @@ pub fn ca_bundle(policy: &Policy, interceptor: &Interceptor) -> String {
         .rootfs
         .clone()
         .unwrap_or_else(|| std::path::PathBuf::from("/"));
-    let own = std::fs::read_to_string(root.join(BUNDLE.trim_start_matches('/')))
-        .unwrap_or_default();
+    let own =
+        std::fs::read_to_string(root.join(BUNDLE.trim_start_matches('/'))).unwrap_or_default();
     let mut bundle = own;
     if !bundle.is_empty() && !bundle.ends_with('\n') {
         bundle.push('\n');

@@ -234,6 +234,9 @@ impl Audit {
                     host, port, count, ..
                 } => (format!("{host}:{port}"), *count),
                 SecurityEvent::LimitHit { limit } => (limit.clone(), 1),
+                SecurityEvent::SecretMisused {
+                    secret, host, port, ..
+                } => (format!("{secret}->{host}:{port}"), 1),
             };
             let line = classes.entry(e.kind()).or_insert_with(|| SecurityLine {
                 at_unix_ms: entry.at_unix_ms,

@@ -668,6 +668,7 @@ pub struct RunSpec {
     /// with the value in request headers sent over TLS to the secret's own hosts. The run
     /// needs network `allow` naming those hosts (native tier).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(max_items = 16)]
     pub secrets: Vec<String>,
 }
 

@@ -703,7 +703,10 @@ fn check_secret_run(block: &str) {
         serde_json::from_str(block).unwrap_or_else(|e| panic!("{e}: {block}"));
     assert_eq!(spec.secrets, ["OPENAI_KEY"]);
     let allow = spec.network.allowlist().unwrap();
-    assert!(allow.rules.iter().any(|r| r.matches("api.openai.com", 443)), "{block}");
+    assert!(
+        allow.rules.iter().any(|r| r.matches("api.openai.com", 443)),
+        "{block}"
+    );
 }
 
 fn check_mcp_config(scratch: &Scratch, config: &str) {

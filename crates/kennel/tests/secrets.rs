@@ -262,19 +262,61 @@ fn test_ca(dir: &Path) {
             .current_dir(dir)
             .output()
             .expect("openssl runs");
-        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     };
-    openssl(&["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=Kennel test CA",
-        "-days", "1", "-keyout", "ca.key", "-out", "ca.pem"]);
-    openssl(&["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=api.test", "-keyout",
-        "leaf.key", "-out", "leaf.csr"]);
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=Kennel test CA",
+        "-days",
+        "1",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=api.test",
+        "-keyout",
+        "leaf.key",
+        "-out",
+        "leaf.csr",
+    ]);
     std::fs::write(
         dir.join("leaf.ext"),
         "subjectAltName=DNS:api.test\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
     )
     .unwrap();
-    openssl(&["x509", "-req", "-in", "leaf.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-        "-CAcreateserial", "-days", "1", "-extfile", "leaf.ext", "-out", "leaf.pem"]);
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "leaf.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "1",
+        "-extfile",
+        "leaf.ext",
+        "-out",
+        "leaf.pem",
+    ]);
 }
 
 /// A server whose secrets' upstreams may be signed by `ca`.
@@ -319,7 +361,11 @@ fn a_runs_secret_reaches_its_host_only_and_the_code_never_sees_it() {
     }
     let dir = test_dir("secrets-inject-upstream");
     test_ca(&dir);
-    let api = Recorder::start(&dir, "api", Some((&dir.join("leaf.pem"), &dir.join("leaf.key"))));
+    let api = Recorder::start(
+        &dir,
+        "api",
+        Some((&dir.join("leaf.pem"), &dir.join("leaf.key"))),
+    );
     let other = Recorder::start(&dir, "other", None);
     let f = injecting_server("secrets-inject", &dir.join("ca.pem"));
     let (p, o) = (api.port, other.port);
@@ -343,8 +389,7 @@ fn a_runs_secret_reaches_its_host_only_and_the_code_never_sees_it() {
     assert_eq!(r.status, 200, "{}", r.text());
     let result = r.json();
     assert_eq!(
-        result["stdout"],
-        "placeholder\nok /curl\nok /requests\nok /node\nok /plain\n",
+        result["stdout"], "placeholder\nok /curl\nok /requests\nok /node\nok /plain\n",
         "{result}"
     );
     assert!(!r.text().contains(VALUE), "the result holds the value");
@@ -363,15 +408,19 @@ fn a_runs_secret_reaches_its_host_only_and_the_code_never_sees_it() {
         .collect();
     assert_eq!(
         misused,
-        [&json!({"kind": "secret_misused", "secret": "API_KEY", "host": "other.test",
-                 "port": o, "protocol": "http"})],
+        [
+            &json!({"kind": "secret_misused", "secret": "API_KEY", "host": "other.test",
+                 "port": o, "protocol": "http"})
+        ],
         "{result}"
     );
     let audit = std::fs::read_to_string(&f.audit).unwrap();
     assert!(!audit.contains(VALUE));
     let injected = audit
         .lines()
-        .filter(|l| l.contains("\"kind\":\"secret-inject\"") && l.contains("\"secret\":\"API_KEY\""))
+        .filter(|l| {
+            l.contains("\"kind\":\"secret-inject\"") && l.contains("\"secret\":\"API_KEY\"")
+        })
         .count();
     assert_eq!(injected, 3, "{audit}");
     assert!(!f.server.log_text().contains(VALUE));
@@ -406,19 +455,40 @@ fn runs_naming_secrets_they_cannot_have_are_refused_before_they_start() {
     };
     let nope = run("NOPE", allow(&["api.test:443"]), json!({}));
     assert_eq!(nope.status, 404, "{}", nope.text());
-    assert!(nope.text().contains("no secret \\\"NOPE\\\""), "{}", nope.text());
+    assert!(
+        nope.text().contains("no secret \\\"NOPE\\\""),
+        "{}",
+        nope.text()
+    );
     let theirs = run("B_KEY", allow(&["api.test:443"]), json!({}));
     assert_eq!(theirs.status, 404, "{}", theirs.text());
     let far = run("API_KEY", allow(&["pypi.org"]), json!({}));
     assert_eq!(far.status, 400, "{}", far.text());
-    assert!(far.text().contains("API_KEY may go to api.test:443, which the run's allowlist does not reach"), "{}", far.text());
+    assert!(
+        far.text()
+            .contains("API_KEY may go to api.test:443, which the run's allowlist does not reach"),
+        "{}",
+        far.text()
+    );
     let closed = run("API_KEY", json!({"mode": "none"}), json!({}));
     assert_eq!(closed.status, 400, "{}", closed.text());
-    assert!(closed.text().contains("network \\\"allow\\\""), "{}", closed.text());
-    let oci = run("API_KEY", allow(&["api.test:443"]), json!({"runtime": "runsc"}));
+    assert!(
+        closed.text().contains("network \\\"allow\\\""),
+        "{}",
+        closed.text()
+    );
+    let oci = run(
+        "API_KEY",
+        allow(&["api.test:443"]),
+        json!({"runtime": "runsc"}),
+    );
     assert_eq!(oci.status, 400, "{}", oci.text());
     assert!(oci.text().contains("native tier"), "{}", oci.text());
-    let env = run("API_KEY", allow(&["api.test:443"]), json!({"env": {"API_KEY": "x"}}));
+    let env = run(
+        "API_KEY",
+        allow(&["api.test:443"]),
+        json!({"env": {"API_KEY": "x"}}),
+    );
     assert_eq!(env.status, 400, "{}", env.text());
     let twice = a.post_json(
         "/v1/runs",

@@ -603,6 +603,13 @@ export interface components {
             platform?: null | components["schemas"]["Platform"];
             /** @description The OCI runtime: `runsc` (gVisor), `crun` or `runc`; implies tier `oci`. */
             runtime?: null | components["schemas"]["Runtime"];
+            /**
+             * @description This token's secrets (`POST /v1/secrets` stores them) the code may use: each is an
+             *     environment variable of its name holding a placeholder, which Kennel's proxy replaces
+             *     with the value in request headers sent over TLS to the secret's own hosts. The run
+             *     needs network `allow` naming those hosts (native tier).
+             */
+            secrets?: string[];
             /** @description Text for the code's stdin. */
             stdin?: string | null;
             /** @description `native` (the default), `oci` or `microvm` (a guest kernel per run). */
@@ -693,6 +700,13 @@ export interface components {
             rich?: boolean;
             /** @description The OCI runtime: `runsc` (gVisor), `crun` or `runc`; implies tier `oci`. */
             runtime?: null | components["schemas"]["Runtime"];
+            /**
+             * @description This token's secrets (`POST /v1/secrets` stores them) the code may use: each is an
+             *     environment variable of its name holding a placeholder, which Kennel's proxy replaces
+             *     with the value in request headers sent over TLS to the secret's own hosts. The run
+             *     needs network `allow` naming those hosts (native tier).
+             */
+            secrets?: string[];
             /** @description Text for the code's stdin. */
             stdin?: string | null;
             /** @description `native` (the default), `oci` or `microvm` (a guest kernel per run). */
@@ -1803,6 +1817,23 @@ export interface components {
             port: number;
             /** @description Why the first one was refused (not on the allowlist, a forbidden address). */
             reason: string;
+        } | {
+            /** @description Where it was going. */
+            host: string;
+            /**
+             * @description The event's kind (`denied_syscall`, `network_refused` or `limit_hit`), which says which other fields it has.
+             * @enum {string}
+             */
+            kind: "secret_misused";
+            /**
+             * Format: int32
+             * @description The port.
+             */
+            port: number;
+            /** @description How it was going (`http`, `connect`, `direct`). */
+            protocol: string;
+            /** @description The secret whose placeholder it was. */
+            secret: string;
         } | {
             /**
              * @description The event's kind (`denied_syscall`, `network_refused` or `limit_hit`), which says which other fields it has.

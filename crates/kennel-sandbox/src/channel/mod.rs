@@ -390,6 +390,7 @@ mod tests {
             devices: vec![],
             boot_id: None,
             volumes: vec![],
+            ca_bundle: None,
         }
     }
 

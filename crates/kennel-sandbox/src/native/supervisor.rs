@@ -79,7 +79,9 @@ impl Native {
         let files = input_files(req)?;
         check_host(policy)?;
         let interceptor = crate::intercept::interceptor(req).map_err(intercept_failed)?;
-        let ca_bundle = interceptor.as_ref().map(|i| crate::intercept::ca_bundle(policy, i));
+        let ca_bundle = interceptor
+            .as_ref()
+            .map(|i| crate::intercept::ca_bundle(policy, i));
         let mut env = sandbox_env(policy);
         if interceptor.is_some() {
             env.extend(crate::intercept::trust_env());

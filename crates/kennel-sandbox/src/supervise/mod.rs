@@ -254,7 +254,6 @@ fn watch<T: Supervised>(
     };
     let mut result = build_result(req, outcome, isolation);
     result.network_log = network_log;
-    report::add_secret_events(&mut result, secret_events);
     tier.finish(&mut result);
     match tally {
         Some(tally) => tally.into_result(&mut result),
@@ -267,6 +266,8 @@ fn watch<T: Supervised>(
         None => {}
     }
     result.add_derived_events();
+    // After the watch's tally, which sets the security events it counted.
+    report::add_secret_events(&mut result, secret_events);
     Ok(result)
 }
 

@@ -93,6 +93,7 @@ pub fn build_result(req: &RunRequest, o: Outcome, isolation: Isolation) -> RunRe
         security_events: kennel_types::security::SecurityEvents::default(),
         exec_log: vec![],
         killed_by: None,
+        secret_uses: vec![],
     }
 }
 

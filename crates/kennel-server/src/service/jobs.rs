@@ -618,6 +618,7 @@ mod tests {
             security_events: Default::default(),
             exec_log: vec![],
             killed_by: None,
+            secret_uses: vec![],
         };
         jobs.finish("a", RunStatus::Finished, 2, Some(&result), None)
             .unwrap();

@@ -537,6 +537,7 @@ async fn run_pooled(
         security_events: Default::default(),
         exec_log: vec![],
         killed_by: None,
+        secret_uses: vec![],
     };
     watched(&mut result, watch.as_deref(), before.as_ref(), language);
     Ok(result)

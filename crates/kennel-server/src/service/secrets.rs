@@ -4,6 +4,7 @@
 
 use super::action::Caller;
 use super::error::ServiceError;
+use super::secret_store::Opened;
 use super::state::Service;
 use crate::audit::Event;
 use kennel_types::secret::{SecretInfo, SecretSpec, MAX_SECRETS};
@@ -90,6 +91,22 @@ pub(super) fn grant(
     if names.is_empty() {
         return Ok(());
     }
+    // Each name first: one the caller has not is a 404 whatever else the run says.
+    let tenant = super::volumes::tenant_of(service, caller)?;
+    let mut opened = Vec::with_capacity(names.len());
+    for name in names {
+        kennel_types::secret::check_secret_name(name).map_err(|_| not_found(name))?;
+        let secret = service
+            .secrets
+            .get(&tenant, name)?
+            .ok_or_else(|| not_found(name))?;
+        if opened.iter().any(|o: &Opened| &o.info.name == name) {
+            return Err(ServiceError::BadRequest(format!(
+                "`secrets` names {name:?} twice"
+            )));
+        }
+        opened.push(secret);
+    }
     if req.policy.tier != Tier::Native {
         return Err(ServiceError::BadRequest(format!(
             "`secrets`: the proxy injects secrets in the native tier for now, and this run is \
@@ -104,20 +121,16 @@ pub(super) fn grant(
                 .into(),
         ));
     }
-    let tenant = super::volumes::tenant_of(service, caller)?;
     let allow = req.policy.network.allowlist()?;
-    for name in names {
-        if req.policy.env.contains_key(name) {
+    for secret in opened {
+        let name = secret.info.name.clone();
+        if req.policy.env.contains_key(&name) {
             return Err(ServiceError::BadRequest(format!(
                 "`env` sets {name}, which `secrets` names: the variable holds the secret's \
                  placeholder; drop it from `env`"
             )));
         }
-        let opened = service
-            .secrets
-            .get(&tenant, name)?
-            .ok_or_else(|| not_found(name))?;
-        let hosts = rules_of(&opened.info.hosts)?;
+        let hosts = rules_of(&secret.info.hosts)?;
         let unreachable: Vec<String> = hosts
             .iter()
             .filter(|r| !reachable(&allow, r))
@@ -136,10 +149,10 @@ pub(super) fn grant(
         );
         req.policy.env.insert(name.clone(), placeholder.clone());
         req.secrets.push(kennel_types::secret::Grant {
-            name: name.clone(),
+            name,
             placeholder,
-            value: opened.value,
-            header: opened.info.header,
+            value: secret.value,
+            header: secret.info.header,
             hosts,
         });
     }
@@ -174,7 +187,12 @@ fn reachable(allow: &kennel_types::net::Allowlist, rule: &kennel_types::net::Rul
 }
 
 /// Writes an audit line for each request a run's secrets went into (never a value).
-pub(super) fn audit_uses(service: &Service, caller: &Caller, run: &str, uses: &[kennel_types::secret::Use]) {
+pub(super) fn audit_uses(
+    service: &Service,
+    caller: &Caller,
+    run: &str,
+    uses: &[kennel_types::secret::Use],
+) {
     for u in uses {
         let to = format!("{}:{}", u.host, u.port);
         service.audit.event(&Event {

@@ -222,6 +222,7 @@ fn plan() -> Plan {
             read_only: false,
             kind: kennel_types::volume::VolumeKind::Host,
         }],
+        ca_bundle: None,
     }
 }
 
