@@ -353,7 +353,8 @@ fn needs_root() -> bool {
 /// The code sees a placeholder; curl, Python's requests and Node's https each send it to the
 /// secret's host over TLS, and the host receives the value. The same placeholder over plain
 /// HTTP to another allowed host arrives as it was, and is a security event. The value is in
-/// no result, log or audit line; each injection has its audit line.
+/// no result, log or audit line, and in none of the sandbox's environments or files; each
+/// injection has its audit line.
 #[test]
 fn a_runs_secret_reaches_its_host_only_and_the_code_never_sees_it() {
     if !needs_root() {
@@ -372,13 +373,20 @@ fn a_runs_secret_reaches_its_host_only_and_the_code_never_sees_it() {
     let mut s = spec("API_KEY");
     s["hosts"] = json!([format!("api.test:{p}")]);
     assert_eq!(f.server.client.post_json("/v1/secrets", &s).status, 201);
+    // The value in two halves: the code's own text never holds it whole, so a search of
+    // the sandbox's environments and files for it finds only what Kennel put there (nothing).
+    // `-q`: grep's status is then 0 on a match even where some files could not be read.
+    let (h1, h2) = VALUE.split_at(12);
     let code = format!(
         "set -e\n\
          case \"$API_KEY\" in kennel_secret_*) echo placeholder;; *) echo \"$API_KEY\";; esac\n\
          curl -sS https://api.test:{p}/curl -H \"Authorization: Bearer $API_KEY\"; echo\n\
          python3 -c 'import os, requests; print(requests.get(\"https://api.test:{p}/requests\", headers={{\"Authorization\": \"Bearer \" + os.environ[\"API_KEY\"]}}).text)'\n\
          node -e 'require(\"https\").get({{host: \"api.test\", port: {p}, path: \"/node\", headers: {{Authorization: \"Bearer \" + process.env.API_KEY}}}}, r => {{ let b = \"\"; r.on(\"data\", d => b += d); r.on(\"end\", () => console.log(b)); }})'\n\
-         curl -sS http://other.test:{o}/plain -H \"Authorization: Bearer $API_KEY\"; echo\n"
+         curl -sS http://other.test:{o}/plain -H \"Authorization: Bearer $API_KEY\"; echo\n\
+         v=\"{h1}\"\"{h2}\"\n\
+         if grep -rqsF \"$v\" /proc/[0-9]*/environ /etc /workspace /tmp; then echo found; \
+         else echo nowhere; fi\n"
     );
     let run = json!({
         "language": "sh", "code": code, "secrets": ["API_KEY"],
@@ -389,7 +397,7 @@ fn a_runs_secret_reaches_its_host_only_and_the_code_never_sees_it() {
     assert_eq!(r.status, 200, "{}", r.text());
     let result = r.json();
     assert_eq!(
-        result["stdout"], "placeholder\nok /curl\nok /requests\nok /node\nok /plain\n",
+        result["stdout"], "placeholder\nok /curl\nok /requests\nok /node\nok /plain\nnowhere\n",
         "{result}"
     );
     assert!(!r.text().contains(VALUE), "the result holds the value");
