@@ -251,8 +251,9 @@ impl Shared {
     }
 }
 
-/// A poisoned lock still guards sound data here: every critical section is a push or a take.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+/// A poisoned lock still guards sound data here: every critical section of the proxy's (a
+/// push, a take, a table's update) leaves it whole.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 

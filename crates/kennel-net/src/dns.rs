@@ -20,6 +20,8 @@ use hickory_proto::rr::rdata::A;
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 use kennel_types::net::Allowlist;
 
+use crate::conn::lock;
+
 /// The first synthetic address: 198.18.0.0/15 holds 2^17 of them, of which a sandbox uses the
 /// first [`MAX_NAMES`] after it.
 pub const SYNTHETIC_BASE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 0);
@@ -154,9 +156,14 @@ pub fn answer(query: &[u8], allow: &Allowlist, names: &mut Names) -> Option<Answ
     reply.to_vec().ok().map(|reply| Answer { reply, given })
 }
 
-/// The destination of a TCP segment as a raw socket reads it (see `Resolver::watch_refusals`).
-pub fn syn_destination(packet: &[u8]) -> Option<(Ipv4Addr, u16)> {
-    crate::refused::destination(packet)
+/// Calls `seen` with the destination of each SYN `raw` reads (a raw TCP socket filtered to the
+/// synthetic range, as `Resolver::watch_refusals` takes), on a thread of its own, for as long
+/// as the socket lasts: a microVM guest's watch, which hands each to the host.
+pub fn watch_syns(
+    raw: std::fs::File,
+    seen: impl Fn(Ipv4Addr, u16) + Send + 'static,
+) -> JoinHandle<()> {
+    crate::refused::watch(raw, Arc::new(AtomicBool::new(false)), seen)
 }
 
 /// Whether `addr` is in the synthetic range.
@@ -268,10 +275,11 @@ impl Listeners {
     }
 }
 
-/// Makes each listener's accepting thread return: `close` alone would not wake it.
-fn shut(listeners: impl Iterator<Item = TcpListener>) {
+/// Makes each listener's accepting thread return, which `close` alone would not; an error
+/// (not connected) is harmless here.
+pub(crate) fn shut<L: std::os::fd::AsFd>(listeners: impl IntoIterator<Item = L>) {
     for l in listeners {
-        let _ = rustix::net::shutdown(&l, rustix::net::Shutdown::Both);
+        let _ = rustix::net::shutdown(l, rustix::net::Shutdown::Both);
     }
 }
 
@@ -378,11 +386,6 @@ impl Drop for Resolver {
     fn drop(&mut self) {
         self.stop();
     }
-}
-
-/// A poisoned lock still guards sound data here: each critical section leaves it whole.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]

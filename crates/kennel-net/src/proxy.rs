@@ -190,11 +190,7 @@ impl Proxy {
 
 impl Proxy {
     fn stop_accepting(&self) {
-        for l in &self.listeners {
-            // Makes a thread blocked in `accept` return, which `close` alone would not; an error
-            // (not connected) is harmless here.
-            let _ = rustix::net::shutdown(l, rustix::net::Shutdown::Both);
-        }
+        dns::shut(&self.listeners);
     }
 }
 

@@ -48,15 +48,12 @@ pub type Forward = Arc<dyn Outbound>;
 /// gives names (see `kennel_net::dns`).
 pub fn start_proxy(pid: i32, allow: Allowlist) -> io::Result<Proxy> {
     let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))?;
-    let (http, socks, dns) = in_netns(&ns, resolver_sockets)?;
-    let raw = in_netns(&ns, || {
-        sys::syn_watch_socket(SYNTHETIC_BASE, SYNTHETIC_MASK)
-    })?;
+    let (http, socks, dns, raw) = in_netns(&ns, resolver_sockets)?;
     let mut proxy = Proxy::serve(http, socks, allow)?;
     let bind: Bind =
         Arc::new(move |addr, port| in_netns(&ns, move || TcpListener::bind((addr, port))));
     proxy.serve_dns(dns, bind)?;
-    proxy.watch_refusals(std::fs::File::from(raw))?;
+    proxy.watch_refusals(raw)?;
     Ok(proxy)
 }
 
@@ -65,7 +62,7 @@ pub fn start_proxy(pid: i32, allow: Allowlist) -> io::Result<Proxy> {
 /// them to `forward`, on threads that last as long as the process (a guest's).
 pub fn start_forwarder(pid: i32, forward: Forward) -> io::Result<()> {
     let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))?;
-    let (http, socks, dns) = in_netns(&ns, resolver_sockets)?;
+    let (http, socks, dns, raw) = in_netns(&ns, resolver_sockets)?;
     for (listener, port) in [(http, HTTP_PORT), (socks, SOCKS_PORT)] {
         forward_from(
             listener,
@@ -73,12 +70,18 @@ pub fn start_forwarder(pid: i32, forward: Forward) -> io::Result<()> {
             forward.clone(),
         );
     }
-    let raw = in_netns(&ns, || {
-        sys::syn_watch_socket(SYNTHETIC_BASE, SYNTHETIC_MASK)
-    })?;
     let bound = Bound::default();
     let (knocks, seen) = (forward.clone(), bound.clone());
-    std::thread::spawn(move || forward_refusals(raw, &seen, &knocks));
+    // A guest's refused connections to synthetic addresses: each is tried again on the host,
+    // where the proxy's own watch logs it (see `Outbound::knock`).
+    kennel_net::dns::watch_syns(raw, move |addr, port| {
+        let listening = lock(&seen)
+            .get(&addr)
+            .is_some_and(|ports| ports.contains(&port));
+        if !listening {
+            knocks.knock(SocketAddrV4::new(addr, port));
+        }
+    });
     std::thread::spawn(move || forward_queries(&dns, &ns, &forward, &bound));
     Ok(())
 }
@@ -87,27 +90,8 @@ pub fn start_forwarder(pid: i32, forward: Forward) -> io::Result<()> {
 type Bound =
     Arc<std::sync::Mutex<std::collections::HashMap<Ipv4Addr, std::collections::HashSet<u16>>>>;
 
-/// A guest's refused connections to synthetic addresses: each is tried again on the host,
-/// where the proxy's own watch logs it (see `Outbound::knock`).
-fn forward_refusals(raw: std::os::fd::OwnedFd, bound: &Bound, forward: &Forward) {
-    use std::io::Read;
-    let mut raw = std::fs::File::from(raw);
-    let mut buf = [0u8; 128];
-    while let Ok(n) = raw.read(&mut buf) {
-        let Some((addr, port)) = kennel_net::dns::syn_destination(&buf[..n]) else {
-            continue;
-        };
-        let listening = lock(bound)
-            .get(&addr)
-            .is_some_and(|ports| ports.contains(&port));
-        if !listening {
-            forward.knock(SocketAddrV4::new(addr, port));
-        }
-    }
-}
-
 /// A poisoned lock still guards sound data here: each critical section leaves it whole.
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -146,16 +130,14 @@ fn forward_queries(dns: &UdpSocket, ns: &std::fs::File, forward: &Forward, bound
     }
 }
 
-/// The proxy's listeners, the synthetic range on loopback and the resolver's socket, in the
-/// current thread's network namespace.
-fn resolver_sockets() -> io::Result<(TcpListener, TcpListener, UdpSocket)> {
+/// The proxy's listeners, the synthetic range on loopback, the resolver's socket and the raw
+/// socket that sees the SYNs to that range, in the current thread's network namespace.
+fn resolver_sockets() -> io::Result<(TcpListener, TcpListener, UdpSocket, std::fs::File)> {
     let (http, socks) = proxy_listeners()?;
     sys::loopback_add_net(SYNTHETIC_BASE, SYNTHETIC_MASK)?;
-    Ok((
-        http,
-        socks,
-        UdpSocket::bind((Ipv4Addr::LOCALHOST, DNS_PORT))?,
-    ))
+    let dns = UdpSocket::bind((Ipv4Addr::LOCALHOST, DNS_PORT))?;
+    let raw = sys::syn_watch_socket(SYNTHETIC_BASE, SYNTHETIC_MASK)?;
+    Ok((http, socks, dns, raw.into()))
 }
 
 /// Brings loopback up (so 127.0.0.1 exists) and binds the proxy's two listeners on it, in the

@@ -25,6 +25,12 @@ struct Fixture {
 }
 
 fn fixture(name: &str, key: bool) -> Fixture {
+    fixture_with(name, key, None)
+}
+
+/// As [`fixture`], the proxy trusting `ca` upstream beside the public roots, and pins to
+/// loopback allowed.
+fn fixture_with(name: &str, key: bool, ca: Option<&Path>) -> Fixture {
     let dir = test_dir(&format!("{name}-files"));
     let state = dir.join("state");
     std::fs::create_dir_all(&state).unwrap();
@@ -33,11 +39,17 @@ fn fixture(name: &str, key: bool) -> Fixture {
         "audit_log = {audit:?}\n{NO_POOL}\n[[tokens]]\nid = \"a\"\ntoken = \"{TOKEN_A}\"\n\
          [[tokens]]\nid = \"b\"\ntoken = \"{TOKEN_B}\"\n"
     );
+    if ca.is_some() {
+        config = format!("allow_pins_to = [\"127.0.0.0/8\"]\n{config}");
+    }
     if key {
         let key = dir.join("secrets.key");
         std::fs::write(&key, "5a".repeat(32)).unwrap();
         std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
         config += &format!("[secrets]\nkey_file = {key:?}\n");
+        if let Some(ca) = ca {
+            config += &format!("upstream_ca = [{ca:?}]\n");
+        }
     }
     let env = [("KENNEL_STATE_DIR", state.to_str().unwrap())];
     let server = Server::start_with(name, &config, &env, Some(TOKEN_A));
@@ -254,8 +266,11 @@ impl Drop for Recorder {
     }
 }
 
-/// A test CA (`ca.pem`) and a leaf it signed for `api.test` (`leaf.pem`, `leaf.key`) in `dir`.
-fn test_ca(dir: &Path) {
+/// A test directory `name` holding a test CA (`ca.pem`) and a leaf it signed for `api.test`
+/// (`leaf.pem`, `leaf.key`).
+fn test_ca(name: &str) -> PathBuf {
+    let dir = test_dir(name);
+    let dir = dir.as_path();
     let openssl = |args: &[&str]| {
         let out = std::process::Command::new("openssl")
             .args(args)
@@ -317,30 +332,13 @@ fn test_ca(dir: &Path) {
         "-out",
         "leaf.pem",
     ]);
+    dir.to_path_buf()
 }
 
-/// A server whose secrets' upstreams may be signed by `ca`.
+/// A server whose secrets' upstreams may be signed by `ca` (its runs may pin names to
+/// loopback, where the tests' upstreams are).
 fn injecting_server(name: &str, ca: &Path) -> Fixture {
-    let dir = test_dir(&format!("{name}-files"));
-    let state = dir.join("state");
-    std::fs::create_dir_all(&state).unwrap();
-    let audit = dir.join("audit.log");
-    let key = dir.join("secrets.key");
-    std::fs::write(&key, "5a".repeat(32)).unwrap();
-    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let config = format!(
-        "audit_log = {audit:?}\nallow_pins_to = [\"127.0.0.0/8\"]\n{NO_POOL}\n\
-         [[tokens]]\nid = \"a\"\ntoken = \"{TOKEN_A}\"\n\
-         [[tokens]]\nid = \"b\"\ntoken = \"{TOKEN_B}\"\n\
-         [secrets]\nkey_file = {key:?}\nupstream_ca = [{ca:?}]\n"
-    );
-    let env = [("KENNEL_STATE_DIR", state.to_str().unwrap())];
-    let server = Server::start_with(name, &config, &env, Some(TOKEN_A));
-    Fixture {
-        server,
-        state,
-        audit,
-    }
+    fixture_with(name, true, Some(ca))
 }
 
 fn needs_root() -> bool {
@@ -360,8 +358,7 @@ fn a_runs_secret_reaches_its_host_only_and_the_code_never_sees_it() {
     if !needs_root() {
         return;
     }
-    let dir = test_dir("secrets-inject-upstream");
-    test_ca(&dir);
+    let dir = test_ca("secrets-inject-upstream");
     let api = Recorder::start(
         &dir,
         "api",
@@ -443,8 +440,7 @@ fn runs_naming_secrets_they_cannot_have_are_refused_before_they_start() {
     if !needs_root() {
         return;
     }
-    let dir = test_dir("secrets-refused-ca");
-    test_ca(&dir);
+    let dir = test_ca("secrets-refused-ca");
     let f = injecting_server("secrets-refused", &dir.join("ca.pem"));
     let a = &f.server.client;
     let b = a.with_token(Some(TOKEN_B));

@@ -15,7 +15,7 @@ use std::time::Duration;
 use kennel_net::{HTTP_PORT, SOCKS_PORT};
 
 use crate::channel::{self, Msg};
-use crate::egress::{Outbound, Resolved, DIAL_FAILED, DIAL_OK, DIAL_PORT, DIAL_REFUSED};
+use crate::egress::{lock, Outbound, Resolved, DIAL_FAILED, DIAL_OK, DIAL_PORT, DIAL_REFUSED};
 use crate::sys;
 
 /// Connections open at once, per VM: a guest cannot make the host hold more.
@@ -285,7 +285,7 @@ impl Dialer {
             let _ = ready.send(Ok(sys::gettid()));
             for mut stream in listener.incoming().flatten() {
                 let mut port = [0u8; 2];
-                let _ = stream.set_read_timeout(Some(DNS_WAIT));
+                let _ = stream.set_read_timeout(Some(WAIT));
                 if stream.read_exact(&mut port).is_ok() && stream.set_read_timeout(None).is_ok() {
                     links.dial(stream, u16::from_be_bytes(port));
                 }
@@ -296,9 +296,10 @@ impl Dialer {
     }
 }
 
-/// How long the guest's resolver waits for the host's answer: a client retries after its own
-/// timeout (glibc's is 5 s).
-const DNS_WAIT: Duration = Duration::from_secs(5);
+/// How long one side waits for the other's answer: the guest's resolver for the host's (a
+/// client retries after its own timeout, glibc's 5 s), the dialer for a preview's port, the
+/// connector for the proxy.
+const WAIT: Duration = Duration::from_secs(5);
 
 /// The guest's way out: through the agent port to the host's proxy and resolver.
 impl Outbound for Arc<Links> {
@@ -323,15 +324,10 @@ impl Outbound for Arc<Links> {
         lock(&self.asked).insert(id, tx);
         let answer = send(&self.peer, &Msg::DnsQuery { id }, query)
             .ok()
-            .and_then(|()| rx.recv_timeout(DNS_WAIT).ok());
+            .and_then(|()| rx.recv_timeout(WAIT).ok());
         lock(&self.asked).remove(&id);
         answer
     }
-}
-
-/// A poisoned lock still guards sound data here: each critical section leaves it whole.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The relay's way to the run's proxy: a thread in a network namespace of its own, where the
@@ -437,9 +433,9 @@ fn ended() -> io::Error {
 /// In the connector's namespace: a connection to `to` unless the proxy listens there, which
 /// the kernel refuses and the proxy's watch logs.
 fn knock(to: SocketAddrV4) {
-    let table = std::fs::read_to_string("/proc/thread-self/net/tcp").unwrap_or_default();
-    if !listening_ports(&table, *to.ip()).contains(&to.port()) {
-        let _ = TcpStream::connect_timeout(&to.into(), DNS_WAIT);
+    let listening = listening_here(*to.ip()).unwrap_or_default();
+    if !listening.contains(&to.port()) {
+        let _ = TcpStream::connect_timeout(&to.into(), WAIT);
     }
 }
 
@@ -449,19 +445,22 @@ fn knock(to: SocketAddrV4) {
 fn ask_resolver(query: &[u8]) -> io::Result<Resolved> {
     let socket = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0))?;
     socket.connect((Ipv4Addr::LOCALHOST, kennel_net::dns::DNS_PORT))?;
-    socket.set_read_timeout(Some(DNS_WAIT))?;
+    socket.set_read_timeout(Some(WAIT))?;
     socket.send(query)?;
     let mut buf = vec![0u8; 4096];
     let n = socket.recv(&mut buf)?;
     buf.truncate(n);
     let given = match kennel_net::dns::answered_address(&buf) {
-        Some(addr) => {
-            let table = std::fs::read_to_string("/proc/thread-self/net/tcp")?;
-            Some((addr, listening_ports(&table, addr)))
-        }
+        Some(addr) => Some((addr, listening_here(addr)?)),
         None => None,
     };
     Ok(Resolved { reply: buf, given })
+}
+
+/// The ports sockets listen on at `addr` in the calling thread's network namespace.
+fn listening_here(addr: Ipv4Addr) -> io::Result<Vec<u16>> {
+    let table = std::fs::read_to_string("/proc/thread-self/net/tcp")?;
+    Ok(listening_ports(&table, addr))
 }
 
 /// The ports sockets listen on at `addr`, from a `/proc/net/tcp` table (addresses as the

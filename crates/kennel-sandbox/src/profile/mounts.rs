@@ -228,34 +228,31 @@ pub fn resolv_conf(mode: kennel_types::policy::NetMode) -> Option<&'static str> 
     }
 }
 
-/// Shows [`resolv_conf`] at /etc/resolv.conf where the view has a file there: written into
-/// the new root's own tmpfs, bound over the file read-only, and unlinked (the mount keeps it).
-/// A view without the file (or with a symlink there, which a mount would follow) is left as is.
+/// Shows [`resolv_conf`] at /etc/resolv.conf (see [`overlay`]).
 pub fn resolver(view: &dyn View, mode: kennel_types::policy::NetMode) -> Vec<Op> {
-    let (Some(data), Some(Kind::File)) = (resolv_conf(mode), view.kind("etc/resolv.conf")) else {
-        return vec![];
-    };
-    let source = r(".kennel-resolv.conf");
-    vec![
-        Op::Write {
-            path: source.clone(),
-            data: data.into(),
-        },
-        bind(source.clone(), r("etc/resolv.conf")),
-        Op::RemountReadOnly(r("etc/resolv.conf")),
-        Op::Remove(source),
-    ]
+    overlay(
+        view,
+        "etc/resolv.conf",
+        ".kennel-resolv.conf",
+        resolv_conf(mode),
+    )
 }
 
 /// Shows `bundle` (the sandbox's CA bundle, with the CA its secrets' interception signs with)
-/// at the system's bundle path where the view has a file there, as [`resolver`] shows its
-/// file: written into the new root's tmpfs, bound read-only, unlinked.
+/// at the system's bundle path (see [`overlay`]).
 pub fn trust(view: &dyn View, bundle: Option<&str>) -> Vec<Op> {
     let rel = crate::intercept::BUNDLE.trim_start_matches('/');
-    let (Some(data), Some(Kind::File)) = (bundle, view.kind(rel)) else {
+    overlay(view, rel, ".kennel-ca.pem", bundle)
+}
+
+/// Shows `data` at `rel` where the view has a file there: written into the new root's own
+/// tmpfs as `source`, bound over the file read-only, and unlinked (the mount keeps it). A view
+/// without the file (or with a symlink there, which a mount would follow) is left as is.
+fn overlay(view: &dyn View, rel: &str, source: &str, data: Option<&str>) -> Vec<Op> {
+    let (Some(data), Some(Kind::File)) = (data, view.kind(rel)) else {
         return vec![];
     };
-    let source = r(".kennel-ca.pem");
+    let source = r(source);
     vec![
         Op::Write {
             path: source.clone(),

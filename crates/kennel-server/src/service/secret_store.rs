@@ -116,14 +116,7 @@ fn key_bytes(bytes: &[u8]) -> Option<[u8; 32]> {
         return Some(raw);
     }
     let text = std::str::from_utf8(bytes).ok()?.trim();
-    if text.len() != 64 {
-        return None;
-    }
-    let mut key = [0u8; 32];
-    for (i, byte) in key.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(key)
+    <[u8; 32]>::try_from(hex::decode(text).ok()?).ok()
 }
 
 /// A secret as its file holds it.
@@ -208,8 +201,8 @@ impl Store {
         let Some(sealed) = read_sealed(&self.file(tenant, name)?) else {
             return Ok(None);
         };
-        let hex = |s: &str| hex_decode(s);
-        let (Some(nonce), Some(bytes)) = (hex(&sealed.nonce), hex(&sealed.sealed)) else {
+        let (Ok(nonce), Ok(bytes)) = (hex::decode(&sealed.nonce), hex::decode(&sealed.sealed))
+        else {
             return Err(internal("the secret's file", "not hex"));
         };
         let plain = key.open(tenant, name, &nonce, &bytes).ok_or_else(|| {
@@ -236,8 +229,8 @@ impl Store {
             hosts: info.hosts.clone(),
             header: info.header.clone(),
             created_unix_ms: info.created_unix_ms,
-            nonce: hex_encode(&nonce),
-            sealed: hex_encode(&sealed),
+            nonce: crate::audit::hex(&nonce),
+            sealed: crate::audit::hex(&sealed),
         };
         let json = serde_json::to_vec(&file).map_err(|e| internal("the secret's file", e))?;
         let path = dir.join(format!("{}.json", info.name));
@@ -294,19 +287,6 @@ fn write_private(path: &Path, data: &[u8]) -> Result<(), ServiceError> {
     f.write_all(data)
         .and_then(|()| f.sync_all())
         .map_err(|e| internal("the secret's file", e))
-}
-
-fn hex_encode(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn hex_decode(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..s.len() / 2)
-        .map(|i| u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok())
-        .collect()
 }
 
 /// The server's own failure: logged with its cause, answered as a 500 without it.
