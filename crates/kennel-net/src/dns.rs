@@ -163,7 +163,24 @@ pub fn watch_syns(
     raw: std::fs::File,
     seen: impl Fn(Ipv4Addr, u16) + Send + 'static,
 ) -> JoinHandle<()> {
-    crate::refused::watch(raw, Arc::new(AtomicBool::new(false)), seen)
+    let turn = move |raw: &std::fs::File| crate::refused::drain(raw, &seen);
+    crate::refused::watch(raw, Arc::new(AtomicBool::new(false)), turn)
+}
+
+/// What sees a SYN to the synthetic range: where a resolver's watch logs it.
+type Seen = Arc<dyn Fn(Ipv4Addr, u16) + Send + Sync>;
+
+/// The raw socket of a resolver's watch with what sees its SYNs, once it is watched: read only
+/// under its lock, by the watch or by the resolver before it answers (see `Resolver::serve`).
+type Watched = Arc<Mutex<Option<(std::fs::File, Seen)>>>;
+
+/// Reads the SYNs queued on the watch's socket now, if there is a watch; false once it is shut
+/// down.
+fn drain_watched(watched: &Watched) -> bool {
+    match &*lock(watched) {
+        Some((raw, seen)) => crate::refused::drain(raw, &**seen),
+        None => true,
+    }
 }
 
 /// Whether `addr` is in the synthetic range.
@@ -209,7 +226,7 @@ pub struct Resolver {
     bind: Bind,
     threads: Vec<JoinHandle<()>>,
     /// The raw socket that sees connections to the synthetic range, once it is watched.
-    watched: Option<std::fs::File>,
+    watched: Watched,
 }
 
 impl std::fmt::Debug for Resolver {
@@ -304,6 +321,8 @@ impl Resolver {
         let live: Arc<dyn Served> = Arc::new(live);
         let (rx, done, held) = (socket.try_clone()?, stopped.clone(), listeners.clone());
         let (known, served, binder) = (names.clone(), live.clone(), bind.clone());
+        let watched = Watched::default();
+        let refusals = watched.clone();
         let thread = std::thread::spawn(move || {
             let mut buf = vec![0u8; MAX_QUERY];
             // rustix's, not std's `recv_from`: a shut-down socket returns no address, which
@@ -313,6 +332,9 @@ impl Resolver {
                 let Some(from) = from.filter(|_| !done.load(Ordering::SeqCst)) else {
                     break;
                 };
+                // Every SYN queued before this query is attributed first, to the name its
+                // address stood for then: the answer may give that address to another.
+                drain_watched(&refusals);
                 let Some(a) = served.answer(&buf[..n], &mut lock(&known)) else {
                     continue;
                 };
@@ -331,7 +353,7 @@ impl Resolver {
             live,
             bind,
             threads: vec![thread],
-            watched: None,
+            watched,
         })
     }
 
@@ -345,8 +367,7 @@ impl Resolver {
             self.live.clone(),
         );
         let bind = self.bind.clone();
-        self.watched = Some(raw.try_clone()?);
-        let seen = move |addr: Ipv4Addr, port: u16| {
+        let seen: Seen = Arc::new(move |addr: Ipv4Addr, port: u16| {
             if lock(&listeners).listening(addr, port) {
                 return;
             }
@@ -360,8 +381,11 @@ impl Resolver {
                     lock(&listeners).ensure(addr, &host, &ports, &*live, &bind);
                 }
             }
-        };
-        let thread = crate::refused::watch(raw, self.stopped.clone(), seen);
+        });
+        *lock(&self.watched) = Some((raw.try_clone()?, seen));
+        let watched = self.watched.clone();
+        let turn = move |_: &std::fs::File| drain_watched(&watched);
+        let thread = crate::refused::watch(raw, self.stopped.clone(), turn);
         self.threads.push(thread);
         Ok(())
     }
@@ -372,7 +396,7 @@ impl Resolver {
         self.stopped.store(true, Ordering::SeqCst);
         // Wakes the threads blocked in `recv_from` and `read`.
         let _ = rustix::net::shutdown(&self.socket, rustix::net::Shutdown::Both);
-        if let Some(raw) = &self.watched {
+        if let Some((raw, _)) = &*lock(&self.watched) {
             let _ = rustix::net::shutdown(raw, rustix::net::Shutdown::Both);
         }
         for t in self.threads.drain(..) {

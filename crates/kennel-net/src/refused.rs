@@ -4,7 +4,6 @@
 //! connection to the synthetic range (the sandbox crate makes it), shows each attempt; one to
 //! a port nothing of the proxy's listens on is logged as a denial.
 
-use std::io::Read;
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -23,22 +22,41 @@ pub(crate) fn destination(packet: &[u8]) -> Option<(Ipv4Addr, u16)> {
     Some((Ipv4Addr::from(addr), u16::from_be_bytes(port)))
 }
 
-/// Reads `raw` until it is shut down (or `stopped`), calling `seen` with each SYN's
-/// destination.
+/// Reads every SYN queued on `raw` now, without waiting, calling `seen` with each one's
+/// destination; false once the socket is shut down.
+pub(crate) fn drain(raw: &std::fs::File, seen: &dyn Fn(Ipv4Addr, u16)) -> bool {
+    use rustix::io::Errno;
+    let mut buf = [0u8; 128];
+    loop {
+        match rustix::net::recv(raw, &mut buf[..], rustix::net::RecvFlags::DONTWAIT) {
+            Ok((0, _)) => return false,
+            Ok((n, _)) => {
+                if let Some((addr, port)) = destination(&buf[..n.min(buf.len())]) {
+                    seen(addr, port);
+                }
+            }
+            Err(Errno::AGAIN) => return true,
+            Err(Errno::INTR) => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
+/// Calls `turn` with `raw` each time it has something to read, until `turn` says the socket
+/// is shut down or the watch is `stopped`. `turn` drains it (see [`drain`]).
 pub(crate) fn watch(
-    mut raw: std::fs::File,
+    raw: std::fs::File,
     stopped: Arc<AtomicBool>,
-    seen: impl Fn(Ipv4Addr, u16) + Send + 'static,
+    turn: impl Fn(&std::fs::File) -> bool + Send + 'static,
 ) -> JoinHandle<()> {
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 128];
-        while let Ok(n) = raw.read(&mut buf) {
-            if n == 0 || stopped.load(Ordering::SeqCst) {
-                break;
-            }
-            if let Some((addr, port)) = destination(&buf[..n]) {
-                seen(addr, port);
-            }
+    use rustix::event::{poll, PollFd, PollFlags};
+    std::thread::spawn(move || loop {
+        let mut fds = [PollFd::new(&raw, PollFlags::IN)];
+        if poll(&mut fds, None).is_err() && !stopped.load(Ordering::SeqCst) {
+            continue;
+        }
+        if stopped.load(Ordering::SeqCst) || !turn(&raw) {
+            break;
         }
     })
 }
